@@ -1,0 +1,107 @@
+/*
+ * iocore block layer: raw images and block devices over io_uring or the
+ * thread pool, plus a null driver.
+ *
+ * One struct ioc_blk may be used from several loops at once (one per I/O
+ * thread): each request runs on the caller's current loop (its ring, or its
+ * thread pool).  All results are 0 (or a count) or -errno.
+ */
+#ifndef IOCORE_BLK_H
+#define IOCORE_BLK_H
+
+#include <sys/uio.h>
+
+#include "iocore/common.h"
+#include "iocore/loop.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ioc_blk;
+
+enum ioc_blk_driver { IOC_BLK_DRIVER_FILE = 0, IOC_BLK_DRIVER_NULL };
+enum ioc_blk_aio { IOC_BLK_AIO_AUTO = 0, IOC_BLK_AIO_IO_URING, IOC_BLK_AIO_THREADS };
+enum ioc_blk_cache { IOC_BLK_CACHE_WRITEBACK = 0, IOC_BLK_CACHE_NONE };
+
+struct ioc_blk_opts {
+	enum ioc_blk_driver driver;
+	enum ioc_blk_aio aio;      /* AUTO: io_uring when the loop has a ring */
+	enum ioc_blk_cache cache;  /* NONE = O_DIRECT */
+	bool read_only;
+	bool no_fast_path;         /* disable inline preadv2(RWF_NOWAIT) */
+	uint64_t null_size;        /* size of the null driver's device */
+};
+
+/* Open path (ignored by the null driver).  Returns 0 or -errno. */
+int ioc_blk_open(struct ioc_blk **out, const char *path,
+		 const struct ioc_blk_opts *opts);
+/* Close; no request may be in flight. */
+void ioc_blk_close(struct ioc_blk *blk);
+
+struct ioc_blk_info {
+	uint64_t size;
+	uint32_t min_align;   /* request alignment honoured without bouncing */
+	uint32_t opt_align;
+	bool read_only;
+	bool can_discard, can_zero, can_fua, can_block_status;
+	bool is_blockdev;
+	const char *aio;      /* "io_uring", "threads" or "null" */
+};
+void ioc_blk_get_info(struct ioc_blk *blk, struct ioc_blk_info *info);
+int64_t ioc_blk_size(struct ioc_blk *blk);
+int ioc_coroutine_fn ioc_blk_co_truncate(struct ioc_blk *blk, uint64_t size, uint32_t flags);
+
+/* Request flags. */
+enum {
+	IOC_BLK_FUA          = 1u << 0, /* write: durable before completion */
+	IOC_BLK_MAY_UNMAP    = 1u << 1, /* write_zeroes: punching a hole is fine */
+	IOC_BLK_NO_FALLBACK  = 1u << 2, /* write_zeroes: fail -ENOTSUP unless fast */
+	IOC_BLK_NOWAIT_ONLY  = 1u << 3, /* read: only the inline attempt (-EAGAIN) */
+};
+
+/* Block status bits (from SEEK_DATA/SEEK_HOLE). */
+enum {
+	IOC_BLK_STATUS_DATA = 1u << 0, /* allocated */
+	IOC_BLK_STATUS_ZERO = 1u << 1, /* reads as zero */
+};
+
+/* Coroutine API: yields until done.  Reads past the end fail -EINVAL;
+ * the transfer is complete or an error (short transfers are retried). */
+int ioc_coroutine_fn ioc_blk_co_preadv(struct ioc_blk *blk, uint64_t offset,
+				       const struct iovec *iov, int iovcnt, uint32_t flags);
+int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
+					const struct iovec *iov, int iovcnt, uint32_t flags);
+int ioc_coroutine_fn ioc_blk_co_flush(struct ioc_blk *blk, uint32_t flags);
+int ioc_coroutine_fn ioc_blk_co_discard(struct ioc_blk *blk, uint64_t offset,
+					uint64_t len, uint32_t flags);
+int ioc_coroutine_fn ioc_blk_co_write_zeroes(struct ioc_blk *blk, uint64_t offset,
+					     uint64_t len, uint32_t flags);
+/* Status of [offset, offset+len): returns the IOC_BLK_STATUS_* bits of the
+ * first extent and stores its length (<= len, > 0) in *pnum; or -errno. */
+int ioc_coroutine_fn ioc_blk_co_block_status(struct ioc_blk *blk, uint64_t offset,
+					     uint64_t len, uint64_t *pnum, uint32_t flags);
+
+/* Callback API.  The embedded request is valid from submit until cb
+ * returns; cb runs on the submitting loop with 0 or -errno. */
+struct ioc_blk_req;
+typedef void ioc_blk_cb(struct ioc_blk_req *req, int ret);
+struct ioc_blk_req {
+	ioc_blk_cb *cb;
+	void *opaque;
+	uint64_t priv[24]; /* private state of the backend */
+};
+void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
+		    const struct iovec *iov, int iovcnt, uint32_t flags,
+		    ioc_blk_cb *cb, void *opaque);
+void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
+		     const struct iovec *iov, int iovcnt, uint32_t flags,
+		     ioc_blk_cb *cb, void *opaque);
+void ioc_blk_flush(struct ioc_blk *blk, struct ioc_blk_req *req, uint32_t flags,
+		   ioc_blk_cb *cb, void *opaque);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IOCORE_BLK_H */

@@ -1,0 +1,10 @@
+/* Everything in iocore. */
+#ifndef IOCORE_H
+#define IOCORE_H
+#include "iocore/common.h"
+#include "iocore/loop.h"
+#include "iocore/co.h"
+#include "iocore/pool.h"
+#include "iocore/blk.h"
+#include "iocore/wq.h"
+#endif

@@ -1,0 +1,82 @@
+/*
+ * iocore thread pool: run blocking calls on worker threads and complete
+ * them on the submitting loop.
+ *
+ * Each loop gets its own pool on first use (ioc_pool_for_loop), or several
+ * loops share one created with ioc_pool_new.  A request completes on the
+ * loop that was current on the submitting thread.
+ */
+#ifndef IOCORE_POOL_H
+#define IOCORE_POOL_H
+
+#include "iocore/common.h"
+#include "iocore/loop.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ioc_pool;
+
+struct ioc_pool_opts {
+	unsigned min_threads;      /* kept even when idle; default 0 */
+	unsigned max_threads;      /* default 64 */
+	unsigned idle_timeout_ms;  /* idle workers above min exit; default 10000 */
+	const char *name;          /* worker name prefix; default "ioc-pool" */
+};
+
+/* Runs on a worker thread.  Returns a result, by convention >= 0 or -errno. */
+typedef int64_t ioc_pool_fn(void *arg);
+/* Runs on the submitting loop with fn's result, or -ECANCELED. */
+typedef void ioc_pool_done_cb(void *opaque, int64_t ret);
+
+/* Embedded request: valid from submit until done returns.  Private. */
+struct ioc_pool_req {
+	struct ioc_pool_req *next;
+	struct ioc_task task;
+	struct ioc_loop *loop;
+	ioc_pool_fn *fn;
+	void *arg;
+	ioc_pool_done_cb *done;
+	void *opaque;
+	int64_t ret;
+	int state;
+};
+
+int ioc_pool_new(struct ioc_pool **out, const struct ioc_pool_opts *opts);
+/* Completes (or cancels with -ECANCELED) every request, joins every
+ * thread.  Call from a thread that can still run the loops whose
+ * requests are in flight (it runs their completions itself if needed). */
+void ioc_pool_free(struct ioc_pool *pool);
+/* The pool of loop, created on first use with default options; freed with
+ * the loop.  NULL only on -ENOMEM. */
+struct ioc_pool *ioc_pool_for_loop(struct ioc_loop *loop);
+
+/* Queue fn(arg); done(opaque, ret) runs on the current loop. */
+void ioc_pool_submit(struct ioc_pool *pool, struct ioc_pool_req *req,
+		     ioc_pool_fn *fn, void *arg,
+		     ioc_pool_done_cb *done, void *opaque);
+/* Cancel a request that has not started: returns 0 and done will be
+ * called with -ECANCELED; -EBUSY if it started or finished. */
+int ioc_pool_cancel(struct ioc_pool *pool, struct ioc_pool_req *req);
+/* Coroutine form: submit and yield until the result is back. */
+int64_t ioc_coroutine_fn ioc_pool_co_run(struct ioc_pool *pool,
+					 ioc_pool_fn *fn, void *arg);
+
+/* Change thread limits at run time.  Returns 0 or -EINVAL. */
+int ioc_pool_set_limits(struct ioc_pool *pool, unsigned min_threads,
+			unsigned max_threads);
+
+struct ioc_pool_stats {
+	unsigned threads, idle_threads;
+	uint64_t submitted, completed, cancelled;
+	uint64_t worker_wakeups;     /* futex/condvar signals sent */
+	uint64_t completion_batches; /* loop wakeups that delivered completions */
+};
+void ioc_pool_get_stats(struct ioc_pool *pool, struct ioc_pool_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IOCORE_POOL_H */

@@ -1,0 +1,56 @@
+#!/bin/sh
+# Install the Debian packages that iocore's build, tests and benchmarks need.
+#
+# Idempotent: when every package is already installed it does nothing and
+# costs one dpkg-query, so a warm `make` stays fast.  As root (or with sudo)
+# it runs `apt-get update` once and installs what is missing; otherwise it
+# prints the exact command and exits non-zero.
+#
+# Usage: scripts/install-deps.sh [--print]
+#   --print   list the packages and exit
+set -eu
+
+# Build: toolchain, Meson, and the libraries libiocore links.
+BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
+       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev"
+# Tests: real clients and tools the integration tests drive.
+TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
+      python3 xxd"
+# Benchmarks: the peers iocore is measured against, and the plotter.
+BENCH="libuv1-dev libevent-dev libglib2.0-dev libboost-context-dev
+       libck-dev gnuplot-nox g++"
+
+PKGS=$(echo $BUILD $TEST $BENCH)
+
+if [ "${1:-}" = "--print" ]; then
+	echo "$PKGS"
+	exit 0
+fi
+
+missing=""
+for p in $PKGS; do
+	st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+	case "$st" in
+	*"ok installed") ;;
+	*) missing="$missing $p" ;;
+	esac
+done
+
+[ -z "$missing" ] && exit 0
+
+echo "install-deps: missing Debian packages:$missing" >&2
+
+if [ "$(id -u)" -eq 0 ]; then
+	SUDO=""
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+	SUDO="sudo"
+else
+	echo "install-deps: not root; run this and retry:" >&2
+	echo "  sudo sh -c 'apt-get update && apt-get install -y --no-install-recommends$missing'" >&2
+	exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# shellcheck disable=SC2086 # word splitting of the package list is wanted
+$SUDO apt-get install -y -q --no-install-recommends $missing

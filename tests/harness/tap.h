@@ -1,0 +1,214 @@
+/*
+ * iocore's test harness: one executable per test file, TAP on stdout.
+ *
+ *   static void test_thing(void) { ASSERT_EQ(f(1), 2); }
+ *   IOC_TEST_MAIN(
+ *       IOC_TEST(test_thing),
+ *   )
+ *
+ * Every ASSERT_* prints both operands with their source text and stops the
+ * executable with status 1; they are not assert(3), so NDEBUG leaves them
+ * on.  IOC_SKIP("why") ends the current case as skipped; when every case of
+ * a file is skipped the executable exits 77, which meson reports as SKIP
+ * (liburing's convention for a kernel that lacks a feature).
+ *
+ * Never synchronise on sleep(): use joins, eventfds or barriers.
+ */
+#ifndef IOC_TEST_TAP_H
+#define IOC_TEST_TAP_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct ioc_test {
+	const char *name;
+	void (*fn)(void);
+};
+
+#define IOC_TEST(f) { #f, f }
+
+/* State of the running case (one test file is one process). */
+static jmp_buf ioc_test_skip_jmp;
+static const char *ioc_test_skip_reason;
+static int ioc_test_index;
+static const char *ioc_test_name;
+
+static inline void ioc_test_diag(const char *fmt, ...)
+	__attribute__((format(printf, 1, 2)));
+static inline void ioc_test_diag(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("# ", stdout);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	fputc('\n', stdout);
+	fflush(stdout);
+}
+
+static inline __attribute__((noreturn)) void
+ioc_test_fail(const char *file, int line, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("not ok %d - %s\n", ioc_test_index, ioc_test_name ? ioc_test_name : "?");
+	printf("# %s:%d: ", file, line);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	fputc('\n', stdout);
+	fflush(stdout);
+	fflush(stderr);
+	_exit(1);
+}
+
+#define IOC_SKIP(reason)                                                  \
+	do {                                                              \
+		ioc_test_skip_reason = (reason);                          \
+		longjmp(ioc_test_skip_jmp, 1);                            \
+	} while (0)
+
+#define IOC_ASSERT_OP_(type, fmt, a, op, b)                               \
+	do {                                                              \
+		type ioc_a_ = (type)(a);                                  \
+		type ioc_b_ = (type)(b);                                  \
+		if (!(ioc_a_ op ioc_b_))                                  \
+			ioc_test_fail(__FILE__, __LINE__,                 \
+				"%s %s %s: %" fmt " %s %" fmt,            \
+				#a, #op, #b, ioc_a_, #op, ioc_b_);        \
+	} while (0)
+
+/* Signed integers (including -errno results). */
+#define ASSERT_EQ(a, b) IOC_ASSERT_OP_(intmax_t, PRIdMAX, a, ==, b)
+#define ASSERT_NE(a, b) IOC_ASSERT_OP_(intmax_t, PRIdMAX, a, !=, b)
+#define ASSERT_LT(a, b) IOC_ASSERT_OP_(intmax_t, PRIdMAX, a, <, b)
+#define ASSERT_LE(a, b) IOC_ASSERT_OP_(intmax_t, PRIdMAX, a, <=, b)
+#define ASSERT_GT(a, b) IOC_ASSERT_OP_(intmax_t, PRIdMAX, a, >, b)
+#define ASSERT_GE(a, b) IOC_ASSERT_OP_(intmax_t, PRIdMAX, a, >=, b)
+/* Unsigned integers (sizes, offsets, counters). */
+#define ASSERT_UEQ(a, b) IOC_ASSERT_OP_(uintmax_t, PRIuMAX, a, ==, b)
+#define ASSERT_ULE(a, b) IOC_ASSERT_OP_(uintmax_t, PRIuMAX, a, <=, b)
+#define ASSERT_UGE(a, b) IOC_ASSERT_OP_(uintmax_t, PRIuMAX, a, >=, b)
+#define ASSERT_ULT(a, b) IOC_ASSERT_OP_(uintmax_t, PRIuMAX, a, <, b)
+#define ASSERT_UGT(a, b) IOC_ASSERT_OP_(uintmax_t, PRIuMAX, a, >, b)
+#define ASSERT_PTR_EQ(a, b) IOC_ASSERT_OP_(const void *, "p", a, ==, b)
+#define ASSERT_PTR_NE(a, b) IOC_ASSERT_OP_(const void *, "p", a, !=, b)
+#define ASSERT_NULL(a) ASSERT_PTR_EQ(a, NULL)
+#define ASSERT_NOT_NULL(a) ASSERT_PTR_NE(a, NULL)
+
+#define ASSERT_TRUE(x)                                                    \
+	do {                                                              \
+		if (!(x))                                                 \
+			ioc_test_fail(__FILE__, __LINE__,                 \
+				"expected true: %s", #x);                 \
+	} while (0)
+#define ASSERT_FALSE(x)                                                   \
+	do {                                                              \
+		if (x)                                                    \
+			ioc_test_fail(__FILE__, __LINE__,                 \
+				"expected false: %s", #x);                \
+	} while (0)
+
+/* A 0-or-negative-errno result that must be success. */
+#define ASSERT_OK(x)                                                      \
+	do {                                                              \
+		long long ioc_r_ = (long long)(x);                        \
+		if (ioc_r_ < 0)                                           \
+			ioc_test_fail(__FILE__, __LINE__,                 \
+				"%s failed: %lld (%s)", #x, ioc_r_,       \
+				strerror((int)-ioc_r_));                  \
+	} while (0)
+
+#define ASSERT_STR_EQ(a, b)                                               \
+	do {                                                              \
+		const char *ioc_a_ = (a), *ioc_b_ = (b);                  \
+		if (!ioc_a_ || !ioc_b_ || strcmp(ioc_a_, ioc_b_) != 0)    \
+			ioc_test_fail(__FILE__, __LINE__,                 \
+				"%s == %s: \"%s\" vs \"%s\"", #a, #b,     \
+				ioc_a_ ? ioc_a_ : "(null)",               \
+				ioc_b_ ? ioc_b_ : "(null)");              \
+	} while (0)
+
+/* Compares n bytes and names the first offset that differs. */
+#define ASSERT_MEM_EQ(a, b, n)                                            \
+	do {                                                              \
+		const unsigned char *ioc_a_ = (const void *)(a);          \
+		const unsigned char *ioc_b_ = (const void *)(b);          \
+		size_t ioc_n_ = (n);                                      \
+		for (size_t ioc_i_ = 0; ioc_i_ < ioc_n_; ioc_i_++)        \
+			if (ioc_a_[ioc_i_] != ioc_b_[ioc_i_])             \
+				ioc_test_fail(__FILE__, __LINE__,         \
+					"%s and %s differ at byte %zu " \
+					"of %zu: 0x%02x vs 0x%02x",      \
+					#a, #b, ioc_i_, ioc_n_,           \
+					ioc_a_[ioc_i_], ioc_b_[ioc_i_]);  \
+	} while (0)
+
+/* A directory for scratch files: $IOC_TEST_TMPDIR, else /dev/shm when it
+ * exists (tmpfs), else /tmp.  Returns a new directory; the caller removes
+ * what it creates in it. */
+static inline const char *ioc_test_tmpdir(void)
+{
+	static char dir[256];
+	const char *base = getenv("IOC_TEST_TMPDIR");
+
+	if (dir[0])
+		return dir;
+	if (!base)
+		base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+	snprintf(dir, sizeof(dir), "%s/ioc-test-XXXXXX", base);
+	if (!mkdtemp(dir))
+		ioc_test_fail(__FILE__, __LINE__, "mkdtemp(%s): %s", dir, strerror(errno));
+	return dir;
+}
+
+/* An upper bound for stress loops, so a sanitizer build (10-20x slower)
+ * does the same kind of work in bounded time.  IOC_TEST_SCALE=0.1 shrinks. */
+static inline unsigned long ioc_test_scaled(unsigned long n)
+{
+	const char *s = getenv("IOC_TEST_SCALE");
+	double f = s ? atof(s) : 1.0;
+	unsigned long r = (unsigned long)((double)n * f);
+
+	return r ? r : 1;
+}
+
+static inline int ioc_test_run(const struct ioc_test *tests, int n)
+{
+	int skipped = 0;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	printf("1..%d\n", n);
+	for (int i = 0; i < n; i++) {
+		ioc_test_index = i + 1;
+		ioc_test_name = tests[i].name;
+		ioc_test_skip_reason = NULL;
+		if (setjmp(ioc_test_skip_jmp) == 0) {
+			tests[i].fn();
+			printf("ok %d - %s\n", i + 1, tests[i].name);
+		} else {
+			printf("ok %d - %s # SKIP %s\n", i + 1, tests[i].name,
+			       ioc_test_skip_reason);
+			skipped++;
+		}
+		fflush(stdout);
+	}
+	return (n > 0 && skipped == n) ? 77 : 0;
+}
+
+#define IOC_TEST_MAIN(...)                                                \
+	int main(void)                                                    \
+	{                                                                 \
+		static const struct ioc_test ioc_tests_[] = { __VA_ARGS__ }; \
+		return ioc_test_run(ioc_tests_,                           \
+				    (int)(sizeof(ioc_tests_) / sizeof(ioc_tests_[0])));     \
+	}
+
+#endif /* IOC_TEST_TAP_H */
