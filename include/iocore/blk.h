@@ -31,6 +31,9 @@ struct ioc_blk_opts {
 	bool read_only;
 	bool no_fast_path;         /* disable inline preadv2(RWF_NOWAIT) */
 	uint64_t null_size;        /* size of the null driver's device */
+	bool null_read_zeroes;     /* null driver: reads fill zeroes (default:
+				    * buffers are left as they are, like
+				    * QEMU's null-co) and status says ZERO */
 };
 
 /* Open path (ignored by the null driver).  Returns 0 or -errno. */
@@ -89,7 +92,7 @@ typedef void ioc_blk_cb(struct ioc_blk_req *req, int ret);
 struct ioc_blk_req {
 	ioc_blk_cb *cb;
 	void *opaque;
-	uint64_t priv[24]; /* private state of the backend */
+	uint64_t priv[32]; /* private state of the backend */
 };
 void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
 		    const struct iovec *iov, int iovcnt, uint32_t flags,
@@ -99,6 +102,16 @@ void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offs
 		     ioc_blk_cb *cb, void *opaque);
 void ioc_blk_flush(struct ioc_blk *blk, struct ioc_blk_req *req, uint32_t flags,
 		   ioc_blk_cb *cb, void *opaque);
+void ioc_blk_discard(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
+		     uint64_t len, uint32_t flags, ioc_blk_cb *cb, void *opaque);
+void ioc_blk_write_zeroes(struct ioc_blk *blk, struct ioc_blk_req *req,
+			  uint64_t offset, uint64_t len, uint32_t flags,
+			  ioc_blk_cb *cb, void *opaque);
+/* The callback API never runs cb before the submitting call returns: a
+ * request that completes at once (fast path hit, null driver, invalid
+ * argument) delivers its result through a task posted to the loop.  The
+ * coroutine API has no such indirection: a request that completes at once
+ * returns without yielding.  The callback API needs a current loop. */
 
 #ifdef __cplusplus
 }
