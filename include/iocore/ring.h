@@ -1,0 +1,601 @@
+/*
+ * iocore lockless rings: bounded, power-of-two FIFOs of pointers or of
+ * fixed-size elements, in SPSC, MPSC and MPMC regimes.
+ *
+ * The regime is part of every function name; a ring is used in one regime
+ * per side for its whole life (or the side is quiescent when it switches).
+ * A ring is created either for pointers (ioc_ring_new) or for elements of a
+ * fixed size (ioc_ring_new_elem); use only the matching family:
+ *
+ *                  single                 burst (up to n, returns count)
+ *   pointers       ioc_ring_push_spsc     ioc_ring_push_burst_spsc
+ *                  ioc_ring_pop_spsc      ioc_ring_pop_burst_spsc
+ *   elements       ioc_ring_push_elem_spsc ioc_ring_push_elem_burst_spsc
+ *                  ioc_ring_pop_elem_spsc ioc_ring_pop_elem_burst_spsc
+ * and the same with _mpsc and _mpmc.  The push side of _spsc is "single
+ * producer", the pop side of _mpsc is "single consumer", and so on.
+ *
+ * Layout: the producer side (head, tail, cached consumer limit) and the
+ * consumer side (head, tail, cached producer limit) each sit on their own
+ * IOC_CACHELINE-aligned line, with private copies of the ring geometry, and
+ * the slots start on a further line.  Indices are free-running uint32_t
+ * masked by size - 1.  A single producer (consumer) keeps a cached copy of
+ * the other side's index and only reads the shared one when the cache says
+ * the ring is full (empty), so in steady state each side touches the other
+ * side's line once per lap, not once per element.
+ *
+ * Progress guarantees (each function's comment repeats its own):
+ *   - single-producer push, single-consumer pop: wait-free (bounded steps,
+ *     no loops that depend on other threads).
+ *   - multi-producer push: a CAS loop reserves slots (lock-free), then the
+ *     producer waits until earlier reservations are published before it
+ *     publishes its own.  So it is NOT lock-free: a producer preempted
+ *     between reservation and publication stalls later producers' publication
+ *     (never their reservation) until it runs again.  Same as DPDK's default
+ *     rte_ring mode and ck_ring's MP enqueue.  The wait spins with a pause
+ *     and yields the CPU now and then (oversubscribed machines).
+ *   - multi-consumer pop of pointers: lock-free.  The consumer reads the
+ *     slots, then claims them with one CAS on the consumer index; a failed
+ *     CAS means another consumer made progress.
+ *   - multi-consumer pop of elements: reserve with a CAS, copy, then wait for
+ *     earlier consumers to release their slots (blocking like MP push):
+ *     copying arbitrary bytes out of a slot a producer might be rewriting
+ *     would be a data race, pointers are read with atomic loads instead.
+ *
+ * Memory ordering: a producer's slot writes are published by the release
+ * store of prod.tail and seen by the consumer's acquire load of prod.tail;
+ * a consumer's slot reads are finished before the release store (or CAS) of
+ * cons.tail, which the producer reads with acquire before reusing a slot.
+ *
+ * All functions are safe from any thread within their regime; none
+ * allocates, none sleeps (MP/MC waits may sched_yield()).
+ */
+#ifndef IOCORE_RING_H
+#define IOCORE_RING_H
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "iocore/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest ring: indices are 32-bit and the distance head - tail must fit. */
+#define IOC_RING_MAX_SIZE (1u << 30)
+
+/* One side of the ring; written only by that side's threads. */
+struct ioc_ring_side {
+	_Atomic uint32_t head;  /* next position to reserve (MP/MC) */
+	_Atomic uint32_t tail;  /* positions below are published/released */
+	uint32_t limit;         /* single side only: cached other-side limit */
+	uint32_t mask;          /* size - 1; private copy of the geometry */
+	uint32_t esize;         /* element size in bytes */
+};
+
+struct ioc_ring {
+	/* Producers write this line, consumers only read tail. */
+	struct ioc_ring_side prod IOC_CACHE_ALIGNED;
+	/* Consumers write this line, producers only read tail. */
+	struct ioc_ring_side cons IOC_CACHE_ALIGNED;
+	/* size * esize bytes of slots, on their own lines. */
+	unsigned char slots[] IOC_CACHE_ALIGNED;
+};
+
+/*
+ * Create a ring of size slots (a power of two, 2..IOC_RING_MAX_SIZE) of
+ * pointers, or of esize-byte elements (esize 1..65536).  Returns 0,
+ * -EINVAL or -ENOMEM.
+ */
+int ioc_ring_new(struct ioc_ring **out, uint32_t size);
+int ioc_ring_new_elem(struct ioc_ring **out, uint32_t size, uint32_t esize);
+void ioc_ring_free(struct ioc_ring *r);
+/* For rings in caller memory: bytes needed (0 if the geometry is invalid);
+ * init on IOC_CACHELINE-aligned memory of that many bytes. */
+size_t ioc_ring_memsize(uint32_t size, uint32_t esize);
+int ioc_ring_init(struct ioc_ring *r, uint32_t size, uint32_t esize);
+
+/* Slow path of the MP/MC publication wait (src/ring/ring.c). */
+void ioc__ring_wait_turn(_Atomic uint32_t *idx, uint32_t want);
+
+static inline void ioc_ring_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#else
+	atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static inline uint32_t ioc_ring_capacity(const struct ioc_ring *r)
+{
+	return r->prod.mask + 1;
+}
+
+/* Elements in the ring: exact when both sides are quiescent, a snapshot
+ * otherwise.  Any thread. */
+static inline uint32_t ioc_ring_count(struct ioc_ring *r)
+{
+	/* Relaxed: a statistic, orders nothing. */
+	uint32_t c = atomic_load_explicit(&r->cons.tail, memory_order_relaxed);
+	uint32_t p = atomic_load_explicit(&r->prod.tail, memory_order_relaxed);
+	uint32_t n = p - c;
+
+	return n > r->prod.mask + 1 ? 0 : n;
+}
+
+static inline bool ioc_ring_empty(struct ioc_ring *r)
+{
+	return ioc_ring_count(r) == 0;
+}
+
+static inline _Atomic(uintptr_t) *ioc__ring_ptrs(struct ioc_ring *r)
+{
+	return (_Atomic(uintptr_t) *)(void *)r->slots;
+}
+
+/* ---- producer side ---------------------------------------------------- */
+
+/* Single producer: up to n free positions starting at *headp. */
+static inline uint32_t ioc__ring_sp_reserve(struct ioc_ring *r, uint32_t n,
+					    uint32_t *headp)
+{
+	/* Relaxed: only this producer writes prod.tail. */
+	uint32_t head = atomic_load_explicit(&r->prod.tail, memory_order_relaxed);
+	uint32_t room = r->prod.limit - head;
+
+	if (ioc_unlikely(room < n)) {
+		/* Acquire pairs with the release store (or release CAS) of
+		 * cons.tail in the consumer's pop: its reads of the slots we
+		 * are about to overwrite are done. */
+		r->prod.limit = atomic_load_explicit(&r->cons.tail,
+						     memory_order_acquire) +
+				r->prod.mask + 1;
+		room = r->prod.limit - head;
+		if (room < n)
+			n = room;
+	}
+	*headp = head;
+	return n;
+}
+
+static inline void ioc__ring_sp_publish(struct ioc_ring *r, uint32_t head,
+					uint32_t n)
+{
+	/* Relaxed: head mirrors tail for a single producer (kept so an MP
+	 * push after a quiescent switch starts from the right place). */
+	atomic_store_explicit(&r->prod.head, head + n, memory_order_relaxed);
+	/* Release pairs with the acquire load of prod.tail in the pops:
+	 * publishes the slot writes above. */
+	atomic_store_explicit(&r->prod.tail, head + n, memory_order_release);
+}
+
+/* Multi producer: claim up to n positions with a CAS on prod.head. */
+static inline uint32_t ioc__ring_mp_reserve(struct ioc_ring *r, uint32_t n,
+					    uint32_t *headp)
+{
+	uint32_t head = atomic_load_explicit(&r->prod.head, memory_order_relaxed);
+	uint32_t size = r->prod.mask + 1;
+	uint32_t want;
+
+	do {
+		/* Acquire pairs with the consumers' release of cons.tail, as in
+		 * the single-producer reserve. */
+		uint32_t room = atomic_load_explicit(&r->cons.tail,
+						     memory_order_acquire) +
+				size - head;
+
+		want = n < room ? n : room;
+		if (want == 0)
+			return 0;
+		/* Relaxed CAS: it only hands out positions; the slot ordering
+		 * comes from the acquire above and the publish below.  On
+		 * failure head is reloaded and room recomputed. */
+	} while (!atomic_compare_exchange_weak_explicit(&r->prod.head, &head,
+							head + want,
+							memory_order_relaxed,
+							memory_order_relaxed));
+	*headp = head;
+	return want;
+}
+
+static inline void ioc__ring_mp_publish(struct ioc_ring *r, uint32_t head,
+					uint32_t n)
+{
+	/* Wait for the producers that reserved before us.  Acquire pairs
+	 * with their release store below, so their slot writes happen before
+	 * our release and a consumer that acquires our tail sees them too. */
+	if (ioc_unlikely(atomic_load_explicit(&r->prod.tail,
+					      memory_order_acquire) != head))
+		ioc__ring_wait_turn(&r->prod.tail, head);
+	/* Release pairs with the consumers' acquire load of prod.tail. */
+	atomic_store_explicit(&r->prod.tail, head + n, memory_order_release);
+}
+
+/* ---- consumer side ---------------------------------------------------- */
+
+static inline uint32_t ioc__ring_sc_reserve(struct ioc_ring *r, uint32_t n,
+					    uint32_t *tailp)
+{
+	/* Relaxed: only this consumer writes cons.tail. */
+	uint32_t tail = atomic_load_explicit(&r->cons.tail, memory_order_relaxed);
+	uint32_t avail = r->cons.limit - tail;
+
+	if (ioc_unlikely(avail < n)) {
+		/* Acquire pairs with the release store of prod.tail in the
+		 * producer's publish: the slots below it are written. */
+		r->cons.limit = atomic_load_explicit(&r->prod.tail,
+						     memory_order_acquire);
+		avail = r->cons.limit - tail;
+		if (avail < n)
+			n = avail;
+	}
+	*tailp = tail;
+	return n;
+}
+
+static inline void ioc__ring_sc_release(struct ioc_ring *r, uint32_t tail,
+					uint32_t n)
+{
+	/* Relaxed: mirrors tail for quiescent regime switches. */
+	atomic_store_explicit(&r->cons.head, tail + n, memory_order_relaxed);
+	/* Release pairs with the producers' acquire load of cons.tail: our
+	 * reads of the slots are done before they may be rewritten. */
+	atomic_store_explicit(&r->cons.tail, tail + n, memory_order_release);
+}
+
+/* ---- pointer rings -------------------------------------------------- */
+
+static inline void ioc__ring_put_ptrs(struct ioc_ring *r, uint32_t head,
+				      void *const *objs, uint32_t n)
+{
+	_Atomic(uintptr_t) *s = ioc__ring_ptrs(r);
+	uint32_t mask = r->prod.mask;
+
+	/* Relaxed stores: published by the release of prod.tail.  Atomic
+	 * because a lock-free MC consumer may still be reading a stale copy
+	 * of the slot (its CAS will then fail and discard what it read). */
+	for (uint32_t i = 0; i < n; i++)
+		atomic_store_explicit(&s[(head + i) & mask],
+				      (uintptr_t)objs[i], memory_order_relaxed);
+}
+
+static inline void ioc__ring_get_ptrs(struct ioc_ring *r, uint32_t tail,
+				      void **objs, uint32_t n)
+{
+	_Atomic(uintptr_t) *s = ioc__ring_ptrs(r);
+	uint32_t mask = r->cons.mask;
+
+	/* Relaxed loads: ordered after the acquire of prod.tail. */
+	for (uint32_t i = 0; i < n; i++)
+		objs[i] = (void *)atomic_load_explicit(&s[(tail + i) & mask],
+						       memory_order_relaxed);
+}
+
+/* Lock-free multi-consumer pop of pointers: read, then claim with a CAS. */
+static inline uint32_t ioc__ring_mc_pop_ptrs(struct ioc_ring *r, void **objs,
+					     uint32_t n)
+{
+	uint32_t tail = atomic_load_explicit(&r->cons.tail, memory_order_relaxed);
+	uint32_t got;
+
+	do {
+		/* Acquire pairs with the producers' release of prod.tail. */
+		uint32_t avail = atomic_load_explicit(&r->prod.tail,
+						      memory_order_acquire) - tail;
+
+		got = n < avail ? n : avail;
+		if (got == 0)
+			return 0;
+		ioc__ring_get_ptrs(r, tail, objs, got);
+		/* Release on success pairs with the producers' acquire load of
+		 * cons.tail (our slot reads come first).  On failure another
+		 * consumer advanced: tail is reloaded, the copies discarded. */
+	} while (!atomic_compare_exchange_weak_explicit(&r->cons.tail, &tail,
+							tail + got,
+							memory_order_release,
+							memory_order_relaxed));
+	return got;
+}
+
+/* SPSC, push one pointer.  Wait-free.  Returns false when full. */
+static inline bool ioc_ring_push_spsc(struct ioc_ring *r, void *obj)
+{
+	uint32_t head;
+
+	if (!ioc__ring_sp_reserve(r, 1, &head))
+		return false;
+	ioc__ring_put_ptrs(r, head, &obj, 1);
+	ioc__ring_sp_publish(r, head, 1);
+	return true;
+}
+
+/* SPSC, push up to n pointers; returns how many.  Wait-free. */
+static inline unsigned ioc_ring_push_burst_spsc(struct ioc_ring *r,
+						void *const *objs, unsigned n)
+{
+	uint32_t head;
+
+	n = ioc__ring_sp_reserve(r, n, &head);
+	if (n) {
+		ioc__ring_put_ptrs(r, head, objs, n);
+		ioc__ring_sp_publish(r, head, n);
+	}
+	return n;
+}
+
+/* SPSC, pop one pointer into *obj.  Wait-free.  Returns false when empty. */
+static inline bool ioc_ring_pop_spsc(struct ioc_ring *r, void **obj)
+{
+	uint32_t tail;
+
+	if (!ioc__ring_sc_reserve(r, 1, &tail))
+		return false;
+	ioc__ring_get_ptrs(r, tail, obj, 1);
+	ioc__ring_sc_release(r, tail, 1);
+	return true;
+}
+
+/* SPSC, pop up to n pointers; returns how many.  Wait-free. */
+static inline unsigned ioc_ring_pop_burst_spsc(struct ioc_ring *r, void **objs,
+					       unsigned n)
+{
+	uint32_t tail;
+
+	n = ioc__ring_sc_reserve(r, n, &tail);
+	if (n) {
+		ioc__ring_get_ptrs(r, tail, objs, n);
+		ioc__ring_sc_release(r, tail, n);
+	}
+	return n;
+}
+
+/* MPSC/MPMC push of one pointer.  Reservation lock-free; publication waits
+ * for earlier producers (blocking if one is preempted, see the top).
+ * Returns false when full. */
+static inline bool ioc_ring_push_mpsc(struct ioc_ring *r, void *obj)
+{
+	uint32_t head;
+
+	if (!ioc__ring_mp_reserve(r, 1, &head))
+		return false;
+	ioc__ring_put_ptrs(r, head, &obj, 1);
+	ioc__ring_mp_publish(r, head, 1);
+	return true;
+}
+
+/* MPSC push of up to n pointers; returns how many.  As ioc_ring_push_mpsc. */
+static inline unsigned ioc_ring_push_burst_mpsc(struct ioc_ring *r,
+						void *const *objs, unsigned n)
+{
+	uint32_t head;
+
+	n = ioc__ring_mp_reserve(r, n, &head);
+	if (n) {
+		ioc__ring_put_ptrs(r, head, objs, n);
+		ioc__ring_mp_publish(r, head, n);
+	}
+	return n;
+}
+
+/* MPSC pop (the single consumer).  Wait-free. */
+static inline bool ioc_ring_pop_mpsc(struct ioc_ring *r, void **obj)
+{
+	return ioc_ring_pop_spsc(r, obj);
+}
+
+static inline unsigned ioc_ring_pop_burst_mpsc(struct ioc_ring *r, void **objs,
+					       unsigned n)
+{
+	return ioc_ring_pop_burst_spsc(r, objs, n);
+}
+
+/* MPMC push: as ioc_ring_push_mpsc. */
+static inline bool ioc_ring_push_mpmc(struct ioc_ring *r, void *obj)
+{
+	return ioc_ring_push_mpsc(r, obj);
+}
+
+static inline unsigned ioc_ring_push_burst_mpmc(struct ioc_ring *r,
+						void *const *objs, unsigned n)
+{
+	return ioc_ring_push_burst_mpsc(r, objs, n);
+}
+
+/* MPMC pop of one pointer.  Lock-free. */
+static inline bool ioc_ring_pop_mpmc(struct ioc_ring *r, void **obj)
+{
+	return ioc__ring_mc_pop_ptrs(r, obj, 1) == 1;
+}
+
+/* MPMC pop of up to n pointers; returns how many.  Lock-free. */
+static inline unsigned ioc_ring_pop_burst_mpmc(struct ioc_ring *r, void **objs,
+					       unsigned n)
+{
+	return ioc__ring_mc_pop_ptrs(r, objs, n);
+}
+
+/* ---- element rings ---------------------------------------------------- */
+
+static inline void ioc__ring_put_elems(struct ioc_ring *r, uint32_t head,
+				       const void *elems, uint32_t n)
+{
+	uint32_t es = r->prod.esize, size = r->prod.mask + 1;
+	uint32_t idx = head & r->prod.mask;
+	uint32_t first = size - idx < n ? size - idx : n;
+
+	memcpy(r->slots + (size_t)idx * es, elems, (size_t)first * es);
+	if (first < n)
+		memcpy(r->slots, (const unsigned char *)elems + (size_t)first * es,
+		       (size_t)(n - first) * es);
+}
+
+static inline void ioc__ring_get_elems(struct ioc_ring *r, uint32_t tail,
+				       void *elems, uint32_t n)
+{
+	uint32_t es = r->cons.esize, size = r->cons.mask + 1;
+	uint32_t idx = tail & r->cons.mask;
+	uint32_t first = size - idx < n ? size - idx : n;
+
+	memcpy(elems, r->slots + (size_t)idx * es, (size_t)first * es);
+	if (first < n)
+		memcpy((unsigned char *)elems + (size_t)first * es, r->slots,
+		       (size_t)(n - first) * es);
+}
+
+/* Multi consumer of elements: reserve on cons.head, copy, release in order. */
+static inline uint32_t ioc__ring_mc_pop_elems(struct ioc_ring *r, void *elems,
+					      uint32_t n)
+{
+	uint32_t head = atomic_load_explicit(&r->cons.head, memory_order_relaxed);
+	uint32_t got;
+
+	do {
+		/* Acquire pairs with the producers' release of prod.tail. */
+		uint32_t avail = atomic_load_explicit(&r->prod.tail,
+						      memory_order_acquire) - head;
+
+		got = n < avail ? n : avail;
+		if (got == 0)
+			return 0;
+		/* Relaxed CAS: hands out positions only. */
+	} while (!atomic_compare_exchange_weak_explicit(&r->cons.head, &head,
+							head + got,
+							memory_order_relaxed,
+							memory_order_relaxed));
+	ioc__ring_get_elems(r, head, elems, got);
+	/* Wait for earlier consumers; acquire pairs with their release below
+	 * so their slot reads also happen before our release. */
+	if (ioc_unlikely(atomic_load_explicit(&r->cons.tail,
+					      memory_order_acquire) != head))
+		ioc__ring_wait_turn(&r->cons.tail, head);
+	/* Release pairs with the producers' acquire load of cons.tail. */
+	atomic_store_explicit(&r->cons.tail, head + got, memory_order_release);
+	return got;
+}
+
+/* SPSC, push one esize-byte element (copied).  Wait-free. */
+static inline bool ioc_ring_push_elem_spsc(struct ioc_ring *r, const void *elem)
+{
+	uint32_t head;
+
+	if (!ioc__ring_sp_reserve(r, 1, &head))
+		return false;
+	ioc__ring_put_elems(r, head, elem, 1);
+	ioc__ring_sp_publish(r, head, 1);
+	return true;
+}
+
+/* SPSC, push up to n contiguous elements; returns how many.  Wait-free. */
+static inline unsigned ioc_ring_push_elem_burst_spsc(struct ioc_ring *r,
+						     const void *elems,
+						     unsigned n)
+{
+	uint32_t head;
+
+	n = ioc__ring_sp_reserve(r, n, &head);
+	if (n) {
+		ioc__ring_put_elems(r, head, elems, n);
+		ioc__ring_sp_publish(r, head, n);
+	}
+	return n;
+}
+
+/* SPSC, pop one element into elem.  Wait-free. */
+static inline bool ioc_ring_pop_elem_spsc(struct ioc_ring *r, void *elem)
+{
+	uint32_t tail;
+
+	if (!ioc__ring_sc_reserve(r, 1, &tail))
+		return false;
+	ioc__ring_get_elems(r, tail, elem, 1);
+	ioc__ring_sc_release(r, tail, 1);
+	return true;
+}
+
+/* SPSC, pop up to n elements; returns how many.  Wait-free. */
+static inline unsigned ioc_ring_pop_elem_burst_spsc(struct ioc_ring *r,
+						    void *elems, unsigned n)
+{
+	uint32_t tail;
+
+	n = ioc__ring_sc_reserve(r, n, &tail);
+	if (n) {
+		ioc__ring_get_elems(r, tail, elems, n);
+		ioc__ring_sc_release(r, tail, n);
+	}
+	return n;
+}
+
+/* MPSC/MPMC push of one element: reservation lock-free, publication waits
+ * for earlier producers. */
+static inline bool ioc_ring_push_elem_mpsc(struct ioc_ring *r, const void *elem)
+{
+	uint32_t head;
+
+	if (!ioc__ring_mp_reserve(r, 1, &head))
+		return false;
+	ioc__ring_put_elems(r, head, elem, 1);
+	ioc__ring_mp_publish(r, head, 1);
+	return true;
+}
+
+static inline unsigned ioc_ring_push_elem_burst_mpsc(struct ioc_ring *r,
+						     const void *elems,
+						     unsigned n)
+{
+	uint32_t head;
+
+	n = ioc__ring_mp_reserve(r, n, &head);
+	if (n) {
+		ioc__ring_put_elems(r, head, elems, n);
+		ioc__ring_mp_publish(r, head, n);
+	}
+	return n;
+}
+
+/* MPSC pop (the single consumer).  Wait-free. */
+static inline bool ioc_ring_pop_elem_mpsc(struct ioc_ring *r, void *elem)
+{
+	return ioc_ring_pop_elem_spsc(r, elem);
+}
+
+static inline unsigned ioc_ring_pop_elem_burst_mpsc(struct ioc_ring *r,
+						    void *elems, unsigned n)
+{
+	return ioc_ring_pop_elem_burst_spsc(r, elems, n);
+}
+
+static inline bool ioc_ring_push_elem_mpmc(struct ioc_ring *r, const void *elem)
+{
+	return ioc_ring_push_elem_mpsc(r, elem);
+}
+
+static inline unsigned ioc_ring_push_elem_burst_mpmc(struct ioc_ring *r,
+						     const void *elems,
+						     unsigned n)
+{
+	return ioc_ring_push_elem_burst_mpsc(r, elems, n);
+}
+
+/* MPMC pop of one element.  Reservation lock-free; release waits for
+ * earlier consumers (blocking if one is preempted mid-copy). */
+static inline bool ioc_ring_pop_elem_mpmc(struct ioc_ring *r, void *elem)
+{
+	return ioc__ring_mc_pop_elems(r, elem, 1) == 1;
+}
+
+static inline unsigned ioc_ring_pop_elem_burst_mpmc(struct ioc_ring *r,
+						    void *elems, unsigned n)
+{
+	return ioc__ring_mc_pop_elems(r, elems, n);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IOCORE_RING_H */
