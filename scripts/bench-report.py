@@ -1,0 +1,1120 @@
+#!/usr/bin/env python3
+"""Turn the rows of `make bench` into build/bench/report.md and PNG plots.
+
+scripts/bench.sh runs every bench/<mod>/run.sh REPEATS times and leaves:
+    OUT/raw/<mod>.<repeat>.jsonl   stdout of each run (one JSON row per line)
+    OUT/runs.jsonl                 one line per run: module, repeat, status, rc, seconds
+This script validates and merges the rows into OUT/rows.jsonl, takes medians per
+(suite, case, params, metric, impl), compares iocore (peer=false) with each peer,
+checks the targets of issues 3-9, draws plots with gnuplot and writes OUT/report.md.
+
+Ratio convention, used everywhere in the report:
+    advantage = ours / peer   when the metric is higher-is-better (IOPS, MB/s)
+    advantage = peer / ours   when the metric is lower-is-better  (ns/op, p99)
+so advantage > 1 always means iocore is better, and 2.00x means "twice as good"
+(twice the rate, or half the time).
+
+Nothing is dropped silently: malformed lines, runs that failed or timed out,
+and peer rows whose value is null are listed in the report with their reason.
+
+Python 3 standard library only.  `bench-report.py --self-test` feeds the report
+a generated sample and checks the result.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REQUIRED = ("suite", "case", "params", "impl", "peer", "metric", "value", "better", "cmd")
+
+# --------------------------------------------------------------------------
+# Issue targets (issues 3-9).  Each target picks rows by regular expressions
+# (case-insensitive, re.search) and says what must hold:
+#   kind "peer":  advantage of iocore over the best matching peer >= min
+#                 (one line per matching suite+case+params+metric group)
+#   kind "self":  iocore at param x=at compared with iocore at x=base, other
+#                 params equal; advantage (at vs base) >= min
+#   kind "value": iocore's own median <= max (or >= min)
+# Fields: suite (exact), case, params, metric, ours, peers (regexes on impl),
+# exclude (regex on "case params"), text (the issue's words).
+# bench/README.md lists the case and param names these expect.
+# --------------------------------------------------------------------------
+TARGETS = [
+    dict(issue=3, kind="self", suite="loop", case=r"idle|scal", params=r"io_uring",
+         xparam="idle", base="0", at="3200", min=0.95,
+         text="io_uring + polling: events/s with 3200 idle handlers within 5% of 0 idle"),
+    dict(issue=3, kind="peer", suite="loop", case=r"wake|async|cross", peers=r"uv",
+         min=2.0, text="cross-thread wakeup round trip: at least 2x libuv uv_async_send"),
+    dict(issue=3, kind="peer", suite="loop", case=r"ping|pipe", peers=r"uv|event",
+         min=1.2, text="pipe ping-pong, each backend: at least 1.2x the best of libuv, libevent"),
+    dict(issue=4, kind="peer", suite="co", case=r"switch", peers=r"fcontext|boost",
+         min=1.0, text="switch time at most 1.0x Boost.Context fcontext"),
+    dict(issue=5, kind="peer", suite="pool", case=r"read", peers=r"glib|gthread|uv",
+         min=2.0, text="4 KiB preadv, 64 in flight: at least 2x the better of GThreadPool, uv_queue_work"),
+    dict(issue=6, kind="peer", suite="wq", case=r"tiny|small|empty|csum|checksum|crc",
+         peers=r"glib|gthread", min=3.0,
+         text="workqueue, tiny jobs: at least 3x GThreadPool"),
+    dict(issue=6, kind="peer", suite="wq", case=r"large|big|compress", peers=r"glib|gthread",
+         min=1.0, text="workqueue, large jobs: no worse than GThreadPool"),
+    dict(issue=6, kind="peer", suite="ring", case=r".", peers=r"ck", min=1.0,
+         text="ring push+pop per regime: at most 1.0x ck_ring's time"),
+    dict(issue=7, kind="peer", suite="blk", case=r".", params=r"io_uring", exclude=r"fast.?path=on",
+         peers=r"qemu", min=1.5, text="iocore-bench blk vs qemu-img bench, io_uring: at least 1.5x"),
+    dict(issue=7, kind="peer", suite="blk", case=r".", params=r"threads", exclude=r"fast.?path=on",
+         peers=r"qemu", min=2.0, text="iocore-bench blk vs qemu-img bench, threads: at least 2x"),
+    dict(issue=7, kind="peer", suite="blk", case=r"null", peers=r"qemu|null-co", min=3.0,
+         text="iocore-bench blk --driver null vs qemu-img bench null-co: at least 3x"),
+    dict(issue=8, kind="peer", suite="nbd", case=r".", metric=r"iops", peers=r".", min=1.5,
+         text="fio through NBD: at least 1.5x the best peer's IOPS in each workload"),
+    dict(issue=8, kind="peer", suite="nbd", case=r".", metric=r"p99", peers=r".", min=1.0,
+         text="fio through NBD: p99 latency no worse than the best peer's"),
+    dict(issue=9, kind="peer", suite="zip", case=r"^(compress|comp|c)(ress)?$|zstd.*comp|comp.*zstd",
+         metric=r"MB/s|speed|throughput|rate", peers=r"zstd", min=1.0,
+         text="compression speed vs zstd -T at the same level: at least 1.0x"),
+    dict(issue=9, kind="peer", suite="zip", case=r".", metric=r"size|bytes|ratio",
+         peers=r"zstd", min=1 / 1.03,
+         text="compressed size vs zstd at the same level: at most 3% larger (advantage >= 0.971)"),
+    dict(issue=9, kind="peer", suite="zip", case=r"gz|gzip|deflate", metric=r"MB/s|speed|throughput|rate",
+         exclude=r"decomp|^d\b|dec", peers=r"pigz", min=2.0,
+         text="gzip compression vs pigz at the same level: at least 2x"),
+    dict(issue=9, kind="peer", suite="zip", case=r"decomp|^d$|dec", metric=r"MB/s|speed|throughput|rate",
+         peers=r"zstd|pigz", min=1.7,
+         text="decompression vs zstd -d and pigz -d: at least 1.7x on 2 cores"),
+    dict(issue=9, kind="value", suite="zip", case=r".", metric=r"busy|imbalance|spread", max=0.10,
+         text="per-worker busy time equal within 10%"),
+]
+
+# --------------------------------------------------------------------------
+# Plots.  A plot is made only when its rows exist.  For "line" plots, every
+# (case, metric) of the suite whose rows carry one of the x params with at
+# least two distinct values gets a PNG; the series are impl plus the other
+# params that vary.  "bar" plots put every workload (case + params) on the x
+# axis and one bar per impl, one PNG per matching metric.
+# --------------------------------------------------------------------------
+PLOTS = [
+    dict(name="wq", kind="line", suite="wq", x=("workers", "threads", "nworkers", "w"),
+         title="workqueue throughput vs workers"),
+    dict(name="loop", kind="line", suite="loop", x=("idle", "idle_handlers", "handlers", "n"),
+         title="event loop events/s vs idle handlers"),
+    dict(name="nbd", kind="bar", suite="nbd", metrics=(r"iops", r"p99|lat"),
+         title="NBD servers (fio)"),
+    dict(name="zip", kind="line", suite="zip", x=("level", "l"),
+         metric=r"MB/s|speed|throughput|rate", title="compression speed vs level"),
+]
+
+
+# ---------------------------------------------------------------- helpers --
+def fmt(v):
+    """A number for a table: enough digits to compare, no more."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    if a == 0:
+        return "0"
+    return f"{v:.3g}"
+
+
+def fmt_ratio(r):
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def advantage(ours, peer, better):
+    """>1 means iocore is better, whatever the direction of the metric."""
+    if ours is None or peer is None:
+        return None
+    if better == "lower":
+        return peer / ours if ours > 0 else None
+    return ours / peer if peer > 0 else None
+
+
+def parse_params(p):
+    """'backend=epoll,idle=100' (commas, semicolons or spaces) -> ordered dict."""
+    out = {}
+    for tok in re.split(r"[,;\s]+", p.strip()):
+        if not tok:
+            continue
+        k, sep, v = tok.partition("=")
+        out[k] = v if sep else ""
+    return out
+
+
+def params_str(d):
+    return ",".join(f"{k}={v}" if v != "" else k for k, v in d.items())
+
+
+def num_key(s):
+    try:
+        return (0, float(s), "")
+    except ValueError:
+        return (1, 0.0, s)
+
+
+def md_escape(s):
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def code(s):
+    s = str(s).replace("\n", " ")
+    if "`" in s:
+        return "``" + s.replace("|", "\\|") + "``"
+    return "`" + s.replace("|", "\\|") + "`"
+
+
+def run(cmd):
+    """First non-empty output line of a command, or why it failed."""
+    try:
+        p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, str(e)
+    text = (p.stdout or "") + (p.stderr or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if p.returncode != 0 or not lines:
+        return None, (lines[0] if lines else f"exit {p.returncode}")
+    return lines, None
+
+
+def slug(s):
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "x"
+
+
+# ------------------------------------------------------------- loading ----
+def normalise(obj):
+    """Check one decoded row; return (row, None) or (None, reason)."""
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    missing = [k for k in REQUIRED if k not in obj]
+    if missing:
+        return None, "missing field(s): " + ", ".join(missing)
+    row = dict(obj)
+    if isinstance(row["params"], dict):
+        row["params"] = params_str({k: str(v) for k, v in row["params"].items()})
+    elif row["params"] is None:
+        row["params"] = ""
+    else:
+        row["params"] = str(row["params"])
+    for k in ("suite", "case", "impl", "metric", "cmd"):
+        row[k] = str(row[k])
+    if not isinstance(row["peer"], bool):
+        return None, f"\"peer\" is not a boolean: {row['peer']!r}"
+    v = row["value"]
+    if v is not None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None, f"\"value\" is not a number or null: {v!r}"
+        if math.isnan(v) or math.isinf(v):
+            row["value"] = None
+            row.setdefault("error", f"value was {v}")
+    if row["better"] not in ("higher", "lower"):
+        return None, f"\"better\" must be higher or lower: {row['better']!r}"
+    if row["value"] is None and not row.get("error"):
+        row["error"] = "value is null and the row gives no reason"
+    return row, None
+
+
+def load(out):
+    runs = []
+    path = os.path.join(out, "runs.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for ln in f:
+                ln = ln.strip()
+                if ln:
+                    try:
+                        runs.append(json.loads(ln))
+                    except ValueError:
+                        pass
+    rows, invalid = [], []
+    for r in runs:
+        if r.get("status") == "skipped":
+            continue
+        raw = os.path.join(out, "raw", f"{r['module']}.{r['repeat']}.jsonl")
+        try:
+            lines = open(raw, errors="replace").read().splitlines()
+        except OSError as e:
+            invalid.append(dict(module=r["module"], repeat=r["repeat"], line=0, text="",
+                                why=f"cannot read {raw}: {e}"))
+            continue
+        r["rows"] = 0
+        for i, ln in enumerate(lines, 1):
+            if not ln.strip():
+                continue
+            try:
+                obj = json.loads(ln)
+            except ValueError as e:
+                invalid.append(dict(module=r["module"], repeat=r["repeat"], line=i,
+                                    text=ln[:200], why=f"not JSON ({e})"))
+                continue
+            row, why = normalise(obj)
+            if row is None:
+                invalid.append(dict(module=r["module"], repeat=r["repeat"], line=i,
+                                    text=ln[:200], why=why))
+                continue
+            row["module"] = r["module"]
+            row["repeat"] = r["repeat"]
+            rows.append(row)
+            r["rows"] += 1
+    return runs, rows, invalid
+
+
+# ---------------------------------------------------------- aggregation ---
+class Impl:
+    def __init__(self, name, peer, better):
+        self.name, self.peer, self.better = name, peer, better
+        self.values, self.errors, self.cmds = [], [], []
+
+    @property
+    def median(self):
+        return statistics.median(self.values) if self.values else None
+
+    def spread(self):
+        if len(self.values) < 2 or not self.median:
+            return None
+        return (max(self.values) - min(self.values)) / abs(self.median)
+
+
+class Group:
+    """All rows of one suite+case+params+metric: iocore and its peers."""
+
+    def __init__(self, suite, case, params, metric):
+        self.suite, self.case, self.params, self.metric = suite, case, params, metric
+        self.impls = {}
+        self.better = None
+        self.warnings = []
+
+    def add(self, row):
+        if self.better is None:
+            self.better = row["better"]
+        elif row["better"] != self.better:
+            self.warnings.append(f"{row['impl']} says better={row['better']}, "
+                                 f"earlier rows said {self.better}")
+        im = self.impls.get(row["impl"])
+        if im is None:
+            im = self.impls[row["impl"]] = Impl(row["impl"], row["peer"], row["better"])
+        if row["value"] is not None:
+            im.values.append(float(row["value"]))
+        if row.get("error"):
+            im.errors.append(str(row["error"]))
+        if row["cmd"] not in im.cmds:
+            im.cmds.append(row["cmd"])
+
+    def ours(self):
+        return [i for i in self.impls.values() if not i.peer]
+
+    def peers(self):
+        return [i for i in self.impls.values() if i.peer]
+
+    def best(self, impls):
+        vals = [i for i in impls if i.median is not None]
+        if not vals:
+            return None
+        key = (lambda i: i.median)
+        return min(vals, key=key) if self.better == "lower" else max(vals, key=key)
+
+
+def aggregate(rows):
+    groups = {}
+    for r in rows:
+        k = (r["suite"], r["case"], r["params"], r["metric"])
+        g = groups.get(k)
+        if g is None:
+            g = groups[k] = Group(*k)
+        g.add(r)
+    return groups
+
+
+# ---------------------------------------------------------------- targets -
+def rx(pat):
+    return re.compile(pat, re.I) if pat else None
+
+
+def matches(t, g):
+    if g.suite != t["suite"]:
+        return False
+    for field, val in (("case", g.case), ("params", g.params), ("metric", g.metric)):
+        p = rx(t.get(field))
+        if p and not p.search(val):
+            return False
+    ex = rx(t.get("exclude"))
+    if ex and ex.search(f"{g.case} {g.params}"):
+        return False
+    return True
+
+
+def check_targets(groups):
+    """-> list of dicts: issue, text, where, ours, peer, achieved, target, status."""
+    lines = []
+    for t in TARGETS:
+        found = []
+        if t["kind"] == "peer":
+            for g in groups.values():
+                if not matches(t, g):
+                    continue
+                pr = rx(t.get("peers"))
+                peers = [p for p in g.peers() if not pr or pr.search(p.name)]
+                orx = rx(t.get("ours"))
+                ours = [o for o in g.ours() if not orx or orx.search(o.name)]
+                if not peers or not ours:
+                    continue
+                bp = g.best(peers)
+                for o in ours:
+                    where = f"{g.case} {g.params} [{g.metric}]".strip()
+                    if len(ours) > 1:
+                        where += f" ({o.name})"
+                    ent = dict(where=where, ours=o.median,
+                               peer=(bp.name if bp else ", ".join(p.name for p in peers)),
+                               peerval=bp.median if bp else None)
+                    if o.median is None:
+                        ent.update(status="MISSING", achieved=None,
+                                   note="iocore: " + (o.errors[0] if o.errors else "no value"))
+                    elif bp is None:
+                        errs = "; ".join(f"{p.name}: {p.errors[0] if p.errors else 'no value'}"
+                                         for p in peers)
+                        ent.update(status="MISSING", achieved=None, note="no peer ran: " + errs)
+                    else:
+                        a = advantage(o.median, bp.median, g.better)
+                        ent.update(achieved=a, note="",
+                                   status="PASS" if a is not None and a >= t["min"] - 1e-12 else "FAIL")
+                    found.append(ent)
+        elif t["kind"] == "self":
+            series = {}
+            for g in groups.values():
+                if not matches(t, g):
+                    continue
+                pp = parse_params(g.params)
+                if t["xparam"] not in pp:
+                    continue
+                x = pp.pop(t["xparam"])
+                for o in g.ours():
+                    key = (g.case, params_str(pp), g.metric, o.name)
+                    series.setdefault(key, {})[x] = (o.median, g.better)
+            for (case, rest, metric, name), pts in sorted(series.items()):
+                if t["base"] not in pts or t["at"] not in pts:
+                    continue
+                (vb, better), (va, _) = pts[t["base"]], pts[t["at"]]
+                a = advantage(va, vb, better)
+                found.append(dict(
+                    where=f"{case} {rest} [{metric}] {name}: {t['xparam']}={t['at']} vs {t['base']}",
+                    ours=va, peer=f"iocore at {t['xparam']}={t['base']}", peerval=vb,
+                    achieved=a, note="" if a is not None else "no value",
+                    status=("MISSING" if a is None else
+                            "PASS" if a >= t["min"] - 1e-12 else "FAIL")))
+        elif t["kind"] == "value":
+            for g in groups.values():
+                if not matches(t, g):
+                    continue
+                for o in g.ours():
+                    v = o.median
+                    ok = v is not None
+                    if ok and "max" in t:
+                        ok = v <= t["max"] + 1e-12
+                    if ok and "min" in t:
+                        ok = v >= t["min"] - 1e-12
+                    found.append(dict(where=f"{g.case} {g.params} [{g.metric}]", ours=v,
+                                      peer="", peerval=None, achieved=v, note="",
+                                      status="MISSING" if v is None else "PASS" if ok else "FAIL"))
+        if not found:
+            found.append(dict(where="", ours=None, peer="", peerval=None, achieved=None,
+                              status="MISSING", note="no matching rows (not measured yet)"))
+        for f in found:
+            f["issue"] = t["issue"]
+            f["text"] = t["text"]
+            f["kind"] = t["kind"]
+            f["target"] = (f"<= {fmt(t['max'])}" if t["kind"] == "value" and "max" in t
+                           else f">= {t['min']:.3g}x" if t["kind"] != "value"
+                           else f">= {fmt(t['min'])}")
+            lines.append(f)
+    return lines
+
+
+# ------------------------------------------------------------------ plots -
+def gnuplot_terminal():
+    try:
+        p = subprocess.run(["gnuplot", "-e", "set terminal"], capture_output=True, text=True,
+                           timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    txt = p.stdout + p.stderr
+    if re.search(r"^\s*pngcairo\s", txt, re.M):
+        return "pngcairo"
+    if re.search(r"^\s*png\s", txt, re.M):
+        return "png"
+    return None
+
+
+def gp_quote(s):
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_table(path, xs, series, cols):
+    """Tab-separated: first column the x label, then one column per series."""
+    with open(path, "w") as f:
+        f.write("x\t" + "\t".join(n.replace("\t", " ") for n in cols) + "\n")
+        for x in xs:
+            cells = [x]
+            for n in cols:
+                v = series[n].get(x)
+                cells.append("?" if v is None else repr(float(v)))
+            f.write("\t".join(cells) + "\n")
+
+
+def render(plotdir, base, term, title, xlabel, ylabel, ncols, kind, notes):
+    dat = base + ".dat"
+    gp = os.path.join(plotdir, base + ".gp")
+    png = base + ".png"
+    font = 'font "sans,10"' if term == "pngcairo" else ""
+    lines = [
+        f"set terminal {term} size 960,560 noenhanced {font}",
+        f"set output {gp_quote(png)}",
+        f"set title {gp_quote(title)}",
+        f"set xlabel {gp_quote(xlabel)}",
+        f"set ylabel {gp_quote(ylabel)}",
+        'set datafile separator "\\t"',
+        'set datafile missing "?"',
+        "set key outside right top",
+        "set grid ytics",
+        "set yrange [0:*]",
+        'set format y "%.3s%c"',
+        "set bmargin 7",
+    ]
+    if kind == "bar":
+        lines += [
+            "set style data histograms",
+            "set style histogram clustered gap 1",
+            "set style fill solid 0.8 border -1",
+            "set xtics rotate by -25 left",
+            f"plot for [i=2:{ncols + 1}] {gp_quote(dat)} using i:xtic(1) title columnhead(i)",
+        ]
+    else:
+        lines += [
+            "set offsets 0.25, 0.25, 0, 0",
+            f"plot for [i=2:{ncols + 1}] {gp_quote(dat)} using 0:i:xtic(1) "
+            "with linespoints lw 2 pt 7 title columnhead(i)",
+        ]
+    with open(gp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        p = subprocess.run(["gnuplot", base + ".gp"], cwd=plotdir, capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        notes.append(f"{png}: gnuplot failed: {e}")
+        return None
+    if p.returncode != 0 or not os.path.exists(os.path.join(plotdir, png)):
+        notes.append(f"{png}: gnuplot failed: {(p.stderr or '').strip()[:300]}")
+        return None
+    return png
+
+
+def make_plots(groups, plotdir, notes):
+    """-> {suite: [(title, png file name)]}"""
+    made = {}
+    os.makedirs(plotdir, exist_ok=True)
+    term = gnuplot_terminal()
+    if term is None:
+        notes.append("gnuplot with a png or pngcairo terminal was not found: no plots "
+                     "(install gnuplot-nox)")
+        return made
+    for spec in PLOTS:
+        gs = [g for g in groups.values() if g.suite == spec["suite"]]
+        if not gs:
+            continue
+        if spec["kind"] == "line":
+            mrx = rx(spec.get("metric"))
+            by = {}
+            for g in gs:
+                if mrx and not mrx.search(g.metric):
+                    continue
+                pp = parse_params(g.params)
+                xp = next((x for x in spec["x"] if x in pp), None)
+                if xp is None:
+                    continue
+                by.setdefault((g.case, g.metric, xp), []).append((pp, g))
+            for (case, metric, xp), items in sorted(by.items()):
+                xs = sorted({pp[xp] for pp, _ in items}, key=num_key)
+                if len(xs) < 2:
+                    continue
+                # Params other than x that vary within this case label the series.
+                keys = []
+                for pp, _ in items:
+                    for k in pp:
+                        if k != xp and k not in keys:
+                            keys.append(k)
+                varying = [k for k in keys if len({pp.get(k) for pp, _ in items}) > 1]
+                series, cols = {}, []
+                for pp, g in items:
+                    for im in g.impls.values():
+                        if im.median is None:
+                            continue
+                        label = im.name
+                        extra = ",".join(f"{k}={pp.get(k, '')}" for k in varying)
+                        if extra:
+                            label += " " + extra
+                        if label not in series:
+                            series[label] = {}
+                            cols.append(label)
+                        series[label][pp[xp]] = im.median
+                if not cols:
+                    continue
+                cols.sort(key=lambda c: (not c.startswith("iocore"), c))
+                base = slug(f"{spec['name']}-{case}-{metric}-vs-{xp}")
+                write_table(os.path.join(plotdir, base + ".dat"), xs, series, cols)
+                title = f"{spec['title']}: {case} ({metric})"
+                png = render(plotdir, base, term, title, xp, metric, len(cols), "line", notes)
+                if png:
+                    made.setdefault(spec["suite"], []).append((title, png))
+        else:
+            for mpat in spec["metrics"]:
+                mrx = rx(mpat)
+                sel = [g for g in gs if mrx.search(g.metric)]
+                for metric in sorted({g.metric for g in sel}):
+                    mg = [g for g in sel if g.metric == metric]
+                    xs, series, cols = [], {}, []
+                    for g in sorted(mg, key=lambda g: (g.case, g.params)):
+                        x = f"{g.case} {g.params}".strip()
+                        xs.append(x)
+                        for im in g.impls.values():
+                            if im.median is None:
+                                continue
+                            if im.name not in series:
+                                series[im.name] = {}
+                                cols.append(im.name)
+                            series[im.name][x] = im.median
+                    if not cols:
+                        continue
+                    cols.sort(key=lambda c: (not c.startswith("iocore"), c))
+                    base = slug(f"{spec['name']}-{metric}")
+                    write_table(os.path.join(plotdir, base + ".dat"), xs, series, cols)
+                    title = f"{spec['title']}: {metric} per server and workload"
+                    png = render(plotdir, base, term, title, "workload", metric, len(cols),
+                                 "bar", notes)
+                    if png:
+                        made.setdefault(spec["suite"], []).append((title, png))
+    return made
+
+
+# ------------------------------------------------------ machine, versions -
+def machine_info():
+    info = []
+    model = None
+    try:
+        for ln in open("/proc/cpuinfo"):
+            if ln.lower().startswith("model name"):
+                model = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info.append(("CPU", model or platform.processor() or "unknown"))
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = None
+    info.append(("CPUs", f"{os.cpu_count()} online" + (f", {usable} usable by this run" if usable else "")))
+    lines, _ = run("lscpu | grep -E '^(Hypervisor vendor|Thread\\(s\\) per core|L3 cache|CPU max MHz)'")
+    for ln in lines or []:
+        k, _, v = ln.partition(":")
+        info.append((k.strip(), v.strip()))
+    info.append(("Kernel", f"{platform.system()} {platform.release()} {platform.machine()}"))
+    try:
+        for ln in open("/proc/meminfo"):
+            if ln.startswith("MemTotal"):
+                kb = int(ln.split()[1])
+                info.append(("Memory", f"{kb / 1048576:.1f} GiB"))
+    except (OSError, ValueError):
+        pass
+    try:
+        st = os.statvfs("/dev/shm")
+        info.append(("/dev/shm", f"{st.f_blocks * st.f_frsize / 2**30:.1f} GiB tmpfs"))
+    except OSError:
+        pass
+    lines, _ = run("cat /sys/kernel/mm/transparent_hugepage/enabled")
+    if lines:
+        info.append(("THP", lines[0]))
+    lines, _ = run("cat /proc/sys/kernel/io_uring_disabled")
+    if lines:
+        info.append(("kernel.io_uring_disabled", lines[0]))
+    return info
+
+
+# (peer or tool, command that prints its version, which line/regex to keep)
+VERSION_CMDS = [
+    ("qemu-nbd", "qemu-nbd --version", None),
+    ("qemu-img (qemu-img bench)", "qemu-img --version", None),
+    ("nbdkit", "nbdkit --version", None),
+    ("fio", "fio --version", None),
+    ("libnbd (nbdinfo)", "nbdinfo --version", r"libnbd"),
+    ("libuv", "pkg-config --modversion libuv", None),
+    ("libevent", "pkg-config --modversion libevent", None),
+    ("GLib (GThreadPool)", "pkg-config --modversion glib-2.0", None),
+    ("Boost.Context", "dpkg-query -W -f='${Package} ${Version}\\n' libboost-context-dev", None),
+    ("concurrencykit (ck_ring)", "dpkg-query -W -f='${Package} ${Version}\\n' libck-dev", None),
+    ("zstd", "zstd -V", None),
+    ("pigz", "pigz -V", None),
+    ("gzip", "gzip -V", None),
+    ("gcc", "gcc --version", None),
+    ("clang", "clang --version", None),
+    ("liburing", "pkg-config --modversion liburing", None),
+    ("libzstd", "pkg-config --modversion libzstd", None),
+    ("libdeflate", "dpkg-query -W -f='${Package} ${Version}\\n' libdeflate-dev", None),
+    ("zlib", "pkg-config --modversion zlib", None),
+    ("gnuplot", "gnuplot -V", None),
+    ("meson", "meson --version", None),
+]
+
+
+def versions():
+    out = []
+    for name, cmd, pick in VERSION_CMDS:
+        lines, err = run(cmd)
+        if lines is None:
+            out.append((name, f"NOT AVAILABLE ({err})", cmd))
+            continue
+        line = lines[0]
+        if pick:
+            line = next((ln for ln in lines if re.search(pick, ln)), line)
+        out.append((name, line.strip("* "), cmd))
+    return out
+
+
+def build_info(build):
+    info = []
+    try:
+        comp = json.load(open(os.path.join(build, "meson-info", "intro-compilers.json")))
+        c = comp.get("host", {}).get("c", {})
+        if c:
+            info.append(("C compiler", f"{c.get('id')} {c.get('version')} ({' '.join(c.get('exelist', []))})"))
+    except (OSError, ValueError):
+        pass
+    try:
+        opts = json.load(open(os.path.join(build, "meson-info", "intro-buildoptions.json")))
+        want = ("buildtype", "b_sanitize", "b_ndebug", "optimization", "debug")
+        for o in opts:
+            if o.get("name") in want:
+                info.append((o["name"], str(o.get("value"))))
+    except (OSError, ValueError):
+        pass
+    return info
+
+
+def git_info(repo):
+    head, _ = run(f"git -C '{repo}' log -1 --format='%h %cI %s'")
+    dirty, _ = run(f"git -C '{repo}' status --porcelain --untracked-files=no | head -1")
+    s = head[0] if head else "unknown"
+    if dirty:
+        s += " (working tree has uncommitted changes)"
+    return s
+
+
+# ----------------------------------------------------------------- report -
+def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
+    out = a.out
+    L = []
+    w = L.append
+    mode = "QUICK (run.sh --quick)" if a.quick else "full"
+    w("# iocore benchmark report\n")
+    w(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by `make bench`"
+      f"{' QUICK=1' if a.quick else ''} (scripts/bench.sh -> scripts/bench-report.py).  ")
+    w(f"Mode: {mode}; {a.repeats} repeat(s) of every module; wall time {a.seconds} s.  ")
+    w(f"iocore commit: {git_info(a.repo)}.  ")
+    w(f"Load average at start / end: {a.load_start or 'n/a'} / "
+      f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else 'n/a'}"
+      " (anything above 0 on a 2-core machine is other work competing with the benchmarks).\n")
+    if not a.build_ok:
+        w("**WARNING: the build failed; benchmarks ran with whatever binaries existed.**\n")
+    if not a.deps_ok:
+        w("**WARNING: scripts/install-deps.sh failed; some peers may be missing "
+          "(see 'Peers that could not run').**\n")
+    w("## How to read the numbers\n")
+    w("Every value is the **median** over the repeats (the spread column shows "
+      "(max - min) / median).  Rows with the same suite, case, params and metric are "
+      "compared: iocore (peer=false) against each peer.\n")
+    w("**advantage = ours / peer for higher-is-better metrics, peer / ours for "
+      "lower-is-better metrics: > 1 means iocore is better** (2.00x = twice the rate or "
+      "half the time; 0.50x = half as good).  Targets are written in the same convention.\n")
+
+    # Targets first: it is the headline.
+    w("## Issue targets\n")
+    npass = sum(1 for t in targets if t["status"] == "PASS")
+    nfail = sum(1 for t in targets if t["status"] == "FAIL")
+    nmiss = sum(1 for t in targets if t["status"] == "MISSING")
+    w(f"{npass} pass, {nfail} fail, {nmiss} missing.\n")
+    w("| issue | target | where | iocore | compared with | advantage | needed | result |")
+    w("|---|---|---|---|---|---|---|---|")
+    for t in targets:
+        cmpw = t["peer"]
+        if t["peerval"] is not None:
+            cmpw += f" ({fmt(t['peerval'])})"
+        ach = fmt(t["achieved"]) if t["kind"] == "value" else fmt_ratio(t["achieved"])
+        res = t["status"] + (f": {t['note']}" if t.get("note") else "")
+        w(f"| {t['issue']} | {md_escape(t['text'])} | {md_escape(t['where'])} | "
+          f"{fmt(t['ours'])} | {md_escape(cmpw)} | {ach} | {t['target']} | {md_escape(res)} |")
+    w("")
+
+    w("## Machine\n")
+    w("| | |")
+    w("|---|---|")
+    for k, v in machine_info():
+        w(f"| {md_escape(k)} | {md_escape(v)} |")
+    for k, v in build_info(a.build):
+        w(f"| build {md_escape(k)} | {md_escape(v)} |")
+    w("")
+
+    w("## Peer and tool versions\n")
+    w("| peer / tool | version | from |")
+    w("|---|---|---|")
+    for name, ver, cmd in versions():
+        w(f"| {md_escape(name)} | {md_escape(ver)} | {code(cmd)} |")
+    w("")
+
+    w("## Runs\n")
+    w("| module | repeat | status | exit | seconds | rows | stderr |")
+    w("|---|---|---|---|---|---|---|")
+    for r in runs:
+        if r.get("status") == "skipped":
+            w(f"| {r['module']} | - | skipped | - | - | - | {md_escape(r.get('why', ''))} |")
+            continue
+        st = r["status"]
+        if st == "timeout":
+            st = f"TIMEOUT after {r.get('timeout')} s"
+        elif st != "ok":
+            st = "FAILED"
+        w(f"| {r['module']} | {r['repeat']} | {st} | {r.get('rc')} | {r.get('seconds')} | "
+          f"{r.get('rows', 0)} | logs/{r['module']}.{r['repeat']}.log |")
+    per_mod = {}
+    for r in runs:
+        if r.get("status") != "skipped":
+            per_mod[r["module"]] = per_mod.get(r["module"], 0) + int(r.get("seconds", 0))
+    if per_mod:
+        w("\nTime per module (all repeats): " +
+          ", ".join(f"{m} {s} s" for m, s in per_mod.items()) + ".")
+    w("")
+
+    # Commands get short ids so the tables stay readable.
+    cmd_ids = {}
+
+    def cid(c):
+        if c not in cmd_ids:
+            cmd_ids[c] = f"c{len(cmd_ids) + 1}"
+        return cmd_ids[c]
+
+    suites = []
+    for g in groups.values():
+        if g.suite not in suites:
+            suites.append(g.suite)
+    w("## Results\n")
+    if not suites:
+        w("No rows at all: no module printed a benchmark row.\n")
+    for s in suites:
+        gs = [g for g in groups.values() if g.suite == s]
+        w(f"### {s}\n")
+        w("Summary: iocore against the best peer of each comparison.\n")
+        w("| case | params | metric | iocore | best peer | peer value | advantage |")
+        w("|---|---|---|---|---|---|---|")
+        alone = 0
+        for g in gs:
+            if not g.peers():
+                alone += 1
+                continue
+            ours = g.ours() or [None]
+            bp = g.best(g.peers())
+            for o in ours:
+                oname = "" if o is None or o.name == "iocore" else f" ({o.name})"
+                ov = o.median if o else None
+                if bp is None:
+                    bpn = "(no peer ran: " + ", ".join(p.name for p in g.peers()) + ")"
+                    bpv, adv = "", "n/a"
+                else:
+                    bpn, bpv = bp.name, fmt(bp.median)
+                    adv = fmt_ratio(advantage(ov, bp.median, g.better))
+                w(f"| {md_escape(g.case)}{md_escape(oname)} | {md_escape(g.params)} | "
+                  f"{md_escape(g.metric)} ({g.better} is better) | {fmt(ov)} | {md_escape(bpn)} | "
+                  f"{bpv} | {adv} |")
+        if alone:
+            w(f"\n{alone} measurement(s) of this suite have no peer (iocore alone, e.g. a "
+              "scaling curve): see all rows below.")
+        w("")
+        w("All rows (median of the repeats; advantage of iocore over that row):\n")
+        w("| case | params | metric | impl | median | min - max | spread | n | advantage | cmd |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
+        for g in gs:
+            ours = [o for o in g.ours() if o.median is not None]
+            for im in sorted(g.impls.values(), key=lambda i: (i.peer, i.name)):
+                if im.peer and ours:
+                    advs = [(o.name, advantage(o.median, im.median, g.better)) for o in ours]
+                    if len(advs) == 1:
+                        adv = fmt_ratio(advs[0][1])
+                    else:
+                        adv = ", ".join(f"{n} {fmt_ratio(v)}" for n, v in advs)
+                elif im.peer:
+                    adv = "n/a (no iocore value)"
+                else:
+                    adv = "-"
+                vals = im.values
+                mm = f"{fmt(min(vals))} - {fmt(max(vals))}" if vals else "n/a"
+                sp = im.spread()
+                spt = f"{sp * 100:.0f}%" if sp is not None else "-"
+                med = fmt(im.median)
+                if im.median is None:
+                    med = "**not run**"
+                n = f"{len(vals)}" + (f" (+{len(im.errors)} failed)" if im.errors else "")
+                cmds = ", ".join(cid(c) for c in im.cmds)
+                name = im.name + (" (peer)" if im.peer else "")
+                w(f"| {md_escape(g.case)} | {md_escape(g.params)} | {md_escape(g.metric)} | "
+                  f"{md_escape(name)} | {med} | {mm} | {spt} | {n} | {md_escape(adv)} | {cmds} |")
+            for warn in g.warnings:
+                notes.append(f"{g.suite}/{g.case} {g.params} {g.metric}: {warn}")
+        w("")
+        for title, png in plots.get(s, []):
+            w(f"![{md_escape(title)}](plots/{png})\n")
+
+    w("## Peers that could not run\n")
+    fails = {}
+    for r in rows:
+        if r["value"] is None or r.get("error"):
+            k = (r["suite"], r["case"], r["params"], r["impl"], r["peer"],
+                 str(r.get("error") or "value is null"))
+            fails[k] = fails.get(k, 0) + 1
+    if not fails:
+        w("Every row has a value.\n")
+    else:
+        w("Every row with \"value\": null (or with an \"error\"), with the reason it gives.\n")
+        w("| suite | case | params | impl | times | why |")
+        w("|---|---|---|---|---|---|")
+        for (su, ca, pa, im, peer, err), n in sorted(fails.items()):
+            who = im + ("" if peer else " (iocore itself)")
+            w(f"| {md_escape(su)} | {md_escape(ca)} | {md_escape(pa)} | {md_escape(who)} | "
+              f"{n} | {md_escape(err)} |")
+        w("")
+    bad_runs = [r for r in runs if r.get("status") not in ("ok", "skipped")]
+    if bad_runs:
+        w("Runs that failed or timed out (their rows up to the failure are kept above; "
+          "the tail of stderr is below):\n")
+        for r in bad_runs:
+            log = os.path.join(out, "logs", f"{r['module']}.{r['repeat']}.log")
+            try:
+                tail = open(log, errors="replace").read().splitlines()[-8:]
+            except OSError:
+                tail = []
+            w(f"- bench/{r['module']}/run.sh, repeat {r['repeat']}: {r['status']} (exit {r.get('rc')})")
+            if tail:
+                w("  ```")
+                for ln in tail:
+                    w("  " + ln[:300])
+                w("  ```")
+        w("")
+    skipped = [r for r in runs if r.get("status") == "skipped"]
+    if skipped:
+        w("Modules without a runner (nothing measured): " +
+          ", ".join(f"{r['module']} ({r.get('why')})" for r in skipped) + ".\n")
+    if invalid:
+        w(f"Lines on stdout that are not valid rows ({len(invalid)}; also in invalid.txt):\n")
+        for iv in invalid[:50]:
+            w(f"- {iv['module']}.{iv['repeat']} line {iv['line']}: {md_escape(iv['why'])}: "
+              f"{code(iv['text'][:160])}")
+        if len(invalid) > 50:
+            w(f"- ... {len(invalid) - 50} more in invalid.txt")
+        w("")
+    if notes:
+        w("## Notes\n")
+        for n in notes:
+            w(f"- {md_escape(n)}")
+        w("")
+
+    w("## Commands behind the rows\n")
+    w("Each id is referenced from the 'cmd' column above; every row's own command is also "
+      "in rows.jsonl.\n")
+    for c, i in cmd_ids.items():
+        w(f"- {i}: {code(c)}")
+    w("")
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def main_report(a):
+    runs, rows, invalid = load(a.out)
+    with open(os.path.join(a.out, "rows.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=False) + "\n")
+    with open(os.path.join(a.out, "invalid.txt"), "w") as f:
+        for iv in invalid:
+            f.write(f"{iv['module']}.{iv['repeat']}:{iv['line']}: {iv['why']}: {iv['text']}\n")
+    groups = aggregate(rows)
+    targets = check_targets(groups)
+    notes = []
+    plots = make_plots(groups, os.path.join(a.out, "plots"), notes)
+    write_report(a, runs, rows, invalid, groups, targets, plots, notes)
+    print(f"bench-report: {len(rows)} rows, {len(invalid)} invalid lines, "
+          f"{sum(len(v) for v in plots.values())} plots -> {os.path.join(a.out, 'report.md')}",
+          file=sys.stderr)
+    return 0
+
+
+# -------------------------------------------------------------- self-test -
+def sample_rows():
+    """A plausible run of every suite, with failures mixed in."""
+    R = []
+
+    def row(suite, case, params, impl, peer, metric, value, better, **kw):
+        d = dict(suite=suite, case=case, params=params, impl=impl, peer=peer, metric=metric,
+                 value=value, better=better, cmd=f"bench-{suite} --case {case} --impl {impl} {params}")
+        d.update(kw)
+        R.append(d)
+
+    for be in ("epoll", "io_uring"):
+        for n, v in ((0, 1.0e6), (100, 0.99e6), (1000, 0.98e6), (3200, 0.97e6 if be == "io_uring" else 0.5e6)):
+            row("loop", "idle", f"backend={be},idle={n}", "iocore", False, "events/s", v, "higher")
+        row("loop", "pingpong", f"backend={be}", "iocore", False, "roundtrips/s", 300000, "higher")
+    row("loop", "pingpong", "backend=epoll", "libuv", True, "roundtrips/s", 200000, "higher")
+    row("loop", "pingpong", "backend=epoll", "libevent", True, "roundtrips/s", 260000, "higher")
+    row("loop", "pingpong", "backend=io_uring", "libuv", True, "roundtrips/s", 200000, "higher")
+    row("loop", "pingpong", "backend=io_uring", "libevent", True, "roundtrips/s", None, "higher",
+        error="libevent has no io_uring backend")
+    row("loop", "wakeup", "", "iocore", False, "ns/roundtrip", 10000, "lower")
+    row("loop", "wakeup", "", "libuv", True, "ns/roundtrip", 58000, "lower")
+    row("co", "switch", "", "iocore", False, "ns/switch", 6.0, "lower")
+    row("co", "switch", "", "boost-fcontext", True, "ns/switch", 5.5, "lower")
+    for w_ in (1, 2):
+        for case, k in (("tiny", 1.0), ("large", 0.1)):
+            row("wq", case, f"workers={w_},batch=on", "iocore", False, "jobs/s", 4e6 * k * w_, "higher")
+            row("wq", case, f"workers={w_},batch=on", "gthreadpool", True, "jobs/s", 1e6 * k * w_, "higher")
+            row("wq", case, f"workers={w_},batch=on", "mutex-condvar", True, "jobs/s", 0.8e6 * k * w_, "higher")
+    for wl in ("randread", "randrw"):
+        for c in (1, 4):
+            p = f"rw={wl},jobs={c}"
+            row("nbd", "fio", p, "iocore-nbd", False, "IOPS", 90000, "higher")
+            row("nbd", "fio", p, "qemu-nbd-io_uring", True, "IOPS", 60000, "higher")
+            row("nbd", "fio", p, "nbdkit", True, "IOPS", 100000, "higher")
+            row("nbd", "fio", p, "iocore-nbd", False, "p99 us", 900, "lower")
+            row("nbd", "fio", p, "qemu-nbd-io_uring", True, "p99 us", 1200, "lower")
+            row("nbd", "fio", p, "nbdkit", True, "p99 us", 1000, "lower")
+    for lv in (1, 3, 9):
+        p = f"corpus=usr,level={lv}"
+        row("zip", "compress", p, "iocore-zip", False, "MB/s", 300 / lv, "higher")
+        row("zip", "compress", p, "zstd -T2", True, "MB/s", 280 / lv, "higher")
+        row("zip", "compress", p, "iocore-zip", False, "size ratio", 0.36, "lower")
+        row("zip", "compress", p, "zstd -T2", True, "size ratio", 0.355, "lower")
+    return R
+
+
+def self_test():
+    failures = []
+
+    def check(cond, what):
+        if not cond:
+            failures.append(what)
+
+    # The convention itself.
+    check(advantage(200, 100, "higher") == 2.0, "higher: ours/peer")
+    check(advantage(50, 100, "lower") == 2.0, "lower: peer/ours")
+    check(advantage(None, 100, "lower") is None, "missing ours")
+    check(advantage(0, 100, "lower") is None, "zero ours, lower")
+    check(parse_params("a=1, b=x;c") == {"a": "1", "b": "x", "c": ""}, "parse_params")
+
+    tmp = tempfile.mkdtemp(prefix="bench-report-selftest-")
+    try:
+        os.makedirs(os.path.join(tmp, "raw"))
+        rows = sample_rows()
+        mods = {}
+        for r in rows:
+            mods.setdefault(r["suite"], []).append(r)
+        runs = []
+        for rep in (1, 2, 3):
+            for m, rs in mods.items():
+                with open(os.path.join(tmp, "raw", f"{m}.{rep}.jsonl"), "w") as f:
+                    for r in rs:
+                        r2 = dict(r)
+                        if r2["value"] is not None:
+                            r2["value"] = r2["value"] * (1 + 0.01 * (rep - 2))
+                        f.write(json.dumps(r2) + "\n")
+                    if m == "loop" and rep == 1:
+                        f.write("this is not json\n")
+                        f.write('{"suite":"loop"}\n')
+                runs.append(dict(module=m, repeat=rep, status="ok", rc=0, seconds=1, lines=0,
+                                 timeout=60))
+        runs.append(dict(module="blk", repeat=0, status="skipped", why="no-run.sh"))
+        with open(os.path.join(tmp, "runs.jsonl"), "w") as f:
+            for r in runs:
+                f.write(json.dumps(r) + "\n")
+        a = argparse.Namespace(out=tmp, repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               build=tmp, quick=1, repeats=3, seconds=3, deps_ok=1, build_ok=1,
+                               load_start="0.00 0.00 0.00")
+        main_report(a)
+        rep = open(os.path.join(tmp, "report.md")).read()
+        out_rows = [json.loads(x) for x in open(os.path.join(tmp, "rows.jsonl"))]
+        check(len(out_rows) == 3 * len(rows), f"rows.jsonl has {len(out_rows)} rows, want {3 * len(rows)}")
+        check(len(open(os.path.join(tmp, "invalid.txt")).read().splitlines()) == 2, "2 invalid lines")
+        check("libevent has no io_uring backend" in rep, "error row listed")
+        check("not JSON" in rep and "missing field(s)" in rep, "invalid lines listed")
+        check("blk (no-run.sh)" in rep, "skipped module listed")
+        # pingpong epoll: 300k vs best peer libevent 260k -> 1.15x, FAIL at 1.2x.
+        check(re.search(r"\| 3 \| pipe ping-pong.*pingpong backend=epoll.*\| 1\.15x \|.*FAIL", rep),
+              "ping-pong epoll target 1.15x FAIL")
+        check(re.search(r"\| 3 \| pipe ping-pong.*backend=io_uring.*\| 1\.50x \|.*PASS", rep),
+              "ping-pong io_uring target 1.50x PASS vs libuv (libevent not run)")
+        # wakeup: 10 us vs 58 us, lower is better -> 5.80x.
+        check(re.search(r"cross-thread.*\| 5\.80x \|.*PASS", rep), "wakeup 5.80x PASS")
+        # co switch 6.0 vs 5.5 ns -> 0.92x FAIL.
+        check(re.search(r"switch time.*\| 0\.92x \|.*FAIL", rep), "switch 0.92x FAIL")
+        check(re.search(r"3200 idle.*io_uring.*\| 0\.97x \|.*PASS", rep), "idle self target")
+        check(re.search(r"p99.*\| 1\.11x \|.*PASS", rep), "p99 vs best peer (nbdkit 1000 vs 900)")
+        check(re.search(r"IOPS in each workload.*\| 0\.90x \|.*FAIL", rep), "IOPS 0.90x FAIL")
+        check(re.search(r"at most 3% larger.*\| 0\.99x \|.*PASS", rep), "size within 3%")
+        check(re.search(r"tiny jobs.*\| 4\.00x \|.*PASS", rep), "wq tiny 4x")
+        check("MISSING: no matching rows" in rep, "unmeasured targets say so")
+        pngs = sorted(f for f in os.listdir(os.path.join(tmp, "plots")) if f.endswith(".png"))
+        for want in ("wq-tiny-jobs-s-vs-workers.png", "loop-idle-events-s-vs-idle.png",
+                     "nbd-iops.png", "nbd-p99-us.png", "zip-compress-mb-s-vs-level.png"):
+            check(want in pngs, f"plot {want} (have {pngs})")
+        for p in pngs:
+            with open(os.path.join(tmp, "plots", p), "rb") as f:
+                check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{p} is a PNG")
+        check(f"![" in rep and "plots/" in rep, "plots linked from the report")
+        keep = os.environ.get("BENCH_SELFTEST_KEEP")
+        if keep:
+            print(f"self-test output kept in {tmp}", file=sys.stderr)
+    finally:
+        if not os.environ.get("BENCH_SELFTEST_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    for f in failures:
+        print(f"not ok - {f}", file=sys.stderr)
+    print("bench-report self-test: " + ("FAILED" if failures else "ok"), file=sys.stderr)
+    return 1 if failures else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="the bench output directory (BUILD/bench)")
+    ap.add_argument("--repo", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--quick", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=0)
+    ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--deps-ok", type=int, default=1)
+    ap.add_argument("--build-ok", type=int, default=1)
+    ap.add_argument("--load-start", default="")
+    ap.add_argument("--self-test", action="store_true",
+                    help="generate sample rows, make a report from them and check it")
+    a = ap.parse_args()
+    if a.self_test:
+        return self_test()
+    if not a.out:
+        ap.error("--out is required")
+    return main_report(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
