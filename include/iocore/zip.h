@@ -1,0 +1,159 @@
+/*
+ * iocore zip: parallel zstd/gzip compression and decompression on the
+ * workqueue, in formats stock tools read.
+ *
+ * A stream object (struct ioc_zip) is either a compressor or a
+ * decompressor.  The caller feeds bytes with ioc_zip_write() (or fills the
+ * stream's own block buffer with ioc_zip_buffer()/ioc_zip_commit() to save a
+ * copy), calls ioc_zip_finish() at the end, and receives the output, in
+ * order, through opts.write on the feeding thread.  Workers never call
+ * back into the caller.
+ *
+ * Output formats:
+ *   zstd: one independent frame per block, each with content size and
+ *         checksum, then a seek table in zstd's seekable format (a
+ *         skippable frame).  `zstd -d` reads it.
+ *   gzip: one independent member per block (multi-member gzip that gzip
+ *         and pigz read); each header carries an extra subfield 'I','Z'
+ *         with the member's compressed size so decoders can split the
+ *         file without inflating it.
+ * An all-zero block becomes a minimal frame (zstd: RLE blocks) without
+ * running the compressor.
+ *
+ * Memory: opts.in_flight blocks of opts.block_size input plus their
+ * compressed bound, allocated at creation and reused; one compression
+ * context per worker.  Decompression keeps the same number of slots and
+ * refuses (or streams) frames larger than opts.max_frame.
+ *
+ * Threading: one stream is used by one thread at a time.  The callback runs
+ * on that thread, inside ioc_zip_write()/commit()/finish().
+ */
+#ifndef IOCORE_ZIP_H
+#define IOCORE_ZIP_H
+
+#include "iocore/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ioc_zip;
+
+enum ioc_zip_format {
+	IOC_ZIP_ZSTD = 0,
+	IOC_ZIP_GZIP,
+	IOC_ZIP_AUTO,           /* decompression only: detect per frame */
+};
+
+/* Deflate implementation for gzip. */
+enum ioc_zip_deflate {
+	IOC_ZIP_DEFLATE_DEFAULT = 0,    /* libdeflate when built with it, else zlib */
+	IOC_ZIP_DEFLATE_LIBDEFLATE,
+	IOC_ZIP_DEFLATE_ZLIB,
+};
+
+/* Output sink: consume len bytes; return 0 or -errno (which aborts the
+ * stream and is returned by the call that fed it). */
+typedef int (*ioc_zip_write_fn)(void *opaque, const void *buf, size_t len);
+
+#define IOC_ZIP_DEFAULT_BLOCK  (4u << 20)
+#define IOC_ZIP_MAX_BLOCK      (64u << 20)
+#define IOC_ZIP_MIN_BLOCK      (4u << 10)
+
+struct ioc_zip_opts {
+	enum ioc_zip_format format;   /* compression: ZSTD (default) or GZIP */
+	int level;                    /* 0 = 3 for zstd, 6 for gzip; 1..19 */
+	size_t block_size;            /* 0 = IOC_ZIP_DEFAULT_BLOCK; 4 KiB..64 MiB */
+	unsigned workers;             /* 0 = online CPUs */
+	unsigned in_flight;           /* blocks in flight; 0 = 2 * workers + 2 */
+	bool no_checksum;             /* zstd: omit frame checksums */
+	bool no_seek_table;           /* zstd: omit the seek table */
+	enum ioc_zip_deflate deflate;
+	/* Decompression limits against hostile input. */
+	unsigned window_log_max;      /* 0 = 27 (128 MiB), as zstd -d */
+	size_t max_frame;             /* largest frame decoded in memory;
+					 0 = IOC_ZIP_MAX_BLOCK.  Larger or
+					 unsized frames decode streaming on
+					 the feeding thread. */
+	ioc_zip_write_fn write;       /* required */
+	void *opaque;
+};
+
+int ioc_zip_compressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts);
+int ioc_zip_decompressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts);
+/* Drops anything unfinished.  Safe on NULL. */
+void ioc_zip_free(struct ioc_zip *z);
+
+/* Feed len bytes (uncompressed for a compressor, compressed for a
+ * decompressor).  Returns 0 or -errno; after an error the stream is dead
+ * and ioc_zip_error() says why. */
+int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len);
+
+/* Zero-copy feeding: *buf gets room for up to *len bytes inside the
+ * stream; write into it and call ioc_zip_commit(z, n) with n <= *len.
+ * The buffer is valid until the next call on z. */
+int ioc_zip_buffer(struct ioc_zip *z, void **buf, size_t *len);
+int ioc_zip_commit(struct ioc_zip *z, size_t n);
+
+/* Compressor: emits the last block and the seek table.  Decompressor:
+ * fails with -EBADMSG if the input ended inside a frame.  Waits for every
+ * block to be written. */
+int ioc_zip_finish(struct ioc_zip *z);
+
+/* Text of the last error, naming the input offset where it applies
+ * ("frame at offset 1234: checksum mismatch").  Never NULL. */
+const char *ioc_zip_error(const struct ioc_zip *z);
+
+struct ioc_zip_stats {
+	uint64_t in_bytes;
+	uint64_t out_bytes;
+	uint64_t frames;          /* frames/members produced or decoded */
+	uint64_t zero_frames;     /* all-zero blocks emitted without compressing */
+	uint64_t parallel_frames; /* decompression: frames decoded by workers */
+	uint64_t stream_frames;   /* decompression: frames decoded streaming */
+};
+void ioc_zip_get_stats(const struct ioc_zip *z, struct ioc_zip_stats *st);
+
+/* Busy time of each worker in ns (fills up to max, returns the count). */
+int ioc_zip_worker_busy(struct ioc_zip *z, uint64_t *busy_ns, unsigned max);
+
+/* ------------------------------------------------------------------ */
+/* Random access and listing (files in our formats, or any zstd file
+ * with a seek table, or gzip members carrying the 'IZ' subfield). */
+
+struct ioc_zip_frame_info {
+	uint64_t coff;    /* offset in the compressed file */
+	uint64_t doff;    /* offset in the decompressed data */
+	uint32_t csize;
+	uint32_t dsize;
+	uint32_t sum;     /* XXH64 low 32 bits (zstd) or CRC32 (gzip), if has_sum */
+	bool has_sum;
+};
+
+struct ioc_zip_index {
+	enum ioc_zip_format format;
+	size_t nframes;
+	uint64_t csize;   /* compressed bytes described (file size) */
+	uint64_t dsize;   /* total decompressed size */
+	struct ioc_zip_frame_info *frames;
+};
+
+/* Builds an index of the file open on fd: the seek table for zstd, the
+ * member headers for gzip.  -ENOENT when the file has no usable index,
+ * -EBADMSG when it has a broken one (msg, if not NULL, gets a message
+ * naming the offset). */
+int ioc_zip_index_read(int fd, struct ioc_zip_index **out, char *msg, size_t msglen);
+void ioc_zip_index_free(struct ioc_zip_index *ix);
+
+/* Decompress bytes [off, off + len) of the data in fd (using the index)
+ * through opts->write, decoding only the frames that cover the range, in
+ * parallel.  len is clipped at the end of the data.  Returns 0 or -errno;
+ * msg as above. */
+int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64_t len,
+		    const struct ioc_zip_opts *opts, char *msg, size_t msglen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IOCORE_ZIP_H */

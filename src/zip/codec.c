@@ -1,0 +1,757 @@
+/*
+ * zip codec layer: one block in, one independent frame out, and back.
+ *
+ * Problem.  The pipeline (pipeline.c) wants to hand a worker a block and get
+ * back bytes that stock tools read, with no shared state between workers,
+ * and the decoder wants to split hostile input into frames without trusting
+ * anything it says.
+ *
+ * Design.
+ *  - zstd: each block is a complete frame made by ZSTD_compress2() on a
+ *    per-worker ZSTD_CCtx (reused: creating one costs more than compressing
+ *    a small block).  Frames carry content size and checksum, so a decoder
+ *    can size its output buffer and verify it.  The seek table is zstd's
+ *    seekable format: a skippable frame (magic 0x184D2A5E) whose entries
+ *    give each frame's compressed and decompressed size and checksum, and
+ *    whose footer ends with 0x8F92EAB1 so a reader finds it from the end.
+ *  - gzip: each block is a member.  Members carry no length, so a decoder
+ *    would have to inflate to find the next one; ours put the compressed
+ *    member size in an FEXTRA subfield ('I','Z', 4 bytes), which gzip and
+ *    pigz skip, like BGZF does for samtools.  Deflate is libdeflate when it
+ *    is built in (whole-buffer API, 2-3x faster than zlib at the same
+ *    level: bench/zip --case deflate measures it) with zlib as the
+ *    fallback, selected by a flag per context.
+ *  - All-zero blocks (the zero pages of a memory image) skip the
+ *    compressor: zstd gets a frame of RLE blocks built by hand (4 bytes per
+ *    128 KiB).  Its checksum is XXH64 of n zeros, which libzstd does not
+ *    export; rather than carry a second XXH64, the first zero block of each
+ *    size goes through the compressor once and its checksum is kept.  gzip
+ *    keeps the whole member of the last zero-block size and copies it.
+ *  - Scanning walks zstd block headers (3 bytes each) to find a frame's end
+ *    without decoding, incrementally, so the caller can feed it bytes as
+ *    they arrive and decide from the header alone whether the frame can be
+ *    decoded in memory (content size known and small) or must stream.
+ *
+ * Rejected.  Hand-building stored deflate blocks for zero gzip members
+ * (bigger than what libdeflate makes for zeros, and CRC work anyway);
+ * libzstd's seekable contrib code (not packaged in Debian); trusting a
+ * frame's content size for allocation (bounded by max_frame instead).
+ *
+ * Cost.  The all-zero test is one memcmp pass over the block (~10 GB/s)
+ * before compressing; for data blocks it usually stops at the first bytes.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include "ioc-config.h"
+#if IOC_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
+
+#include "codec.h"
+
+bool ioc__zip_all_zero(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	size_t head = n < 64 ? n : 64;
+
+	for (size_t i = 0; i < head; i++)
+		if (b[i])
+			return false;
+	if (n <= 64)
+		return true;
+	/* The first 64 bytes are zero, so the block is zero iff every byte
+	 * equals the one 64 bytes before it (overlapping memcmp is fine, it
+	 * only reads). */
+	return memcmp(b, b + 64, n - 64) == 0;
+}
+
+/* ---- zero frames -------------------------------------------------- */
+
+static unsigned fcs_flag_for(uint64_t n)
+{
+	if (n < 256)
+		return 0;
+	if (n < 65536 + 256)
+		return 1;
+	if (n <= UINT32_MAX)
+		return 2;
+	return 3;
+}
+
+size_t ioc__zip_zero_frame_size(size_t n, bool with_sum)
+{
+	static const unsigned fcs_len[4] = { 1, 2, 4, 8 };
+	size_t blocks = n ? (n + IOC__ZIP_ZSTD_BLOCK_MAX - 1) / IOC__ZIP_ZSTD_BLOCK_MAX : 1;
+
+	return 4 + 1 + fcs_len[fcs_flag_for(n)] + blocks * 4 + (with_sum ? 4 : 0);
+}
+
+size_t ioc__zip_zero_frame(uint8_t *dst, size_t n, bool with_sum, uint32_t sum)
+{
+	unsigned flag = fcs_flag_for(n);
+	uint8_t *p = dst;
+	size_t left = n;
+
+	ioc__zip_put_le32(p, IOC__ZIP_ZSTD_MAGIC);
+	p += 4;
+	/* Frame_Header_Descriptor: FCS flag, Single_Segment, Checksum. */
+	*p++ = (uint8_t)(flag << 6 | 1u << 5 | (with_sum ? 1u << 2 : 0));
+	switch (flag) {
+	case 0:
+		*p++ = (uint8_t)n;
+		break;
+	case 1:
+		p[0] = (uint8_t)(n - 256);
+		p[1] = (uint8_t)((n - 256) >> 8);
+		p += 2;
+		break;
+	case 2:
+		ioc__zip_put_le32(p, (uint32_t)n);
+		p += 4;
+		break;
+	default:
+		ioc__zip_put_le32(p, (uint32_t)n);
+		ioc__zip_put_le32(p + 4, (uint32_t)((uint64_t)n >> 32));
+		p += 8;
+		break;
+	}
+	do {
+		size_t b = left < IOC__ZIP_ZSTD_BLOCK_MAX ? left : IOC__ZIP_ZSTD_BLOCK_MAX;
+		uint32_t last = left == b;
+		/* Block header: Last_Block, Block_Type 1 (RLE), size = count. */
+		uint32_t h = last | 1u << 1 | (uint32_t)b << 3;
+
+		p[0] = (uint8_t)h;
+		p[1] = (uint8_t)(h >> 8);
+		p[2] = (uint8_t)(h >> 16);
+		p[3] = 0;               /* the repeated byte */
+		p += 4;
+		left -= b;
+	} while (left);
+	if (with_sum) {
+		ioc__zip_put_le32(p, sum);
+		p += 4;
+	}
+	return (size_t)(p - dst);
+}
+
+/* ---- compression -------------------------------------------------- */
+
+int ioc__zip_cctx_init(struct ioc__zip_cctx *c, enum ioc_zip_format format, int level,
+		       bool checksum, enum ioc_zip_deflate deflate)
+{
+	memset(c, 0, sizeof(*c));
+	c->format = format;
+	c->checksum = checksum;
+	if (format == IOC_ZIP_ZSTD) {
+		if (level <= 0)
+			level = 3;
+		if (level > ZSTD_maxCLevel())
+			level = ZSTD_maxCLevel();
+		c->level = level;
+		c->zc = ZSTD_createCCtx();
+		if (!c->zc)
+			return -ENOMEM;
+		if (ZSTD_isError(ZSTD_CCtx_setParameter(c->zc, ZSTD_c_compressionLevel, level)) ||
+		    ZSTD_isError(ZSTD_CCtx_setParameter(c->zc, ZSTD_c_checksumFlag, checksum)) ||
+		    ZSTD_isError(ZSTD_CCtx_setParameter(c->zc, ZSTD_c_contentSizeFlag, 1))) {
+			ioc__zip_cctx_fini(c);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (format != IOC_ZIP_GZIP)
+		return -EINVAL;
+	if (level <= 0)
+		level = 6;
+	c->use_zlib = deflate == IOC_ZIP_DEFLATE_ZLIB || !IOC_HAVE_LIBDEFLATE;
+	if (deflate == IOC_ZIP_DEFLATE_LIBDEFLATE && !IOC_HAVE_LIBDEFLATE)
+		return -ENOTSUP;
+	if (c->use_zlib) {
+		c->level = level > 9 ? 9 : level;
+		if (deflateInit2(&c->zs, c->level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+			return -ENOMEM;
+		c->zs_ready = true;
+		return 0;
+	}
+#if IOC_HAVE_LIBDEFLATE
+	c->level = level > 12 ? 12 : level;
+	c->ld = libdeflate_alloc_compressor(c->level);
+	if (!c->ld)
+		return -ENOMEM;
+#endif
+	return 0;
+}
+
+void ioc__zip_cctx_fini(struct ioc__zip_cctx *c)
+{
+	ZSTD_freeCCtx(c->zc);
+#if IOC_HAVE_LIBDEFLATE
+	if (c->ld)
+		libdeflate_free_compressor(c->ld);
+#endif
+	if (c->zs_ready)
+		deflateEnd(&c->zs);
+	free(c->zero_member);
+	memset(c, 0, sizeof(*c));
+}
+
+size_t ioc__zip_compress_bound(enum ioc_zip_format format, size_t n)
+{
+	if (format == IOC_ZIP_ZSTD)
+		return ZSTD_compressBound(n);
+	/* Stored deflate blocks: 5 bytes per 64 KiB at worst (libdeflate's and
+	 * zlib's bounds are both below this), plus header and trailer. */
+	return n + (n / 65535 + 1) * 5 + 64 + IOC__ZIP_GZ_HEADER + IOC__ZIP_GZ_TRAILER;
+}
+
+static ssize_t zstd_block(struct ioc__zip_cctx *c, uint8_t *dst, size_t cap,
+			  const void *src, size_t n, uint32_t *sum)
+{
+	size_t r = ZSTD_compress2(c->zc, dst, cap, src, n);
+
+	if (ZSTD_isError(r))
+		return ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall ? -ENOSPC : -EIO;
+	*sum = c->checksum ? ioc__zip_le32(dst + r - 4) : 0;
+	return (ssize_t)r;
+}
+
+static ssize_t gzip_member(struct ioc__zip_cctx *c, uint8_t *dst, size_t cap,
+			   const void *src, size_t n, uint32_t *sum)
+{
+	size_t body_cap, body;
+	uint32_t crc, total;
+
+	if (cap < IOC__ZIP_GZ_HEADER + IOC__ZIP_GZ_TRAILER)
+		return -ENOSPC;
+	body_cap = cap - IOC__ZIP_GZ_HEADER - IOC__ZIP_GZ_TRAILER;
+	if (c->use_zlib) {
+		if (deflateReset(&c->zs) != Z_OK)
+			return -EIO;
+		c->zs.next_in = (Bytef *)(uintptr_t)src;
+		c->zs.avail_in = (uInt)n;
+		c->zs.next_out = dst + IOC__ZIP_GZ_HEADER;
+		c->zs.avail_out = (uInt)body_cap;
+		if (deflate(&c->zs, Z_FINISH) != Z_STREAM_END)
+			return -ENOSPC;
+		body = body_cap - c->zs.avail_out;
+		crc = (uint32_t)crc32(crc32(0, NULL, 0), src, (uInt)n);
+	} else {
+#if IOC_HAVE_LIBDEFLATE
+		body = libdeflate_deflate_compress(c->ld, src, n, dst + IOC__ZIP_GZ_HEADER, body_cap);
+		if (!body)
+			return -ENOSPC;
+		crc = libdeflate_crc32(0, src, n);
+#else
+		return -ENOTSUP;
+#endif
+	}
+	total = (uint32_t)(IOC__ZIP_GZ_HEADER + body + IOC__ZIP_GZ_TRAILER);
+	/* Header: ID1 ID2 CM=deflate FLG=FEXTRA, MTIME 0, XFL, OS=Unix,
+	 * XLEN=8, subfield 'I' 'Z' LEN=4 <member size>. */
+	dst[0] = 0x1f;
+	dst[1] = 0x8b;
+	dst[2] = 8;
+	dst[3] = 4;
+	memset(dst + 4, 0, 4);
+	dst[8] = c->level >= 9 ? 2 : c->level == 1 ? 4 : 0;
+	dst[9] = 3;
+	dst[10] = 8;
+	dst[11] = 0;
+	dst[12] = 'I';
+	dst[13] = 'Z';
+	dst[14] = 4;
+	dst[15] = 0;
+	ioc__zip_put_le32(dst + 16, total);
+	ioc__zip_put_le32(dst + IOC__ZIP_GZ_HEADER + body, crc);
+	ioc__zip_put_le32(dst + IOC__ZIP_GZ_HEADER + body + 4, (uint32_t)n);
+	*sum = crc;
+	return total;
+}
+
+ssize_t ioc__zip_compress(struct ioc__zip_cctx *c, void *dst, size_t cap,
+			  const void *src, size_t n, uint32_t *sum, bool *zero)
+{
+	ssize_t r;
+
+	*zero = false;
+	*sum = 0;
+	if (n == 0 || !ioc__zip_all_zero(src, n)) {
+		if (c->format == IOC_ZIP_ZSTD)
+			return zstd_block(c, dst, cap, src, n, sum);
+		return gzip_member(c, dst, cap, src, n, sum);
+	}
+	*zero = true;
+	if (c->format == IOC_ZIP_ZSTD) {
+		if (c->checksum && c->zero_len != n) {
+			/* First zero block of this size: learn XXH64(zeros)
+			 * from the compressor once (see the essay above). */
+			r = zstd_block(c, dst, cap, src, n, sum);
+			if (r < 0)
+				return r;
+			c->zero_len = n;
+			c->zero_sum = *sum;
+		}
+		if (cap < ioc__zip_zero_frame_size(n, c->checksum))
+			return -ENOSPC;
+		*sum = c->checksum ? c->zero_sum : 0;
+		return (ssize_t)ioc__zip_zero_frame(dst, n, c->checksum, *sum);
+	}
+	if (c->zero_len != n || !c->zero_member) {
+		r = gzip_member(c, dst, cap, src, n, sum);
+		if (r < 0)
+			return r;
+		free(c->zero_member);
+		c->zero_member = malloc((size_t)r);
+		c->zero_len = 0;
+		if (!c->zero_member)
+			return r;      /* still a valid member, just not cached */
+		memcpy(c->zero_member, dst, (size_t)r);
+		c->zero_member_len = (size_t)r;
+		c->zero_len = n;
+		c->zero_sum = *sum;
+		return r;
+	}
+	if (cap < c->zero_member_len)
+		return -ENOSPC;
+	memcpy(dst, c->zero_member, c->zero_member_len);
+	*sum = c->zero_sum;
+	return (ssize_t)c->zero_member_len;
+}
+
+/* ---- seek table --------------------------------------------------- */
+
+size_t ioc__zip_seektable_size(size_t n, bool with_sum)
+{
+	return 8 + n * (with_sum ? 12 : 8) + IOC__ZIP_SEEK_FOOTER;
+}
+
+void ioc__zip_seektable_write(uint8_t *dst, const struct ioc__zip_seek_entry *e, size_t n,
+			      bool with_sum)
+{
+	size_t total = ioc__zip_seektable_size(n, with_sum);
+	uint8_t *p = dst;
+
+	ioc__zip_put_le32(p, IOC__ZIP_SEEK_SKIP_MAGIC);
+	ioc__zip_put_le32(p + 4, (uint32_t)(total - 8));
+	p += 8;
+	for (size_t i = 0; i < n; i++) {
+		ioc__zip_put_le32(p, e[i].csize);
+		ioc__zip_put_le32(p + 4, e[i].dsize);
+		p += 8;
+		if (with_sum) {
+			ioc__zip_put_le32(p, e[i].sum);
+			p += 4;
+		}
+	}
+	ioc__zip_put_le32(p, (uint32_t)n);
+	p[4] = with_sum ? 0x80 : 0;
+	ioc__zip_put_le32(p + 5, IOC__ZIP_SEEKABLE_MAGIC);
+}
+
+int ioc__zip_seektable_footer(const uint8_t *foot, uint32_t *nframes, bool *with_sum,
+			      const char **why)
+{
+	if (ioc__zip_le32(foot + 5) != IOC__ZIP_SEEKABLE_MAGIC) {
+		*why = "no seekable magic in the footer";
+		return -ENOENT;
+	}
+	if (foot[4] & 0x7c) {
+		*why = "seek table descriptor has reserved bits set";
+		return -EBADMSG;
+	}
+	*nframes = ioc__zip_le32(foot);
+	*with_sum = foot[4] & 0x80;
+	if (*nframes > IOC__ZIP_SEEK_MAX_FRAMES) {
+		*why = "seek table claims too many frames";
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+int ioc__zip_seektable_parse(const uint8_t *buf, size_t len, uint64_t file_size,
+			     struct ioc_zip_index *ix, const char **why)
+{
+	uint32_t n;
+	bool with_sum;
+	size_t esize, need;
+	uint64_t coff = 0, doff = 0;
+	const uint8_t *p;
+	int r;
+
+	memset(ix, 0, sizeof(*ix));
+	if (len < 8 + IOC__ZIP_SEEK_FOOTER) {
+		*why = "seek table too short";
+		return -EBADMSG;
+	}
+	r = ioc__zip_seektable_footer(buf + len - IOC__ZIP_SEEK_FOOTER, &n, &with_sum, why);
+	if (r < 0)
+		return r;
+	esize = with_sum ? 12 : 8;
+	need = ioc__zip_seektable_size(n, with_sum);
+	if (need != len || need > file_size) {
+		*why = "seek table size does not match its frame count";
+		return -EBADMSG;
+	}
+	if (ioc__zip_le32(buf) != IOC__ZIP_SEEK_SKIP_MAGIC ||
+	    ioc__zip_le32(buf + 4) != need - 8) {
+		*why = "seek table is not a well-formed skippable frame";
+		return -EBADMSG;
+	}
+	ix->frames = calloc(n ? n : 1, sizeof(*ix->frames));
+	if (!ix->frames)
+		return -ENOMEM;
+	p = buf + 8;
+	for (uint32_t i = 0; i < n; i++, p += esize) {
+		struct ioc_zip_frame_info *f = &ix->frames[i];
+
+		f->coff = coff;
+		f->doff = doff;
+		f->csize = ioc__zip_le32(p);
+		f->dsize = ioc__zip_le32(p + 4);
+		f->has_sum = with_sum;
+		f->sum = with_sum ? ioc__zip_le32(p + 8) : 0;
+		coff += f->csize;
+		doff += f->dsize;
+		if (f->csize == 0 || coff > file_size - need) {
+			*why = "seek table frame sizes do not add up to the file size";
+			goto bad;
+		}
+	}
+	if (coff != file_size - need) {
+		*why = "seek table frame sizes do not add up to the file size";
+		goto bad;
+	}
+	ix->format = IOC_ZIP_ZSTD;
+	ix->nframes = n;
+	ix->csize = file_size;
+	ix->dsize = doff;
+	return 0;
+bad:
+	free(ix->frames);
+	ix->frames = NULL;
+	return -EBADMSG;
+}
+
+/* ---- frame scanning ----------------------------------------------- */
+
+static int scan_zstd_header(struct ioc__zip_frame *f, const uint8_t *p, size_t avail,
+			    const char **why)
+{
+	static const unsigned did_len[4] = { 0, 1, 2, 4 };
+	unsigned fhd, fcs_flag, single, hlen, fcs_len;
+	uint64_t fcs = 0;
+
+	if (avail < 5)
+		return 0;
+	fhd = p[4];
+	fcs_flag = fhd >> 6;
+	single = (fhd >> 5) & 1;
+	if (fhd & 0x08) {
+		*why = "zstd frame header has the reserved bit set";
+		return -EBADMSG;
+	}
+	fcs_len = fcs_flag == 0 ? (single ? 1 : 0) : 1u << fcs_flag;
+	hlen = 5 + !single + did_len[fhd & 3] + fcs_len;
+	if (avail < hlen)
+		return 0;
+	for (unsigned i = 0; i < fcs_len; i++)
+		fcs |= (uint64_t)p[hlen - fcs_len + i] << (8 * i);
+	if (fcs_len == 2)
+		fcs += 256;
+	f->dsize = fcs_len ? fcs : UINT64_MAX;
+	f->has_sum = (fhd >> 2) & 1;
+	f->hdr_len = hlen;
+	f->pos = hlen;
+	f->sized = true;
+	f->hdr_done = true;
+	return 1;
+}
+
+static int scan_gzip_header(struct ioc__zip_frame *f, const uint8_t *p, size_t avail,
+			    const char **why)
+{
+	unsigned flg, xlen;
+
+	if (avail < IOC__ZIP_GZ_HEADER && avail < 12)
+		return 0;
+	if (p[2] != 8) {
+		*why = "gzip member with an unknown compression method";
+		return -EBADMSG;
+	}
+	flg = p[3];
+	if (flg & 0xe0) {
+		*why = "gzip member header has reserved flags set";
+		return -EBADMSG;
+	}
+	f->dsize = UINT64_MAX;
+	f->has_sum = true;
+	f->hdr_done = true;
+	f->sized = false;
+	if (!(flg & 4))
+		return 1;               /* foreign member: stream it */
+	if (avail < 12)
+		return 0;
+	xlen = p[10] | (unsigned)p[11] << 8;
+	/* Ours: exactly one subfield 'I','Z' of 4 bytes. */
+	if (xlen == 8 && avail >= IOC__ZIP_GZ_HEADER && p[12] == 'I' && p[13] == 'Z' &&
+	    p[14] == 4 && p[15] == 0 && !(flg & 0x1a)) {
+		f->csize = ioc__zip_le32(p + 16);
+		if (f->csize < IOC__ZIP_GZ_HEADER + IOC__ZIP_GZ_TRAILER + 2) {
+			*why = "gzip member size field is too small";
+			return -EBADMSG;
+		}
+		f->sized = true;
+		f->hdr_len = IOC__ZIP_GZ_HEADER;
+	} else if (xlen == 8 && avail < IOC__ZIP_GZ_HEADER) {
+		f->hdr_done = false;    /* could be ours: wait for the rest */
+		return 0;
+	}
+	return 1;
+}
+
+int ioc__zip_scan(struct ioc__zip_frame *f, const uint8_t *p, size_t avail, const char **why)
+{
+	int r;
+
+	if (!f->hdr_done) {
+		uint32_t magic;
+
+		if (avail < 4) {
+			if (avail >= 2 && p[0] == 0x1f && p[1] == 0x8b)
+				return 0;
+			if (avail >= 1 && p[0] != 0x1f && p[0] != 0x28 &&
+			    (p[0] & 0xf0) != 0x50) {
+				*why = "not a zstd frame or gzip member";
+				return -EBADMSG;
+			}
+			return 0;
+		}
+		magic = ioc__zip_le32(p);
+		if (magic == IOC__ZIP_ZSTD_MAGIC) {
+			f->kind = IOC__ZIP_K_ZSTD;
+			r = scan_zstd_header(f, p, avail, why);
+		} else if ((magic & IOC__ZIP_SKIP_MASK) == IOC__ZIP_SKIP_MAGIC) {
+			if (avail < 8)
+				return 0;
+			f->kind = IOC__ZIP_K_SKIP;
+			f->skip_magic = magic;
+			f->csize = 8 + (uint64_t)ioc__zip_le32(p + 4);
+			f->dsize = 0;
+			f->sized = true;
+			f->hdr_done = true;
+			f->hdr_len = 8;
+			r = 1;
+		} else if (p[0] == 0x1f && p[1] == 0x8b) {
+			f->kind = IOC__ZIP_K_GZIP;
+			r = scan_gzip_header(f, p, avail, why);
+		} else {
+			*why = "not a zstd frame or gzip member";
+			return -EBADMSG;
+		}
+		if (r <= 0)
+			return r;
+	}
+	if (!f->sized)
+		return 0;
+	if (f->kind != IOC__ZIP_K_ZSTD)
+		return avail >= f->csize ? 1 : 0;
+	if (f->csize)
+		return avail >= f->csize ? 1 : 0;
+	/* Walk block headers from f->pos. */
+	for (;;) {
+		uint32_t h, type, size, last;
+
+		if (avail < f->pos + 3)
+			return 0;
+		h = p[f->pos] | (uint32_t)p[f->pos + 1] << 8 | (uint32_t)p[f->pos + 2] << 16;
+		last = h & 1;
+		type = (h >> 1) & 3;
+		size = h >> 3;
+		if (type == 3) {
+			*why = "zstd block of the reserved type";
+			return -EBADMSG;
+		}
+		if (size > IOC__ZIP_ZSTD_BLOCK_MAX) {
+			*why = "zstd block larger than 128 KiB";
+			return -EBADMSG;
+		}
+		f->pos += 3 + (type == 1 ? 1 : size);
+		if (last) {
+			f->csize = f->pos + (f->has_sum ? 4 : 0);
+			return avail >= f->csize ? 1 : 0;
+		}
+	}
+}
+
+/* ---- decompression ------------------------------------------------ */
+
+int ioc__zip_dctx_init(struct ioc__zip_dctx *d, unsigned window_log_max,
+		       enum ioc_zip_deflate deflate)
+{
+	memset(d, 0, sizeof(*d));
+	d->window_log_max = window_log_max ? window_log_max : 27;
+	d->zd = ZSTD_createDCtx();
+	if (!d->zd)
+		return -ENOMEM;
+	if (ZSTD_isError(ZSTD_DCtx_setParameter(d->zd, ZSTD_d_windowLogMax,
+						(int)d->window_log_max))) {
+		ioc__zip_dctx_fini(d);
+		return -EINVAL;
+	}
+	d->use_zlib = deflate == IOC_ZIP_DEFLATE_ZLIB || !IOC_HAVE_LIBDEFLATE;
+#if IOC_HAVE_LIBDEFLATE
+	if (!d->use_zlib) {
+		d->ld = libdeflate_alloc_decompressor();
+		if (!d->ld) {
+			ioc__zip_dctx_fini(d);
+			return -ENOMEM;
+		}
+	}
+#endif
+	return 0;
+}
+
+void ioc__zip_dctx_fini(struct ioc__zip_dctx *d)
+{
+	ZSTD_freeDCtx(d->zd);
+#if IOC_HAVE_LIBDEFLATE
+	if (d->ld)
+		libdeflate_free_decompressor(d->ld);
+#endif
+	if (d->zs_ready)
+		inflateEnd(&d->zs);
+	memset(d, 0, sizeof(*d));
+}
+
+static int zlib_ready(struct ioc__zip_dctx *d)
+{
+	if (d->zs_ready)
+		return inflateReset2(&d->zs, 31) == Z_OK ? 0 : -EIO;
+	memset(&d->zs, 0, sizeof(d->zs));
+	if (inflateInit2(&d->zs, 31) != Z_OK)
+		return -ENOMEM;
+	d->zs_ready = true;
+	return 0;
+}
+
+int ioc__zip_decompress(struct ioc__zip_dctx *d, enum ioc__zip_kind k, void *dst,
+			size_t dsize, const void *src, size_t csize, const char **why)
+{
+	if (k == IOC__ZIP_K_ZSTD) {
+		size_t r = ZSTD_decompressDCtx(d->zd, dst, dsize, src, csize);
+
+		if (ZSTD_isError(r)) {
+			*why = ZSTD_getErrorName(r);
+			return -EBADMSG;
+		}
+		if (r != dsize) {
+			*why = "frame content size lies";
+			return -EBADMSG;
+		}
+		return 0;
+	}
+	if (k != IOC__ZIP_K_GZIP) {
+		*why = "not a compressed frame";
+		return -EINVAL;
+	}
+#if IOC_HAVE_LIBDEFLATE
+	if (!d->use_zlib) {
+		size_t in_used = 0, out_used = 0;
+		enum libdeflate_result r;
+
+		r = libdeflate_gzip_decompress_ex(d->ld, src, csize, dst, dsize, &in_used,
+						  &out_used);
+		switch (r) {
+		case LIBDEFLATE_SUCCESS:
+			break;
+		case LIBDEFLATE_INSUFFICIENT_SPACE:
+			*why = "gzip member larger than its recorded size";
+			return -EBADMSG;
+		default:
+			*why = "corrupt gzip member (bad deflate data or CRC)";
+			return -EBADMSG;
+		}
+		if (in_used != csize || out_used != dsize) {
+			*why = "gzip member sizes lie";
+			return -EBADMSG;
+		}
+		return 0;
+	}
+#endif
+	if (zlib_ready(d) < 0)
+		return -ENOMEM;
+	d->zs.next_in = (Bytef *)(uintptr_t)src;
+	d->zs.avail_in = (uInt)csize;
+	d->zs.next_out = dst;
+	d->zs.avail_out = (uInt)dsize;
+	int zr = inflate(&d->zs, Z_FINISH);
+
+	if (zr != Z_STREAM_END) {
+		*why = zr == Z_BUF_ERROR ? "gzip member larger than its recorded size"
+					 : "corrupt gzip member (bad deflate data or CRC)";
+		return -EBADMSG;
+	}
+	if (d->zs.avail_in || d->zs.avail_out) {
+		*why = "gzip member sizes lie";
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+int ioc__zip_stream_begin(struct ioc__zip_dctx *d, enum ioc__zip_kind k, const char **why)
+{
+	d->skind = k;
+	d->streaming = true;
+	if (k == IOC__ZIP_K_ZSTD) {
+		ZSTD_DCtx_reset(d->zd, ZSTD_reset_session_only);
+		return 0;
+	}
+	if (k == IOC__ZIP_K_GZIP)
+		return zlib_ready(d);
+	*why = "cannot stream this frame kind";
+	return -EINVAL;
+}
+
+int ioc__zip_stream(struct ioc__zip_dctx *d, const uint8_t *in, size_t inlen, size_t *used,
+		    uint8_t *out, size_t outcap, size_t *produced, const char **why)
+{
+	if (d->skind == IOC__ZIP_K_ZSTD) {
+		ZSTD_inBuffer ib = { in, inlen, 0 };
+		ZSTD_outBuffer ob = { out, outcap, 0 };
+		size_t r = ZSTD_decompressStream(d->zd, &ob, &ib);
+
+		*used = ib.pos;
+		*produced = ob.pos;
+		if (ZSTD_isError(r)) {
+			*why = ZSTD_getErrorName(r);
+			return -EBADMSG;
+		}
+		if (r == 0) {
+			d->streaming = false;
+			return 1;
+		}
+		return 0;
+	}
+	d->zs.next_in = (Bytef *)(uintptr_t)in;
+	d->zs.avail_in = (uInt)(inlen > UINT32_MAX ? UINT32_MAX : inlen);
+	d->zs.next_out = out;
+	d->zs.avail_out = (uInt)(outcap > UINT32_MAX ? UINT32_MAX : outcap);
+	int zr = inflate(&d->zs, Z_NO_FLUSH);
+
+	*used = (size_t)(d->zs.next_in - in);
+	*produced = (size_t)(d->zs.next_out - out);
+	if (zr == Z_STREAM_END) {
+		d->streaming = false;
+		return 1;
+	}
+	if (zr == Z_OK || (zr == Z_BUF_ERROR && (*used || *produced || !inlen || !outcap)))
+		return 0;
+	*why = zr == Z_DATA_ERROR ? "corrupt gzip member (bad deflate data or CRC)"
+				  : "gzip decoder error";
+	return -EBADMSG;
+}

@@ -1,0 +1,161 @@
+/*
+ * Private to src/zip: the codec layer, independent of scheduling.
+ *
+ * Everything here works on whole buffers owned by the caller and keeps no
+ * global state; a context (cctx/dctx) is used by one thread at a time.
+ * Errors are -errno plus, where useful, a static reason string (*why).
+ */
+#ifndef IOC_ZIP_CODEC_H
+#define IOC_ZIP_CODEC_H
+
+#include <stdint.h>
+#include <stdbool.h>
+#include <sys/types.h>
+#include <zlib.h>
+
+#include "iocore/zip.h"
+
+#define IOC__ZIP_ZSTD_MAGIC      0xFD2FB528u
+#define IOC__ZIP_SKIP_MAGIC      0x184D2A50u   /* low 4 bits free */
+#define IOC__ZIP_SKIP_MASK       0xFFFFFFF0u
+#define IOC__ZIP_SEEK_SKIP_MAGIC 0x184D2A5Eu
+#define IOC__ZIP_SEEKABLE_MAGIC  0x8F92EAB1u
+#define IOC__ZIP_SEEK_FOOTER     9u
+#define IOC__ZIP_SEEK_MAX_FRAMES 0x8000000u    /* as zstd's seekable code */
+#define IOC__ZIP_GZ_HEADER       20u           /* our member header */
+#define IOC__ZIP_GZ_TRAILER      8u
+#define IOC__ZIP_ZSTD_BLOCK_MAX  (128u << 10)
+
+static inline uint32_t ioc__zip_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static inline void ioc__zip_put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+/* ---- compression -------------------------------------------------- */
+
+struct ioc__zip_cctx {
+	enum ioc_zip_format format;
+	int level;
+	bool checksum;
+	bool use_zlib;
+	struct ZSTD_CCtx_s *zc;
+	struct libdeflate_compressor *ld;
+	z_stream zs;
+	bool zs_ready;
+	/* Zero-block cache: the checksum (zstd) or the whole member (gzip)
+	 * of the last all-zero block size seen, computed once per size. */
+	size_t zero_len;
+	uint32_t zero_sum;
+	uint8_t *zero_member;
+	size_t zero_member_len;
+};
+
+int ioc__zip_cctx_init(struct ioc__zip_cctx *c, enum ioc_zip_format format, int level,
+		       bool checksum, enum ioc_zip_deflate deflate);
+void ioc__zip_cctx_fini(struct ioc__zip_cctx *c);
+
+/* Worst-case output of one block of n bytes. */
+size_t ioc__zip_compress_bound(enum ioc_zip_format format, size_t n);
+
+/* Compress one block into one independent frame/member.  Returns its size
+ * or -errno.  *sum gets the frame's checksum (XXH64 low 32 bits for zstd
+ * when checksums are on, CRC32 for gzip); *zero says the block was all
+ * zeros and took the shortcut. */
+ssize_t ioc__zip_compress(struct ioc__zip_cctx *c, void *dst, size_t cap,
+			  const void *src, size_t n, uint32_t *sum, bool *zero);
+
+bool ioc__zip_all_zero(const void *p, size_t n);
+
+/* The smallest valid zstd frame of n zero bytes: single-segment header
+ * with content size, RLE blocks of 128 KiB, the given checksum if
+ * with_sum.  Returns its size (cap must be >= ioc__zip_zero_frame_size). */
+size_t ioc__zip_zero_frame_size(size_t n, bool with_sum);
+size_t ioc__zip_zero_frame(uint8_t *dst, size_t n, bool with_sum, uint32_t sum);
+
+/* ---- seek table --------------------------------------------------- */
+
+struct ioc__zip_seek_entry {
+	uint32_t csize, dsize, sum;
+};
+
+size_t ioc__zip_seektable_size(size_t n, bool with_sum);
+void ioc__zip_seektable_write(uint8_t *dst, const struct ioc__zip_seek_entry *e, size_t n,
+			      bool with_sum);
+/* Parse the 9-byte footer. */
+int ioc__zip_seektable_footer(const uint8_t *foot, uint32_t *nframes, bool *with_sum,
+			      const char **why);
+/* Parse a whole seek-table skippable frame (buf, len bytes, ending with the
+ * footer) describing a file of file_size bytes that it ends.  Fills
+ * ix->frames (malloc'd) and totals.  -EBADMSG with *why on any lie. */
+int ioc__zip_seektable_parse(const uint8_t *buf, size_t len, uint64_t file_size,
+			     struct ioc_zip_index *ix, const char **why);
+
+/* ---- frame scanning ----------------------------------------------- */
+
+enum ioc__zip_kind {
+	IOC__ZIP_K_ZSTD = 1,
+	IOC__ZIP_K_SKIP,
+	IOC__ZIP_K_GZIP,
+};
+
+struct ioc__zip_frame {
+	enum ioc__zip_kind kind;
+	bool hdr_done;      /* header parsed: kind, dsize, sized known */
+	bool sized;         /* csize can be found without decoding */
+	bool has_sum;
+	uint32_t skip_magic;
+	uint64_t dsize;     /* content size; UINT64_MAX when unknown */
+	uint64_t csize;     /* whole frame, valid when scan returned 1 */
+	uint64_t pos;       /* scan progress (private) */
+	unsigned hdr_len;
+};
+
+/* Delimit the frame that starts at p, with avail bytes buffered from its
+ * start (call again with more as they arrive; f keeps the progress; zero
+ * it before the first call).  Returns 1 when f->csize is known and
+ * <= avail, 0 when more bytes are needed (f->hdr_done tells whether the
+ * header is parsed; when !f->sized the frame can only be decoded
+ * streaming), or -EBADMSG with *why. */
+int ioc__zip_scan(struct ioc__zip_frame *f, const uint8_t *p, size_t avail, const char **why);
+
+/* ---- decompression ------------------------------------------------ */
+
+struct ioc__zip_dctx {
+	struct ZSTD_DCtx_s *zd;
+	struct libdeflate_decompressor *ld;
+	z_stream zs;
+	bool zs_ready;
+	bool use_zlib;
+	unsigned window_log_max;
+	/* streaming state */
+	enum ioc__zip_kind skind;
+	bool streaming;
+};
+
+int ioc__zip_dctx_init(struct ioc__zip_dctx *d, unsigned window_log_max,
+		       enum ioc_zip_deflate deflate);
+void ioc__zip_dctx_fini(struct ioc__zip_dctx *d);
+
+/* Decode one whole delimited frame of kind k (csize bytes) whose content
+ * is exactly dsize bytes into dst.  Returns 0 or -EBADMSG with *why. */
+int ioc__zip_decompress(struct ioc__zip_dctx *d, enum ioc__zip_kind k, void *dst,
+			size_t dsize, const void *src, size_t csize, const char **why);
+
+/* Streaming decode of one frame that cannot be decoded in memory.
+ * Begin with ioc__zip_stream_begin; then each call consumes input and
+ * produces output; returns 1 when the frame ended (rest of the input
+ * untouched), 0 when it needs more input or output room, -EBADMSG. */
+int ioc__zip_stream_begin(struct ioc__zip_dctx *d, enum ioc__zip_kind k, const char **why);
+int ioc__zip_stream(struct ioc__zip_dctx *d, const uint8_t *in, size_t inlen, size_t *used,
+		    uint8_t *out, size_t outcap, size_t *produced, const char **why);
+
+#endif /* IOC_ZIP_CODEC_H */

@@ -1,0 +1,376 @@
+/* Codec layer: frames, zero frames, seek table, scanning, hostile input. */
+#include <zlib.h>
+#include <zstd.h>
+
+#include "tap.h"
+#include "ioc-config.h"
+#include "src/zip/codec.h"
+#include "zip-test-util.h"
+
+static ssize_t compress_one(enum ioc_zip_format fmt, int level, enum ioc_zip_deflate be,
+			    const uint8_t *src, size_t n, uint8_t **out, bool *zero)
+{
+	struct ioc__zip_cctx c;
+	size_t cap = ioc__zip_compress_bound(fmt, n);
+	uint32_t sum;
+	ssize_t r;
+
+	ASSERT_OK(ioc__zip_cctx_init(&c, fmt, level, true, be));
+	*out = malloc(cap);
+	ASSERT_NOT_NULL(*out);
+	r = ioc__zip_compress(&c, *out, cap, src, n, &sum, zero);
+	ioc__zip_cctx_fini(&c);
+	return r;
+}
+
+static void roundtrip(enum ioc_zip_format fmt, int level, enum ioc_zip_deflate be, size_t n)
+{
+	uint8_t *src = zt_data(n, n + (size_t)level), *dst, *back = malloc(n + 1);
+	struct ioc__zip_frame f = { 0 };
+	struct ioc__zip_dctx d;
+	const char *why = NULL;
+	bool zero;
+	ssize_t clen = compress_one(fmt, level, be, src, n, &dst, &zero);
+
+	ASSERT_GT(clen, 0);
+	ASSERT_EQ(ioc__zip_scan(&f, dst, (size_t)clen, &why), 1);
+	ASSERT_UEQ(f.csize, (uint64_t)clen);
+	ASSERT_TRUE(f.sized);
+	if (fmt == IOC_ZIP_ZSTD) {
+		ASSERT_UEQ(f.dsize, n);
+		ASSERT_TRUE(f.has_sum);
+		/* A stock decoder agrees. */
+		ASSERT_UEQ(ZSTD_decompress(back, n + 1, dst, (size_t)clen), n);
+		ASSERT_MEM_EQ(back, src, n);
+	} else {
+		ASSERT_UEQ(ioc__zip_le32(dst + clen - 4), n);
+	}
+	ASSERT_OK(ioc__zip_dctx_init(&d, 0, be));
+	memset(back, 0xaa, n);
+	ASSERT_OK(ioc__zip_decompress(&d, f.kind, back, n, dst, (size_t)clen, &why));
+	ASSERT_MEM_EQ(back, src, n);
+	ioc__zip_dctx_fini(&d);
+	free(src);
+	free(dst);
+	free(back);
+}
+
+static void test_zstd_roundtrip(void)
+{
+	static const size_t sizes[] = { 0, 1, 100, 4096, 131073, 1u << 20 };
+	static const int levels[] = { 1, 3, 9, 19 };
+
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++)
+		for (size_t j = 0; j < IOC_ARRAY_SIZE(levels); j++)
+			if (levels[j] < 19 || sizes[i] <= 4096)
+				roundtrip(IOC_ZIP_ZSTD, levels[j], 0, sizes[i]);
+}
+
+static void test_gzip_roundtrip(void)
+{
+	static const size_t sizes[] = { 0, 1, 100, 65536, 300001 };
+	static const int levels[] = { 1, 6, 9 };
+
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++)
+		for (size_t j = 0; j < IOC_ARRAY_SIZE(levels); j++) {
+			roundtrip(IOC_ZIP_GZIP, levels[j], IOC_ZIP_DEFLATE_ZLIB, sizes[i]);
+			if (IOC_HAVE_LIBDEFLATE)
+				roundtrip(IOC_ZIP_GZIP, levels[j], IOC_ZIP_DEFLATE_LIBDEFLATE,
+					  sizes[i]);
+		}
+}
+
+/* Two members concatenated must read as one stream with zlib (gzip -d). */
+static void test_gzip_multimember_zlib(void)
+{
+	size_t n = 70000;
+	uint8_t *a = zt_data(n, 1), *b = zt_data(n, 2), *ca, *cb, *cat, *back = malloc(2 * n);
+	bool zero;
+	ssize_t la = compress_one(IOC_ZIP_GZIP, 6, 0, a, n, &ca, &zero);
+	ssize_t lb = compress_one(IOC_ZIP_GZIP, 6, 0, b, n, &cb, &zero);
+	z_stream zs = { 0 };
+	size_t got = 0, off = 0;
+
+	ASSERT_GT(la, 0);
+	ASSERT_GT(lb, 0);
+	cat = malloc((size_t)(la + lb));
+	memcpy(cat, ca, (size_t)la);
+	memcpy(cat + la, cb, (size_t)lb);
+	ASSERT_EQ(inflateInit2(&zs, 31), Z_OK);
+	while (off < (size_t)(la + lb)) {
+		zs.next_in = cat + off;
+		zs.avail_in = (uInt)((size_t)(la + lb) - off);
+		zs.next_out = back + got;
+		zs.avail_out = (uInt)(2 * n - got);
+		int r = inflate(&zs, Z_FINISH);
+		ASSERT_TRUE(r == Z_STREAM_END);
+		off = (size_t)(zs.next_in - cat);
+		got = (size_t)(zs.next_out - back);
+		ASSERT_EQ(inflateReset(&zs), Z_OK);
+	}
+	inflateEnd(&zs);
+	ASSERT_UEQ(got, 2 * n);
+	ASSERT_MEM_EQ(back, a, n);
+	ASSERT_MEM_EQ(back + n, b, n);
+	free(a); free(b); free(ca); free(cb); free(cat); free(back);
+}
+
+static void test_zero_blocks(void)
+{
+	static const size_t sizes[] = { 1, 255, 256, 4096, 65791, 65792, 131072, 131073,
+					(4u << 20) };
+	struct ioc__zip_cctx c;
+	struct ioc__zip_dctx d;
+
+	ASSERT_OK(ioc__zip_dctx_init(&d, 0, 0));
+	for (int fmt = 0; fmt < 2; fmt++) {
+		ASSERT_OK(ioc__zip_cctx_init(&c, (enum ioc_zip_format)fmt, 3, true, 0));
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++) {
+			size_t n = sizes[i], cap = ioc__zip_compress_bound(c.format, n);
+			uint8_t *z = calloc(1, n), *out = malloc(cap), *back = malloc(n);
+			const char *why = NULL;
+
+			/* Twice: the first learns the checksum, the second
+			 * takes the cached shortcut; both must decode. */
+			for (int rep = 0; rep < 2; rep++) {
+				struct ioc__zip_frame f = { 0 };
+				uint32_t sum;
+				bool zero;
+				ssize_t r = ioc__zip_compress(&c, out, cap, z, n, &sum, &zero);
+
+				ASSERT_GT(r, 0);
+				ASSERT_TRUE(zero);
+				if (fmt == IOC_ZIP_ZSTD) {
+					ASSERT_UEQ((size_t)r, ioc__zip_zero_frame_size(n, true));
+					/* libzstd verifies the checksum too. */
+					memset(back, 1, n);
+					ASSERT_UEQ(ZSTD_decompress(back, n, out, (size_t)r), n);
+					ASSERT_TRUE(ioc__zip_all_zero(back, n));
+				}
+				ASSERT_EQ(ioc__zip_scan(&f, out, (size_t)r, &why), 1);
+				ASSERT_UEQ(f.csize, (uint64_t)r);
+				memset(back, 1, n);
+				ASSERT_OK(ioc__zip_decompress(&d, f.kind, back, n, out,
+							      (size_t)r, &why));
+				ASSERT_TRUE(ioc__zip_all_zero(back, n));
+			}
+			free(z); free(out); free(back);
+		}
+		ioc__zip_cctx_fini(&c);
+	}
+	ioc__zip_dctx_fini(&d);
+}
+
+static void test_all_zero(void)
+{
+	uint8_t buf[1000] = { 0 };
+
+	ASSERT_TRUE(ioc__zip_all_zero(buf, 0));
+	ASSERT_TRUE(ioc__zip_all_zero(buf, sizeof(buf)));
+	for (size_t i = 0; i < sizeof(buf); i += 37) {
+		buf[i] = 1;
+		ASSERT_FALSE(ioc__zip_all_zero(buf, sizeof(buf)));
+		buf[i] = 0;
+	}
+	buf[999] = 1;
+	ASSERT_FALSE(ioc__zip_all_zero(buf, sizeof(buf)));
+}
+
+static void test_seektable(void)
+{
+	struct ioc__zip_seek_entry e[3] = { { 100, 1000, 7 }, { 50, 1000, 8 }, { 10, 5, 9 } };
+	size_t len = ioc__zip_seektable_size(3, true);
+	uint8_t *t = malloc(len);
+	struct ioc_zip_index ix;
+	const char *why = NULL;
+	uint64_t fsize = 160 + len;
+
+	ioc__zip_seektable_write(t, e, 3, true);
+	ASSERT_OK(ioc__zip_seektable_parse(t, len, fsize, &ix, &why));
+	ASSERT_UEQ(ix.nframes, 3);
+	ASSERT_UEQ(ix.dsize, 2005);
+	ASSERT_UEQ(ix.frames[1].coff, 100);
+	ASSERT_UEQ(ix.frames[2].doff, 2000);
+	ASSERT_UEQ(ix.frames[2].sum, 9);
+	free(ix.frames);
+	/* The table is also a frame the scanner skips whole. */
+	struct ioc__zip_frame f = { 0 };
+	ASSERT_EQ(ioc__zip_scan(&f, t, len, &why), 1);
+	ASSERT_EQ(f.kind, IOC__ZIP_K_SKIP);
+	ASSERT_UEQ(f.csize, len);
+
+	/* Lies. */
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, fsize + 1, &ix, &why), -EBADMSG);
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, len, &ix, &why), -EBADMSG);
+	t[len - 9] = 4;                          /* frame count */
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, fsize, &ix, &why), -EBADMSG);
+	t[len - 9] = 0xff; t[len - 8] = 0xff; t[len - 7] = 0xff; t[len - 6] = 0x7f;
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, fsize, &ix, &why), -EBADMSG);
+	t[len - 9] = 3; t[len - 8] = 0; t[len - 7] = 0; t[len - 6] = 0;
+	t[len - 5] |= 0x04;                      /* reserved bit */
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, fsize, &ix, &why), -EBADMSG);
+	t[len - 5] &= (uint8_t)~0x04;
+	t[len - 1] ^= 1;                         /* seekable magic */
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, fsize, &ix, &why), -ENOENT);
+	t[len - 1] ^= 1;
+	t[0] ^= 1;                               /* skippable magic */
+	ASSERT_EQ(ioc__zip_seektable_parse(t, len, fsize, &ix, &why), -EBADMSG);
+	t[0] ^= 1;
+	ASSERT_OK(ioc__zip_seektable_parse(t, len, fsize, &ix, &why));
+	free(ix.frames);
+	free(t);
+}
+
+/* Feeding the scanner one byte at a time finds the same end. */
+static void test_scan_incremental(void)
+{
+	for (int fmt = 0; fmt < 2; fmt++) {
+		size_t n = 300000;
+		uint8_t *src = zt_data(n, 5), *dst;
+		bool zero;
+		ssize_t clen = compress_one((enum ioc_zip_format)fmt, 3, 0, src, n, &dst, &zero);
+		struct ioc__zip_frame f = { 0 };
+		const char *why = NULL;
+		size_t avail;
+		int r = 0;
+
+		for (avail = 0; avail <= (size_t)clen; avail++) {
+			r = ioc__zip_scan(&f, dst, avail, &why);
+			if (r != 0)
+				break;
+		}
+		ASSERT_EQ(r, 1);
+		ASSERT_UEQ(avail, (size_t)clen);
+		ASSERT_UEQ(f.csize, (uint64_t)clen);
+		free(src);
+		free(dst);
+	}
+}
+
+static void test_hostile_frames(void)
+{
+	size_t n = 200000;
+	uint8_t *src = zt_data(n, 9), *dst, *back = malloc(n + 100);
+	bool zero;
+	ssize_t clen = compress_one(IOC_ZIP_ZSTD, 3, 0, src, n, &dst, &zero);
+	struct ioc__zip_dctx d;
+	const char *why = NULL;
+
+	ASSERT_OK(ioc__zip_dctx_init(&d, 0, 0));
+	/* Truncated. */
+	ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_ZSTD, back, n, dst, (size_t)clen - 1, &why),
+		  -EBADMSG);
+	/* Lying content size: claim more and less than the truth. */
+	ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_ZSTD, back, n + 100, dst, (size_t)clen,
+				      &why), -EBADMSG);
+	ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_ZSTD, back, n - 1, dst, (size_t)clen, &why),
+		  -EBADMSG);
+	/* Corrupt payload: checksum or structure error, never a crash. */
+	for (size_t i = 12; i < (size_t)clen; i += (size_t)clen / 17) {
+		dst[i] ^= 0x55;
+		ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_ZSTD, back, n, dst, (size_t)clen,
+					      &why), -EBADMSG);
+		dst[i] ^= 0x55;
+	}
+	/* Garbage. */
+	struct ioc__zip_frame f = { 0 };
+	const uint8_t junk[8] = "garbage!";
+	ASSERT_EQ(ioc__zip_scan(&f, junk, sizeof(junk), &why), -EBADMSG);
+	/* Reserved block type. */
+	uint8_t bad[16] = { 0x28, 0xb5, 0x2f, 0xfd, 0x20, 10, 0x07, 0, 0 };
+	memset(&f, 0, sizeof(f));
+	ASSERT_EQ(ioc__zip_scan(&f, bad, sizeof(bad), &why), -EBADMSG);
+	/* Huge window, no content size: the streaming decoder refuses it. */
+	uint8_t huge[] = { 0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xf8, 0x01, 0, 0, 'x' };
+	size_t used, produced;
+	memset(&f, 0, sizeof(f));
+	ASSERT_EQ(ioc__zip_scan(&f, huge, sizeof(huge), &why), 1);
+	ASSERT_TRUE(f.hdr_done);
+	ASSERT_UEQ(f.dsize, UINT64_MAX);
+	ASSERT_OK(ioc__zip_stream_begin(&d, IOC__ZIP_K_ZSTD, &why));
+	ASSERT_EQ(ioc__zip_stream(&d, huge, sizeof(huge), &used, back, n, &produced, &why),
+		  -EBADMSG);
+	ioc__zip_dctx_fini(&d);
+	free(src); free(dst); free(back);
+}
+
+/* A frame without content size (streaming zstd, as `zstd` writes from a
+ * pipe) decodes through the streaming path, fed in small pieces. */
+static void test_stream_foreign(void)
+{
+	size_t n = 500000, cap = ZSTD_compressBound(n) + 64, clen, got = 0, off = 0;
+	uint8_t *src = zt_data(n, 11), *dst = malloc(cap), *back = malloc(n);
+	ZSTD_CCtx *zc = ZSTD_createCCtx();
+	ZSTD_inBuffer ib = { src, n, 0 };
+	ZSTD_outBuffer ob = { dst, cap, 0 };
+	struct ioc__zip_dctx d;
+	struct ioc__zip_frame f = { 0 };
+	const char *why = NULL;
+	int r = 0;
+
+	/* continue-then-end: libzstd cannot know the size up front. */
+	ASSERT_FALSE(ZSTD_isError(ZSTD_compressStream2(zc, &ob, &ib, ZSTD_e_continue)));
+	ASSERT_UEQ(ib.pos, n);
+	ib.size = ib.pos;
+	ASSERT_UEQ(ZSTD_compressStream2(zc, &ob, &ib, ZSTD_e_end), 0);
+	clen = ob.pos;
+	ZSTD_freeCCtx(zc);
+	ASSERT_EQ(ioc__zip_scan(&f, dst, clen, &why), 1);   /* delimitable, */
+	ASSERT_UEQ(f.dsize, UINT64_MAX);                    /* but unsized */
+	ASSERT_OK(ioc__zip_dctx_init(&d, 0, 0));
+	ASSERT_OK(ioc__zip_stream_begin(&d, IOC__ZIP_K_ZSTD, &why));
+	while (r == 0) {
+		size_t used, produced, in = clen - off < 1000 ? clen - off : 1000;
+		size_t room = n - got < 7000 ? n - got : 7000;
+
+		r = ioc__zip_stream(&d, dst + off, in, &used, back + got, room, &produced, &why);
+		ASSERT_GE(r, 0);
+		off += used;
+		got += produced;
+	}
+	ASSERT_UEQ(off, clen);
+	ASSERT_UEQ(got, n);
+	ASSERT_MEM_EQ(back, src, n);
+	ioc__zip_dctx_fini(&d);
+	free(src); free(dst); free(back);
+}
+
+static void test_gzip_hostile(void)
+{
+	size_t n = 100000;
+	uint8_t *src = zt_data(n, 3), *dst, *back = malloc(n + 10);
+	bool zero;
+	ssize_t clen = compress_one(IOC_ZIP_GZIP, 6, 0, src, n, &dst, &zero);
+	struct ioc__zip_dctx d;
+	const char *why = NULL;
+
+	ASSERT_OK(ioc__zip_dctx_init(&d, 0, 0));
+	ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_GZIP, back, n + 10, dst, (size_t)clen, &why),
+		  -EBADMSG);
+	ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_GZIP, back, n - 10, dst, (size_t)clen, &why),
+		  -EBADMSG);
+	dst[clen - 6] ^= 1;                      /* CRC */
+	ASSERT_EQ(ioc__zip_decompress(&d, IOC__ZIP_K_GZIP, back, n, dst, (size_t)clen, &why),
+		  -EBADMSG);
+	dst[clen - 6] ^= 1;
+	ASSERT_OK(ioc__zip_decompress(&d, IOC__ZIP_K_GZIP, back, n, dst, (size_t)clen, &why));
+	/* A size field smaller than any member. */
+	struct ioc__zip_frame f = { 0 };
+	dst[16] = 3; dst[17] = 0; dst[18] = 0; dst[19] = 0;
+	ASSERT_EQ(ioc__zip_scan(&f, dst, (size_t)clen, &why), -EBADMSG);
+	ioc__zip_dctx_fini(&d);
+	free(src); free(dst); free(back);
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_all_zero),
+	IOC_TEST(test_zstd_roundtrip),
+	IOC_TEST(test_gzip_roundtrip),
+	IOC_TEST(test_gzip_multimember_zlib),
+	IOC_TEST(test_zero_blocks),
+	IOC_TEST(test_seektable),
+	IOC_TEST(test_scan_incremental),
+	IOC_TEST(test_hostile_frames),
+	IOC_TEST(test_stream_foreign),
+	IOC_TEST(test_gzip_hostile),
+)
