@@ -1,0 +1,780 @@
+/*
+ * Threaded workqueue: one submitter hands CPU jobs to N worker threads.
+ *
+ * The problem.  A single producer (the compressor's reader, a migration
+ * thread) wants to spread many small jobs (a 4 KiB page to checksum or
+ * compress) over a few cores.  A shared mutex+condvar queue makes every job
+ * pay a contended lock round trip and usually a futex wake; QEMU's first
+ * threaded-workqueue kept all workers' bitmaps and completion event in
+ * shared lines (seed 001's review measured that contention) and its
+ * round-robin submission put one job at a time on each worker, so every
+ * job cost a sleep/wake cycle (seed 004: workers at 36% next to 2%).
+ *
+ * The design.
+ *   - Each worker has its own SPSC request ring (submitter -> worker) and
+ *     its own SPSC done ring (worker -> submitter).  No ring, counter or
+ *     flag is written by two workers, and each worker's data lives in its
+ *     own cache-aligned allocation split into lines by who writes them:
+ *       line 0: read-only after creation + submitter-private bookkeeping
+ *               (in-flight count, wake count) -- the worker copies what it
+ *               needs into locals when it starts and never reads it again;
+ *       line 1: the sleep word and the stop flag (written on transitions
+ *               only, so the submitter's per-submit read stays a hit);
+ *       line 2: the worker's statistics (written once per busy period).
+ *   - The submitter counts, per worker, jobs submitted and not yet
+ *     collected (`inflight`) and never lets it exceed the ring size.  So
+ *     neither ring can overflow (a worker never has to wait for room in its
+ *     done ring) and the count is an exact, free load metric for
+ *     LEAST_LOADED.
+ *   - Policies: FILL keeps submitting to one worker until its ring is
+ *     full, then moves on (batching: fewer workers awake, fewer wakes);
+ *     ROUND_ROBIN rotates per job; LEAST_LOADED picks the smallest
+ *     in-flight count.  The default is FILL, chosen by bench/wq (see
+ *     bench/wq/run.sh output and the report to the lead).
+ *   - In-order mode: the submitter records which worker got sequence
+ *     number s in a small FIFO (`order`).  Every worker completes its own
+ *     jobs in submission order, so the job with the next sequence number
+ *     is always at the head of exactly one known done ring: releasing in
+ *     order costs one array read per job, no reorder buffer, no sort.
+ *   - Workers spin (bounded by spin_ns) before sleeping on a futex; the
+ *     submitter only makes the wake syscall when the worker declared itself
+ *     asleep.  The submitter's wait_done is symmetric.
+ *   - With opts.loop, workers post one embedded ioc_task to the loop when
+ *     the first completion of a batch appears; the task drains every done
+ *     ring and calls opts.done on the loop's thread.
+ *
+ * Sleep/wake handshakes (Dekker style: each side stores its own flag,
+ * issues a seq_cst fence, then loads the other side's condition; at least
+ * one side sees the other, so no wakeup is lost):
+ *   worker sleeps:   state = SLEEPING; fence; if req ring non-empty or
+ *                    stop: state = RUNNING, go on; else futex_wait(state,
+ *                    SLEEPING) until state != SLEEPING.
+ *   submitter wakes: push job (release of prod.tail); fence; if state ==
+ *                    SLEEPING and exchange(state, RUNNING) == SLEEPING:
+ *                    futex_wake.  A worker still spinning has state ==
+ *                    RUNNING, so waking it costs the fence and one load of
+ *                    a line it rarely writes: no syscall.
+ *   submitter waits: waiting = 1; fence; poll the done rings; if nothing:
+ *                    futex_wait(waiting, 1).
+ *   worker completes: push to done ring; fence; if waiting and
+ *                    exchange(waiting, 0) == 1: futex_wake.
+ *   loop notify:     worker: push; fence; if !pending and
+ *                    exchange(pending, 1) == 0: ioc_loop_post.  Task on the
+ *                    loop: exchange(pending, 0); fence; drain.  A push the
+ *                    drain misses was followed by the worker's fence; its
+ *                    load of pending then sees the task's 0 (or a later 1
+ *                    whose poster's task will drain after it), so the worker
+ *                    posts again or another post covers it.
+ *   The futex value check closes the window between "decide to sleep" and
+ *   "sleep": the kernel refuses to sleep if the word changed meanwhile.
+ *
+ * Alternatives rejected.
+ *   - One MPSC done ring (seed 004): every worker would write the same
+ *     producer line on each completion -- the sharing seed 001 measured.
+ *     Per-worker SPSC done rings cost the submitter a scan of N rings per
+ *     poll, cheap for the handful of workers a machine has.
+ *   - Work stealing: needs MC rings and breaks the per-worker FIFO that
+ *     makes in-order release free; the submitter already balances.
+ *   - A condvar per worker: a mutex round trip on every wake check; the
+ *     futex word lets the common "worker is awake" case be one load.
+ *
+ * Cost notes.  A submit is a ring push, one seq_cst fence and one load of
+ * the worker's state line; the worker pays a fence and two loads of
+ * read-mostly lines per completion.  busy_ns is measured per busy period
+ * (two clock reads per run of jobs, not per job).  poll_done is O(workers)
+ * in the unordered mode and O(jobs) in the ordered one.  Shrinking with
+ * set_workers joins the retired threads after they drained their rings, so
+ * it blocks for up to a ring's worth of jobs.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "iocore/ring.h"
+#include "iocore/wq.h"
+
+#define WQ_MAX_WORKERS 1024
+#define WQ_DEFAULT_RING 64
+#define WQ_DEFAULT_SPIN_NS 50000
+#define WQ_BURST 16
+
+enum { W_RUNNING = 0, W_SLEEPING = 1 };
+
+struct wq_worker {
+	/* Line 0: set at creation, then submitter-private. */
+	struct ioc_wq *wq;
+	struct ioc_ring *req;      /* SPSC: submitter pushes, worker pops */
+	struct ioc_ring *done;     /* SPSC: worker pushes, submitter pops */
+	unsigned index;
+	bool running;              /* submitter: the thread exists */
+	pthread_t thread;
+	uint32_t inflight;         /* submitter: submitted, not collected */
+	uint64_t wakeups;          /* submitter: futex wakes issued */
+
+	/* Line 1: sleep word and stop flag (see the handshake above). */
+	_Atomic uint32_t state IOC_CACHE_ALIGNED;
+	_Atomic bool stop;
+
+	/* Line 2: statistics, written by the worker only (relaxed stores,
+	 * read by ioc_wq_get_stats: snapshots, order nothing). */
+	_Atomic uint64_t jobs IOC_CACHE_ALIGNED;
+	_Atomic uint64_t busy_ns;
+	_Atomic uint64_t sleeps;
+};
+
+/* The embedded task posted to opts.loop.  Separately allocated so that a
+ * task still queued on the loop when the wq is freed can free itself. */
+struct wq_notify {
+	struct ioc_task task;
+	struct ioc_wq *wq;         /* NULL once the wq is gone */
+};
+
+struct ioc_wq {
+	/* Submitter-private (the owner thread; the loop thread in loop mode). */
+	struct wq_worker **workers;
+	unsigned nalloc;           /* worker structs (active + retired) */
+	unsigned nactive;          /* workers that receive new jobs */
+	unsigned cursor;           /* policy position */
+	unsigned poll_start;       /* rotates the unordered poll */
+	enum ioc_wq_policy policy;
+	uint32_t ring_size;
+	bool in_order;
+	bool in_notify;            /* inside the loop task's drain */
+	bool free_requested;       /* ioc_wq_free() called from a done callback */
+	int64_t spin_ns;
+	char name[16];
+	uint64_t submitted, collected;
+	uint16_t *order;           /* in-order: worker of sequence s */
+	uint64_t order_mask;
+	struct ioc_loop *loop;
+	void (*done)(struct ioc_wq_job *job, void *opaque);
+	void *done_opaque;
+	struct wq_notify *notify;
+
+	/* The submitter's sleep word: written by the submitter before it
+	 * sleeps in wait_done and by the worker that wakes it. */
+	_Atomic uint32_t waiting IOC_CACHE_ALIGNED;
+	/* Loop mode: a notification task is queued and not yet started. */
+	_Atomic uint32_t notify_pending IOC_CACHE_ALIGNED;
+};
+
+static long futex_wait(_Atomic uint32_t *addr, uint32_t val,
+		       const struct timespec *rel)
+{
+	return syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, rel, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/* ---- worker side ---------------------------------------------------- */
+
+/* After a completion: wake the submitter or notify the loop if needed. */
+static void notify_completion(struct ioc_wq *wq, struct ioc_loop *loop,
+			      struct wq_notify *notify)
+{
+	/* Pairs with the fence in ioc_wq_wait_done() after it sets waiting,
+	 * and with the fence in notify_task() after it clears pending: either
+	 * they see our done-ring push or we see their flag. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&wq->waiting, memory_order_relaxed) &&
+	    atomic_exchange_explicit(&wq->waiting, 0, memory_order_relaxed))
+		futex_wake(&wq->waiting);
+	/* Acq_rel exchange: pairs with the exchange in notify_task(); the
+	 * load before it only skips the RMW when a post is already queued. */
+#if IOC_WQ_HAVE_LOOP
+	if (loop && !atomic_load_explicit(&wq->notify_pending, memory_order_relaxed) &&
+	    !atomic_exchange_explicit(&wq->notify_pending, 1, memory_order_acq_rel))
+		ioc_loop_post(loop, &notify->task);
+#else
+	(void)loop;
+	(void)notify;
+#endif
+}
+
+static void *worker_main(void *arg)
+{
+	struct wq_worker *w = arg;
+	/* Locals: the worker never reads line 0 again (the submitter writes
+	 * inflight there on every submit). */
+	struct ioc_wq *wq = w->wq;
+	struct ioc_ring *req = w->req, *done = w->done;
+	struct ioc_loop *loop = wq->loop;
+	struct wq_notify *notify = wq->notify;
+	int64_t spin_ns = wq->spin_ns;
+	uint64_t jobs = 0, busy_ns = 0, sleeps = 0;
+
+	{
+		char tname[16];
+
+		snprintf(tname, sizeof(tname), "%.10s-%u", wq->name, w->index);
+		pthread_setname_np(pthread_self(), tname);
+	}
+	for (;;) {
+		void *batch[WQ_BURST];
+		unsigned n = ioc_ring_pop_burst_spsc(req, batch, WQ_BURST);
+
+		if (n) {
+			int64_t t0 = ioc_now_ns();
+
+			/* A busy period: run jobs while the ring has any. */
+			do {
+				for (unsigned i = 0; i < n; i++) {
+					struct ioc_wq_job *job = batch[i];
+					bool ok;
+
+					job->fn(job);
+					ok = ioc_ring_push_spsc(done, job);
+					/* inflight <= ring size: never full. */
+					assert(ok);
+					(void)ok;
+					notify_completion(wq, loop, notify);
+				}
+				jobs += n;
+				n = ioc_ring_pop_burst_spsc(req, batch, WQ_BURST);
+			} while (n);
+			busy_ns += (uint64_t)(ioc_now_ns() - t0);
+			atomic_store_explicit(&w->jobs, jobs, memory_order_relaxed);
+			atomic_store_explicit(&w->busy_ns, busy_ns, memory_order_relaxed);
+		}
+
+		/* Acquire pairs with the release store of stop in
+		 * stop_worker(): every job pushed before it is visible, so one
+		 * more empty pop means the ring is drained for good. */
+		if (atomic_load_explicit(&w->stop, memory_order_acquire)) {
+			if (ioc_ring_empty(req))
+				break;
+			continue;
+		}
+
+		/* Bounded spin: a job arriving now costs the submitter no
+		 * syscall and us no sleep. */
+		if (spin_ns > 0) {
+			int64_t deadline = ioc_now_ns() + spin_ns;
+			bool found = false;
+
+			for (unsigned k = 1;; k++) {
+				if (!ioc_ring_empty(req) ||
+				    atomic_load_explicit(&w->stop, memory_order_relaxed)) {
+					found = true;
+					break;
+				}
+				ioc_ring_relax();
+				if (k % 16 == 0 && ioc_now_ns() > deadline)
+					break;
+			}
+			if (found)
+				continue;
+		}
+
+		/* Sleep handshake, worker half (see the top of the file). */
+		atomic_store_explicit(&w->state, W_SLEEPING, memory_order_relaxed);
+		/* Pairs with the fence in kick() between the submitter's push
+		 * (or stop store) and its load of state. */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (!ioc_ring_empty(req) ||
+		    atomic_load_explicit(&w->stop, memory_order_relaxed)) {
+			atomic_store_explicit(&w->state, W_RUNNING, memory_order_relaxed);
+			continue;
+		}
+		/* Release pairs with the acquire load in ioc_wq_get_stats():
+		 * a reader that sees this count sees the stats stored above. */
+		atomic_store_explicit(&w->sleeps, ++sleeps, memory_order_release);
+		/* Acquire pairs with the exchange in kick(); spurious futex
+		 * returns (signals, EINTR) loop back here. */
+		while (atomic_load_explicit(&w->state, memory_order_acquire) == W_SLEEPING)
+			futex_wait(&w->state, W_SLEEPING, NULL);
+	}
+	return NULL;
+}
+
+/* ---- submitter side ------------------------------------------------- */
+
+/* Wake w if it declared itself asleep.  Called after a push or stop. */
+static void kick(struct wq_worker *w)
+{
+	/* Pairs with the worker's fence after it stores SLEEPING. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&w->state, memory_order_relaxed) == W_SLEEPING &&
+	    atomic_exchange_explicit(&w->state, W_RUNNING, memory_order_release) ==
+		    W_SLEEPING) {
+		futex_wake(&w->state);
+		w->wakeups++;
+	}
+}
+
+static int start_worker(struct wq_worker *w)
+{
+	int err;
+
+	atomic_store_explicit(&w->stop, false, memory_order_relaxed);
+	atomic_store_explicit(&w->state, W_RUNNING, memory_order_relaxed);
+	/* pthread_create orders everything above before the thread starts. */
+	err = pthread_create(&w->thread, NULL, worker_main, w);
+	if (err)
+		return -err;
+	w->running = true;
+	return 0;
+}
+
+static void stop_worker(struct wq_worker *w)
+{
+	if (!w->running)
+		return;
+	/* Release pairs with the worker's acquire load of stop. */
+	atomic_store_explicit(&w->stop, true, memory_order_release);
+	kick(w);
+	pthread_join(w->thread, NULL);
+	w->running = false;
+}
+
+static void free_worker(struct wq_worker *w)
+{
+	if (!w)
+		return;
+	ioc_ring_free(w->req);
+	ioc_ring_free(w->done);
+	free(w);
+}
+
+static int alloc_worker(struct ioc_wq *wq, unsigned index,
+			struct wq_worker **out)
+{
+	size_t sz = (sizeof(struct wq_worker) + IOC_CACHELINE - 1) &
+		    ~(size_t)(IOC_CACHELINE - 1);
+	struct wq_worker *w = aligned_alloc(IOC_CACHELINE, sz);
+	int ret;
+
+	if (!w)
+		return -ENOMEM;
+	memset(w, 0, sizeof(*w));
+	w->wq = wq;
+	w->index = index;
+	atomic_init(&w->state, W_RUNNING);
+	atomic_init(&w->stop, false);
+	atomic_init(&w->jobs, 0);
+	atomic_init(&w->busy_ns, 0);
+	atomic_init(&w->sleeps, 0);
+	ret = ioc_ring_new(&w->req, wq->ring_size);
+	if (!ret)
+		ret = ioc_ring_new(&w->done, wq->ring_size);
+	if (ret) {
+		free_worker(w);
+		return ret;
+	}
+	*out = w;
+	return 0;
+}
+
+/* In-order FIFO big enough for every job that can be in flight. */
+static int grow_order(struct ioc_wq *wq, unsigned nworkers)
+{
+	uint64_t need = (uint64_t)nworkers * wq->ring_size, cap = 2;
+	uint16_t *order;
+
+	if (!wq->in_order || (wq->order && need <= wq->order_mask + 1))
+		return 0;
+	while (cap < need)
+		cap <<= 1;
+	order = calloc(cap, sizeof(*order));
+	if (!order)
+		return -ENOMEM;
+	for (uint64_t s = wq->collected; s < wq->submitted; s++)
+		order[s & (cap - 1)] = wq->order[s & wq->order_mask];
+	free(wq->order);
+	wq->order = order;
+	wq->order_mask = cap - 1;
+	return 0;
+}
+
+int ioc_wq_set_workers(struct ioc_wq *wq, unsigned n)
+{
+	int ret;
+
+	if (n == 0 || n > WQ_MAX_WORKERS)
+		return -EINVAL;
+	if (n > wq->nalloc) {
+		struct wq_worker **ws = realloc(wq->workers, n * sizeof(*ws));
+
+		if (!ws)
+			return -ENOMEM;
+		wq->workers = ws;
+		ret = grow_order(wq, n);
+		if (ret)
+			return ret;
+		while (wq->nalloc < n) {
+			ret = alloc_worker(wq, wq->nalloc, &ws[wq->nalloc]);
+			if (ret)
+				return ret;
+			wq->nalloc++;
+		}
+	}
+	/* Grow: start threads (retired workers restart on their old rings,
+	 * whose done entries are still collected in order). */
+	while (wq->nactive < n) {
+		ret = start_worker(wq->workers[wq->nactive]);
+		if (ret)
+			return ret;
+		wq->nactive++;
+	}
+	/* Shrink: stop taking new jobs first, then drain and join.  Their
+	 * done rings stay in the poll set until collected. */
+	if (n < wq->nactive) {
+		unsigned old = wq->nactive;
+
+		wq->nactive = n;
+		for (unsigned i = n; i < old; i++)
+			stop_worker(wq->workers[i]);
+	}
+	if (wq->cursor >= wq->nactive)
+		wq->cursor = 0;
+	return 0;
+}
+
+unsigned ioc_wq_workers(struct ioc_wq *wq)
+{
+	return wq->nactive;
+}
+
+static void notify_task(struct ioc_task *task);
+
+int ioc_wq_new(struct ioc_wq **out, const struct ioc_wq_opts *opts)
+{
+	static const struct ioc_wq_opts defaults;
+	struct ioc_wq *wq;
+	unsigned n;
+	int ret;
+
+	*out = NULL;
+	if (!opts)
+		opts = &defaults;
+	n = opts->workers;
+	if (n == 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+		n = cpus > 0 ? (unsigned)cpus : 1;
+		if (n > WQ_MAX_WORKERS)
+			n = WQ_MAX_WORKERS;
+	}
+	if (n > WQ_MAX_WORKERS)
+		return -EINVAL;
+	if (opts->ring_size &&
+	    (opts->ring_size < 2 || opts->ring_size > (1u << 20) ||
+	     (opts->ring_size & (opts->ring_size - 1))))
+		return -EINVAL;
+	if (opts->policy > IOC_WQ_LEAST_LOADED)
+		return -EINVAL;
+	if (opts->loop && !opts->done)
+		return -EINVAL;
+#if !IOC_WQ_HAVE_LOOP
+	if (opts->loop)
+		return -ENOTSUP;  /* built without the loop module */
+#endif
+
+	wq = aligned_alloc(IOC_CACHELINE, (sizeof(*wq) + IOC_CACHELINE - 1) &
+					  ~(size_t)(IOC_CACHELINE - 1));
+	if (!wq)
+		return -ENOMEM;
+	memset(wq, 0, sizeof(*wq));
+	atomic_init(&wq->waiting, 0);
+	atomic_init(&wq->notify_pending, 0);
+	wq->policy = opts->policy;
+	wq->ring_size = opts->ring_size ? opts->ring_size : WQ_DEFAULT_RING;
+	wq->in_order = opts->in_order;
+	wq->spin_ns = opts->spin_ns == 0 ? WQ_DEFAULT_SPIN_NS :
+		      opts->spin_ns < 0 ? 0 : opts->spin_ns;
+	snprintf(wq->name, sizeof(wq->name), "%s", opts->name ? opts->name : "ioc-wq");
+	wq->loop = opts->loop;
+	wq->done = opts->done;
+	wq->done_opaque = opts->done_opaque;
+	if (wq->loop) {
+		wq->notify = calloc(1, sizeof(*wq->notify));
+		if (!wq->notify) {
+			free(wq);
+			return -ENOMEM;
+		}
+		wq->notify->task.fn = notify_task;
+		wq->notify->wq = wq;
+	}
+	ret = ioc_wq_set_workers(wq, n);
+	if (ret) {
+		ioc_wq_free(wq);
+		return ret;
+	}
+	*out = wq;
+	return 0;
+}
+
+static void destroy(struct ioc_wq *wq)
+{
+	for (unsigned i = 0; i < wq->nalloc; i++)
+		stop_worker(wq->workers[i]);
+	if (wq->notify) {
+		/* All workers are joined: notify_pending is stable.  A task
+		 * still queued on the loop frees itself when it runs. */
+		if (atomic_load_explicit(&wq->notify_pending, memory_order_relaxed))
+			wq->notify->wq = NULL;
+		else
+			free(wq->notify);
+	}
+	for (unsigned i = 0; i < wq->nalloc; i++)
+		free_worker(wq->workers[i]);
+	free(wq->workers);
+	free(wq->order);
+	free(wq);
+}
+
+void ioc_wq_free(struct ioc_wq *wq)
+{
+	if (!wq)
+		return;
+	if (wq->in_notify) {
+		/* Called from a done callback: run what was submitted now,
+		 * free when the drain unwinds (notify_task). */
+		for (unsigned i = 0; i < wq->nalloc; i++)
+			stop_worker(wq->workers[i]);
+		wq->free_requested = true;
+		return;
+	}
+	destroy(wq);
+}
+
+static struct wq_worker *pick_worker(struct ioc_wq *wq)
+{
+	unsigned n = wq->nactive, i = wq->cursor;
+	uint32_t cap = wq->ring_size;
+
+	switch (wq->policy) {
+	case IOC_WQ_FILL:
+		for (unsigned k = 0; k < n; k++) {
+			if (wq->workers[i]->inflight < cap) {
+				wq->cursor = i;
+				return wq->workers[i];
+			}
+			if (++i == n)
+				i = 0;
+		}
+		return NULL;
+	case IOC_WQ_ROUND_ROBIN:
+		for (unsigned k = 0; k < n; k++) {
+			if (++i >= n)
+				i = 0;
+			if (wq->workers[i]->inflight < cap) {
+				wq->cursor = i;
+				return wq->workers[i];
+			}
+		}
+		return NULL;
+	case IOC_WQ_LEAST_LOADED: {
+		struct wq_worker *best = NULL;
+
+		/* Start after the last pick so ties rotate. */
+		for (unsigned k = 0; k < n; k++) {
+			struct wq_worker *w;
+
+			if (++i >= n)
+				i = 0;
+			w = wq->workers[i];
+			if (w->inflight < cap && (!best || w->inflight < best->inflight)) {
+				best = w;
+				wq->cursor = i;
+				if (!w->inflight)
+					break;
+			}
+		}
+		return best;
+	}
+	}
+	return NULL;
+}
+
+int ioc_wq_submit(struct ioc_wq *wq, struct ioc_wq_job *job)
+{
+	struct wq_worker *w = pick_worker(wq);
+	bool ok;
+
+	if (!w)
+		return -EAGAIN;
+	job->seq = wq->submitted;
+	job->worker = w->index;
+	if (wq->in_order)
+		wq->order[job->seq & wq->order_mask] = (uint16_t)w->index;
+	/* inflight < ring size, so the request ring has room. */
+	ok = ioc_ring_push_spsc(w->req, job);
+	assert(ok);
+	(void)ok;
+	w->inflight++;
+	wq->submitted++;
+	kick(w);
+	return 0;
+}
+
+static unsigned poll_unordered(struct ioc_wq *wq, struct ioc_wq_job **jobs,
+			       unsigned max)
+{
+	unsigned n = wq->nalloc, got = 0, i = wq->poll_start;
+
+	if (i >= n)
+		i = 0;
+	for (unsigned k = 0; k < n && got < max; k++) {
+		struct wq_worker *w = wq->workers[i];
+
+		if (w->inflight) {
+			unsigned c = ioc_ring_pop_burst_spsc(w->done,
+							     (void **)(jobs + got),
+							     max - got);
+			w->inflight -= c;
+			got += c;
+		}
+		if (++i == n)
+			i = 0;
+	}
+	/* Rotate so one busy worker cannot starve the others' rings. */
+	wq->poll_start = i;
+	return got;
+}
+
+static unsigned poll_ordered(struct ioc_wq *wq, struct ioc_wq_job **jobs,
+			     unsigned max)
+{
+	unsigned got = 0;
+
+	while (got < max && wq->collected + got < wq->submitted) {
+		uint64_t s = wq->collected + got;
+		struct wq_worker *w = wq->workers[wq->order[s & wq->order_mask]];
+		void *p;
+
+		/* w's jobs complete in its submission order and all of its
+		 * earlier ones are collected: its oldest is sequence s. */
+		if (!ioc_ring_pop_spsc(w->done, &p))
+			break;
+		assert(((struct ioc_wq_job *)p)->seq == s);
+		w->inflight--;
+		jobs[got++] = p;
+	}
+	return got;
+}
+
+int ioc_wq_poll_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max)
+{
+	unsigned got;
+
+	if (max > INT_MAX)
+		max = INT_MAX;
+	got = wq->in_order ? poll_ordered(wq, jobs, max)
+			   : poll_unordered(wq, jobs, max);
+	wq->collected += got;
+	return (int)got;
+}
+
+int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
+		     int64_t timeout_ns)
+{
+	int64_t start = ioc_now_ns(), deadline, spin_end;
+	int n;
+
+	if (max == 0)
+		return -EINVAL;
+	deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+	spin_end = start + wq->spin_ns;
+	for (;;) {
+		n = ioc_wq_poll_done(wq, jobs, max);
+		if (n || wq->collected == wq->submitted)
+			return n;  /* nothing in flight: nothing to wait for */
+		if (ioc_now_ns() < spin_end && ioc_now_ns() < deadline) {
+			ioc_ring_relax();
+			continue;
+		}
+		/* Sleep handshake, submitter half (top of file). */
+		atomic_store_explicit(&wq->waiting, 1, memory_order_relaxed);
+		/* Pairs with the fence in notify_completion() after the
+		 * worker's done-ring push. */
+		atomic_thread_fence(memory_order_seq_cst);
+		n = ioc_wq_poll_done(wq, jobs, max);
+		if (n) {
+			atomic_store_explicit(&wq->waiting, 0, memory_order_relaxed);
+			return n;
+		}
+		int64_t now = ioc_now_ns();
+
+		if (now >= deadline) {
+			atomic_store_explicit(&wq->waiting, 0, memory_order_relaxed);
+			return 0;
+		}
+		if (timeout_ns < 0) {
+			futex_wait(&wq->waiting, 1, NULL);
+		} else {
+			int64_t left = deadline - now;
+			struct timespec ts = { left / 1000000000, left % 1000000000 };
+
+			futex_wait(&wq->waiting, 1, &ts);
+		}
+		atomic_store_explicit(&wq->waiting, 0, memory_order_relaxed);
+	}
+}
+
+uint64_t ioc_wq_in_flight(struct ioc_wq *wq)
+{
+	return wq->submitted - wq->collected;
+}
+
+int ioc_wq_get_stats(struct ioc_wq *wq, struct ioc_wq_worker_stats *st,
+		     unsigned max)
+{
+	for (unsigned i = 0; i < wq->nactive && i < max; i++) {
+		struct wq_worker *w = wq->workers[i];
+
+		/* Acquire pairs with the worker's release store of sleeps;
+		 * the rest are relaxed snapshots. */
+		uint64_t sleeps = atomic_load_explicit(&w->sleeps, memory_order_acquire);
+
+		st[i] = (struct ioc_wq_worker_stats){
+			.jobs = atomic_load_explicit(&w->jobs, memory_order_relaxed),
+			.busy_ns = atomic_load_explicit(&w->busy_ns, memory_order_relaxed),
+			.sleeps = sleeps,
+			.wakeups = w->wakeups,
+		};
+	}
+	return (int)wq->nactive;
+}
+
+/* ---- loop mode ------------------------------------------------------ */
+
+static void notify_task(struct ioc_task *task)
+{
+	struct wq_notify *notify = ioc_container_of(task, struct wq_notify, task);
+	struct ioc_wq *wq = notify->wq;
+	struct ioc_wq_job *jobs[WQ_BURST];
+	int n;
+
+	if (!wq) {
+		free(notify);  /* the wq was freed while we were queued */
+		return;
+	}
+	/* Acq_rel: pairs with the workers' exchange that posted us (their
+	 * pushes before it are visible); the fence pairs with the fence in
+	 * notify_completion() for pushes made after this point. */
+	atomic_exchange_explicit(&wq->notify_pending, 0, memory_order_acq_rel);
+	atomic_thread_fence(memory_order_seq_cst);
+	wq->in_notify = true;
+	while (!wq->free_requested && (n = ioc_wq_poll_done(wq, jobs, WQ_BURST)) > 0) {
+		for (int i = 0; i < n; i++) {
+			wq->done(jobs[i], wq->done_opaque);
+			if (wq->free_requested)
+				break;
+		}
+	}
+	wq->in_notify = false;
+	if (wq->free_requested)
+		destroy(wq);
+}
