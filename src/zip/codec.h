@@ -158,4 +158,8 @@ int ioc__zip_stream_begin(struct ioc__zip_dctx *d, enum ioc__zip_kind k, const c
 int ioc__zip_stream(struct ioc__zip_dctx *d, const uint8_t *in, size_t inlen, size_t *used,
 		    uint8_t *out, size_t outcap, size_t *produced, const char **why);
 
+/* pipeline.c: offsets in a decompressor's messages start at off (used by
+ * range extraction, which feeds it from the middle of a file). */
+void ioc__zip_set_base(struct ioc_zip *z, uint64_t off);
+
 #endif /* IOC_ZIP_CODEC_H */

@@ -1,0 +1,925 @@
+/*
+ * zip pipeline: blocks in, workqueue workers (de)compress, frames out in
+ * order.
+ *
+ * Problem.  QEMU's multithreaded migration compression (seed 004) spent its
+ * time in locks and wakeups: one request per thread at a time, a lock per
+ * thread plus a global one, workers idle while the migration thread slept.
+ * We want every worker busy, a bounded amount of memory, no allocation per
+ * block, and output in input order, for a CLI and for an embedder (a
+ * migration or backup stream) alike.
+ *
+ * Design.  A stream owns nslots slots (default 2 * workers + 2), each an
+ * input buffer, an output buffer and an embedded struct ioc_wq_job.  Slots
+ * are used strictly in a cycle: block number s lives in slot s % nslots.
+ * The feeding thread (the only thread that touches the stream's own
+ * fields) fills the slot of the next block, submits it to the workqueue and,
+ * when the next slot in the cycle is still busy, collects completions and
+ * emits finished slots in sequence through the write callback.  So:
+ *   - memory is nslots * (block + bound) plus one codec context per worker,
+ *     all allocated up front or on first use, and reused;
+ *   - order is the cycle itself: the writer emits slot (emitted % nslots)
+ *     only once it is done, whatever order the workqueue hands jobs back
+ *     in (the wq runs in in_order mode, which makes the wait short; the
+ *     cycle makes us correct even without it);
+ *   - the reader/writer never waits on a lock a worker holds: the only
+ *     shared state is the wq's lockless rings and the context claim below.
+ * Worker-side codec contexts (a ZSTD_CCtx costs more to create than a small
+ * block costs to compress) live in an array of claimable cells; a job claims
+ * a free cell with an atomic exchange and releases it when done.  At most
+ * `workers` jobs run at once and there are `workers` cells, so a claim
+ * always succeeds on the first pass; cells are created lazily on first
+ * claim, by the worker, so a stream that never sees a block allocates none.
+ * The workqueue's least-loaded policy keeps workers equally busy even when
+ * zero blocks (microseconds) mix with data blocks (milliseconds).
+ *
+ * Decompression runs the same cycle.  The feeding thread buffers input in a
+ * staging buffer, delimits frames with the codec scanner (block headers
+ * only), and hands each complete frame with a known content size of at most
+ * max_frame bytes to a slot.  Anything else (a foreign single-frame zstd
+ * file written from a pipe, a gzip member without our size subfield, a
+ * frame bigger than max_frame) is decoded streaming on the feeding thread
+ * after the slots drain, with bounded buffers and ZSTD_d_windowLogMax, so
+ * memory stays bounded whatever the input says.
+ *
+ * Rejected.  A per-block malloc/free (simple, but the allocator's locks and
+ * page faults show up at 4 KiB blocks), a mutex-protected output reorder
+ * list (the slot cycle already is one), and a separate writer thread (the
+ * write callback is the embedder's code; running it on the embedder's own
+ * thread is what a migration stream wants, and with 2 cores a third busy
+ * thread only steals time from the workers).
+ *
+ * Cost.  One memcpy of compressed input into a slot for decompression (the
+ * staging buffer must survive partial frames); ioc_zip_buffer() avoids the
+ * copy of uncompressed input for compression.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "iocore/wq.h"
+#include "iocore/zip.h"
+#include "codec.h"
+
+struct slot {
+	struct ioc_wq_job job;
+	struct ioc_zip *z;
+	uint8_t *in, *out;
+	size_t in_len, in_cap, out_len, out_cap;
+	uint64_t in_off;          /* stream offset of the input (for errors) */
+	uint64_t seq;
+	enum ioc__zip_kind kind;  /* decompression */
+	uint32_t sum;
+	bool zero;
+	/* Set by the worker, read by the feeding thread after the wq hands the
+	 * job back (the wq's completion handoff orders them). */
+	bool done;
+	int err;
+	const char *why;
+};
+
+struct ctx_cell {
+	/* Claimed by a job with an acquire exchange; released with a release
+	 * store when the job is done with it, pairing with the next claimer's
+	 * exchange so its view of the context is the releaser's. */
+	atomic_bool busy;
+	bool ready;
+	union {
+		struct ioc__zip_cctx c;
+		struct ioc__zip_dctx d;
+	};
+} IOC_CACHE_ALIGNED;
+
+struct ioc_zip {
+	bool decomp;
+	bool dead;
+	struct ioc_zip_opts o;
+	int level;
+	size_t block;
+	struct ioc_wq *wq;
+	unsigned workers;
+
+	struct slot *slots;
+	unsigned nslots;
+	uint64_t next_seq;        /* next block to fill */
+	uint64_t emitted;         /* blocks written out */
+	bool filling;             /* slot next_seq % nslots is being filled */
+
+	struct ctx_cell *cells;
+	unsigned ncells;
+
+	/* zstd seek table (compression) / frames since the last table
+	 * (decompression, to check a table we meet). */
+	struct ioc__zip_seek_entry *ents;
+	size_t nents, ents_cap;
+
+	/* decompression */
+	uint8_t *stage;
+	size_t stage_start, stage_len, stage_cap, stage_max;
+	uint64_t stage_off;       /* stream offset of stage[stage_start] */
+	uint64_t frame_off;       /* offset of the frame being streamed */
+	struct ioc__zip_frame fr;
+	bool streaming;
+	uint64_t skip_left;       /* bytes of a big skippable frame to drop */
+	struct ioc__zip_dctx sd;
+	bool sd_ready;
+	uint8_t *sout;
+	size_t sout_cap;
+
+	struct ioc_zip_stats st;
+	uint64_t in_total;
+	char err[256];
+};
+
+static int fail(struct ioc_zip *z, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int fail(struct ioc_zip *z, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!z->dead) {
+		va_start(ap, fmt);
+		vsnprintf(z->err, sizeof(z->err), fmt, ap);
+		va_end(ap);
+		z->dead = true;
+	}
+	return err;
+}
+
+const char *ioc_zip_error(const struct ioc_zip *z)
+{
+	return z->err[0] ? z->err : "no error";
+}
+
+void ioc_zip_get_stats(const struct ioc_zip *z, struct ioc_zip_stats *st)
+{
+	*st = z->st;
+}
+
+int ioc_zip_worker_busy(struct ioc_zip *z, uint64_t *busy_ns, unsigned max)
+{
+	struct ioc_wq_worker_stats ws[64];
+	int n = ioc_wq_get_stats(z->wq, ws, IOC_ARRAY_SIZE(ws));
+
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n && (unsigned)i < max && i < (int)IOC_ARRAY_SIZE(ws); i++)
+		busy_ns[i] = ws[i].busy_ns;
+	return n;
+}
+
+/* ---- worker side -------------------------------------------------- */
+
+static struct ctx_cell *claim(struct ioc_zip *z)
+{
+	for (;;) {
+		for (unsigned i = 0; i < z->ncells; i++) {
+			struct ctx_cell *c = &z->cells[i];
+
+			/* Pairs with the release store in unclaim(). */
+			if (!atomic_load_explicit(&c->busy, memory_order_relaxed) &&
+			    !atomic_exchange_explicit(&c->busy, true, memory_order_acquire))
+				return c;
+		}
+		/* Only reachable if the wq ran more jobs at once than it has
+		 * workers; spin politely rather than fail. */
+		sched_yield();
+	}
+}
+
+static void unclaim(struct ctx_cell *c)
+{
+	/* Pairs with the acquire exchange in claim(). */
+	atomic_store_explicit(&c->busy, false, memory_order_release);
+}
+
+static void compress_job(struct ioc_wq_job *job)
+{
+	struct slot *s = ioc_container_of(job, struct slot, job);
+	struct ioc_zip *z = s->z;
+	struct ctx_cell *c = claim(z);
+	ssize_t r;
+
+	if (!c->ready) {
+		int e = ioc__zip_cctx_init(&c->c, z->o.format, z->level, !z->o.no_checksum,
+					   z->o.deflate);
+		if (e < 0) {
+			s->err = e;
+			s->why = "cannot create a compression context";
+			goto out;
+		}
+		c->ready = true;
+	}
+	r = ioc__zip_compress(&c->c, s->out, s->out_cap, s->in, s->in_len, &s->sum, &s->zero);
+	if (r < 0) {
+		s->err = (int)r;
+		s->why = "compression failed";
+	} else {
+		s->out_len = (size_t)r;
+		s->err = 0;
+	}
+out:
+	unclaim(c);
+	s->done = true;
+}
+
+static void decompress_job(struct ioc_wq_job *job)
+{
+	struct slot *s = ioc_container_of(job, struct slot, job);
+	struct ioc_zip *z = s->z;
+	struct ctx_cell *c = claim(z);
+
+	if (!c->ready) {
+		int e = ioc__zip_dctx_init(&c->d, z->o.window_log_max, z->o.deflate);
+		if (e < 0) {
+			s->err = e;
+			s->why = "cannot create a decompression context";
+			goto out;
+		}
+		c->ready = true;
+	}
+	s->err = ioc__zip_decompress(&c->d, s->kind, s->out, s->out_len, s->in, s->in_len,
+				     &s->why);
+out:
+	unclaim(c);
+	s->done = true;
+}
+
+/* ---- feeding-thread side ------------------------------------------ */
+
+static int push_entry(struct ioc_zip *z, uint32_t csize, uint32_t dsize, uint32_t sum)
+{
+	if (z->nents == z->ents_cap) {
+		size_t cap = z->ents_cap ? z->ents_cap * 2 : 256;
+		void *p;
+
+		if (cap > IOC__ZIP_SEEK_MAX_FRAMES)
+			return -EFBIG;
+		p = realloc(z->ents, cap * sizeof(*z->ents));
+		if (!p)
+			return -ENOMEM;
+		z->ents = p;
+		z->ents_cap = cap;
+	}
+	z->ents[z->nents++] = (struct ioc__zip_seek_entry){ csize, dsize, sum };
+	return 0;
+}
+
+/* Write out a finished slot (the oldest one). */
+static int emit(struct ioc_zip *z, struct slot *s)
+{
+	int r;
+
+	if (s->err) {
+		if (z->decomp)
+			return fail(z, -EBADMSG, "frame at offset %llu: %s",
+				    (unsigned long long)s->in_off, s->why);
+		return fail(z, s->err, "block at offset %llu: %s: %s",
+			    (unsigned long long)s->in_off, s->why, ioc_strerror(s->err));
+	}
+	if (z->decomp) {
+		r = z->o.write(z->o.opaque, s->out, s->out_len);
+		if (r < 0)
+			return fail(z, r, "write: %s", ioc_strerror(r));
+		z->st.out_bytes += s->out_len;
+		z->st.frames++;
+		z->st.parallel_frames++;
+		return 0;
+	}
+	r = z->o.write(z->o.opaque, s->out, s->out_len);
+	if (r < 0)
+		return fail(z, r, "write: %s", ioc_strerror(r));
+	z->st.out_bytes += s->out_len;
+	z->st.frames++;
+	z->st.zero_frames += s->zero;
+	if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
+		r = push_entry(z, (uint32_t)s->out_len, (uint32_t)s->in_len, s->sum);
+		if (r < 0)
+			return fail(z, r, "seek table: %s", ioc_strerror(r));
+	}
+	return 0;
+}
+
+/* Collect completions until the oldest in-flight block is done, then emit
+ * every done block at the head of the cycle.  block=false: only what is
+ * already done. */
+static int reap(struct ioc_zip *z, bool block)
+{
+	struct ioc_wq_job *jobs[32];
+	int n;
+
+	while (z->emitted < z->next_seq) {
+		struct slot *s = &z->slots[z->emitted % z->nslots];
+
+		if (s->done) {
+			int r = emit(z, s);
+
+			if (r < 0)
+				return r;
+			s->done = false;
+			z->emitted++;
+			continue;
+		}
+		n = block ? ioc_wq_wait_done(z->wq, jobs, IOC_ARRAY_SIZE(jobs), -1)
+			  : ioc_wq_poll_done(z->wq, jobs, IOC_ARRAY_SIZE(jobs));
+		if (n < 0)
+			return fail(z, n, "workqueue: %s", ioc_strerror(n));
+		if (n == 0) {
+			if (block)
+				continue;
+			return 0;
+		}
+		/* done is already true on every returned job: the worker set
+		 * it before the wq took the job back.  Nothing else to do. */
+	}
+	return 0;
+}
+
+static int submit(struct ioc_zip *z, struct slot *s)
+{
+	int r;
+
+	s->done = false;
+	s->err = 0;
+	s->seq = z->next_seq++;
+	z->filling = false;
+	while ((r = ioc_wq_submit(z->wq, &s->job)) == -EAGAIN) {
+		struct ioc_wq_job *jobs[32];
+		int n = ioc_wq_wait_done(z->wq, jobs, IOC_ARRAY_SIZE(jobs), -1);
+
+		if (n < 0)
+			return fail(z, n, "workqueue: %s", ioc_strerror(n));
+	}
+	if (r < 0)
+		return fail(z, r, "workqueue submit: %s", ioc_strerror(r));
+	/* Write out whatever is finished without waiting, so output flows
+	 * while the reader keeps feeding. */
+	return reap(z, false);
+}
+
+/* The slot for the next block, once it is free (its previous block
+ * emitted). */
+static int next_slot(struct ioc_zip *z, struct slot **out)
+{
+	int r;
+
+	while (z->next_seq - z->emitted >= z->nslots) {
+		r = reap(z, true);
+		if (r < 0)
+			return r;
+	}
+	*out = &z->slots[z->next_seq % z->nslots];
+	return 0;
+}
+
+static int drain(struct ioc_zip *z)
+{
+	while (z->emitted < z->next_seq) {
+		int r = reap(z, true);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* ---- construction ------------------------------------------------- */
+
+static unsigned online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n > 0 ? (unsigned)n : 1;
+}
+
+static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool decomp)
+{
+	struct ioc_zip *z;
+	struct ioc_wq_opts wo = { 0 };
+	int r;
+
+	*out = NULL;
+	if (!opts || !opts->write)
+		return -EINVAL;
+	if (!decomp && opts->format != IOC_ZIP_ZSTD && opts->format != IOC_ZIP_GZIP)
+		return -EINVAL;
+	if (opts->block_size && (opts->block_size < IOC_ZIP_MIN_BLOCK ||
+				 opts->block_size > IOC_ZIP_MAX_BLOCK))
+		return -EINVAL;
+	if (opts->level < 0 || opts->level > 22)
+		return -EINVAL;
+	z = calloc(1, sizeof(*z));
+	if (!z)
+		return -ENOMEM;
+	z->decomp = decomp;
+	z->o = *opts;
+	z->level = opts->level ? opts->level : (opts->format == IOC_ZIP_GZIP ? 6 : 3);
+	z->block = opts->block_size ? opts->block_size : IOC_ZIP_DEFAULT_BLOCK;
+	if (!z->o.max_frame)
+		z->o.max_frame = IOC_ZIP_MAX_BLOCK;
+	z->workers = opts->workers ? opts->workers : online_cpus();
+	z->nslots = opts->in_flight ? opts->in_flight : 2 * z->workers + 2;
+	if (z->nslots < 2)
+		z->nslots = 2;
+
+	wo.workers = z->workers;
+	wo.ring_size = 4;
+	while (wo.ring_size < z->nslots)
+		wo.ring_size *= 2;
+	wo.policy = IOC_WQ_LEAST_LOADED;
+	wo.in_order = true;
+	wo.name = decomp ? "ioc-unzip" : "ioc-zip";
+	r = ioc_wq_new(&z->wq, &wo);
+	if (r < 0)
+		goto fail;
+	z->workers = ioc_wq_workers(z->wq);
+
+	/* One context cell per worker; see the essay. */
+	z->ncells = z->workers;
+	z->cells = aligned_alloc(IOC_CACHELINE, sizeof(*z->cells) * z->ncells);
+	if (!z->cells) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	memset(z->cells, 0, sizeof(*z->cells) * z->ncells);
+	for (unsigned i = 0; i < z->ncells; i++)
+		atomic_init(&z->cells[i].busy, false);
+
+	z->slots = calloc(z->nslots, sizeof(*z->slots));
+	if (!z->slots) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (unsigned i = 0; i < z->nslots; i++) {
+		struct slot *s = &z->slots[i];
+
+		s->z = z;
+		s->job.fn = decomp ? decompress_job : compress_job;
+		if (decomp)
+			continue;   /* grown on demand to the frames met */
+		s->in_cap = z->block;
+		s->out_cap = ioc__zip_compress_bound(opts->format, z->block);
+		s->in = malloc(s->in_cap);
+		s->out = malloc(s->out_cap);
+		if (!s->in || !s->out) {
+			r = -ENOMEM;
+			goto fail;
+		}
+	}
+	if (decomp) {
+		z->stage_max = ZSTD_compressBound(z->o.max_frame) + 4096;
+		z->stage_cap = 1u << 20;
+		z->stage = malloc(z->stage_cap);
+		if (!z->stage) {
+			r = -ENOMEM;
+			goto fail;
+		}
+	}
+	*out = z;
+	return 0;
+fail:
+	ioc_zip_free(z);
+	return r;
+}
+
+int ioc_zip_compressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts)
+{
+	return create(out, opts, false);
+}
+
+int ioc_zip_decompressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts)
+{
+	return create(out, opts, true);
+}
+
+void ioc_zip_free(struct ioc_zip *z)
+{
+	if (!z)
+		return;
+	/* ioc_wq_free waits for submitted jobs, so no worker touches a slot
+	 * or a cell after this. */
+	if (z->wq)
+		ioc_wq_free(z->wq);
+	if (z->slots)
+		for (unsigned i = 0; i < z->nslots; i++) {
+			free(z->slots[i].in);
+			free(z->slots[i].out);
+		}
+	free(z->slots);
+	if (z->cells)
+		for (unsigned i = 0; i < z->ncells; i++) {
+			if (!z->cells[i].ready)
+				continue;
+			if (z->decomp)
+				ioc__zip_dctx_fini(&z->cells[i].d);
+			else
+				ioc__zip_cctx_fini(&z->cells[i].c);
+		}
+	free(z->cells);
+	if (z->sd_ready)
+		ioc__zip_dctx_fini(&z->sd);
+	free(z->sout);
+	free(z->stage);
+	free(z->ents);
+	free(z);
+}
+
+/* ---- compression -------------------------------------------------- */
+
+static int comp_buffer(struct ioc_zip *z, void **buf, size_t *len)
+{
+	struct slot *s;
+	int r;
+
+	if (!z->filling) {
+		r = next_slot(z, &s);
+		if (r < 0)
+			return r;
+		s->in_len = 0;
+		s->in_off = z->in_total;
+		z->filling = true;
+	}
+	s = &z->slots[z->next_seq % z->nslots];
+	*buf = s->in + s->in_len;
+	*len = z->block - s->in_len;
+	return 0;
+}
+
+static int comp_commit(struct ioc_zip *z, size_t n)
+{
+	struct slot *s = &z->slots[z->next_seq % z->nslots];
+
+	if (!z->filling || n > z->block - s->in_len)
+		return -EINVAL;
+	s->in_len += n;
+	z->in_total += n;
+	z->st.in_bytes += n;
+	if (s->in_len == z->block)
+		return submit(z, s);
+	return 0;
+}
+
+static int comp_finish(struct ioc_zip *z)
+{
+	int r;
+
+	/* A final partial block, or one empty frame for empty input so the
+	 * output is a valid file for every tool. */
+	if (z->filling || z->next_seq == 0) {
+		void *b;
+		size_t l;
+
+		r = comp_buffer(z, &b, &l);
+		if (r < 0)
+			return r;
+		r = submit(z, &z->slots[z->next_seq % z->nslots]);
+		if (r < 0)
+			return r;
+	}
+	r = drain(z);
+	if (r < 0)
+		return r;
+	if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
+		bool with_sum = !z->o.no_checksum;
+		size_t len = ioc__zip_seektable_size(z->nents, with_sum);
+		uint8_t *t = malloc(len);
+
+		if (!t)
+			return fail(z, -ENOMEM, "seek table: out of memory");
+		ioc__zip_seektable_write(t, z->ents, z->nents, with_sum);
+		r = z->o.write(z->o.opaque, t, len);
+		free(t);
+		if (r < 0)
+			return fail(z, r, "write: %s", ioc_strerror(r));
+		z->st.out_bytes += len;
+	}
+	return 0;
+}
+
+/* ---- decompression ------------------------------------------------ */
+
+static int stage_reserve(struct ioc_zip *z, size_t want)
+{
+	if (z->stage_start && z->stage_len + want > z->stage_cap - z->stage_start) {
+		memmove(z->stage, z->stage + z->stage_start, z->stage_len);
+		z->stage_start = 0;
+	}
+	if (z->stage_len + want > z->stage_cap) {
+		size_t cap = z->stage_cap;
+		void *p;
+
+		while (cap < z->stage_len + want)
+			cap *= 2;
+		p = realloc(z->stage, cap);
+		if (!p)
+			return -ENOMEM;
+		z->stage = p;
+		z->stage_cap = cap;
+	}
+	return 0;
+}
+
+static void stage_consume(struct ioc_zip *z, size_t n)
+{
+	z->stage_start += n;
+	z->stage_len -= n;
+	z->stage_off += n;
+	if (!z->stage_len)
+		z->stage_start = 0;
+}
+
+static int grow(uint8_t **p, size_t *cap, size_t want)
+{
+	void *q;
+
+	if (*cap >= want)
+		return 0;
+	/* Grow to the frame size met, once; equal-sized frames then reuse. */
+	q = realloc(*p, want);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = want;
+	return 0;
+}
+
+/* A seek table met while decoding must describe the frames since the
+ * previous one; a table that lies is an error, as zstd's seekable reader
+ * would refuse the file. */
+static int check_seek_table(struct ioc_zip *z, const uint8_t *p, size_t len)
+{
+	uint32_t n;
+	bool with_sum;
+	const char *why = NULL;
+	size_t esize;
+
+	if (len < 8 + IOC__ZIP_SEEK_FOOTER ||
+	    ioc__zip_seektable_footer(p + len - IOC__ZIP_SEEK_FOOTER, &n, &with_sum, &why) == -ENOENT)
+		return 0;       /* some other skippable frame */
+	if (why || ioc__zip_seektable_size(n, with_sum) != len || n != z->nents) {
+		return fail(z, -EBADMSG, "seek table at offset %llu: %s",
+			    (unsigned long long)z->stage_off,
+			    why ? why : "does not describe the frames before it");
+	}
+	esize = with_sum ? 12 : 8;
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *e = p + 8 + (size_t)i * esize;
+
+		if (ioc__zip_le32(e) != z->ents[i].csize ||
+		    ioc__zip_le32(e + 4) != z->ents[i].dsize ||
+		    (with_sum && z->ents[i].sum != UINT32_MAX &&
+		     ioc__zip_le32(e + 8) != z->ents[i].sum))
+			return fail(z, -EBADMSG,
+				    "seek table at offset %llu: entry %u does not match its frame",
+				    (unsigned long long)z->stage_off, i);
+	}
+	z->nents = 0;
+	return 0;
+}
+
+static int stream_begin(struct ioc_zip *z)
+{
+	const char *why = NULL;
+	int r = drain(z);
+
+	if (r < 0)
+		return r;
+	if (!z->sd_ready) {
+		r = ioc__zip_dctx_init(&z->sd, z->o.window_log_max, z->o.deflate);
+		if (r < 0)
+			return fail(z, r, "decoder: %s", ioc_strerror(r));
+		z->sd_ready = true;
+		z->sout_cap = ZSTD_DStreamOutSize() * 4;
+		z->sout = malloc(z->sout_cap);
+		if (!z->sout)
+			return fail(z, -ENOMEM, "decoder: out of memory");
+	}
+	r = ioc__zip_stream_begin(&z->sd, z->fr.kind, &why);
+	if (r < 0)
+		return fail(z, r, "frame at offset %llu: %s", (unsigned long long)z->stage_off, why);
+	z->streaming = true;
+	z->frame_off = z->stage_off;
+	z->nents = 0;    /* a streamed frame breaks any seek-table check */
+	z->st.stream_frames++;
+	return 0;
+}
+
+/* Feed staged bytes to the streaming decoder; keep calling while it makes
+ * progress (it may hold decoded bytes when the output buffer filled). */
+static int stream_step(struct ioc_zip *z)
+{
+	const char *why = NULL;
+
+	for (;;) {
+		size_t used = 0, produced = 0;
+		int r = ioc__zip_stream(&z->sd, z->stage + z->stage_start, z->stage_len, &used,
+					z->sout, z->sout_cap, &produced, &why);
+
+		if (r < 0)
+			return fail(z, r, "frame at offset %llu: %s",
+				    (unsigned long long)z->frame_off, why);
+		stage_consume(z, used);
+		if (produced) {
+			int w = z->o.write(z->o.opaque, z->sout, produced);
+
+			if (w < 0)
+				return fail(z, w, "write: %s", ioc_strerror(w));
+			z->st.out_bytes += produced;
+		}
+		if (r == 1) {
+			z->streaming = false;
+			z->st.frames++;
+			memset(&z->fr, 0, sizeof(z->fr));
+			return 0;
+		}
+		if (!used && produced < z->sout_cap)
+			return 0;   /* needs more input */
+	}
+}
+
+static int dec_frame_to_slot(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
+{
+	size_t csize = (size_t)z->fr.csize;
+	struct slot *s;
+	int r = next_slot(z, &s);
+
+	if (r < 0)
+		return r;
+	if (grow(&s->in, &s->in_cap, csize) < 0 ||
+	    grow(&s->out, &s->out_cap, dsize ? (size_t)dsize : 1) < 0)
+		return fail(z, -ENOMEM, "frame at offset %llu: out of memory",
+			    (unsigned long long)z->stage_off);
+	memcpy(s->in, p, csize);
+	s->in_len = csize;
+	s->out_len = (size_t)dsize;
+	s->kind = z->fr.kind;
+	s->in_off = z->stage_off;
+	if (z->fr.kind == IOC__ZIP_K_ZSTD && z->nents < IOC__ZIP_SEEK_MAX_FRAMES) {
+		uint32_t sum = z->fr.has_sum ? ioc__zip_le32(p + csize - 4) : UINT32_MAX;
+
+		r = push_entry(z, (uint32_t)csize, (uint32_t)dsize, sum);
+		if (r < 0)
+			return fail(z, r, "out of memory");
+	}
+	stage_consume(z, csize);
+	memset(&z->fr, 0, sizeof(z->fr));
+	return submit(z, s);
+}
+
+/* Split the staged input into frames and dispatch them. */
+static int dec_process(struct ioc_zip *z)
+{
+	while (z->stage_len || z->streaming) {
+		const uint8_t *p = z->stage + z->stage_start;
+		const char *why = NULL;
+		bool must_stream;
+		uint64_t dsize;
+		int r;
+
+		if (z->skip_left) {
+			size_t n = z->stage_len < z->skip_left ? z->stage_len : (size_t)z->skip_left;
+
+			stage_consume(z, n);
+			z->skip_left -= n;
+			if (z->skip_left)
+				return 0;
+			continue;
+		}
+		if (z->streaming) {
+			r = stream_step(z);
+			if (r < 0 || z->streaming)
+				return r;
+			continue;
+		}
+		r = ioc__zip_scan(&z->fr, p, z->stage_len, &why);
+		if (r < 0)
+			return fail(z, r, "offset %llu: %s", (unsigned long long)z->stage_off, why);
+		if (!z->fr.hdr_done)
+			return 0;
+		if (z->fr.kind == IOC__ZIP_K_SKIP) {
+			if (r == 0 && z->fr.csize > z->stage_max) {
+				/* Too big to check: drop it as it streams by. */
+				z->skip_left = z->fr.csize;
+				z->nents = 0;
+				memset(&z->fr, 0, sizeof(z->fr));
+				continue;
+			}
+			if (r == 0)
+				return 0;
+			if (z->fr.skip_magic == IOC__ZIP_SEEK_SKIP_MAGIC) {
+				r = check_seek_table(z, p, (size_t)z->fr.csize);
+				if (r < 0)
+					return r;
+			}
+			stage_consume(z, (size_t)z->fr.csize);
+			memset(&z->fr, 0, sizeof(z->fr));
+			continue;
+		}
+		dsize = z->fr.dsize;
+		if (z->fr.kind == IOC__ZIP_K_GZIP && r == 1)
+			dsize = ioc__zip_le32(p + z->fr.csize - 4);
+		must_stream = !z->fr.sized ||
+			      (z->fr.kind == IOC__ZIP_K_ZSTD &&
+			       (dsize == UINT64_MAX || dsize > z->o.max_frame)) ||
+			      (r == 1 && dsize > z->o.max_frame) ||
+			      (r == 0 && z->stage_len >= z->stage_max);
+		if (must_stream) {
+			r = stream_begin(z);
+			if (r < 0)
+				return r;
+			continue;
+		}
+		if (r == 0)
+			return 0;
+		r = dec_frame_to_slot(z, p, dsize);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int dec_finish(struct ioc_zip *z)
+{
+	int r = dec_process(z);
+
+	if (r < 0)
+		return r;
+	if (z->streaming || z->stage_len || z->skip_left)
+		return fail(z, -EBADMSG, "offset %llu: input ends inside a frame (truncated)",
+			    (unsigned long long)(z->streaming ? z->frame_off : z->stage_off));
+	return drain(z);
+}
+
+/* ---- entry points ------------------------------------------------- */
+
+void ioc__zip_set_base(struct ioc_zip *z, uint64_t off)
+{
+	z->stage_off = off;
+}
+
+int ioc_zip_buffer(struct ioc_zip *z, void **buf, size_t *len)
+{
+	int r;
+
+	if (z->dead)
+		return -EIO;
+	if (!z->decomp)
+		return comp_buffer(z, buf, len);
+	/* Ask for at least 256 KiB of room, more while a frame is pending so
+	 * one read can complete it. */
+	r = stage_reserve(z, 256u << 10);
+	if (r < 0)
+		return fail(z, r, "out of memory");
+	*buf = z->stage + z->stage_start + z->stage_len;
+	*len = z->stage_cap - z->stage_start - z->stage_len;
+	return 0;
+}
+
+int ioc_zip_commit(struct ioc_zip *z, size_t n)
+{
+	if (z->dead)
+		return -EIO;
+	if (!z->decomp)
+		return comp_commit(z, n);
+	if (n > z->stage_cap - z->stage_start - z->stage_len)
+		return -EINVAL;
+	z->stage_len += n;
+	z->st.in_bytes += n;
+	return dec_process(z);
+}
+
+int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		void *dst;
+		size_t room;
+		int r = ioc_zip_buffer(z, &dst, &room);
+
+		if (r < 0)
+			return r;
+		if (room > len)
+			room = len;
+		memcpy(dst, p, room);
+		r = ioc_zip_commit(z, room);
+		if (r < 0)
+			return r;
+		p += room;
+		len -= room;
+	}
+	return 0;
+}
+
+int ioc_zip_finish(struct ioc_zip *z)
+{
+	if (z->dead)
+		return -EIO;
+	return z->decomp ? dec_finish(z) : comp_finish(z);
+}

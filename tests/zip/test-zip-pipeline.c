@@ -1,0 +1,408 @@
+/* The pipeline on the workqueue: round trips, ordering, zero blocks,
+ * foreign input, hostile input, index and range extraction. */
+#include <fcntl.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "tap.h"
+#include "iocore/zip.h"
+#include "zip-test-util.h"
+
+struct buf {
+	uint8_t *p;
+	size_t len, cap;
+	int fail_after;     /* >0: fail the nth write with -ENOSPC */
+	int writes;
+};
+
+static int buf_write(void *opaque, const void *data, size_t len)
+{
+	struct buf *b = opaque;
+
+	if (b->fail_after && ++b->writes >= b->fail_after)
+		return -ENOSPC;
+	if (b->len + len > b->cap) {
+		size_t cap = b->cap ? b->cap : 4096;
+
+		while (cap < b->len + len)
+			cap *= 2;
+		b->p = realloc(b->p, cap);
+		ASSERT_NOT_NULL(b->p);
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, data, len);
+	b->len += len;
+	return 0;
+}
+
+static void compress_buf(const struct ioc_zip_opts *base, const uint8_t *src, size_t n,
+			 size_t chunk, struct buf *out, struct ioc_zip_stats *st)
+{
+	struct ioc_zip_opts o = *base;
+	struct ioc_zip *z;
+
+	o.write = buf_write;
+	o.opaque = out;
+	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+	for (size_t off = 0; off < n; off += chunk)
+		ASSERT_OK(ioc_zip_write(z, src + off, n - off < chunk ? n - off : chunk));
+	ASSERT_OK(ioc_zip_finish(z));
+	if (st)
+		ioc_zip_get_stats(z, st);
+	ioc_zip_free(z);
+}
+
+static int decompress_buf(const uint8_t *src, size_t n, size_t chunk, unsigned workers,
+			  struct buf *out, char *err, size_t errlen, struct ioc_zip_stats *st)
+{
+	struct ioc_zip_opts o = { .workers = workers, .write = buf_write, .opaque = out };
+	struct ioc_zip *z;
+	int r = 0;
+
+	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
+	for (size_t off = 0; off < n && r == 0; off += chunk)
+		r = ioc_zip_write(z, src + off, n - off < chunk ? n - off : chunk);
+	if (r == 0)
+		r = ioc_zip_finish(z);
+	if (err)
+		snprintf(err, errlen, "%s", ioc_zip_error(z));
+	if (st)
+		ioc_zip_get_stats(z, st);
+	ioc_zip_free(z);
+	return r;
+}
+
+static void check_roundtrip(enum ioc_zip_format fmt, int level, size_t block, unsigned workers,
+			    size_t n, size_t chunk)
+{
+	struct ioc_zip_opts o = { .format = fmt, .level = level, .block_size = block,
+				  .workers = workers };
+	uint8_t *src = zt_data(n, n ^ block);
+	struct buf c = { 0 }, d = { 0 };
+	char err[256];
+
+	compress_buf(&o, src, n, chunk, &c, NULL);
+	ASSERT_OK(decompress_buf(c.p, c.len, 65536 + 7, workers, &d, err, sizeof(err), NULL));
+	ASSERT_UEQ(d.len, n);
+	ASSERT_MEM_EQ(d.p, src, n);
+	if (fmt == IOC_ZIP_ZSTD) {
+		/* libzstd alone reads it (frames + skippable seek table). */
+		uint8_t *back = malloc(n + 1);
+
+		ASSERT_UEQ(ZSTD_decompress(back, n + 1, c.p, c.len), n);
+		ASSERT_MEM_EQ(back, src, n);
+		free(back);
+	}
+	free(src);
+	free(c.p);
+	free(d.p);
+}
+
+static void test_roundtrip_zstd(void)
+{
+	check_roundtrip(IOC_ZIP_ZSTD, 1, 4096, 2, 100000, 1000);
+	check_roundtrip(IOC_ZIP_ZSTD, 3, 65536, 3, 1000000, 70000);
+	check_roundtrip(IOC_ZIP_ZSTD, 9, 1u << 20, 1, 3u << 20, 1u << 20);
+	check_roundtrip(IOC_ZIP_ZSTD, 19, 65536, 2, 200000, 4096);
+}
+
+static void test_roundtrip_gzip(void)
+{
+	check_roundtrip(IOC_ZIP_GZIP, 1, 4096, 2, 100000, 999);
+	check_roundtrip(IOC_ZIP_GZIP, 6, 65536, 3, 1000000, 70000);
+	check_roundtrip(IOC_ZIP_GZIP, 9, 1u << 20, 2, 3u << 20, 1u << 20);
+}
+
+static void test_empty_tiny(void)
+{
+	for (int fmt = 0; fmt < 2; fmt++) {
+		static const size_t sizes[] = { 0, 1, 2, 4096 };
+
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++)
+			check_roundtrip((enum ioc_zip_format)fmt, 0, 4096, 2, sizes[i], 1);
+	}
+}
+
+/* Many small blocks, more than slots, through several workers: order kept. */
+static void test_order_many_blocks(void)
+{
+	check_roundtrip(IOC_ZIP_ZSTD, 1, 4096, 4, ioc_test_scaled(4u << 20), 12345);
+	check_roundtrip(IOC_ZIP_GZIP, 1, 4096, 4, ioc_test_scaled(2u << 20), 12345);
+}
+
+static void test_zero_blocks(void)
+{
+	size_t n = 64 * 4096;
+	uint8_t *src = calloc(1, n);
+	struct ioc_zip_opts o = { .format = IOC_ZIP_ZSTD, .block_size = 4096, .workers = 2 };
+	struct ioc_zip_stats st;
+	struct buf c = { 0 }, d = { 0 };
+
+	/* Every fourth page holds data. */
+	for (size_t p = 0; p < 64; p += 4)
+		zt_fill(src + p * 4096, 4096, p);
+	for (int fmt = 0; fmt < 2; fmt++) {
+		o.format = (enum ioc_zip_format)fmt;
+		c.len = d.len = 0;
+		compress_buf(&o, src, n, 5000, &c, &st);
+		ASSERT_UEQ(st.frames, 64);
+		ASSERT_UEQ(st.zero_frames, 48);
+		ASSERT_OK(decompress_buf(c.p, c.len, 777, 2, &d, NULL, 0, NULL));
+		ASSERT_UEQ(d.len, n);
+		ASSERT_MEM_EQ(d.p, src, n);
+	}
+	/* All zero: tiny output. */
+	memset(src, 0, n);
+	c.len = 0;
+	o.format = IOC_ZIP_ZSTD;
+	compress_buf(&o, src, n, n, &c, &st);
+	ASSERT_UEQ(st.zero_frames, 64);
+	ASSERT_ULT(c.len, 64 * 24 + 1024);
+	free(src); free(c.p); free(d.p);
+}
+
+static void test_zero_copy_feed(void)
+{
+	size_t n = 300000, off = 0;
+	uint8_t *src = zt_data(n, 77);
+	struct buf c = { 0 }, d = { 0 };
+	struct ioc_zip_opts o = { .block_size = 65536, .workers = 2, .write = buf_write,
+				  .opaque = &c };
+	struct ioc_zip *z;
+
+	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+	while (off < n) {
+		void *b;
+		size_t room;
+
+		ASSERT_OK(ioc_zip_buffer(z, &b, &room));
+		ASSERT_UGT(room, 0);
+		if (room > n - off)
+			room = n - off;
+		if (room > 10000)
+			room = 10000;
+		memcpy(b, src + off, room);
+		ASSERT_OK(ioc_zip_commit(z, room));
+		off += room;
+	}
+	ASSERT_OK(ioc_zip_finish(z));
+	ioc_zip_free(z);
+	ASSERT_OK(decompress_buf(c.p, c.len, c.len, 2, &d, NULL, 0, NULL));
+	ASSERT_UEQ(d.len, n);
+	ASSERT_MEM_EQ(d.p, src, n);
+	free(src); free(c.p); free(d.p);
+}
+
+/* A foreign single frame without content size decodes on one thread. */
+static void test_foreign_zstd_stream(void)
+{
+	size_t n = 2u << 20, cap = ZSTD_compressBound(n) + 100;
+	uint8_t *src = zt_data(n, 3), *dst = malloc(cap);
+	ZSTD_CCtx *zc = ZSTD_createCCtx();
+	ZSTD_inBuffer ib = { src, n, 0 };
+	ZSTD_outBuffer ob = { dst, cap, 0 };
+	struct buf d = { 0 };
+	struct ioc_zip_stats st;
+
+	ASSERT_FALSE(ZSTD_isError(ZSTD_compressStream2(zc, &ob, &ib, ZSTD_e_continue)));
+	ib.size = ib.pos;
+	ASSERT_UEQ(ZSTD_compressStream2(zc, &ob, &ib, ZSTD_e_end), 0);
+	ZSTD_freeCCtx(zc);
+	/* Twice in a row: two frames, both streamed. */
+	memcpy(dst + ob.pos, dst, ob.pos);
+	ASSERT_OK(decompress_buf(dst, 2 * ob.pos, 10000, 2, &d, NULL, 0, &st));
+	ASSERT_UEQ(st.stream_frames, 2);
+	ASSERT_UEQ(d.len, 2 * n);
+	ASSERT_MEM_EQ(d.p, src, n);
+	ASSERT_MEM_EQ(d.p + n, src, n);
+	free(src); free(dst); free(d.p);
+}
+
+/* A plain gzip member (zlib, no size subfield) followed by ours. */
+static void test_foreign_gzip_mixed(void)
+{
+	size_t n = 500000;
+	uint8_t *src = zt_data(n, 4);
+	struct buf c = { 0 }, d = { 0 };
+	z_stream zs = { 0 };
+	struct ioc_zip_opts o = { .format = IOC_ZIP_GZIP, .block_size = 65536, .workers = 2 };
+	struct ioc_zip_stats st;
+	size_t cap = compressBound((uLong)n) + 64;
+
+	c.p = malloc(cap);
+	c.cap = cap;
+	ASSERT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY), Z_OK);
+	zs.next_in = src;
+	zs.avail_in = (uInt)n;
+	zs.next_out = c.p;
+	zs.avail_out = (uInt)cap;
+	ASSERT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
+	c.len = zs.total_out;
+	deflateEnd(&zs);
+	compress_buf(&o, src, n, n, &c, NULL);
+	ASSERT_OK(decompress_buf(c.p, c.len, 3333, 2, &d, NULL, 0, &st));
+	ASSERT_UEQ(st.stream_frames, 1);
+	ASSERT_UGE(st.parallel_frames, 7);
+	ASSERT_UEQ(d.len, 2 * n);
+	ASSERT_MEM_EQ(d.p, src, n);
+	ASSERT_MEM_EQ(d.p + n, src, n);
+	free(src); free(c.p); free(d.p);
+}
+
+static void expect_bad(const uint8_t *p, size_t len, const char *what)
+{
+	struct buf d = { 0 };
+	char err[256];
+	int r = decompress_buf(p, len, 4096, 2, &d, err, sizeof(err), NULL);
+
+	ioc_test_diag("%s: %d %s", what, r, err);
+	ASSERT_LT(r, 0);
+	ASSERT_TRUE(strstr(err, "offset") != NULL);
+	free(d.p);
+}
+
+static void test_hostile(void)
+{
+	size_t n = 400000;
+	uint8_t *src = zt_data(n, 8);
+	struct ioc_zip_opts o = { .block_size = 65536, .workers = 2 };
+	struct buf c = { 0 }, g = { 0 };
+
+	compress_buf(&o, src, n, n, &c, NULL);
+	o.format = IOC_ZIP_GZIP;
+	compress_buf(&o, src, n, n, &g, NULL);
+
+	expect_bad(c.p, c.len / 2, "zstd truncated");
+	expect_bad(g.p, g.len - 3, "gzip truncated");
+	c.p[c.len / 3] ^= 0x20;
+	expect_bad(c.p, c.len, "zstd corrupt");
+	c.p[c.len / 3] ^= 0x20;
+	g.p[g.len / 3] ^= 0x20;
+	expect_bad(g.p, g.len, "gzip corrupt");
+	g.p[g.len / 3] ^= 0x20;
+	/* Seek table entry lies. */
+	c.p[c.len - 9 - 12 + 4] ^= 1;
+	expect_bad(c.p, c.len, "zstd seek table lies");
+	c.p[c.len - 9 - 12 + 4] ^= 1;
+	/* A frame claiming 1 TiB of content: streamed, fails, no huge alloc. */
+	{
+		uint8_t big[] = { 0x28, 0xb5, 0x2f, 0xfd, 0xe4, 0, 0, 0, 0, 0, 1, 0, 0,
+				  0x01, 0, 0, 0, 0, 0, 0 };
+		expect_bad(big, sizeof(big), "lying 1 TiB content size");
+	}
+	/* Garbage, and garbage after a good file. */
+	expect_bad((const uint8_t *)"hello world, not compressed", 27, "garbage");
+	c.p = realloc(c.p, c.len + 10);
+	memcpy(c.p + c.len, "trailing!!", 10);
+	expect_bad(c.p, c.len + 10, "trailing garbage");
+	free(src); free(c.p); free(g.p);
+}
+
+static void test_write_error(void)
+{
+	size_t n = 1u << 20;
+	uint8_t *src = zt_data(n, 1);
+	struct buf c = { .fail_after = 3 };
+	struct ioc_zip_opts o = { .block_size = 65536, .workers = 2, .write = buf_write,
+				  .opaque = &c };
+	struct ioc_zip *z;
+	int r;
+
+	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+	r = ioc_zip_write(z, src, n);
+	if (r == 0)
+		r = ioc_zip_finish(z);
+	ASSERT_EQ(r, -ENOSPC);
+	ASSERT_EQ(ioc_zip_write(z, src, 1), -EIO);
+	ioc_zip_free(z);
+	free(src);
+	free(c.p);
+}
+
+static int write_file(const char *path, const uint8_t *p, size_t n)
+{
+	int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_EQ(write(fd, p, n), (ssize_t)n);
+	return fd;
+}
+
+static void test_extract(void)
+{
+	size_t n = 1000000;
+	uint8_t *src = zt_data(n, 21);
+	char path[512];
+
+	for (int fmt = 0; fmt < 2; fmt++) {
+		struct ioc_zip_opts o = { .format = (enum ioc_zip_format)fmt, .block_size = 65536,
+					  .workers = 2 };
+		struct buf c = { 0 };
+		struct ioc_zip_index *ix;
+		char msg[256];
+		int fd;
+
+		compress_buf(&o, src, n, n, &c, NULL);
+		snprintf(path, sizeof(path), "%s/x%d", ioc_test_tmpdir(), fmt);
+		fd = write_file(path, c.p, c.len);
+		ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+		ASSERT_UEQ(ix->dsize, n);
+		ASSERT_UEQ(ix->nframes, (n + 65535) / 65536);
+		static const uint64_t ranges[][2] = {
+			{ 0, 1 }, { 0, 1000000 }, { 65535, 2 }, { 65536, 65536 },
+			{ 123456, 400000 }, { 999999, 10 }, { 5, 0 }, { 2000000, 5 },
+		};
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(ranges); i++) {
+			struct buf d = { 0 };
+			uint64_t off = ranges[i][0], len = ranges[i][1];
+			uint64_t want = off >= n ? 0 : (len > n - off ? n - off : len);
+
+			o.write = buf_write;
+			o.opaque = &d;
+			ASSERT_OK(ioc_zip_extract(fd, ix, off, len, &o, msg, sizeof(msg)));
+			ASSERT_UEQ(d.len, want);
+			if (want)
+				ASSERT_MEM_EQ(d.p, src + off, want);
+			free(d.p);
+		}
+		if (fmt == IOC_ZIP_ZSTD) {
+			/* An index entry that lies about one frame's content size:
+			 * extraction names the frame instead of shifting data. */
+			struct buf d = { 0 };
+
+			ix->frames[3].dsize += 1;
+			o.opaque = &d;
+			ASSERT_EQ(ioc_zip_extract(fd, ix, 65536 * 3 + 5, 10, &o, msg, sizeof(msg)),
+				  -EBADMSG);
+			ioc_test_diag("lying index: %s", msg);
+			ASSERT_TRUE(strstr(msg, "offset") != NULL);
+			free(d.p);
+			/* Corrupt footer on disk. */
+			ioc_zip_index_free(ix);
+			ASSERT_EQ(pwrite(fd, "\x7f", 1, (off_t)c.len - 6), 1);
+			ASSERT_EQ(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)), -EBADMSG);
+			ioc_test_diag("bad table: %s", msg);
+		} else {
+			ioc_zip_index_free(ix);
+		}
+		close(fd);
+		unlink(path);
+		free(c.p);
+	}
+	rmdir(ioc_test_tmpdir());
+	free(src);
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_roundtrip_zstd),
+	IOC_TEST(test_roundtrip_gzip),
+	IOC_TEST(test_empty_tiny),
+	IOC_TEST(test_order_many_blocks),
+	IOC_TEST(test_zero_blocks),
+	IOC_TEST(test_zero_copy_feed),
+	IOC_TEST(test_foreign_zstd_stream),
+	IOC_TEST(test_foreign_gzip_mixed),
+	IOC_TEST(test_hostile),
+	IOC_TEST(test_write_error),
+	IOC_TEST(test_extract),
+)
