@@ -77,8 +77,9 @@ struct slot {
 	enum ioc__zip_kind kind;  /* decompression */
 	uint32_t sum;
 	bool zero;
-	/* Set by the worker, read by the feeding thread after the wq hands the
-	 * job back (the wq's completion handoff orders them). */
+	/* Set by the feeding thread when the wq hands the job back (only then
+	 * may the slot be reused); err/why/out_len, written by the worker,
+	 * are read after that handoff, which orders them. */
 	bool done;
 	int err;
 	const char *why;
@@ -226,7 +227,6 @@ static void compress_job(struct ioc_wq_job *job)
 	}
 out:
 	unclaim(c);
-	s->done = true;
 }
 
 static void decompress_job(struct ioc_wq_job *job)
@@ -248,7 +248,6 @@ static void decompress_job(struct ioc_wq_job *job)
 				     &s->why);
 out:
 	unclaim(c);
-	s->done = true;
 }
 
 /* ---- feeding-thread side ------------------------------------------ */
@@ -284,7 +283,7 @@ static int emit(struct ioc_zip *z, struct slot *s)
 			    (unsigned long long)s->in_off, s->why, ioc_strerror(s->err));
 	}
 	if (z->decomp) {
-		r = z->o.write(z->o.opaque, s->out, s->out_len);
+		r = s->out_len ? z->o.write(z->o.opaque, s->out, s->out_len) : 0;
 		if (r < 0)
 			return fail(z, r, "write: %s", ioc_strerror(r));
 		z->st.out_bytes += s->out_len;
@@ -304,6 +303,12 @@ static int emit(struct ioc_zip *z, struct slot *s)
 			return fail(z, r, "seek table: %s", ioc_strerror(r));
 	}
 	return 0;
+}
+
+static void mark_done(struct ioc_wq_job **jobs, int n)
+{
+	for (int i = 0; i < n; i++)
+		ioc_container_of(jobs[i], struct slot, job)->done = true;
 }
 
 /* Collect completions until the oldest in-flight block is done, then emit
@@ -335,8 +340,7 @@ static int reap(struct ioc_zip *z, bool block)
 				continue;
 			return 0;
 		}
-		/* done is already true on every returned job: the worker set
-		 * it before the wq took the job back.  Nothing else to do. */
+		mark_done(jobs, n);
 	}
 	return 0;
 }
@@ -355,6 +359,7 @@ static int submit(struct ioc_zip *z, struct slot *s)
 
 		if (n < 0)
 			return fail(z, n, "workqueue: %s", ioc_strerror(n));
+		mark_done(jobs, n);
 	}
 	if (r < 0)
 		return fail(z, r, "workqueue submit: %s", ioc_strerror(r));

@@ -21,6 +21,7 @@ static int buf_write(void *opaque, const void *data, size_t len)
 
 	if (b->fail_after && ++b->writes >= b->fail_after)
 		return -ENOSPC;
+	ASSERT_UGT(len, 0);     /* the stream never emits empty writes */
 	if (b->len + len > b->cap) {
 		size_t cap = b->cap ? b->cap : 4096;
 
