@@ -1,0 +1,146 @@
+/*
+ * Private state of the block layer, shared by blk.c and its backends
+ * (blk-uring.c, blk-threads.c) and by the tests' fault hook.
+ */
+#ifndef IOC_BLK_INTERNAL_H
+#define IOC_BLK_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/uio.h>
+
+#include "iocore/blk.h"
+#include "iocore/pool.h"
+
+enum blk_op {
+	BLK_OP_READ,
+	BLK_OP_WRITE,
+	BLK_OP_FLUSH,
+	BLK_OP_DISCARD,
+	BLK_OP_ZEROES,
+};
+
+/* Capabilities that start optimistic and are cleared, once, when the
+ * kernel says -EOPNOTSUPP.  Relaxed atomics: a stale bit costs one extra
+ * failing syscall, never a wrong result. */
+enum {
+	BLK_CAP_PUNCH      = 1u << 0, /* fallocate PUNCH_HOLE|KEEP_SIZE */
+	BLK_CAP_ZERO_RANGE = 1u << 1, /* fallocate ZERO_RANGE */
+	BLK_CAP_DSYNC      = 1u << 2, /* pwritev2 RWF_DSYNC */
+	BLK_CAP_NOWAIT     = 1u << 3, /* preadv2 RWF_NOWAIT */
+	BLK_CAP_ALLOC      = 1u << 4, /* fallocate mode 0 (KEEP_SIZE) */
+};
+
+/*
+ * Fault hook, for tests.  Called before every transfer attempt of a read or
+ * write (a short transfer is retried, and the retry is a new attempt) and
+ * before flush, discard and write-zeroes, on whichever thread performs the
+ * attempt (a pool worker with the threads backend): it must be thread-safe.
+ * Return 0 to proceed, -errno to fail the attempt with that error, or n > 0
+ * to transfer at most n bytes in this attempt (a short transfer; rounded
+ * down to the request alignment with cache=none, ignored if that is 0).
+ * Set it while no request is in flight.  Requests with a hook installed skip
+ * the inline fast path.  Cost when unset: one predictable branch.
+ */
+typedef int64_t ioc__blk_fault_fn(void *opaque, enum blk_op op,
+				   uint64_t offset, uint64_t len);
+void ioc__blk_set_fault(struct ioc_blk *blk, ioc__blk_fault_fn *fn, void *opaque);
+
+struct blk_req;
+
+struct ioc_blk {
+	int fd;
+	enum ioc_blk_driver driver;
+	enum ioc_blk_aio aio;        /* resolved: IO_URING or THREADS */
+	bool o_direct;
+	bool read_only;
+	bool is_blockdev;
+	bool fast_path;
+	bool null_read_zeroes;
+	uint32_t mem_align;          /* buffer alignment for O_DIRECT, else 1 */
+	uint32_t req_align;          /* offset/length alignment, else 1 */
+	uint32_t opt_align;
+	_Atomic uint64_t size;       /* written by truncate; relaxed */
+	_Atomic unsigned caps;       /* BLK_CAP_*; relaxed */
+	_Atomic int fp_credit;       /* fast-path misses left before it backs off */
+
+	ioc__blk_fault_fn *fault;
+	void *fault_opaque;
+
+	/* cache=none only: writes in flight, so that a read-modify-write of
+	 * a partial block never overlaps another write (see blk.c). */
+	pthread_mutex_t track_lock;
+	struct blk_req *tracked;
+};
+
+/* Per-request state, inside struct ioc_blk_req's priv[]. */
+struct blk_req {
+	struct ioc_blk *blk;
+	struct ioc_loop *loop;        /* completion loop */
+	/* What the backend transfers: iov/iovcnt, io_len bytes at io_offset
+	 * (the caller's request, or the aligned bounce region). */
+	const struct iovec *iov;
+	struct iovec *tmp_iov;        /* heap; iov sliced after a short transfer */
+	void *bounce;                 /* heap, aligned; cache=none misalignment */
+	const struct iovec *user_iov; /* caller's vector when bounced */
+	int iovcnt;
+	int user_iovcnt;
+	uint64_t offset, len;         /* the request as asked */
+	uint64_t io_offset, io_len;
+	uint64_t done;                /* bytes of io_len transferred */
+	int64_t ret;
+	uint32_t flags;
+	uint8_t op;                   /* enum blk_op */
+	bool submitting;              /* inside the submitting call */
+	bool direct_cb;               /* coroutine API: no deferral needed */
+	bool tracked;
+	bool rmw;                     /* whole request done by the rmw job */
+	bool use_pool;                /* this request goes to the pool */
+	struct blk_req *track_next;   /* in blk->tracked */
+	struct blk_req *waiters;      /* requests waiting for this one */
+	struct blk_req *wait_next;
+	struct iovec bounce_iov;
+	union {
+		struct ioc_uring_op uop;
+		struct ioc_pool_req preq;
+		struct ioc_task task;
+	} u;
+};
+
+_Static_assert(sizeof(struct blk_req) <= sizeof(((struct ioc_blk_req *)0)->priv),
+	       "struct blk_req must fit in ioc_blk_req.priv");
+
+static inline struct blk_req *blk_req_of(struct ioc_blk_req *req)
+{
+	return (struct blk_req *)(void *)req->priv;
+}
+
+static inline struct ioc_blk_req *blk_public_of(struct blk_req *r)
+{
+	return ioc_container_of((void *)r, struct ioc_blk_req, priv);
+}
+
+/* Attempt size limit from the fault hook: 0 = proceed, <0 = fail, >0 = cap. */
+int64_t ioc__blk_fault_check(struct blk_req *r, uint64_t offset, uint64_t len);
+
+/* Results of one read/write attempt, shared by every backend: returns >0
+ * when more must be transferred, 0 when done, or -errno. */
+int ioc__blk_rw_account(struct blk_req *r, int64_t res);
+/* The vector for the next attempt: what is left after r->done, capped at
+ * max bytes.  Returns the vector count (>0) and the vector in *out, or
+ * -ENOMEM. */
+int ioc__blk_rw_slice(struct blk_req *r, uint64_t max, const struct iovec **out);
+
+/* Completion of a request by any backend: bounce copy-out, tracking,
+ * caller's callback. Loop thread. */
+void ioc__blk_finish(struct blk_req *r, int64_t ret);
+
+/* Backends. */
+void ioc__blk_uring_submit(struct blk_req *r);   /* falls back to threads */
+void ioc__blk_threads_submit(struct blk_req *r);
+/* Synchronous forms run by pool workers (and by the rmw job). */
+int64_t ioc__blk_sync_rw(struct blk_req *r);
+int64_t ioc__blk_sync_op(struct blk_req *r);
+int64_t ioc__blk_sync_rmw(struct blk_req *r);
+
+#endif /* IOC_BLK_INTERNAL_H */

@@ -1,0 +1,193 @@
+/*
+ * Data integrity of every backend x cache mode: concurrent coroutines do
+ * random reads, writes (plain and FUA), write-zeroes and discards at random
+ * offsets and sizes, aligned and misaligned (offset, length and memory),
+ * through vectors of 1-3 pieces; every read is checked against a shadow
+ * copy, and at the end the whole file, read with pread(2), must equal it.
+ * Each coroutine owns its own 64 KiB regions, so the expected content is
+ * exact while 16 requests are in flight.
+ */
+#include "blk-test.h"
+
+#define REGION (64 * 1024)
+#define NREGIONS 64
+#define IMG_SIZE ((uint64_t)REGION * NREGIONS)
+#define WORKERS 16
+#define MAXLEN (20 * 1024)
+
+struct integ {
+	struct ioc_blk *blk;
+	unsigned char *shadow;
+	unsigned ops;
+	unsigned finished;
+	bool misaligned_ok;
+};
+
+struct worker {
+	struct integ *t;
+	unsigned id;
+	uint64_t seed;
+	unsigned char *buf;   /* MAXLEN + 64 */
+	unsigned char *check;
+};
+
+static void pick(struct worker *w, uint64_t *off, uint64_t *len)
+{
+	unsigned region = (unsigned)(bt_rand(&w->seed) % (NREGIONS / WORKERS)) * WORKERS + w->id;
+	uint64_t base = (uint64_t)region * REGION;
+	bool aligned = bt_rand(&w->seed) % 2;
+	uint64_t o = bt_rand(&w->seed) % REGION;
+	uint64_t l = 1 + bt_rand(&w->seed) % MAXLEN;
+
+	if (aligned) {
+		o &= ~(uint64_t)4095;
+		l = (l + 4095) & ~(uint64_t)4095;
+	}
+	if (o + l > REGION)
+		l = REGION - o;
+	*off = base + o;
+	*len = l;
+}
+
+/* Split [p, p+len) into 1-3 pieces. */
+static int split(struct worker *w, unsigned char *p, uint64_t len, struct iovec *iov)
+{
+	int n = 1 + (int)(bt_rand(&w->seed) % 3);
+
+	if (len < 3)
+		n = 1;
+	for (int i = 0; i < n; i++) {
+		uint64_t piece = i == n - 1 ? len : 1 + bt_rand(&w->seed) % (len - (uint64_t)(n - 1 - i));
+
+		if (i < n - 1 && bt_rand(&w->seed) % 2)
+			piece = (piece + 511) & ~(uint64_t)511;
+		if (piece > len - (uint64_t)(n - 1 - i))
+			piece = len - (uint64_t)(n - 1 - i);
+		iov[i].iov_base = p;
+		iov[i].iov_len = piece;
+		p += piece;
+		len -= piece;
+	}
+	return n;
+}
+
+static void ioc_coroutine_fn worker_co(void *opaque)
+{
+	struct worker *w = opaque;
+	struct integ *t = w->t;
+
+	for (unsigned i = 0; i < t->ops; i++) {
+		uint64_t off, len;
+		struct iovec iov[3];
+		unsigned kind = (unsigned)(bt_rand(&w->seed) % 10);
+		/* Memory alignment: 4 KiB aligned or off by a few bytes. */
+		unsigned char *p = w->buf + (bt_rand(&w->seed) % 2 ? 0 : 1 + bt_rand(&w->seed) % 31);
+		int n, ret;
+
+		pick(w, &off, &len);
+		n = split(w, p, len, iov);
+		if (kind < 4) {
+			ret = ioc_blk_co_preadv(t->blk, off, iov, n, 0);
+			ASSERT_EQ(ret, 0);
+			ASSERT_MEM_EQ(p, t->shadow + off, len);
+		} else if (kind < 8) {
+			for (uint64_t j = 0; j < len; j++)
+				p[j] = (unsigned char)bt_rand(&w->seed);
+			ret = ioc_blk_co_pwritev(t->blk, off, iov, n,
+						 kind == 7 ? IOC_BLK_FUA : 0);
+			ASSERT_EQ(ret, 0);
+			memcpy(t->shadow + off, p, len);
+		} else if (kind == 8) {
+			uint32_t fl = bt_rand(&w->seed) % 2 ? IOC_BLK_MAY_UNMAP : 0;
+
+			ret = ioc_blk_co_write_zeroes(t->blk, off, len, fl);
+			ASSERT_EQ(ret, 0);
+			memset(t->shadow + off, 0, len);
+		} else {
+			ret = ioc_blk_co_discard(t->blk, off, len, 0);
+			ASSERT_EQ(ret, 0);
+			memset(t->shadow + off, 0, len);
+		}
+	}
+	t->finished++;
+}
+
+static void run_config(const struct bt_config *c, const char *dir)
+{
+	struct ioc_blk_opts opts = { .aio = c->aio, .cache = c->cache,
+				     .no_fast_path = c->no_fast_path };
+	struct integ t = { .ops = (unsigned)ioc_test_scaled(150) };
+	struct worker w[WORKERS];
+	struct ioc_blk_info info;
+	char *path = bt_make_image(dir, "integrity.img", IMG_SIZE, true);
+	unsigned char *file = malloc(IMG_SIZE);
+	int ret;
+
+	t.shadow = malloc(IMG_SIZE);
+	ASSERT_NOT_NULL(t.shadow);
+	ASSERT_NOT_NULL(file);
+	bt_read_file(path, t.shadow, IMG_SIZE);
+	bt_get_loop();
+	ret = ioc_blk_open(&t.blk, path, &opts);
+	if (ret == -EINVAL && c->cache == IOC_BLK_CACHE_NONE) {
+		ioc_test_diag("%s: O_DIRECT refused in %s", c->name, dir);
+		goto out;
+	}
+	ASSERT_OK(ret);
+	ioc_blk_get_info(t.blk, &info);
+	ioc_test_diag("%s in %s: aio=%s align=%u", c->name, dir ? dir : "tmpfs",
+		      info.aio, info.min_align);
+	ASSERT_UEQ(info.size, IMG_SIZE);
+	for (unsigned i = 0; i < WORKERS; i++) {
+		w[i] = (struct worker){ .t = &t, .id = i, .seed = 0x9e3779b97f4a7c15ull * (i + 1) };
+		ASSERT_OK(posix_memalign((void **)&w[i].buf, 4096, MAXLEN + 4096));
+		struct ioc_co *co = ioc_co_create(worker_co, &w[i]);
+
+		ASSERT_NOT_NULL(co);
+		ioc_co_enter(co);
+	}
+	while (t.finished < WORKERS)
+		ioc_loop_poll(bt_loop, true);
+	for (unsigned i = 0; i < WORKERS; i++)
+		free(w[i].buf);
+	ioc_blk_close(t.blk);
+	bt_read_file(path, file, IMG_SIZE);
+	ASSERT_MEM_EQ(file, t.shadow, IMG_SIZE);
+out:
+	unlink(path);
+	free(path);
+	free(file);
+	free(t.shadow);
+}
+
+static void test_tmpfs(void)
+{
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(bt_configs); i++)
+		run_config(&bt_configs[i], NULL);
+}
+
+/* A disk file system: O_DIRECT with real alignment, so the bounce and
+ * read-modify-write paths run. */
+static void test_disk(void)
+{
+	const char *dir = bt_disk_dir();
+
+	if (!dir)
+		IOC_SKIP("no disk directory");
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(bt_configs); i++)
+		run_config(&bt_configs[i], dir);
+	rmdir(dir);
+}
+
+static void test_cleanup(void)
+{
+	rmdir(ioc_test_tmpdir());
+	ioc_loop_free(bt_loop);
+	bt_loop = NULL;
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_tmpfs),
+	IOC_TEST(test_disk),
+	IOC_TEST(test_cleanup),
+)

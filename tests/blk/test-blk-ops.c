@@ -1,0 +1,428 @@
+/*
+ * The block layer's verbs one by one: FUA and flush reach the disk
+ * (cachestat(2) sees no dirty pages afterwards), discard and write-zeroes
+ * leave holes or allocated zeroes as asked, the callback API never calls
+ * back inside the submitting call, the null driver, truncate, bounds and
+ * read-only checks.
+ */
+#include <stdint.h>
+#include <sys/syscall.h>
+
+#include "blk-test.h"
+
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+
+struct bt_cachestat_range { uint64_t off, len; };
+struct bt_cachestat {
+	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+/* Dirty pages of [off, off+len) (len 0: to the end), or -errno. */
+static int64_t dirty_pages(const char *path, uint64_t off, uint64_t len)
+{
+	struct bt_cachestat_range r = { off, len };
+	struct bt_cachestat cs = { 0 };
+	int fd = open(path, O_RDONLY);
+	long ret;
+
+	ASSERT_GE(fd, 0);
+	ret = syscall(__NR_cachestat, fd, &r, &cs, 0);
+	close(fd);
+	if (ret < 0)
+		return -errno;
+	return (int64_t)(cs.nr_dirty + cs.nr_writeback);
+}
+
+struct fua_arg {
+	struct ioc_blk *blk;
+	const char *path;
+};
+
+static void ioc_coroutine_fn fua_body(void *opaque)
+{
+	struct fua_arg *a = opaque;
+	static char buf[65536];
+	struct iovec iov = { buf, sizeof(buf) };
+
+	memset(buf, 0xab, sizeof(buf));
+	/* A plain write stays in the page cache... */
+	ASSERT_OK(ioc_blk_co_pwritev(a->blk, 0, &iov, 1, 0));
+	ASSERT_GT(dirty_pages(a->path, 0, sizeof(buf)), 0);
+	/* ...a FUA write does not (its own range)... */
+	ASSERT_OK(ioc_blk_co_pwritev(a->blk, 1 << 20, &iov, 1, IOC_BLK_FUA));
+	ASSERT_EQ(dirty_pages(a->path, 1 << 20, sizeof(buf)), 0);
+	/* ...and a flush cleans the rest. */
+	ASSERT_OK(ioc_blk_co_flush(a->blk, 0));
+	ASSERT_EQ(dirty_pages(a->path, 0, 0), 0);
+	/* FUA write-zeroes as well. */
+	ASSERT_OK(ioc_blk_co_pwritev(a->blk, 0, &iov, 1, 0));
+	ASSERT_OK(ioc_blk_co_write_zeroes(a->blk, 2 << 20, sizeof(buf), IOC_BLK_FUA));
+	ASSERT_EQ(dirty_pages(a->path, 2 << 20, sizeof(buf)), 0);
+	ASSERT_OK(ioc_blk_co_flush(a->blk, 0));
+	ASSERT_EQ(dirty_pages(a->path, 0, 0), 0);
+}
+
+static void test_fua_flush(void)
+{
+	const char *dir = bt_disk_dir();
+
+	if (!dir)
+		IOC_SKIP("no disk directory");
+	for (int aio = 0; aio < 2; aio++) {
+		struct ioc_blk_opts opts = {
+			.aio = aio ? IOC_BLK_AIO_THREADS : IOC_BLK_AIO_IO_URING };
+		struct fua_arg a;
+		char *path = bt_make_image(dir, "fua.img", 4 << 20, false);
+
+		if (dirty_pages(path, 0, 0) < 0) {
+			unlink(path);
+			free(path);
+			IOC_SKIP("no cachestat(2)");
+		}
+		bt_get_loop();
+		ASSERT_OK(ioc_blk_open(&a.blk, path, &opts));
+		a.path = path;
+		bt_run_co_fn(fua_body, &a);
+		ioc_blk_close(a.blk);
+		unlink(path);
+		free(path);
+	}
+	rmdir(dir);
+}
+
+struct hole_arg {
+	struct ioc_blk *blk;
+	int fd;
+};
+
+static bool is_hole(int fd, off_t off)
+{
+	off_t d = lseek(fd, off, SEEK_DATA);
+
+	return d < 0 ? errno == ENXIO : d > off;
+}
+
+/* Bytes allocated to the file. */
+static int64_t allocated(int fd)
+{
+	struct stat st;
+
+	ASSERT_EQ(fstat(fd, &st), 0);
+	return (int64_t)st.st_blocks * 512;
+}
+
+static void check_zero(struct ioc_blk *blk, uint64_t off, uint64_t len)
+{
+	char *buf = malloc(len), *zero = calloc(1, len);
+	struct iovec iov = { buf, len };
+
+	memset(buf, 1, len);
+	ASSERT_OK(ioc_blk_co_preadv(blk, off, &iov, 1, 0));
+	ASSERT_MEM_EQ(buf, zero, len);
+	free(buf);
+	free(zero);
+}
+
+static void ioc_coroutine_fn holes_body(void *opaque)
+{
+	struct hole_arg *a = opaque;
+	uint64_t pnum;
+
+	ASSERT_FALSE(is_hole(a->fd, 0));
+	/* discard punches a hole */
+	ASSERT_OK(ioc_blk_co_discard(a->blk, 0, 64 * 1024, 0));
+	ASSERT_TRUE(is_hole(a->fd, 0));
+	check_zero(a->blk, 0, 64 * 1024);
+	ASSERT_EQ(ioc_blk_co_block_status(a->blk, 0, 1 << 20, &pnum, 0),
+		  IOC_BLK_STATUS_ZERO);
+	ASSERT_UEQ(pnum, 64 * 1024);
+	ASSERT_EQ(ioc_blk_co_block_status(a->blk, 64 * 1024, 1 << 20, &pnum, 0),
+		  IOC_BLK_STATUS_DATA);
+	/* write-zeroes with MAY_UNMAP punches too (frees the blocks) */
+	int64_t blocks = allocated(a->fd);
+
+	ASSERT_OK(ioc_blk_co_write_zeroes(a->blk, 128 * 1024, 64 * 1024, IOC_BLK_MAY_UNMAP));
+	ASSERT_TRUE(is_hole(a->fd, 128 * 1024));
+	check_zero(a->blk, 128 * 1024, 64 * 1024);
+	ASSERT_LE(allocated(a->fd), blocks - 64 * 1024);
+	/* without it the zeroes stay allocated (SEEK_DATA may still call
+	 * them a hole: tmpfs and ext4 treat unwritten extents so) */
+	blocks = allocated(a->fd);
+	ASSERT_OK(ioc_blk_co_write_zeroes(a->blk, 256 * 1024, 64 * 1024, 0));
+	ASSERT_EQ(allocated(a->fd), blocks);
+	check_zero(a->blk, 256 * 1024, 64 * 1024);
+	ASSERT_GT(ioc_blk_co_block_status(a->blk, 256 * 1024, 64 * 1024, &pnum, 0), 0);
+	ASSERT_UEQ(pnum, 64 * 1024);
+	/* NO_FALLBACK: fine when a fast way exists */
+	ASSERT_OK(ioc_blk_co_write_zeroes(a->blk, 384 * 1024, 64 * 1024,
+					  IOC_BLK_NO_FALLBACK));
+	check_zero(a->blk, 384 * 1024, 64 * 1024);
+	/* misaligned zeroes keep their neighbours */
+	ASSERT_OK(ioc_blk_co_write_zeroes(a->blk, 512 * 1024 + 100, 5000, 0));
+	check_zero(a->blk, 512 * 1024 + 100, 5000);
+	{
+		unsigned char b[2];
+		struct iovec iov = { b, 1 };
+
+		ASSERT_OK(ioc_blk_co_preadv(a->blk, 512 * 1024 + 99, &iov, 1, 0));
+		ASSERT_EQ(b[0], (unsigned char)((512 * 1024 + 99) * 7 + 3));
+		ASSERT_OK(ioc_blk_co_preadv(a->blk, 512 * 1024 + 5100, &iov, 1, 0));
+		ASSERT_EQ(b[0], (unsigned char)((512 * 1024 + 5100) * 7 + 3));
+	}
+	/* out of range */
+	ASSERT_EQ(ioc_blk_co_discard(a->blk, 1 << 20, 4096, 0), -EINVAL);
+	ASSERT_EQ(ioc_blk_co_write_zeroes(a->blk, (1 << 20) - 4096, 8192, 0), -EINVAL);
+	ASSERT_EQ(ioc_blk_co_write_zeroes(a->blk, 0, 4096, 1u << 30), -EINVAL);
+}
+
+static void run_holes(const char *dir, enum ioc_blk_aio aio, enum ioc_blk_cache cache)
+{
+	struct ioc_blk_opts opts = { .aio = aio, .cache = cache };
+	char *path = bt_make_image(dir, "holes.img", 1 << 20, true);
+	struct hole_arg a;
+
+	a.fd = open(path, O_RDONLY);
+	ASSERT_GE(a.fd, 0);
+	bt_get_loop();
+	ASSERT_OK(ioc_blk_open(&a.blk, path, &opts));
+	bt_run_co_fn(holes_body, &a);
+	ioc_blk_close(a.blk);
+	close(a.fd);
+	unlink(path);
+	free(path);
+}
+
+static void test_discard_zeroes(void)
+{
+	const char *disk = bt_disk_dir();
+
+	for (int aio = 0; aio < 2; aio++) {
+		enum ioc_blk_aio m = aio ? IOC_BLK_AIO_THREADS : IOC_BLK_AIO_IO_URING;
+
+		run_holes(NULL, m, IOC_BLK_CACHE_WRITEBACK);
+		if (disk) {
+			run_holes(disk, m, IOC_BLK_CACHE_WRITEBACK);
+			run_holes(disk, m, IOC_BLK_CACHE_NONE);
+		}
+	}
+	if (disk)
+		rmdir(disk);
+}
+
+/* ---- callback API --------------------------------------------------- */
+
+struct cb_state {
+	bool in_submit;
+	int calls;
+	int ret;
+	struct ioc_loop *loop;
+};
+
+static void cb_done(struct ioc_blk_req *req, int ret)
+{
+	struct cb_state *s = req->opaque;
+
+	ASSERT_FALSE(s->in_submit);
+	ASSERT_TRUE(ioc_loop_in_thread(s->loop) || ioc_loop_current() == s->loop);
+	s->calls++;
+	s->ret = ret;
+}
+
+static void wait_calls(struct cb_state *s, int n)
+{
+	while (s->calls < n)
+		ioc_loop_poll(bt_loop, true);
+	ASSERT_EQ(s->calls, n);
+}
+
+static void run_cb(struct ioc_blk *blk, bool check_data)
+{
+	struct cb_state s = { .loop = bt_get_loop() };
+	struct ioc_blk_req req;
+	char buf[8192], check[8192];
+	struct iovec iov = { buf, sizeof(buf) };
+
+	memset(buf, 0x3c, sizeof(buf));
+	s.in_submit = true;
+	ioc_blk_pwritev(blk, &req, 4096, &iov, 1, 0, cb_done, &s);
+	s.in_submit = false;
+	wait_calls(&s, 1);
+	ASSERT_EQ(s.ret, 0);
+
+	/* twice: the second read is a page-cache hit (fast path) */
+	for (int i = 0; i < 2; i++) {
+		memset(buf, 0, sizeof(buf));
+		s.in_submit = true;
+		ioc_blk_preadv(blk, &req, 4096, &iov, 1, 0, cb_done, &s);
+		s.in_submit = false;
+		wait_calls(&s, 2 + i);
+		ASSERT_EQ(s.ret, 0);
+		memset(check, 0x3c, sizeof(check));
+		if (check_data)
+			ASSERT_MEM_EQ(buf, check, sizeof(buf));
+	}
+
+	s.in_submit = true;
+	ioc_blk_flush(blk, &req, 0, cb_done, &s);
+	s.in_submit = false;
+	wait_calls(&s, 4);
+	ASSERT_EQ(s.ret, 0);
+
+	s.in_submit = true;
+	ioc_blk_discard(blk, &req, 0, 4096, 0, cb_done, &s);
+	s.in_submit = false;
+	wait_calls(&s, 5);
+	ASSERT_EQ(s.ret, 0);
+
+	s.in_submit = true;
+	ioc_blk_write_zeroes(blk, &req, 4096, 4096, IOC_BLK_MAY_UNMAP, cb_done, &s);
+	s.in_submit = false;
+	wait_calls(&s, 6);
+	ASSERT_EQ(s.ret, 0);
+
+	/* errors are delivered the same way */
+	s.in_submit = true;
+	ioc_blk_preadv(blk, &req, (uint64_t)ioc_blk_size(blk), &iov, 1, 0, cb_done, &s);
+	s.in_submit = false;
+	wait_calls(&s, 7);
+	ASSERT_EQ(s.ret, -EINVAL);
+}
+
+static void test_callback_api(void)
+{
+	for (int aio = 0; aio < 2; aio++) {
+		struct ioc_blk_opts opts = {
+			.aio = aio ? IOC_BLK_AIO_THREADS : IOC_BLK_AIO_IO_URING };
+		char *path = bt_make_image(NULL, "cb.img", 1 << 20, true);
+		struct ioc_blk *blk;
+
+		bt_get_loop();
+		ASSERT_OK(ioc_blk_open(&blk, path, &opts));
+		run_cb(blk, true);
+		ioc_blk_close(blk);
+		unlink(path);
+		free(path);
+	}
+	{
+		struct ioc_blk_opts opts = { .driver = IOC_BLK_DRIVER_NULL,
+					     .null_size = 1 << 20 };
+		struct ioc_blk *blk;
+
+		ASSERT_OK(ioc_blk_open(&blk, NULL, &opts));
+		run_cb(blk, false);
+		ioc_blk_close(blk);
+	}
+}
+
+/* ---- null driver, truncate, checks ---------------------------------- */
+
+static void ioc_coroutine_fn null_body(void *opaque)
+{
+	struct ioc_blk *blk = opaque;
+	char buf[4096];
+	struct iovec iov = { buf, sizeof(buf) };
+	uint64_t pnum;
+
+	memset(buf, 1, sizeof(buf));
+	ASSERT_OK(ioc_blk_co_preadv(blk, 0, &iov, 1, 0));
+	ASSERT_EQ(buf[0], 0);
+	ASSERT_EQ(buf[4095], 0);
+	ASSERT_OK(ioc_blk_co_pwritev(blk, 4096, &iov, 1, IOC_BLK_FUA));
+	ASSERT_OK(ioc_blk_co_flush(blk, 0));
+	ASSERT_OK(ioc_blk_co_discard(blk, 0, 8192, 0));
+	ASSERT_OK(ioc_blk_co_write_zeroes(blk, 0, 8192, 0));
+	ASSERT_EQ(ioc_blk_co_block_status(blk, 0, 1 << 30, &pnum, 0), IOC_BLK_STATUS_ZERO);
+	ASSERT_UEQ(pnum, 1 << 20);
+	ASSERT_EQ(ioc_blk_co_preadv(blk, (1 << 20) - 1, &iov, 1, 0), -EINVAL);
+	ASSERT_OK(ioc_blk_co_truncate(blk, 2 << 20, 0));
+	ASSERT_EQ(ioc_blk_size(blk), 2 << 20);
+	ASSERT_OK(ioc_blk_co_preadv(blk, (1 << 20) - 1, &iov, 1, 0));
+}
+
+static void test_null(void)
+{
+	struct ioc_blk_opts opts = { .driver = IOC_BLK_DRIVER_NULL, .null_size = 1 << 20,
+				     .null_read_zeroes = true };
+	struct ioc_blk *blk;
+	struct ioc_blk_info info;
+
+	ASSERT_OK(ioc_blk_open(&blk, NULL, &opts));
+	ioc_blk_get_info(blk, &info);
+	ASSERT_STR_EQ(info.aio, "null");
+	ASSERT_UEQ(info.size, 1 << 20);
+	bt_run_co_fn(null_body, blk);
+	ioc_blk_close(blk);
+}
+
+struct trunc_arg {
+	struct ioc_blk *blk, *ro;
+	const char *path;
+};
+
+static void ioc_coroutine_fn trunc_body(void *opaque)
+{
+	struct trunc_arg *a = opaque;
+	char buf[4096];
+	struct iovec iov = { buf, sizeof(buf) };
+	struct stat st;
+
+	ASSERT_EQ(ioc_blk_co_preadv(a->blk, 1 << 20, &iov, 1, 0), -EINVAL);
+	ASSERT_OK(ioc_blk_co_truncate(a->blk, (1 << 20) + 4096, 0));
+	ASSERT_EQ(stat(a->path, &st), 0);
+	ASSERT_EQ(st.st_size, (1 << 20) + 4096);
+	ASSERT_EQ(ioc_blk_size(a->blk), (1 << 20) + 4096);
+	memset(buf, 9, sizeof(buf));
+	ASSERT_OK(ioc_blk_co_preadv(a->blk, 1 << 20, &iov, 1, 0));
+	ASSERT_EQ(buf[0], 0);
+	ASSERT_OK(ioc_blk_co_truncate(a->blk, 8192, 0));
+	ASSERT_EQ(ioc_blk_co_preadv(a->blk, 8192, &iov, 1, 0), -EINVAL);
+	ASSERT_OK(ioc_blk_co_preadv(a->blk, 4096, &iov, 1, 0));
+	/* read-only */
+	ASSERT_EQ(ioc_blk_co_pwritev(a->ro, 0, &iov, 1, 0), -EPERM);
+	ASSERT_EQ(ioc_blk_co_write_zeroes(a->ro, 0, 4096, 0), -EPERM);
+	ASSERT_EQ(ioc_blk_co_truncate(a->ro, 4096, 0), -EPERM);
+	ASSERT_OK(ioc_blk_co_preadv(a->ro, 0, &iov, 1, 0));
+	/* NOWAIT_ONLY: cached data comes back, else -EAGAIN, never blocks */
+	int r = ioc_blk_co_preadv(a->blk, 0, &iov, 1, IOC_BLK_NOWAIT_ONLY);
+
+	ASSERT_TRUE(r == 0 || r == -EAGAIN);
+}
+
+static void test_truncate_checks(void)
+{
+	char *path = bt_make_image(NULL, "trunc.img", 1 << 20, true);
+	struct ioc_blk_opts ro = { .read_only = true };
+	struct trunc_arg a = { .path = path };
+	struct ioc_blk_info info;
+
+	bt_get_loop();
+	ASSERT_OK(ioc_blk_open(&a.blk, path, NULL));
+	ASSERT_OK(ioc_blk_open(&a.ro, path, &ro));
+	ioc_blk_get_info(a.ro, &info);
+	ASSERT_TRUE(info.read_only);
+	ASSERT_FALSE(info.is_blockdev);
+	bt_run_co_fn(trunc_body, &a);
+	ioc_blk_close(a.blk);
+	ioc_blk_close(a.ro);
+	ASSERT_EQ(ioc_blk_open(&a.blk, "/nonexistent/x.img", NULL), -ENOENT);
+	unlink(path);
+	free(path);
+}
+
+static void test_cleanup(void)
+{
+	rmdir(ioc_test_tmpdir());
+	ioc_loop_free(bt_loop);
+	bt_loop = NULL;
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_fua_flush),
+	IOC_TEST(test_discard_zeroes),
+	IOC_TEST(test_callback_api),
+	IOC_TEST(test_null),
+	IOC_TEST(test_truncate_checks),
+	IOC_TEST(test_cleanup),
+)
