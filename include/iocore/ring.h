@@ -2,8 +2,9 @@
  * iocore lockless rings: bounded, power-of-two FIFOs of pointers or of
  * fixed-size elements, in SPSC, MPSC and MPMC regimes.
  *
- * The regime is part of every function name; a ring is used in one regime
- * per side for its whole life (or the side is quiescent when it switches).
+ * The regime is part of every function name; each side of a ring (push,
+ * pop) is used in one regime for the ring's whole life: the single-thread
+ * paths do not maintain the head index the multi-thread paths reserve on.
  * A ring is created either for pointers (ioc_ring_new) or for elements of a
  * fixed size (ioc_ring_new_elem); use only the matching family:
  *
@@ -67,7 +68,7 @@ extern "C" {
 
 /* One side of the ring; written only by that side's threads. */
 struct ioc_ring_side {
-	_Atomic uint32_t head;  /* next position to reserve (MP/MC) */
+	_Atomic uint32_t head;  /* next position to reserve (MP/MC only) */
 	_Atomic uint32_t tail;  /* positions below are published/released */
 	uint32_t limit;         /* single side only: cached other-side limit */
 	uint32_t mask;          /* size - 1; private copy of the geometry */
@@ -165,9 +166,6 @@ static inline uint32_t ioc__ring_sp_reserve(struct ioc_ring *r, uint32_t n,
 static inline void ioc__ring_sp_publish(struct ioc_ring *r, uint32_t head,
 					uint32_t n)
 {
-	/* Relaxed: head mirrors tail for a single producer (kept so an MP
-	 * push after a quiescent switch starts from the right place). */
-	atomic_store_explicit(&r->prod.head, head + n, memory_order_relaxed);
 	/* Release pairs with the acquire load of prod.tail in the pops:
 	 * publishes the slot writes above. */
 	atomic_store_explicit(&r->prod.tail, head + n, memory_order_release);
@@ -240,8 +238,6 @@ static inline uint32_t ioc__ring_sc_reserve(struct ioc_ring *r, uint32_t n,
 static inline void ioc__ring_sc_release(struct ioc_ring *r, uint32_t tail,
 					uint32_t n)
 {
-	/* Relaxed: mirrors tail for quiescent regime switches. */
-	atomic_store_explicit(&r->cons.head, tail + n, memory_order_relaxed);
 	/* Release pairs with the producers' acquire load of cons.tail: our
 	 * reads of the slots are done before they may be rewritten. */
 	atomic_store_explicit(&r->cons.tail, tail + n, memory_order_release);
