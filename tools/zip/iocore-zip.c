@@ -1,0 +1,636 @@
+/*
+ * iocore-zip: parallel zstd/gzip compression with zstd's command line.
+ *
+ *   iocore-zip [-d] [-c] [-o FILE] [-f] [-k] [--rm] [-T N] [-1..-19]
+ *              [--format=zstd|gzip] [--block-size SIZE] [-l] [-t]
+ *              [--range=OFFSET:LENGTH] [-q] [-v] [FILE...]
+ *
+ * A thin shell around the library (include/iocore/zip.h): it reads the
+ * input straight into the stream's block buffers (ioc_zip_buffer), writes
+ * the ordered output from the callback, and owns file handling: output goes
+ * to a temporary name in the destination directory and is renamed into place
+ * only after the stream finished cleanly, so an interrupted or failed run
+ * never leaves a file that looks complete (the temporary is unlinked on
+ * error and on SIGINT/SIGTERM/SIGHUP).  Source files are kept unless --rm,
+ * as zstd does.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "iocore/zip.h"
+
+struct cli {
+	bool decompress, to_stdout, force, rm_src, list, test, quiet, progress;
+	int verbose;
+	bool level_set;
+	int level;
+	unsigned threads;
+	size_t block;
+	enum ioc_zip_format format;
+	const char *out_name;
+	bool range_set;
+	uint64_t range_off, range_len;
+};
+
+/* The temporary output being written, for the signal handler.  Written
+ * only while signals are blocked (see set_tmp), so the handler never sees
+ * a half-updated path. */
+static char tmp_path[PATH_MAX];
+static volatile sig_atomic_t tmp_active;
+
+static void on_signal(int sig)
+{
+	if (tmp_active)
+		unlink(tmp_path);
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void set_tmp(const char *path)
+{
+	sigset_t all, old;
+
+	sigfillset(&all);
+	sigprocmask(SIG_BLOCK, &all, &old);
+	if (path) {
+		snprintf(tmp_path, sizeof(tmp_path), "%s", path);
+		tmp_active = 1;
+	} else {
+		tmp_active = 0;
+	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: iocore-zip [OPTIONS] [FILE...]\n"
+		"Compress or decompress FILEs (stdin to stdout when none or '-').\n\n"
+		"  -d, --decompress    decompress (format detected per frame)\n"
+		"  -z, --compress      compress (default)\n"
+		"  -c, --stdout        write to standard output\n"
+		"  -o FILE             write to FILE (one input only)\n"
+		"  -f, --force         overwrite outputs; write compressed data to a terminal\n"
+		"  -k, --keep          keep source files (default)\n"
+		"      --rm            remove source files after success\n"
+		"  -T N, --threads=N   worker threads; 0 = all cores (default)\n"
+		"  -1 .. -19           compression level (default 3 zstd, 6 gzip)\n"
+		"      --format=F      zstd (default) or gzip\n"
+		"      --block-size=S  independent block size (default 4M; K/M suffixes)\n"
+		"  -l, --list          list frames and ratio\n"
+		"  -t, --test          test integrity\n"
+		"      --range=OFF:LEN decompress only bytes [OFF, OFF+LEN) (seekable input)\n"
+		"  -q, --quiet         no progress, fewer messages\n"
+		"  -v, --verbose       more messages (worker busy times)\n"
+		"  -V, --version       print the version\n");
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	default: break;
+	}
+	if (*end == 'i' && end[1] == 'B')
+		end += 2;
+	else if (*end == 'B')
+		end++;
+	if (*end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* ---- progress ------------------------------------------------------ */
+
+struct job {
+	const struct cli *cli;
+	const char *name;
+	int in_fd, out_fd;
+	bool discard;
+	uint64_t in_size;       /* 0 when unknown */
+	uint64_t in_done, out_done;
+	int64_t start_ns, last_ns;
+};
+
+static void progress(struct job *j, bool final)
+{
+	int64_t now = ioc_now_ns();
+	double secs, mbps;
+
+	if (!j->cli->progress)
+		return;
+	if (!final && now - j->last_ns < 200000000)
+		return;
+	j->last_ns = now;
+	secs = (double)(now - j->start_ns) / 1e9;
+	mbps = secs > 0 ? (double)j->in_done / secs / 1e6 : 0;
+	fprintf(stderr, "\r\033[K%s: %.1f MB -> %.1f MB", j->name, (double)j->in_done / 1e6,
+		(double)j->out_done / 1e6);
+	if (j->in_done && !j->cli->decompress)
+		fprintf(stderr, " (%.2f%%)", 100.0 * (double)j->out_done / (double)j->in_done);
+	fprintf(stderr, " %.0f MB/s", mbps);
+	if (j->in_size && mbps > 0 && !final)
+		fprintf(stderr, " ETA %.0fs",
+			(double)(j->in_size - (j->in_done < j->in_size ? j->in_done : j->in_size)) /
+				(mbps * 1e6));
+	if (final)
+		fputs("\r\033[K", stderr);
+}
+
+static int out_write(void *opaque, const void *buf, size_t len)
+{
+	struct job *j = opaque;
+
+	j->out_done += len;
+	return j->discard ? 0 : write_all(j->out_fd, buf, len);
+}
+
+static void print_busy(struct ioc_zip *z, const struct cli *cli)
+{
+	uint64_t busy[256];
+	int n = ioc_zip_worker_busy(z, busy, 256);
+	uint64_t lo = UINT64_MAX, hi = 0;
+
+	if (cli->verbose < 1 || n <= 0)
+		return;
+	fprintf(stderr, "iocore-zip: worker busy ms:");
+	for (int i = 0; i < n && i < 256; i++) {
+		fprintf(stderr, " %.1f", (double)busy[i] / 1e6);
+		lo = busy[i] < lo ? busy[i] : lo;
+		hi = busy[i] > hi ? busy[i] : hi;
+	}
+	fprintf(stderr, " spread %.1f%%\n", hi ? 100.0 * (double)(hi - lo) / (double)hi : 0.0);
+}
+
+/* Run one stream from j->in_fd to the callback. */
+static int run_stream(struct job *j, char *err, size_t errlen)
+{
+	const struct cli *cli = j->cli;
+	struct ioc_zip_opts o = {
+		.format = cli->format, .level = cli->level, .block_size = cli->block,
+		.workers = cli->threads, .write = out_write, .opaque = j,
+	};
+	struct ioc_zip *z;
+	int r;
+
+	r = cli->decompress ? ioc_zip_decompressor_new(&z, &o) : ioc_zip_compressor_new(&z, &o);
+	if (r < 0) {
+		snprintf(err, errlen, "%s", ioc_strerror(r));
+		return r;
+	}
+	j->start_ns = j->last_ns = ioc_now_ns();
+	for (;;) {
+		void *buf;
+		size_t room;
+		ssize_t n;
+
+		r = ioc_zip_buffer(z, &buf, &room);
+		if (r < 0)
+			break;
+		n = read(j->in_fd, buf, room);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			r = -errno;
+			snprintf(err, errlen, "read: %s", strerror(errno));
+			goto out;
+		}
+		if (n == 0) {
+			r = ioc_zip_finish(z);
+			break;
+		}
+		j->in_done += (uint64_t)n;
+		r = ioc_zip_commit(z, (size_t)n);
+		if (r < 0)
+			break;
+		progress(j, false);
+	}
+	if (r < 0)
+		snprintf(err, errlen, "%s", ioc_zip_error(z));
+	progress(j, true);
+	print_busy(z, cli);
+out:
+	ioc_zip_free(z);
+	return r;
+}
+
+static int run_range(struct job *j, char *err, size_t errlen)
+{
+	const struct cli *cli = j->cli;
+	struct ioc_zip_opts o = { .workers = cli->threads, .write = out_write, .opaque = j };
+	struct ioc_zip_index *ix;
+	int r = ioc_zip_index_read(j->in_fd, &ix, err, errlen);
+
+	if (r < 0)
+		return r;
+	r = ioc_zip_extract(j->in_fd, ix, cli->range_off, cli->range_len, &o, err, errlen);
+	ioc_zip_index_free(ix);
+	return r;
+}
+
+/* ---- listing ------------------------------------------------------- */
+
+static int list_file(const struct cli *cli, const char *name, int fd)
+{
+	struct ioc_zip_index *ix;
+	char msg[256];
+	int r = ioc_zip_index_read(fd, &ix, msg, sizeof(msg));
+
+	if (r == 0) {
+		printf("%s: %s, %zu %s, %" PRIu64 " -> %" PRIu64 " bytes, ratio %.3f%s\n", name,
+		       ix->format == IOC_ZIP_GZIP ? "gzip" : "zstd", ix->nframes,
+		       ix->format == IOC_ZIP_GZIP ? "members" : "frames", ix->csize, ix->dsize,
+		       ix->dsize ? (double)ix->csize / (double)ix->dsize : 0.0,
+		       ix->nframes && ix->frames[0].has_sum ? ", checksums" : "");
+		if (cli->verbose)
+			for (size_t i = 0; i < ix->nframes; i++)
+				printf("  %6zu  at %12" PRIu64 "  %10u -> %10u  data at %12" PRIu64
+				       "\n", i, ix->frames[i].coff, ix->frames[i].csize,
+				       ix->frames[i].dsize, ix->frames[i].doff);
+		ioc_zip_index_free(ix);
+		return 0;
+	}
+	if (r != -ENOENT && r != -ESPIPE) {
+		fprintf(stderr, "iocore-zip: %s: %s\n", name, msg);
+		return r;
+	}
+	/* No index: decode to count. */
+	struct cli c2 = *cli;
+	struct job j = { .cli = &c2, .name = name, .in_fd = fd, .discard = true };
+	char err[256];
+
+	c2.decompress = true;
+	c2.progress = false;
+	r = run_stream(&j, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "iocore-zip: %s: %s\n", name, err);
+		return r;
+	}
+	printf("%s: no index (%s), %" PRIu64 " -> %" PRIu64 " bytes, ratio %.3f\n", name, msg,
+	       j.in_done, j.out_done, j.out_done ? (double)j.in_done / (double)j.out_done : 0.0);
+	return 0;
+}
+
+/* ---- one file ------------------------------------------------------ */
+
+static const char *suffix(const struct cli *cli)
+{
+	return cli->format == IOC_ZIP_GZIP ? ".gz" : ".zst";
+}
+
+static char *output_name(const struct cli *cli, const char *in)
+{
+	static const char *const sfx[][2] = {
+		{ ".zst", "" }, { ".gz", "" }, { ".tzst", ".tar" }, { ".tgz", ".tar" },
+		{ ".zstd", "" },
+	};
+	size_t n = strlen(in);
+	char *out;
+
+	if (!cli->decompress) {
+		if (asprintf(&out, "%s%s", in, suffix(cli)) < 0)
+			return NULL;
+		return out;
+	}
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(sfx); i++) {
+		size_t l = strlen(sfx[i][0]);
+
+		if (n > l && strcmp(in + n - l, sfx[i][0]) == 0) {
+			if (asprintf(&out, "%.*s%s", (int)(n - l), in, sfx[i][1]) < 0)
+				return NULL;
+			return out;
+		}
+	}
+	errno = EINVAL;
+	return NULL;
+}
+
+static int process(const struct cli *cli, const char *in_name, bool many)
+{
+	bool from_stdin = !in_name || strcmp(in_name, "-") == 0;
+	const char *shown = from_stdin ? "stdin" : in_name;
+	struct job j = { .cli = cli, .name = shown, .in_fd = 0, .out_fd = 1 };
+	char *out_name = NULL, *tmp = NULL;
+	char err[512] = "";
+	struct stat st = { 0 };
+	int r = -1;
+
+	if (!from_stdin) {
+		j.in_fd = open(in_name, O_RDONLY | O_CLOEXEC);
+		if (j.in_fd < 0) {
+			fprintf(stderr, "iocore-zip: %s: %s\n", in_name, strerror(errno));
+			return -1;
+		}
+		if (fstat(j.in_fd, &st) == 0 && S_ISREG(st.st_mode))
+			j.in_size = (uint64_t)st.st_size;
+		if (S_ISDIR(st.st_mode)) {
+			fprintf(stderr, "iocore-zip: %s is a directory -- ignored\n", in_name);
+			goto out;
+		}
+	}
+	if (cli->list) {
+		r = list_file(cli, shown, j.in_fd);
+		goto out;
+	}
+	if (cli->test) {
+		j.discard = true;
+	} else if (cli->to_stdout || (from_stdin && !cli->out_name)) {
+		if (!cli->decompress && isatty(1) && !cli->force) {
+			fprintf(stderr, "iocore-zip: stdout is a terminal, aborting (use -f)\n");
+			goto out;
+		}
+	} else {
+		int fd;
+
+		out_name = cli->out_name ? strdup(cli->out_name) : output_name(cli, in_name);
+		if (!out_name) {
+			fprintf(stderr, "iocore-zip: %s: unknown suffix -- ignored\n", in_name);
+			goto out;
+		}
+		if (!cli->force && access(out_name, F_OK) == 0) {
+			fprintf(stderr, "iocore-zip: %s already exists; not overwritten (use -f)\n",
+				out_name);
+			goto out;
+		}
+		{
+			const char *slash = strrchr(out_name, '/');
+			int dl = slash ? (int)(slash - out_name + 1) : 0;
+
+			if (asprintf(&tmp, "%.*s.%s.iocore-zip-XXXXXX", dl, out_name,
+				     out_name + dl) < 0) {
+				tmp = NULL;
+				goto out;
+			}
+		}
+		set_tmp(tmp);
+		fd = mkostemp(tmp, O_CLOEXEC);
+		if (fd < 0) {
+			set_tmp(NULL);
+			fprintf(stderr, "iocore-zip: %s: %s\n", out_name, strerror(errno));
+			goto out;
+		}
+		j.out_fd = fd;
+	}
+	if (cli->range_set)
+		r = run_range(&j, err, sizeof(err));
+	else
+		r = run_stream(&j, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "iocore-zip: %s: %s\n", shown, err[0] ? err : ioc_strerror(r));
+		goto out;
+	}
+	if (tmp) {
+		if (!from_stdin) {
+			(void)!fchmod(j.out_fd, st.st_mode & 07777);
+			struct timespec ts[2] = { st.st_atim, st.st_mtim };
+			futimens(j.out_fd, ts);
+		}
+		if (close(j.out_fd) < 0) {
+			r = -errno;
+			j.out_fd = -1;
+			fprintf(stderr, "iocore-zip: %s: %s\n", out_name, strerror(errno));
+			goto out;
+		}
+		j.out_fd = -1;
+		if (rename(tmp, out_name) < 0) {
+			r = -errno;
+			fprintf(stderr, "iocore-zip: %s: %s\n", out_name, strerror(errno));
+			goto out;
+		}
+		set_tmp(NULL);
+		free(tmp);
+		tmp = NULL;
+	}
+	if (cli->test && !cli->quiet)
+		fprintf(stderr, "%s: OK\n", shown);
+	else if (cli->verbose || (many && !cli->quiet && !cli->to_stdout && !cli->test))
+		fprintf(stderr, "%s: %" PRIu64 " -> %" PRIu64 " bytes%s%s\n", shown, j.in_done,
+			j.out_done, out_name ? " => " : "", out_name ? out_name : "");
+	if (cli->rm_src && !from_stdin && !cli->test && !cli->to_stdout && unlink(in_name) < 0)
+		fprintf(stderr, "iocore-zip: %s: %s\n", in_name, strerror(errno));
+	r = 0;
+out:
+	if (tmp) {
+		if (j.out_fd > 1)
+			close(j.out_fd);
+		unlink(tmp);
+		set_tmp(NULL);
+		free(tmp);
+	}
+	if (j.in_fd > 0)
+		close(j.in_fd);
+	free(out_name);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli cli = { .format = IOC_ZIP_ZSTD };
+	const char **files = calloc((size_t)argc + 1, sizeof(*files));
+	int nfiles = 0, failed = 0;
+	bool opts_done = false;
+	uint64_t v;
+
+	if (!files)
+		return 1;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+
+		if (opts_done || a[0] != '-' || a[1] == 0) {
+			files[nfiles++] = a;
+			continue;
+		}
+		if (a[1] == '-') {
+			const char *eq = strchr(a, '=');
+			size_t kl = eq ? (size_t)(eq - a) : strlen(a);
+			const char *val = eq ? eq + 1 : NULL;
+#define IS(s) (kl == strlen(s) && strncmp(a, s, kl) == 0)
+#define NEED_VAL()                                                           \
+			do {                                                  \
+				if (!val && i + 1 < argc)                     \
+					val = argv[++i];                      \
+				if (!val) {                                   \
+					fprintf(stderr, "iocore-zip: %s needs a value\n", a); \
+					return 1;                             \
+				}                                             \
+			} while (0)
+			if (a[2] == 0) {
+				opts_done = true;
+			} else if (IS("--decompress") || IS("--uncompress")) {
+				cli.decompress = true;
+			} else if (IS("--compress")) {
+				cli.decompress = false;
+			} else if (IS("--stdout")) {
+				cli.to_stdout = true;
+			} else if (IS("--force")) {
+				cli.force = true;
+			} else if (IS("--keep")) {
+				cli.rm_src = false;
+			} else if (IS("--rm")) {
+				cli.rm_src = true;
+			} else if (IS("--list")) {
+				cli.list = true;
+			} else if (IS("--test")) {
+				cli.test = true;
+			} else if (IS("--quiet")) {
+				cli.quiet = true;
+			} else if (IS("--verbose")) {
+				cli.verbose++;
+			} else if (IS("--help")) {
+				usage(stdout);
+				return 0;
+			} else if (IS("--version")) {
+				printf("iocore-zip %s\n", ioc_version());
+				return 0;
+			} else if (IS("--threads")) {
+				NEED_VAL();
+				cli.threads = (unsigned)atoi(val);
+			} else if (IS("--format")) {
+				NEED_VAL();
+				if (strcmp(val, "zstd") == 0) {
+					cli.format = IOC_ZIP_ZSTD;
+				} else if (strcmp(val, "gzip") == 0 || strcmp(val, "gz") == 0) {
+					cli.format = IOC_ZIP_GZIP;
+				} else {
+					fprintf(stderr, "iocore-zip: unknown format %s\n", val);
+					return 1;
+				}
+			} else if (IS("--block-size")) {
+				NEED_VAL();
+				if (parse_size(val, &v) < 0 || v < IOC_ZIP_MIN_BLOCK ||
+				    v > IOC_ZIP_MAX_BLOCK) {
+					fprintf(stderr, "iocore-zip: --block-size must be 4K..64M\n");
+					return 1;
+				}
+				cli.block = (size_t)v;
+			} else if (IS("--range")) {
+				const char *colon;
+
+				NEED_VAL();
+				colon = strchr(val, ':');
+				char offs[64];
+
+				if (!colon || (size_t)(colon - val) >= sizeof(offs)) {
+					fprintf(stderr, "iocore-zip: --range=OFFSET:LENGTH\n");
+					return 1;
+				}
+				memcpy(offs, val, (size_t)(colon - val));
+				offs[colon - val] = 0;
+				if (parse_size(offs, &cli.range_off) < 0 ||
+				    parse_size(colon + 1, &cli.range_len) < 0) {
+					fprintf(stderr, "iocore-zip: bad --range %s\n", val);
+					return 1;
+				}
+				cli.range_set = true;
+				cli.decompress = true;
+			} else {
+				fprintf(stderr, "iocore-zip: unknown option %s\n", a);
+				usage(stderr);
+				return 1;
+			}
+			continue;
+		}
+		for (const char *p = a + 1; *p; p++) {
+			if (*p >= '0' && *p <= '9') {
+				int lv = 0;
+
+				while (*p >= '0' && *p <= '9')
+					lv = lv * 10 + (*p++ - '0');
+				p--;
+				if (lv < 1 || lv > 19) {
+					fprintf(stderr, "iocore-zip: level must be 1..19\n");
+					return 1;
+				}
+				cli.level = lv;
+				continue;
+			}
+			switch (*p) {
+			case 'd': cli.decompress = true; break;
+			case 'z': cli.decompress = false; break;
+			case 'c': cli.to_stdout = true; break;
+			case 'f': cli.force = true; break;
+			case 'k': cli.rm_src = false; break;
+			case 'l': cli.list = true; break;
+			case 't': cli.test = true; cli.decompress = true; break;
+			case 'q': cli.quiet = true; break;
+			case 'v': cli.verbose++; break;
+			case 'h': usage(stdout); return 0;
+			case 'V': printf("iocore-zip %s\n", ioc_version()); return 0;
+			case 'T':
+			case 'o': {
+				const char *val = p[1] ? p + 1 : (i + 1 < argc ? argv[++i] : NULL);
+
+				if (!val) {
+					fprintf(stderr, "iocore-zip: -%c needs a value\n", *p);
+					return 1;
+				}
+				if (*p == 'T')
+					cli.threads = (unsigned)atoi(val);
+				else
+					cli.out_name = val;
+				goto next_arg;  /* the value ends this argument */
+			}
+			default:
+				fprintf(stderr, "iocore-zip: unknown option -%c\n", *p);
+				usage(stderr);
+				return 1;
+			}
+		}
+next_arg:;
+	}
+	if (cli.test)
+		cli.decompress = true;
+	if (cli.range_set && !cli.out_name)
+		cli.to_stdout = true;
+	if (cli.out_name && nfiles > 1) {
+		fprintf(stderr, "iocore-zip: -o takes one input\n");
+		return 1;
+	}
+	cli.progress = !cli.quiet && isatty(2) && !cli.list;
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGHUP, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+	if (nfiles == 0)
+		failed |= process(&cli, NULL, false) < 0;
+	for (int i = 0; i < nfiles; i++)
+		failed |= process(&cli, files[i], nfiles > 1) < 0;
+	free(files);
+	return failed ? 1 : 0;
+}
