@@ -29,6 +29,7 @@ enum {
 	BLK_CAP_DSYNC      = 1u << 2, /* pwritev2 RWF_DSYNC */
 	BLK_CAP_NOWAIT     = 1u << 3, /* preadv2 RWF_NOWAIT */
 	BLK_CAP_ALLOC      = 1u << 4, /* fallocate mode 0 (KEEP_SIZE) */
+	BLK_CAP_CACHESTAT  = 1u << 5, /* cachestat(2), fast path without NOWAIT */
 };
 
 /*

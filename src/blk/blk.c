@@ -68,6 +68,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "iocore/co.h"
@@ -216,7 +217,8 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 	blk->fast_path = !opts->no_fast_path;
 	blk->null_read_zeroes = opts->null_read_zeroes;
 	atomic_init(&blk->caps, BLK_CAP_PUNCH | BLK_CAP_ZERO_RANGE |
-		    BLK_CAP_DSYNC | BLK_CAP_NOWAIT | BLK_CAP_ALLOC);
+		    BLK_CAP_DSYNC | BLK_CAP_NOWAIT | BLK_CAP_ALLOC |
+		    BLK_CAP_CACHESTAT);
 	atomic_init(&blk->fp_credit, FP_CREDIT_MAX);
 	ret = pthread_mutex_init(&blk->track_lock, NULL);
 	if (ret) {
@@ -738,28 +740,86 @@ static void blk_submit_cb(struct ioc_blk *blk, struct ioc_blk_req *req,
  * between two loops only shifts when the back-off starts, and a store only
  * happens when the value changes, so hits on a hot image write nothing.
  */
-static ssize_t fast_read(struct ioc_blk *blk, uint64_t offset,
+/* cachestat(2) (Linux 6.5): how much of a range is in the page cache. */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct blk_cachestat_range { uint64_t off, len; };
+struct blk_cachestat {
+	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+/*
+ * For file systems without RWF_NOWAIT (tmpfs among them): ask cachestat(2)
+ * whether every page of the range is cached, and if so read it with a plain
+ * preadv.  A page evicted between the two calls makes that one read block
+ * for the time of a page-in: a bounded, rare cost accepted for a fast path
+ * on such file systems.  Returns what preadv returned, or -EAGAIN.
+ */
+static ssize_t cached_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
+			   const struct iovec *iov, int iovcnt)
+{
+	static long page_size;
+	struct blk_cachestat_range range;
+	struct blk_cachestat cs;
+	uint64_t first, last;
+
+	if (!page_size)
+		page_size = sysconf(_SC_PAGESIZE);
+	first = offset / (uint64_t)page_size;
+	last = (offset + len - 1) / (uint64_t)page_size;
+	range.off = first * (uint64_t)page_size;
+	range.len = (last - first + 1) * (uint64_t)page_size;
+	if (syscall(__NR_cachestat, blk->fd, &range, &cs, 0) < 0) {
+		if (errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF)
+			atomic_fetch_and_explicit(&blk->caps, ~(unsigned)BLK_CAP_CACHESTAT,
+						  memory_order_relaxed);
+		return -EAGAIN;
+	}
+	if (cs.nr_cache < last - first + 1)
+		return -EAGAIN;
+	return preadv(blk->fd, iov, iovcnt, (off_t)offset);
+}
+
+/*
+ * Try the read inline.  Returns the bytes read (possibly fewer than len:
+ * the caller continues asynchronously from there), or -EAGAIN when the
+ * data is not cached (or the fast path is backing off).
+ *
+ * Back-off: fp_credit drops by one per miss and is refilled by a hit; at
+ * zero the fast path is skipped except one request in FP_PROBE_EVERY per
+ * thread.  Relaxed loads and stores, not read-modify-writes: a lost update
+ * between two loops only shifts when the back-off starts, and a store only
+ * happens when the value changes, so hits on a hot image write nothing.
+ */
+static ssize_t fast_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
 			 const struct iovec *iov, int iovcnt, uint32_t flags)
 {
 	static __thread unsigned probe;
 	int credit = atomic_load_explicit(&blk->fp_credit, memory_order_relaxed);
+	unsigned caps = atomic_load_explicit(&blk->caps, memory_order_relaxed);
 	ssize_t n;
 
 	if (credit <= 0 && !(flags & IOC_BLK_NOWAIT_ONLY) &&
 	    ++probe % FP_PROBE_EVERY)
 		return -EAGAIN;
-	n = preadv2(blk->fd, iov, iovcnt, (off_t)offset, RWF_NOWAIT);
+	if (caps & BLK_CAP_NOWAIT) {
+		n = preadv2(blk->fd, iov, iovcnt, (off_t)offset, RWF_NOWAIT);
+		if (n < 0 && errno == EOPNOTSUPP) {
+			/* This file system cannot do it: stop trying for
+			 * good, and use cachestat instead. */
+			atomic_fetch_and_explicit(&blk->caps, ~(unsigned)BLK_CAP_NOWAIT,
+						  memory_order_relaxed);
+			return -EAGAIN;
+		}
+	} else {
+		n = cached_read(blk, offset, len, iov, iovcnt);
+	}
 	if (n > 0) {
 		if (credit != FP_CREDIT_MAX)
 			atomic_store_explicit(&blk->fp_credit, FP_CREDIT_MAX,
 					      memory_order_relaxed);
 		return n;
-	}
-	if (n < 0 && errno == EOPNOTSUPP) {
-		/* This file system cannot do it: stop trying for good. */
-		atomic_fetch_and_explicit(&blk->caps, ~(unsigned)BLK_CAP_NOWAIT,
-					  memory_order_relaxed);
-		return -EAGAIN;
 	}
 	if (credit > 0)
 		atomic_store_explicit(&blk->fp_credit, credit - 1, memory_order_relaxed);
@@ -770,7 +830,8 @@ static inline bool fast_path_ok(struct ioc_blk *blk, uint32_t flags)
 {
 	if (blk->fault || blk->o_direct || blk->driver != IOC_BLK_DRIVER_FILE)
 		return false;
-	if (!(atomic_load_explicit(&blk->caps, memory_order_relaxed) & BLK_CAP_NOWAIT))
+	if (!(atomic_load_explicit(&blk->caps, memory_order_relaxed) &
+	      (BLK_CAP_NOWAIT | BLK_CAP_CACHESTAT)))
 		return false;
 	return blk->fast_path || (flags & IOC_BLK_NOWAIT_ONLY);
 }
@@ -812,7 +873,7 @@ int ioc_coroutine_fn ioc_blk_co_preadv(struct ioc_blk *blk, uint64_t offset,
 	if (ret < 0)
 		return ret;
 	if (fast_path_ok(blk, flags) && len) {
-		ssize_t n = fast_read(blk, offset, iov, iovcnt, flags);
+		ssize_t n = fast_read(blk, offset, len, iov, iovcnt, flags);
 
 		if ((uint64_t)n == len)
 			return 0;
@@ -975,7 +1036,7 @@ void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offse
 	uint64_t done = 0;
 
 	if (ret == 0 && len && fast_path_ok(blk, flags)) {
-		ssize_t n = fast_read(blk, offset, iov, iovcnt, flags);
+		ssize_t n = fast_read(blk, offset, len, iov, iovcnt, flags);
 
 		if (n > 0)
 			done = (uint64_t)n;

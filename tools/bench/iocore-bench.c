@@ -150,7 +150,7 @@ static int cmd_blk(int argc, char **argv)
 	struct ioc_blk_info info;
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "+hc:d:s:S:o:wi:t:f:q", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hc:d:s:S:o:wi:t:f:q", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'c':
 		case 'd':
