@@ -45,7 +45,18 @@ struct ioc_loop_opts {
 	unsigned poll_grow, poll_shrink;
 	/* io_uring ring entries (0 = 256). */
 	unsigned uring_entries;
+	/* A handler whose io_poll found no work for this long leaves the
+	 * polled set and is watched by fd monitoring only (0 = 1 s). */
+	int64_t poll_idle_ns;
+	/* IOC_LOOP_URING_* flags tuning the io_uring backend (0 = best). */
+	unsigned uring_flags;
 };
+
+/* uring_flags: turn features off to measure what they buy. */
+#define IOC_LOOP_URING_NO_MULTISHOT   (1u << 0) /* one-shot POLL_ADD (QEMU) */
+#define IOC_LOOP_URING_NO_DEFER       (1u << 1) /* COOP_TASKRUN, not DEFER_TASKRUN */
+#define IOC_LOOP_URING_NO_REG_RING    (1u << 2) /* no registered ring fd */
+#define IOC_LOOP_URING_NO_MSG_RING    (1u << 3) /* eventfd for cross-loop wakeups */
 
 /* Create a loop.  opts may be NULL for defaults.  Returns 0 or -errno. */
 int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts);
@@ -205,7 +216,12 @@ struct ioc_loop_stats {
 	unsigned handlers;         /* registered fd handlers */
 	unsigned polled_handlers;  /* handlers in the polled (active) set */
 	int64_t poll_ns;           /* current adaptive poll time */
+	bool has_uring;            /* ioc_loop_get_sqe() works */
+	bool uring_private;        /* ... on a private ring (poll/epoll backend) */
+	unsigned uring_setup_flags;/* IORING_SETUP_* the ring got */
+	uint64_t msg_ring_wakeups; /* cross-loop wakeups sent by MSG_RING */
 };
+/* Loop thread (from elsewhere, through ioc_loop_call()). */
 void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st);
 
 /* ---- I/O threads ----------------------------------------------------- */

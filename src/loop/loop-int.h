@@ -1,0 +1,195 @@
+/*
+ * Private state of the event loop, shared by loop.c, the timer heap and the
+ * fd monitoring backends (fdmon-*.c).  Nothing here is part of the API.
+ */
+#ifndef IOC_LOOP_INT_H
+#define IOC_LOOP_INT_H
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <liburing.h>
+
+#include "iocore/loop.h"
+
+/* Private revents bit: the handler's io_poll callback found work. */
+#define IOC_REV_POLLED (1u << 30)
+/* Readiness that runs the read (resp. write) callback. */
+#define IOC_REV_READ  (POLLIN | POLLPRI | POLLHUP | POLLERR | POLLNVAL)
+#define IOC_REV_WRITE (POLLOUT | POLLHUP | POLLERR | POLLNVAL)
+
+/*
+ * One registered fd.  Owned by the loop thread; never touched by others.
+ * Removal marks it deleted and puts it on loop->dead; it is freed at the
+ * end of the outermost iteration (no callback frame can still hold it)
+ * and once the backend holds no reference (io_uring: no poll in flight).
+ */
+struct ioc_handler {
+	int fd;
+	uint32_t events;         /* POLLIN|POLLOUT wanted from fd monitoring */
+	uint32_t revents;        /* readiness found, consumed by dispatch */
+	bool deleted;
+	bool on_ready;           /* linked on loop->ready */
+	bool polled;             /* in the polled (active) set */
+	bool internal;           /* loop's own (wakeup, private ring): not progress */
+	bool backend_busy;       /* backend still references it (io_uring) */
+	bool on_dead;            /* linked on loop->dead */
+
+	ioc_fd_cb *io_read, *io_write, *io_poll_ready;
+	ioc_poll_cb *io_poll;
+	void *opaque;
+
+	struct ioc_handler *ready_next;
+	struct ioc_handler *poll_next, *poll_prev; /* polled set */
+	int64_t poll_idle_deadline;                /* drops out of the set after */
+	struct ioc_handler *dead_next;
+
+	/* backend private */
+	int pfd_idx;                  /* poll(2): index in the pollfd array */
+	struct ioc_uring_op uop;      /* io_uring: the fd's poll operation */
+	uint32_t armed_events;        /* io_uring: mask of the poll in flight */
+	bool poll_multishot;          /* io_uring: in-flight poll is multishot */
+	bool cancel_sent;             /* io_uring: a poll remove is in flight */
+	struct ioc_handler *arm_next; /* io_uring: waiting for an SQE */
+	bool on_arm;
+};
+
+/*
+ * fd monitoring backend.  Every member is called on the loop thread only.
+ *   init:    set up; return 0 or -errno (the loop then tries the next one).
+ *   fini:    tear down (handlers are already gone).
+ *   update:  the wanted events of h changed from old to h->events (0 means
+ *            removal; h->deleted may be set).  Return 0 or -errno.
+ *   wait:    wait up to timeout_ns (-1 forever, 0 not at all) and push
+ *            ready handlers with ioc__loop_ready(); return the number of
+ *            events or -errno.
+ *   pending: readiness visible from userspace without a syscall (io_uring
+ *            CQ); NULL when the backend cannot tell.
+ *   flush:   submit queued work at the end of an iteration (io_uring).
+ */
+struct ioc_fdmon_ops {
+	const char *name;
+	unsigned caps;
+	int (*init)(struct ioc_loop *loop);
+	void (*fini)(struct ioc_loop *loop);
+	int (*update)(struct ioc_loop *loop, struct ioc_handler *h, uint32_t old);
+	int (*wait)(struct ioc_loop *loop, int64_t timeout_ns);
+	bool (*pending)(struct ioc_loop *loop);
+	int (*flush)(struct ioc_loop *loop);
+};
+
+/* Capabilities. */
+#define IOC_FDMON_CAP_USERSPACE_POLL (1u << 0) /* readiness via ->pending() */
+#define IOC_FDMON_CAP_URING          (1u << 1) /* loop->ring is the backend's */
+
+extern const struct ioc_fdmon_ops ioc__fdmon_poll_ops;
+extern const struct ioc_fdmon_ops ioc__fdmon_epoll_ops;
+extern const struct ioc_fdmon_ops ioc__fdmon_uring_ops;
+
+struct ioc_bh {
+	struct ioc_bh *next;     /* incoming stack, then loop->bhq */
+	_Atomic unsigned flags;
+	struct ioc_loop *loop;
+	ioc_bh_cb *cb;
+	void *opaque;
+};
+
+struct ioc_loop_ext_slot {
+	void *ptr;
+	void (*free_fn)(void *ptr);
+};
+
+struct ioc_loop {
+	/*
+	 * Cross-thread line: what other threads write or read.  See the
+	 * wakeup handshake in loop.c.
+	 */
+	_Atomic(struct ioc_task *) tasks IOC_CACHE_ALIGNED; /* Treiber stack */
+	_Atomic(struct ioc_bh *) bhs;                       /* Treiber stack */
+	atomic_bool sleeping;   /* loop may block in the kernel: wake it */
+	atomic_bool kicked;     /* ioc_loop_notify() since the last check */
+	atomic_bool stop;       /* ioc_loop_stop() requested */
+	atomic_uintptr_t owner; /* pthread_self() of the running thread */
+	_Atomic uint64_t notifies;
+	int wake_fd;            /* eventfd the backends watch */
+	int wake_ring_fd;       /* io_uring backend: ring fd for MSG_RING, or -1 */
+
+	/* Loop-thread state. */
+	const struct ioc_fdmon_ops *ops IOC_CACHE_ALIGNED;
+	struct ioc_loop_opts opts;
+	int depth;               /* nesting of ioc_loop_poll() */
+
+	struct ioc_handler **by_fd;
+	unsigned by_fd_cap;
+	unsigned nhandlers;
+	unsigned poll_disable_cnt; /* handlers with fd events but no io_poll */
+	struct ioc_handler *wake_h;
+
+	struct ioc_handler *ready_head, *ready_tail;
+	struct ioc_handler *dead;
+	struct ioc_handler *polled;  /* polled set (doubly linked) */
+	unsigned npolled;
+
+	struct ioc_task *taskq_head, *taskq_tail;
+	struct ioc_bh *bhq_head, *bhq_tail;
+
+	struct ioc_timer *timers;    /* pairing heap root */
+	unsigned ntimers;
+
+	int64_t poll_ns;             /* adaptive poll time */
+	int64_t poll_max_ns;
+	int64_t poll_idle_ns;
+	unsigned busy_iters;
+
+	struct ioc_loop_ext_slot ext[IOC_LOOP_EXT_MAX];
+
+	/* io_uring: the backend's ring, or the private ring for get_sqe. */
+	struct io_uring ring;
+	bool has_ring;
+	bool ring_enabled;           /* R_DISABLED ring enabled by its runner */
+	bool ring_private;           /* ring is not the backend's */
+	int ring_error;              /* why there is no ring (-errno) */
+	unsigned sq_queued;          /* SQEs prepared, not yet submitted */
+	struct ioc_handler *ring_h;  /* private ring's fd handler */
+	struct ioc_handler *arm_head, *arm_tail; /* uring: polls to arm */
+
+	/* backend state */
+	int epfd;
+	void *evbuf;
+	struct pollfd *pfds;
+	struct ioc_handler **pfd_h;
+	unsigned npfds, pfds_cap;
+
+	/* stats */
+	bool uring_denied;
+	int uring_error;
+	uint64_t iterations, blocking_waits, poll_hits, poll_misses;
+};
+
+/* Push h on the ready queue with rev (loop thread; backends call this). */
+void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev);
+/* The backend dropped its last reference to a deleted handler. */
+void ioc__loop_handler_released(struct ioc_loop *loop, struct ioc_handler *h);
+/* The wakeup eventfd fired (read it). */
+void ioc__loop_wake_read(void *opaque);
+
+/* The thread that ran loop is done with it (drops per-thread io_uring
+ * registrations); the loop may then be freed from another thread. */
+void ioc__loop_thread_exit(struct ioc_loop *loop);
+
+/* Timers (timer.c). */
+void ioc__timers_run(struct ioc_loop *loop, bool *progress);
+int64_t ioc__timers_deadline(struct ioc_loop *loop);
+void ioc__timers_cancel_all(struct ioc_loop *loop);
+
+/* io_uring helpers (uring.c). */
+int ioc__uring_setup(struct ioc_loop *loop, struct io_uring *ring,
+		     unsigned entries, bool try_fancy);
+void ioc__uring_enable(struct ioc_loop *loop);
+int ioc__uring_reap(struct ioc_loop *loop);
+int ioc__uring_submit(struct ioc_loop *loop);
+struct io_uring_sqe *ioc__uring_sqe(struct ioc_loop *loop);
+void ioc__uring_private_fini(struct ioc_loop *loop);
+
+#endif /* IOC_LOOP_INT_H */

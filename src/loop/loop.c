@@ -1,0 +1,1046 @@
+/*
+ * The event loop: one struct ioc_loop per thread that runs it.
+ *
+ * Problem.  Every layer above (coroutines, thread pool completions, the
+ * block layer, the NBD server) needs one place per thread where fd
+ * readiness, cross-thread work, timers and io_uring completions are
+ * dispatched, at a cost that stays flat as handlers are added and with no
+ * syscall on the cross-thread path while the loop is busy.
+ *
+ * Design.
+ *  - fd handlers live in an fd-indexed table; fd monitoring is a const
+ *    struct ioc_fdmon_ops chosen at run time (io_uring -> epoll -> poll).
+ *    Backends push ready handlers on one loop-wide FIFO (loop->ready) that
+ *    dispatch pops one at a time, so a nested ioc_loop_poll() from inside a
+ *    callback keeps dispatching what the outer level left.  Removal marks a
+ *    handler deleted and defers its free to the end of the outermost
+ *    iteration, which makes removal from any callback (its own included)
+ *    safe without reference counts.
+ *  - Cross-thread work arrives on two Treiber stacks (tasks and bottom
+ *    halves): a producer does one CAS; the loop takes the whole stack with
+ *    one exchange, reverses it to FIFO order and appends it to a
+ *    loop-private queue.  No ABA: nobody pops single elements.
+ *  - A BH carries PENDING (on a stack or queue) and SCHEDULED (should run)
+ *    flags in one atomic word: schedule is one fetch_or and pushes only on
+ *    the 0 -> PENDING edge, so it is idempotent while pending; the loop
+ *    clears both with one fetch_and before running the callback.
+ *  - Timers are an intrusive pairing heap (timer.c).
+ *  - Adaptive polling (QEMU's, made scalable as in seed 003): before
+ *    sleeping, spin for up to poll_ns calling io_poll of the handlers in
+ *    the polled set only, peeking at the incoming stacks and, with
+ *    io_uring, at the completion queue.  A handler enters the polled set
+ *    when fd monitoring finds it ready and leaves it after poll_idle_ns
+ *    without progress, so an iteration costs O(active), not O(handlers).
+ *    poll_ns grows and shrinks as in QEMU (aio_poll's block_ns rule).
+ *
+ * The wakeup handshake (no lost wakeup, no syscall while busy):
+ *   loop, before blocking:    store(sleeping = true)        [seq_cst]
+ *                             load(tasks, bhs, kicked, stop) [seq_cst]
+ *                             if anything: do not block
+ *                             wait in the kernel; store(sleeping = false)
+ *   producer (post/schedule/notify):
+ *                             push item (CAS) or store(kicked) [seq_cst]
+ *                             if load(sleeping) [seq_cst] and
+ *                                exchange(sleeping, false) returned true:
+ *                                    write the wakeup eventfd
+ *   Store-buffering argument: in the seq_cst total order either the loop's
+ *   load comes after the push (it sees the item and does not block) or the
+ *   producer's load comes after the loop's store (it sees sleeping).  Of
+ *   the producers that see it, exactly one wins the exchange and writes the
+ *   eventfd; one that loses saw a clear done by another producer (who
+ *   writes) or by the loop itself (awake, and its next pre-sleep check is
+ *   ordered after our push because our exchange read a value older than
+ *   that store).  While the loop polls or dispatches, sleeping is false and
+ *   a producer pays one CAS and one plain load.  A stale eventfd count only
+ *   costs one spurious wakeup.
+ *
+ * Rejected alternatives.  A mutex-protected BH list (QEMU before 2019)
+ * takes a lock per schedule; an eventfd write per schedule (libuv's
+ * uv_async_send does one whenever its pending flag was clear) costs a
+ * syscall while the loop is awake anyway; RCU-protected handler lists are
+ * unnecessary because handlers are only touched by the loop thread.
+ *
+ * Costs.  An iteration that finds nothing costs: two loads of the
+ * incoming stacks, one timer-root read, one clock read, the backend wait.
+ * On epoll/poll a busy loop (progress every iteration) checks fds without
+ * blocking only on every 8th iteration: fd readiness then waits at most 8
+ * iterations behind BHs.  Polling with the epoll/poll backends is only
+ * allowed when every fd handler has an io_poll callback (otherwise fd
+ * readiness of the others would wait up to poll_ns, as in QEMU).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "loop-int.h"
+
+/* BH flags. */
+#define BH_PENDING   (1u << 0) /* on the incoming stack or loop->bhq */
+#define BH_SCHEDULED (1u << 1) /* run when popped */
+#define BH_DELETED   (1u << 2) /* free when popped */
+#define BH_ONESHOT   (1u << 3) /* free after running */
+
+#define POLL_DEFAULT_MAX_NS  32000
+#define POLL_START_NS        4000
+#define POLL_IDLE_DEFAULT_NS 1000000000 /* 1 s without progress: unpolled */
+#define FD_CHECK_EVERY       8          /* busy iterations per fd check */
+
+static __thread struct ioc_loop *current_loop;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+/* ---- wakeup ----------------------------------------------------------- */
+
+/*
+ * Wake the loop if it may be sleeping.  Caller has already published its
+ * work with a seq_cst RMW or store (the handshake in the essay above).
+ */
+static void wake_if_sleeping(struct ioc_loop *loop)
+{
+	static const uint64_t one = 1;
+
+	/* seq_cst: pairs with the seq_cst store of sleeping = true in
+	 * loop_wait() (store buffering: one of us sees the other). */
+	if (!atomic_load_explicit(&loop->sleeping, memory_order_seq_cst))
+		return;
+	/* Only the producer that flips it writes; the others rely on it. */
+	if (!atomic_exchange_explicit(&loop->sleeping, false,
+				      memory_order_seq_cst))
+		return;
+	atomic_fetch_add_explicit(&loop->notifies, 1, memory_order_relaxed);
+	while (write(loop->wake_fd, &one, sizeof(one)) < 0 && errno == EINTR)
+		;
+	/* EAGAIN (counter saturated) still leaves the fd readable. */
+}
+
+void ioc__loop_wake_read(void *opaque)
+{
+	struct ioc_loop *loop = opaque;
+	uint64_t v;
+
+	while (read(loop->wake_fd, &v, sizeof(v)) < 0 && errno == EINTR)
+		;
+}
+
+void ioc_loop_notify(struct ioc_loop *loop)
+{
+	/* seq_cst: pairs with the load of kicked in loop_wait() after its
+	 * store of sleeping (same store-buffering pattern as a push). */
+	atomic_store_explicit(&loop->kicked, true, memory_order_seq_cst);
+	wake_if_sleeping(loop);
+}
+
+void ioc_loop_stop(struct ioc_loop *loop)
+{
+	/* Release: pairs with the acquire load in ioc_loop_run(). */
+	atomic_store_explicit(&loop->stop, true, memory_order_release);
+	ioc_loop_notify(loop);
+}
+
+/* ---- tasks and bottom halves ------------------------------------------ */
+
+void ioc_loop_post(struct ioc_loop *loop, struct ioc_task *task)
+{
+	struct ioc_task *head = atomic_load_explicit(&loop->tasks,
+						     memory_order_relaxed);
+
+	/* seq_cst CAS: releases task->next/fn to the exchange in
+	 * drain_incoming() and orders the push before the load of sleeping
+	 * in wake_if_sleeping() (the handshake). */
+	do {
+		task->next = head;
+	} while (!atomic_compare_exchange_weak_explicit(&loop->tasks, &head,
+			task, memory_order_seq_cst, memory_order_relaxed));
+	wake_if_sleeping(loop);
+}
+
+static void bh_push(struct ioc_loop *loop, struct ioc_bh *bh)
+{
+	struct ioc_bh *head = atomic_load_explicit(&loop->bhs,
+						   memory_order_relaxed);
+
+	/* seq_cst CAS: as in ioc_loop_post(). */
+	do {
+		bh->next = head;
+	} while (!atomic_compare_exchange_weak_explicit(&loop->bhs, &head, bh,
+			memory_order_seq_cst, memory_order_relaxed));
+	wake_if_sleeping(loop);
+}
+
+struct ioc_bh *ioc_bh_new(struct ioc_loop *loop, ioc_bh_cb *cb, void *opaque)
+{
+	struct ioc_bh *bh = malloc(sizeof(*bh));
+
+	if (!bh)
+		return NULL;
+	bh->next = NULL;
+	atomic_init(&bh->flags, 0);
+	bh->loop = loop;
+	bh->cb = cb;
+	bh->opaque = opaque;
+	return bh;
+}
+
+void ioc_bh_schedule(struct ioc_bh *bh)
+{
+	/* acq_rel: the release half publishes what the scheduler wrote
+	 * before scheduling to the callback (pairs with the acq_rel fetch_and
+	 * in run_bhs()); the acquire half orders our push after a previous
+	 * run's fetch_and so bh->next is ours to write. */
+	unsigned old = atomic_fetch_or_explicit(&bh->flags,
+			BH_PENDING | BH_SCHEDULED, memory_order_acq_rel);
+
+	if (old & BH_PENDING)
+		return; /* queued already; it will see SCHEDULED */
+	bh_push(bh->loop, bh);
+}
+
+void ioc_bh_cancel(struct ioc_bh *bh)
+{
+	/* Relaxed is enough: the flag only decides whether the callback runs;
+	 * it pairs with nothing beyond the fetch_and in run_bhs(). */
+	atomic_fetch_and_explicit(&bh->flags, ~BH_SCHEDULED,
+				  memory_order_relaxed);
+}
+
+void ioc_bh_delete(struct ioc_bh *bh)
+{
+	/* Loop thread: the only other writer of PENDING is run_bhs() on this
+	 * same thread, so the decision below cannot race with it.  acq_rel
+	 * orders against concurrent (buggy but harmless) schedules. */
+	unsigned old = atomic_fetch_or_explicit(&bh->flags, BH_DELETED,
+						memory_order_acq_rel);
+
+	atomic_fetch_and_explicit(&bh->flags, ~BH_SCHEDULED,
+				  memory_order_relaxed);
+	if (!(old & BH_PENDING))
+		free(bh);
+	/* else run_bhs() (or ioc_loop_free()) frees it when popped. */
+}
+
+int ioc_loop_oneshot(struct ioc_loop *loop, ioc_bh_cb *cb, void *opaque)
+{
+	struct ioc_bh *bh = ioc_bh_new(loop, cb, opaque);
+
+	if (!bh)
+		return -ENOMEM;
+	/* Not yet visible to anybody: relaxed. */
+	atomic_store_explicit(&bh->flags,
+			      BH_PENDING | BH_SCHEDULED | BH_ONESHOT,
+			      memory_order_relaxed);
+	bh_push(loop, bh);
+	return 0;
+}
+
+static inline bool incoming_peek(struct ioc_loop *loop)
+{
+	/* Relaxed peek for the polling loop; the real take is the acquire
+	 * exchange in drain_incoming(). */
+	return atomic_load_explicit(&loop->tasks, memory_order_relaxed) ||
+	       atomic_load_explicit(&loop->bhs, memory_order_relaxed);
+}
+
+/* Move both stacks to the loop-private FIFO queues. */
+static void drain_incoming(struct ioc_loop *loop)
+{
+	if (atomic_load_explicit(&loop->tasks, memory_order_relaxed)) {
+		/* Acquire: pairs with the CAS in ioc_loop_post(). */
+		struct ioc_task *t = atomic_exchange_explicit(&loop->tasks,
+				NULL, memory_order_acquire);
+		struct ioc_task *fifo = NULL, *last = t;
+
+		while (t) {
+			struct ioc_task *next = t->next;
+
+			t->next = fifo;
+			fifo = t;
+			t = next;
+		}
+		if (loop->taskq_tail)
+			loop->taskq_tail->next = fifo;
+		else
+			loop->taskq_head = fifo;
+		loop->taskq_tail = last;
+	}
+	if (atomic_load_explicit(&loop->bhs, memory_order_relaxed)) {
+		/* Acquire: pairs with the CAS in bh_push(). */
+		struct ioc_bh *b = atomic_exchange_explicit(&loop->bhs, NULL,
+				memory_order_acquire);
+		struct ioc_bh *fifo = NULL, *last = b;
+
+		while (b) {
+			struct ioc_bh *next = b->next;
+
+			b->next = fifo;
+			fifo = b;
+			b = next;
+		}
+		if (loop->bhq_tail)
+			loop->bhq_tail->next = fifo;
+		else
+			loop->bhq_head = fifo;
+		loop->bhq_tail = last;
+	}
+}
+
+/*
+ * Run tasks and BHs queued so far.  Work posted while they run lands on the
+ * stacks and runs in the next pass, so a BH that reschedules itself cannot
+ * starve the loop.
+ */
+static bool run_incoming(struct ioc_loop *loop)
+{
+	bool progress = false;
+	struct ioc_task *t;
+	struct ioc_bh *bh;
+
+	drain_incoming(loop);
+	while ((t = loop->taskq_head)) {
+		loop->taskq_head = t->next;
+		if (!t->next)
+			loop->taskq_tail = NULL;
+		t->fn(t); /* may free or re-post t */
+		progress = true;
+	}
+	while ((bh = loop->bhq_head)) {
+		unsigned old;
+
+		loop->bhq_head = bh->next;
+		if (!bh->next)
+			loop->bhq_tail = NULL;
+		/* acq_rel: acquire pairs with the release in ioc_bh_schedule()
+		 * (the callback sees the scheduler's writes); release lets a
+		 * schedule that sees PENDING clear re-push (bh->next no longer
+		 * read by us). */
+		old = atomic_fetch_and_explicit(&bh->flags,
+				~(BH_PENDING | BH_SCHEDULED),
+				memory_order_acq_rel);
+		if (old & BH_DELETED) {
+			free(bh);
+			continue;
+		}
+		if (!(old & BH_SCHEDULED))
+			continue; /* cancelled */
+		bh->cb(bh->opaque);
+		if (old & BH_ONESHOT)
+			free(bh);
+		progress = true;
+	}
+	return progress;
+}
+
+/* ---- ioc_loop_call ------------------------------------------------------ */
+
+struct loop_call {
+	struct ioc_task task;
+	int (*fn)(void *arg);
+	void *arg;
+	int ret;
+	atomic_int done;
+};
+
+static void loop_call_task(struct ioc_task *task)
+{
+	struct loop_call *c = ioc_container_of(task, struct loop_call, task);
+
+	c->ret = c->fn(c->arg);
+	/* Release: pairs with the acquire load in ioc_loop_call(); after
+	 * this store the caller may return and c may be gone.  FUTEX_WAKE
+	 * only uses the address, it never reads c. */
+	atomic_store_explicit(&c->done, 1, memory_order_release);
+	syscall(SYS_futex, &c->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+int ioc_loop_call(struct ioc_loop *loop, int (*fn)(void *arg), void *arg)
+{
+	struct loop_call c = { .task.fn = loop_call_task, .fn = fn, .arg = arg };
+
+	if (ioc_loop_in_thread(loop))
+		return fn(arg);
+	atomic_init(&c.done, 0);
+	ioc_loop_post(loop, &c.task);
+	/* Sleep/wake: we sleep only while done == 0 (FUTEX_WAIT checks it
+	 * atomically); the loop sets done before FUTEX_WAKE. */
+	while (!atomic_load_explicit(&c.done, memory_order_acquire))
+		syscall(SYS_futex, &c.done, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+	return c.ret;
+}
+
+/* ---- fd handlers --------------------------------------------------------- */
+
+static inline bool handler_disables_poll(const struct ioc_handler *h)
+{
+	return !h->internal && h->events && !h->io_poll;
+}
+
+void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev)
+{
+	h->revents |= rev;
+	if (h->on_ready)
+		return;
+	h->on_ready = true;
+	h->ready_next = NULL;
+	if (loop->ready_tail)
+		loop->ready_tail->ready_next = h;
+	else
+		loop->ready_head = h;
+	loop->ready_tail = h;
+}
+
+static void polled_add(struct ioc_loop *loop, struct ioc_handler *h)
+{
+	h->polled = true;
+	h->poll_prev = NULL;
+	h->poll_next = loop->polled;
+	if (loop->polled)
+		loop->polled->poll_prev = h;
+	loop->polled = h;
+	loop->npolled++;
+}
+
+static void polled_remove(struct ioc_loop *loop, struct ioc_handler *h)
+{
+	if (!h->polled)
+		return;
+	if (h->poll_prev)
+		h->poll_prev->poll_next = h->poll_next;
+	else
+		loop->polled = h->poll_next;
+	if (h->poll_next)
+		h->poll_next->poll_prev = h->poll_prev;
+	/* poll_next stays valid so a walk that is standing on h goes on. */
+	h->polled = false;
+	loop->npolled--;
+}
+
+static void handler_free_now(struct ioc_loop *loop, struct ioc_handler *h)
+{
+	(void)loop;
+	free(h);
+}
+
+/* Free dead handlers nobody can reference any more (outermost level). */
+static void reap_dead(struct ioc_loop *loop)
+{
+	struct ioc_handler **pp = &loop->dead;
+
+	while (*pp) {
+		struct ioc_handler *h = *pp;
+
+		if (h->backend_busy || h->on_ready) {
+			pp = &h->dead_next;
+			continue;
+		}
+		*pp = h->dead_next;
+		handler_free_now(loop, h);
+	}
+}
+
+void ioc__loop_handler_released(struct ioc_loop *loop, struct ioc_handler *h)
+{
+	h->backend_busy = false;
+	if (h->deleted && loop->depth == 0)
+		reap_dead(loop);
+}
+
+static int grow_fd_table(struct ioc_loop *loop, int fd)
+{
+	unsigned cap = loop->by_fd_cap ? loop->by_fd_cap : 64;
+	struct ioc_handler **t;
+
+	while (cap <= (unsigned)fd)
+		cap *= 2;
+	t = realloc(loop->by_fd, cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	memset(t + loop->by_fd_cap, 0, (cap - loop->by_fd_cap) * sizeof(*t));
+	loop->by_fd = t;
+	loop->by_fd_cap = cap;
+	return 0;
+}
+
+static int handler_remove(struct ioc_loop *loop, struct ioc_handler *h)
+{
+	uint32_t old = h->events;
+
+	if (handler_disables_poll(h))
+		loop->poll_disable_cnt--;
+	polled_remove(loop, h);
+	h->deleted = true;
+	h->events = 0;
+	if (old)
+		loop->ops->update(loop, h, old); /* removal cannot fail */
+	loop->by_fd[h->fd] = NULL;
+	loop->nhandlers--;
+	h->io_read = h->io_write = h->io_poll_ready = NULL;
+	h->io_poll = NULL;
+	h->on_dead = true;
+	h->dead_next = loop->dead;
+	loop->dead = h;
+	if (loop->depth == 0)
+		reap_dead(loop);
+	return 0;
+}
+
+static int set_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *io_read,
+		  ioc_fd_cb *io_write, ioc_poll_cb *io_poll,
+		  ioc_fd_cb *io_poll_ready, void *opaque, bool internal)
+{
+	struct ioc_handler *h, saved;
+	uint32_t old, events;
+	bool is_new = false;
+	int r;
+
+	if (fd < 0)
+		return -EBADF;
+	h = (unsigned)fd < loop->by_fd_cap ? loop->by_fd[fd] : NULL;
+	if (!io_read && !io_write && !io_poll)
+		return h ? handler_remove(loop, h) : 0;
+
+	events = (io_read ? POLLIN : 0) | (io_write ? POLLOUT : 0);
+	if (!h) {
+		if ((unsigned)fd >= loop->by_fd_cap) {
+			r = grow_fd_table(loop, fd);
+			if (r < 0)
+				return r;
+		}
+		h = calloc(1, sizeof(*h));
+		if (!h)
+			return -ENOMEM;
+		h->fd = fd;
+		h->pfd_idx = -1;
+		h->internal = internal;
+		is_new = true;
+	}
+	saved = *h;
+	if (!is_new && handler_disables_poll(h))
+		loop->poll_disable_cnt--;
+	old = is_new ? 0 : h->events;
+	h->io_read = io_read;
+	h->io_write = io_write;
+	h->io_poll = io_poll;
+	h->io_poll_ready = io_poll_ready;
+	h->opaque = opaque;
+	h->events = events;
+	if (events != old) {
+		r = loop->ops->update(loop, h, old);
+		if (r < 0) {
+			if (is_new) {
+				free(h);
+				return r;
+			}
+			*h = saved;
+			if (handler_disables_poll(h))
+				loop->poll_disable_cnt++;
+			return r;
+		}
+	}
+	if (handler_disables_poll(h))
+		loop->poll_disable_cnt++;
+	if (!io_poll)
+		polled_remove(loop, h);
+	if (is_new) {
+		loop->by_fd[fd] = h;
+		loop->nhandlers++;
+		/* A handler that only polls is active from the start. */
+		if (io_poll && !events) {
+			h->poll_idle_deadline = ioc_now_ns() + loop->poll_idle_ns;
+			polled_add(loop, h);
+		}
+	}
+	return 0;
+}
+
+int ioc_loop_set_fd(struct ioc_loop *loop, int fd,
+		    ioc_fd_cb *io_read, ioc_fd_cb *io_write,
+		    ioc_poll_cb *io_poll, ioc_fd_cb *io_poll_ready,
+		    void *opaque)
+{
+	return set_fd(loop, fd, io_read, io_write, io_poll, io_poll_ready,
+		      opaque, false);
+}
+
+/* Internal handler (wakeup eventfd, private ring): not counted as
+ * progress, does not disable polling, never polled. */
+int ioc__loop_set_internal_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *cb,
+			      void *opaque);
+int ioc__loop_set_internal_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *cb,
+			      void *opaque)
+{
+	int r = set_fd(loop, fd, cb, NULL, NULL, NULL, opaque, true);
+
+	if (r == 0 && cb)
+		loop->nhandlers--; /* stats count the user's handlers */
+	else if (r == 0)
+		loop->nhandlers++; /* removal decremented it */
+	return r;
+}
+
+/* Pop and run ready handlers until the queue is empty. */
+static bool dispatch_ready(struct ioc_loop *loop, int64_t now)
+{
+	struct ioc_handler *h;
+	bool progress = false;
+
+	while ((h = loop->ready_head)) {
+		uint32_t rev;
+
+		loop->ready_head = h->ready_next;
+		if (!h->ready_next)
+			loop->ready_tail = NULL;
+		h->on_ready = false;
+		rev = h->revents;
+		h->revents = 0;
+		if (h->deleted)
+			continue;
+		if (h->io_poll) {
+			/* Activity: (re)join the polled set. */
+			h->poll_idle_deadline = now + loop->poll_idle_ns;
+			if (!h->polled)
+				polled_add(loop, h);
+		}
+		if (rev & IOC_REV_POLLED) {
+			if (h->io_poll_ready)
+				h->io_poll_ready(h->opaque);
+			progress = true;
+			if (h->deleted)
+				continue;
+		}
+		if ((rev & IOC_REV_READ) && h->io_read) {
+			h->io_read(h->opaque);
+			if (!h->internal)
+				progress = true;
+			if (h->deleted)
+				continue;
+		}
+		if ((rev & IOC_REV_WRITE) && h->io_write) {
+			h->io_write(h->opaque);
+			progress = true;
+		}
+	}
+	return progress;
+}
+
+/* ---- adaptive polling ---------------------------------------------------- */
+
+static inline bool poll_allowed(struct ioc_loop *loop)
+{
+	return loop->poll_max_ns > 0 &&
+	       ((loop->ops->caps & IOC_FDMON_CAP_USERSPACE_POLL) ||
+		loop->poll_disable_cnt == 0);
+}
+
+/* Something for the loop that needs no syscall to see? */
+static inline bool userspace_ready(struct ioc_loop *loop)
+{
+	if (incoming_peek(loop) ||
+	    atomic_load_explicit(&loop->kicked, memory_order_relaxed))
+		return true;
+	return loop->ops->pending && loop->ops->pending(loop);
+}
+
+/*
+ * Spin until end calling the polled handlers' io_poll and peeking at the
+ * sources visible from userspace.  Returns true when something was found.
+ * Cost per round: O(polled set), independent of idle handlers.
+ */
+static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end)
+{
+	for (;;) {
+		bool found = false;
+		struct ioc_handler *h, *next;
+
+		for (h = loop->polled; h; h = next) {
+			next = h->poll_next;
+			if (h->io_poll(h->opaque)) {
+				h->poll_idle_deadline = *now + loop->poll_idle_ns;
+				ioc__loop_ready(loop, h, IOC_REV_POLLED);
+				found = true;
+			}
+		}
+		if (found || userspace_ready(loop))
+			return true;
+		*now = ioc_now_ns();
+		if (*now >= end)
+			return false;
+		cpu_relax();
+	}
+}
+
+/* Handlers idle past their deadline leave the polled set; O(polled). */
+static void remove_idle_poll_handlers(struct ioc_loop *loop, int64_t now)
+{
+	struct ioc_handler *h, *next;
+
+	for (h = loop->polled; h; h = next) {
+		next = h->poll_next;
+		if (now >= h->poll_idle_deadline && h->events)
+			polled_remove(loop, h);
+	}
+}
+
+/* QEMU's rule: keep poll_ns on a hit, shrink after long sleeps, grow
+ * after short ones (polling a bit longer would have caught them). */
+static void adjust_poll_ns(struct ioc_loop *loop, int64_t block_ns)
+{
+	int64_t p = loop->poll_ns;
+
+	if (block_ns <= p)
+		return;
+	if (block_ns > loop->poll_max_ns) {
+		p = loop->opts.poll_shrink ? p / loop->opts.poll_shrink : 0;
+	} else if (p < loop->poll_max_ns && block_ns < loop->poll_max_ns) {
+		p = p ? p * loop->opts.poll_grow : POLL_START_NS;
+		if (p > loop->poll_max_ns)
+			p = loop->poll_max_ns;
+	}
+	loop->poll_ns = p;
+}
+
+/* ---- the iteration -------------------------------------------------------- */
+
+bool ioc_loop_in_thread(struct ioc_loop *loop)
+{
+	/* Relaxed: only the running thread stores its own id. */
+	return atomic_load_explicit(&loop->owner, memory_order_relaxed) ==
+	       (uintptr_t)pthread_self();
+}
+
+struct ioc_loop *ioc_loop_current(void)
+{
+	return current_loop;
+}
+
+void ioc_loop_set_current(struct ioc_loop *loop)
+{
+	current_loop = loop;
+}
+
+/* Sleep in the backend, with the handshake of the essay. */
+static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
+{
+	int64_t timeout = -1;
+
+	if (loop->ops->flush)
+		loop->ops->flush(loop);
+	/* seq_cst store then seq_cst loads: pairs with the seq_cst push and
+	 * load in the producers (wake_if_sleeping()). */
+	atomic_store_explicit(&loop->sleeping, true, memory_order_seq_cst);
+	if (atomic_load_explicit(&loop->tasks, memory_order_seq_cst) ||
+	    atomic_load_explicit(&loop->bhs, memory_order_seq_cst) ||
+	    atomic_load_explicit(&loop->kicked, memory_order_seq_cst) ||
+	    atomic_load_explicit(&loop->stop, memory_order_seq_cst) ||
+	    loop->ready_head) {
+		timeout = 0;
+	} else if (deadline >= 0) {
+		timeout = deadline > now ? deadline - now : 0;
+	}
+	if (timeout != 0)
+		loop->blocking_waits++;
+	loop->ops->wait(loop, timeout);
+	/* Relaxed: only the loop sets it true; a producer's exchange to
+	 * false may race with this store and both write false. */
+	atomic_store_explicit(&loop->sleeping, false, memory_order_relaxed);
+}
+
+bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
+{
+	uintptr_t self = (uintptr_t)pthread_self();
+	bool progress = false;
+	int64_t now;
+
+	current_loop = loop;
+	/* Relaxed: read by ioc_loop_in_thread() for identity only. */
+	if (atomic_load_explicit(&loop->owner, memory_order_relaxed) != self)
+		atomic_store_explicit(&loop->owner, self, memory_order_relaxed);
+	if (!loop->ring_enabled && loop->has_ring)
+		ioc__uring_enable(loop);
+	loop->depth++;
+	loop->iterations++;
+	/* Consume notifies made before this point: this iteration is the
+	 * wakeup they asked for.  Acquire: pairs with ioc_loop_notify(). */
+	if (atomic_load_explicit(&loop->kicked, memory_order_relaxed))
+		atomic_exchange_explicit(&loop->kicked, false,
+					 memory_order_acquire);
+
+	now = ioc_now_ns();
+	progress |= run_incoming(loop);
+	progress |= dispatch_ready(loop, now);
+	ioc__timers_run(loop, &progress);
+
+	if (blocking && !progress &&
+	    !atomic_load_explicit(&loop->stop, memory_order_relaxed)) {
+		int64_t deadline = ioc__timers_deadline(loop);
+		int64_t start = ioc_now_ns();
+		bool found = false;
+
+		now = start;
+		if (poll_allowed(loop) && loop->poll_ns > 0) {
+			int64_t end = start + loop->poll_ns;
+
+			if (deadline >= 0 && deadline < end)
+				end = deadline;
+			found = run_poll_handlers(loop, &now, end);
+			if (found)
+				loop->poll_hits++;
+			else
+				loop->poll_misses++;
+		}
+		if (loop->npolled)
+			remove_idle_poll_handlers(loop, now);
+		if (found) {
+			if (loop->ops->pending ? loop->ops->pending(loop) :
+			    (loop->busy_iters++ % FD_CHECK_EVERY) == 0)
+				loop->ops->wait(loop, 0);
+		} else {
+			loop_wait(loop, deadline, now);
+			now = ioc_now_ns();
+			if (poll_allowed(loop))
+				adjust_poll_ns(loop, now - start);
+		}
+	} else if (!blocking ||
+		   (loop->ops->pending ? loop->ops->pending(loop) :
+		    (loop->busy_iters++ % FD_CHECK_EVERY) == 0)) {
+		loop->ops->wait(loop, 0);
+	}
+
+	now = ioc_now_ns();
+	progress |= dispatch_ready(loop, now);
+	progress |= run_incoming(loop);
+	ioc__timers_run(loop, &progress);
+	if (loop->ops->flush)
+		loop->ops->flush(loop);
+
+	if (--loop->depth == 0 && loop->dead)
+		reap_dead(loop);
+	return progress;
+}
+
+int ioc_loop_run(struct ioc_loop *loop)
+{
+	/* Acquire: pairs with the release store in ioc_loop_stop(). */
+	while (!atomic_load_explicit(&loop->stop, memory_order_acquire))
+		ioc_loop_poll(loop, true);
+	atomic_store_explicit(&loop->stop, false, memory_order_relaxed);
+	return 0;
+}
+
+/* ---- creation ------------------------------------------------------------ */
+
+static const struct ioc_fdmon_ops *const backends[] = {
+	[IOC_FDMON_POLL] = &ioc__fdmon_poll_ops,
+	[IOC_FDMON_EPOLL] = &ioc__fdmon_epoll_ops,
+	[IOC_FDMON_IO_URING] = &ioc__fdmon_uring_ops,
+};
+
+static enum ioc_fdmon fdmon_from_env(void)
+{
+	const char *s = getenv("IOC_FDMON");
+
+	if (!s)
+		return IOC_FDMON_AUTO;
+	if (!strcmp(s, "poll"))
+		return IOC_FDMON_POLL;
+	if (!strcmp(s, "epoll"))
+		return IOC_FDMON_EPOLL;
+	if (!strcmp(s, "io_uring") || !strcmp(s, "uring"))
+		return IOC_FDMON_IO_URING;
+	return IOC_FDMON_AUTO;
+}
+
+static int pick_backend(struct ioc_loop *loop, enum ioc_fdmon want)
+{
+	static const enum ioc_fdmon order[] = {
+		IOC_FDMON_IO_URING, IOC_FDMON_EPOLL, IOC_FDMON_POLL,
+	};
+	int r = -ENOSYS;
+
+	if (want != IOC_FDMON_AUTO) {
+		loop->ops = backends[want];
+		r = loop->ops->init(loop);
+		if (r < 0 && want == IOC_FDMON_IO_URING) {
+			loop->uring_denied = true;
+			loop->uring_error = r;
+		}
+		return r;
+	}
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(order); i++) {
+		loop->ops = backends[order[i]];
+		r = loop->ops->init(loop);
+		if (r == 0)
+			return 0;
+		if (order[i] == IOC_FDMON_IO_URING) {
+			loop->uring_denied = true;
+			loop->uring_error = r;
+		}
+	}
+	return r;
+}
+
+int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
+{
+	struct ioc_loop *loop;
+	enum ioc_fdmon want;
+	int r;
+
+	*out = NULL;
+	if (opts && (unsigned)opts->fdmon > IOC_FDMON_IO_URING)
+		return -EINVAL;
+	loop = aligned_alloc(IOC_CACHELINE,
+			     (sizeof(*loop) + IOC_CACHELINE - 1) &
+			     ~(size_t)(IOC_CACHELINE - 1));
+	if (!loop)
+		return -ENOMEM;
+	memset(loop, 0, sizeof(*loop));
+	atomic_init(&loop->tasks, NULL);
+	atomic_init(&loop->bhs, NULL);
+	atomic_init(&loop->sleeping, false);
+	atomic_init(&loop->kicked, false);
+	atomic_init(&loop->stop, false);
+	atomic_init(&loop->owner, (uintptr_t)pthread_self());
+	atomic_init(&loop->notifies, 0);
+	loop->wake_ring_fd = -1;
+	loop->epfd = -1;
+	if (opts)
+		loop->opts = *opts;
+	if (!loop->opts.poll_grow)
+		loop->opts.poll_grow = 2;
+	if (!loop->opts.poll_shrink)
+		loop->opts.poll_shrink = 2;
+	if (!loop->opts.uring_entries)
+		loop->opts.uring_entries = 256;
+	loop->poll_max_ns = loop->opts.poll_max_ns == 0 ? POLL_DEFAULT_MAX_NS :
+			    loop->opts.poll_max_ns < 0 ? 0 : loop->opts.poll_max_ns;
+	loop->poll_idle_ns = loop->opts.poll_idle_ns > 0 ?
+			     loop->opts.poll_idle_ns : POLL_IDLE_DEFAULT_NS;
+
+	loop->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (loop->wake_fd < 0) {
+		r = -errno;
+		free(loop);
+		return r;
+	}
+	want = loop->opts.fdmon;
+	if (want == IOC_FDMON_AUTO)
+		want = fdmon_from_env();
+	r = pick_backend(loop, want);
+	if (r < 0)
+		goto fail;
+	r = ioc__loop_set_internal_fd(loop, loop->wake_fd, ioc__loop_wake_read,
+				      loop);
+	if (r < 0) {
+		loop->ops->fini(loop);
+		goto fail;
+	}
+	loop->wake_h = loop->by_fd[loop->wake_fd];
+	if (!current_loop)
+		current_loop = loop;
+	*out = loop;
+	return 0;
+fail:
+	close(loop->wake_fd);
+	free(loop->by_fd);
+	free(loop);
+	return r;
+}
+
+void ioc_loop_free(struct ioc_loop *loop)
+{
+	struct ioc_bh *bh, *next;
+
+	if (!loop)
+		return;
+	assert(loop->depth == 0);
+	for (int i = IOC_LOOP_EXT_MAX - 1; i >= 0; i--) {
+		struct ioc_loop_ext_slot *s = &loop->ext[i];
+
+		if (s->free_fn && s->ptr)
+			s->free_fn(s->ptr);
+		s->ptr = NULL;
+		s->free_fn = NULL;
+	}
+	ioc__timers_cancel_all(loop);
+	ioc__uring_private_fini(loop);
+
+	/* Handlers: remove all (the user's fds stay open). */
+	for (unsigned fd = 0; fd < loop->by_fd_cap; fd++)
+		if (loop->by_fd[fd])
+			handler_remove(loop, loop->by_fd[fd]);
+	loop->ready_head = loop->ready_tail = NULL;
+	loop->ops->fini(loop);
+	while (loop->dead) {
+		struct ioc_handler *h = loop->dead;
+
+		loop->dead = h->dead_next;
+		free(h);
+	}
+
+	/* Pending BHs: free the ones the loop owns (deleted, one-shot). */
+	drain_incoming(loop);
+	for (bh = loop->bhq_head; bh; bh = next) {
+		/* Relaxed: no other thread may touch a BH of a dying loop. */
+		unsigned f = atomic_load_explicit(&bh->flags,
+						  memory_order_relaxed);
+
+		next = bh->next;
+		if (f & (BH_DELETED | BH_ONESHOT))
+			free(bh);
+		else
+			atomic_store_explicit(&bh->flags, 0,
+					      memory_order_relaxed);
+	}
+	close(loop->wake_fd);
+	free(loop->by_fd);
+	if (current_loop == loop)
+		current_loop = NULL;
+	free(loop);
+}
+
+/* ---- extensions and stats ---------------------------------------------- */
+
+void *ioc_loop_get_ext(struct ioc_loop *loop, enum ioc_loop_ext which)
+{
+	assert((unsigned)which < IOC_LOOP_EXT_MAX);
+	return loop->ext[which].ptr;
+}
+
+void ioc_loop_set_ext(struct ioc_loop *loop, enum ioc_loop_ext which,
+		      void *ptr, void (*free_fn)(void *ptr))
+{
+	assert((unsigned)which < IOC_LOOP_EXT_MAX);
+	loop->ext[which].ptr = ptr;
+	loop->ext[which].free_fn = free_fn;
+}
+
+void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->backend = loop->ops->name;
+	st->uring_denied = loop->uring_denied;
+	st->uring_error = loop->uring_error;
+	st->iterations = loop->iterations;
+	st->blocking_waits = loop->blocking_waits;
+	st->poll_hits = loop->poll_hits;
+	st->poll_misses = loop->poll_misses;
+	/* Relaxed: a statistic. */
+	st->notifies = atomic_load_explicit(&loop->notifies,
+					    memory_order_relaxed);
+	st->handlers = loop->nhandlers;
+	st->polled_handlers = loop->npolled;
+	st->poll_ns = loop->poll_ns;
+	st->has_uring = loop->has_ring;
+	st->uring_private = loop->has_ring && loop->ring_private;
+}
