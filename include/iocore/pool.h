@@ -22,7 +22,30 @@ struct ioc_pool_opts {
 	unsigned min_threads;      /* kept even when idle; default 0 */
 	unsigned max_threads;      /* default 64 */
 	unsigned idle_timeout_ms;  /* idle workers above min exit; default 10000 */
-	const char *name;          /* worker name prefix; default "ioc-pool" */
+	const char *name;          /* worker name prefix; default "ioc-pool"
+	                            * (cut to 10 bytes: "<name>-<n>" fits the
+	                            * kernel's 15) */
+	/* Idle workers spin this long (adaptively, up to this bound) before
+	 * sleeping.  0 = default (50000); negative disables spinning. */
+	int64_t spin_max_ns;
+	/* At most this many workers spin at once; 0 = default (online CPUs
+	 * minus one, at least one). */
+	unsigned max_spinners;
+	uint32_t flags;            /* IOC_POOL_* below; default 0 */
+};
+
+/* Ablation switches, for measuring each design step (bench/pool).  Not for
+ * production use. */
+enum {
+	/* Hand each submission to the workers at once instead of gathering
+	 * the submissions of one loop iteration. */
+	IOC_POOL_NO_SUBMIT_BATCH = 1u << 0,
+	/* Post one loop task per completion instead of batching them.  With
+	 * this flag ioc_pool_free() requires that no completion is pending. */
+	IOC_POOL_NO_COMPLETE_BATCH = 1u << 1,
+	/* Signal a sleeping worker for every job even when a spinning worker
+	 * could take it (QEMU's behaviour). */
+	IOC_POOL_WAKE_ALWAYS = 1u << 2,
 };
 
 /* Runs on a worker thread.  Returns a result, by convention >= 0 or -errno. */
@@ -30,9 +53,13 @@ typedef int64_t ioc_pool_fn(void *arg);
 /* Runs on the submitting loop with fn's result, or -ECANCELED. */
 typedef void ioc_pool_done_cb(void *opaque, int64_t ret);
 
+struct ioc_pool_port;
+
 /* Embedded request: valid from submit until done returns.  Private. */
 struct ioc_pool_req {
 	struct ioc_pool_req *next;
+	struct ioc_pool_req *prev;
+	struct ioc_pool_port *port;
 	struct ioc_task task;
 	struct ioc_loop *loop;
 	ioc_pool_fn *fn;
@@ -46,24 +73,34 @@ struct ioc_pool_req {
 int ioc_pool_new(struct ioc_pool **out, const struct ioc_pool_opts *opts);
 /* Completes (or cancels with -ECANCELED) every request, joins every
  * thread.  Call from a thread that can still run the loops whose
- * requests are in flight (it runs their completions itself if needed). */
+ * requests are in flight (it runs their completions itself if needed).
+ * Not from inside a done callback of this pool; not for the pool of
+ * ioc_pool_for_loop(), which ioc_loop_free() frees. */
 void ioc_pool_free(struct ioc_pool *pool);
 /* The pool of loop, created on first use with default options; freed with
  * the loop.  NULL only on -ENOMEM. */
 struct ioc_pool *ioc_pool_for_loop(struct ioc_loop *loop);
 
-/* Queue fn(arg); done(opaque, ret) runs on the current loop. */
+/* Queue fn(arg); done(opaque, ret) runs on the current loop (the calling
+ * thread must have one), never inside ioc_pool_submit() itself.  pool may be
+ * NULL: the current loop's pool.  Submissions made during one loop iteration
+ * reach the workers together at its end (or at the end of the completion
+ * batch that made them).  Loop thread. */
 void ioc_pool_submit(struct ioc_pool *pool, struct ioc_pool_req *req,
 		     ioc_pool_fn *fn, void *arg,
 		     ioc_pool_done_cb *done, void *opaque);
 /* Cancel a request that has not started: returns 0 and done will be
- * called with -ECANCELED; -EBUSY if it started or finished. */
+ * called with -ECANCELED; -EBUSY if it started or finished.  Call on the
+ * submitting loop's thread. */
 int ioc_pool_cancel(struct ioc_pool *pool, struct ioc_pool_req *req);
-/* Coroutine form: submit and yield until the result is back. */
+/* Coroutine form: submit and yield until the result is back.  pool may be
+ * NULL: the current loop's pool. */
 int64_t ioc_coroutine_fn ioc_pool_co_run(struct ioc_pool *pool,
 					 ioc_pool_fn *fn, void *arg);
 
-/* Change thread limits at run time.  Returns 0 or -EINVAL. */
+/* Change thread limits at run time (min <= max, max >= 1).  Workers above
+ * a lowered max exit once their current job is done.  Any thread.
+ * Returns 0 or -EINVAL (or -errno if starting new min threads failed). */
 int ioc_pool_set_limits(struct ioc_pool *pool, unsigned min_threads,
 			unsigned max_threads);
 

@@ -1,0 +1,49 @@
+#!/bin/sh
+# bench/pool/run.sh BUILD_DIR [--quick]
+# The thread pool against GLib's GThreadPool and libuv's uv_queue_work:
+# 4 KiB preadv at 64 in flight from one loop (image in /dev/shm) and empty
+# jobs, then the ablations of iocore's design steps.  One JSON row per line
+# on stdout; everything else on stderr.
+set -u
+BUILD=${1:?usage: bench/pool/run.sh BUILD_DIR [--quick]}
+QUICK=${2:-}
+BIN="$BUILD/bench/pool/bench-pool"
+SECS=3
+[ "$QUICK" = "--quick" ] && SECS=1.2
+THREADS=4   # libuv's default pool size; every implementation gets the same
+
+row_null() { # case params impl peer metric better error
+	printf '{"suite":"pool","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"%s","value":null,"better":"%s","cmd":"%s","error":"%s"}\n' \
+		"$1" "$2" "$3" "$4" "$5" "$6" "$BIN" "$7"
+}
+
+if [ ! -x "$BIN" ]; then
+	for impl in iocore glib-gthreadpool libuv; do
+		peer=true; [ $impl = iocore ] && peer=false
+		row_null preadv "bs=4096,depth=64,threads=$THREADS,file=/dev/shm" $impl $peer requests/s higher "bench-pool not built"
+		row_null empty "bs=0,depth=64,threads=$THREADS" $impl $peer ns/job lower "bench-pool not built"
+	done
+	exit 0
+fi
+
+DIR=/dev/shm
+[ -w "$DIR" ] || DIR=${TMPDIR:-/tmp}
+IMG=$(mktemp "$DIR/iocore-pool-bench.XXXXXX")
+trap 'rm -f "$IMG"' EXIT INT TERM
+# 64 MiB of data, fully in memory, so the reads measure the pool.
+dd if=/dev/urandom of="$IMG" bs=1M count=64 status=none
+
+run() {
+	"$BIN" "$@" 2>&1 >&3 | sed 's/^/bench-pool: /' >&2
+} 3>&1
+
+for impl in iocore glib libuv; do
+	run --impl $impl --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
+done
+for impl in iocore glib libuv; do
+	run --impl $impl --case empty --threads $THREADS --seconds $SECS
+done
+# One design step off at a time (bench-pool.c and src/pool/pool.c explain).
+for v in default no-submit-batch no-complete-batch wake-always no-spin qemu-like max64; do
+	run --impl iocore --variant $v --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
+done
