@@ -1,0 +1,256 @@
+/* iocore-zip against real tools: zstd, gzip, pigz, dd; file handling. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "tap.h"
+#include "iocore/common.h"
+#include "zip-test-util.h"
+
+static char tool[512];
+static const char *dir;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+	int st;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	st = system(cmd);
+	if (st == -1)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void need(const char *bin)
+{
+	if (sh("command -v %s >/dev/null 2>&1", bin) != 0)
+		IOC_SKIP("tool not installed");
+}
+
+static void setup(void)
+{
+	const char *root = getenv("IOC_BUILD_ROOT");
+
+	if (!tool[0]) {
+		snprintf(tool, sizeof(tool), "%s/tools/zip/iocore-zip", root ? root : ".");
+		dir = ioc_test_tmpdir();
+	}
+	if (access(tool, X_OK) != 0)
+		IOC_SKIP("iocore-zip not built");
+	ASSERT_EQ(sh("rm -rf %s/* %s/.[!.]* 2>/dev/null; true", dir, dir), 0);
+}
+
+static void make_file(const char *name, size_t n, int kind)
+{
+	char path[1024];
+	uint8_t *p = malloc(n ? n : 1);
+	FILE *f;
+
+	if (kind == 0)
+		zt_fill(p, n, n);
+	else
+		memset(p, 0, n);
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "wb");
+	ASSERT_NOT_NULL(f);
+	ASSERT_UEQ(fwrite(p, 1, n, f), n);
+	fclose(f);
+	free(p);
+}
+
+/* Only the expected files exist in dir (no temporaries left behind). */
+static int count_files(void)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	ASSERT_NOT_NULL(d);
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			n++;
+	closedir(d);
+	return n;
+}
+
+static void test_roundtrip_files(void)
+{
+	static const char *const flags[] = {
+		"-1", "-3 --block-size=64K", "-19 --block-size 256K", "-T1 -9",
+		"--format=gzip -1", "--format=gzip -6 --block-size=1M", "--format=gzip -9 -T3",
+	};
+
+	setup();
+	make_file("in", 3000000, 0);
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(flags); i++) {
+		ASSERT_EQ(sh("cd %s && %s -q -f %s in -o c && %s -q -d -f c -o out && cmp in out",
+			     dir, tool, flags[i], tool), 0);
+		ASSERT_EQ(sh("cd %s && %s -q -t c", dir, tool), 0);
+	}
+	/* Default names and --rm / -k. */
+	ASSERT_EQ(sh("cd %s && cp in x && %s -q x && test -f x && test -f x.zst", dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q --rm -f x && test ! -f x && test -f x.zst", dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -d x.zst && cmp in x", dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q --format=gzip x && test -f x.gz && rm x && %s -q -d x.gz"
+		     " && cmp in x", dir, tool, tool), 0);
+	/* An existing output is kept without -f. */
+	ASSERT_NE(sh("cd %s && %s -q x 2>/dev/null", dir, tool), 0);
+}
+
+static void test_empty_tiny_zero(void)
+{
+	static const size_t sizes[] = { 0, 1, 4096, 5000000 };
+
+	setup();
+	need("zstd");
+	need("gzip");
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++)
+		for (int kind = 0; kind < 2; kind++) {
+			make_file("in", sizes[i], kind);
+			ASSERT_EQ(sh("cd %s && %s -q -f in -o c && zstd -q -d -c c | cmp - in && "
+				     "%s -q -dc c | cmp - in", dir, tool, tool), 0);
+			ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip in -o g && gzip -dc g | cmp - in"
+				     " && %s -q -dc g | cmp - in", dir, tool, tool), 0);
+		}
+	/* All-zero data compresses to almost nothing. */
+	make_file("in", 5000000, 1);
+	ASSERT_EQ(sh("cd %s && %s -q -f in -o c && test $(stat -c %%s c) -lt 2000", dir, tool), 0);
+}
+
+static void test_stdin_stdout(void)
+{
+	setup();
+	make_file("in", 2000000, 0);
+	ASSERT_EQ(sh("cd %s && cat in | %s -q | %s -q -d | cmp - in", dir, tool, tool), 0);
+	ASSERT_EQ(sh("cd %s && cat in | %s -q --format=gzip - | %s -q -d - | cmp - in", dir, tool,
+		     tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -c in | %s -q -d -c | cmp - in", dir, tool, tool), 0);
+	/* From a pipe to a named file: still atomic. */
+	ASSERT_EQ(sh("cd %s && cat in | %s -q -o p.zst && %s -q -dc p.zst | cmp - in", dir, tool,
+		     tool), 0);
+}
+
+static void test_interop_zstd(void)
+{
+	setup();
+	need("zstd");
+	make_file("in", 6000000, 0);
+	/* Ours -> zstd. */
+	ASSERT_EQ(sh("cd %s && %s -q -f in -o c && zstd -q -t c && zstd -q -dc c | cmp - in",
+		     dir, tool), 0);
+	/* zstd (multithreaded, one frame with size) -> ours. */
+	ASSERT_EQ(sh("cd %s && zstd -q -T2 -f in -o z && %s -q -dc z | cmp - in", dir, tool), 0);
+	/* zstd from a pipe (no content size: streaming path) -> ours. */
+	ASSERT_EQ(sh("cd %s && cat in | zstd -q -c > zp && %s -q -dc zp | cmp - in", dir, tool),
+		  0);
+	/* Multi-frame foreign: two zstd frames concatenated, plus ours. */
+	ASSERT_EQ(sh("cd %s && %s -q -f in -o c && cat z zp c > multi && %s -q -dc multi > out && "
+		     "cat in in in | cmp - out", dir, tool, tool), 0);
+	/* zstd reads our file inside a concatenation too. */
+	ASSERT_EQ(sh("cd %s && zstd -q -dc multi | cmp - out", dir), 0);
+}
+
+static void test_interop_gzip(void)
+{
+	setup();
+	need("gzip");
+	make_file("in", 6000000, 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip in -o g && gzip -t g && gzip -dc g | cmp - in",
+		     dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && gzip -c in > gz && %s -q -dc gz | cmp - in", dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && cat gz g gz > gm && %s -q -dc gm > out && cat in in in | cmp - out",
+		     dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && gzip -dc gm | cmp - out", dir), 0);
+}
+
+static void test_interop_pigz(void)
+{
+	setup();
+	need("pigz");
+	make_file("in", 6000000, 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip in -o g && pigz -t g && pigz -dc g | cmp - in",
+		     dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && pigz -p2 -c in > pz && %s -q -dc pz | cmp - in", dir, tool), 0);
+}
+
+static void test_range_vs_dd(void)
+{
+	static const char *const ranges[][2] = {
+		{ "0", "1" }, { "0", "3000000" }, { "65535", "2" }, { "1000000", "1234567" },
+		{ "2999999", "100" }, { "131072", "65536" },
+	};
+
+	setup();
+	make_file("in", 3000000, 0);
+	for (int fmt = 0; fmt < 2; fmt++) {
+		ASSERT_EQ(sh("cd %s && %s -q -f --block-size=64K %s in -o c", dir, tool,
+			     fmt ? "--format=gzip" : ""), 0);
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(ranges); i++)
+			ASSERT_EQ(sh("cd %s && %s -q --range=%s:%s c > r && "
+				     "dd if=in of=d bs=1M iflag=skip_bytes,count_bytes skip=%s "
+				     "count=%s status=none && cmp r d",
+				     dir, tool, ranges[i][0], ranges[i][1], ranges[i][0],
+				     ranges[i][1]), 0);
+	}
+}
+
+static void test_list(void)
+{
+	setup();
+	make_file("in", 1000000, 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --block-size=64K in -o c && "
+		     "%s -l c | grep -q '16 frames, .* -> 1000000 bytes'", dir, tool, tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip --block-size=64K in -o g && "
+		     "%s -l g | grep -q '16 members'", dir, tool, tool), 0);
+}
+
+/* Bad input: non-zero exit, a message naming the offset, no output file
+ * (and no temporary) left behind. */
+static void test_hostile_no_partial_output(void)
+{
+	setup();
+	make_file("in", 3000000, 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f in -o c.zst && %s -q -f --format=gzip in -o g.gz && "
+		     "rm in", dir, tool, tool), 0);
+	ASSERT_EQ(count_files(), 2);
+	/* Truncated. */
+	ASSERT_EQ(sh("cd %s && head -c $(( $(stat -c %%s c.zst) / 2 )) c.zst > t.zst", dir), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -d t.zst 2> err; test $? -ne 0 && grep -q offset err && "
+		     "test ! -e t", dir, tool), 0);
+	/* Corrupt in the middle. */
+	ASSERT_EQ(sh("cd %s && cp g.gz b.gz && printf 'XXXX' | dd of=b.gz bs=1 seek=$(( $(stat -c %%s b.gz) / 2 )) "
+		     "conv=notrunc status=none", dir), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -d b.gz 2> err; test $? -ne 0 && grep -q offset err && "
+		     "test ! -e b", dir, tool), 0);
+	/* Garbage. */
+	ASSERT_EQ(sh("cd %s && head -c 100000 /dev/urandom > junk.zst && %s -q -d junk.zst 2>err;"
+		     " test $? -ne 0 && grep -q 'offset 0' err && test ! -e junk", dir, tool), 0);
+	/* -t fails on the same inputs. */
+	ASSERT_NE(sh("cd %s && %s -q -t t.zst 2>/dev/null", dir, tool), 0);
+	ASSERT_NE(sh("cd %s && %s -q -t b.gz 2>/dev/null", dir, tool), 0);
+	/* Bad seek table: range extraction refuses with an offset. */
+	ASSERT_EQ(sh("cd %s && cp c.zst s.zst && printf '\\377\\377\\377\\177' | dd of=s.zst bs=1 "
+		     "seek=$(( $(stat -c %%s s.zst) - 9 )) conv=notrunc status=none", dir), 0);
+	ASSERT_EQ(sh("cd %s && %s -q --range=0:10 s.zst > r 2> err; test $? -ne 0 && "
+		     "grep -q offset err", dir, tool), 0);
+	/* Only the inputs and the files the shell made remain: no temporaries. */
+	ASSERT_EQ(sh("cd %s && ls -a | grep -c iocore-zip | grep -q '^0$'", dir), 0);
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_roundtrip_files),
+	IOC_TEST(test_empty_tiny_zero),
+	IOC_TEST(test_stdin_stdout),
+	IOC_TEST(test_interop_zstd),
+	IOC_TEST(test_interop_gzip),
+	IOC_TEST(test_interop_pigz),
+	IOC_TEST(test_range_vs_dd),
+	IOC_TEST(test_list),
+	IOC_TEST(test_hostile_no_partial_output),
+)
