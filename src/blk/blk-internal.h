@@ -61,6 +61,7 @@ struct ioc_blk {
 	uint32_t mem_align;          /* buffer alignment for O_DIRECT, else 1 */
 	uint32_t req_align;          /* offset/length alignment, else 1 */
 	uint32_t opt_align;
+	uint32_t dev_align;          /* logical block size of a device, else 1 */
 	_Atomic uint64_t size;       /* written by truncate; relaxed */
 	_Atomic unsigned caps;       /* BLK_CAP_*; relaxed */
 	_Atomic int fp_credit;       /* fast-path misses left before it backs off */

@@ -239,7 +239,36 @@ static int write_zero_bytes(struct ioc_blk *blk, uint64_t off, uint64_t len)
 	return ret;
 }
 
+static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
+			     uint32_t flags);
+
+/*
+ * A device only takes fallocate/ioctls on whole logical blocks: the partial
+ * head and tail get their zeroes written, the middle takes the fast way.
+ */
 static int do_zeroes(struct ioc_blk *blk, uint64_t off, uint64_t len, uint32_t flags)
+{
+	uint64_t al = blk->dev_align, end = off + len;
+	uint64_t m0 = align_up(off, al), m1 = align_down(end, al);
+	int ret;
+
+	if (al <= 1 || (off % al == 0 && len % al == 0))
+		return do_zeroes_aligned(blk, off, len, flags);
+	if (m0 >= m1)
+		return (flags & IOC_BLK_NO_FALLBACK) ? -ENOTSUP :
+			write_zero_bytes(blk, off, len);
+	if (flags & IOC_BLK_NO_FALLBACK)
+		return -ENOTSUP;
+	ret = write_zero_bytes(blk, off, m0 - off);
+	if (ret == 0 && end > m1)
+		ret = write_zero_bytes(blk, m1, end - m1);
+	if (ret == 0)
+		ret = do_zeroes_aligned(blk, m0, m1 - m0, flags);
+	return ret;
+}
+
+static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
+			     uint32_t flags)
 {
 	unsigned caps = caps_of(blk);
 
@@ -295,9 +324,12 @@ static int do_zeroes(struct ioc_blk *blk, uint64_t off, uint64_t len, uint32_t f
 static int do_discard(struct ioc_blk *blk, uint64_t off, uint64_t len)
 {
 	if (blk->is_blockdev) {
-		uint64_t range[2] = { off, len };
+		/* Only whole logical blocks; the partial ends are left. */
+		uint64_t m0 = align_up(off, blk->dev_align);
+		uint64_t m1 = align_down(off + len, blk->dev_align);
+		uint64_t range[2] = { m0, m1 - m0 };
 
-		if (ioctl(blk->fd, BLKDISCARD, range) == 0)
+		if (m0 >= m1 || ioctl(blk->fd, BLKDISCARD, range) == 0)
 			return 0;
 	} else if (caps_of(blk) & BLK_CAP_PUNCH) {
 		if (fallocate(blk->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,

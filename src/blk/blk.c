@@ -237,7 +237,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 
 	if (blk->driver == IOC_BLK_DRIVER_NULL) {
 		atomic_init(&blk->size, opts->null_size);
-		blk->mem_align = blk->req_align = 1;
+		blk->mem_align = blk->req_align = blk->dev_align = 1;
 		blk->opt_align = 4096;
 		blk->fast_path = false;
 		*out = blk;
@@ -268,7 +268,11 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 		uint64_t sz = 0;
 		unsigned int io_opt = 0;
 
+		int ssz = 0;
+
 		blk->is_blockdev = true;
+		blk->dev_align = ioctl(blk->fd, BLKSSZGET, &ssz) == 0 && ssz > 0 ?
+			(uint32_t)ssz : 512;
 		if (ioctl(blk->fd, BLKGETSIZE64, &sz) < 0) {
 			ret = -errno;
 			goto fail;
@@ -277,6 +281,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 		if (ioctl(blk->fd, BLKIOOPT, &io_opt) == 0 && io_opt)
 			blk->opt_align = io_opt;
 	} else if (S_ISREG(st.st_mode)) {
+		blk->dev_align = 1;
 		atomic_init(&blk->size, (uint64_t)st.st_size);
 	} else {
 		ret = -EINVAL;
