@@ -1,0 +1,84 @@
+/*
+ * iocore NBD server: serves block-layer images over the NBD protocol
+ * (NetworkBlockDevice/nbd doc/proto.md, fixed newstyle, structured replies,
+ * extended headers, base:allocation).
+ *
+ * A server owns N I/O threads (each running one loop); listening sockets
+ * are watched on the loop of the thread that starts the server, and each
+ * accepted connection lives on one I/O thread for its whole life, with one
+ * coroutine per request.  Call every function from the thread that created
+ * the server (its "main" loop), unless it says otherwise.  All results are
+ * 0 (or a count / fd) or -errno.
+ */
+#ifndef IOCORE_NBD_H
+#define IOCORE_NBD_H
+
+#include "iocore/common.h"
+#include "iocore/loop.h"
+#include "iocore/blk.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ioc_nbd_server;
+
+typedef void ioc_nbd_log_fn(void *opaque, const char *msg);
+
+struct ioc_nbd_server_opts {
+	unsigned iothreads;           /* I/O threads; 0 = number of CPUs */
+	unsigned max_connections;     /* 0 = unlimited; extra ones are closed */
+	unsigned max_inflight;        /* requests in flight per connection; 0 = 128 */
+	int64_t handshake_timeout_ns; /* 0 = 10 s; negative = none */
+	ioc_nbd_log_fn *log;          /* per-connection logs; NULL = silent */
+	void *log_opaque;
+	struct ioc_loop_opts loop;    /* options of each I/O thread's loop */
+};
+
+struct ioc_nbd_export_opts {
+	const char *name;             /* NULL or "" = the default export */
+	const char *description;      /* NULL = none */
+	struct ioc_blk *blk;          /* served; not owned by the server */
+	bool read_only;               /* refuse writes even if blk is writable */
+};
+
+/* Create a server (no thread started yet). */
+int ioc_nbd_server_new(struct ioc_nbd_server **out,
+		       const struct ioc_nbd_server_opts *opts);
+/* Add an export; before ioc_nbd_server_start(). */
+int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
+			      const struct ioc_nbd_export_opts *opts);
+/* Serve a listening socket (the server closes it).  Before start. */
+int ioc_nbd_server_add_listener(struct ioc_nbd_server *srv, int fd);
+/* Start the I/O threads and watch the listeners on the calling thread's
+ * current loop (which the caller then runs). */
+int ioc_nbd_server_start(struct ioc_nbd_server *srv);
+/*
+ * Graceful stop: stop accepting; let every connection finish the requests
+ * it has received (connections still in the handshake are closed), send
+ * their replies and close; then flush every export.  Runs the calling
+ * thread's loop until done.  Returns 0 or the first flush error.
+ */
+int ioc_nbd_server_stop(struct ioc_nbd_server *srv);
+/* Free a stopped (or never started) server. */
+void ioc_nbd_server_free(struct ioc_nbd_server *srv);
+
+struct ioc_nbd_server_stats {
+	uint64_t accepted;      /* connections accepted */
+	uint64_t refused;       /* closed at once: --max-connections */
+	uint64_t connections;   /* open now */
+	uint64_t requests;      /* transmission requests served */
+};
+/* Any thread. */
+void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
+			      struct ioc_nbd_server_stats *st);
+
+/* Listening sockets (non-blocking, close-on-exec).  Return the fd or -errno. */
+int ioc_nbd_listen_unix(const char *path);
+int ioc_nbd_listen_tcp(const char *host, const char *port);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IOCORE_NBD_H */

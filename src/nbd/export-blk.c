@@ -1,0 +1,134 @@
+/*
+ * The block-layer backend of an export: each NBD operation is one
+ * coroutine call into the block layer, which runs it on the calling I/O
+ * thread's loop (its io_uring, or its thread pool).  Nothing here is
+ * shared between I/O threads except the immutable struct ioc_blk.
+ *
+ * CAN_MULTI_CONN is advertised: the server keeps no cache of its own, and
+ * a flush is an fdatasync of the one file every connection writes to, so
+ * a flush on one connection covers writes completed on all of them.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "iocore/blk.h"
+#include "nbd-server.h"
+
+static int ioc_coroutine_fn be_pread(void *be, uint64_t off, void *buf, size_t len)
+{
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+
+	return ioc_blk_co_preadv(be, off, &iov, 1, 0);
+}
+
+static int ioc_coroutine_fn be_pwrite(void *be, uint64_t off, const void *buf,
+				      size_t len, uint32_t flags)
+{
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+
+	return ioc_blk_co_pwritev(be, off, &iov, 1,
+				  (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
+}
+
+static int ioc_coroutine_fn be_flush(void *be)
+{
+	return ioc_blk_co_flush(be, 0);
+}
+
+static int ioc_coroutine_fn be_trim(void *be, uint64_t off, uint64_t len,
+				    uint32_t flags)
+{
+	return ioc_blk_co_discard(be, off, len, 0);
+}
+
+static int ioc_coroutine_fn be_zero(void *be, uint64_t off, uint64_t len,
+				    uint32_t flags)
+{
+	uint32_t f = 0;
+
+	if (flags & IOC_NBD_BE_FUA)
+		f |= IOC_BLK_FUA;
+	if (flags & IOC_NBD_BE_MAY_TRIM)
+		f |= IOC_BLK_MAY_UNMAP;
+	if (flags & IOC_NBD_BE_FAST_ONLY)
+		f |= IOC_BLK_NO_FALLBACK;
+	return ioc_blk_co_write_zeroes(be, off, len, f);
+}
+
+static int ioc_coroutine_fn be_block_status(void *be, uint64_t off, uint64_t len,
+					    uint64_t *pnum)
+{
+	int st = ioc_blk_co_block_status(be, off, len, pnum, 0);
+
+	if (st == -ENOTSUP || st == -EOPNOTSUPP) {
+		*pnum = len; /* unknown: "allocated", which is always safe */
+		return 0;
+	}
+	if (st < 0)
+		return st;
+	return ((st & IOC_BLK_STATUS_DATA) ? 0 : NBD_STATE_HOLE) |
+	       ((st & IOC_BLK_STATUS_ZERO) ? NBD_STATE_ZERO : 0);
+}
+
+static const struct ioc__nbd_backend_ops blk_ops = {
+	.pread = be_pread,
+	.pwrite = be_pwrite,
+	.flush = be_flush,
+	.trim = be_trim,
+	.zero = be_zero,
+	.block_status = be_block_status,
+	.cache = NULL, /* a hint: answered at once */
+};
+
+int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
+			    const struct ioc_nbd_export_opts *opts)
+{
+	struct ioc_blk_info info;
+	struct ioc__nbd_export *e;
+
+	if (!opts->blk)
+		return -EINVAL;
+	if (opts->name && strlen(opts->name) > IOC_NBD_MAX_STRING)
+		return -ENAMETOOLONG;
+	if (opts->description && strlen(opts->description) > IOC_NBD_MAX_STRING)
+		return -ENAMETOOLONG;
+	ioc_blk_get_info(opts->blk, &info);
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->name = strdup(opts->name ? opts->name : "");
+	e->description = opts->description ? strdup(opts->description) : NULL;
+	if (!e->name || (opts->description && !e->description)) {
+		ioc__nbd_blk_export_free(e);
+		return -ENOMEM;
+	}
+	e->size = info.size;
+	e->read_only = opts->read_only || info.read_only;
+	e->can_trim = info.can_discard;
+	e->can_zero = true; /* the block layer falls back to writing zeroes */
+	e->can_fast_zero = info.can_zero;
+	e->can_fua = true;  /* FUA is a write plus flush at worst */
+	e->can_cache = true;
+	e->can_block_status = true; /* without support: one "data" extent */
+	e->multi_conn = true;
+	/* The block layer bounces unaligned requests, so only clients that
+	 * negotiate block sizes are held to min_align. */
+	e->min_block = info.min_align > 1 ? info.min_align : 1;
+	e->pref_block = info.opt_align > 4096 ? info.opt_align : 4096;
+	if (e->pref_block > IOC_NBD_MAX_PAYLOAD)
+		e->pref_block = IOC_NBD_MAX_PAYLOAD;
+	e->max_block = IOC_NBD_MAX_PAYLOAD;
+	e->ops = &blk_ops;
+	e->be = opts->blk;
+	*out = e;
+	return 0;
+}
+
+void ioc__nbd_blk_export_free(struct ioc__nbd_export *e)
+{
+	if (!e)
+		return;
+	free(e->name);
+	free(e->description);
+	free(e);
+}

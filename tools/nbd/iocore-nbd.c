@@ -1,0 +1,312 @@
+/*
+ * iocore-nbd: serve a disk image over NBD (conventions of qemu-nbd and
+ * nbdkit).  Foreground by default; SIGINT/SIGTERM stop accepting, finish
+ * the requests already received, flush and exit 0.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ioc-config.h"
+#include "iocore/blk.h"
+#include "iocore/loop.h"
+#include "iocore/nbd.h"
+
+#define MAX_LISTEN 16
+
+static const char *prog = "iocore-nbd";
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"Usage: %s [options] IMAGE\n"
+"Serve IMAGE (a raw file or block device) over the NBD protocol.\n"
+"\n"
+"  -U, --unix PATH            listen on a Unix socket (only) at PATH\n"
+"  -p, --port N               TCP port (default 10809)\n"
+"  -b, --bind ADDR            TCP address (default 127.0.0.1)\n"
+"  -r, --read-only            refuse writes\n"
+"  -x, --export-name NAME     export name (default: the empty name)\n"
+"  -D, --description TEXT     export description\n"
+"      --iothreads N          I/O threads (default: number of CPUs)\n"
+"      --aio io_uring|threads block I/O engine (default: io_uring if available)\n"
+"      --cache writeback|none host page cache use (none = O_DIRECT)\n"
+"      --max-connections N    refuse connections beyond N (default: unlimited)\n"
+"      --handshake-timeout S  close clients that take longer (default 10)\n"
+"      --fork                 run in the background once listening\n"
+"      --pid-file PATH        write the server's pid to PATH\n"
+"  -v, --verbose              log connections to stderr\n"
+"  -h, --help                 this text\n"
+"  -V, --version              print the version\n"
+"\n"
+"Systemd socket activation (LISTEN_FDS/LISTEN_PID) replaces -U/-p/-b.\n"
+"Examples:\n"
+"  %s -U /tmp/nbd.sock disk.img   then: nbdinfo 'nbd+unix:///?socket=/tmp/nbd.sock'\n"
+"  %s disk.img                    then: qemu-img info nbd://127.0.0.1\n",
+		prog, prog, prog);
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "%s: ", prog);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static void log_stderr(void *opaque, const char *msg)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	fprintf(stderr, "%s[%ld.%03ld]: %s\n", prog, (long)ts.tv_sec,
+		ts.tv_nsec / 1000000, msg);
+}
+
+static unsigned long parse_num(const char *s, const char *what, unsigned long max)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+
+	if (errno || end == s || *end || v > max || s[0] == '-')
+		die("invalid %s: %s", what, s);
+	return v;
+}
+
+/* Systemd socket activation: fds 3.. when LISTEN_PID is us. */
+static int activation_fds(int *fds, int max)
+{
+	const char *pid = getenv("LISTEN_PID"), *n = getenv("LISTEN_FDS");
+
+	if (!pid || !n)
+		return 0;
+	if ((pid_t)parse_num(pid, "LISTEN_PID", 1ul << 30) != getpid())
+		return 0;
+	int count = (int)parse_num(n, "LISTEN_FDS", MAX_LISTEN);
+	for (int i = 0; i < count && i < max; i++) {
+		fds[i] = 3 + i;
+		fcntl(fds[i], F_SETFD, FD_CLOEXEC);
+	}
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	return count;
+}
+
+static void on_signal(void *opaque)
+{
+	int *sfd = opaque;
+	struct signalfd_siginfo si;
+
+	while (read(*sfd, &si, sizeof(si)) == sizeof(si))
+		;
+	ioc_loop_stop(ioc_loop_current());
+}
+
+int main(int argc, char **argv)
+{
+	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
+	       OPT_FORK, OPT_PIDFILE };
+	static const struct option longopts[] = {
+		{ "unix", required_argument, NULL, 'U' },
+		{ "port", required_argument, NULL, 'p' },
+		{ "bind", required_argument, NULL, 'b' },
+		{ "read-only", no_argument, NULL, 'r' },
+		{ "export-name", required_argument, NULL, 'x' },
+		{ "description", required_argument, NULL, 'D' },
+		{ "iothreads", required_argument, NULL, OPT_IOTHREADS },
+		{ "aio", required_argument, NULL, OPT_AIO },
+		{ "cache", required_argument, NULL, OPT_CACHE },
+		{ "max-connections", required_argument, NULL, OPT_MAXCONN },
+		{ "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
+		{ "fork", no_argument, NULL, OPT_FORK },
+		{ "pid-file", required_argument, NULL, OPT_PIDFILE },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *unix_path = NULL, *port = "10809", *bind_addr = "127.0.0.1";
+	const char *pid_file = NULL;
+	struct ioc_nbd_export_opts eo = { .name = "" };
+	struct ioc_nbd_server_opts so = { 0 };
+	struct ioc_blk_opts bo = { 0 };
+	bool do_fork = false, verbose = false;
+	int c, r;
+
+	while ((c = getopt_long(argc, argv, "U:p:b:rx:D:vhV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'U': unix_path = optarg; break;
+		case 'p': parse_num(optarg, "port", 65535); port = optarg; break;
+		case 'b': bind_addr = optarg; break;
+		case 'r': eo.read_only = bo.read_only = true; break;
+		case 'x': eo.name = optarg; break;
+		case 'D': eo.description = optarg; break;
+		case OPT_IOTHREADS:
+			so.iothreads = (unsigned)parse_num(optarg, "--iothreads", 256);
+			if (!so.iothreads)
+				die("--iothreads must be at least 1");
+			break;
+		case OPT_AIO:
+			if (strcmp(optarg, "io_uring") == 0)
+				bo.aio = IOC_BLK_AIO_IO_URING;
+			else if (strcmp(optarg, "threads") == 0)
+				bo.aio = IOC_BLK_AIO_THREADS;
+			else
+				die("--aio must be io_uring or threads");
+			break;
+		case OPT_CACHE:
+			if (strcmp(optarg, "writeback") == 0)
+				bo.cache = IOC_BLK_CACHE_WRITEBACK;
+			else if (strcmp(optarg, "none") == 0)
+				bo.cache = IOC_BLK_CACHE_NONE;
+			else
+				die("--cache must be writeback or none");
+			break;
+		case OPT_MAXCONN:
+			so.max_connections = (unsigned)parse_num(optarg, "--max-connections",
+								  1u << 30);
+			break;
+		case OPT_HSTIMEOUT: {
+			unsigned long s = parse_num(optarg, "--handshake-timeout", 86400);
+			so.handshake_timeout_ns = s ? (int64_t)s * 1000000000 : -1;
+			break;
+		}
+		case OPT_FORK: do_fork = true; break;
+		case OPT_PIDFILE: pid_file = optarg; break;
+		case 'v': verbose = true; break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
+		default: usage(stderr); return 1;
+		}
+	}
+	if (optind != argc - 1) {
+		usage(stderr);
+		return 1;
+	}
+	const char *image = argv[optind];
+
+	/* Signals: blocked before any thread exists, read through a signalfd. */
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGTERM);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	/* Listen first, so clients can connect as soon as we report ready. */
+	int lfds[MAX_LISTEN], nl = activation_fds(lfds, MAX_LISTEN);
+	if (nl == 0) {
+		if (unix_path)
+			lfds[0] = ioc_nbd_listen_unix(unix_path);
+		else
+			lfds[0] = ioc_nbd_listen_tcp(bind_addr, port);
+		if (lfds[0] < 0)
+			die("cannot listen on %s: %s",
+			    unix_path ? unix_path : bind_addr, strerror(-lfds[0]));
+		nl = 1;
+	}
+
+	int ready[2] = { -1, -1 };
+	if (do_fork) {
+		if (pipe2(ready, O_CLOEXEC) < 0)
+			die("pipe: %s", strerror(errno));
+		pid_t pid = fork();
+		if (pid < 0)
+			die("fork: %s", strerror(errno));
+		if (pid > 0) {
+			char b;
+			close(ready[1]);
+			/* Exit 0 only once the child serves. */
+			return read(ready[0], &b, 1) == 1 ? 0 : 1;
+		}
+		close(ready[0]);
+		setsid();
+	}
+
+	struct ioc_loop *loop;
+	if ((r = ioc_loop_new(&loop, NULL)) < 0)
+		die("event loop: %s", strerror(-r));
+	struct ioc_blk *blk;
+	if ((r = ioc_blk_open(&blk, image, &bo)) < 0)
+		die("cannot open %s: %s", image, strerror(-r));
+	eo.blk = blk;
+	if (verbose)
+		so.log = log_stderr;
+	struct ioc_nbd_server *srv;
+	if ((r = ioc_nbd_server_new(&srv, &so)) < 0 ||
+	    (r = ioc_nbd_server_add_export(srv, &eo)) < 0)
+		die("server: %s", strerror(-r));
+	for (int i = 0; i < nl; i++)
+		if ((r = ioc_nbd_server_add_listener(srv, lfds[i])) < 0)
+			die("listener: %s", strerror(-r));
+	if ((r = ioc_nbd_server_start(srv)) < 0)
+		die("start: %s", strerror(-r));
+
+	int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (sfd < 0 || ioc_loop_set_fd(loop, sfd, on_signal, NULL, NULL, NULL, &sfd) < 0)
+		die("signalfd: %s", strerror(errno));
+
+	if (pid_file) {
+		FILE *f = fopen(pid_file, "w");
+		if (!f)
+			die("cannot write %s: %s", pid_file, strerror(errno));
+		fprintf(f, "%d\n", (int)getpid());
+		fclose(f);
+	}
+	if (verbose) {
+		struct ioc_blk_info info;
+		ioc_blk_get_info(blk, &info);
+		fprintf(stderr, "%s: serving %s (%llu bytes, aio %s%s) on %s\n", prog,
+			image, (unsigned long long)info.size, info.aio,
+			eo.read_only ? ", read-only" : "",
+			unix_path ? unix_path : bind_addr);
+	}
+	if (do_fork) {
+		int devnull = open("/dev/null", O_RDWR);
+		if (devnull >= 0) {
+			dup2(devnull, 0);
+			dup2(devnull, 1);
+			if (!verbose)
+				dup2(devnull, 2);
+			close(devnull);
+		}
+		if (write(ready[1], "r", 1) != 1)
+			return 1;
+		close(ready[1]);
+	}
+
+	ioc_loop_run(loop);
+
+	if (verbose)
+		fprintf(stderr, "%s: stopping\n", prog);
+	ioc_loop_set_fd(loop, sfd, NULL, NULL, NULL, NULL, NULL);
+	close(sfd);
+	r = ioc_nbd_server_stop(srv);
+	if (r < 0)
+		fprintf(stderr, "%s: flush at exit: %s\n", prog, strerror(-r));
+	ioc_nbd_server_free(srv);
+	ioc_blk_close(blk);
+	ioc_loop_free(loop);
+	if (unix_path)
+		unlink(unix_path);
+	if (pid_file)
+		unlink(pid_file);
+	return r < 0 ? 1 : 0;
+}
