@@ -36,6 +36,8 @@ bool ioc_in_coroutine(void);
 /* True when co is entered: running, or waiting on a coroutine it entered.
  * False once it has yielded or terminated (QEMU's qemu_coroutine_entered). */
 bool ioc_co_entered(struct ioc_co *co);
+/* The guard page below co's stack (for tests and debuggers). */
+void ioc_co_get_guard(struct ioc_co *co, void **lo, size_t *len);
 
 /* Schedule co to be entered on its home loop.  Lock-free, allocates
  * nothing, any thread.  co must be yielded (or about to yield on the home
@@ -80,17 +82,19 @@ struct ioc_co_waiter;
 
 /* Fair mutex with a lock-free uncontended path; hands off across loops. */
 struct ioc_co_mutex {
-	int locked;                  /* private; atomic: holders + waiters */
+	int locked;                  /* private; atomic: holder + waiters */
 	struct ioc_co *holder;       /* private */
-	struct ioc_co_waiter *from_push, *to_pop; /* private */
-	unsigned handoff, sequence;  /* private */
+	struct ioc_co_waiter *from_push; /* private; atomic: arrivals, LIFO */
+	struct ioc_co_waiter *to_pop;    /* private: arrivals, FIFO */
 };
 void ioc_co_mutex_init(struct ioc_co_mutex *m);
 void ioc_coroutine_fn ioc_co_mutex_lock(struct ioc_co_mutex *m);
 void ioc_coroutine_fn ioc_co_mutex_unlock(struct ioc_co_mutex *m);
 
 /* A queue of waiting coroutines.  With a mutex, wait() drops it while
- * waiting and retakes it before returning (a condition variable). */
+ * waiting and retakes it before returning (a condition variable).  Not
+ * thread-safe by itself: callers serialise on that mutex (or use the queue
+ * from one thread only).  next/restart_all wake through ioc_co_wake(). */
 struct ioc_co_queue {
 	struct ioc_co_waiter *head, *tail; /* private */
 };
@@ -106,6 +110,7 @@ struct ioc_co_rwlock {
 	struct ioc_co_mutex mutex; /* private */
 	struct ioc_co_queue queue; /* private */
 	int readers;               /* private */
+	int pending_writers;       /* private: blocks new readers */
 	bool writer;               /* private */
 };
 void ioc_co_rwlock_init(struct ioc_co_rwlock *l);
@@ -115,8 +120,9 @@ void ioc_coroutine_fn ioc_co_rwlock_unlock(struct ioc_co_rwlock *l);
 
 /* An event (latch): set once, any thread; waiters resume; reset re-arms. */
 struct ioc_co_event {
-	int state;                 /* private; atomic */
-	struct ioc_co_waiter *waiters; /* private */
+	/* private; atomic: NULL (clear), a list of waiters (clear), or the
+	 * "set" marker */
+	struct ioc_co_waiter *head;
 };
 void ioc_co_event_init(struct ioc_co_event *e);
 void ioc_co_event_set(struct ioc_co_event *e);
@@ -132,6 +138,9 @@ struct ioc_co_pool_stats {
 	uint64_t freed;    /* stacks released to the kernel */
 	uint64_t pooled;   /* coroutines pooled now (all threads) */
 	uint64_t max_pooled; /* the global bound in force */
+	uint64_t reserved; /* slots reserved against the bound (>= pooled,
+			    * <= max_pooled at every instant; pooled is a
+			    * racy sum while threads run) */
 };
 void ioc_co_pool_get_stats(struct ioc_co_pool_stats *st);
 

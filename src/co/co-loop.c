@@ -1,0 +1,203 @@
+/*
+ * Coroutines on event loops: wake, move, sleep, wait for an fd, await a
+ * callback.
+ *
+ * Problem: a coroutine waits for things that finish on other threads (a
+ * worker's completion, a mutex released on another loop) and must resume on
+ * its own loop, exactly once, without locks or allocation on the way.
+ *
+ * Design.  Every coroutine embeds an ioc_task; ioc_co_wake() posts it to
+ * the coroutine's home loop (a lock-free Treiber push in the loop) and the
+ * task enters the coroutine there.  The one rule that makes this safe is
+ * the *home-thread invariant*: a coroutine that may be woken runs on its
+ * home loop's thread, so the loop cannot run the wake task before the
+ * coroutine has finished yielding -- the thread is busy running it.  A
+ * waker on another thread may therefore wake a coroutine that has published
+ * itself as a waiter but not yet switched out (the gap every sleep/wake
+ * handshake here has).
+ *
+ * ioc_co_move_to() keeps the invariant across a move: it must not post to
+ * the new loop while still running on the old one (the new thread could
+ * enter it mid-yield).  It posts its task to the *current* loop with a
+ * function that, running after the yield, sets the new home and wakes the
+ * coroutine there (QEMU's aio_co_reschedule_self does the same).
+ *
+ * ioc_co_await: state INIT -> WAITING (the coroutine, CAS, before it
+ * yields) or INIT -> DONE (the callback finished first, exchange).  Only
+ * the side that sees the other's mark acts: done() wakes only if it
+ * replaced WAITING; await() yields only if its CAS from INIT succeeded.  So
+ * the coroutine resumes exactly once, on its home loop, whichever order
+ * they run in and on whatever thread done() runs.
+ *
+ * Rejected: entering the coroutine directly from the waker (wrong thread,
+ * and it may still be running); a mutex+condvar per wait (allocates or
+ * blocks the loop).
+ */
+#include "co-int.h"
+
+#include <assert.h>
+#include <errno.h>
+
+static void wake_task_fn(struct ioc_task *t)
+{
+	struct ioc_co *co = ioc_container_of(t, struct ioc_co, wake_task);
+
+	assert(!co->entered && "woken coroutine still running");
+	ioc_co_enter(co);
+}
+
+void ioc_co_wake(struct ioc_co *co)
+{
+	assert(co->home && "ioc_co_wake() needs a home loop");
+	co->wake_task.fn = wake_task_fn;
+	/* The post is a release push; the loop's pop is its acquire, so
+	 * everything the waker wrote before is visible to the coroutine. */
+	ioc_loop_post(co->home, &co->wake_task);
+}
+
+struct ioc_loop *ioc_co_home(struct ioc_co *co)
+{
+	return co->home;
+}
+
+void ioc_co_set_home(struct ioc_co *co, struct ioc_loop *loop)
+{
+	assert(!co->entered);
+	co->home = loop;
+}
+
+static void move_task_fn(struct ioc_task *t)
+{
+	struct ioc_co *co = ioc_container_of(t, struct ioc_co, wake_task);
+
+	/* Runs on the old loop after the coroutine yielded. */
+	co->home = co->move_dest;
+	co->move_dest = NULL;
+	ioc_co_wake(co);
+}
+
+void ioc_coroutine_fn ioc_co_move_to(struct ioc_loop *loop)
+{
+	struct ioc_co *co = ioc_co_self();
+	struct ioc_loop *here = ioc_loop_current();
+
+	assert(co && "ioc_co_move_to() outside a coroutine");
+	if (loop == here) {
+		co->home = loop;
+		return;
+	}
+	assert(here && "ioc_co_move_to() from a thread without a loop");
+	co->move_dest = loop;
+	co->wake_task.fn = move_task_fn;
+	ioc_loop_post(here, &co->wake_task);
+	ioc_co_yield();
+}
+
+/* ---- sleep ---------------------------------------------------------------- */
+
+static void sleep_cb(void *opaque)
+{
+	ioc_co_enter(opaque);
+}
+
+void ioc_coroutine_fn ioc_co_sleep_ns(int64_t ns)
+{
+	struct ioc_co *co = ioc_co_self();
+	struct ioc_timer t;
+
+	assert(co && co->home);
+	ioc_timer_init(&t, co->home, sleep_cb, co);
+	ioc_timer_arm_in(&t, ns);
+	ioc_co_yield();
+}
+
+/* ---- wait for an fd ------------------------------------------------------- */
+
+struct fd_wait {
+	struct ioc_co *co;
+	struct ioc_loop *loop;
+	int fd;
+	int fired;
+};
+
+static void fd_fire(struct fd_wait *w, int ev)
+{
+	w->fired = ev;
+	/* Level-triggered: remove the handler before the coroutine runs so
+	 * it does not fire again (allowed from inside the handler). */
+	ioc_loop_set_fd(w->loop, w->fd, NULL, NULL, NULL, NULL, NULL);
+	ioc_co_enter(w->co);
+}
+
+static void fd_readable(void *opaque)
+{
+	fd_fire(opaque, IOC_CO_READ);
+}
+
+static void fd_writable(void *opaque)
+{
+	fd_fire(opaque, IOC_CO_WRITE);
+}
+
+int ioc_coroutine_fn ioc_co_wait_fd(int fd, int events)
+{
+	struct ioc_co *co = ioc_co_self();
+	struct fd_wait w = { .co = co, .fd = fd };
+	int ret;
+
+	assert(co && co->home);
+	if (!(events & (IOC_CO_READ | IOC_CO_WRITE)))
+		return -EINVAL;
+	w.loop = co->home;
+	ret = ioc_loop_set_fd(w.loop, fd,
+			      (events & IOC_CO_READ) ? fd_readable : NULL,
+			      (events & IOC_CO_WRITE) ? fd_writable : NULL,
+			      NULL, NULL, &w);
+	if (ret < 0)
+		return ret;
+	ioc_co_yield();
+	return w.fired;
+}
+
+/* ---- await ------------------------------------------------------------------ */
+
+enum { AW_INIT, AW_WAITING, AW_DONE };
+
+void ioc_co_await_init(struct ioc_co_await *aw)
+{
+	aw->co = ioc_co_self();
+	aw->result = 0;
+	__atomic_store_n(&aw->state, AW_INIT, __ATOMIC_RELAXED);
+}
+
+int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw)
+{
+	int expected = AW_INIT;
+
+	assert(aw->co == ioc_co_self());
+	/* Acquire on failure pairs with the release exchange in
+	 * ioc_co_await_done(): the result is visible when we skip the yield. */
+	if (__atomic_compare_exchange_n(&aw->state, &expected, AW_WAITING,
+					false, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE)) {
+		ioc_co_yield();
+		/* Woken by done(); the wake task's post/pop already orders
+		 * this, the acquire load states it. */
+		expected = __atomic_load_n(&aw->state, __ATOMIC_ACQUIRE);
+		assert(expected == AW_DONE);
+	}
+	return aw->result;
+}
+
+void ioc_co_await_done(struct ioc_co_await *aw, int64_t result)
+{
+	struct ioc_co *co = aw->co;	/* aw may die once state is DONE */
+
+	aw->result = result;
+	/* Release pairs with the acquires in ioc_co_await(); acquire pairs
+	 * with its CAS so we see WAITING only after the coroutine committed
+	 * to yielding. */
+	if (__atomic_exchange_n(&aw->state, AW_DONE, __ATOMIC_ACQ_REL) ==
+	    AW_WAITING)
+		ioc_co_wake(co);
+}

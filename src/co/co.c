@@ -1,0 +1,246 @@
+/*
+ * Coroutines: create, enter, yield, terminate.
+ *
+ * Problem: a request should read as straight-line code (submit, wait,
+ * continue) yet cost about as much as a callback.  Stackful coroutines
+ * give the former; this file keeps the switch itself near the floor of
+ * what the hardware allows.
+ *
+ * Design.  Entering saves the enterer's context in a local on its own
+ * stack and points co->ret at it; yielding and terminating switch back to
+ * co->ret.  So the enterer can be a thread or another coroutine (nesting),
+ * and no per-thread "leader" context is needed.  The thread-local
+ * "current coroutine" is only touched by ioc_co_enter(), before the switch
+ * and after it returns: the enterer always resumes on the thread it entered
+ * from (the coroutine yields back to it there), so the compiler may cache
+ * the TLS address across that switch.  Code that runs after a *yield*
+ * (which can resume on another thread) must not do that; it reads nothing
+ * thread-local (see ioc_co_yield()).
+ *
+ * A coroutine's first entry starts trampoline(), which loops forever:
+ * run fn, mark terminated, switch back.  The enterer sees "terminated" and
+ * releases the coroutine to the pool; the next ioc_co_create() that takes
+ * it from the pool sets a new fn and the next enter resumes the loop.  So
+ * reuse costs no context setup at all.
+ *
+ * Tools.  ASan must be told about every switch (start/finish_switch_fiber)
+ * or it reports false stack-buffer overflows and mis-tracks fake stacks;
+ * a terminating coroutine passes NULL so its fake stack is released.  The
+ * bounds of the enterer's stack come from finish_switch_fiber's "old"
+ * output, so threads need no bookkeeping.  TSan gets a fiber per coroutine
+ * and a switch_to_fiber before every switch (flag 0: the switch is a
+ * synchronisation point, which is what migrating between threads needs).
+ *
+ * Rejected: sigsetjmp/siglongjmp switching (QEMU's ucontext backend) --
+ * glibc's longjmp mangles pointers and checks shadow stacks, ~3x slower than
+ * a dedicated switch; a per-thread leader coroutine (QEMU) -- costs a TLS
+ * lookup in every yield and makes migration subtle.
+ *
+ * Cost: an enter/yield round trip is two switches plus a few stores; see
+ * bench/co (same order as Boost.Context's jump_fcontext).
+ */
+#include "co-int.h"
+
+#include <assert.h>
+#include <stdlib.h>
+
+#ifdef IOC_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef IOC_TSAN
+void *__tsan_get_current_fiber(void);
+void *__tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void *fiber);
+void __tsan_switch_to_fiber(void *fiber, unsigned flags);
+#endif
+
+#define IOC_TLS __thread __attribute__((tls_model("initial-exec")))
+
+static IOC_TLS struct ioc_co *tls_current;
+
+struct ioc_co *ioc_co_self(void)
+{
+	return tls_current;
+}
+
+bool ioc_in_coroutine(void)
+{
+	return tls_current != NULL;
+}
+
+bool ioc_co_entered(struct ioc_co *co)
+{
+	return co->entered;
+}
+
+/* ---- sanitizer hooks around a switch --------------------------------- */
+
+/* Before switching from the enterer into co. */
+static inline __attribute__((always_inline)) void hook_enter(struct ioc_co *co, void **fake)
+{
+#ifdef IOC_ASAN
+	__sanitizer_start_switch_fiber(fake, co->stack_lo, co->stack_size);
+#else
+	(void)fake;
+#endif
+#ifdef IOC_TSAN
+	co->tsan_caller_fiber = __tsan_get_current_fiber();
+	__tsan_switch_to_fiber(co->tsan_fiber, 0);
+#else
+	(void)co;
+#endif
+}
+
+/* In the enterer, once control came back. */
+static inline __attribute__((always_inline)) void hook_back_in_enterer(void *fake)
+{
+#ifdef IOC_ASAN
+	__sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#else
+	(void)fake;
+#endif
+}
+
+/* In co, once it is running (first start or resume after yield). */
+static inline __attribute__((always_inline)) void hook_running(struct ioc_co *co)
+{
+#ifdef IOC_ASAN
+	__sanitizer_finish_switch_fiber(co->asan_fake_stack,
+					&co->caller_stack_lo,
+					&co->caller_stack_size);
+#else
+	(void)co;
+#endif
+}
+
+/* In co, before switching back to the enterer.  A terminating coroutine
+ * passes no fake-stack slot, so ASan drops its fake frames. */
+static inline __attribute__((always_inline)) void hook_leave(struct ioc_co *co, bool terminating)
+{
+#ifdef IOC_ASAN
+	if (terminating)
+		co->asan_fake_stack = NULL;	/* resumes fresh when reused */
+	__sanitizer_start_switch_fiber(terminating ? NULL : &co->asan_fake_stack,
+				       co->caller_stack_lo,
+				       co->caller_stack_size);
+#else
+	(void)terminating;
+#endif
+#ifdef IOC_TSAN
+	__tsan_switch_to_fiber(co->tsan_caller_fiber, 0);
+#else
+	(void)co;
+#endif
+}
+
+/* ---- the coroutine side ---------------------------------------------- */
+
+static void __attribute__((noreturn)) trampoline(void *arg)
+{
+	struct ioc_co *co = arg;
+
+	for (;;) {
+		hook_running(co);
+		co->fn(co->opaque);
+		co->terminated = true;
+		co->entered = false;
+		hook_leave(co, true);
+		/* Resumes here when the pool hands co out again. */
+		ioc__co_ctx_switch(&co->ctx, co->ret, co);
+	}
+}
+
+#ifdef IOC_CO_BACKEND_UCONTEXT
+static void uc_start(unsigned hi, unsigned lo)
+{
+	struct ioc__co_ctx *ctx =
+		(struct ioc__co_ctx *)(((uintptr_t)hi << 32) | (uintptr_t)lo);
+
+	ctx->entry(ctx->arg);
+}
+
+void ioc__co_ctx_make(struct ioc__co_ctx *ctx, void *stack_lo, size_t size,
+		      ioc__co_entry_fn *entry)
+{
+	uintptr_t p = (uintptr_t)ctx;
+
+	getcontext(&ctx->uc);
+	ctx->uc.uc_stack.ss_sp = stack_lo;
+	ctx->uc.uc_stack.ss_size = size;
+	ctx->uc.uc_link = NULL;
+	ctx->entry = entry;
+	makecontext(&ctx->uc, (void (*)(void))uc_start, 2,
+		    (unsigned)(p >> 32), (unsigned)p);
+}
+#endif
+
+void ioc__co_init_context(struct ioc_co *co)
+{
+	ioc__co_ctx_make(&co->ctx, co->stack_lo, co->stack_size, trampoline);
+#ifdef IOC_TSAN
+	co->tsan_fiber = __tsan_create_fiber(0);
+#endif
+}
+
+void ioc__co_fini_context(struct ioc_co *co)
+{
+#ifdef IOC_TSAN
+	__tsan_destroy_fiber(co->tsan_fiber);
+#else
+	(void)co;
+#endif
+}
+
+/* ---- API --------------------------------------------------------------- */
+
+struct ioc_co *ioc_co_create(ioc_co_fn *fn, void *opaque)
+{
+	struct ioc_co *co = ioc__co_pool_get();
+
+	if (ioc_unlikely(!co))
+		return NULL;
+	co->fn = fn;
+	co->opaque = opaque;
+	co->home = ioc_loop_current();
+	return co;
+}
+
+void ioc_co_enter(struct ioc_co *co)
+{
+	struct ioc_co *prev = tls_current;
+	struct ioc__co_ctx here;
+	void *fake = NULL;
+
+	assert(!co->entered && "entering a running coroutine");
+	assert(!co->terminated);
+	co->entered = true;
+	co->caller = prev;
+	co->ret = &here;
+	tls_current = co;
+	hook_enter(co, &fake);
+	ioc__co_ctx_switch(&here, &co->ctx, co);
+	/* Back on the same thread: co yielded or terminated. */
+	hook_back_in_enterer(fake);
+	tls_current = prev;
+	if (co->terminated)
+		ioc__co_pool_put(co);
+}
+
+void ioc_coroutine_fn ioc_co_yield(void)
+{
+	struct ioc_co *co = tls_current;
+
+	assert(co && "ioc_co_yield() outside a coroutine");
+	co->entered = false;
+	hook_leave(co, false);
+	ioc__co_ctx_switch(&co->ctx, co->ret, co);
+	/* Possibly on another thread now: co is a local, nothing here reads
+	 * thread-local storage. */
+	hook_running(co);
+}
+
+void ioc_co_get_guard(struct ioc_co *co, void **lo, size_t *len)
+{
+	*lo = co->guard_lo;
+	*len = co->guard_size;
+}

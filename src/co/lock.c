@@ -1,0 +1,335 @@
+/*
+ * Coroutine locks: CoMutex, CoQueue, CoRwlock, event (latch).
+ *
+ * Waiting never blocks a thread: a waiter links a node on its own stack
+ * into the lock and yields; whoever releases wakes it with ioc_co_wake()
+ * (co-loop.c), which resumes it on its home loop, on whatever thread that
+ * is.  The home-thread invariant described in co-loop.c is what lets a
+ * waker on another thread wake a waiter that has published its node but
+ * not yet switched out.
+ *
+ * ---- CoMutex --------------------------------------------------------------
+ *
+ * Problem: coroutines on several loops (threads) share a lock.  It must be
+ * fair (FIFO), cost one atomic operation when uncontended, and never lose a
+ * wakeup when unlock and a new waiter race.
+ *
+ * State: `locked` counts the holder plus every waiter that has announced
+ * itself; arrivals push a node on `from_push` (a Treiber stack, any
+ * thread); `to_pop` is the same arrivals in FIFO order, owned by whoever
+ * holds the *pop right*.
+ *
+ * Lock: a CAS 0 -> 1 takes a free mutex (fast path: one CAS).  Otherwise
+ * the coroutine pushes its node FIRST and only then increments `locked`.
+ * If that increment found 0 the mutex was released meanwhile and this
+ * coroutine holds the pop right: it pops the oldest node and grants the
+ * mutex to its owner -- itself (return) or an earlier arrival (wake it,
+ * then yield until granted in turn).  If the increment found > 0 it yields
+ * until granted.
+ *
+ * Unlock: decrement.  From 1 to 0: nobody announced, done (fast path).
+ * Otherwise the unlocker holds the pop right and grants the oldest node.
+ *
+ * Why no wakeup is lost: a node is pushed before its owner's increment, and
+ * `locked` is only ever changed by RMWs, so whoever's RMW comes later in
+ * `locked`'s modification order (an unlocker that saw > 1, or an arrival
+ * that saw 0) sees every node whose increment came earlier.  An unlocker
+ * that sees > 1 therefore always finds a node: the holder's node was popped
+ * when it was granted, every other counted waiter's node is still queued.
+ * A node can be granted before its owner incremented (it was pushed,
+ * popped by someone else, and its owner is about to increment): the owner
+ * then sees > 0 (the granter is still counted), yields, and the wake that
+ * is already posted resumes it.
+ *
+ * Why the pop right is exclusive: it passes from unlocker to the woken
+ * holder (through the loop's release/acquire post) and, when `locked` hits
+ * 0, to the arrival whose increment reads that 0; those are all ordered by
+ * `locked`'s RMW chain, so `to_pop` needs no atomics.
+ *
+ * Fairness: FIFO among announced waiters.  The fast-path CAS can only
+ * succeed when `locked` is 0, i.e. before anyone announced.
+ *
+ * Rejected: QEMU's CoMutex (a lock-free queue plus a handoff/sequence
+ * protocol for the window between a waiter's increment and its push): we
+ * close that window by pushing first, which needs no handoff state; a
+ * spinlock around the queue (a preempted thread inside it stalls every
+ * loop).  Cost: uncontended lock+unlock = one CAS + one fetch_sub;
+ * contended: a push CAS, a fetch_add, an exchange per batch of arrivals
+ * and a loop post per handoff.
+ *
+ * ---- CoQueue, CoRwlock, event ------------------------------------------------
+ *
+ * CoQueue is a plain FIFO (callers serialise, normally with the mutex they
+ * pass to wait).  CoRwlock is a mutex, a queue and counts; a waiting writer
+ * blocks new readers so writers do not starve.  The event is one atomic
+ * word: NULL, a stack of waiter nodes, or SET; set() exchanges in SET and
+ * wakes the stack it took, wait() pushes with a CAS that fails if SET
+ * arrived -- so a waiter either sees SET or is in the stack set() takes.
+ */
+#include "co-int.h"
+
+#include <assert.h>
+
+struct ioc_co_waiter {
+	struct ioc_co_waiter *next;
+	struct ioc_co *co;
+};
+
+/* ---- CoMutex ---------------------------------------------------------------- */
+
+void ioc_co_mutex_init(struct ioc_co_mutex *m)
+{
+	*m = (struct ioc_co_mutex){ 0 };
+}
+
+static void push_arrival(struct ioc_co_mutex *m, struct ioc_co_waiter *w)
+{
+	struct ioc_co_waiter *head = __atomic_load_n(&m->from_push,
+						     __ATOMIC_RELAXED);
+
+	do {
+		w->next = head;
+		/* Release: publishes *w to pop_oldest()'s acquire exchange. */
+	} while (!__atomic_compare_exchange_n(&m->from_push, &head, w, true,
+					      __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+}
+
+/* Pop-right holder only. */
+static struct ioc_co_waiter *pop_oldest(struct ioc_co_mutex *m)
+{
+	struct ioc_co_waiter *w = m->to_pop;
+
+	if (!w) {
+		/* Acquire pairs with push_arrival()'s release CAS. */
+		struct ioc_co_waiter *l = __atomic_exchange_n(&m->from_push, NULL,
+							      __ATOMIC_ACQUIRE);
+
+		while (l) {		/* reverse: oldest first */
+			struct ioc_co_waiter *next = l->next;
+
+			l->next = w;
+			w = l;
+			l = next;
+		}
+	}
+	if (w)
+		m->to_pop = w->next;
+	return w;
+}
+
+/* Give the mutex to w's owner.  Read co before waking: w lives on the
+ * owner's stack and may be gone as soon as it runs. */
+static void grant(struct ioc_co_waiter *w)
+{
+	struct ioc_co *co = w->co;
+
+	ioc_co_wake(co);
+}
+
+void ioc_coroutine_fn ioc_co_mutex_lock(struct ioc_co_mutex *m)
+{
+	struct ioc_co *self = ioc_co_self();
+	struct ioc_co_waiter w = { .co = self };
+	int zero = 0;
+
+	assert(self && "ioc_co_mutex_lock() outside a coroutine");
+	/* Acquire pairs with the release fetch_sub in unlock. */
+	if (__atomic_compare_exchange_n(&m->locked, &zero, 1, false,
+					__ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+		m->holder = self;
+		return;
+	}
+	push_arrival(m, &w);
+	/* Acq_rel: orders our push before the increment (release) for the
+	 * unlocker that reads it, and makes the previous unlocker's writes
+	 * (to_pop) visible when we read 0 and take the pop right. */
+	if (__atomic_fetch_add(&m->locked, 1, __ATOMIC_ACQ_REL) == 0) {
+		struct ioc_co_waiter *first = pop_oldest(m);
+
+		assert(first);
+		if (first == &w) {
+			m->holder = self;
+			return;
+		}
+		grant(first);
+	}
+	ioc_co_yield();	/* until someone grants our node */
+	m->holder = self;
+}
+
+void ioc_coroutine_fn ioc_co_mutex_unlock(struct ioc_co_mutex *m)
+{
+	assert(m->holder == ioc_co_self() && "unlocking a mutex we do not hold");
+	m->holder = NULL;
+	/* Acq_rel: release our critical section to the next taker; acquire
+	 * the pushes of every waiter counted before us (see above). */
+	if (__atomic_fetch_sub(&m->locked, 1, __ATOMIC_ACQ_REL) == 1)
+		return;
+	struct ioc_co_waiter *w = pop_oldest(m);
+
+	assert(w && "a counted waiter must be queued");
+	grant(w);
+}
+
+/* ---- CoQueue -------------------------------------------------------------- */
+
+void ioc_co_queue_init(struct ioc_co_queue *q)
+{
+	q->head = q->tail = NULL;
+}
+
+void ioc_coroutine_fn ioc_co_queue_wait(struct ioc_co_queue *q,
+					struct ioc_co_mutex *m)
+{
+	struct ioc_co_waiter w = { .co = ioc_co_self() };
+
+	assert(w.co && "ioc_co_queue_wait() outside a coroutine");
+	if (q->tail)
+		q->tail->next = &w;
+	else
+		q->head = &w;
+	q->tail = &w;
+	if (m)
+		ioc_co_mutex_unlock(m);
+	ioc_co_yield();	/* woken by next()/restart_all() */
+	if (m)
+		ioc_co_mutex_lock(m);
+}
+
+bool ioc_co_queue_next(struct ioc_co_queue *q)
+{
+	struct ioc_co_waiter *w = q->head;
+
+	if (!w)
+		return false;
+	q->head = w->next;
+	if (!q->head)
+		q->tail = NULL;
+	grant(w);
+	return true;
+}
+
+void ioc_co_queue_restart_all(struct ioc_co_queue *q)
+{
+	while (ioc_co_queue_next(q))
+		;
+}
+
+bool ioc_co_queue_empty(const struct ioc_co_queue *q)
+{
+	return q->head == NULL;
+}
+
+/* ---- CoRwlock --------------------------------------------------------------- */
+
+void ioc_co_rwlock_init(struct ioc_co_rwlock *l)
+{
+	ioc_co_mutex_init(&l->mutex);
+	ioc_co_queue_init(&l->queue);
+	l->readers = 0;
+	l->pending_writers = 0;
+	l->writer = false;
+}
+
+void ioc_coroutine_fn ioc_co_rwlock_rdlock(struct ioc_co_rwlock *l)
+{
+	ioc_co_mutex_lock(&l->mutex);
+	while (l->writer || l->pending_writers)
+		ioc_co_queue_wait(&l->queue, &l->mutex);
+	l->readers++;
+	ioc_co_mutex_unlock(&l->mutex);
+}
+
+void ioc_coroutine_fn ioc_co_rwlock_wrlock(struct ioc_co_rwlock *l)
+{
+	ioc_co_mutex_lock(&l->mutex);
+	l->pending_writers++;
+	while (l->writer || l->readers)
+		ioc_co_queue_wait(&l->queue, &l->mutex);
+	l->pending_writers--;
+	l->writer = true;
+	ioc_co_mutex_unlock(&l->mutex);
+}
+
+void ioc_coroutine_fn ioc_co_rwlock_unlock(struct ioc_co_rwlock *l)
+{
+	ioc_co_mutex_lock(&l->mutex);
+	if (l->writer) {
+		l->writer = false;
+	} else {
+		assert(l->readers > 0);
+		l->readers--;
+	}
+	/* Everyone re-checks; O(waiters) per release, fine for the short
+	 * queues storage code has. */
+	if (!l->readers)
+		ioc_co_queue_restart_all(&l->queue);
+	ioc_co_mutex_unlock(&l->mutex);
+}
+
+/* ---- event ---------------------------------------------------------------------- */
+
+#define EVENT_SET ((struct ioc_co_waiter *)(uintptr_t)1)
+
+void ioc_co_event_init(struct ioc_co_event *e)
+{
+	__atomic_store_n(&e->head, NULL, __ATOMIC_RELAXED);
+}
+
+void ioc_co_event_set(struct ioc_co_event *e)
+{
+	/* Acq_rel: release what the setter wrote to the waiters that see
+	 * SET; acquire the nodes pushed by ioc_co_event_wait()'s CAS. */
+	struct ioc_co_waiter *l = __atomic_exchange_n(&e->head, EVENT_SET,
+						      __ATOMIC_ACQ_REL);
+	struct ioc_co_waiter *fifo = NULL;
+
+	if (l == EVENT_SET)
+		return;
+	while (l) {
+		struct ioc_co_waiter *next = l->next;
+
+		l->next = fifo;
+		fifo = l;
+		l = next;
+	}
+	while (fifo) {
+		struct ioc_co_waiter *next = fifo->next;
+
+		grant(fifo);
+		fifo = next;
+	}
+}
+
+void ioc_co_event_reset(struct ioc_co_event *e)
+{
+	struct ioc_co_waiter *set = EVENT_SET;
+
+	/* Only SET -> clear; waiters (if any) stay. */
+	__atomic_compare_exchange_n(&e->head, &set, NULL, false,
+				    __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+bool ioc_co_event_is_set(struct ioc_co_event *e)
+{
+	/* Acquire pairs with the exchange in ioc_co_event_set(). */
+	return __atomic_load_n(&e->head, __ATOMIC_ACQUIRE) == EVENT_SET;
+}
+
+void ioc_coroutine_fn ioc_co_event_wait(struct ioc_co_event *e)
+{
+	struct ioc_co_waiter w = { .co = ioc_co_self() };
+	/* Acquire pairs with the exchange in ioc_co_event_set(). */
+	struct ioc_co_waiter *head = __atomic_load_n(&e->head, __ATOMIC_ACQUIRE);
+
+	assert(w.co && "ioc_co_event_wait() outside a coroutine");
+	do {
+		if (head == EVENT_SET)
+			return;
+		w.next = head;
+		/* Release publishes w to set()'s exchange; acquire on failure
+		 * for the SET check above. */
+	} while (!__atomic_compare_exchange_n(&e->head, &head, &w, true,
+					      __ATOMIC_RELEASE, __ATOMIC_ACQUIRE));
+	ioc_co_yield();	/* until set() wakes us */
+}

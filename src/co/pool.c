@@ -1,0 +1,466 @@
+/*
+ * The coroutine pool (seed 000, improved).
+ *
+ * Problem: mapping a 1 MiB stack, installing its guard and building a
+ * first frame costs microseconds and two or three system calls, while a
+ * request's whole life in a coroutine should cost well under one.  Requests
+ * are often created on one thread (the one that read them off a socket) and
+ * finish on another (where a worker completed them), so a per-thread free
+ * list alone drains on one side and overflows on the other.
+ *
+ * Design:
+ *  - Each thread keeps a private free list of at most `batch` coroutines
+ *    (16 by default).  Create pops from it and terminate pushes to it with
+ *    plain loads and stores: no atomic read-modify-write, no fence.  The
+ *    list's length is an _Atomic read with relaxed order by the stats
+ *    reader only, written with relaxed stores (plain movs) by its owner.
+ *  - A terminate that finds the local list full moves the whole list, as
+ *    one unit, onto a global lock-free stack of batches and starts a new
+ *    list with the coroutine in hand.  A create that finds the local list
+ *    empty takes exactly one batch from the global stack (seed 000: taking
+ *    everything starves the other threads).  So a thread touches shared
+ *    memory once per `batch` operations, and after warm-up the
+ *    A-creates/B-terminates pattern recycles batches without ever mapping
+ *    a new stack.
+ *  - ABA.  The global stacks (full batches and free descriptors) are
+ *    Treiber stacks of *indices* into an array of batch descriptors that is
+ *    allocated once and never freed, with a 32-bit generation counter in
+ *    the upper half of the 64-bit top word.  Every successful push or pop
+ *    bumps the generation, so a pop that read (top, next) before another
+ *    thread popped and re-pushed the same descriptor fails its CAS; and
+ *    because descriptors are never freed, reading a stale descriptor's
+ *    `next` is harmless (it is an atomic, read relaxed).  An ABA needs a
+ *    thread preempted between its load and its CAS while exactly 2^32
+ *    other operations complete -- not a practical concern.  A pointer-based
+ *    Treiber stack of the batches themselves would read `next` from a
+ *    coroutine that another thread may already have unmapped, and a
+ *    128-bit CAS (cmpxchg16b) is not available everywhere without
+ *    libatomic locks.
+ *  - The bound.  Every stack is a VMA (two without MADV_GUARD_INSTALL), and
+ *    QEMU crashed with ENOMEM from mprotect once thousands of pooled stacks
+ *    exhausted vm.max_map_count.  So the default bound is a quarter of
+ *    max_map_count divided by the VMAs per stack, capped at 4096 (4096
+ *    pooled stacks that each touched 16 KiB hold 64 MiB).  The bound is
+ *    enforced exactly, without touching the fast path, by *reservations*:
+ *    a thread reserves `batch` slots of a global counter before its local
+ *    list may hold anything (a relaxed CAS on the slow path), a batch on
+ *    the global stack carries its reservation with it, and pooled <=
+ *    reserved <= max_pooled at every instant.  A terminate that cannot
+ *    reserve frees the stack.
+ *  - Thread exit: a pthread key destructor pushes a full local list as a
+ *    batch and frees a partial one, returning the reservation.
+ *
+ * Rejected: one global list under a mutex (the old QEMU pool: a lock per
+ * operation); a global counter per coroutine (an atomic RMW on every create
+ * and terminate); the seed's array of list heads indexed by an atomic top
+ * (its take races with a concurrent put into the same slot, so batches can
+ * merge and the bound drifts).
+ *
+ * Cost: fast path ~10 instructions each way; slow path two CASes on
+ * shared cache lines per `batch` coroutines.  A thread whose local list is
+ * reserved but empty holds `batch` slots of the bound without using them.
+ */
+#include "co-int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define IOC_TLS __thread __attribute__((tls_model("initial-exec")))
+
+enum {
+	DEFAULT_STACK_SIZE = 1 << 20,
+	DEFAULT_BATCH = 16,
+	DEFAULT_CAP = 4096,
+	MIN_STACK_SIZE = 16 << 10,
+	MAX_BATCH = 4096,
+};
+
+struct batch_desc {
+	_Atomic uint32_t next;	/* index + 1 of the next descriptor, 0 = end */
+	struct ioc_co *head;	/* owned by whoever popped the descriptor */
+};
+
+struct pool_tls {
+	struct ioc_co *head;
+	_Atomic unsigned count;	/* owner: relaxed store; stats: relaxed load */
+	unsigned cap;		/* reserved slots: 0 or batch */
+	bool registered;
+	bool dead;		/* after the key destructor: pool nothing */
+	_Atomic uint64_t created, reused, freed; /* same discipline as count */
+	struct pool_tls *reg_next, *reg_prev;
+};
+
+static struct {
+	pthread_once_t once;
+	pthread_mutex_t lock;	/* configuration, registry, retired counters */
+	bool started;
+	size_t stack_size;
+	unsigned batch;
+	uint64_t max_pooled;
+
+	struct batch_desc *descs;
+	uint32_t ndesc;
+	pthread_key_t key;
+	bool key_ok;
+
+	struct pool_tls *threads;	/* registry, for stats */
+	uint64_t retired_created, retired_reused, retired_freed;
+
+	_Atomic uint64_t full_top IOC_CACHE_ALIGNED; /* gen << 32 | index + 1 */
+	_Atomic uint64_t free_top IOC_CACHE_ALIGNED;
+	_Atomic uint64_t reserved IOC_CACHE_ALIGNED;
+	_Atomic uint64_t nbatches;
+} g = {
+	.once = PTHREAD_ONCE_INIT,
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+static IOC_TLS struct pool_tls tls_pool;
+
+/* ---- the generation-tagged index stacks ------------------------------ */
+
+static void istack_push(_Atomic uint64_t *top, uint32_t idx)
+{
+	/* Relaxed load: the CAS below re-reads. */
+	uint64_t old = atomic_load_explicit(top, memory_order_relaxed);
+	uint64_t new;
+
+	do {
+		atomic_store_explicit(&g.descs[idx].next, (uint32_t)old,
+				      memory_order_relaxed);
+		new = (((old >> 32) + 1) << 32) | (idx + 1);
+		/* Release: publishes descs[idx] (head, next and the batch's
+		 * coroutines) to the acquire CAS in istack_pop(). */
+	} while (!atomic_compare_exchange_weak_explicit(top, &old, new,
+			memory_order_release, memory_order_relaxed));
+}
+
+static bool istack_pop(_Atomic uint64_t *top, uint32_t *idx)
+{
+	/* Acquire pairs with the release CAS in istack_push(), so `next` of
+	 * the descriptor we read is the one it pushed with. */
+	uint64_t old = atomic_load_explicit(top, memory_order_acquire);
+	uint64_t new;
+	uint32_t i1;
+
+	do {
+		i1 = (uint32_t)old;
+		if (!i1)
+			return false;
+		/* May be stale if another thread pops i1 first; then the
+		 * generation has moved and the CAS fails. */
+		new = (((old >> 32) + 1) << 32) |
+		      atomic_load_explicit(&g.descs[i1 - 1].next,
+					   memory_order_relaxed);
+		/* Acquire pairs with istack_push()'s release CAS. */
+	} while (!atomic_compare_exchange_weak_explicit(top, &old, new,
+			memory_order_acquire, memory_order_acquire));
+	*idx = i1 - 1;
+	return true;
+}
+
+/* ---- reservations ------------------------------------------------------ */
+
+/* Relaxed: the counter only bounds the pool, it publishes no data. */
+static bool reserve(uint64_t n)
+{
+	uint64_t r = atomic_load_explicit(&g.reserved, memory_order_relaxed);
+
+	do {
+		if (r + n > g.max_pooled)
+			return false;
+	} while (!atomic_compare_exchange_weak_explicit(&g.reserved, &r, r + n,
+			memory_order_relaxed, memory_order_relaxed));
+	return true;
+}
+
+static void unreserve(uint64_t n)
+{
+	atomic_fetch_sub_explicit(&g.reserved, n, memory_order_relaxed);
+}
+
+/* ---- global batches ------------------------------------------------------ */
+
+static bool batch_push(struct ioc_co *head)
+{
+	uint32_t idx;
+
+	if (!istack_pop(&g.free_top, &idx))
+		return false;
+	g.descs[idx].head = head;
+	istack_push(&g.full_top, idx);
+	/* Relaxed: a statistic. */
+	atomic_fetch_add_explicit(&g.nbatches, 1, memory_order_relaxed);
+	return true;
+}
+
+static struct ioc_co *batch_pop(void)
+{
+	struct ioc_co *head;
+	uint32_t idx;
+
+	if (!istack_pop(&g.full_top, &idx))
+		return NULL;
+	head = g.descs[idx].head;
+	g.descs[idx].head = NULL;
+	istack_push(&g.free_top, idx);
+	atomic_fetch_sub_explicit(&g.nbatches, 1, memory_order_relaxed);
+	return head;
+}
+
+/* ---- setup ----------------------------------------------------------------- */
+
+static uint64_t map_count_limit(void)
+{
+	unsigned long mmc = 65530;
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
+
+	if (f) {
+		if (fscanf(f, "%lu", &mmc) != 1)
+			mmc = 65530;
+		fclose(f);
+	}
+	return mmc / 4 / ioc__co_stack_vmas();
+}
+
+static void thread_exit(void *arg);
+
+static void pool_init(void)
+{
+	uint64_t limit = map_count_limit();
+
+	pthread_mutex_lock(&g.lock);
+	g.started = true;
+	if (!g.stack_size)
+		g.stack_size = DEFAULT_STACK_SIZE;
+	if (!g.batch)
+		g.batch = DEFAULT_BATCH;
+	if (!g.max_pooled)
+		g.max_pooled = DEFAULT_CAP;
+	if (g.max_pooled > limit)
+		g.max_pooled = limit;
+	g.max_pooled -= g.max_pooled % g.batch;
+	g.ndesc = (uint32_t)(g.max_pooled / g.batch);
+	if (g.ndesc) {
+		g.descs = calloc(g.ndesc, sizeof(*g.descs));
+		if (!g.descs) {
+			g.ndesc = 0;
+			g.max_pooled = 0;
+		}
+	}
+	for (uint32_t i = 0; i < g.ndesc; i++)
+		istack_push(&g.free_top, i);
+	g.key_ok = pthread_key_create(&g.key, thread_exit) == 0;
+	if (!g.key_ok)
+		g.max_pooled = 0;	/* cannot return pools at thread exit */
+	pthread_mutex_unlock(&g.lock);
+}
+
+static void ensure_init(void)
+{
+	pthread_once(&g.once, pool_init);
+}
+
+int ioc_co_pool_configure(const struct ioc_co_pool_opts *opts)
+{
+	int ret = 0;
+
+	if (!opts || (opts->stack_size && opts->stack_size < MIN_STACK_SIZE) ||
+	    opts->batch_size > MAX_BATCH)
+		return -EINVAL;
+	pthread_mutex_lock(&g.lock);
+	if (g.started) {
+		ret = -EBUSY;
+	} else {
+		g.stack_size = opts->stack_size;
+		g.batch = opts->batch_size;
+		g.max_pooled = opts->max_pooled;
+	}
+	pthread_mutex_unlock(&g.lock);
+	return ret;
+}
+
+static void count_add(_Atomic uint64_t *c, uint64_t n)
+{
+	/* Owner-only counter: a relaxed load and store, no RMW.  Pairs with
+	 * the relaxed loads in ioc_co_pool_get_stats(). */
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+			      memory_order_relaxed);
+}
+
+static void register_thread(struct pool_tls *p)
+{
+	if (p->registered || p->dead)
+		return;
+	ensure_init();
+	pthread_mutex_lock(&g.lock);
+	p->reg_prev = NULL;
+	p->reg_next = g.threads;
+	if (g.threads)
+		g.threads->reg_prev = p;
+	g.threads = p;
+	pthread_mutex_unlock(&g.lock);
+	p->registered = true;
+	if (g.key_ok)
+		pthread_setspecific(g.key, p);
+}
+
+static void free_co(struct pool_tls *p, struct ioc_co *co)
+{
+	ioc__co_fini_context(co);
+	ioc__co_stack_free(co);
+	count_add(&p->freed, 1);
+}
+
+static void thread_exit(void *arg)
+{
+	struct pool_tls *p = arg;
+	unsigned n = atomic_load_explicit(&p->count, memory_order_relaxed);
+
+	if (n && n == g.batch && batch_push(p->head)) {
+		/* The reservation travels with the batch. */
+	} else {
+		struct ioc_co *co = p->head, *next;
+
+		for (; co; co = next) {
+			next = co->pool_next;
+			free_co(p, co);
+		}
+		if (p->cap)
+			unreserve(p->cap);
+	}
+	p->head = NULL;
+	p->cap = 0;
+	atomic_store_explicit(&p->count, 0, memory_order_relaxed);
+	p->dead = true;
+
+	pthread_mutex_lock(&g.lock);
+	g.retired_created += atomic_load_explicit(&p->created, memory_order_relaxed);
+	g.retired_reused += atomic_load_explicit(&p->reused, memory_order_relaxed);
+	g.retired_freed += atomic_load_explicit(&p->freed, memory_order_relaxed);
+	atomic_store_explicit(&p->created, 0, memory_order_relaxed);
+	atomic_store_explicit(&p->reused, 0, memory_order_relaxed);
+	atomic_store_explicit(&p->freed, 0, memory_order_relaxed);
+	if (p->reg_prev)
+		p->reg_prev->reg_next = p->reg_next;
+	else
+		g.threads = p->reg_next;
+	if (p->reg_next)
+		p->reg_next->reg_prev = p->reg_prev;
+	p->registered = false;
+	pthread_mutex_unlock(&g.lock);
+}
+
+/* ---- create / terminate ---------------------------------------------------- */
+
+static struct ioc_co *pool_get_slow(struct pool_tls *p)
+{
+	struct ioc_co *co;
+
+	register_thread(p);
+	if (!p->dead && (co = batch_pop())) {
+		/* The batch brings its reservation; drop ours if we had one. */
+		if (p->cap)
+			unreserve(p->cap);
+		p->cap = g.batch;
+		p->head = co->pool_next;
+		atomic_store_explicit(&p->count, g.batch - 1, memory_order_relaxed);
+		count_add(&p->reused, 1);
+		co->terminated = false;
+		return co;
+	}
+	ensure_init();
+	co = ioc__co_stack_alloc(g.stack_size);
+	if (!co)
+		return NULL;
+	ioc__co_init_context(co);
+	count_add(&p->created, 1);
+	return co;
+}
+
+struct ioc_co *ioc__co_pool_get(void)
+{
+	struct pool_tls *p = &tls_pool;
+	struct ioc_co *co = p->head;
+
+	if (ioc_likely(co)) {
+		p->head = co->pool_next;
+		atomic_store_explicit(&p->count,
+			atomic_load_explicit(&p->count, memory_order_relaxed) - 1,
+			memory_order_relaxed);
+		count_add(&p->reused, 1);
+		co->terminated = false;
+		return co;
+	}
+	return pool_get_slow(p);
+}
+
+static void pool_put_slow(struct pool_tls *p, struct ioc_co *co)
+{
+	register_thread(p);
+	if (p->dead)
+		goto free;
+	if (p->cap && p->head) {
+		/* Local list full: it becomes a global batch. */
+		if (!batch_push(p->head))
+			goto free;	/* unreachable while reserved <= bound */
+		p->head = NULL;
+		p->cap = 0;
+		atomic_store_explicit(&p->count, 0, memory_order_relaxed);
+	}
+	if (!p->cap) {
+		if (!reserve(g.batch))
+			goto free;
+		p->cap = g.batch;
+	}
+	co->pool_next = p->head;
+	p->head = co;
+	atomic_store_explicit(&p->count,
+		atomic_load_explicit(&p->count, memory_order_relaxed) + 1,
+		memory_order_relaxed);
+	return;
+free:
+	free_co(p, co);
+}
+
+void ioc__co_pool_put(struct ioc_co *co)
+{
+	struct pool_tls *p = &tls_pool;
+	unsigned n = atomic_load_explicit(&p->count, memory_order_relaxed);
+
+	if (ioc_likely(n < p->cap)) {
+		co->pool_next = p->head;
+		p->head = co;
+		atomic_store_explicit(&p->count, n + 1, memory_order_relaxed);
+		return;
+	}
+	pool_put_slow(p, co);
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+void ioc_co_pool_get_stats(struct ioc_co_pool_stats *st)
+{
+	uint64_t pooled = 0;
+
+	ensure_init();
+	pthread_mutex_lock(&g.lock);
+	st->created = g.retired_created;
+	st->reused = g.retired_reused;
+	st->freed = g.retired_freed;
+	for (struct pool_tls *p = g.threads; p; p = p->reg_next) {
+		/* Relaxed loads pair with the owner's relaxed stores
+		 * (count_add() and the list-length updates). */
+		st->created += atomic_load_explicit(&p->created, memory_order_relaxed);
+		st->reused += atomic_load_explicit(&p->reused, memory_order_relaxed);
+		st->freed += atomic_load_explicit(&p->freed, memory_order_relaxed);
+		pooled += atomic_load_explicit(&p->count, memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&g.lock);
+	pooled += atomic_load_explicit(&g.nbatches, memory_order_relaxed) * g.batch;
+	st->pooled = pooled;
+	st->max_pooled = g.max_pooled;
+	st->reserved = atomic_load_explicit(&g.reserved, memory_order_relaxed);
+}
