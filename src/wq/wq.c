@@ -36,9 +36,18 @@
  *     jobs in submission order, so the job with the next sequence number
  *     is always at the head of exactly one known done ring: releasing in
  *     order costs one array read per job, no reorder buffer, no sort.
- *   - Workers spin (bounded by spin_ns) before sleeping on a futex; the
- *     submitter only makes the wake syscall when the worker declared itself
- *     asleep.  The submitter's wait_done is symmetric.
+ *   - Workers spin (adaptively, at most spin_ns, yielding the CPU now and
+ *     then) before sleeping on a futex; the submitter only makes the wake
+ *     syscall when the worker declared itself asleep.  The spin grows when
+ *     a sleep turned out shorter than the cap and shrinks when it was
+ *     longer (QEMU's adaptive polling), so on a loaded machine idle workers
+ *     stop stealing the submitter's CPU.
+ *   - The submitter sleeping in wait_done is woken by a worker only when
+ *     that worker is about to run dry (a quarter of its ring or less still
+ *     queued), not per completion: completions are collected in batches
+ *     and a backlog of big jobs costs no wakes at all.  wait_done spins
+ *     first only when no more jobs than workers are in flight (then its
+ *     reaction time is the workers' idle time).
  *   - With opts.loop, workers post one embedded ioc_task to the loop when
  *     the first completion of a batch appears; the task drains every done
  *     ring and calls opts.done on the loop's thread.
@@ -56,8 +65,12 @@
  *                    a line it rarely writes: no syscall.
  *   submitter waits: waiting = 1; fence; poll the done rings; if nothing:
  *                    futex_wait(waiting, 1).
- *   worker completes: push to done ring; fence; if waiting and
- *                    exchange(waiting, 0) == 1: futex_wake.
+ *   worker completes: push to done ring; fence; if waiting and at most
+ *                    low_water jobs left in its request ring and
+ *                    exchange(waiting, 0) == 1: futex_wake.  No lost wake:
+ *                    a sleeping submitter submits nothing, so each worker
+ *                    with jobs reaches an empty ring, and the completion
+ *                    that gets it there (or below low_water) sees waiting.
  *   loop notify:     worker: push; fence; if !pending and
  *                    exchange(pending, 1) == 0: ioc_loop_post.  Task on the
  *                    loop: exchange(pending, 0); fence; drain.  A push the
@@ -80,7 +93,9 @@
  *
  * Cost notes.  A submit is a ring push, one seq_cst fence and one load of
  * the worker's state line; the worker pays a fence and two loads of
- * read-mostly lines per completion.  busy_ns is measured per busy period
+ * read-mostly lines per completion.  The low-water wake trades latency of
+ * a single completion for throughput: wait_done may return a little after
+ * the first job finished when the workers still have queued work.  busy_ns is measured per busy period
  * (two clock reads per run of jobs, not per job).  poll_done is O(workers)
  * in the unordered mode and O(jobs) in the ordered one.  Shrinking with
  * set_workers joins the retired threads after they drained their rings, so
@@ -91,6 +106,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,8 +195,17 @@ static void futex_wake(_Atomic uint32_t *addr)
 
 /* ---- worker side ---------------------------------------------------- */
 
-/* After a completion: wake the submitter or notify the loop if needed. */
-static void notify_completion(struct ioc_wq *wq, struct ioc_loop *loop,
+/*
+ * After a completion: wake the submitter or notify the loop if needed.
+ * A sleeping submitter is woken only when this worker is about to run dry
+ * (low_water or fewer jobs still queued for it), not on every completion:
+ * while a worker has a backlog nobody is waiting on the submitter, and
+ * letting completions pile up turns one futex wake per job into one per
+ * batch.  Every worker with jobs eventually drains its ring to zero, so a
+ * sleeping submitter is always woken (see the handshake at the top).
+ */
+static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
+			      uint32_t low_water, struct ioc_loop *loop,
 			      struct wq_notify *notify)
 {
 	/* Pairs with the fence in ioc_wq_wait_done() after it sets waiting,
@@ -188,6 +213,7 @@ static void notify_completion(struct ioc_wq *wq, struct ioc_loop *loop,
 	 * they see our done-ring push or we see their flag. */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&wq->waiting, memory_order_relaxed) &&
+	    ioc_ring_count(req) <= low_water &&
 	    atomic_exchange_explicit(&wq->waiting, 0, memory_order_relaxed))
 		futex_wake(&wq->waiting);
 	/* Acq_rel exchange: pairs with the exchange in notify_task(); the
@@ -211,7 +237,8 @@ static void *worker_main(void *arg)
 	struct ioc_ring *req = w->req, *done = w->done;
 	struct ioc_loop *loop = wq->loop;
 	struct wq_notify *notify = wq->notify;
-	int64_t spin_ns = wq->spin_ns;
+	int64_t spin_max = wq->spin_ns, spin = spin_max;
+	uint32_t low_water = wq->ring_size / 4;
 	uint64_t jobs = 0, busy_ns = 0, sleeps = 0;
 
 	{
@@ -238,13 +265,13 @@ static void *worker_main(void *arg)
 					/* inflight <= ring size: never full. */
 					assert(ok);
 					(void)ok;
-					notify_completion(wq, loop, notify);
+					notify_completion(wq, req, low_water, loop, notify);
 				}
 				jobs += n;
+				atomic_store_explicit(&w->jobs, jobs, memory_order_relaxed);
 				n = ioc_ring_pop_burst_spsc(req, batch, WQ_BURST);
 			} while (n);
 			busy_ns += (uint64_t)(ioc_now_ns() - t0);
-			atomic_store_explicit(&w->jobs, jobs, memory_order_relaxed);
 			atomic_store_explicit(&w->busy_ns, busy_ns, memory_order_relaxed);
 		}
 
@@ -258,9 +285,12 @@ static void *worker_main(void *arg)
 		}
 
 		/* Bounded spin: a job arriving now costs the submitter no
-		 * syscall and us no sleep. */
-		if (spin_ns > 0) {
-			int64_t deadline = ioc_now_ns() + spin_ns;
+		 * syscall and us no sleep.  The spin yields the CPU every
+		 * ~100 pauses: on a machine with more runnable threads than
+		 * cores the thread we wait for (the submitter) may need our
+		 * CPU to produce the job. */
+		if (spin > 0) {
+			int64_t deadline = ioc_now_ns() + spin;
 			bool found = false;
 
 			for (unsigned k = 1;; k++) {
@@ -270,8 +300,11 @@ static void *worker_main(void *arg)
 					break;
 				}
 				ioc_ring_relax();
-				if (k % 16 == 0 && ioc_now_ns() > deadline)
-					break;
+				if (k % 128 == 0) {
+					if (ioc_now_ns() > deadline)
+						break;
+					sched_yield();
+				}
 			}
 			if (found)
 				continue;
@@ -290,10 +323,21 @@ static void *worker_main(void *arg)
 		/* Release pairs with the acquire load in ioc_wq_get_stats():
 		 * a reader that sees this count sees the stats stored above. */
 		atomic_store_explicit(&w->sleeps, ++sleeps, memory_order_release);
+		int64_t slept = ioc_now_ns();
+
 		/* Acquire pairs with the exchange in kick(); spurious futex
 		 * returns (signals, EINTR) loop back here. */
 		while (atomic_load_explicit(&w->state, memory_order_acquire) == W_SLEEPING)
 			futex_wait(&w->state, W_SLEEPING, NULL);
+		/* Adapt the spin (QEMU's adaptive polling): a sleep shorter
+		 * than the cap would have been covered by spinning longer, so
+		 * grow; a longer one means spinning is wasted, so shrink. */
+		slept = ioc_now_ns() - slept;
+		if (slept < spin_max)
+			spin = spin ? (spin * 2 < spin_max ? spin * 2 : spin_max) :
+			       (spin_max < 1000 ? spin_max : 1000);
+		else
+			spin = spin / 2 < 500 ? 0 : spin / 2;
 	}
 	return NULL;
 }
@@ -691,9 +735,18 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 		n = ioc_wq_poll_done(wq, jobs, max);
 		if (n || wq->collected == wq->submitted)
 			return n;  /* nothing in flight: nothing to wait for */
-		if (ioc_now_ns() < spin_end && ioc_now_ns() < deadline) {
-			ioc_ring_relax();
-			continue;
+		/* Spin only when the workers are about to run dry (no more
+		 * jobs in flight than workers): then our reaction time is
+		 * their idle time.  With a backlog, sleep and let the
+		 * low-water wake batch the completions. */
+		if (wq->submitted - wq->collected <= wq->nactive) {
+			int64_t now = ioc_now_ns();
+
+			if (now < spin_end && now < deadline) {
+				for (int k = 0; k < 64; k++)
+					ioc_ring_relax();
+				continue;
+			}
 		}
 		/* Sleep handshake, submitter half (top of file). */
 		atomic_store_explicit(&wq->waiting, 1, memory_order_relaxed);
