@@ -92,7 +92,7 @@ typedef void ioc_blk_cb(struct ioc_blk_req *req, int ret);
 struct ioc_blk_req {
 	ioc_blk_cb *cb;
 	void *opaque;
-	uint64_t priv[32]; /* private state of the backend */
+	uint64_t priv[40]; /* private state of the backend */
 };
 void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
 		    const struct iovec *iov, int iovcnt, uint32_t flags,
