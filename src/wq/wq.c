@@ -71,7 +71,10 @@
  *                    a sleeping submitter submits nothing, so each worker
  *                    with jobs reaches an empty ring, and the completion
  *                    that gets it there (or below low_water) sees waiting.
- *   loop notify:     worker: push; fence; if !pending and
+ *   loop notify:     worker: push; fence; if at most low_water jobs are
+ *                    left in its request ring (as for the submitter wake:
+ *                    the loop thread submits nothing while it is not told,
+ *                    or hits -EAGAIN, so every worker drains), !pending and
  *                    exchange(pending, 1) == 0: ioc_loop_post.  Task on the
  *                    loop: exchange(pending, 0); fence; drain.  A push the
  *                    drain misses was followed by the worker's fence; its
@@ -212,20 +215,16 @@ static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 	 * and with the fence in notify_task() after it clears pending: either
 	 * they see our done-ring push or we see their flag. */
 	atomic_thread_fence(memory_order_seq_cst);
+	if (ioc_ring_count(req) > low_water)
+		return;  /* we still have a backlog: nobody needs us yet */
 	if (atomic_load_explicit(&wq->waiting, memory_order_relaxed) &&
-	    ioc_ring_count(req) <= low_water &&
 	    atomic_exchange_explicit(&wq->waiting, 0, memory_order_relaxed))
 		futex_wake(&wq->waiting);
 	/* Acq_rel exchange: pairs with the exchange in notify_task(); the
 	 * load before it only skips the RMW when a post is already queued. */
-#if IOC_WQ_HAVE_LOOP
 	if (loop && !atomic_load_explicit(&wq->notify_pending, memory_order_relaxed) &&
 	    !atomic_exchange_explicit(&wq->notify_pending, 1, memory_order_acq_rel))
 		ioc_loop_post(loop, &notify->task);
-#else
-	(void)loop;
-	(void)notify;
-#endif
 }
 
 static void *worker_main(void *arg)
@@ -520,10 +519,6 @@ int ioc_wq_new(struct ioc_wq **out, const struct ioc_wq_opts *opts)
 		return -EINVAL;
 	if (opts->loop && !opts->done)
 		return -EINVAL;
-#if !IOC_WQ_HAVE_LOOP
-	if (opts->loop)
-		return -ENOTSUP;  /* built without the loop module */
-#endif
 
 	wq = aligned_alloc(IOC_CACHELINE, (sizeof(*wq) + IOC_CACHELINE - 1) &
 					  ~(size_t)(IOC_CACHELINE - 1));
