@@ -78,7 +78,11 @@ static inline int cl_connect_unix(const char *path)
 
 	if (fd < 0)
 		return -errno;
-	strncpy(a.sun_path, path, sizeof(a.sun_path) - 1);
+	if (strlen(path) >= sizeof(a.sun_path)) {
+		close(fd);
+		return -ENAMETOOLONG;
+	}
+	memcpy(a.sun_path, path, strlen(path) + 1);
 	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
 		int e = -errno;
 		close(fd);

@@ -1,0 +1,427 @@
+/*
+ * The real iocore-nbd binary against a raw C client: hostile input,
+ * resource bounds, and the shutdown / crash guarantees.
+ *
+ * The server is started with --fork --pid-file: the parent exits only once
+ * the child listens, so waitpid() is the readiness signal (no sleeps).
+ */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+/* tap.h's ioc_test_run() trips gcc -O3 -Wclobbered (reported to the lead). */
+#pragma GCC diagnostic ignored "-Wclobbered"
+#include "tap.h"
+#include "nbd-client.h"
+
+#define IMG_SIZE (64u << 20)
+
+struct srv {
+	char dir[200], img[256], sock[256], pidf[256];
+	pid_t pid;
+};
+
+static const char *server_bin(void)
+{
+	static char path[512];
+	const char *root = getenv("IOC_BUILD_ROOT");
+
+	snprintf(path, sizeof(path), "%s/tools/nbd/iocore-nbd", root ? root : "build");
+	return path;
+}
+
+/* Start iocore-nbd on a fresh image; extra is a NULL-terminated list. */
+static void srv_start(struct srv *s, const char *const *extra)
+{
+	const char *argv[32];
+	int n = 0;
+
+	static int seq;
+	snprintf(s->dir, sizeof(s->dir), "%.150s/s%d", ioc_test_tmpdir(), seq++);
+	ASSERT_OK(mkdir(s->dir, 0700));
+	snprintf(s->img, sizeof(s->img), "%s/img", s->dir);
+	snprintf(s->sock, sizeof(s->sock), "%s/sock", s->dir);
+	snprintf(s->pidf, sizeof(s->pidf), "%s/pid", s->dir);
+	if (access(s->img, F_OK) != 0) {
+		int fd = open(s->img, O_CREAT | O_RDWR, 0644);
+		ASSERT_GE(fd, 0);
+		ASSERT_OK(ftruncate(fd, IMG_SIZE));
+		close(fd);
+	}
+	argv[n++] = server_bin();
+	argv[n++] = "--fork";
+	argv[n++] = "--pid-file";
+	argv[n++] = s->pidf;
+	argv[n++] = "-U";
+	argv[n++] = s->sock;
+	for (; extra && *extra; extra++)
+		argv[n++] = *extra;
+	argv[n++] = s->img;
+	argv[n] = NULL;
+	if (access(argv[0], X_OK) != 0)
+		IOC_SKIP("iocore-nbd not built");
+	pid_t p = fork();
+	ASSERT_GE(p, 0);
+	if (p == 0) {
+		execv(argv[0], (char **)argv);
+		_exit(127);
+	}
+	int st;
+	ASSERT_EQ(waitpid(p, &st, 0), p);
+	ASSERT_TRUE(WIFEXITED(st));
+	ASSERT_EQ(WEXITSTATUS(st), 0);
+	FILE *f = fopen(s->pidf, "r");
+	ASSERT_NOT_NULL(f);
+	int pid = 0;
+	ASSERT_EQ(fscanf(f, "%d", &pid), 1);
+	fclose(f);
+	s->pid = pid;
+}
+
+/* The server is not our child (it was forked by the parent we reaped):
+ * wait for it to disappear through a pidfd-free poll of kill(0). */
+static bool srv_wait_gone(struct srv *s, int timeout_ms)
+{
+	for (int i = 0; i < timeout_ms; i++) {
+		if (kill(s->pid, 0) < 0 && errno == ESRCH)
+			return true;
+		/* Not synchronisation: a bounded wait for an exit we caused. */
+		usleep(1000);
+	}
+	return false;
+}
+
+static void srv_stop(struct srv *s)
+{
+	ASSERT_OK(kill(s->pid, SIGTERM));
+	ASSERT_TRUE(srv_wait_gone(s, 10000));
+	unlink(s->img);
+	rmdir(s->dir);
+}
+
+static void srv_connect(const struct srv *s, struct cl_conn *c, bool structured)
+{
+	memset(c, 0, sizeof(*c));
+	c->fd = cl_connect_unix(s->sock);
+	ASSERT_GE(c->fd, 0);
+	c->structured = structured;
+	ASSERT_EQ(cl_go(c, ""), 0);
+	ASSERT_UEQ(c->size, IMG_SIZE);
+}
+
+/* A healthy client can still do I/O. */
+static void check_alive(const struct srv *s)
+{
+	struct cl_conn c;
+	uint8_t b[4096];
+
+	srv_connect(s, &c, true);
+	memset(b, 0x3c, sizeof(b));
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 8192, sizeof(b), b), 0);
+	memset(b, 0, sizeof(b));
+	ASSERT_EQ(cl_pread(&c, 0, b, 8192, sizeof(b), NULL, NULL), 0);
+	ASSERT_EQ(b[0], 0x3c);
+	ASSERT_EQ(b[4095], 0x3c);
+	close(c.fd);
+}
+
+static void test_bad_input(void)
+{
+	struct srv s;
+	struct cl_conn c;
+	uint8_t b[65536] = { 0 };
+
+	srv_start(&s, NULL);
+	/* Garbage instead of the client flags and options. */
+	int fd = cl_connect_unix(s.sock);
+	ASSERT_GE(cl_greeting(fd), 0);
+	ASSERT_OK(cl_write(fd, "\x01\x02\x03\x04garbage-garbage-garbage", 27));
+	ASSERT_TRUE(cl_closed(fd));
+	close(fd);
+	/* Unknown client flags. */
+	fd = cl_connect_unix(s.sock);
+	ASSERT_GE(cl_greeting(fd), 0);
+	ASSERT_OK(cl_flags(fd, 0x80000001u));
+	ASSERT_TRUE(cl_closed(fd));
+	close(fd);
+	/* An option length of 4 GiB. */
+	fd = cl_connect_unix(s.sock);
+	ASSERT_GE(cl_greeting(fd), 0);
+	ASSERT_OK(cl_flags(fd, NBD_FLAG_C_FIXED_NEWSTYLE));
+	uint8_t h[16], *p = ioc_nbd_st64(h, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_GO);
+	ioc_nbd_st32(p, 0xffffffffu);
+	ASSERT_OK(cl_write(fd, h, 16));
+	ASSERT_TRUE(cl_closed(fd));
+	close(fd);
+	/* Transmission: past the end, overflowing, zero length, unknown. */
+	srv_connect(&s, &c, true);
+	ASSERT_EQ(cl_pread(&c, 0, b, IMG_SIZE - 512, 4096, NULL, NULL), NBD_EINVAL);
+	ASSERT_EQ(cl_pread(&c, 0, b, UINT64_MAX - 511, 4096, NULL, NULL), NBD_EINVAL);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, IMG_SIZE, 512, b), NBD_ENOSPC);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, 0, b), NBD_EINVAL);
+	ASSERT_EQ(cl_cmd(&c, 0, 200, 0, 512, NULL), NBD_EINVAL);
+	ASSERT_EQ(cl_cmd(&c, 0x4000, NBD_CMD_READ, 0, 512, NULL), NBD_EINVAL);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_BLOCK_STATUS, 0, 512, NULL), NBD_EINVAL);
+	/* Disconnect in the middle of a write payload. */
+	ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 9, 0, sizeof(b), NULL));
+	ASSERT_OK(cl_write(c.fd, b, 1000));
+	close(c.fd);
+	/* A bad request magic: disconnected. */
+	srv_connect(&s, &c, false);
+	ASSERT_OK(cl_write(c.fd, b, 28));
+	ASSERT_TRUE(cl_closed(c.fd));
+	close(c.fd);
+	check_alive(&s);
+	srv_stop(&s);
+}
+
+static void test_read_only(void)
+{
+	static const char *const ro[] = { "-r", NULL };
+	struct srv s;
+	struct cl_conn c;
+	uint8_t b[4096] = { 0 };
+
+	srv_start(&s, ro);
+	srv_connect(&s, &c, true);
+	ASSERT_TRUE(c.tflags & NBD_FLAG_READ_ONLY);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, sizeof(b), b), NBD_EPERM);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE_ZEROES, 0, 4096, NULL), NBD_EPERM);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_TRIM, 0, 4096, NULL), NBD_EPERM);
+	ASSERT_EQ(cl_pread(&c, 0, b, 0, sizeof(b), NULL, NULL), 0);
+	close(c.fd);
+	srv_stop(&s);
+}
+
+static long rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* A client that sends reads and never reads the replies stalls only
+ * itself, and the server's memory stays bounded. */
+static void test_client_never_reads(void)
+{
+	struct srv s;
+	struct cl_conn c;
+	enum { REQS = 100000 };
+	uint8_t *batch = malloc(REQS * 28), *p = batch;
+
+	srv_start(&s, NULL);
+	srv_connect(&s, &c, false);
+	for (int i = 0; i < REQS; i++) {
+		p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
+		p = ioc_nbd_st16(p, 0);
+		p = ioc_nbd_st16(p, NBD_CMD_READ);
+		p = ioc_nbd_st64(p, (uint64_t)i);
+		p = ioc_nbd_st64(p, 0);
+		p = ioc_nbd_st32(p, 1u << 20);
+	}
+	/* Non-blocking: the server stops reading, so our send fills up. */
+	int fl = fcntl(c.fd, F_GETFL);
+	ASSERT_OK(fcntl(c.fd, F_SETFL, fl | O_NONBLOCK));
+	size_t off = 0, total = (size_t)(p - batch);
+	for (int tries = 0; off < total && tries < 2000; tries++) {
+		ssize_t r = send(c.fd, batch + off, total - off, MSG_NOSIGNAL);
+		if (r > 0) {
+			off += (size_t)r;
+			tries = 0;
+			continue;
+		}
+		ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK);
+		struct pollfd pfd = { .fd = c.fd, .events = POLLOUT };
+		if (poll(&pfd, 1, 200) == 0)
+			break; /* the server stopped reading: what we wanted */
+	}
+	ASSERT_ULT(off, total); /* it did stop reading */
+	check_alive(&s);
+	long rss = rss_kib(s.pid);
+	ioc_test_diag("server RSS with a stalled client: %ld KiB", rss);
+	ASSERT_GT(rss, 0);
+	ASSERT_LT(rss, 512 * 1024);
+	close(c.fd);
+	free(batch);
+	check_alive(&s);
+	srv_stop(&s);
+}
+
+/* Hundreds of idle connections: others are served; the handshake timeout
+ * closes the idle ones. */
+static void test_idle_connections(void)
+{
+	static const char *const opts[] = { "--handshake-timeout", "1", NULL };
+	enum { N = 300 };
+	struct srv s;
+	int fds[N];
+
+	srv_start(&s, opts);
+	for (int i = 0; i < N; i++) {
+		fds[i] = cl_connect_unix(s.sock);
+		ASSERT_GE(fds[i], 0);
+	}
+	check_alive(&s);
+	/* The idle ones get the greeting, then are closed by the deadline
+	 * (cl_closed waits up to CL_TIMEOUT_MS, well above 1 s). */
+	for (int i = 0; i < N; i += 7) {
+		ASSERT_GE(cl_greeting(fds[i]), 0);
+		ASSERT_TRUE(cl_closed(fds[i]));
+	}
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	check_alive(&s);
+	srv_stop(&s);
+}
+
+static void test_max_connections(void)
+{
+	static const char *const opts[] = { "--max-connections", "2", NULL };
+	struct srv s;
+	struct cl_conn a, b;
+
+	srv_start(&s, opts);
+	srv_connect(&s, &a, false);
+	srv_connect(&s, &b, false);
+	int fd = cl_connect_unix(s.sock);
+	ASSERT_GE(fd, 0);
+	ASSERT_TRUE(cl_closed(fd));
+	close(fd);
+	close(a.fd);
+	close(b.fd);
+	srv_stop(&s);
+}
+
+/* SIGTERM with requests in flight: every request already sent is answered
+ * successfully and its data is in the image. */
+static void test_sigterm_drains(void)
+{
+	struct srv s;
+	struct cl_conn c;
+	enum { N = 256, SZ = 65536 };
+	uint8_t *batch = malloc((size_t)N * (28 + SZ)), *p = batch;
+	struct cl_reply rep;
+
+	srv_start(&s, NULL);
+	srv_connect(&s, &c, false);
+	for (int i = 0; i < N; i++) {
+		p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
+		p = ioc_nbd_st16(p, 0);
+		p = ioc_nbd_st16(p, NBD_CMD_WRITE);
+		p = ioc_nbd_st64(p, (uint64_t)i);
+		p = ioc_nbd_st64(p, (uint64_t)i * SZ);
+		p = ioc_nbd_st32(p, SZ);
+		memset(p, (i % 250) + 1, SZ);
+		p += SZ;
+	}
+	/* Send part of the batch, signal, send the rest: whatever reached the
+	 * server before it stopped reading must be answered. */
+	size_t total = (size_t)(p - batch), half = total / 2;
+	ASSERT_OK(cl_write(c.fd, batch, half));
+	ASSERT_OK(kill(s.pid, SIGTERM));
+	int fl = fcntl(c.fd, F_GETFL);
+	ASSERT_OK(fcntl(c.fd, F_SETFL, fl | O_NONBLOCK));
+	size_t off = half;
+	while (off < total) {
+		ssize_t r = send(c.fd, batch + off, total - off, MSG_NOSIGNAL);
+		if (r <= 0)
+			break;
+		off += (size_t)r;
+	}
+	ASSERT_OK(fcntl(c.fd, F_SETFL, fl));
+	/* Replies may come in any order; the answered set must be a prefix
+	 * of what we sent (the server reads a prefix of the stream). */
+	bool seen[N] = { false };
+	int answered = 0;
+	for (int i = 0; i < N; i++) {
+		if (cl_reply(&c, &rep, NULL, 0, 0) < 0)
+			break;
+		ASSERT_TRUE(rep.simple);
+		ASSERT_EQ(rep.error, 0);
+		ASSERT_ULT(rep.cookie, N);
+		ASSERT_FALSE(seen[rep.cookie]);
+		seen[rep.cookie] = true;
+		answered++;
+	}
+	for (int i = 0; i < answered; i++)
+		ASSERT_TRUE(seen[i]);
+	/* At least everything sent before the signal was answered. */
+	ASSERT_GE((long)answered * (28 + SZ), (long)half - (28 + SZ));
+	ioc_test_diag("%d of %d writes answered after SIGTERM", answered, N);
+	ASSERT_TRUE(srv_wait_gone(&s, 10000));
+	/* The answered writes are in the image. */
+	int fd = open(s.img, O_RDONLY);
+	ASSERT_GE(fd, 0);
+	uint8_t *b = malloc(SZ);
+	for (int i = 0; i < answered; i++) {
+		ASSERT_EQ(pread(fd, b, SZ, (off_t)i * SZ), SZ);
+		ASSERT_EQ(b[0], (i % 250) + 1);
+		ASSERT_EQ(b[SZ - 1], (i % 250) + 1);
+	}
+	close(fd);
+	free(b);
+	free(batch);
+	close(c.fd);
+	unlink(s.img);
+	rmdir(s.dir);
+}
+
+/* Data written with FUA or followed by a flush survives kill -9. */
+static void test_kill9_after_fua_and_flush(void)
+{
+	struct srv s;
+	struct cl_conn c;
+	uint8_t b[8192];
+
+	srv_start(&s, NULL);
+	srv_connect(&s, &c, true);
+	memset(b, 0xa5, sizeof(b));
+	ASSERT_EQ(cl_cmd(&c, NBD_CMD_FLAG_FUA, NBD_CMD_WRITE, 1 << 20, sizeof(b), b), 0);
+	memset(b, 0x5a, sizeof(b));
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 2 << 20, sizeof(b), b), 0);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_FLUSH, 0, 0, NULL), 0);
+	ASSERT_OK(kill(s.pid, SIGKILL));
+	ASSERT_TRUE(srv_wait_gone(&s, 10000));
+	close(c.fd);
+	int fd = open(s.img, O_RDONLY);
+	ASSERT_GE(fd, 0);
+	ASSERT_EQ(pread(fd, b, sizeof(b), 1 << 20), (ssize_t)sizeof(b));
+	ASSERT_EQ(b[0], 0xa5);
+	ASSERT_EQ(b[8191], 0xa5);
+	ASSERT_EQ(pread(fd, b, sizeof(b), 2 << 20), (ssize_t)sizeof(b));
+	ASSERT_EQ(b[0], 0x5a);
+	ASSERT_EQ(b[8191], 0x5a);
+	close(fd);
+	unlink(s.img);
+	unlink(s.sock);
+	unlink(s.pidf);
+	rmdir(s.dir);
+}
+
+static void test_cleanup(void)
+{
+	ASSERT_OK(rmdir(ioc_test_tmpdir()));
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_bad_input),
+	IOC_TEST(test_read_only),
+	IOC_TEST(test_client_never_reads),
+	IOC_TEST(test_idle_connections),
+	IOC_TEST(test_max_connections),
+	IOC_TEST(test_sigterm_drains),
+	IOC_TEST(test_kill9_after_fua_and_flush),
+	IOC_TEST(test_cleanup),
+)
