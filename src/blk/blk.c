@@ -20,7 +20,10 @@
  *   full hit completes the request before any backend is involved, a short
  *   hit continues asynchronously from where it stopped.  A per-image credit
  *   counts misses so that a workload that never hits (cold data) stops
- *   paying for the extra syscall, probing again one request in 32.
+ *   paying for the extra syscall, probing again one request in 32.  File
+ *   systems without RWF_NOWAIT (tmpfs: -EOPNOTSUPP) get the same shortcut
+ *   from cachestat(2): when every page of the range is cached, a plain
+ *   preadv cannot wait for I/O (short of an eviction between the two calls).
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (the loop submits its SQEs at the end of its iteration, so a burst of
  *   requests costs one io_uring_enter), else the loop's thread pool doing
@@ -651,10 +654,10 @@ static int validate(struct ioc_blk *blk, enum blk_op op, uint64_t offset,
 		if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt && !iov))
 			return -EINVAL;
 	}
+	if (op == BLK_OP_FLUSH)
+		return 0; /* harmless on a read-only image too */
 	if (op != BLK_OP_READ && blk->read_only)
 		return -EPERM;
-	if (op == BLK_OP_FLUSH)
-		return 0;
 	return check_range(blk, offset, len);
 }
 

@@ -5,7 +5,9 @@
  * back inside the submitting call, the null driver, truncate, bounds and
  * read-only checks.
  */
+#include <stdatomic.h>
 #include <stdint.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 
 #include "blk-test.h"
@@ -411,6 +413,96 @@ static void test_truncate_checks(void)
 	free(path);
 }
 
+/* ---- one image, several I/O threads --------------------------------- */
+
+#define MT_THREADS 2
+#define MT_COS 8
+#define MT_SPAN (64 * 1024)
+
+struct mt_co {
+	struct ioc_blk *blk;
+	unsigned id;
+	unsigned ops;
+	int efd;
+	int failures;
+};
+
+static void ioc_coroutine_fn mt_body(void *opaque)
+{
+	struct mt_co *m = opaque;
+	uint64_t base = (uint64_t)m->id * MT_SPAN, seed = m->id + 1, one = 1;
+	unsigned char wbuf[4096], rbuf[4096];
+
+	for (unsigned i = 0; i < m->ops; i++) {
+		uint64_t off = base + (bt_rand(&seed) % (MT_SPAN / 4096)) * 4096;
+		struct iovec w = { wbuf, sizeof(wbuf) }, r = { rbuf, sizeof(rbuf) };
+
+		memset(wbuf, (int)(i + m->id), sizeof(wbuf));
+		if (ioc_blk_co_pwritev(m->blk, off, &w, 1, 0) < 0 ||
+		    ioc_blk_co_preadv(m->blk, off, &r, 1, 0) < 0 ||
+		    memcmp(wbuf, rbuf, sizeof(rbuf)) != 0)
+			m->failures++;
+	}
+	/* Tell the main thread; it blocks in read(2) on the eventfd. */
+	ASSERT_EQ(write(m->efd, &one, sizeof(one)), (ssize_t)sizeof(one));
+}
+
+static int mt_start(void *arg)
+{
+	struct mt_co *m = arg;
+
+	for (unsigned i = 0; i < MT_COS; i++) {
+		struct ioc_co *co = ioc_co_create(mt_body, &m[i]);
+
+		if (!co)
+			return -ENOMEM;
+		ioc_co_enter(co);
+	}
+	return 0;
+}
+
+static void test_multi_loop(void)
+{
+	char *path = bt_make_image(NULL, "mt.img", MT_THREADS * MT_COS * MT_SPAN, false);
+	struct ioc_iothread *t[MT_THREADS];
+	struct mt_co m[MT_THREADS][MT_COS];
+	int efd = eventfd(0, EFD_CLOEXEC);
+
+	ASSERT_GE(efd, 0);
+	for (int aio = 0; aio < 2; aio++) {
+		struct ioc_blk_opts opts = {
+			.aio = aio ? IOC_BLK_AIO_THREADS : IOC_BLK_AIO_IO_URING };
+		struct ioc_blk *blk;
+		uint64_t n = 0, v;
+
+		ASSERT_OK(ioc_blk_open(&blk, path, &opts));
+		for (int i = 0; i < MT_THREADS; i++) {
+			struct ioc_iothread_opts to = { .name = "blk-test", .cpu = -1 };
+
+			ASSERT_OK(ioc_iothread_start(&t[i], &to));
+			for (unsigned j = 0; j < MT_COS; j++)
+				m[i][j] = (struct mt_co){ .blk = blk, .id = (unsigned)i * MT_COS + j,
+							  .ops = (unsigned)ioc_test_scaled(200),
+							  .efd = efd };
+		}
+		for (int i = 0; i < MT_THREADS; i++)
+			ASSERT_OK(ioc_iothread_call(t[i], mt_start, m[i]));
+		while (n < MT_THREADS * MT_COS) {
+			ASSERT_EQ(read(efd, &v, sizeof(v)), (ssize_t)sizeof(v));
+			n += v;
+		}
+		for (int i = 0; i < MT_THREADS; i++) {
+			ioc_iothread_stop(t[i]);
+			for (unsigned j = 0; j < MT_COS; j++)
+				ASSERT_EQ(m[i][j].failures, 0);
+		}
+		ioc_blk_close(blk);
+	}
+	close(efd);
+	unlink(path);
+	free(path);
+}
+
 static void test_cleanup(void)
 {
 	rmdir(ioc_test_tmpdir());
@@ -424,5 +516,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_callback_api),
 	IOC_TEST(test_null),
 	IOC_TEST(test_truncate_checks),
+	IOC_TEST(test_multi_loop),
 	IOC_TEST(test_cleanup),
 )
