@@ -393,14 +393,18 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 			const struct ioc__nbd_export *e = c->cfg->exports[i];
 			uint8_t nl[4];
 			size_t n = strlen(e->name);
+			size_t dl = e->description ? strlen(e->description) : 0;
 			ioc_nbd_st32(nl, (uint32_t)n);
-			/* REP_SERVER: name length, name (details omitted). */
-			uint8_t *tmp = malloc(4 + n);
+			/* REP_SERVER: name length, name, then the description as
+			 * the human-readable details the spec allows. */
+			uint8_t *tmp = malloc(4 + n + dl);
 			if (!tmp)
 				return -ENOMEM;
 			memcpy(tmp, nl, 4);
 			memcpy(tmp + 4, e->name, n);
-			int r = rep2(c, opt, NBD_REP_SERVER, tmp, 4 + n, NULL, 0);
+			if (dl)
+				memcpy(tmp + 4 + n, e->description, dl);
+			int r = rep2(c, opt, NBD_REP_SERVER, tmp, 4 + n + dl, NULL, 0);
 			free(tmp);
 			if (r < 0)
 				return r;

@@ -80,12 +80,26 @@ static void srv_start(struct srv *s, const char *const *extra)
 	s->pid = pid;
 }
 
-/* The server is not our child (it was forked by the parent we reaped):
- * wait for it to disappear through a pidfd-free poll of kill(0). */
+/* The server is not our child (it was forked by the parent we reaped), so
+ * it cannot be waited for: poll its state until it is gone or a zombie. */
 static bool srv_wait_gone(struct srv *s, int timeout_ms)
 {
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
 	for (int i = 0; i < timeout_ms; i++) {
 		if (kill(s->pid, 0) < 0 && errno == ESRCH)
+			return true;
+		/* Exited but not yet reaped by init: a zombie counts as gone. */
+		char st[256] = "";
+		FILE *f = fopen(path, "r");
+		if (f) {
+			if (!fgets(st, sizeof(st), f))
+				st[0] = 0;
+			fclose(f);
+		}
+		char *rp = strrchr(st, ')');
+		if (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'))
 			return true;
 		/* Not synchronisation: a bounded wait for an exit we caused. */
 		usleep(1000);
