@@ -65,7 +65,7 @@ struct ioc_zip_opts {
 	int level;                    /* 0 = 3 for zstd, 6 for gzip; 1..19 */
 	size_t block_size;            /* 0 = IOC_ZIP_DEFAULT_BLOCK; 4 KiB..64 MiB */
 	unsigned workers;             /* 0 = online CPUs */
-	unsigned in_flight;           /* blocks in flight; 0 = 2 * workers + 2 */
+	unsigned in_flight;           /* blocks in flight; 0 = workers + 2 */
 	bool no_checksum;             /* zstd: omit frame checksums */
 	bool no_seek_table;           /* zstd: omit the seek table */
 	enum ioc_zip_deflate deflate;
@@ -114,7 +114,8 @@ struct ioc_zip_stats {
 };
 void ioc_zip_get_stats(const struct ioc_zip *z, struct ioc_zip_stats *st);
 
-/* Busy time of each worker in ns (fills up to max, returns the count). */
+/* CPU time each worker thread spent in jobs of this stream, in ns (fills
+ * up to max, returns the number of workers). */
 int ioc_zip_worker_busy(struct ioc_zip *z, uint64_t *busy_ns, unsigned max);
 
 /* ------------------------------------------------------------------ */

@@ -60,6 +60,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -97,6 +99,15 @@ struct ctx_cell {
 	};
 } IOC_CACHE_ALIGNED;
 
+/* Per-worker-thread accounting, each on its own line, written only by its
+ * thread.  CPU time (CLOCK_THREAD_CPUTIME_ID) rather than wall time, so
+ * "equally busy" means equal work, not equal time spent preempted by other
+ * processes on a shared machine. */
+struct wstat {
+	_Atomic uint64_t cpu_ns;
+	_Atomic uint64_t jobs;
+} IOC_CACHE_ALIGNED;
+
 struct ioc_zip {
 	bool decomp;
 	bool dead;
@@ -114,6 +125,11 @@ struct ioc_zip {
 
 	struct ctx_cell *cells;
 	unsigned ncells;
+
+	struct wstat *wstats;
+	/* Hands out wstats indices to worker threads on their first job.
+	 * Relaxed: only uniqueness matters, the index is then the thread's. */
+	atomic_uint next_widx;
 
 	/* zstd seek table (compression) / frames since the last table
 	 * (decompression, to check a table we meet). */
@@ -165,17 +181,92 @@ void ioc_zip_get_stats(const struct ioc_zip *z, struct ioc_zip_stats *st)
 
 int ioc_zip_worker_busy(struct ioc_zip *z, uint64_t *busy_ns, unsigned max)
 {
-	struct ioc_wq_worker_stats ws[64];
-	int n = ioc_wq_get_stats(z->wq, ws, IOC_ARRAY_SIZE(ws));
+	for (unsigned i = 0; i < z->workers && i < max; i++)
+		busy_ns[i] = atomic_load_explicit(&z->wstats[i].cpu_ns, memory_order_relaxed);
+	return (int)z->workers;
+}
 
-	if (n < 0)
-		return n;
-	for (int i = 0; i < n && (unsigned)i < max && i < (int)IOC_ARRAY_SIZE(ws); i++)
-		busy_ns[i] = ws[i].busy_ns;
-	return n;
+/* ---- slot buffers ------------------------------------------------- */
+
+/* Slot buffers are megabytes each and touched once per block.  Fresh
+ * anonymous memory costs a page fault and a zeroed page per 4 KiB, which
+ * for a short stream (a 50 MB file) is a visible share of the run; so
+ * buffers of 2 MiB and more are mapped 2 MiB-aligned with MADV_HUGEPAGE
+ * (transparent huge pages are commonly in "madvise" mode): one fault per
+ * 2 MiB.  Where THP is off this is a plain mmap, no worse than malloc. */
+#define HUGE_SZ (2u << 20)
+
+static size_t buf_round(size_t n)
+{
+	return n >= HUGE_SZ ? (n + HUGE_SZ - 1) & ~(size_t)(HUGE_SZ - 1) : n;
+}
+
+static void *buf_alloc(size_t n)
+{
+	uint8_t *p, *a;
+	size_t len = buf_round(n);
+
+	if (len < HUGE_SZ)
+		return malloc(n ? n : 1);
+	p = mmap(NULL, len + HUGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	a = (uint8_t *)(((uintptr_t)p + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1));
+	if (a > p)
+		munmap(p, (size_t)(a - p));
+	munmap(a + len, (size_t)(p + HUGE_SZ - a));
+#ifdef MADV_HUGEPAGE
+	madvise(a, len, MADV_HUGEPAGE);
+#endif
+	return a;
+}
+
+static void buf_free(void *p, size_t n)
+{
+	if (!p)
+		return;
+	if (buf_round(n) < HUGE_SZ)
+		free(p);
+	else
+		munmap(p, buf_round(n));
 }
 
 /* ---- worker side -------------------------------------------------- */
+
+/* Which stream's wstats this thread writes, and where.  A wq thread serves
+ * one wq, hence one stream, for its whole life, so the pair never goes
+ * stale. */
+static __thread struct ioc_zip *tl_zip;
+static __thread unsigned tl_widx;
+
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void account(struct ioc_zip *z, uint64_t t0)
+{
+	struct wstat *w;
+	uint64_t dt = thread_cpu_ns() - t0;
+
+	if (tl_zip != z) {
+		tl_zip = z;
+		tl_widx = atomic_fetch_add_explicit(&z->next_widx, 1, memory_order_relaxed);
+	}
+	if (tl_widx >= z->workers)
+		return;
+	w = &z->wstats[tl_widx];
+	/* Single writer; the feeding thread reads these after the wq handed
+	 * the job back, which orders them (relaxed is enough). */
+	atomic_store_explicit(&w->cpu_ns,
+			      atomic_load_explicit(&w->cpu_ns, memory_order_relaxed) + dt,
+			      memory_order_relaxed);
+	atomic_store_explicit(&w->jobs, atomic_load_explicit(&w->jobs, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+}
 
 static struct ctx_cell *claim(struct ioc_zip *z)
 {
@@ -204,6 +295,7 @@ static void compress_job(struct ioc_wq_job *job)
 {
 	struct slot *s = ioc_container_of(job, struct slot, job);
 	struct ioc_zip *z = s->z;
+	uint64_t t0 = thread_cpu_ns();
 	struct ctx_cell *c = claim(z);
 	ssize_t r;
 
@@ -227,12 +319,14 @@ static void compress_job(struct ioc_wq_job *job)
 	}
 out:
 	unclaim(c);
+	account(z, t0);
 }
 
 static void decompress_job(struct ioc_wq_job *job)
 {
 	struct slot *s = ioc_container_of(job, struct slot, job);
 	struct ioc_zip *z = s->z;
+	uint64_t t0 = thread_cpu_ns();
 	struct ctx_cell *c = claim(z);
 
 	if (!c->ready) {
@@ -248,6 +342,7 @@ static void decompress_job(struct ioc_wq_job *job)
 				     &s->why);
 out:
 	unclaim(c);
+	account(z, t0);
 }
 
 /* ---- feeding-thread side ------------------------------------------ */
@@ -429,7 +524,11 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 	if (!z->o.max_frame)
 		z->o.max_frame = IOC_ZIP_MAX_BLOCK;
 	z->workers = opts->workers ? opts->workers : online_cpus();
-	z->nslots = opts->in_flight ? opts->in_flight : 2 * z->workers + 2;
+	/* One block per worker, plus the one being filled and the one being
+	 * written.  More buys nothing (the feeding thread reads a block far
+	 * faster than a worker compresses one) and every slot is megabytes of
+	 * fresh memory to fault in, which on a VM costs more than it looks. */
+	z->nslots = opts->in_flight ? opts->in_flight : z->workers + 2;
 	if (z->nslots < 2)
 		z->nslots = 2;
 
@@ -456,6 +555,17 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 	for (unsigned i = 0; i < z->ncells; i++)
 		atomic_init(&z->cells[i].busy, false);
 
+	z->wstats = aligned_alloc(IOC_CACHELINE, sizeof(*z->wstats) * z->workers);
+	if (!z->wstats) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (unsigned i = 0; i < z->workers; i++) {
+		atomic_init(&z->wstats[i].cpu_ns, 0);
+		atomic_init(&z->wstats[i].jobs, 0);
+	}
+	atomic_init(&z->next_widx, 0);
+
 	z->slots = calloc(z->nslots, sizeof(*z->slots));
 	if (!z->slots) {
 		r = -ENOMEM;
@@ -470,8 +580,8 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 			continue;   /* grown on demand to the frames met */
 		s->in_cap = z->block;
 		s->out_cap = ioc__zip_compress_bound(opts->format, z->block);
-		s->in = malloc(s->in_cap);
-		s->out = malloc(s->out_cap);
+		s->in = buf_alloc(s->in_cap);
+		s->out = buf_alloc(s->out_cap);
 		if (!s->in || !s->out) {
 			r = -ENOMEM;
 			goto fail;
@@ -513,8 +623,8 @@ void ioc_zip_free(struct ioc_zip *z)
 		ioc_wq_free(z->wq);
 	if (z->slots)
 		for (unsigned i = 0; i < z->nslots; i++) {
-			free(z->slots[i].in);
-			free(z->slots[i].out);
+			buf_free(z->slots[i].in, z->slots[i].in_cap);
+			buf_free(z->slots[i].out, z->slots[i].out_cap);
 		}
 	free(z->slots);
 	if (z->cells)
@@ -527,6 +637,7 @@ void ioc_zip_free(struct ioc_zip *z)
 				ioc__zip_cctx_fini(&z->cells[i].c);
 		}
 	free(z->cells);
+	free(z->wstats);
 	if (z->sd_ready)
 		ioc__zip_dctx_fini(&z->sd);
 	free(z->sout);
@@ -645,10 +756,12 @@ static int grow(uint8_t **p, size_t *cap, size_t want)
 
 	if (*cap >= want)
 		return 0;
-	/* Grow to the frame size met, once; equal-sized frames then reuse. */
-	q = realloc(*p, want);
+	/* Grow to the frame size met, once; equal-sized frames then reuse.
+	 * The contents need not survive. */
+	q = buf_alloc(want);
 	if (!q)
 		return -ENOMEM;
+	buf_free(*p, *cap);
 	*p = q;
 	*cap = want;
 	return 0;

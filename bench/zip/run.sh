@@ -1,0 +1,190 @@
+#!/bin/bash
+# bench/zip/run.sh BUILD_DIR [--quick]
+# iocore-zip against zstd -T2, zstd -d, pigz -p2 and pigz -d, on two corpora
+# built here in /dev/shm: a tar of /usr (capped) and a memory-image-like
+# file (mostly zero 4 KiB pages mixed with data pages).  Wall time of the
+# whole command, input and output in /dev/shm, all cores for everyone
+# (-T0 for us = 2 on this machine; zstd -T2; pigz -p2).  One JSON row per
+# line on stdout; everything else on stderr.
+set -u
+BUILD=${1:?usage: bench/zip/run.sh BUILD_DIR [--quick]}
+QUICK=${2:-}
+Z="$BUILD/tools/zip/iocore-zip"
+BZ="$BUILD/bench/zip/bench-zip"
+NCPU=$(nproc)
+if [ "$QUICK" = "--quick" ]; then
+	MB=50; LEVELS="1 3"; GZLEVELS="1 6"; REPS=2
+else
+	MB=200; LEVELS="1 3 9"; GZLEVELS="1 6 9"; REPS=3
+fi
+DIR=/dev/shm
+[ -w "$DIR" ] || DIR=${TMPDIR:-/tmp}
+CACHE="$DIR/iocore-zip-bench"
+WORK=$(mktemp -d "$DIR/iocore-zip-run.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT INT TERM
+mkdir -p "$CACHE"
+
+log() { echo "bench/zip: $*" >&2; }
+
+# row case params impl peer metric value better cmd [error]
+row() {
+	local v=$6 err=${9:-}
+	if [ -z "$v" ] || [ -n "$err" ]; then
+		[ -z "$err" ] && err="no value"
+		printf '{"suite":"zip","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"%s","value":null,"better":"%s","cmd":"%s","error":"%s"}\n' \
+			"$1" "$2" "$3" "$4" "$5" "$7" "$8" "$err"
+	else
+		printf '{"suite":"zip","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"%s","value":%s,"better":"%s","cmd":"%s"}\n' \
+			"$1" "$2" "$3" "$4" "$5" "$v" "$7" "$8"
+	fi
+}
+
+# ---- corpora (cached across runs: building them is not what we measure)
+USR="$CACHE/usr-${MB}M.tar"
+MEM="$CACHE/mem-${MB}M.img"
+if [ ! -s "$USR" ]; then
+	log "building $USR"
+	tar cf - --exclude=/usr/share/zoneinfo /usr 2>/dev/null | head -c $((MB << 20)) > "$USR.tmp" && mv "$USR.tmp" "$USR"
+fi
+if [ ! -s "$MEM" ]; then
+	log "building $MEM"
+	# 3 of 4 pages zero, every 4th page a page of the usr corpus: what a
+	# guest's RAM looks like to migration (seed 004's "duplicate" pages).
+	python3 - "$USR" "$MEM" "$MB" <<'PY'
+import sys
+src, dst, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pages = (mb << 20) // 4096
+zero = bytes(4096)
+with open(src, 'rb') as s, open(dst + '.tmp', 'wb') as d:
+    x = 12345
+    for i in range(pages):
+        x = (x * 1103515245 + 12345) & 0x7fffffff
+        if x % 4 == 0:
+            p = s.read(4096)
+            if len(p) < 4096:
+                s.seek(0); p = s.read(4096)
+            d.write(p)
+        else:
+            d.write(zero)
+PY
+	mv "$MEM.tmp" "$MEM"
+fi
+
+# secs CMD... : wall seconds of a command (its stdout/stderr to files)
+now() { date +%s%N; }
+# Best of $REPS runs: the machine is shared, and the fastest run is the one
+# least disturbed by others.  Applied the same way to every tool.
+timeit() {
+	local t0 t1 best="" i
+	for i in $(seq $REPS); do
+		t0=$(now)
+		"$@" > "$WORK/stdout" 2> "$WORK/stderr" || { cat "$WORK/stderr" >&2; echo ""; return 1; }
+		t1=$(now)
+		best=$(awk -v a="$t0" -v b="$t1" -v m="$best" 'BEGIN { t = (b - a) / 1e9; if (m != "" && m < t) t = m; printf "%.6f\n", t }')
+	done
+	echo "$best"
+}
+mbps() { awk -v n="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f\n", n / s / 1e6 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.5f\n", a / b }'; }
+size() { stat -c %s "$1"; }
+
+have_z=1; [ -x "$Z" ] || have_z=0
+have_zstd=1; command -v zstd >/dev/null || have_zstd=0
+have_pigz=1; command -v pigz >/dev/null || have_pigz=0
+
+# busy spread from `iocore-zip -v`: "worker busy ms: a b spread X%"
+busy_row() { # case params cmd
+	local s
+	s=$(grep -o 'spread [0-9.]*%' "$WORK/stderr" | tail -1 | tr -dc '0-9.')
+	grep 'worker busy' "$WORK/stderr" >&2
+	if [ -n "$s" ]; then
+		row "$1" "$2" iocore-zip false "busy spread" "$(awk -v s="$s" 'BEGIN { printf "%.4f\n", s / 100 }')" lower "$3"
+	else
+		row "$1" "$2" iocore-zip false "busy spread" "" lower "$3" "no busy line"
+	fi
+}
+
+for corpus in usr mem; do
+	IN=$USR; [ $corpus = mem ] && IN=$MEM
+	N=$(size "$IN")
+	# ---- zstd compression
+	for L in $LEVELS; do
+		P="corpus=$corpus,level=$L,threads=$NCPU"
+		cmd="$Z -q -v -f -T0 -$L $IN -o OUT.zst"
+		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 -$L "$IN" -o "$WORK/ours.zst"); then
+			row compress "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$cmd"
+			row compress "$P" iocore-zip false "size ratio" "$(ratio $(size "$WORK/ours.zst") $N)" lower "$cmd"
+			busy_row compress-busy "$P" "$cmd"
+		else
+			row compress "$P" iocore-zip false MB/s "" higher "$cmd" "iocore-zip failed or not built"
+		fi
+		cmd="zstd -q -f -T$NCPU -$L $IN -o OUT.zst"
+		if [ $have_zstd = 1 ] && s=$(timeit zstd -q -f -T$NCPU -$L "$IN" -o "$WORK/peer.zst"); then
+			row compress "$P" "zstd -T$NCPU" true MB/s "$(mbps $N $s)" higher "$cmd"
+			row compress "$P" "zstd -T$NCPU" true "size ratio" "$(ratio $(size "$WORK/peer.zst") $N)" lower "$cmd"
+		else
+			row compress "$P" "zstd -T$NCPU" true MB/s "" higher "$cmd" "zstd missing or failed"
+		fi
+	done
+	# ---- zstd decompression (each tool's own output of the default level)
+	P="corpus=$corpus,format=zstd,threads=$NCPU"
+	if [ $have_z = 1 ] && "$Z" -q -f -T0 -3 "$IN" -o "$WORK/ours.zst" 2>/dev/null &&
+	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours.zst" -o "$WORK/ours.out"); then
+		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d"
+		row decompress "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$Z -d -T0 ours.zst -o OUT"
+		busy_row decompress-busy "$P" "$Z -v -d -T0 ours.zst -o OUT"
+	else
+		row decompress "$P" iocore-zip false MB/s "" higher "$Z -d" "iocore-zip failed or not built"
+	fi
+	if [ $have_zstd = 1 ] && zstd -q -f -T$NCPU -3 "$IN" -o "$WORK/peer.zst" &&
+	   s=$(timeit zstd -q -d -f "$WORK/peer.zst" -o "$WORK/peer.out"); then
+		row decompress "$P" "zstd -d" true MB/s "$(mbps $N $s)" higher "zstd -d peer.zst -o OUT"
+	else
+		row decompress "$P" "zstd -d" true MB/s "" higher "zstd -d" "zstd missing or failed"
+	fi
+	rm -f "$WORK"/*.out
+	# ---- gzip compression
+	for L in $GZLEVELS; do
+		P="corpus=$corpus,level=$L,threads=$NCPU"
+		cmd="$Z -q -f -T0 --format=gzip -$L $IN -o OUT.gz"
+		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 --format=gzip -$L "$IN" -o "$WORK/ours.gz"); then
+			row gzip "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$cmd"
+			row gzip "$P" iocore-zip false "size ratio" "$(ratio $(size "$WORK/ours.gz") $N)" lower "$cmd"
+			busy_row gzip-busy "$P" "$cmd"
+		else
+			row gzip "$P" iocore-zip false MB/s "" higher "$cmd" "iocore-zip failed or not built"
+		fi
+		cmd="pigz -p $NCPU -$L -c $IN > OUT.gz"
+		if [ $have_pigz = 1 ] && s=$(timeit sh -c "pigz -p $NCPU -$L -c '$IN' > '$WORK/peer.gz'"); then
+			row gzip "$P" "pigz -p$NCPU" true MB/s "$(mbps $N $s)" higher "$cmd"
+			row gzip "$P" "pigz -p$NCPU" true "size ratio" "$(ratio $(size "$WORK/peer.gz") $N)" lower "$cmd"
+		else
+			row gzip "$P" "pigz -p$NCPU" true MB/s "" higher "$cmd" "pigz missing or failed"
+		fi
+	done
+	# ---- gzip decompression (each tool's own output at level 6)
+	P="corpus=$corpus,format=gzip,threads=$NCPU"
+	if [ $have_z = 1 ] && "$Z" -q -f -T0 --format=gzip -6 "$IN" -o "$WORK/ours.gz" 2>/dev/null &&
+	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours.gz" -o "$WORK/ours.out"); then
+		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d (gzip)"
+		row decompress "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$Z -d -T0 ours.gz -o OUT"
+	else
+		row decompress "$P" iocore-zip false MB/s "" higher "$Z -d" "iocore-zip failed or not built"
+	fi
+	if [ $have_pigz = 1 ] && pigz -p $NCPU -6 -c "$IN" > "$WORK/peer.gz" &&
+	   s=$(timeit sh -c "pigz -d -p $NCPU -c '$WORK/peer.gz' > '$WORK/peer.out'"); then
+		row decompress "$P" "pigz -d" true MB/s "$(mbps $N $s)" higher "pigz -d -c peer.gz > OUT"
+	else
+		row decompress "$P" "pigz -d" true MB/s "" higher "pigz -d" "pigz missing or failed"
+	fi
+	rm -f "$WORK"/*
+done
+
+# ---- libdeflate vs zlib inside the same member framing (why libdeflate)
+if [ -x "$BZ" ]; then
+	for L in 1 6; do
+		"$BZ" --case backend "$USR" $L || log "bench-zip failed"
+	done
+else
+	row codec-backend "level=1,threads=1" iocore-libdeflate false MB/s "" higher "$BZ" "bench-zip not built"
+fi
