@@ -212,6 +212,7 @@ int main(int argc, char **argv)
 
 	/* Listen first, so clients can connect as soon as we report ready. */
 	int lfds[MAX_LISTEN], nl = activation_fds(lfds, MAX_LISTEN);
+	bool activated = nl > 0;
 	if (nl == 0) {
 		if (unix_path)
 			lfds[0] = ioc_nbd_listen_unix(unix_path);
@@ -273,10 +274,16 @@ int main(int argc, char **argv)
 	if (verbose) {
 		struct ioc_blk_info info;
 		ioc_blk_get_info(blk, &info);
+		char where[300];
+		if (activated)
+			snprintf(where, sizeof(where), "%d activated socket(s)", nl);
+		else if (unix_path)
+			snprintf(where, sizeof(where), "%s", unix_path);
+		else
+			snprintf(where, sizeof(where), "%s:%s", bind_addr, port);
 		fprintf(stderr, "%s: serving %s (%llu bytes, aio %s%s) on %s\n", prog,
 			image, (unsigned long long)info.size, info.aio,
-			eo.read_only ? ", read-only" : "",
-			unix_path ? unix_path : bind_addr);
+			eo.read_only ? ", read-only" : "", where);
 	}
 	if (do_fork) {
 		int devnull = open("/dev/null", O_RDWR);
