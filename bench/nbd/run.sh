@@ -1,0 +1,167 @@
+#!/bin/sh
+# bench/nbd/run.sh BUILD_DIR [--quick]
+#
+# fio's nbd engine against iocore-nbd and the peers of PEERS.md, same image
+# (raw, in /dev/shm), same jobs: 4 KiB randread and randrw 80/20 at
+# iodepth 64, one connection and four (numjobs=4, one connection each).
+# Peers: qemu-nbd --aio=io_uring, qemu-nbd --aio=threads, nbdkit file.
+# Rows: IOPS (read+write, higher is better) and p99 completion latency
+# (all completions, lower is better).  One JSON row per line on stdout.
+exec python3 - "$@" <<'EOF'
+import json, os, shutil, signal, subprocess, sys, tempfile, time
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+quick = "--quick" in sys.argv
+if not args:
+    sys.exit("usage: run.sh BUILD_DIR [--quick]")
+build = os.path.abspath(args[0])
+ours = os.path.join(build, "tools/nbd/iocore-nbd")
+runtime, ramp = (2, 0.5) if quick else (8, 1)
+size_mb = 256 if quick else 1024
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def row(case, params, impl, peer, metric, value, better, cmd, error=None):
+    r = {"suite": "nbd", "case": case, "params": params, "impl": impl,
+         "peer": peer, "metric": metric, "value": value, "better": better,
+         "cmd": cmd}
+    if error:
+        r["error"] = error
+    print(json.dumps(r), flush=True)
+
+
+base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+work = tempfile.mkdtemp(prefix="ioc-nbd-bench.", dir=base)
+img = os.path.join(work, "disk.img")
+sock = os.path.join(work, "sock")
+pidf = os.path.join(work, "pid")
+
+
+def cleanup():
+    shutil.rmtree(work, ignore_errors=True)
+
+
+# A fully allocated image: holes would make reads free for everyone.
+with open(img, "wb") as f:
+    chunk = b"\x5a" * (1 << 20)
+    for _ in range(size_mb):
+        f.write(chunk)
+
+servers = [
+    ("iocore", False, [ours, "--fork", "--pid-file", pidf, "-U", sock, img]),
+    ("qemu-nbd-io_uring", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
+                                 "--aio=io_uring", "-e", "8", "--fork",
+                                 "--pid-file", pidf, "-k", sock, img]),
+    ("qemu-nbd-threads", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
+                                "--aio=threads", "-e", "8", "--fork",
+                                "--pid-file", pidf, "-k", sock, img]),
+    ("nbdkit-file", True, ["nbdkit", "--pidfile", pidf, "-U", sock, "file", img]),
+]
+
+workloads = [
+    ("randread", ["--rw=randread"]),
+    ("randrw", ["--rw=randrw", "--rwmixread=80"]),
+]
+
+
+def start(cmd):
+    for p in (sock, pidf):
+        if os.path.exists(p):
+            os.unlink(p)
+    if not shutil.which(cmd[0]) and not os.access(cmd[0], os.X_OK):
+        return None, "%s not installed" % cmd[0]
+    # All three daemonise once they listen and write the pid file.
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=30)
+    if r.returncode != 0:
+        return None, "start failed: " + r.stderr.decode(errors="replace").strip()[:200]
+    for _ in range(500):
+        if os.path.exists(pidf) and os.path.exists(sock):
+            try:
+                with open(pidf) as f:
+                    return int(f.read().strip()), None
+            except ValueError:
+                pass
+        time.sleep(0.01)
+    return None, "no pid file"
+
+
+def stop(pid):
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(500):
+        try:
+            os.kill(pid, 0)
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.01)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def fio(extra, jobs):
+    cmd = ["fio", "--name=b", "--ioengine=nbd",
+           "--uri=nbd+unix:///?socket=" + sock, "--bs=4k", "--iodepth=64",
+           "--numjobs=%d" % jobs, "--group_reporting=1",
+           "--unified_rw_reporting=1", "--time_based=1",
+           "--runtime=%g" % runtime, "--ramp_time=%g" % ramp,
+           "--output-format=json"] + extra
+    r = subprocess.run(cmd, capture_output=True, timeout=runtime * 3 + 60)
+    out = r.stdout.decode(errors="replace")
+    if r.returncode != 0 or "{" not in out:
+        raise RuntimeError("fio failed: " + r.stderr.decode(errors="replace")[-300:])
+    j = json.loads(out[out.index("{"):])
+    m = j["jobs"][0]["mixed"]
+    iops = m["iops"]
+    p99 = m["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
+    return iops, p99, " ".join(cmd)
+
+
+if not shutil.which("fio"):
+    for wl, _ in workloads:
+        for jobs in (1, 4):
+            for impl, peer, cmd in servers:
+                for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
+                    row(wl, "bs=4k,iodepth=64,conns=%d" % jobs, impl, peer, metric,
+                        None, better, "fio", "fio not installed")
+    cleanup()
+    sys.exit(0)
+
+try:
+    for impl, peer, scmd in servers:
+        pid, err = start(scmd)
+        for wl, extra in workloads:
+            for jobs in (1, 4):
+                params = "bs=4k,iodepth=64,conns=%d" % jobs
+                if pid is None:
+                    for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
+                        row(wl, params, impl, peer, metric, None, better,
+                            " ".join(scmd), err)
+                    continue
+                try:
+                    iops, p99, fcmd = fio(extra, jobs)
+                    log("%-18s %-8s conns=%d  %9.0f IOPS  p99 %7.0f us" %
+                        (impl, wl, jobs, iops, p99))
+                    row(wl, params, impl, peer, "IOPS", round(iops, 1), "higher",
+                        " ".join(scmd) + " ; " + fcmd)
+                    row(wl, params, impl, peer, "p99 us", round(p99, 1), "lower",
+                        " ".join(scmd) + " ; " + fcmd)
+                except Exception as e:
+                    for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
+                        row(wl, params, impl, peer, metric, None, better,
+                            " ".join(scmd), str(e)[:200])
+        if pid is not None:
+            stop(pid)
+finally:
+    cleanup()
+EOF
