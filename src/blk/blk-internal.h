@@ -112,6 +112,33 @@ struct blk_req {
 _Static_assert(sizeof(struct blk_req) <= sizeof(((struct ioc_blk_req *)0)->priv),
 	       "struct blk_req must fit in ioc_blk_req.priv");
 
+/*
+ * The image's shared, relaxed state.  size: pairs with nothing; a request
+ * racing with a truncate is checked against either size, as with any
+ * concurrent resize, and a truncate is ordered with its own caller's later
+ * requests by program order.  caps: a capability bit is only ever cleared,
+ * after the kernel refused it; a stale set bit costs one more refused call.
+ */
+static inline uint64_t blk_size(const struct ioc_blk *blk)
+{
+	return atomic_load_explicit(&blk->size, memory_order_relaxed);
+}
+
+static inline void blk_set_size(struct ioc_blk *blk, uint64_t size)
+{
+	atomic_store_explicit(&blk->size, size, memory_order_relaxed);
+}
+
+static inline unsigned blk_caps(const struct ioc_blk *blk)
+{
+	return atomic_load_explicit(&blk->caps, memory_order_relaxed);
+}
+
+static inline void blk_cap_clear(struct ioc_blk *blk, unsigned cap)
+{
+	atomic_fetch_and_explicit(&blk->caps, ~cap, memory_order_relaxed);
+}
+
 static inline struct blk_req *blk_req_of(struct ioc_blk_req *req)
 {
 	return (struct blk_req *)(void *)req->priv;

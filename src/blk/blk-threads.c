@@ -35,16 +35,6 @@ static inline uint64_t align_up(uint64_t x, uint64_t a)
 	return (x + a - 1) / a * a;
 }
 
-static void cap_clear(struct ioc_blk *blk, unsigned cap)
-{
-	atomic_fetch_and_explicit(&blk->caps, ~cap, memory_order_relaxed);
-}
-
-static unsigned caps_of(struct ioc_blk *blk)
-{
-	return atomic_load_explicit(&blk->caps, memory_order_relaxed);
-}
-
 static bool unsupported(int err)
 {
 	return err == EOPNOTSUPP || err == ENOTTY || err == ENOSYS;
@@ -77,11 +67,11 @@ int64_t ioc__blk_sync_rw(struct blk_req *r)
 		if (r->op == BLK_OP_READ) {
 			n = preadv2(blk->fd, iov, cnt, (off_t)pos, 0);
 		} else {
-			int rwf = fua && (caps_of(blk) & BLK_CAP_DSYNC) ? RWF_DSYNC : 0;
+			int rwf = fua && (blk_caps(blk) & BLK_CAP_DSYNC) ? RWF_DSYNC : 0;
 
 			n = pwritev2(blk->fd, iov, cnt, (off_t)pos, rwf);
 			if (n < 0 && rwf && (errno == EOPNOTSUPP || errno == EINVAL)) {
-				cap_clear(blk, BLK_CAP_DSYNC);
+				blk_cap_clear(blk, BLK_CAP_DSYNC);
 				continue;
 			}
 			if (fua && !rwf)
@@ -152,7 +142,7 @@ static int rmw_write(struct ioc_blk *blk, uint64_t off, const struct iovec *iov,
 {
 	uint64_t al = blk->req_align;
 	uint64_t a0 = align_down(off, al), a1 = align_up(off + len, al);
-	uint64_t size = atomic_load_explicit(&blk->size, memory_order_relaxed);
+	uint64_t size = blk_size(blk);
 	size_t balign = blk->mem_align > al ? blk->mem_align : al;
 	char *buf = NULL;
 	int ret;
@@ -270,7 +260,7 @@ static int do_zeroes(struct ioc_blk *blk, uint64_t off, uint64_t len, uint32_t f
 static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
 			     uint32_t flags)
 {
-	unsigned caps = caps_of(blk);
+	unsigned caps = blk_caps(blk);
 
 	if ((flags & IOC_BLK_MAY_UNMAP) && (caps & BLK_CAP_PUNCH)) {
 		if (fallocate(blk->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -278,7 +268,7 @@ static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
 			return 0;
 		if (!unsupported(errno))
 			return -errno;
-		cap_clear(blk, BLK_CAP_PUNCH);
+		blk_cap_clear(blk, BLK_CAP_PUNCH);
 	}
 	if (caps & BLK_CAP_ZERO_RANGE) {
 		if (fallocate(blk->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
@@ -286,9 +276,9 @@ static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
 			return 0;
 		if (!unsupported(errno))
 			return -errno;
-		cap_clear(blk, BLK_CAP_ZERO_RANGE);
+		blk_cap_clear(blk, BLK_CAP_ZERO_RANGE);
 	}
-	caps = caps_of(blk);
+	caps = blk_caps(blk);
 	if (!blk->is_blockdev && (caps & BLK_CAP_PUNCH)) {
 		/* tmpfs and others without ZERO_RANGE: a hole, then allocate
 		 * it again, gives allocated zeroes. */
@@ -301,12 +291,12 @@ static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
 				return 0;
 			if (!unsupported(errno))
 				return -errno;
-			cap_clear(blk, BLK_CAP_ALLOC);
+			blk_cap_clear(blk, BLK_CAP_ALLOC);
 			return 0; /* holes read as zeroes: still correct */
 		}
 		if (!unsupported(errno))
 			return -errno;
-		cap_clear(blk, BLK_CAP_PUNCH);
+		blk_cap_clear(blk, BLK_CAP_PUNCH);
 	}
 	if (blk->is_blockdev) {
 		uint64_t range[2] = { off, len };
@@ -331,12 +321,12 @@ static int do_discard(struct ioc_blk *blk, uint64_t off, uint64_t len)
 
 		if (m0 >= m1 || ioctl(blk->fd, BLKDISCARD, range) == 0)
 			return 0;
-	} else if (caps_of(blk) & BLK_CAP_PUNCH) {
+	} else if (blk_caps(blk) & BLK_CAP_PUNCH) {
 		if (fallocate(blk->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 			      (off_t)off, (off_t)len) == 0)
 			return 0;
 		if (unsupported(errno))
-			cap_clear(blk, BLK_CAP_PUNCH);
+			blk_cap_clear(blk, BLK_CAP_PUNCH);
 	} else {
 		return 0;
 	}

@@ -20,11 +20,6 @@
 
 #include "blk-internal.h"
 
-static void cap_clear(struct ioc_blk *blk, unsigned cap)
-{
-	atomic_fetch_and_explicit(&blk->caps, ~cap, memory_order_relaxed);
-}
-
 static void uring_cb(struct ioc_uring_op *op, int res, uint32_t cqe_flags)
 {
 	struct blk_req *r = ioc_container_of(op, struct blk_req, u.uop);
@@ -41,10 +36,10 @@ static void uring_cb(struct ioc_uring_op *op, int res, uint32_t cqe_flags)
 		}
 		if (r->op == BLK_OP_WRITE && (r->flags & IOC_BLK_FUA) &&
 		    (res == -EOPNOTSUPP || res == -EINVAL) &&
-		    (atomic_load_explicit(&blk->caps, memory_order_relaxed) &
+		    (blk_caps(blk) &
 		     BLK_CAP_DSYNC)) {
 			/* No RWF_DSYNC here: write and fdatasync on the pool. */
-			cap_clear(blk, BLK_CAP_DSYNC);
+			blk_cap_clear(blk, BLK_CAP_DSYNC);
 			ioc__blk_threads_submit(r);
 			return;
 		}
@@ -56,7 +51,7 @@ static void uring_cb(struct ioc_uring_op *op, int res, uint32_t cqe_flags)
 		return;
 	case BLK_OP_DISCARD:
 		if (res == -EOPNOTSUPP) {
-			cap_clear(blk, BLK_CAP_PUNCH);
+			blk_cap_clear(blk, BLK_CAP_PUNCH);
 			res = 0; /* a hint that cannot be honoured */
 		}
 		ioc__blk_finish(r, res);
@@ -64,7 +59,7 @@ static void uring_cb(struct ioc_uring_op *op, int res, uint32_t cqe_flags)
 	case BLK_OP_ZEROES:
 		if (res == -EOPNOTSUPP) {
 			/* The pool's chain knows the other ways. */
-			cap_clear(blk, BLK_CAP_PUNCH);
+			blk_cap_clear(blk, BLK_CAP_PUNCH);
 			ioc__blk_threads_submit(r);
 			return;
 		}

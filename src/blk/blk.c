@@ -150,7 +150,7 @@ static void probe_alignment(struct ioc_blk *blk)
 	char *buf = NULL;
 
 	blk->req_align = blk->mem_align = max;
-	if (atomic_load_explicit(&blk->size, memory_order_relaxed) == 0)
+	if (blk_size(blk) == 0)
 		return;
 	if (posix_memalign((void **)&buf, max, 2 * max))
 		return;
@@ -321,7 +321,7 @@ void ioc_blk_get_info(struct ioc_blk *blk, struct ioc_blk_info *info)
 	bool null = blk->driver == IOC_BLK_DRIVER_NULL;
 
 	memset(info, 0, sizeof(*info));
-	info->size = atomic_load_explicit(&blk->size, memory_order_relaxed);
+	info->size = blk_size(blk);
 	info->min_align = blk->req_align;
 	info->opt_align = blk->opt_align;
 	info->read_only = blk->read_only;
@@ -336,7 +336,7 @@ void ioc_blk_get_info(struct ioc_blk *blk, struct ioc_blk_info *info)
 
 int64_t ioc_blk_size(struct ioc_blk *blk)
 {
-	return (int64_t)atomic_load_explicit(&blk->size, memory_order_relaxed);
+	return (int64_t)blk_size(blk);
 }
 
 void ioc__blk_set_fault(struct ioc_blk *blk, ioc__blk_fault_fn *fn, void *opaque)
@@ -615,7 +615,7 @@ static void blk_dispatch(struct blk_req *r)
 static bool needs_pool(const struct blk_req *r)
 {
 	const struct ioc_blk *blk = r->blk;
-	unsigned caps = atomic_load_explicit(&blk->caps, memory_order_relaxed);
+	unsigned caps = blk_caps(blk);
 
 	switch (r->op) {
 	case BLK_OP_DISCARD:
@@ -634,7 +634,7 @@ static bool needs_pool(const struct blk_req *r)
 
 static int check_range(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 {
-	uint64_t size = atomic_load_explicit(&blk->size, memory_order_relaxed);
+	uint64_t size = blk_size(blk);
 
 	if (offset > size || len > size - offset)
 		return -EINVAL;
@@ -744,9 +744,10 @@ static void blk_submit_cb(struct ioc_blk *blk, struct ioc_blk_req *req,
  *
  * Back-off: fp_credit drops by one per miss and is refilled by a hit; at
  * zero the fast path is skipped except one request in FP_PROBE_EVERY per
- * thread.  Relaxed loads and stores, not read-modify-writes: a lost update
- * between two loops only shifts when the back-off starts, and a store only
- * happens when the value changes, so hits on a hot image write nothing.
+ * thread.  Relaxed loads and stores that pair with nothing (it is a
+ * heuristic), not read-modify-writes: a lost update between two loops only
+ * shifts when the back-off starts, and a store only happens when the value
+ * changes, so hits on a hot image write nothing.
  */
 /* cachestat(2) (Linux 6.5): how much of a range is in the page cache. */
 #ifndef __NR_cachestat
@@ -780,8 +781,7 @@ static ssize_t cached_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
 	range.len = (last - first + 1) * (uint64_t)page_size;
 	if (syscall(__NR_cachestat, blk->fd, &range, &cs, 0) < 0) {
 		if (errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF)
-			atomic_fetch_and_explicit(&blk->caps, ~(unsigned)BLK_CAP_CACHESTAT,
-						  memory_order_relaxed);
+			blk_cap_clear(blk, BLK_CAP_CACHESTAT);
 		return -EAGAIN;
 	}
 	if (cs.nr_cache < last - first + 1)
@@ -796,16 +796,17 @@ static ssize_t cached_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
  *
  * Back-off: fp_credit drops by one per miss and is refilled by a hit; at
  * zero the fast path is skipped except one request in FP_PROBE_EVERY per
- * thread.  Relaxed loads and stores, not read-modify-writes: a lost update
- * between two loops only shifts when the back-off starts, and a store only
- * happens when the value changes, so hits on a hot image write nothing.
+ * thread.  Relaxed loads and stores that pair with nothing (it is a
+ * heuristic), not read-modify-writes: a lost update between two loops only
+ * shifts when the back-off starts, and a store only happens when the value
+ * changes, so hits on a hot image write nothing.
  */
 static ssize_t fast_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
 			 const struct iovec *iov, int iovcnt, uint32_t flags)
 {
 	static __thread unsigned probe;
 	int credit = atomic_load_explicit(&blk->fp_credit, memory_order_relaxed);
-	unsigned caps = atomic_load_explicit(&blk->caps, memory_order_relaxed);
+	unsigned caps = blk_caps(blk);
 	ssize_t n;
 
 	if (credit <= 0 && !(flags & IOC_BLK_NOWAIT_ONLY) &&
@@ -816,8 +817,7 @@ static ssize_t fast_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
 		if (n < 0 && errno == EOPNOTSUPP) {
 			/* This file system cannot do it: stop trying for
 			 * good, and use cachestat instead. */
-			atomic_fetch_and_explicit(&blk->caps, ~(unsigned)BLK_CAP_NOWAIT,
-						  memory_order_relaxed);
+			blk_cap_clear(blk, BLK_CAP_NOWAIT);
 			return -EAGAIN;
 		}
 	} else {
@@ -838,7 +838,7 @@ static inline bool fast_path_ok(struct ioc_blk *blk, uint32_t flags)
 {
 	if (blk->fault || blk->o_direct || blk->driver != IOC_BLK_DRIVER_FILE)
 		return false;
-	if (!(atomic_load_explicit(&blk->caps, memory_order_relaxed) &
+	if (!(blk_caps(blk) &
 	      (BLK_CAP_NOWAIT | BLK_CAP_CACHESTAT)))
 		return false;
 	return blk->fast_path || (flags & IOC_BLK_NOWAIT_ONLY);
@@ -943,7 +943,7 @@ int ioc_coroutine_fn ioc_blk_co_write_zeroes(struct ioc_blk *blk, uint64_t offse
 int ioc_coroutine_fn ioc_blk_co_block_status(struct ioc_blk *blk, uint64_t offset,
 					     uint64_t len, uint64_t *pnum, uint32_t flags)
 {
-	uint64_t size = atomic_load_explicit(&blk->size, memory_order_relaxed);
+	uint64_t size = blk_size(blk);
 	off_t data, hole;
 
 	*pnum = 0;
@@ -1018,18 +1018,18 @@ int ioc_coroutine_fn ioc_blk_co_truncate(struct ioc_blk *blk, uint64_t size, uin
 	if (size > INT64_MAX)
 		return -EINVAL;
 	if (blk->driver == IOC_BLK_DRIVER_NULL) {
-		atomic_store_explicit(&blk->size, size, memory_order_relaxed);
+		blk_set_size(blk, size);
 		return 0;
 	}
 	if (blk->is_blockdev)
-		return size == atomic_load_explicit(&blk->size, memory_order_relaxed) ?
+		return size == blk_size(blk) ?
 			0 : -ENOTSUP;
 	pool = ioc_pool_for_loop(ioc_loop_current());
 	if (!pool)
 		return -ENOMEM;
 	ret = ioc_pool_co_run(pool, truncate_work, &j);
 	if (ret == 0)
-		atomic_store_explicit(&blk->size, size, memory_order_relaxed);
+		blk_set_size(blk, size);
 	return (int)ret;
 }
 
