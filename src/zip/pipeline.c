@@ -135,6 +135,7 @@ struct ioc_zip {
 	 * (decompression, to check a table we meet). */
 	struct ioc__zip_seek_entry *ents;
 	size_t nents, ents_cap;
+	bool ents_overflow;       /* decompression: too many to check */
 
 	/* decompression */
 	uint8_t *stage;
@@ -780,7 +781,14 @@ static int check_seek_table(struct ioc_zip *z, const uint8_t *p, size_t len)
 	if (len < 8 + IOC__ZIP_SEEK_FOOTER ||
 	    ioc__zip_seektable_footer(p + len - IOC__ZIP_SEEK_FOOTER, &n, &with_sum, &why) == -ENOENT)
 		return 0;       /* some other skippable frame */
-	if (why || ioc__zip_seektable_size(n, with_sum) != len || n != z->nents) {
+	if (z->ents_overflow) {
+		z->ents_overflow = false;
+		z->nents = 0;
+		return 0;
+	}
+	/* The table describes the n frames just before it (others may precede
+	 * them: `cat other.zst ours.zst`). */
+	if (why || ioc__zip_seektable_size(n, with_sum) != len || n > z->nents) {
 		return fail(z, -EBADMSG, "seek table at offset %llu: %s",
 			    (unsigned long long)z->stage_off,
 			    why ? why : "does not describe the frames before it");
@@ -788,11 +796,10 @@ static int check_seek_table(struct ioc_zip *z, const uint8_t *p, size_t len)
 	esize = with_sum ? 12 : 8;
 	for (uint32_t i = 0; i < n; i++) {
 		const uint8_t *e = p + 8 + (size_t)i * esize;
+		const struct ioc__zip_seek_entry *f = &z->ents[z->nents - n + i];
 
-		if (ioc__zip_le32(e) != z->ents[i].csize ||
-		    ioc__zip_le32(e + 4) != z->ents[i].dsize ||
-		    (with_sum && z->ents[i].sum != UINT32_MAX &&
-		     ioc__zip_le32(e + 8) != z->ents[i].sum))
+		if (ioc__zip_le32(e) != f->csize || ioc__zip_le32(e + 4) != f->dsize ||
+		    (with_sum && f->sum != UINT32_MAX && ioc__zip_le32(e + 8) != f->sum))
 			return fail(z, -EBADMSG,
 				    "seek table at offset %llu: entry %u does not match its frame",
 				    (unsigned long long)z->stage_off, i);
@@ -823,7 +830,8 @@ static int stream_begin(struct ioc_zip *z)
 		return fail(z, r, "frame at offset %llu: %s", (unsigned long long)z->stage_off, why);
 	z->streaming = true;
 	z->frame_off = z->stage_off;
-	z->nents = 0;    /* a streamed frame breaks any seek-table check */
+	z->nents = 0;
+	z->ents_overflow = true;  /* a table after a streamed frame is not checked */
 	z->st.stream_frames++;
 	return 0;
 }
@@ -878,7 +886,12 @@ static int dec_frame_to_slot(struct ioc_zip *z, const uint8_t *p, uint64_t dsize
 	s->out_len = (size_t)dsize;
 	s->kind = z->fr.kind;
 	s->in_off = z->stage_off;
-	if (z->fr.kind == IOC__ZIP_K_ZSTD && z->nents < IOC__ZIP_SEEK_MAX_FRAMES) {
+	/* Remember frames for checking a seek table we may meet, but not
+	 * without bound: past 1M frames since the last table (12 MB), stop
+	 * and skip the check rather than grow with hostile input. */
+	if (z->fr.kind == IOC__ZIP_K_ZSTD && z->nents >= (1u << 20))
+		z->ents_overflow = true;
+	if (z->fr.kind == IOC__ZIP_K_ZSTD && !z->ents_overflow) {
 		uint32_t sum = z->fr.has_sum ? ioc__zip_le32(p + csize - 4) : UINT32_MAX;
 
 		r = push_entry(z, (uint32_t)csize, (uint32_t)dsize, sum);
@@ -925,6 +938,7 @@ static int dec_process(struct ioc_zip *z)
 				/* Too big to check: drop it as it streams by. */
 				z->skip_left = z->fr.csize;
 				z->nents = 0;
+				z->ents_overflow = false;
 				memset(&z->fr, 0, sizeof(z->fr));
 				continue;
 			}

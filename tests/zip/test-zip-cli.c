@@ -152,6 +152,9 @@ static void test_interop_zstd(void)
 	/* Multi-frame foreign: two zstd frames concatenated, plus ours. */
 	ASSERT_EQ(sh("cd %s && %s -q -f in -o c && cat z zp c > multi && %s -q -dc multi > out && "
 		     "cat in in in | cmp - out", dir, tool, tool), 0);
+	/* A foreign sized frame right before ours: our table still checks. */
+	ASSERT_EQ(sh("cd %s && cat z c > zc && %s -q -dc zc > out2 && cat in in | cmp - out2", dir,
+		     tool), 0);
 	/* zstd reads our file inside a concatenation too. */
 	ASSERT_EQ(sh("cd %s && zstd -q -dc multi | cmp - out", dir), 0);
 }

@@ -320,6 +320,33 @@ static void test_write_error(void)
 	free(c.p);
 }
 
+/* Frames larger than max_frame stream on the feeding thread, and the seek
+ * table after them is not mistaken for a lie. */
+static void test_max_frame_streams(void)
+{
+	size_t n = 1000000;
+	uint8_t *src = zt_data(n, 31);
+	struct ioc_zip_opts o = { .block_size = 65536, .workers = 2 };
+	struct buf c = { 0 }, d = { 0 };
+	struct ioc_zip_stats st;
+	struct ioc_zip *z;
+
+	compress_buf(&o, src, n, n, &c, NULL);
+	o.max_frame = 16384;
+	o.write = buf_write;
+	o.opaque = &d;
+	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
+	ASSERT_OK(ioc_zip_write(z, c.p, c.len));
+	ASSERT_OK(ioc_zip_finish(z));
+	ioc_zip_get_stats(z, &st);
+	ioc_zip_free(z);
+	ASSERT_UEQ(st.stream_frames, (n + 65535) / 65536);
+	ASSERT_UEQ(st.parallel_frames, 0);
+	ASSERT_UEQ(d.len, n);
+	ASSERT_MEM_EQ(d.p, src, n);
+	free(src); free(c.p); free(d.p);
+}
+
 static int write_file(const char *path, const uint8_t *p, size_t n)
 {
 	int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
@@ -405,5 +432,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_foreign_gzip_mixed),
 	IOC_TEST(test_hostile),
 	IOC_TEST(test_write_error),
+	IOC_TEST(test_max_frame_streams),
 	IOC_TEST(test_extract),
 )
