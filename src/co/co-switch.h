@@ -58,7 +58,7 @@ static inline void ioc__co_ctx_make(struct ioc__co_ctx *ctx, void *stack_lo,
 	__asm__ volatile("fnstcw %0" : "=m"(fpucw));
 	sp[0] = (uint64_t)mxcsr | (uint64_t)fpucw << 32;
 	for (int i = 1; i <= 6; i++)
-		sp[i] = 0;			/* r15..rbp; rbp = 0 ends backtraces */
+		sp[i] = 0;			/* r12..rbp; rbp = 0 ends backtraces */
 	sp[7] = (uint64_t)(uintptr_t)entry;	/* return address */
 	sp[8] = 0;				/* entry's own "return address" */
 	ctx->sp = sp;
