@@ -108,7 +108,8 @@ static void put(struct buf *s, const void *p, size_t n)
 {
 	if (s->n + n > sizeof(s->b))
 		abort();
-	memcpy(s->b + s->n, p, n);
+	if (n)
+		memcpy(s->b + s->n, p, n);
 	s->n += n;
 }
 static void put32(struct buf *s, uint32_t v) { uint8_t b[4]; ioc_nbd_st32(b, v); put(s, b, 4); }
