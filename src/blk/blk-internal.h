@@ -47,6 +47,16 @@ typedef int64_t ioc__blk_fault_fn(void *opaque, enum blk_op op,
 				   uint64_t offset, uint64_t len);
 void ioc__blk_set_fault(struct ioc_blk *blk, ioc__blk_fault_fn *fn, void *opaque);
 
+/* How the inline fast path reads, for tests to force each one (the default
+ * is chosen at open: PLAIN for tmpfs without swap, else NOWAIT, falling
+ * back to CACHESTAT when the file system refuses RWF_NOWAIT). */
+enum blk_fast_how {
+	BLK_FAST_PLAIN,     /* preadv: reads that never wait for I/O */
+	BLK_FAST_NOWAIT,    /* preadv2(RWF_NOWAIT) */
+	BLK_FAST_CACHESTAT, /* cachestat(2), then preadv */
+};
+void ioc__blk_set_fast_how(struct ioc_blk *blk, enum blk_fast_how how);
+
 struct blk_req;
 
 struct ioc_blk {
@@ -58,6 +68,7 @@ struct ioc_blk {
 	bool is_blockdev;
 	bool fast_path;
 	bool null_read_zeroes;
+	bool never_waits;            /* tmpfs without swap: reads do no I/O */
 	uint32_t mem_align;          /* buffer alignment for O_DIRECT, else 1 */
 	uint32_t req_align;          /* offset/length alignment, else 1 */
 	uint32_t opt_align;

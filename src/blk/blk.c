@@ -24,6 +24,7 @@
  *   systems without RWF_NOWAIT (tmpfs: -EOPNOTSUPP) get the same shortcut
  *   from cachestat(2): when every page of the range is cached, a plain
  *   preadv cannot wait for I/O (short of an eviction between the two calls).
+ *   tmpfs without swap needs neither: its reads never wait for I/O.
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (the loop submits its SQEs at the end of its iteration, so a burst of
  *   requests costs one io_uring_enter), else the loop's thread pool doing
@@ -70,8 +71,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include "iocore/co.h"
@@ -292,6 +296,17 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 	}
 	if (!blk->opt_align)
 		blk->opt_align = st.st_blksize > 0 ? (uint32_t)st.st_blksize : 4096;
+	{
+		/* tmpfs pages live in memory unless swapped out: with no swap
+		 * (as of open; a later swapon is not noticed), a read of a
+		 * tmpfs file never waits for I/O. */
+		struct statfs sfs;
+		struct sysinfo si;
+
+		blk->never_waits = fstatfs(blk->fd, &sfs) == 0 &&
+			sfs.f_type == TMPFS_MAGIC && sysinfo(&si) == 0 &&
+			si.totalswap == 0;
+	}
 	discover_alignment(blk);
 	if (blk->opt_align < blk->req_align)
 		blk->opt_align = blk->req_align;
@@ -343,6 +358,19 @@ void ioc__blk_set_fault(struct ioc_blk *blk, ioc__blk_fault_fn *fn, void *opaque
 {
 	blk->fault = fn;
 	blk->fault_opaque = opaque;
+}
+
+void ioc__blk_set_fast_how(struct ioc_blk *blk, enum blk_fast_how how)
+{
+	blk->never_waits = how == BLK_FAST_PLAIN;
+	/* Relaxed: set while no request is in flight, like the fault hook. */
+	if (how == BLK_FAST_NOWAIT)
+		atomic_fetch_or_explicit(&blk->caps, BLK_CAP_NOWAIT, memory_order_relaxed);
+	if (how == BLK_FAST_CACHESTAT) {
+		blk_cap_clear(blk, BLK_CAP_NOWAIT);
+		atomic_fetch_or_explicit(&blk->caps, BLK_CAP_CACHESTAT,
+					 memory_order_relaxed);
+	}
 }
 
 int64_t ioc__blk_fault_check(struct blk_req *r, uint64_t offset, uint64_t len)
@@ -812,13 +840,16 @@ static ssize_t fast_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
 	if (credit <= 0 && !(flags & IOC_BLK_NOWAIT_ONLY) &&
 	    ++probe % FP_PROBE_EVERY)
 		return -EAGAIN;
-	if (caps & BLK_CAP_NOWAIT) {
+	if (blk->never_waits) {
+		n = preadv(blk->fd, iov, iovcnt, (off_t)offset);
+	} else if (caps & BLK_CAP_NOWAIT) {
 		n = preadv2(blk->fd, iov, iovcnt, (off_t)offset, RWF_NOWAIT);
 		if (n < 0 && errno == EOPNOTSUPP) {
 			/* This file system cannot do it: stop trying for
 			 * good, and use cachestat instead. */
 			blk_cap_clear(blk, BLK_CAP_NOWAIT);
-			return -EAGAIN;
+			n = (caps & BLK_CAP_CACHESTAT) ?
+				cached_read(blk, offset, len, iov, iovcnt) : -EAGAIN;
 		}
 	} else {
 		n = cached_read(blk, offset, len, iov, iovcnt);
@@ -885,10 +916,10 @@ int ioc_coroutine_fn ioc_blk_co_preadv(struct ioc_blk *blk, uint64_t offset,
 
 		if ((uint64_t)n == len)
 			return 0;
+		if (flags & IOC_BLK_NOWAIT_ONLY)
+			return -EAGAIN; /* not all of it was cached */
 		if (n > 0)
 			done = (uint64_t)n;
-		else if (flags & IOC_BLK_NOWAIT_ONLY)
-			return -EAGAIN;
 	} else if (flags & IOC_BLK_NOWAIT_ONLY) {
 		return -EAGAIN;
 	}
@@ -1046,10 +1077,10 @@ void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offse
 	if (ret == 0 && len && fast_path_ok(blk, flags)) {
 		ssize_t n = fast_read(blk, offset, len, iov, iovcnt, flags);
 
-		if (n > 0)
+		if ((uint64_t)n != len && (flags & IOC_BLK_NOWAIT_ONLY))
+			ret = -EAGAIN; /* not all of it was cached */
+		else if (n > 0)
 			done = (uint64_t)n;
-		else if (flags & IOC_BLK_NOWAIT_ONLY)
-			ret = -EAGAIN;
 	} else if (ret == 0 && (flags & IOC_BLK_NOWAIT_ONLY)) {
 		ret = -EAGAIN;
 	}

@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 
 #include "blk-test.h"
+#include "src/blk/blk-internal.h"
 
 #ifndef __NR_cachestat
 #define __NR_cachestat 451
@@ -413,6 +414,74 @@ static void test_truncate_checks(void)
 	free(path);
 }
 
+/* ---- the fast path, each way --------------------------------------- */
+
+struct fast_arg {
+	struct ioc_blk *blk;
+	const char *path;
+	bool can_evict;
+	enum blk_fast_how how;
+};
+
+static void ioc_coroutine_fn fast_body(void *opaque)
+{
+	struct fast_arg *a = opaque;
+	unsigned char buf[3 * 4096], want[3 * 4096];
+	struct iovec iov[2] = { { buf, 5000 }, { buf + 5000, sizeof(buf) - 5000 } };
+	int fd = open(a->path, O_RDONLY);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_EQ(pread(fd, want, sizeof(want), 8192), (ssize_t)sizeof(want));
+	/* Cached (the pread above): NOWAIT_ONLY must succeed inline. */
+	memset(buf, 0, sizeof(buf));
+	ASSERT_OK(ioc_blk_co_preadv(a->blk, 8192, iov, 2, IOC_BLK_NOWAIT_ONLY));
+	ASSERT_MEM_EQ(buf, want, sizeof(buf));
+	if (a->can_evict && a->how != BLK_FAST_PLAIN) {
+		/* Not cached: -EAGAIN with NOWAIT_ONLY, data without it. */
+		ASSERT_EQ(fdatasync(fd), 0); /* dirty pages are not dropped */
+		ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+		ASSERT_EQ(ioc_blk_co_preadv(a->blk, 8192, iov, 2, IOC_BLK_NOWAIT_ONLY),
+			  -EAGAIN);
+		memset(buf, 0, sizeof(buf));
+		ASSERT_OK(ioc_blk_co_preadv(a->blk, 8192, iov, 2, 0));
+		ASSERT_MEM_EQ(buf, want, sizeof(buf));
+	}
+	/* Many reads through the fast path and around it, all correct. */
+	for (int i = 0; i < 64; i++) {
+		memset(buf, 0, sizeof(buf));
+		ASSERT_OK(ioc_blk_co_preadv(a->blk, 8192, iov, 2, 0));
+		ASSERT_MEM_EQ(buf, want, sizeof(buf));
+	}
+	close(fd);
+}
+
+static void test_fast_path_ways(void)
+{
+	const char *disk = bt_disk_dir();
+
+	for (int d = 0; d < 2; d++) {
+		const char *dir = d ? disk : NULL;
+
+		if (d && !disk)
+			break;
+		for (int how = BLK_FAST_PLAIN; how <= BLK_FAST_CACHESTAT; how++) {
+			char *path = bt_make_image(dir, "fast.img", 1 << 20, true);
+			struct fast_arg a = { .path = path, .can_evict = d == 1,
+					      .how = (enum blk_fast_how)how };
+
+			bt_get_loop();
+			ASSERT_OK(ioc_blk_open(&a.blk, path, NULL));
+			ioc__blk_set_fast_how(a.blk, a.how);
+			bt_run_co_fn(fast_body, &a);
+			ioc_blk_close(a.blk);
+			unlink(path);
+			free(path);
+		}
+	}
+	if (disk)
+		rmdir(disk);
+}
+
 /* ---- one image, several I/O threads --------------------------------- */
 
 #define MT_THREADS 2
@@ -517,5 +586,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_null),
 	IOC_TEST(test_truncate_checks),
 	IOC_TEST(test_multi_loop),
+	IOC_TEST(test_fast_path_ways),
 	IOC_TEST(test_cleanup),
 )
