@@ -8,6 +8,20 @@
  *
  * Functions marked ioc_coroutine_fn may yield and must only be called from
  * coroutine context.
+ *
+ * The home-thread rule: a coroutine that waits for a wakeup (ioc_co_wake,
+ * ioc_co_await, the locks, the event) must be running on its home loop's
+ * thread when it starts waiting.  That is what lets a waker on any other
+ * thread wake it the instant it has published itself, before it has
+ * finished switching out: the wake is a task on the home loop, and that
+ * loop cannot run it until the coroutine has yielded.  Coroutines created
+ * on a loop thread and moved only with ioc_co_move_to() follow it.
+ *
+ * Machine support: hand-written switches for x86-64 and AArch64 (callee-
+ * saved registers, stack pointer, MXCSR and x87 control word / FPCR), a
+ * ucontext fallback elsewhere.  Stacks are mmap'd, committed lazily, with a
+ * guard page (MADV_GUARD_INSTALL where the kernel has it, else mprotect).
+ * ASan, TSan and Valgrind are told about every stack and switch.
  */
 #ifndef IOCORE_CO_H
 #define IOCORE_CO_H
@@ -39,17 +53,21 @@ bool ioc_co_entered(struct ioc_co *co);
 /* The guard page below co's stack (for tests and debuggers). */
 void ioc_co_get_guard(struct ioc_co *co, void **lo, size_t *len);
 
-/* Schedule co to be entered on its home loop.  Lock-free, allocates
+/* Schedule co to be entered on its home loop (always through the loop,
+ * never directly, even from the home thread).  Lock-free, allocates
  * nothing, any thread.  co must be yielded (or about to yield on the home
- * loop's thread) and must not be woken twice for one yield. */
+ * loop's thread, see above) and must not be woken twice for one yield.
+ * A coroutine may wake itself and then yield: it continues after whatever
+ * the loop has queued (a "yield to the loop"). */
 void ioc_co_wake(struct ioc_co *co);
 struct ioc_loop *ioc_co_home(struct ioc_co *co);
 /* Set co's home loop (co not running). */
 void ioc_co_set_home(struct ioc_co *co, struct ioc_loop *loop);
-/* Move the calling coroutine to loop: it continues on loop's thread. */
+/* Move the calling coroutine to loop: it continues on loop's thread, and
+ * loop becomes its home.  The calling thread must have a current loop. */
 void ioc_coroutine_fn ioc_co_move_to(struct ioc_loop *loop);
 
-/* Sleep on the home loop's timers. */
+/* Sleep on the home loop's timers (at least ns; never early). */
 void ioc_coroutine_fn ioc_co_sleep_ns(int64_t ns);
 /* Wait until fd is readable (IOC_CO_READ) or writable (IOC_CO_WRITE) on the
  * home loop.  Returns the event that fired, or -errno. */
@@ -80,7 +98,10 @@ void ioc_co_await_done(struct ioc_co_await *aw, int64_t result);
  * stack; nothing here allocates. */
 struct ioc_co_waiter;
 
-/* Fair mutex with a lock-free uncontended path; hands off across loops. */
+/* Fair (FIFO) mutex with a lock-free uncontended path (one CAS to lock,
+ * one atomic decrement to unlock); unlock hands the mutex straight to the
+ * oldest waiter, which resumes on its own home loop, on any thread.
+ * Zero-initialised memory is an unlocked mutex. */
 struct ioc_co_mutex {
 	int locked;                  /* private; atomic: holder + waiters */
 	struct ioc_co *holder;       /* private */
@@ -142,6 +163,7 @@ struct ioc_co_pool_stats {
 			    * <= max_pooled at every instant; pooled is a
 			    * racy sum while threads run) */
 };
+/* All zero until the first coroutine is created. */
 void ioc_co_pool_get_stats(struct ioc_co_pool_stats *st);
 
 struct ioc_co_pool_opts {
@@ -150,7 +172,9 @@ struct ioc_co_pool_opts {
 	uint64_t max_pooled; /* 0 = default, derived from vm.max_map_count */
 };
 /* Tune the process-wide pool; call before creating coroutines.
- * Returns 0 or -EBUSY/-EINVAL. */
+ * Returns 0 or -EBUSY/-EINVAL.  max_pooled is clamped to
+ * max_map_count / 4 / (VMAs per stack) and rounded down to whole batches;
+ * the default is that or 4096, whichever is lower. */
 int ioc_co_pool_configure(const struct ioc_co_pool_opts *opts);
 
 #ifdef __cplusplus

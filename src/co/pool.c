@@ -445,8 +445,13 @@ void ioc_co_pool_get_stats(struct ioc_co_pool_stats *st)
 {
 	uint64_t pooled = 0;
 
-	ensure_init();
 	pthread_mutex_lock(&g.lock);
+	if (!g.started) {
+		/* Nothing created yet; do not fix the configuration. */
+		pthread_mutex_unlock(&g.lock);
+		*st = (struct ioc_co_pool_stats){ 0 };
+		return;
+	}
 	st->created = g.retired_created;
 	st->reused = g.retired_reused;
 	st->freed = g.retired_freed;

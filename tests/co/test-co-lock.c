@@ -42,6 +42,8 @@ static struct {
 	unsigned long counter;	/* plain: only touched under m */
 	int violations;		/* under m */
 	int iters;
+	int64_t deadline;
+	_Atomic unsigned long total;	/* lock/unlock pairs done */
 	_Atomic int finished;
 	struct ioc_loop *report;
 } mx;
@@ -49,8 +51,10 @@ static struct {
 static void ioc_coroutine_fn mutex_worker(void *opaque)
 {
 	int id = (int)(intptr_t)opaque;
+	int i;
 
-	for (int i = 0; i < mx.iters; i++) {
+	/* Bounded by count and, every 64 rounds, by the deadline. */
+	for (i = 0; i < mx.iters && (i % 64 || ioc_now_ns() < mx.deadline); i++) {
 		ioc_co_mutex_lock(&mx.m);
 		if (atomic_exchange_explicit(&mx.owner, id, memory_order_relaxed) != 0)
 			mx.violations++;
@@ -63,6 +67,7 @@ static void ioc_coroutine_fn mutex_worker(void *opaque)
 		if (i % 3 == 0)
 			yield_to_loop();
 	}
+	atomic_fetch_add_explicit(&mx.total, (unsigned long)i, memory_order_relaxed);
 	ioc_co_move_to(mx.report);	/* report on the main thread's loop */
 	atomic_fetch_add_explicit(&mx.finished, 1, memory_order_release);
 }
@@ -89,7 +94,8 @@ static void test_mutex_four_loops(void)
 
 	ioc_co_mutex_init(&mx.m);
 	mx.report = l;
-	mx.iters = (int)ioc_test_scaled(2000);
+	mx.iters = (int)ioc_test_scaled(20000);
+	mx.deadline = ioc_now_ns() + 3000000000LL;
 	for (int i = 0; i < NTHREADS; i++)
 		ASSERT_OK(ioc_iothread_start(&t[i], &(struct ioc_iothread_opts){ .name = "co-mx", .cpu = -1 }));
 	for (int i = 0; i < NTHREADS; i++)
@@ -102,7 +108,9 @@ static void test_mutex_four_loops(void)
 	for (int i = 0; i < NTHREADS; i++)
 		ioc_iothread_stop(t[i]);
 	ASSERT_EQ(mx.violations, 0);
-	ASSERT_UEQ(mx.counter, (unsigned long)NTHREADS * PER_THREAD * mx.iters);
+	ASSERT_UEQ(mx.counter, atomic_load(&mx.total));
+	ASSERT_UGE(mx.counter, (unsigned long)NTHREADS * PER_THREAD * 64);
+	ioc_test_diag("%lu lock/unlock pairs on %d loops", mx.counter, NTHREADS);
 	ASSERT_EQ(atomic_load(&mx.owner), 0);
 	ASSERT_EQ(mx.m.locked, 0);
 }

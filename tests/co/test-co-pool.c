@@ -78,12 +78,16 @@ static void ioc_coroutine_fn request_fn(void *opaque)
 	__atomic_fetch_add(done, 1, __ATOMIC_RELAXED);
 }
 
-static unsigned long iterations, finished;
+static unsigned long iterations, started, finished;
+static int64_t deadline;
 static bool migrated_ok = true;
 
 static void *thread_a(void *arg)
 {
-	for (unsigned long i = 0; i < iterations; i++) {
+	unsigned long i;
+
+	/* Bounded by count and, every 256 requests, by the deadline. */
+	for (i = 0; i < iterations && (i % 256 || ioc_now_ns() < deadline); i++) {
 		struct ioc_co *co = ioc_co_create(request_fn, &finished);
 
 		if (!co) {
@@ -93,6 +97,7 @@ static void *thread_a(void *arg)
 		ioc_co_enter(co);	/* runs until its yield */
 		q_put(co);
 	}
+	__atomic_store_n(&started, i, __ATOMIC_RELEASE);
 	q_close();
 	return NULL;
 }
@@ -132,7 +137,6 @@ static void test_cross_thread_no_new_creations(void)
 	struct ioc_co_pool_stats s0, s1, s;
 	unsigned warm = 5 * BATCH;	/* >= QCAP + 2 + BATCH + 1 */
 	pthread_t a, b, w;
-	int64_t deadline;
 
 	ensure_configured();
 	ASSERT_EQ(pthread_create(&w, NULL, prewarm, &warm), 0);
@@ -141,12 +145,12 @@ static void test_cross_thread_no_new_creations(void)
 	ASSERT_UEQ(s0.max_pooled, BOUND);
 	ASSERT_UGE(s0.pooled, warm);
 
-	iterations = ioc_test_scaled(300000);
+	iterations = ioc_test_scaled(1000000);
+	deadline = ioc_now_ns() + 3000000000LL;
 	ASSERT_EQ(pthread_create(&b, NULL, thread_b, NULL), 0);
 	ASSERT_EQ(pthread_create(&a, NULL, thread_a, NULL), 0);
-	/* Sample the bound while the pattern runs (bounded by a deadline). */
-	deadline = ioc_now_ns() + 2000000000LL;
-	while (__atomic_load_n(&finished, __ATOMIC_RELAXED) < iterations &&
+	/* Sample the bound while the pattern runs. */
+	while (!__atomic_load_n(&started, __ATOMIC_ACQUIRE) &&
 	       ioc_now_ns() < deadline) {
 		ioc_co_pool_get_stats(&s);
 		ASSERT_ULE(s.reserved, BOUND);
@@ -155,15 +159,16 @@ static void test_cross_thread_no_new_creations(void)
 	pthread_join(a, NULL);
 	pthread_join(b, NULL);
 	ASSERT_TRUE(migrated_ok);
-	ASSERT_UEQ(finished, iterations);
+	ASSERT_UEQ(finished, started);
+	ASSERT_UGE(started, 1000);
 
 	ioc_co_pool_get_stats(&s1);
 	ASSERT_UEQ(s1.created, s0.created);	/* no creation after warm-up */
-	ASSERT_UGE(s1.reused - s0.reused, iterations);
+	ASSERT_UGE(s1.reused - s0.reused, started);
 	ASSERT_ULE(s1.pooled, BOUND);
 	ASSERT_ULE(s1.reserved, BOUND);
 	ioc_test_diag("%lu requests, created %lu in warm-up, 0 after; pooled %lu",
-		      iterations, (unsigned long)s0.created,
+		      started, (unsigned long)s0.created,
 		      (unsigned long)s1.pooled);
 }
 
