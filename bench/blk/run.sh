@@ -20,24 +20,57 @@ else
 	n_file=400000; n_null=2000000
 fi
 
-row() { # case params impl peer value cmd [error]
-	local v=$5
+# Two rows per run: requests/s (wall clock, what qemu-img bench reports)
+# and requests per CPU-second of the whole process (user + system time of
+# every thread): the machine is shared, and a run that waits for a CPU
+# loses wall-clock rate but not CPU efficiency.
+row1() { # metric case params impl peer value cmd [error]
+	local v=$6
 	[ -z "$v" ] && v=null
-	if [ -n "${7:-}" ]; then
-		printf '{"suite":"blk","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"requests/s","value":%s,"better":"higher","cmd":"%s","error":"%s"}\n' \
-			"$1" "$2" "$3" "$4" "$v" "$6" "$7"
+	if [ -n "${8:-}" ]; then
+		printf '{"suite":"blk","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"%s","value":%s,"better":"higher","cmd":"%s","error":"%s"}\n' \
+			"$2" "$3" "$4" "$5" "$1" "$v" "$7" "$8"
 	else
-		printf '{"suite":"blk","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"requests/s","value":%s,"better":"higher","cmd":"%s"}\n' \
-			"$1" "$2" "$3" "$4" "$v" "$6"
+		printf '{"suite":"blk","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"%s","value":%s,"better":"higher","cmd":"%s"}\n' \
+			"$2" "$3" "$4" "$5" "$1" "$v" "$7"
 	fi
 }
 
+row() { # case params impl peer value cmd [error]; CPU rate in $cpu_rate
+	row1 requests/s "$@"
+	if [ -n "${7:-}" ]; then
+		row1 requests/cpu-s "$1" "$2" "$3" "$4" "" "$6" "$7"
+	elif [ -n "${cpu_rate:-}" ]; then
+		row1 requests/cpu-s "$1" "$2" "$3" "$4" "$cpu_rate" "$6"
+	else
+		row1 requests/cpu-s "$1" "$2" "$3" "$4" "" "$6" "no CPU time measured"
+	fi
+}
+
+# Run a command; its stdout goes to stdout, then a last line "CPU seconds"
+# with the user + system time it and its threads used.
+timed() {
+	python3 - "$@" <<'PY'
+import resource, subprocess, sys
+p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, text=True)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+sys.stdout.write(p.stdout)
+print("CPU %.6f" % (r.ru_utime + r.ru_stime))
+sys.exit(p.returncode)
+PY
+}
+
+# requests / cpu seconds, or empty.
+rate_of() { awk -v n="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.1f", n / s }'; }
+
 # iocore-bench --json prints requests_per_s.
-run_ours() { # case params cmd...
-	local c=$1 p=$2 out v
-	shift 2
-	out=$("$@" --json 2>&2) || { row "$c" "$p" "${IMPL:-iocore}" "${PEER:-false}" "" "$*" "iocore-bench failed"; return; }
+run_ours() { # case params count cmd...
+	local c=$1 p=$2 n=$3 out v
+	shift 3
+	cpu_rate=
+	out=$(timed "$@" --json) || { row "$c" "$p" "${IMPL:-iocore}" "${PEER:-false}" "" "$*" "iocore-bench failed"; return; }
 	v=$(printf '%s\n' "$out" | sed -n 's/.*"requests_per_s":\([0-9.]*\).*/\1/p')
+	cpu_rate=$(rate_of "$n" "$(printf '%s\n' "$out" | sed -n 's/^CPU //p')")
 	row "$c" "$p" "${IMPL:-iocore}" "${PEER:-false}" "$v" "$*"
 }
 
@@ -49,13 +82,15 @@ run_qemu() { # case params count cmd...
 		row "$c" "$p" qemu-img true "" "$*" "qemu-img not installed"
 		return
 	fi
-	out=$("$@" 2>&1) || { echo "$out" >&2; row "$c" "$p" qemu-img true "" "$*" "qemu-img bench failed"; return; }
+	cpu_rate=
+	out=$(timed "$@" 2>&1) || { echo "$out" >&2; row "$c" "$p" qemu-img true "" "$*" "qemu-img bench failed"; return; }
+	cpu_rate=$(rate_of "$n" "$(printf '%s\n' "$out" | sed -n 's/^CPU //p')")
 	secs=$(printf '%s\n' "$out" | sed -n 's/^Run completed in \([0-9.]*\) seconds.*/\1/p')
 	if [ -z "$secs" ]; then
 		row "$c" "$p" qemu-img true "" "$*" "no timing in output"
 		return
 	fi
-	v=$(awk -v n="$n" -v s="$secs" 'BEGIN { if (s > 0) printf "%.1f", n / s }')
+	v=$(rate_of "$n" "$secs")
 	row "$c" "$p" qemu-img true "$v" "$*"
 }
 
@@ -79,13 +114,13 @@ for c in read-4k write-4k; do
 	[ $c = write-4k ] && w="-w"
 	for a in io_uring threads; do
 		p="aio=$a,cache=writeback,fast-path=off,depth=64"
-		run_ours "$c" "$p" "$bench" blk -c $n_file -d 64 -s 4k $w -i $a -t writeback --fast-path off -f raw "$img"
+		run_ours "$c" "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k $w -i $a -t writeback --fast-path off -f raw "$img"
 		run_qemu "$c" "$p" $n_file qemu-img bench -f raw -t writeback -i $a -c $n_file -d 64 -s 4k $w "$img"
 	done
 done
 
 p="driver=null,depth=64"
-run_ours null "$p" "$bench" blk --driver null --null-size 1G -c $n_null -d 64
+run_ours null "$p" $n_null "$bench" blk --driver null --null-size 1G -c $n_null -d 64
 run_qemu null "$p" $n_null qemu-img bench -c $n_null -d 64 --image-opts driver=null-co,size=1G
 
 # The fast path's own gain: reads from the page cache, with it on against
@@ -93,7 +128,7 @@ run_qemu null "$p" $n_null qemu-img bench -c $n_null -d 64 --image-opts driver=n
 # this comparison) and against qemu-img.
 for a in io_uring threads; do
 	p="aio=$a,cache=writeback,fast-path=on,depth=64"
-	run_ours fast-path "$p" "$bench" blk -c $n_file -d 64 -s 4k -i $a -t writeback --fast-path on -f raw "$img"
-	IMPL=iocore-no-fast-path PEER=true run_ours fast-path "$p" "$bench" blk -c $n_file -d 64 -s 4k -i $a -t writeback --fast-path off -f raw "$img"
+	run_ours fast-path "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k -i $a -t writeback --fast-path on -f raw "$img"
+	IMPL=iocore-no-fast-path PEER=true run_ours fast-path "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k -i $a -t writeback --fast-path off -f raw "$img"
 	run_qemu fast-path "$p" $n_file qemu-img bench -f raw -t writeback -i $a -c $n_file -d 64 -s 4k "$img"
 done

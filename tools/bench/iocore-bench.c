@@ -127,7 +127,9 @@ static void blk_usage(FILE *f)
 		"usage: iocore-bench blk [-c count] [-d depth] [-s size] [-S step]\n"
 		"           [-o offset] [-w] [-i io_uring|threads] [-t writeback|none]\n"
 		"           [-f raw] [--pattern N] [--driver file|null] [--null-size SIZE]\n"
-		"           [--fast-path on|off] [--json] [-q] [FILE]\n");
+		"           [--fast-path on|off] [--json] [--poll-max-ns N] [-q] [FILE]\n"
+		"  --poll-max-ns N   the loop's adaptive polling cap (0 = default,\n"
+		"                    negative = no polling)\n");
 }
 
 static int cmd_blk(int argc, char **argv)
@@ -139,6 +141,7 @@ static int cmd_blk(int argc, char **argv)
 		{ "null-size", required_argument, NULL, 'N' },
 		{ "fast-path", required_argument, NULL, 'F' },
 		{ "json", no_argument, NULL, 'J' },
+		{ "poll-max-ns", required_argument, NULL, 'L' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct ioc_blk_opts opts = { .aio = IOC_BLK_AIO_THREADS, .null_size = 1ull << 30 };
@@ -148,6 +151,7 @@ static int cmd_blk(int argc, char **argv)
 	bool json = false, quiet = false;
 	const char *path = NULL, *aio_name = "threads", *cache_name = "writeback";
 	struct ioc_blk_info info;
+	struct ioc_loop_opts lopts = { 0 };
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "hc:d:s:S:o:wi:t:f:q", longopts, NULL)) != -1) {
@@ -229,6 +233,9 @@ static int cmd_blk(int argc, char **argv)
 		case 'J':
 			json = true;
 			break;
+		case 'L':
+			lopts.poll_max_ns = strtoll(optarg, NULL, 0);
+			break;
 		case 'h':
 			blk_usage(stdout);
 			return 0;
@@ -252,7 +259,7 @@ static int cmd_blk(int argc, char **argv)
 	if (opts.read_only == false && !B.write)
 		opts.read_only = true;
 
-	ret = ioc_loop_new(&B.loop, NULL);
+	ret = ioc_loop_new(&B.loop, &lopts);
 	if (ret < 0) {
 		fprintf(stderr, "iocore-bench: loop: %s\n", ioc_strerror(ret));
 		return 1;
