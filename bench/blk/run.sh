@@ -123,12 +123,18 @@ p="driver=null,depth=64"
 run_ours null "$p" $n_null "$bench" blk --driver null --null-size 1G -c $n_null -d 64
 run_qemu null "$p" $n_null qemu-img bench -c $n_null -d 64 --image-opts driver=null-co,size=1G
 
-# The fast path's own gain: reads from the page cache, with it on against
-# the same run with it off (impl iocore-no-fast-path, marked as the peer of
-# this comparison) and against qemu-img.
-for a in io_uring threads; do
-	p="aio=$a,cache=writeback,fast-path=on,depth=64"
-	run_ours fast-path "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k -i $a -t writeback --fast-path on -f raw "$img"
-	IMPL=iocore-no-fast-path PEER=true run_ours fast-path "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k -i $a -t writeback --fast-path off -f raw "$img"
-	run_qemu fast-path "$p" $n_file qemu-img bench -f raw -t writeback -i $a -c $n_file -d 64 -s 4k "$img"
+# The fast path's own gain: requests served from the page cache inline,
+# with it on against the same run with it off (impl iocore-no-fast-path,
+# marked as the peer of this comparison) and against qemu-img.  Reads use
+# preadv2(RWF_NOWAIT) (or cachestat, or on tmpfs without swap a plain
+# preadv); writes go inline only on tmpfs without swap.
+for c in fast-path fast-path-write; do
+	w=""
+	[ $c = fast-path-write ] && w="-w"
+	for a in io_uring threads; do
+		p="aio=$a,cache=writeback,fast-path=on,depth=64"
+		run_ours $c "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k $w -i $a -t writeback --fast-path on -f raw "$img"
+		IMPL=iocore-no-fast-path PEER=true run_ours $c "$p" $n_file "$bench" blk -c $n_file -d 64 -s 4k $w -i $a -t writeback --fast-path off -f raw "$img"
+		run_qemu $c "$p" $n_file qemu-img bench -f raw -t writeback -i $a -c $n_file -d 64 -s 4k $w "$img"
+	done
 done

@@ -24,7 +24,9 @@
  *   systems without RWF_NOWAIT (tmpfs: -EOPNOTSUPP) get the same shortcut
  *   from cachestat(2): when every page of the range is cached, a plain
  *   preadv cannot wait for I/O (short of an eviction between the two calls).
- *   tmpfs without swap needs neither: its reads never wait for I/O.
+ *   tmpfs without swap needs neither: its reads never wait for I/O, and
+ *   neither do its writes, which take the same shortcut (no file system
+ *   offers RWF_NOWAIT for buffered writes through pwritev2).
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (the loop submits its SQEs at the end of its iteration, so a burst of
  *   requests costs one io_uring_enter), else the loop's thread pool doing
@@ -875,6 +877,16 @@ static inline bool fast_path_ok(struct ioc_blk *blk, uint32_t flags)
 	return blk->fast_path || (flags & IOC_BLK_NOWAIT_ONLY);
 }
 
+/* Writes inline only where they cannot wait for I/O (tmpfs without swap):
+ * no kernel offers a non-blocking buffered write through pwritev2 (ext4,
+ * xfs and tmpfs all refuse RWF_NOWAIT there).  FUA writes always go to the
+ * backend. */
+static inline bool fast_write_ok(struct ioc_blk *blk, uint32_t flags)
+{
+	return blk->never_waits && blk->fast_path && !blk->fault &&
+		!(flags & IOC_BLK_FUA);
+}
+
 /* ---- coroutine API --------------------------------------------------- */
 
 struct co_call {
@@ -932,9 +944,21 @@ int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
 	uint64_t len = iov_total(iov, iovcnt);
 	int ret = validate(blk, BLK_OP_WRITE, offset, len, iov, iovcnt, flags);
 
+	uint64_t done = 0;
+
 	if (ret < 0)
 		return ret;
-	return co_run(blk, BLK_OP_WRITE, offset, len, iov, iovcnt, flags, 0);
+	if (fast_write_ok(blk, flags) && len) {
+		ssize_t n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
+
+		if ((uint64_t)n == len)
+			return 0;
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			return -errno;
+		if (n > 0)
+			done = (uint64_t)n;
+	}
+	return co_run(blk, BLK_OP_WRITE, offset, len, iov, iovcnt, flags, done);
 }
 
 int ioc_coroutine_fn ioc_blk_co_flush(struct ioc_blk *blk, uint32_t flags)
@@ -1097,8 +1121,24 @@ void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offs
 		     const struct iovec *iov, int iovcnt, uint32_t flags,
 		     ioc_blk_cb *cb, void *opaque)
 {
-	blk_submit_cb(blk, req, BLK_OP_WRITE, offset, iov_total(iov, iovcnt),
-		      iov, iovcnt, flags, cb, opaque);
+	uint64_t len = iov_total(iov, iovcnt);
+	int ret = validate(blk, BLK_OP_WRITE, offset, len, iov, iovcnt, flags);
+	uint64_t done = 0;
+
+	if (ret == 0 && len && fast_write_ok(blk, flags)) {
+		ssize_t n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
+
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			ret = -errno;
+		else if (n > 0)
+			done = (uint64_t)n;
+	}
+	if (ret < 0) {
+		fail_cb(req, ret, cb, opaque);
+		return;
+	}
+	blk_submit(blk, req, BLK_OP_WRITE, offset, len, iov, iovcnt, flags, done,
+		   false, cb, opaque);
 }
 
 void ioc_blk_flush(struct ioc_blk *blk, struct ioc_blk_req *req, uint32_t flags,

@@ -164,8 +164,11 @@ static void test_enospc(void)
 	ASSERT_EQ(pwrite(fd, data, 512 * 1024, 0), 512 * 1024);
 	close(fd);
 
-	for (int pass = 0; pass < 2; pass++) {
-		opts.aio = pass ? IOC_BLK_AIO_THREADS : IOC_BLK_AIO_IO_URING;
+	/* io_uring and threads through the backends, then the inline path
+	 * (tmpfs writes go inline with the fast path on). */
+	for (int pass = 0; pass < 3; pass++) {
+		opts.aio = pass == 1 ? IOC_BLK_AIO_THREADS : IOC_BLK_AIO_IO_URING;
+		opts.no_fast_path = pass < 2;
 		finished = enospc = 0;
 		bt_get_loop();
 		ASSERT_OK(ioc_blk_open(&blk, path, &opts));
