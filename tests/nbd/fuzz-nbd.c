@@ -10,7 +10,10 @@
  *  - always: an ordinary test (IOC_FUZZ_STANDALONE) that runs built-in
  *    seeds (valid sessions of each kind) and deterministic mutations of
  *    them, and checks the server ends every session without error other
- *    than a protocol disconnect.
+ *    than a protocol disconnect.  "--write-seeds DIR" stores the seeds as
+ *    a starting corpus for the libFuzzer build:
+ *      test-nbd-fuzz-corpus --write-seeds corpus/
+ *      fuzz-nbd -max_total_time=300 corpus/
  */
 #include <errno.h>
 #include <pthread.h>
@@ -211,7 +214,23 @@ static int check(const struct buf *s, const char *what)
 	return 1;
 }
 
-int main(void)
+/* --write-seeds DIR: store the seed sessions as a libFuzzer corpus. */
+static int write_seeds(const char *dir, const struct buf *seeds, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char path[4096];
+		snprintf(path, sizeof(path), "%s/seed-%d", dir, i);
+		FILE *f = fopen(path, "wb");
+		if (!f || fwrite(seeds[i].b, 1, seeds[i].n, f) != seeds[i].n) {
+			perror(path);
+			return 1;
+		}
+		fclose(f);
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	static const struct { const char *name; bool sr, ext, meta; } kinds[] = {
 		{ "", false, false, false }, { "", true, false, true },
@@ -225,6 +244,13 @@ int main(void)
 
 	if (per_seed < 1)
 		per_seed = 1;
+	if (argc == 3 && strcmp(argv[1], "--write-seeds") == 0) {
+		static struct buf all[IOC_ARRAY_SIZE(kinds)];
+		for (int k = 0; k < n; k++)
+			session(&all[k], kinds[k].name, kinds[k].sr, kinds[k].ext,
+				kinds[k].meta);
+		return write_seeds(argv[2], all, n);
+	}
 	printf("1..%d\n", 2 * n);
 	for (int k = 0; k < n; k++) {
 		session(&s, kinds[k].name, kinds[k].sr, kinds[k].ext, kinds[k].meta);

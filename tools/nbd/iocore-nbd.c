@@ -45,6 +45,8 @@ static void usage(FILE *f)
 "      --handshake-timeout S  close clients that take longer (default 10)\n"
 "      --fork                 run in the background once listening\n"
 "      --pid-file PATH        write the server's pid to PATH\n"
+"      --poll-max-ns N        I/O threads busy-poll up to N ns before sleeping\n"
+"                             (0 = off; default: the loop's adaptive default)\n"
 "  -v, --verbose              log connections to stderr\n"
 "  -h, --help                 this text\n"
 "  -V, --version              print the version\n"
@@ -122,7 +124,7 @@ static void on_signal(void *opaque)
 int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
-	       OPT_FORK, OPT_PIDFILE };
+	       OPT_FORK, OPT_PIDFILE, OPT_POLL };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -137,6 +139,7 @@ int main(int argc, char **argv)
 		{ "handshake-timeout", required_argument, NULL, OPT_HSTIMEOUT },
 		{ "fork", no_argument, NULL, OPT_FORK },
 		{ "pid-file", required_argument, NULL, OPT_PIDFILE },
+		{ "poll-max-ns", required_argument, NULL, OPT_POLL },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -190,6 +193,11 @@ int main(int argc, char **argv)
 		}
 		case OPT_FORK: do_fork = true; break;
 		case OPT_PIDFILE: pid_file = optarg; break;
+		case OPT_POLL: {
+			long v = strtol(optarg, NULL, 10);
+			so.loop.poll_max_ns = v > 0 ? v : -1;
+			break;
+		}
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
