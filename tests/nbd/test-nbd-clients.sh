@@ -16,7 +16,7 @@ check() { # name command...
 }
 have() { command -v "$1" >/dev/null 2>&1; }
 
-echo "1..16"
+echo "1..18"
 if [ ! -x "$SRV" ]; then
 	echo "# $SRV not built"; exit 77
 fi
@@ -190,6 +190,42 @@ if have fio && fio --enghelp 2>/dev/null | grep -q nbd; then
 else
 	skip "SIGTERM with fio" "fio nbd engine missing"
 	stop term
+fi
+
+# 17: systemd socket activation (LISTEN_FDS/LISTEN_PID), as make run uses
+if have nbdinfo && have python3; then
+	python3 - "$SRV" "$dir/act.sock" "$dir/act.pid" "$img" <<'PY' &
+import os, socket, sys
+srv, path, pidf, img = sys.argv[1:5]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(16)
+os.dup2(s.fileno(), 100)
+os.dup2(100, 3, inheritable=True)
+env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+os.execve(srv, [srv, "--pid-file", pidf, img], env)
+PY
+	actpid=$!
+	# The socket exists before the server runs: clients queue on it.
+	i=0
+	while [ ! -S "$dir/act.sock" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i + 1)); done
+	check "socket activation (LISTEN_FDS)" sh -c \
+		"nbdinfo 'nbd+unix:///?socket=$dir/act.sock' | grep -q 'export-size: 67108864'"
+	kill $actpid 2>/dev/null
+	wait $actpid 2>/dev/null
+	rm -f "$dir/act.pid"
+else
+	skip "socket activation" "nbdinfo or python3 missing"
+fi
+
+# 18: TCP on a private port
+tport=$((20000 + $$ % 20000))
+if have nbdinfo && "$SRV" --fork --pid-file "$dir/tcp.pid" -b 127.0.0.1 -p $tport "$img" 2>/dev/null; then
+	check "TCP listener" sh -c "nbdinfo nbd://127.0.0.1:$tport | grep -q 'export-size: 67108864'"
+	kill "$(cat "$dir/tcp.pid")"
+	rm -f "$dir/tcp.pid"
+else
+	skip "TCP listener" "nbdinfo missing or port $tport busy"
 fi
 
 [ -f "$dir/main.pid" ] && stop main
