@@ -46,6 +46,11 @@
  * 0, to the arrival whose increment reads that 0; those are all ordered by
  * `locked`'s RMW chain, so `to_pop` needs no atomics.
  *
+ * src/co/comutex.pml is a spin model of exactly these steps (3 coroutines
+ * on 3 threads, 2 rounds each, every interleaving): mutual exclusion, an
+ * exclusive pop right, a counted waiter always found, no lost wakeup.
+ * With the push and the increment swapped it finds the lost waiter.
+ *
  * Fairness: FIFO among announced waiters.  The fast-path CAS can only
  * succeed when `locked` is 0, i.e. before anyone announced.
  *
