@@ -56,7 +56,12 @@ struct ioc_loop_opts {
 #define IOC_LOOP_URING_NO_MULTISHOT   (1u << 0) /* one-shot POLL_ADD (QEMU) */
 #define IOC_LOOP_URING_NO_DEFER       (1u << 1) /* COOP_TASKRUN, not DEFER_TASKRUN */
 #define IOC_LOOP_URING_NO_REG_RING    (1u << 2) /* no registered ring fd */
-#define IOC_LOOP_URING_NO_MSG_RING    (1u << 3) /* eventfd for cross-loop wakeups */
+/* Opt-in: wake other loops with IORING_OP_MSG_RING queued on this loop's
+ * ring (batched with its other submissions, no eventfd write).  The
+ * wakeup then leaves at the end of the sender's iteration, so code on this
+ * loop's thread that posts to another loop and then blocks must call
+ * ioc_loop_flush_sqes() first (ioc_loop_call() does). */
+#define IOC_LOOP_URING_MSG_RING       (1u << 3)
 
 /* Create a loop.  opts may be NULL for defaults.  Returns 0 or -errno. */
 int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts);
@@ -183,6 +188,15 @@ struct ioc_uring_op {
  * thread only. */
 struct io_uring_sqe *ioc_loop_get_sqe(struct ioc_loop *loop,
 				      struct ioc_uring_op *op);
+/*
+ * Declare that fd's callbacks consume all readiness (read or write until
+ * EAGAIN), so edge-triggered notification is enough.  The io_uring backend
+ * then keeps one multishot poll armed rather than re-arming a one-shot
+ * poll after each event; epoll and poll ignore it.  Call after
+ * ioc_loop_set_fd(); -ENOENT if fd has no handler.
+ */
+int ioc_loop_set_fd_edge(struct ioc_loop *loop, int fd, bool edge);
+
 /* True when ioc_loop_get_sqe() can succeed on this loop. */
 bool ioc_loop_has_uring(struct ioc_loop *loop);
 /* Submit what is queued now rather than at the end of the iteration. */

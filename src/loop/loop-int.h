@@ -53,6 +53,8 @@ struct ioc_handler {
 	bool cancel_sent;             /* io_uring: a poll remove is in flight */
 	struct ioc_handler *arm_next; /* io_uring: waiting for an SQE */
 	bool on_arm;
+	bool edge;                    /* callbacks drain: multishot is fine */
+	struct ioc_loop *loop;
 };
 
 /*
@@ -153,6 +155,11 @@ struct ioc_loop {
 	unsigned sq_queued;          /* SQEs prepared, not yet submitted */
 	struct ioc_handler *ring_h;  /* private ring's fd handler */
 	struct ioc_handler *arm_head, *arm_tail; /* uring: polls to arm */
+	bool flush_deferred;         /* end-of-iteration submit left to the next wait */
+	unsigned ring_setup_flags;
+	struct ioc_uring_op wake_uop; /* MSG_RING wakeups land here */
+	struct ioc_uring_op msg_fail_uop; /* senders' failed MSG_RINGs */
+	uint64_t msg_ring_wakeups;
 
 	/* backend state */
 	int epfd;
@@ -184,12 +191,22 @@ int64_t ioc__timers_deadline(struct ioc_loop *loop);
 void ioc__timers_cancel_all(struct ioc_loop *loop);
 
 /* io_uring helpers (uring.c). */
-int ioc__uring_setup(struct ioc_loop *loop, struct io_uring *ring,
-		     unsigned entries, bool try_fancy);
+/* Create loop->ring; backend rings get SINGLE_ISSUER + DEFER_TASKRUN (or
+ * COOP_TASKRUN) and start disabled until the running thread enables them. */
+int ioc__uring_setup(struct ioc_loop *loop, bool backend);
 void ioc__uring_enable(struct ioc_loop *loop);
+/* Dispatch every CQE to its op (copied out first: callbacks may nest). */
 int ioc__uring_reap(struct ioc_loop *loop);
-int ioc__uring_submit(struct ioc_loop *loop);
+/* An SQE, submitting first when the SQ is full; NULL if none. */
 struct io_uring_sqe *ioc__uring_sqe(struct ioc_loop *loop);
+/* Completions or deferred task work visible from userspace. */
+bool ioc__uring_pending(struct ioc_loop *loop);
 void ioc__uring_private_fini(struct ioc_loop *loop);
+/* Cross-loop wakeup by MSG_RING from the calling thread's loop; false
+ * when not possible (then the caller writes the eventfd). */
+bool ioc__uring_msg_wake(struct ioc_loop *target);
+void ioc__uring_msg_failed(struct ioc_uring_op *op, int res, uint32_t flags);
+int ioc__loop_set_internal_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *cb,
+			      void *opaque);
 
 #endif /* IOC_LOOP_INT_H */

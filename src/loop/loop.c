@@ -120,6 +120,8 @@ static void wake_if_sleeping(struct ioc_loop *loop)
 	if (!atomic_exchange_explicit(&loop->sleeping, false,
 				      memory_order_seq_cst))
 		return;
+	if (ioc__uring_msg_wake(loop))
+		return; /* leaves with this thread's loop's next submission */
 	atomic_fetch_add_explicit(&loop->notifies, 1, memory_order_relaxed);
 	while (write(loop->wake_fd, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
@@ -368,10 +370,16 @@ int ioc_loop_call(struct ioc_loop *loop, int (*fn)(void *arg), void *arg)
 {
 	struct loop_call c = { .task.fn = loop_call_task, .fn = fn, .arg = arg };
 
+	struct ioc_loop *self = current_loop;
+
 	if (ioc_loop_in_thread(loop))
 		return fn(arg);
 	atomic_init(&c.done, 0);
 	ioc_loop_post(loop, &c.task);
+	/* A MSG_RING wakeup may sit in our own loop's SQ: send it before
+	 * blocking. */
+	if (self && self->has_ring && ioc_loop_in_thread(self))
+		ioc_loop_flush_sqes(self);
 	/* Sleep/wake: we sleep only while done == 0 (FUTEX_WAIT checks it
 	 * atomically); the loop sets done before FUTEX_WAKE. */
 	while (!atomic_load_explicit(&c.done, memory_order_acquire))
@@ -564,6 +572,17 @@ static int set_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *io_read,
 	return 0;
 }
 
+int ioc_loop_set_fd_edge(struct ioc_loop *loop, int fd, bool edge)
+{
+	struct ioc_handler *h = fd >= 0 && (unsigned)fd < loop->by_fd_cap ?
+				loop->by_fd[fd] : NULL;
+
+	if (!h)
+		return -ENOENT;
+	h->edge = edge; /* takes effect at the next arm */
+	return 0;
+}
+
 int ioc_loop_set_fd(struct ioc_loop *loop, int fd,
 		    ioc_fd_cb *io_read, ioc_fd_cb *io_write,
 		    ioc_poll_cb *io_poll, ioc_fd_cb *io_poll_ready,
@@ -575,8 +594,6 @@ int ioc_loop_set_fd(struct ioc_loop *loop, int fd,
 
 /* Internal handler (wakeup eventfd, private ring): not counted as
  * progress, does not disable polling, never polled. */
-int ioc__loop_set_internal_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *cb,
-			      void *opaque);
 int ioc__loop_set_internal_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *cb,
 			      void *opaque)
 {
@@ -729,19 +746,45 @@ void ioc_loop_set_current(struct ioc_loop *loop)
 	current_loop = loop;
 }
 
+/* Submit what the iteration queued on the loop's ring. */
+static void flush_ring(struct ioc_loop *loop)
+{
+	loop->flush_deferred = false;
+	if (loop->ops->flush)
+		loop->ops->flush(loop);
+	else if (loop->has_ring && loop->ring_enabled &&
+		 io_uring_sq_ready(&loop->ring))
+		io_uring_submit(&loop->ring);
+}
+
+/* Non-blocking fd check while busy: free with io_uring (a look at shared
+ * memory, which also submits deferred SQEs), every FD_CHECK_EVERY
+ * iterations otherwise. */
+static inline bool want_fd_check(struct ioc_loop *loop)
+{
+	if (loop->ops->pending)
+		return true;
+	return (loop->busy_iters++ % FD_CHECK_EVERY) == 0;
+}
+
 /* Sleep in the backend, with the handshake of the essay. */
 static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 {
 	int64_t timeout = -1;
 
-	if (loop->ops->flush)
-		loop->ops->flush(loop);
+	/* The io_uring backend submits in the same enter as its wait. */
+	if (!loop->ops->flush)
+		flush_ring(loop);
 	/* seq_cst store then seq_cst loads: pairs with the seq_cst push and
 	 * load in the producers (wake_if_sleeping()). */
 	atomic_store_explicit(&loop->sleeping, true, memory_order_seq_cst);
+	/* A notify is consumed by the wait it cancels (or by the poll that
+	 * found it): the caller of ioc_loop_poll() re-checks its condition
+	 * after this iteration returns. */
 	if (atomic_load_explicit(&loop->tasks, memory_order_seq_cst) ||
 	    atomic_load_explicit(&loop->bhs, memory_order_seq_cst) ||
-	    atomic_load_explicit(&loop->kicked, memory_order_seq_cst) ||
+	    atomic_exchange_explicit(&loop->kicked, false,
+				     memory_order_seq_cst) ||
 	    atomic_load_explicit(&loop->stop, memory_order_seq_cst) ||
 	    loop->ready_head) {
 		timeout = 0;
@@ -756,7 +799,7 @@ static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 	atomic_store_explicit(&loop->sleeping, false, memory_order_relaxed);
 }
 
-bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
+static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 {
 	uintptr_t self = (uintptr_t)pthread_self();
 	bool progress = false;
@@ -770,12 +813,6 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
 		ioc__uring_enable(loop);
 	loop->depth++;
 	loop->iterations++;
-	/* Consume notifies made before this point: this iteration is the
-	 * wakeup they asked for.  Acquire: pairs with ioc_loop_notify(). */
-	if (atomic_load_explicit(&loop->kicked, memory_order_relaxed))
-		atomic_exchange_explicit(&loop->kicked, false,
-					 memory_order_acquire);
-
 	now = ioc_now_ns();
 	progress |= run_incoming(loop);
 	progress |= dispatch_ready(loop, now);
@@ -791,6 +828,12 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
 		if (poll_allowed(loop) && loop->poll_ns > 0) {
 			int64_t end = start + loop->poll_ns;
 
+			/* Do not hold this iteration's I/O back while spinning. */
+			if (loop->has_ring && loop->ring_enabled &&
+			    (loop->flush_deferred ||
+			     io_uring_sq_ready(&loop->ring)))
+				flush_ring(loop);
+
 			if (deadline >= 0 && deadline < end)
 				end = deadline;
 			found = run_poll_handlers(loop, &now, end);
@@ -802,8 +845,12 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
 		if (loop->npolled)
 			remove_idle_poll_handlers(loop, now);
 		if (found) {
-			if (loop->ops->pending ? loop->ops->pending(loop) :
-			    (loop->busy_iters++ % FD_CHECK_EVERY) == 0)
+			/* Relaxed: see the comment in loop_wait(). */
+			if (atomic_load_explicit(&loop->kicked,
+						 memory_order_relaxed))
+				atomic_store_explicit(&loop->kicked, false,
+						      memory_order_relaxed);
+			if (want_fd_check(loop))
 				loop->ops->wait(loop, 0);
 		} else {
 			loop_wait(loop, deadline, now);
@@ -811,29 +858,43 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
 			if (poll_allowed(loop))
 				adjust_poll_ns(loop, now - start);
 		}
-	} else if (!blocking ||
-		   (loop->ops->pending ? loop->ops->pending(loop) :
-		    (loop->busy_iters++ % FD_CHECK_EVERY) == 0)) {
+	} else if (!blocking || want_fd_check(loop)) {
 		loop->ops->wait(loop, 0);
 	}
+	if (loop->ring_private && io_uring_cq_ready(&loop->ring))
+		ioc__uring_reap(loop);
 
 	now = ioc_now_ns();
 	progress |= dispatch_ready(loop, now);
 	progress |= run_incoming(loop);
 	ioc__timers_run(loop, &progress);
-	if (loop->ops->flush)
-		loop->ops->flush(loop);
+	/*
+	 * End-of-iteration submission.  Inside ioc_loop_run() with the
+	 * io_uring backend the next iteration follows at once and submits
+	 * in its wait (one enter for submit + wait) or in its non-blocking
+	 * check, so the submit is left to it.
+	 */
+	if (in_run && loop->depth == 1 && loop->ops->pending)
+		loop->flush_deferred = true;
+	else
+		flush_ring(loop);
 
 	if (--loop->depth == 0 && loop->dead)
 		reap_dead(loop);
 	return progress;
 }
 
+bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
+{
+	return loop_iterate(loop, blocking, false);
+}
+
 int ioc_loop_run(struct ioc_loop *loop)
 {
 	/* Acquire: pairs with the release store in ioc_loop_stop(). */
 	while (!atomic_load_explicit(&loop->stop, memory_order_acquire))
-		ioc_loop_poll(loop, true);
+		loop_iterate(loop, true, true);
+	flush_ring(loop);
 	atomic_store_explicit(&loop->stop, false, memory_order_relaxed);
 	return 0;
 }
@@ -946,6 +1007,7 @@ int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
 		goto fail;
 	}
 	loop->wake_h = loop->by_fd[loop->wake_fd];
+	loop->wake_h->edge = true; /* its callback drains the counter */
 	if (!current_loop)
 		current_loop = loop;
 	*out = loop;
@@ -973,13 +1035,12 @@ void ioc_loop_free(struct ioc_loop *loop)
 		s->free_fn = NULL;
 	}
 	ioc__timers_cancel_all(loop);
-	ioc__uring_private_fini(loop);
-
 	/* Handlers: remove all (the user's fds stay open). */
 	for (unsigned fd = 0; fd < loop->by_fd_cap; fd++)
 		if (loop->by_fd[fd])
 			handler_remove(loop, loop->by_fd[fd]);
 	loop->ready_head = loop->ready_tail = NULL;
+	ioc__uring_private_fini(loop);
 	loop->ops->fini(loop);
 	while (loop->dead) {
 		struct ioc_handler *h = loop->dead;
@@ -1043,4 +1104,6 @@ void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st)
 	st->poll_ns = loop->poll_ns;
 	st->has_uring = loop->has_ring;
 	st->uring_private = loop->has_ring && loop->ring_private;
+	st->uring_setup_flags = loop->has_ring ? loop->ring_setup_flags : 0;
+	st->msg_ring_wakeups = loop->msg_ring_wakeups;
 }
