@@ -69,8 +69,24 @@ enum {
 	IOC_BLK_STATUS_ZERO = 1u << 1, /* reads as zero */
 };
 
-/* Coroutine API: yields until done.  Reads past the end fail -EINVAL;
- * the transfer is complete or an error (short transfers are retried). */
+/*
+ * Coroutine API: yields until done.  Reads past the end fail -EINVAL;
+ * the transfer is complete or an error (short transfers are retried).
+ * Writes, discards and write-zeroes past the end fail -EINVAL too, and
+ * -EPERM on a read-only image.  Unknown flag bits fail -EINVAL.
+ *
+ * With cache=none, any offset, length and buffer alignment is accepted:
+ * misaligned requests are bounced (and writes read-modify-written, with
+ * overlapping writes serialised), at the cost of a copy.
+ *
+ * discard punches a hole in a file (BLKDISCARD on a device: whole logical
+ * blocks only); it is a hint, and succeeds where it cannot be done.
+ * write_zeroes: with MAY_UNMAP a hole is punched; otherwise the range is
+ * zeroed allocated (ZERO_RANGE, else punch + preallocate, else BLKZEROOUT
+ * on a device), and as a last resort zeroes are written, unless
+ * NO_FALLBACK asks for -ENOTSUP instead.  FUA works on write and
+ * write_zeroes (RWF_DSYNC, or fdatasync after).
+ */
 int ioc_coroutine_fn ioc_blk_co_preadv(struct ioc_blk *blk, uint64_t offset,
 				       const struct iovec *iov, int iovcnt, uint32_t flags);
 int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
@@ -81,7 +97,10 @@ int ioc_coroutine_fn ioc_blk_co_discard(struct ioc_blk *blk, uint64_t offset,
 int ioc_coroutine_fn ioc_blk_co_write_zeroes(struct ioc_blk *blk, uint64_t offset,
 					     uint64_t len, uint32_t flags);
 /* Status of [offset, offset+len): returns the IOC_BLK_STATUS_* bits of the
- * first extent and stores its length (<= len, > 0) in *pnum; or -errno. */
+ * first extent and stores its length (<= len, > 0) in *pnum; or -errno.
+ * len is clipped at the end of the image; offset must be inside it.  A
+ * hole is ZERO, data is DATA (devices and the null driver: all DATA, or
+ * ZERO for a null driver with null_read_zeroes).  Runs inline (lseek). */
 int ioc_coroutine_fn ioc_blk_co_block_status(struct ioc_blk *blk, uint64_t offset,
 					     uint64_t len, uint64_t *pnum, uint32_t flags);
 
