@@ -74,10 +74,13 @@ def start(cmd):
     if not shutil.which(cmd[0]) and not os.access(cmd[0], os.X_OK):
         return None, "%s not installed" % cmd[0]
     # All three daemonise once they listen and write the pid file.
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       timeout=30)
+    # stderr to a file: a daemon may keep it open, so a pipe never ends.
+    errf = os.path.join(work, "start.err")
+    with open(errf, "wb") as ef:
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=ef, timeout=30)
     if r.returncode != 0:
-        return None, "start failed: " + r.stderr.decode(errors="replace").strip()[:200]
+        with open(errf, "rb") as ef:
+            return None, "start failed: " + ef.read().decode(errors="replace").strip()[:200]
     for _ in range(500):
         if os.path.exists(pidf) and os.path.exists(sock):
             try:

@@ -294,11 +294,14 @@ int main(int argc, char **argv)
 			eo.read_only ? ", read-only" : "", where);
 	}
 	if (do_fork) {
-		/* stderr stays: errors (and -v logs) still reach the caller. */
+		/* Detach from the caller's pipes (a caller capturing our output
+		 * would otherwise wait for the daemon); -v keeps stderr for logs. */
 		int devnull = open("/dev/null", O_RDWR);
 		if (devnull >= 0) {
 			dup2(devnull, 0);
 			dup2(devnull, 1);
+			if (!verbose)
+				dup2(devnull, 2);
 			close(devnull);
 		}
 		if (write(ready[1], "r", 1) != 1)
