@@ -61,13 +61,14 @@
  *
  * Cost notes.  Fast-path hit: one preadv2 plus the checks, no allocation.
  * Measured (bench/blk, 4 KiB reads from /dev/shm, 64 in flight, 2 shared
- * cores): the fast path needs ~0.4-0.6 us of CPU per request against
- * ~1.5-2.5 us through io_uring or the pool, but it does the copy on the
- * loop's own thread, while the asynchronous paths spread copies over a
- * second core: on an idle machine with one busy loop the two can be close
- * in requests/s, and the fast path always wins in requests per CPU-second
- * (which is what an I/O thread serving many connections runs out of).  It
- * stays on by default; --fast-path off in iocore-bench measures without.
+ * cores): a request on the fast path costs ~1 us of CPU in all (coroutine,
+ * copy and syscall included) against ~1.7-2.5 us through io_uring or the
+ * pool.  But the fast path copies on the loop's own thread, while the
+ * asynchronous paths spread copies over a second core: with one busy loop
+ * on an idle machine the two can be close in requests/s; the fast path
+ * always wins in requests per CPU-second, which is what an I/O thread
+ * serving many connections runs out of.  So it stays on by default, and
+ * iocore-bench --fast-path off measures without it.
  * The fault hook costs one predictable branch per attempt when unset.
  * Tracking with cache=none: one mutex round trip and an O(n) scan of the
  * writes in flight per write (n is the queue depth; fine below a few
