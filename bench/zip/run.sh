@@ -13,7 +13,7 @@ Z="$BUILD/tools/zip/iocore-zip"
 BZ="$BUILD/bench/zip/bench-zip"
 NCPU=$(nproc)
 if [ "$QUICK" = "--quick" ]; then
-	MB=50; LEVELS="1 3"; GZLEVELS="1 6"; REPS=2
+	MB=50; LEVELS="1 3"; GZLEVELS="1 6"; REPS=1
 else
 	MB=200; LEVELS="1 3 9"; GZLEVELS="1 6 9"; REPS=3
 fi

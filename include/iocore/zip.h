@@ -56,14 +56,13 @@ enum ioc_zip_deflate {
  * stream and is returned by the call that fed it). */
 typedef int (*ioc_zip_write_fn)(void *opaque, const void *buf, size_t len);
 
-#define IOC_ZIP_DEFAULT_BLOCK  (4u << 20)
 #define IOC_ZIP_MAX_BLOCK      (64u << 20)
 #define IOC_ZIP_MIN_BLOCK      (4u << 10)
 
 struct ioc_zip_opts {
 	enum ioc_zip_format format;   /* compression: ZSTD (default) or GZIP */
 	int level;                    /* 0 = 3 for zstd, 6 for gzip; 1..19 */
-	size_t block_size;            /* 0 = IOC_ZIP_DEFAULT_BLOCK; 4 KiB..64 MiB */
+	size_t block_size;            /* 0 = ioc_zip_default_block(); 4 KiB..64 MiB */
 	unsigned workers;             /* 0 = online CPUs */
 	unsigned in_flight;           /* blocks in flight; 0 = workers + 2 */
 	bool no_checksum;             /* zstd: omit frame checksums */
@@ -75,9 +74,19 @@ struct ioc_zip_opts {
 					 0 = IOC_ZIP_MAX_BLOCK.  Larger or
 					 unsized frames decode streaming on
 					 the feeding thread. */
-	ioc_zip_write_fn write;       /* required */
+	ioc_zip_write_fn write;       /* required (unless write_at, below) */
 	void *opaque;
+	/* Decompression only, optional: positional output.  When set, each
+	 * frame's data is written by the worker that decoded it, as soon as
+	 * it is decoded, at its offset in the output; calls come from several
+	 * threads at once, in any order, for disjoint ranges (pwrite(2) on a
+	 * regular file fits).  write is then not called. */
+	int (*write_at)(void *opaque, const void *buf, size_t len, uint64_t offset);
 };
+
+/* Default block size for a format and level: zstd 4 MiB up to -5, 8 MiB up
+ * to -12, 16 MiB above (the window grows with the level); gzip 1 MiB. */
+size_t ioc_zip_default_block(enum ioc_zip_format format, int level);
 
 int ioc_zip_compressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts);
 int ioc_zip_decompressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts);

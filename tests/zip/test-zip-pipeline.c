@@ -1,6 +1,7 @@
 /* The pipeline on the workqueue: round trips, ordering, zero blocks,
  * foreign input, hostile input, index and range extraction. */
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -347,6 +348,51 @@ static void test_max_frame_streams(void)
 	free(src); free(c.p); free(d.p);
 }
 
+struct posbuf {
+	uint8_t *p;
+	size_t cap;
+	_Atomic size_t total;
+};
+
+static int pos_write(void *opaque, const void *buf, size_t len, uint64_t off)
+{
+	struct posbuf *b = opaque;
+
+	if (off + len > b->cap)
+		return -EFBIG;
+	memcpy(b->p + off, buf, len);
+	atomic_fetch_add_explicit(&b->total, len, memory_order_relaxed);
+	return 0;
+}
+
+/* write_at: workers write each frame at its offset, any order; foreign
+ * streamed frames go through it too. */
+static void test_write_at(void)
+{
+	size_t n = 2000000;
+	uint8_t *src = zt_data(n, 41);
+	struct ioc_zip_opts o = { .format = IOC_ZIP_ZSTD, .block_size = 65536, .workers = 3 };
+	struct buf c = { 0 };
+	struct posbuf pb = { .p = calloc(1, 2 * n + 1), .cap = 2 * n + 1 };
+	struct ioc_zip *z;
+
+	compress_buf(&o, src, n, n, &c, NULL);
+	/* Then a foreign gzip member (streamed) after it. */
+	o.format = IOC_ZIP_GZIP;
+	o.block_size = 0;
+	compress_buf(&o, src, n, n, &c, NULL);
+	o = (struct ioc_zip_opts){ .workers = 3, .write_at = pos_write, .opaque = &pb,
+				   .max_frame = 100000 };
+	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
+	ASSERT_OK(ioc_zip_write(z, c.p, c.len));
+	ASSERT_OK(ioc_zip_finish(z));
+	ioc_zip_free(z);
+	ASSERT_UEQ(atomic_load(&pb.total), 2 * n);
+	ASSERT_MEM_EQ(pb.p, src, n);
+	ASSERT_MEM_EQ(pb.p + n, src, n);
+	free(src); free(c.p); free(pb.p);
+}
+
 static int write_file(const char *path, const uint8_t *p, size_t n)
 {
 	int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
@@ -433,5 +479,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_hostile),
 	IOC_TEST(test_write_error),
 	IOC_TEST(test_max_frame_streams),
+	IOC_TEST(test_write_at),
 	IOC_TEST(test_extract),
 )

@@ -84,7 +84,8 @@ static void usage(FILE *f)
 		"  -T N, --threads=N   worker threads; 0 = all cores (default)\n"
 		"  -1 .. -19           compression level (default 3 zstd, 6 gzip)\n"
 		"      --format=F      zstd (default) or gzip\n"
-		"      --block-size=S  independent block size (default 4M; K/M suffixes)\n"
+		"      --block-size=S  independent block size (default: zstd 4M, 8M from -6,\n"
+		"                      16M from -13; gzip 1M; K/M suffixes)\n"
 		"  -l, --list          list frames and ratio\n"
 		"  -t, --test          test integrity\n"
 		"      --range=OFF:LEN decompress only bytes [OFF, OFF+LEN) (seekable input)\n"
@@ -177,8 +178,32 @@ static int out_write(void *opaque, const void *buf, size_t len)
 {
 	struct job *j = opaque;
 
-	j->out_done += len;
 	return j->discard ? 0 : write_all(j->out_fd, buf, len);
+}
+
+/* Decompression into a regular file (or nowhere, for -t): each worker
+ * writes its frame at its offset, so the feeding thread never copies
+ * decoded data.  Called from worker threads: touches nothing shared. */
+static int out_write_at(void *opaque, const void *buf, size_t len, uint64_t off)
+{
+	const struct job *j = opaque;
+	const uint8_t *p = buf;
+
+	if (j->discard)
+		return 0;
+	while (len) {
+		ssize_t n = pwrite(j->out_fd, p, len, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
 }
 
 static void print_busy(struct ioc_zip *z, const struct cli *cli)
@@ -206,9 +231,17 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 		.format = cli->format, .level = cli->level, .block_size = cli->block,
 		.workers = cli->threads, .write = out_write, .opaque = j,
 	};
+	struct ioc_zip_stats st;
 	struct ioc_zip *z;
+	struct stat stb;
 	int r;
 
+	if (cli->decompress &&
+	    (j->discard || (fstat(j->out_fd, &stb) == 0 && S_ISREG(stb.st_mode) &&
+			    lseek(j->out_fd, 0, SEEK_CUR) == 0))) {
+		o.write = NULL;
+		o.write_at = out_write_at;
+	}
 	r = cli->decompress ? ioc_zip_decompressor_new(&z, &o) : ioc_zip_compressor_new(&z, &o);
 	if (r < 0) {
 		snprintf(err, errlen, "%s", ioc_strerror(r));
@@ -239,10 +272,14 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 		r = ioc_zip_commit(z, (size_t)n);
 		if (r < 0)
 			break;
+		ioc_zip_get_stats(z, &st);
+		j->out_done = st.out_bytes;
 		progress(j, false);
 	}
 	if (r < 0)
 		snprintf(err, errlen, "%s", ioc_zip_error(z));
+	ioc_zip_get_stats(z, &st);
+	j->out_done = st.out_bytes;
 	progress(j, true);
 	print_busy(z, cli);
 out:
