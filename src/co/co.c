@@ -18,8 +18,10 @@
  * thread-local (see ioc_co_yield()).
  *
  * A coroutine's first entry starts trampoline(), which loops forever:
- * run fn, mark terminated, switch back.  The enterer sees "terminated" and
- * releases the coroutine to the pool; the next ioc_co_create() that takes
+ * run fn, mark terminated, switch back passing itself (a yield passes
+ * NULL).  The enterer learns "terminated" from the switch's return value,
+ * not from the coroutine's memory -- after a yield the coroutine may
+ * already be running on another thread -- and releases it to the pool; the next ioc_co_create() that takes
  * it from the pool sets a new fn and the next enter resumes the loop.  So
  * reuse costs no context setup at all.
  *
@@ -145,7 +147,8 @@ static void __attribute__((noreturn)) trampoline(void *arg)
 		co->terminated = true;
 		co->entered = false;
 		hook_leave(co, true);
-		/* Resumes here when the pool hands co out again. */
+		/* Tells ioc_co_enter() to release co; resumes here when the
+		 * pool hands co out again. */
 		ioc__co_ctx_switch(&co->ctx, co->ret, co);
 	}
 }
@@ -210,6 +213,7 @@ void ioc_co_enter(struct ioc_co *co)
 	struct ioc_co *prev = tls_current;
 	struct ioc__co_ctx here;
 	void *fake = NULL;
+	void *finished;
 
 	assert(!co->entered && "entering a running coroutine");
 	assert(!co->terminated);
@@ -218,12 +222,14 @@ void ioc_co_enter(struct ioc_co *co)
 	co->ret = &here;
 	tls_current = co;
 	hook_enter(co, &fake);
-	ioc__co_ctx_switch(&here, &co->ctx, co);
-	/* Back on the same thread: co yielded or terminated. */
+	/* Returns NULL when co yielded, co when it terminated. */
+	finished = ioc__co_ctx_switch(&here, &co->ctx, co);
+	/* Back on the same thread.  After a yield co may already belong to
+	 * another thread (woken there), so read nothing from it. */
 	hook_back_in_enterer(fake);
 	tls_current = prev;
-	if (co->terminated)
-		ioc__co_pool_put(co);
+	if (finished)
+		ioc__co_pool_put(finished);
 }
 
 void ioc_coroutine_fn ioc_co_yield(void)
@@ -233,7 +239,7 @@ void ioc_coroutine_fn ioc_co_yield(void)
 	assert(co && "ioc_co_yield() outside a coroutine");
 	co->entered = false;
 	hook_leave(co, false);
-	ioc__co_ctx_switch(&co->ctx, co->ret, co);
+	ioc__co_ctx_switch(&co->ctx, co->ret, NULL);
 	/* Possibly on another thread now: co is a local, nothing here reads
 	 * thread-local storage. */
 	hook_running(co);
