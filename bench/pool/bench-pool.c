@@ -22,7 +22,9 @@
  *
  * Variants (case "ablation", iocore only) each turn one design step off:
  *   default, no-submit-batch, no-complete-batch, wake-always, no-spin,
- *   qemu-like (all four off), max64 (the default max_threads of 64).
+ *   qemu-like (all of those off, and threads started eagerly), max64 (the
+ *   default max_threads of 64), eager-spawn (max 64, a thread whenever
+ *   none is idle, as QEMU: what the spawn delay avoids).
  *
  * The first 10% of the run is warm-up and not counted.  One row of JSON on
  * stdout (bench/README.md); diagnostics on stderr.
@@ -187,6 +189,10 @@ static const char *run_iocore(void)
 		o.flags = IOC_POOL_NO_SUBMIT_BATCH | IOC_POOL_NO_COMPLETE_BATCH |
 			  IOC_POOL_WAKE_ALWAYS;
 		o.spin_max_ns = -1;
+		o.spawn_delay_ns = -1;
+	} else if (!strcmp(v, "eager-spawn")) {
+		o.max_threads = 64;
+		o.spawn_delay_ns = -1;
 	} else if (!strcmp(v, "max64"))
 		o.max_threads = 64;
 	else if (strcmp(v, "default"))

@@ -44,6 +44,6 @@ for impl in iocore glib libuv; do
 	run --impl $impl --case empty --threads $THREADS --seconds $SECS
 done
 # One design step off at a time (bench-pool.c and src/pool/pool.c explain).
-for v in default no-submit-batch no-complete-batch wake-always no-spin qemu-like max64; do
+for v in default no-submit-batch no-complete-batch wake-always no-spin qemu-like max64 eager-spawn; do
 	run --impl iocore --variant $v --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
 done

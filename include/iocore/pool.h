@@ -31,6 +31,12 @@ struct ioc_pool_opts {
 	/* At most this many workers spin at once; 0 = default (online CPUs
 	 * minus one, at least one). */
 	unsigned max_spinners;
+	/* Up to one thread per online CPU starts as soon as jobs wait.  Past
+	 * that, a new thread starts only when the oldest queued job has waited
+	 * this long (jobs that block in the kernel; short CPU-bound jobs do
+	 * not need more threads than CPUs).  0 = default (200000); negative:
+	 * start threads whenever no idle one can take a job (QEMU). */
+	int64_t spawn_delay_ns;
 	uint32_t flags;            /* IOC_POOL_* below; default 0 */
 };
 
@@ -67,6 +73,7 @@ struct ioc_pool_req {
 	ioc_pool_done_cb *done;
 	void *opaque;
 	int64_t ret;
+	int64_t queued_ns;
 	int state;
 };
 

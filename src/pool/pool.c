@@ -96,6 +96,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -111,6 +112,7 @@ enum {
 	DEFAULT_MAX_THREADS = 64,
 	DEFAULT_IDLE_TIMEOUT_MS = 10000,
 	DEFAULT_SPIN_MAX_NS = 50000,
+	DEFAULT_SPAWN_DELAY_NS = 200000,
 	SPIN_GROW_MIN_NS = 2000, /* a grown budget starts here */
 	SPIN_SHRINK_FLOOR_NS = 500, /* below this, stop spinning */
 };
@@ -130,6 +132,7 @@ enum {
 	LIVE_POOL = 1u << 0,  /* the pool exists */
 	LIVE_DONE = 1u << 1,  /* done_task is posted and has not started */
 	LIVE_FLUSH = 1u << 2, /* flush_task is posted and has not started */
+	LIVE_TIMER = 1u << 3, /* spawn_timer is armed */
 };
 
 struct ioc_pool_port {
@@ -140,7 +143,13 @@ struct ioc_pool_port {
 	struct ioc_pool_req *pend_head, *pend_tail;
 	unsigned npend;
 	unsigned in_dispatch;        /* running done callbacks */
+	bool flush_posted;           /* flush_bh/flush_task is pending */
+	/* The home port of a loop's own pool kicks the loop with BHs, which
+	 * the loop owns and ioc_loop_free() can delete; other ports post
+	 * tasks embedded here (see pool_destroy()). */
+	struct ioc_bh *done_bh, *flush_bh;
 	struct ioc_task flush_task;
+	struct ioc_timer spawn_timer;  /* re-checks a stalled queue */
 	/* Written only by the loop thread; atomic so get_stats may read. */
 	_Atomic uint64_t submitted, completed, batches;
 
@@ -189,6 +198,8 @@ struct ioc_pool {
 	int64_t idle_timeout_ns;
 	int64_t spin_max_ns;           /* 0: no spinning */
 	unsigned max_spinners;
+	unsigned eager_threads;        /* start at once up to this many */
+	int64_t spawn_delay_ns;        /* then only after a job waited this */
 	uint32_t flags;
 	char name[11];
 };
@@ -272,30 +283,49 @@ static struct ioc_pool_req *queue_take_all(struct ioc_pool *pool)
  * Who takes the jobs now queued?  Under pool->lock, after the queue grew or
  * a worker took a job.  Spinning workers, workers already signalled and
  * workers still starting will all look at the queue soon: they are spare.
- * Signal a sleeper only when the queue is longer than the spares; if there
- * is no sleeper to signal, ask for a new thread.
+ * Signal a sleeper only when the queue is longer than the spares.  With no
+ * sleeper to signal, start a thread if there are fewer than eager_threads
+ * (one per CPU), or if the oldest job has waited spawn_delay_ns: then the
+ * running jobs block rather than compute, and another thread adds
+ * parallelism instead of contention.  now is 0 when the caller did not read
+ * the clock (workers): no delayed start then.
  */
 enum wake { WAKE_NONE, WAKE_SIGNAL, WAKE_SPAWN };
 
-static enum wake want_wake(struct ioc_pool *pool)
+static unsigned spare_workers(const struct ioc_pool *pool)
 {
-	unsigned spare = pool->nspinning + pool->nwoken + pool->nstarting;
-
 	if (pool->flags & IOC_POOL_WAKE_ALWAYS)
-		spare = pool->nwoken + pool->nstarting;
-	if (pool->q_len <= spare || pool->stopping)
+		return pool->nwoken + pool->nstarting;
+	return pool->nspinning + pool->nwoken + pool->nstarting;
+}
+
+static enum wake want_wake(struct ioc_pool *pool, int64_t now)
+{
+	if (pool->q_len <= spare_workers(pool) || pool->stopping)
 		return WAKE_NONE;
 	if (pool->nsleeping > pool->nwoken) {
 		pool->nwoken++;
 		pool->wakeups++;
 		return WAKE_SIGNAL;
 	}
-	if (pool->nthreads < pool->max_threads) {
+	if (pool->nthreads < pool->max_threads &&
+	    (pool->nthreads < pool->eager_threads ||
+	     (now && now - pool->q_head->queued_ns >= pool->spawn_delay_ns))) {
 		pool->nthreads++;
 		pool->nstarting++;
 		return WAKE_SPAWN;
 	}
 	return WAKE_NONE;
+}
+
+/* More jobs wait than spare workers will take, and the pool may grow: the
+ * submitting loop looks again after spawn_delay_ns (port_spawn_timer()).
+ * Sleepers just signalled count as spare, but may block in their job as
+ * well, so this does not require that none sleeps.  Under pool->lock. */
+static bool stalled(const struct ioc_pool *pool)
+{
+	return !pool->stopping && pool->q_len > spare_workers(pool) &&
+	       pool->nthreads < pool->max_threads;
 }
 
 /* ---- completions ------------------------------------------------------ */
@@ -324,11 +354,17 @@ static void port_push_done(struct ioc_pool_port *port,
 	old = atomic_load_explicit(&port->done_head, memory_order_relaxed);
 	do {
 		req->next = old;
-		/* Release: publishes req->ret and req->next.  Pairs with the
-		 * acquire exchange in port_dispatch(). */
+		/* Release: publishes req->ret and req->next.  Acquire: when
+		 * old is NULL we read the exchange in port_dispatch(), and the
+		 * loop's use of done_task (its links) must come before our
+		 * posting it again.  Pairs with that acq_rel exchange. */
 	} while (!atomic_compare_exchange_weak_explicit(&port->done_head, &old,
-			req, memory_order_release, memory_order_relaxed));
+			req, memory_order_acq_rel, memory_order_relaxed));
 	if (old == NULL && post) {
+		if (port->done_bh) {
+			ioc_bh_schedule(port->done_bh);
+			return;
+		}
 		/* Pairs with the fetch_and in port_done_task(). */
 		atomic_fetch_or_explicit(&port->live, LIVE_DONE,
 					 memory_order_relaxed);
@@ -348,6 +384,8 @@ static void complete_list(struct ioc_pool_req *list, int64_t ret, bool post)
 }
 
 static void port_flush(struct ioc_pool_port *port);
+static void port_arm_spawn_timer(struct ioc_pool_port *port);
+static void port_spawn_timer(void *opaque);
 
 /* Run the callbacks of everything on port's completion stack.  Loop thread
  * (or pool_destroy()).  Returns the number dispatched. */
@@ -356,9 +394,11 @@ static unsigned port_dispatch(struct ioc_pool_port *port)
 	struct ioc_pool_req *list, *fifo = NULL;
 	unsigned n = 0;
 
-	/* Acquire: pairs with the release CAS in port_push_done(). */
+	/* Acquire: pairs with the release CAS in port_push_done(); release:
+	 * orders our use of the kick (task links) before the next push that
+	 * finds the stack empty and kicks again. */
 	list = atomic_exchange_explicit(&port->done_head, NULL,
-					memory_order_acquire);
+					memory_order_acq_rel);
 	while (list) {
 		struct ioc_pool_req *next = list->next;
 
@@ -414,6 +454,15 @@ static void port_done_task(struct ioc_task *task)
 	}
 	port_dispatch(port);
 	/* Submissions made by the callbacks go out as one batch. */
+	if (port->npend)
+		port_flush(port);
+}
+
+static void port_done_bh(void *opaque)
+{
+	struct ioc_pool_port *port = opaque;
+
+	port_dispatch(port);
 	if (port->npend)
 		port_flush(port);
 }
@@ -570,6 +619,7 @@ static void *worker_main(void *opaque)
 {
 	struct worker *w = opaque;
 	struct ioc_pool *pool = w->pool;
+	bool spun = false;  /* spun since the last job: sleep next */
 	char name[16];
 	enum wake wk;
 
@@ -584,13 +634,17 @@ static void *worker_main(void *opaque)
 		int64_t t0;
 		int rc;
 
+		/* Every path below comes back here with the lock held, so a
+		 * stop or a lower max that was broadcast while we ran a job
+		 * or spun is seen before we sleep. */
 		if (pool->stopping || pool->nthreads > pool->max_threads)
 			break;
 		req = pool->q_head;
 		if (req) {
+			spun = false;
 			queue_unlink(pool, req);
 			req->state = REQ_RUNNING;
-			wk = want_wake(pool);
+			wk = want_wake(pool, 0);
 			pthread_mutex_unlock(&pool->lock);
 			act(pool, wk);
 
@@ -601,7 +655,8 @@ static void *worker_main(void *opaque)
 			continue;
 		}
 
-		if (w->spin_ns > 0 && pool->nspinning < pool->max_spinners) {
+		if (!spun && w->spin_ns > 0 &&
+		    pool->nspinning < pool->max_spinners) {
 			int64_t got;
 
 			pool->nspinning++;
@@ -610,9 +665,10 @@ static void *worker_main(void *opaque)
 			pthread_mutex_lock(&pool->lock);
 			pool->nspinning--;
 			spin_adapt(w, pool->spin_max_ns, got >= 0);
-			if (pool->q_head)
-				continue;
+			spun = true;
+			continue;
 		}
+		spun = false;
 
 		t0 = ioc_now_ns();
 		ts.tv_sec = (t0 + pool->idle_timeout_ns) / 1000000000;
@@ -653,18 +709,35 @@ static void *worker_main(void *opaque)
 
 /* ---- ports and submission --------------------------------------------- */
 
+static void port_done_bh(void *opaque);
+static void port_flush_bh(void *opaque);
+
+/* with_bh: the home port, created on its loop's thread. */
 static struct ioc_pool_port *port_new(struct ioc_pool *pool,
-				      struct ioc_loop *loop)
+				      struct ioc_loop *loop, bool with_bh)
 {
 	struct ioc_pool_port *port;
 
 	if (posix_memalign((void **)&port, IOC_CACHELINE, sizeof(*port)))
 		return NULL;
 	memset(port, 0, sizeof(*port));
+	if (with_bh) {
+		port->done_bh = ioc_bh_new(loop, port_done_bh, port);
+		port->flush_bh = ioc_bh_new(loop, port_flush_bh, port);
+		if (!port->done_bh || !port->flush_bh) {
+			if (port->done_bh)
+				ioc_bh_delete(port->done_bh);
+			if (port->flush_bh)
+				ioc_bh_delete(port->flush_bh);
+			free(port);
+			return NULL;
+		}
+	}
 	port->pool = pool;
 	port->loop = loop;
 	port->flush_task.fn = port_flush_task;
 	port->done_task.fn = port_done_task;
+	ioc_timer_init(&port->spawn_timer, loop, port_spawn_timer, port);
 	atomic_init(&port->done_head, NULL);
 	atomic_init(&port->live, LIVE_POOL);
 	atomic_init(&port->submitted, 0);
@@ -688,7 +761,7 @@ static struct ioc_pool_port *port_get(struct ioc_pool *pool,
 		if (port->loop == loop)
 			break;
 	if (!port) {
-		port = port_new(pool, loop);
+		port = port_new(pool, loop, false);
 		if (port) {
 			port->next = pool->ports;
 			pool->ports = port;
@@ -710,15 +783,19 @@ static void port_flush(struct ioc_pool_port *port)
 	struct ioc_pool *pool = port->pool;
 	struct ioc_pool_req *first = port->pend_head, *last = port->pend_tail;
 	unsigned n = port->npend;
-	bool reap;
+	bool reap, arm;
 	enum wake wk;
+	int64_t now;
 
 	if (!n)
 		return;
 	port->pend_head = port->pend_tail = NULL;
 	port->npend = 0;
-	for (struct ioc_pool_req *r = first; r; r = r->next)
+	now = ioc_now_ns();
+	for (struct ioc_pool_req *r = first; r; r = r->next) {
 		r->state = REQ_QUEUED;
+		r->queued_ns = now;
+	}
 
 	pthread_mutex_lock(&pool->lock);
 	if (pool->stopping) {
@@ -731,12 +808,55 @@ static void port_flush(struct ioc_pool_port *port)
 		return;
 	}
 	queue_splice(pool, first, last, n);
-	wk = want_wake(pool);
+	wk = want_wake(pool, now);
+	arm = stalled(pool);
 	reap = pool->zombies != NULL;
 	pthread_mutex_unlock(&pool->lock);
 	act(pool, wk);
+	if (arm)
+		port_arm_spawn_timer(port);
 	if (reap)
 		reap_zombies(pool);
+}
+
+/*
+ * The stall check.  Nobody else would notice that every worker is stuck in
+ * a long job while more wait (the loop submits nothing new, the workers do
+ * not come back): so the loop that submitted looks again every
+ * spawn_delay_ns while the queue stays uncovered, and starts one thread per
+ * look once the oldest job has waited that long.  Loop thread.
+ */
+static void port_spawn_timer(void *opaque)
+{
+	struct ioc_pool_port *port = opaque;
+	struct ioc_pool *pool = port->pool;
+	/* Pairs with the fetch_or in port_arm_spawn_timer() and the
+	 * fetch_and in pool_destroy(). */
+	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_TIMER,
+						 memory_order_acq_rel);
+	enum wake wk;
+	bool arm;
+
+	if (!(was & LIVE_POOL)) {
+		port_free_if_orphan(port, was, LIVE_TIMER);
+		return;
+	}
+	pthread_mutex_lock(&pool->lock);
+	wk = want_wake(pool, ioc_now_ns());
+	arm = stalled(pool);
+	pthread_mutex_unlock(&pool->lock);
+	act(pool, wk);
+	if (arm)
+		port_arm_spawn_timer(port);
+}
+
+static void port_arm_spawn_timer(struct ioc_pool_port *port)
+{
+	if (ioc_timer_pending(&port->spawn_timer))
+		return;
+	/* Pairs with the fetch_and in port_spawn_timer(). */
+	atomic_fetch_or_explicit(&port->live, LIVE_TIMER, memory_order_relaxed);
+	ioc_timer_arm_in(&port->spawn_timer, port->pool->spawn_delay_ns);
 }
 
 static void port_flush_task(struct ioc_task *task)
@@ -752,6 +872,15 @@ static void port_flush_task(struct ioc_task *task)
 		port_free_if_orphan(port, was, LIVE_FLUSH);
 		return;
 	}
+	port->flush_posted = false;
+	port_flush(port);
+}
+
+static void port_flush_bh(void *opaque)
+{
+	struct ioc_pool_port *port = opaque;
+
+	port->flush_posted = false;
 	port_flush(port);
 }
 
@@ -814,8 +943,12 @@ void ioc_pool_submit(struct ioc_pool *pool, struct ioc_pool_req *req,
 	/* Inside a completion batch the batch flushes at its end; otherwise
 	 * once per loop iteration through the flush task.  LIVE_FLUSH is set
 	 * and cleared only on this thread, except by pool_destroy(). */
-	if (!port->in_dispatch &&
-	    !(atomic_load_explicit(&port->live, memory_order_relaxed) & LIVE_FLUSH)) {
+	if (!port->in_dispatch && !port->flush_posted) {
+		port->flush_posted = true;
+		if (port->flush_bh) {
+			ioc_bh_schedule(port->flush_bh);
+			return;
+		}
 		/* Pairs with the fetch_and in port_flush_task(). */
 		atomic_fetch_or_explicit(&port->live, LIVE_FLUSH,
 					 memory_order_relaxed);
@@ -896,10 +1029,13 @@ static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 		o.spin_max_ns = DEFAULT_SPIN_MAX_NS;
 	if (o.spin_max_ns < 0)
 		o.spin_max_ns = 0;
-	if (!o.max_spinners) {
-		ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	if (ncpu < 1)
+		ncpu = 1;
+	if (!o.max_spinners)
 		o.max_spinners = ncpu > 2 ? (unsigned)ncpu - 1 : 1;
-	}
+	if (!o.spawn_delay_ns)
+		o.spawn_delay_ns = DEFAULT_SPAWN_DELAY_NS;
 
 	if (posix_memalign((void **)&pool, IOC_CACHELINE, sizeof(*pool)))
 		return -ENOMEM;
@@ -921,12 +1057,15 @@ static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 	pool->idle_timeout_ns = (int64_t)o.idle_timeout_ms * 1000000;
 	pool->spin_max_ns = o.spin_max_ns;
 	pool->max_spinners = o.max_spinners;
+	/* Negative delay: QEMU's rule, a thread whenever none is idle. */
+	pool->eager_threads = o.spawn_delay_ns < 0 ? UINT_MAX : (unsigned)ncpu;
+	pool->spawn_delay_ns = o.spawn_delay_ns < 0 ? 0 : o.spawn_delay_ns;
 	pool->flags = o.flags;
 	snprintf(pool->name, sizeof(pool->name), "%s", o.name ? o.name : "ioc-pool");
 	pool->id = atomic_fetch_add_explicit(&pool_ids, 1, memory_order_relaxed);
 	atomic_init(&pool->q_visible, 0);
 	if (home) {
-		pool->home_port = port_new(pool, home);
+		pool->home_port = port_new(pool, home, true);
 		if (!pool->home_port) {
 			rc = -ENOMEM;
 			goto fail_cond2;
@@ -1008,10 +1147,29 @@ static void pool_destroy(struct ioc_pool *pool, struct ioc_loop *dying)
 		unsigned was;
 
 		next = port->next;
-		if (port->loop == dying) {
-			free(port);
-			continue;
+		/* A timer can be cancelled on its own loop's thread only;
+		 * elsewhere the port is orphaned and the timer frees it. */
+		if ((port->loop == dying || port->loop == ioc_loop_current()) &&
+		    ioc_timer_pending(&port->spawn_timer)) {
+			ioc_timer_cancel(&port->spawn_timer);
+			/* Pairs with the fetch_or in port_arm_spawn_timer(). */
+			atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_TIMER,
+						  memory_order_relaxed);
 		}
+		if (port->loop == dying) {
+			/* Pending BHs are cancelled and freed with the loop;
+			 * the tasks of a port without BHs may still be on the
+			 * loop's incoming stack, which ioc_loop_free() reads
+			 * after us: such a port is kept (a leak, only when a
+			 * dying loop still had requests of a shared pool). */
+			if (port->done_bh) {
+				ioc_bh_delete(port->done_bh);
+				ioc_bh_delete(port->flush_bh);
+				free(port);
+				continue;
+			}
+		}
+		assert(!port->done_bh);
 		/* Pairs with the fetch_and in the two port tasks. */
 		was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_POOL,
 						memory_order_acq_rel);

@@ -58,12 +58,21 @@ static void open_gate(void)
 	pthread_mutex_unlock(&b.lock);
 }
 
-static void wait_started(unsigned n)
+/* Past one thread per CPU the pool grows from the submitting loop (it
+ * looks again while jobs wait), so keep the loop turning meanwhile. */
+static void wait_started(struct ioc_loop *loop, unsigned n)
 {
-	pthread_mutex_lock(&b.lock);
-	while (b.started < n)
-		pthread_cond_wait(&b.cond, &b.lock);
-	pthread_mutex_unlock(&b.lock);
+	for (;;) {
+		bool ok;
+
+		pthread_mutex_lock(&b.lock);
+		ok = b.started >= n;
+		pthread_mutex_unlock(&b.lock);
+		if (ok)
+			return;
+		ioc_loop_poll(loop, false);
+		sched_yield();
+	}
 }
 
 static void test_shrink_while_busy(void)
@@ -85,8 +94,7 @@ static void test_shrink_while_busy(void)
 	left = 6;
 	for (int i = 0; i < 6; i++)
 		ioc_pool_submit(pool, &reqs[i], job_fn, NULL, job_done, &left);
-	ioc_loop_poll(loop, false); /* hand them over */
-	wait_started(6);
+	wait_started(loop, 6);
 	ioc_pool_get_stats(pool, &st);
 	ASSERT_UEQ(st.threads, 6);
 	ASSERT_OK(ioc_pool_set_limits(pool, 0, 2));
@@ -99,8 +107,7 @@ static void test_shrink_while_busy(void)
 	left = 40;
 	for (int i = 0; i < 40; i++)
 		ioc_pool_submit(pool, &reqs[i], job_fn, NULL, job_done, &left);
-	ioc_loop_poll(loop, false);
-	wait_started(2);
+	wait_started(loop, 2);
 	/* The four extra workers exit (they finished their wave-1 job);
 	 * had any of them taken a wave-2 job it would now be stuck at the
 	 * gate and this would not converge. */
