@@ -194,6 +194,29 @@ static void test_disk(void)
 	rmdir(dir);
 }
 
+static void ioc_coroutine_fn dev_zero_body(void *opaque)
+{
+	struct ioc_blk *blk = opaque;
+	struct ioc_blk_info info;
+	unsigned char buf[8192], zero[5000];
+	struct iovec iov = { buf, sizeof(buf) };
+
+	ioc_blk_get_info(blk, &info);
+	ASSERT_TRUE(info.is_blockdev);
+	ASSERT_UEQ(info.min_align, 4096);
+	memset(zero, 0, sizeof(zero));
+	memset(buf, 0x11, sizeof(buf));
+	ASSERT_OK(ioc_blk_co_pwritev(blk, 0, &iov, 1, 0));
+	ASSERT_EQ(ioc_blk_co_write_zeroes(blk, 100, 5000, IOC_BLK_NO_FALLBACK), -ENOTSUP);
+	ASSERT_EQ(ioc_blk_co_write_zeroes(blk, 4096, 4096, IOC_BLK_NO_FALLBACK), 0);
+	ASSERT_OK(ioc_blk_co_write_zeroes(blk, 100, 5000, 0));
+	ASSERT_OK(ioc_blk_co_preadv(blk, 0, &iov, 1, 0));
+	ASSERT_EQ(buf[99], 0x11);
+	ASSERT_MEM_EQ(buf + 100, zero, 5000);
+	ASSERT_EQ(buf[5100], 0);     /* the 4096..8191 block was zeroed */
+	ASSERT_OK(ioc_blk_co_discard(blk, 100, 10000, 0));
+}
+
 /* A loop device with 4 KiB logical sectors: BLKSSZGET/STATX_DIOALIGN of a
  * block device, BLKDISCARD, fallocate on a device, bouncing at 4 KiB. */
 static void test_blockdev(void)
@@ -222,6 +245,15 @@ static void test_blockdev(void)
 	ioc_test_diag("loop device %s", dev);
 	for (size_t i = 0; i < IOC_ARRAY_SIZE(bt_configs); i++)
 		run_path(&bt_configs[i], dev, dev);
+	{
+		/* Partial logical blocks have no fast zeroing. */
+		struct ioc_blk_opts opts = { .cache = IOC_BLK_CACHE_NONE };
+		struct ioc_blk *blk;
+
+		ASSERT_OK(ioc_blk_open(&blk, dev, &opts));
+		bt_run_co_fn(dev_zero_body, blk);
+		ioc_blk_close(blk);
+	}
 	ASSERT_GE(asprintf(&cmd, "losetup -d %s", dev), 0);
 	ASSERT_EQ(system(cmd), 0);
 	free(cmd);
