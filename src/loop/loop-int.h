@@ -140,6 +140,7 @@ struct ioc_loop {
 	unsigned ntimers;
 
 	int64_t poll_ns;             /* adaptive poll time */
+	int poll_score;              /* recent poll hits minus misses */
 	int64_t poll_max_ns;
 	int64_t poll_idle_ns;
 	unsigned busy_iters;

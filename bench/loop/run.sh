@@ -1,0 +1,66 @@
+#!/bin/bash
+# bench/loop/run.sh BUILD_DIR [--quick]
+#
+# Event loop benchmarks (bench-loop.c), one JSON row per line on stdout,
+# loop statistics and notes on stderr:
+#   scal      seed 003: 1 active + N idle handlers with poll callbacks,
+#             N = 0, 100, 1000, 3200, per backend (iocore only: compare
+#             each N with N=0 of the same backend).
+#   bh        cross-thread BH round trip vs libuv's uv_async_send.
+#   pingpong  one byte over two pipes between two loop threads vs libuv
+#             and libevent.
+# The peers do not choose a backend (both use epoll), so each peer runs
+# once per case and its row is repeated under each of our params sets, so
+# that every iocore row has its peers to compare with.
+set -u
+build=${1:?usage: run.sh BUILD_DIR [--quick]}
+quick=0
+[ "${2:-}" = "--quick" ] && quick=1
+bench="$build/bench/loop/bench-loop"
+if [ ! -x "$bench" ]; then
+	for c in scal bh pingpong; do
+		printf '{"suite":"loop","case":"%s","params":"","impl":"iocore","peer":false,"metric":"roundtrips/s","value":null,"better":"higher","cmd":"%s","error":"bench-loop not built"}\n' "$c" "$bench"
+	done
+	exit 0
+fi
+secs=2
+[ $quick = 1 ] && secs=0.5
+
+run() { # args...; prints the row, stats to stderr
+	"$bench" "$@" --seconds "$secs" || \
+		echo "bench-loop $* failed" >&2
+}
+
+# Peer row under other params.
+reparam() { # row params
+	sed -e "s/\"params\":\"[^\"]*\"/\"params\":\"$2\"/" <<<"$1"
+}
+
+echo "== scal (seed 003)" >&2
+for b in io_uring epoll poll; do
+	for n in 0 100 1000 3200; do
+		run --case scal --backend "$b" --idle "$n"
+	done
+done
+
+echo "== bh round trip" >&2
+uv=$(run --case bh --impl libuv --backend auto)
+for p in "io_uring" "io_uring --msg-ring" "epoll" "poll"; do
+	# shellcheck disable=SC2086
+	row=$(run --case bh --backend $p)
+	echo "$row"
+	params=$(sed -e 's/.*"params":"\([^"]*\)".*/\1/' <<<"$row")
+	reparam "$uv" "$params"
+done
+
+echo "== pipe ping-pong" >&2
+uv=$(run --case pingpong --impl libuv --backend auto)
+ev=$(run --case pingpong --impl libevent --backend auto)
+for p in "io_uring" "io_uring --edge" "io_uring --no-poll" "epoll" "poll"; do
+	# shellcheck disable=SC2086
+	row=$(run --case pingpong --backend $p)
+	echo "$row"
+	params=$(sed -e 's/.*"params":"\([^"]*\)".*/\1/' <<<"$row")
+	reparam "$uv" "$params"
+	reparam "$ev" "$params"
+done
