@@ -55,6 +55,29 @@ fi
 log() { printf 'bench: %s\n' "$*" >&2; }
 now() { date +%s; }
 
+# leftovers SINCE: "pid args" of live processes whose command line mentions
+# the build dir and that started at or after SINCE (epoch seconds).
+leftovers() {
+	boot=$(awk '/^btime/ { print $2 }' /proc/stat 2>/dev/null)
+	hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
+	[ -n "$boot" ] || return 0
+	for p in /proc/[0-9]*; do
+		pid=${p#/proc/}
+		[ "$pid" = "$$" ] && continue
+		args=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+		case "$args" in
+		*"$build/"*) ;;
+		*) continue ;;
+		esac
+		# Field 22 of stat is the start time in clock ticks after boot;
+		# strip "pid (comm) " first, since comm may contain spaces.
+		st=$(sed 's/^.*) //' "$p/stat" 2>/dev/null | awk '{ print $20 }')
+		state=$(sed 's/^.*) //' "$p/stat" 2>/dev/null | awk '{ print $1 }')
+		[ -n "$st" ] && [ "$state" != Z ] || continue
+		[ $((boot + st / hz)) -ge "$1" ] && printf '%s %s\n' "$pid" "$args"
+	done
+}
+
 t_start=$(now)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a)
 src=${BENCH_SRC:-$here/bench}
@@ -80,7 +103,8 @@ fi
 out="$build/bench"
 mkdir -p "$out/raw" "$out/logs" "$out/plots"
 rm -f "$out"/raw/*.jsonl "$out"/logs/*.log "$out"/plots/*.png "$out"/plots/*.dat \
-	"$out"/plots/*.gp "$out/rows.jsonl" "$out/runs.jsonl" "$out/invalid.txt"
+	"$out"/plots/*.gp "$out/rows.jsonl" "$out/runs.jsonl" "$out/invalid.txt" \
+	"$out/leftovers.txt"
 : >"$out/runs.jsonl"
 
 # 3. Which modules have a runner.  The order follows the layers.
@@ -99,6 +123,7 @@ for m in $all_mods; do
 done
 for m in $order; do
 	[ -d "$src/$m" ] || continue
+	[ "$m" = common ] && continue # shared helpers (bench/common/bench.h), not a module
 	if [ -n "${BENCH_ONLY:-}" ]; then
 		case " $BENCH_ONLY " in
 		*" $m "*) ;;
@@ -141,6 +166,17 @@ while [ "$rep" -le "$repeats" ]; do
 		fi
 		rc=$?
 		t1=$(now)
+		# A server a run.sh started and forgot (a daemon escapes timeout's
+		# process group) would load the machine for every later run: name it.
+		# Only processes running something from this build dir and started
+		# during this run are reported; they are not killed (a `make run`
+		# of the same build may be serving on purpose).
+		left=$(leftovers "$t0")
+		if [ -n "$left" ]; then
+			log "  WARNING: bench/$m/run.sh left processes running:"
+			printf '%s\n' "$left" | sed 's/^/    /' >&2
+			printf '%s\n' "$left" | sed "s/^/$m.$rep: /" >>"$out/leftovers.txt"
+		fi
 		status=ok
 		[ "$rc" = 0 ] || status=failed
 		[ "$rc" = 124 ] || [ "$rc" = 137 ] && [ "$have_timeout" = 1 ] && status=timeout
