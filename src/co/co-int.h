@@ -8,6 +8,7 @@
 #include "iocore/co.h"
 #include "co-switch.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 
 /*
@@ -50,6 +51,13 @@ struct ioc_co {
 	unsigned valgrind_id;
 #endif
 };
+
+/* Before a coroutine yields to wait for a wakeup: the home-thread rule of
+ * co.h, checked (a wake could otherwise enter it while it is still
+ * switching out on another thread). */
+#define ioc__co_check_home(co)                                            \
+	assert((co)->home && ioc_loop_current() == (co)->home &&          \
+	       "a coroutine waits only on its home loop's thread (co.h)")
 
 /* stack.c: map a coroutine (stack + struct) / unmap it. */
 struct ioc_co *ioc__co_stack_alloc(size_t stack_size);

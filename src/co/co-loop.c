@@ -105,7 +105,8 @@ void ioc_coroutine_fn ioc_co_sleep_ns(int64_t ns)
 	struct ioc_co *co = ioc_co_self();
 	struct ioc_timer t;
 
-	assert(co && co->home);
+	assert(co);
+	ioc__co_check_home(co);
 	ioc_timer_init(&t, co->home, sleep_cb, co);
 	ioc_timer_arm_in(&t, ns);
 	ioc_co_yield();
@@ -145,7 +146,8 @@ int ioc_coroutine_fn ioc_co_wait_fd(int fd, int events)
 	struct fd_wait w = { .co = co, .fd = fd };
 	int ret;
 
-	assert(co && co->home);
+	assert(co);
+	ioc__co_check_home(co);
 	if (!(events & (IOC_CO_READ | IOC_CO_WRITE)))
 		return -EINVAL;
 	w.loop = co->home;
@@ -180,6 +182,7 @@ int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw)
 	if (__atomic_compare_exchange_n(&aw->state, &expected, AW_WAITING,
 					false, __ATOMIC_ACQ_REL,
 					__ATOMIC_ACQUIRE)) {
+		ioc__co_check_home(aw->co);
 		ioc_co_yield();
 		/* Woken by done(); the wake task's post/pop already orders
 		 * this, the acquire load states it. */

@@ -144,6 +144,7 @@ void ioc_coroutine_fn ioc_co_mutex_lock(struct ioc_co_mutex *m)
 		m->holder = self;
 		return;
 	}
+	ioc__co_check_home(self);
 	push_arrival(m, &w);
 	/* Acq_rel: orders our push before the increment (release) for the
 	 * unlocker that reads it, and makes the previous unlocker's writes
@@ -189,6 +190,7 @@ void ioc_coroutine_fn ioc_co_queue_wait(struct ioc_co_queue *q,
 	struct ioc_co_waiter w = { .co = ioc_co_self() };
 
 	assert(w.co && "ioc_co_queue_wait() outside a coroutine");
+	ioc__co_check_home(w.co);
 	if (q->tail)
 		q->tail->next = &w;
 	else
@@ -328,6 +330,7 @@ void ioc_coroutine_fn ioc_co_event_wait(struct ioc_co_event *e)
 	struct ioc_co_waiter *head = __atomic_load_n(&e->head, __ATOMIC_ACQUIRE);
 
 	assert(w.co && "ioc_co_event_wait() outside a coroutine");
+	ioc__co_check_home(w.co);
 	do {
 		if (head == EVENT_SET)
 			return;
