@@ -168,7 +168,8 @@ struct ioc_wq {
 	bool in_order;
 	bool in_notify;            /* inside the loop task's drain */
 	bool free_requested;       /* ioc_wq_free() called from a done callback */
-	int64_t spin_ns;
+	int64_t spin_ns;           /* spin cap (workers and wait_done) */
+	int64_t wait_spin;         /* wait_done's current adaptive spin */
 	char name[16];
 	uint64_t submitted, collected;
 	uint16_t *order;           /* in-order: worker of sequence s */
@@ -196,6 +197,8 @@ static void futex_wake(_Atomic uint32_t *addr)
 	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
+static int64_t adapt_spin(int64_t spin, int64_t spin_max, int64_t slept);
+
 /* ---- worker side ---------------------------------------------------- */
 
 /*
@@ -211,12 +214,15 @@ static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 			      uint32_t low_water, struct ioc_loop *loop,
 			      struct wq_notify *notify)
 {
+	/* With a backlog nobody needs to hear from us yet: skip the fence.
+	 * A stale read of the producer index only makes the count smaller,
+	 * i.e. makes us do the check below more often, never less. */
+	if (ioc_ring_count(req) > low_water)
+		return;
 	/* Pairs with the fence in ioc_wq_wait_done() after it sets waiting,
 	 * and with the fence in notify_task() after it clears pending: either
 	 * they see our done-ring push or we see their flag. */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (ioc_ring_count(req) > low_water)
-		return;  /* we still have a backlog: nobody needs us yet */
 	if (atomic_load_explicit(&wq->waiting, memory_order_relaxed) &&
 	    atomic_exchange_explicit(&wq->waiting, 0, memory_order_relaxed))
 		futex_wake(&wq->waiting);
@@ -331,12 +337,7 @@ static void *worker_main(void *arg)
 		/* Adapt the spin (QEMU's adaptive polling): a sleep shorter
 		 * than the cap would have been covered by spinning longer, so
 		 * grow; a longer one means spinning is wasted, so shrink. */
-		slept = ioc_now_ns() - slept;
-		if (slept < spin_max)
-			spin = spin ? (spin * 2 < spin_max ? spin * 2 : spin_max) :
-			       (spin_max < 1000 ? spin_max : 1000);
-		else
-			spin = spin / 2 < 500 ? 0 : spin / 2;
+		spin = adapt_spin(spin, spin_max, ioc_now_ns() - slept);
 	}
 	return NULL;
 }
@@ -532,6 +533,7 @@ int ioc_wq_new(struct ioc_wq **out, const struct ioc_wq_opts *opts)
 	wq->in_order = opts->in_order;
 	wq->spin_ns = opts->spin_ns == 0 ? WQ_DEFAULT_SPIN_NS :
 		      opts->spin_ns < 0 ? 0 : opts->spin_ns;
+	wq->wait_spin = wq->spin_ns;
 	snprintf(wq->name, sizeof(wq->name), "%s", opts->name ? opts->name : "ioc-wq");
 	wq->loop = opts->loop;
 	wq->done = opts->done;
@@ -716,6 +718,18 @@ int ioc_wq_poll_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max)
 	return (int)got;
 }
 
+/* Grow or shrink an adaptive spin after a sleep that lasted `slept` ns:
+ * a sleep shorter than the cap would have been covered by spinning, a
+ * longer one means spinning would only have burnt CPU (QEMU's adaptive
+ * polling, with the same doubling/halving). */
+static int64_t adapt_spin(int64_t spin, int64_t spin_max, int64_t slept)
+{
+	if (slept < spin_max)
+		return spin ? (spin * 2 < spin_max ? spin * 2 : spin_max) :
+		       (spin_max < 1000 ? spin_max : 1000);
+	return spin / 2 < 500 ? 0 : spin / 2;
+}
+
 int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 		     int64_t timeout_ns)
 {
@@ -725,23 +739,25 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 	if (max == 0)
 		return -EINVAL;
 	deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
-	spin_end = start + wq->spin_ns;
+	spin_end = start + wq->wait_spin;
 	for (;;) {
 		n = ioc_wq_poll_done(wq, jobs, max);
 		if (n || wq->collected == wq->submitted)
 			return n;  /* nothing in flight: nothing to wait for */
+		int64_t now = ioc_now_ns();
+
 		/* Spin only when the workers are about to run dry (no more
 		 * jobs in flight than workers): then our reaction time is
 		 * their idle time.  With a backlog, sleep and let the
-		 * low-water wake batch the completions. */
-		if (wq->submitted - wq->collected <= wq->nactive) {
-			int64_t now = ioc_now_ns();
-
-			if (now < spin_end && now < deadline) {
-				for (int k = 0; k < 64; k++)
-					ioc_ring_relax();
-				continue;
-			}
+		 * low-water wake batch the completions (spinning there costs
+		 * more CPU than the wakes it saves: bench/wq, cpu-ns/job).
+		 * The spin adapts: it pays when completions come faster than
+		 * a sleep/wake round trip and shrinks to nothing otherwise. */
+		if (wq->submitted - wq->collected <= wq->nactive &&
+		    now < spin_end && now < deadline) {
+			for (int k = 0; k < 64; k++)
+				ioc_ring_relax();
+			continue;
 		}
 		/* Sleep handshake, submitter half (top of file). */
 		atomic_store_explicit(&wq->waiting, 1, memory_order_relaxed);
@@ -753,8 +769,6 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 			atomic_store_explicit(&wq->waiting, 0, memory_order_relaxed);
 			return n;
 		}
-		int64_t now = ioc_now_ns();
-
 		if (now >= deadline) {
 			atomic_store_explicit(&wq->waiting, 0, memory_order_relaxed);
 			return 0;
@@ -768,6 +782,9 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 			futex_wait(&wq->waiting, 1, &ts);
 		}
 		atomic_store_explicit(&wq->waiting, 0, memory_order_relaxed);
+		wq->wait_spin = adapt_spin(wq->wait_spin, wq->spin_ns,
+					   ioc_now_ns() - now);
+		spin_end = 0;  /* spun already in this call */
 	}
 }
 
