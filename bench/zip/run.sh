@@ -73,18 +73,26 @@ fi
 # secs CMD... : wall seconds of a command (its stdout/stderr to files)
 now() { date +%s%N; }
 # Best of $REPS runs: the machine is shared, and the fastest run is the one
-# least disturbed by others.  Applied the same way to every tool.
+# least disturbed by others.  Applied the same way to every tool.  Prints
+# "WALL CPU" in seconds (CPU = user + system of the whole command, children
+# included), of the fastest run.
 timeit() {
 	local t0 t1 best="" i
 	for i in $(seq $REPS); do
 		t0=$(now)
-		"$@" > "$WORK/stdout" 2> "$WORK/stderr" || { cat "$WORK/stderr" >&2; echo ""; return 1; }
+		/usr/bin/time -f "%U %S" -o "$WORK/time" "$@" > "$WORK/stdout" 2> "$WORK/stderr" ||
+			{ cat "$WORK/stderr" >&2; echo ""; return 1; }
 		t1=$(now)
-		best=$(awk -v a="$t0" -v b="$t1" -v m="$best" 'BEGIN { t = (b - a) / 1e9; if (m != "" && m < t) t = m; printf "%.6f\n", t }')
+		best=$(awk -v a="$t0" -v b="$t1" -v m="$best" -v c="$(tail -1 "$WORK/time")" 'BEGIN {
+			t = (b - a) / 1e9; split(c, u, " "); cpu = u[1] + u[2]
+			if (m != "") { split(m, o, " "); if (o[1] < t) { print m; exit } }
+			printf "%.6f %.6f\n", t, cpu }')
 	done
 	echo "$best"
 }
-mbps() { awk -v n="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f\n", n / s / 1e6 }'; }
+# MB/s from "WALL CPU" (field 1) or MB per CPU-second (field 2)
+mbps() { awk -v n="$1" -v s="$2" 'BEGIN { split(s, t, " "); if (t[1] > 0) printf "%.2f\n", n / t[1] / 1e6 }'; }
+mbcpu() { awk -v n="$1" -v s="$2" 'BEGIN { split(s, t, " "); if (t[2] > 0) printf "%.2f\n", n / t[2] / 1e6 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.5f\n", a / b }'; }
 size() { stat -c %s "$1"; }
 
@@ -112,7 +120,8 @@ for corpus in usr mem; do
 		P="corpus=$corpus,level=$L,threads=$NCPU"
 		cmd="$Z -q -v -f -T0 -$L $IN -o OUT.zst"
 		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 -$L "$IN" -o "$WORK/ours.zst"); then
-			row compress "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$cmd"
+			row compress "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$cmd"
+			row compress "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
 			row compress "$P" iocore-zip false "size ratio" "$(ratio $(size "$WORK/ours.zst") $N)" lower "$cmd"
 			busy_row compress-busy "$P" "$cmd"
 		else
@@ -120,7 +129,8 @@ for corpus in usr mem; do
 		fi
 		cmd="zstd -q -f -T$NCPU -$L $IN -o OUT.zst"
 		if [ $have_zstd = 1 ] && s=$(timeit zstd -q -f -T$NCPU -$L "$IN" -o "$WORK/peer.zst"); then
-			row compress "$P" "zstd -T$NCPU" true MB/s "$(mbps $N $s)" higher "$cmd"
+			row compress "$P" "zstd -T$NCPU" true MB/s "$(mbps $N "$s")" higher "$cmd"
+			row compress "$P" "zstd -T$NCPU" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
 			row compress "$P" "zstd -T$NCPU" true "size ratio" "$(ratio $(size "$WORK/peer.zst") $N)" lower "$cmd"
 		else
 			row compress "$P" "zstd -T$NCPU" true MB/s "" higher "$cmd" "zstd missing or failed"
@@ -131,14 +141,16 @@ for corpus in usr mem; do
 	if [ $have_z = 1 ] && "$Z" -q -f -T0 -3 "$IN" -o "$WORK/ours.zst" 2>/dev/null &&
 	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours.zst" -o "$WORK/ours.out"); then
 		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d"
-		row decompress "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$Z -d -T0 ours.zst -o OUT"
+		row decompress "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$Z -d -T0 ours.zst -o OUT"
+		row decompress "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$Z -d -T0 ours.zst -o OUT"
 		busy_row decompress-busy "$P" "$Z -v -d -T0 ours.zst -o OUT"
 	else
 		row decompress "$P" iocore-zip false MB/s "" higher "$Z -d" "iocore-zip failed or not built"
 	fi
 	if [ $have_zstd = 1 ] && zstd -q -f -T$NCPU -3 "$IN" -o "$WORK/peer.zst" &&
 	   s=$(timeit zstd -q -d -f "$WORK/peer.zst" -o "$WORK/peer.out"); then
-		row decompress "$P" "zstd -d" true MB/s "$(mbps $N $s)" higher "zstd -d peer.zst -o OUT"
+		row decompress "$P" "zstd -d" true MB/s "$(mbps $N "$s")" higher "zstd -d peer.zst -o OUT"
+		row decompress "$P" "zstd -d" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "zstd -d peer.zst -o OUT"
 	else
 		row decompress "$P" "zstd -d" true MB/s "" higher "zstd -d" "zstd missing or failed"
 	fi
@@ -148,7 +160,8 @@ for corpus in usr mem; do
 		P="corpus=$corpus,level=$L,threads=$NCPU"
 		cmd="$Z -q -f -T0 --format=gzip -$L $IN -o OUT.gz"
 		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 --format=gzip -$L "$IN" -o "$WORK/ours.gz"); then
-			row gzip "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$cmd"
+			row gzip "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$cmd"
+			row gzip "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
 			row gzip "$P" iocore-zip false "size ratio" "$(ratio $(size "$WORK/ours.gz") $N)" lower "$cmd"
 			busy_row gzip-busy "$P" "$cmd"
 		else
@@ -156,7 +169,8 @@ for corpus in usr mem; do
 		fi
 		cmd="pigz -p $NCPU -$L -c $IN > OUT.gz"
 		if [ $have_pigz = 1 ] && s=$(timeit sh -c "pigz -p $NCPU -$L -c '$IN' > '$WORK/peer.gz'"); then
-			row gzip "$P" "pigz -p$NCPU" true MB/s "$(mbps $N $s)" higher "$cmd"
+			row gzip "$P" "pigz -p$NCPU" true MB/s "$(mbps $N "$s")" higher "$cmd"
+			row gzip "$P" "pigz -p$NCPU" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
 			row gzip "$P" "pigz -p$NCPU" true "size ratio" "$(ratio $(size "$WORK/peer.gz") $N)" lower "$cmd"
 		else
 			row gzip "$P" "pigz -p$NCPU" true MB/s "" higher "$cmd" "pigz missing or failed"
@@ -167,13 +181,15 @@ for corpus in usr mem; do
 	if [ $have_z = 1 ] && "$Z" -q -f -T0 --format=gzip -6 "$IN" -o "$WORK/ours.gz" 2>/dev/null &&
 	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours.gz" -o "$WORK/ours.out"); then
 		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d (gzip)"
-		row decompress "$P" iocore-zip false MB/s "$(mbps $N $s)" higher "$Z -d -T0 ours.gz -o OUT"
+		row decompress "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$Z -d -T0 ours.gz -o OUT"
+		row decompress "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$Z -d -T0 ours.gz -o OUT"
 	else
 		row decompress "$P" iocore-zip false MB/s "" higher "$Z -d" "iocore-zip failed or not built"
 	fi
 	if [ $have_pigz = 1 ] && pigz -p $NCPU -6 -c "$IN" > "$WORK/peer.gz" &&
 	   s=$(timeit sh -c "pigz -d -p $NCPU -c '$WORK/peer.gz' > '$WORK/peer.out'"); then
-		row decompress "$P" "pigz -d" true MB/s "$(mbps $N $s)" higher "pigz -d -c peer.gz > OUT"
+		row decompress "$P" "pigz -d" true MB/s "$(mbps $N "$s")" higher "pigz -d -c peer.gz > OUT"
+		row decompress "$P" "pigz -d" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "pigz -d -c peer.gz > OUT"
 	else
 		row decompress "$P" "pigz -d" true MB/s "" higher "pigz -d" "pigz missing or failed"
 	fi

@@ -93,16 +93,26 @@ int ioc_zip_decompressor_new(struct ioc_zip **out, const struct ioc_zip_opts *op
 /* Drops anything unfinished.  Safe on NULL. */
 void ioc_zip_free(struct ioc_zip *z);
 
+/* Flags for ioc_zip_write()/ioc_zip_commit(). */
+enum {
+	/* After this data: end the current block even if it is not full
+	 * (compressor) and return only once everything fed so far has been
+	 * written through the callback.  A migration stream uses it at the
+	 * end of each dirty-page pass.  Costs a short block and a pipeline
+	 * drain, so not for every write. */
+	IOC_ZIP_FLUSH = 1u << 0,
+};
+
 /* Feed len bytes (uncompressed for a compressor, compressed for a
- * decompressor).  Returns 0 or -errno; after an error the stream is dead
- * and ioc_zip_error() says why. */
-int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len);
+ * decompressor).  flags: 0 or IOC_ZIP_FLUSH.  Returns 0 or -errno; after an
+ * error the stream is dead and ioc_zip_error() says why. */
+int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags);
 
 /* Zero-copy feeding: *buf gets room for up to *len bytes inside the
- * stream; write into it and call ioc_zip_commit(z, n) with n <= *len.
+ * stream; write into it and call ioc_zip_commit(z, n, flags) with n <= *len.
  * The buffer is valid until the next call on z. */
 int ioc_zip_buffer(struct ioc_zip *z, void **buf, size_t *len);
-int ioc_zip_commit(struct ioc_zip *z, size_t n);
+int ioc_zip_commit(struct ioc_zip *z, size_t n, uint32_t flags);
 
 /* Compressor: emits the last block and the seek table.  Decompressor:
  * fails with -EBADMSG if the input ended inside a frame.  Waits for every

@@ -317,7 +317,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 			    ioc_strerror(r));
 			goto out_nomsg;
 		}
-		r = ioc_zip_commit(z, room);
+		r = ioc_zip_commit(z, room, 0);
 		if (r < 0)
 			goto out;
 		pos += room;

@@ -724,7 +724,7 @@ static int comp_finish(struct ioc_zip *z)
 
 	/* A final partial block, or one empty frame for empty input so the
 	 * output is a valid file for every tool. */
-	if (z->filling || z->next_seq == 0) {
+	if ((z->filling && z->slots[z->next_seq % z->nslots].in_len) || z->next_seq == 0) {
 		void *b;
 		size_t l;
 
@@ -1055,24 +1055,46 @@ int ioc_zip_buffer(struct ioc_zip *z, void **buf, size_t *len)
 	return 0;
 }
 
-int ioc_zip_commit(struct ioc_zip *z, size_t n)
+static int flush(struct ioc_zip *z)
 {
-	if (z->dead)
-		return -EIO;
-	if (!z->decomp)
-		return comp_commit(z, n);
-	if (n > z->stage_cap - z->stage_start - z->stage_len)
-		return -EINVAL;
-	z->stage_len += n;
-	z->st.in_bytes += n;
-	return dec_process(z);
+	if (!z->decomp && z->filling && z->slots[z->next_seq % z->nslots].in_len) {
+		int r = submit(z, &z->slots[z->next_seq % z->nslots]);
+
+		if (r < 0)
+			return r;
+	}
+	return drain(z);
 }
 
-int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len)
+int ioc_zip_commit(struct ioc_zip *z, size_t n, uint32_t flags)
+{
+	int r;
+
+	if (z->dead)
+		return -EIO;
+	if (flags & ~(uint32_t)IOC_ZIP_FLUSH)
+		return -EINVAL;
+	if (!z->decomp) {
+		r = comp_commit(z, n);
+	} else {
+		if (n > z->stage_cap - z->stage_start - z->stage_len)
+			return -EINVAL;
+		z->stage_len += n;
+		z->st.in_bytes += n;
+		r = dec_process(z);
+	}
+	if (r == 0 && (flags & IOC_ZIP_FLUSH))
+		r = flush(z);
+	return r;
+}
+
+int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags)
 {
 	const uint8_t *p = buf;
 
-	while (len) {
+	if (flags & ~(uint32_t)IOC_ZIP_FLUSH)
+		return -EINVAL;
+	do {
 		void *dst;
 		size_t room;
 		int r = ioc_zip_buffer(z, &dst, &room);
@@ -1081,13 +1103,14 @@ int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len)
 			return r;
 		if (room > len)
 			room = len;
-		memcpy(dst, p, room);
-		r = ioc_zip_commit(z, room);
-		if (r < 0)
-			return r;
+		if (room)
+			memcpy(dst, p, room);
 		p += room;
 		len -= room;
-	}
+		r = ioc_zip_commit(z, room, len ? 0 : flags);
+		if (r < 0)
+			return r;
+	} while (len);
 	return 0;
 }
 

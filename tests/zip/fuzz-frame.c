@@ -87,8 +87,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (ioc_zip_decompressor_new(&z, &o) == 0) {
 		/* Two feeds, so frames straddle a boundary. */
-		if (ioc_zip_write(z, data, size / 2) == 0 &&
-		    ioc_zip_write(z, data + size / 2, size - size / 2) == 0)
+		if (ioc_zip_write(z, data, size / 2, 0) == 0 &&
+		    ioc_zip_write(z, data + size / 2, size - size / 2, IOC_ZIP_FLUSH) == 0)
 			ioc_zip_finish(z);
 		ioc_zip_free(z);
 	}

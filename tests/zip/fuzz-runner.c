@@ -84,7 +84,7 @@ static void compressed(enum ioc_zip_format fmt, size_t n, size_t block, bool zer
 		zt_fill(src + 4096, 4096, 1);
 	out->len = 0;
 	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
-	ASSERT_OK(ioc_zip_write(z, src, n));
+	ASSERT_OK(ioc_zip_write(z, src, n, 0));
 	ASSERT_OK(ioc_zip_finish(z));
 	ioc_zip_free(z);
 	free(src);

@@ -246,6 +246,29 @@ static void test_hostile_no_partial_output(void)
 	ASSERT_EQ(sh("cd %s && ls -a | grep -c iocore-zip | grep -q '^0$'", dir), 0);
 }
 
+/* Interrupted mid-stream (SIGINT, SIGTERM): the temporary output is
+ * removed and nothing that looks complete is left. */
+static void test_interrupt_leaves_nothing(void)
+{
+	setup();
+	need("timeout");
+	ASSERT_EQ(sh("cd %s && timeout -s INT 0.3 %s -q -o out.zst < /dev/urandom; test $? -ne 0",
+		     dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && timeout -s TERM 0.3 %s -q --format=gzip -o out.gz < /dev/urandom;"
+		     " test $? -ne 0", dir, tool), 0);
+	ASSERT_EQ(count_files(), 0);
+}
+
+/* -l on input without an index (a pipe, a foreign file) decodes to count. */
+static void test_list_no_index(void)
+{
+	setup();
+	need("zstd");
+	make_file("in", 100000, 0);
+	ASSERT_EQ(sh("cd %s && zstd -q -c in | %s -l | grep -q 'no index.*-> 100000 bytes'", dir,
+		     tool), 0);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_roundtrip_files),
 	IOC_TEST(test_empty_tiny_zero),
@@ -256,4 +279,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_range_vs_dd),
 	IOC_TEST(test_list),
 	IOC_TEST(test_hostile_no_partial_output),
+	IOC_TEST(test_interrupt_leaves_nothing),
+	IOC_TEST(test_list_no_index),
 )

@@ -47,7 +47,7 @@ static void compress_buf(const struct ioc_zip_opts *base, const uint8_t *src, si
 	o.opaque = out;
 	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
 	for (size_t off = 0; off < n; off += chunk)
-		ASSERT_OK(ioc_zip_write(z, src + off, n - off < chunk ? n - off : chunk));
+		ASSERT_OK(ioc_zip_write(z, src + off, n - off < chunk ? n - off : chunk, 0));
 	ASSERT_OK(ioc_zip_finish(z));
 	if (st)
 		ioc_zip_get_stats(z, st);
@@ -63,7 +63,7 @@ static int decompress_buf(const uint8_t *src, size_t n, size_t chunk, unsigned w
 
 	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
 	for (size_t off = 0; off < n && r == 0; off += chunk)
-		r = ioc_zip_write(z, src + off, n - off < chunk ? n - off : chunk);
+		r = ioc_zip_write(z, src + off, n - off < chunk ? n - off : chunk, 0);
 	if (r == 0)
 		r = ioc_zip_finish(z);
 	if (err)
@@ -184,7 +184,7 @@ static void test_zero_copy_feed(void)
 		if (room > 10000)
 			room = 10000;
 		memcpy(b, src + off, room);
-		ASSERT_OK(ioc_zip_commit(z, room));
+		ASSERT_OK(ioc_zip_commit(z, room, 0));
 		off += room;
 	}
 	ASSERT_OK(ioc_zip_finish(z));
@@ -311,11 +311,11 @@ static void test_write_error(void)
 	int r;
 
 	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
-	r = ioc_zip_write(z, src, n);
+	r = ioc_zip_write(z, src, n, 0);
 	if (r == 0)
 		r = ioc_zip_finish(z);
 	ASSERT_EQ(r, -ENOSPC);
-	ASSERT_EQ(ioc_zip_write(z, src, 1), -EIO);
+	ASSERT_EQ(ioc_zip_write(z, src, 1, 0), -EIO);
 	ioc_zip_free(z);
 	free(src);
 	free(c.p);
@@ -337,7 +337,7 @@ static void test_max_frame_streams(void)
 	o.write = buf_write;
 	o.opaque = &d;
 	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
-	ASSERT_OK(ioc_zip_write(z, c.p, c.len));
+	ASSERT_OK(ioc_zip_write(z, c.p, c.len, 0));
 	ASSERT_OK(ioc_zip_finish(z));
 	ioc_zip_get_stats(z, &st);
 	ioc_zip_free(z);
@@ -345,6 +345,49 @@ static void test_max_frame_streams(void)
 	ASSERT_UEQ(st.parallel_frames, 0);
 	ASSERT_UEQ(d.len, n);
 	ASSERT_MEM_EQ(d.p, src, n);
+	free(src); free(c.p); free(d.p);
+}
+
+/* IOC_ZIP_FLUSH: everything fed so far is out, as whole frames, when the
+ * call returns; an input of exactly N blocks gets no empty extra frame. */
+static void test_flush(void)
+{
+	size_t n = 300000;
+	uint8_t *src = zt_data(n, 51);
+	struct buf c = { 0 }, d = { 0 };
+	struct ioc_zip_stats st;
+	struct ioc_zip *z;
+
+	for (int fmt = 0; fmt < 2; fmt++) {
+		struct ioc_zip_opts o = { .format = (enum ioc_zip_format)fmt, .block_size = 65536,
+					  .workers = 2, .write = buf_write, .opaque = &c,
+					  .no_seek_table = true };
+		c.len = d.len = 0;
+		ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+		ASSERT_OK(ioc_zip_write(z, src, 1000, IOC_ZIP_FLUSH));
+		/* The output so far decodes to exactly the 1000 bytes. */
+		ASSERT_OK(decompress_buf(c.p, c.len, c.len, 2, &d, NULL, 0, NULL));
+		ASSERT_UEQ(d.len, 1000);
+		ASSERT_MEM_EQ(d.p, src, 1000);
+		ASSERT_OK(ioc_zip_write(z, src + 1000, 131072 - 1000, IOC_ZIP_FLUSH));
+		ASSERT_OK(ioc_zip_write(z, NULL, 0, IOC_ZIP_FLUSH));
+		ASSERT_OK(ioc_zip_finish(z));
+		ioc_zip_get_stats(z, &st);
+		ioc_zip_free(z);
+		ASSERT_UEQ(st.frames, 3);   /* 1000, 64 KiB, 64 KiB - 1000 */
+		d.len = 0;
+		ASSERT_OK(decompress_buf(c.p, c.len, 777, 2, &d, NULL, 0, NULL));
+		ASSERT_UEQ(d.len, 131072);
+		ASSERT_MEM_EQ(d.p, src, 131072);
+	}
+	/* Exactly two blocks: two frames, no empty third. */
+	{
+		struct ioc_zip_opts o = { .block_size = 65536, .workers = 2 };
+
+		c.len = 0;
+		compress_buf(&o, src, 131072, 131072, &c, &st);
+		ASSERT_UEQ(st.frames, 2);
+	}
 	free(src); free(c.p); free(d.p);
 }
 
@@ -384,7 +427,7 @@ static void test_write_at(void)
 	o = (struct ioc_zip_opts){ .workers = 3, .write_at = pos_write, .opaque = &pb,
 				   .max_frame = 100000 };
 	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
-	ASSERT_OK(ioc_zip_write(z, c.p, c.len));
+	ASSERT_OK(ioc_zip_write(z, c.p, c.len, 0));
 	ASSERT_OK(ioc_zip_finish(z));
 	ioc_zip_free(z);
 	ASSERT_UEQ(atomic_load(&pb.total), 2 * n);
@@ -480,5 +523,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_write_error),
 	IOC_TEST(test_max_frame_streams),
 	IOC_TEST(test_write_at),
+	IOC_TEST(test_flush),
 	IOC_TEST(test_extract),
 )

@@ -69,6 +69,27 @@ static void set_tmp(const char *path)
 	sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Create the temporary from its template and register it for the signal
+ * handler, with signals blocked in between so an interrupt cannot land
+ * after the file exists and before the handler knows its name. */
+static int make_tmp(char *templ)
+{
+	sigset_t all, old;
+	int fd, e;
+
+	sigfillset(&all);
+	sigprocmask(SIG_BLOCK, &all, &old);
+	fd = mkostemp(templ, O_CLOEXEC);
+	e = errno;
+	if (fd >= 0) {
+		snprintf(tmp_path, sizeof(tmp_path), "%s", templ);
+		tmp_active = 1;
+	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	errno = e;
+	return fd;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -269,7 +290,7 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 			break;
 		}
 		j->in_done += (uint64_t)n;
-		r = ioc_zip_commit(z, (size_t)n);
+		r = ioc_zip_commit(z, (size_t)n, 0);
 		if (r < 0)
 			break;
 		ioc_zip_get_stats(z, &st);
@@ -435,11 +456,11 @@ static int process(const struct cli *cli, const char *in_name, bool many)
 				goto out;
 			}
 		}
-		set_tmp(tmp);
-		fd = mkostemp(tmp, O_CLOEXEC);
+		fd = make_tmp(tmp);
 		if (fd < 0) {
-			set_tmp(NULL);
 			fprintf(stderr, "iocore-zip: %s: %s\n", out_name, strerror(errno));
+			free(tmp);
+			tmp = NULL;
 			goto out;
 		}
 		j.out_fd = fd;
