@@ -261,8 +261,45 @@ static void test_await_races(void)
 	ASSERT_EQ(await_bad, 0);
 }
 
+/* Edge cases that must not yield: bad events, moving to the loop we are
+ * on; and set_home on a suspended coroutine redirects its wake. */
+static int edge_ret;
+static struct ioc_loop *edge_seen;
+static _Atomic int edge_done;
+
+static void ioc_coroutine_fn edge_fn(void *opaque)
+{
+	struct ioc_loop *back = opaque;
+
+	edge_ret = ioc_co_wait_fd(0, 0);
+	ioc_co_move_to(ioc_loop_current());
+	ioc_co_yield();
+	edge_seen = ioc_loop_current();
+	ioc_co_move_to(back);
+	atomic_store_explicit(&edge_done, 1, memory_order_release);
+}
+
+static void test_edges(void)
+{
+	struct ioc_loop *l = main_loop(), *other;
+	struct ioc_iothread *t;
+	struct ioc_co *co = ioc_co_create(edge_fn, l);
+
+	ioc_co_enter(co);
+	ASSERT_EQ(edge_ret, -EINVAL);
+	ASSERT_TRUE(ioc_co_home(co) == l);
+	ASSERT_OK(ioc_iothread_start(&t, &(struct ioc_iothread_opts){ .name = "co-edge", .cpu = -1 }));
+	other = ioc_iothread_loop(t);
+	ioc_co_set_home(co, other);
+	ioc_co_wake(co);	/* runs on the iothread, then comes back */
+	run_until(l, &edge_done, 1);
+	ioc_iothread_stop(t);
+	ASSERT_PTR_EQ(edge_seen, other);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_wake_from_thread),
+	IOC_TEST(test_edges),
 	IOC_TEST(test_move_to),
 	IOC_TEST(test_sleep),
 	IOC_TEST(test_wait_fd),

@@ -237,8 +237,20 @@ static void test_thread_exit(void)
 	ASSERT_ULE(s2.created - s1.created, n - (s1.pooled < n ? s1.pooled : n));
 }
 
+static void test_configure_errors(void)
+{
+	struct ioc_co_pool_opts bad = { .stack_size = 4096 };
+	struct ioc_co_pool_opts late = { .batch_size = 8 };
+
+	ensure_configured();
+	ASSERT_EQ(ioc_co_pool_configure(&bad), -EINVAL);
+	ASSERT_EQ(ioc_co_pool_configure(NULL), -EINVAL);
+	ASSERT_EQ(ioc_co_pool_configure(&late), -EBUSY);	/* pool in use */
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_cross_thread_no_new_creations),
+	IOC_TEST(test_configure_errors),
 	IOC_TEST(test_bound),
 	IOC_TEST(test_thread_exit),
 )
