@@ -82,11 +82,13 @@ int ioc_coroutine_fn ioc_co_wait_fd(int fd, int events);
  *     res = ioc_co_await(&aw);          // yields unless already done
  * ioc_co_await_done() may run on any thread, before or after the yield;
  * the coroutine resumes exactly once, on its home loop, and always through
- * the loop (never inside ioc_co_await_done() itself), so the caller of
- * done() may keep using the operation's memory -- even memory on the
- * coroutine's stack -- until it returns.  aw must not be touched by the
- * caller after done().  A coroutine that yields here needs a home loop and
- * must be on its thread (the home-thread rule above).
+ * the loop (never inside ioc_co_await_done() itself).  So when done()
+ * runs on the home loop's thread, its caller may keep using the
+ * operation's memory -- even memory on the coroutine's stack -- until it
+ * returns to the loop; from any other thread, done() must be the caller's
+ * last touch of that memory.  aw itself is never touched after done().  A
+ * coroutine that yields here needs a home loop and must be on its thread
+ * (the home-thread rule above).
  */
 struct ioc_co_await {
 	struct ioc_co *co;
