@@ -38,8 +38,15 @@
  * a dedicated switch; a per-thread leader coroutine (QEMU) -- costs a TLS
  * lookup in every yield and makes migration subtle.
  *
- * Cost: an enter/yield round trip is two switches plus a few stores; see
- * bench/co (same order as Boost.Context's jump_fcontext).
+ * Cost (bench/co, AMD EPYC, thread CPU time): one raw switch 5.1 ns
+ * (Boost.Context jump_fcontext 5.4 ns, swapcontext 220 ns); an
+ * enter+yield round trip through this API 15 ns; create+enter+terminate
+ * from the pool 21 ns.  Most of a switch is stmxcsr (see switch-x86_64.S).
+ *
+ * Not supported: CET shadow stacks / IBT (the switch returns with an
+ * indirect jump and the .S carries no GNU property note); AArch64 BTI.
+ * The AArch64 switch is assembled and its first frame compiled in CI-less
+ * cross checks only: no AArch64 machine was available to run it.
  */
 #include "co-int.h"
 
