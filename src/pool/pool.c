@@ -115,6 +115,7 @@ enum {
 	DEFAULT_SPAWN_DELAY_NS = 200000,
 	SPIN_GROW_MIN_NS = 2000, /* a grown budget starts here */
 	SPIN_SHRINK_FLOOR_NS = 500, /* below this, stop spinning */
+	SPAWN_JOBS_PER_THREAD = 8,  /* see port_spawn_timer() */
 };
 
 /* req->state.  Written by the loop thread (IDLE, PENDING, QUEUED before
@@ -150,6 +151,7 @@ struct ioc_pool_port {
 	struct ioc_bh *done_bh, *flush_bh;
 	struct ioc_task flush_task;
 	struct ioc_timer spawn_timer;  /* re-checks a stalled queue */
+	uint64_t started_snap;         /* pool->jobs_started when armed */
 	/* Written only by the loop thread; atomic so get_stats may read. */
 	_Atomic uint64_t submitted, completed, batches;
 
@@ -186,6 +188,7 @@ struct ioc_pool {
 	struct worker *zombies;        /* exited, not joined */
 	struct ioc_pool_port *ports;
 	uint64_t cancelled, wakeups;
+	uint64_t jobs_started;
 
 	/* Mirror of q_len for spinners, which read it without the lock.
 	 * Stored under the lock; see spin(). */
@@ -285,10 +288,9 @@ static struct ioc_pool_req *queue_take_all(struct ioc_pool *pool)
  * workers still starting will all look at the queue soon: they are spare.
  * Signal a sleeper only when the queue is longer than the spares.  With no
  * sleeper to signal, start a thread if there are fewer than eager_threads
- * (one per CPU), or if the oldest job has waited spawn_delay_ns: then the
- * running jobs block rather than compute, and another thread adds
- * parallelism instead of contention.  now is 0 when the caller did not read
- * the clock (workers): no delayed start then.
+ * (one per CPU), or if may_grow: port_spawn_timer() found that the jobs
+ * block rather than compute, so another thread adds parallelism instead of
+ * contention.
  */
 enum wake { WAKE_NONE, WAKE_SIGNAL, WAKE_SPAWN };
 
@@ -299,7 +301,7 @@ static unsigned spare_workers(const struct ioc_pool *pool)
 	return pool->nspinning + pool->nwoken + pool->nstarting;
 }
 
-static enum wake want_wake(struct ioc_pool *pool, int64_t now)
+static enum wake want_wake(struct ioc_pool *pool, bool may_grow)
 {
 	if (pool->q_len <= spare_workers(pool) || pool->stopping)
 		return WAKE_NONE;
@@ -309,8 +311,7 @@ static enum wake want_wake(struct ioc_pool *pool, int64_t now)
 		return WAKE_SIGNAL;
 	}
 	if (pool->nthreads < pool->max_threads &&
-	    (pool->nthreads < pool->eager_threads ||
-	     (now && now - pool->q_head->queued_ns >= pool->spawn_delay_ns))) {
+	    (pool->nthreads < pool->eager_threads || may_grow)) {
 		pool->nthreads++;
 		pool->nstarting++;
 		return WAKE_SPAWN;
@@ -644,7 +645,8 @@ static void *worker_main(void *opaque)
 			spun = false;
 			queue_unlink(pool, req);
 			req->state = REQ_RUNNING;
-			wk = want_wake(pool, 0);
+			pool->jobs_started++;
+			wk = want_wake(pool, false);
 			pthread_mutex_unlock(&pool->lock);
 			act(pool, wk);
 
@@ -808,8 +810,10 @@ static void port_flush(struct ioc_pool_port *port)
 		return;
 	}
 	queue_splice(pool, first, last, n);
-	wk = want_wake(pool, now);
-	arm = stalled(pool);
+	wk = want_wake(pool, false);
+	arm = stalled(pool) && !ioc_timer_pending(&port->spawn_timer);
+	if (arm)
+		port->started_snap = pool->jobs_started; /* period starts */
 	reap = pool->zombies != NULL;
 	pthread_mutex_unlock(&pool->lock);
 	act(pool, wk);
@@ -835,15 +839,26 @@ static void port_spawn_timer(void *opaque)
 	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_TIMER,
 						 memory_order_acq_rel);
 	enum wake wk;
-	bool arm;
+	bool arm, blocking;
+	int64_t now = ioc_now_ns();
 
 	if (!(was & LIVE_POOL)) {
 		port_free_if_orphan(port, was, LIVE_TIMER);
 		return;
 	}
 	pthread_mutex_lock(&pool->lock);
-	wk = want_wake(pool, ioc_now_ns());
+	/* Blocking jobs: the oldest waited a whole period, and the workers
+	 * started fewer than SPAWN_JOBS_PER_THREAD jobs each during it (so
+	 * jobs take longer than spawn_delay_ns / SPAWN_JOBS_PER_THREAD).
+	 * Short jobs delayed only by a busy or preempted CPU do not grow
+	 * the pool: more threads would only contend. */
+	blocking = pool->q_head &&
+		   now - pool->q_head->queued_ns >= pool->spawn_delay_ns &&
+		   pool->jobs_started - port->started_snap <
+			(uint64_t)pool->nthreads * SPAWN_JOBS_PER_THREAD;
+	wk = want_wake(pool, blocking);
 	arm = stalled(pool);
+	port->started_snap = pool->jobs_started;
 	pthread_mutex_unlock(&pool->lock);
 	act(pool, wk);
 	if (arm)
@@ -854,6 +869,7 @@ static void port_arm_spawn_timer(struct ioc_pool_port *port)
 {
 	if (ioc_timer_pending(&port->spawn_timer))
 		return;
+
 	/* Pairs with the fetch_and in port_spawn_timer(). */
 	atomic_fetch_or_explicit(&port->live, LIVE_TIMER, memory_order_relaxed);
 	ioc_timer_arm_in(&port->spawn_timer, port->pool->spawn_delay_ns);
