@@ -3,7 +3,8 @@
  *
  *   iocore-bench blk [-c count] [-d depth] [-s size] [-S step] [-o offset]
  *                    [-w] [-i io_uring|threads] [-t writeback|none] [-f raw]
- *                    [--pattern N] [--driver file|null] [--null-size SIZE]
+ *                    [--pattern N] [--flush-interval N [--no-drain]]
+ *                    [--driver file|null] [--null-size SIZE]
  *                    [--fast-path on|off] [--json] [-q] FILE
  *
  * "blk" is qemu-img bench's request loop on iocore's block layer, with its
@@ -40,6 +41,12 @@ struct blk_bench {
 	unsigned nfree;
 	int err;
 	uint64_t err_offset;
+	/* --flush-interval: a flush after every flush_interval writes, by
+	 * default once the requests before it completed (--no-drain: at once,
+	 * alongside them). */
+	uint64_t flush_interval, issued, flushed_at;
+	bool drain, in_flush;
+	unsigned flushes;      /* flushes in flight */
 };
 
 static struct blk_bench B;
@@ -73,12 +80,55 @@ static void ioc_coroutine_fn blk_bench_request(void *opaque)
 	blk_bench_issue();
 }
 
+static void ioc_coroutine_fn blk_bench_flush(void *opaque)
+{
+	int ret = ioc_blk_co_flush(B.blk, 0);
+
+	(void)opaque;
+	B.flushes--;
+	B.in_flush = false;
+	if (ret < 0 && !B.err) {
+		B.err = ret;
+		B.remaining -= B.to_submit;
+		B.to_submit = 0;
+	}
+	blk_bench_issue();
+}
+
+/* Time for a flush before the next request?  Returns true when issuing
+ * must wait for it. */
+static bool blk_bench_flush_point(void)
+{
+	struct ioc_co *co;
+
+	if (!B.flush_interval || B.issued == 0 || B.issued % B.flush_interval ||
+	    B.flushed_at == B.issued)
+		return false;
+	if (B.drain && B.in_flight > 0)
+		return true; /* the last completion calls us again */
+	co = ioc_co_create(blk_bench_flush, NULL);
+	if (!co) {
+		if (!B.err)
+			B.err = -ENOMEM;
+		B.remaining -= B.to_submit;
+		B.to_submit = 0;
+		return true;
+	}
+	B.flushed_at = B.issued;
+	B.flushes++;
+	B.in_flush = B.drain;
+	ioc_co_wake(co);
+	return B.drain;
+}
+
 /* Keep depth requests in flight: each gets a fresh coroutine, started on
  * the loop (not entered from here, which would nest without bound when
  * requests complete at once). */
 static void blk_bench_issue(void)
 {
-	while (B.to_submit && B.in_flight < B.depth) {
+	while (B.to_submit && B.in_flight < B.depth && !B.in_flush) {
+		if (blk_bench_flush_point())
+			return;
 		unsigned slot = B.free_slots[--B.nfree];
 		struct ioc_co *co = ioc_co_create(blk_bench_request,
 						  (void *)(uintptr_t)slot);
@@ -93,8 +143,12 @@ static void blk_bench_issue(void)
 		}
 		B.to_submit--;
 		B.in_flight++;
+		B.issued++;
 		ioc_co_wake(co);
 	}
+	/* Like qemu-img, a last flush when the count ends on the interval. */
+	if (!B.to_submit && !B.in_flight && !B.in_flush && !B.err)
+		blk_bench_flush_point();
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -126,7 +180,8 @@ static void blk_usage(FILE *f)
 	fprintf(f,
 		"usage: iocore-bench blk [-c count] [-d depth] [-s size] [-S step]\n"
 		"           [-o offset] [-w] [-i io_uring|threads] [-t writeback|none]\n"
-		"           [-f raw] [--pattern N] [--driver file|null] [--null-size SIZE]\n"
+		"           [-f raw] [--pattern N] [--flush-interval N [--no-drain]]\n"
+		"           [--driver file|null] [--null-size SIZE]\n"
 		"           [--fast-path on|off] [--json] [--poll-max-ns N] [-q] [FILE]\n"
 		"  --poll-max-ns N   the loop's adaptive polling cap (0 = default,\n"
 		"                    negative = no polling)\n");
@@ -142,19 +197,21 @@ static int cmd_blk(int argc, char **argv)
 		{ "fast-path", required_argument, NULL, 'F' },
 		{ "json", no_argument, NULL, 'J' },
 		{ "poll-max-ns", required_argument, NULL, 'L' },
+		{ "flush-interval", required_argument, NULL, 'I' },
+		{ "no-drain", no_argument, NULL, 'R' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct ioc_blk_opts opts = { .aio = IOC_BLK_AIO_THREADS, .null_size = 1ull << 30 };
 	uint64_t count = 75000, depth = 64, bufsize = 4096, step = 0, offset = 0;
 	uint64_t v;
 	int pattern = 0, c, ret;
-	bool json = false, quiet = false;
+	bool json = false, quiet = false, no_drain = false;
 	const char *path = NULL, *aio_name = "threads", *cache_name = "writeback";
 	struct ioc_blk_info info;
 	struct ioc_loop_opts lopts = { 0 };
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "hc:d:s:S:o:wi:t:f:q", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hc:d:s:S:o:wi:t:f:qnU", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'c':
 		case 'd':
@@ -236,6 +293,18 @@ static int cmd_blk(int argc, char **argv)
 		case 'L':
 			lopts.poll_max_ns = strtoll(optarg, NULL, 0);
 			break;
+		case 'I':
+			if (parse_size(optarg, &B.flush_interval) < 0) {
+				fprintf(stderr, "iocore-bench: invalid flush interval\n");
+				return 1;
+			}
+			break;
+		case 'R':
+			no_drain = true;
+			break;
+		case 'n':
+		case 'U':
+			break; /* qemu-img's native AIO and force-share: no meaning here */
 		case 'h':
 			blk_usage(stdout);
 			return 0;
@@ -256,6 +325,15 @@ static int cmd_blk(int argc, char **argv)
 	}
 	if (step == 0)
 		step = bufsize;
+	if (B.flush_interval && !B.write) {
+		fprintf(stderr, "iocore-bench: --flush-interval is only for writes (-w)\n");
+		return 1;
+	}
+	if (no_drain && !B.flush_interval) {
+		fprintf(stderr, "iocore-bench: --no-drain needs --flush-interval\n");
+		return 1;
+	}
+	B.drain = !no_drain;
 	if (opts.read_only == false && !B.write)
 		opts.read_only = true;
 
@@ -300,7 +378,7 @@ static int cmd_blk(int argc, char **argv)
 	int64_t t0 = ioc_now_ns();
 
 	blk_bench_issue();
-	while (B.remaining > 0)
+	while (B.remaining > 0 || B.flushes > 0)
 		ioc_loop_poll(B.loop, true);
 
 	double secs = (double)(ioc_now_ns() - t0) / 1e9;
