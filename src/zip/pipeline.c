@@ -566,6 +566,18 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 	 * faster than a worker compresses one) and every slot is megabytes of
 	 * fresh memory to fault in, which on a VM costs more than it looks. */
 	z->nslots = opts->in_flight ? opts->in_flight : z->workers + 2;
+	/* Small blocks (4 KiB pages of a migration stream) take microseconds
+	 * each: keep at least 4 MiB in flight so workers are not starved by
+	 * the per-block handoff (and the least-loaded choice has queue depth
+	 * to balance on). */
+	if (!opts->in_flight && z->block < (1u << 20)) {
+		size_t want = (4u << 20) / z->block;
+
+		if (want > 1024)
+			want = 1024;
+		if (z->nslots < want)
+			z->nslots = (unsigned)want;
+	}
 	if (z->nslots < 2)
 		z->nslots = 2;
 
