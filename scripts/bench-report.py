@@ -52,7 +52,7 @@ TARGETS = [
     dict(issue=3, kind="self", suite="loop", case=r"idle|scal", params=r"io_uring",
          xparam="idle", base="0", at="3200", min=0.95,
          text="io_uring + polling: events/s with 3200 idle handlers within 5% of 0 idle"),
-    dict(issue=3, kind="peer", suite="loop", case=r"wake|async|cross", peers=r"uv",
+    dict(issue=3, kind="peer", suite="loop", case=r"^bh$|wake|async|cross", peers=r"uv",
          min=2.0, text="cross-thread wakeup round trip: at least 2x libuv uv_async_send"),
     dict(issue=3, kind="peer", suite="loop", case=r"ping|pipe", peers=r"uv|event",
          min=1.2, text="pipe ping-pong, each backend: at least 1.2x the best of libuv, libevent"),
@@ -792,7 +792,16 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
       f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else 'n/a'}"
       " (anything above 0 on a 2-core machine is other work competing with the benchmarks).\n")
     if not a.build_ok:
-        w("**WARNING: the build failed; benchmarks ran with whatever binaries existed.**\n")
+        failed = []
+        try:
+            failed = [ln.split(" ", 1)[1] for ln in open(os.path.join(out, "logs", "build.log"),
+                                                         errors="replace")
+                      if ln.startswith("FAILED: ")]
+        except OSError:
+            pass
+        w("**WARNING: the build failed; benchmarks ran with whatever binaries existed"
+          + (f" ({len(failed)} targets failed, e.g. {', '.join(failed[:3])}; see logs/build.log)"
+             if failed else " (see logs/build.log)") + ".**\n")
     if not a.deps_ok:
         w("**WARNING: scripts/install-deps.sh failed; some peers may be missing "
           "(see 'Peers that could not run').**\n")

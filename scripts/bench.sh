@@ -89,22 +89,25 @@ if ! "$here/scripts/install-deps.sh"; then
 	log "install-deps.sh failed: some peers may be missing; their rows will say so"
 fi
 
-# 2. Build.
+# 2. Build.  Its output goes to BUILD_DIR/bench/logs/build.log as well.
+out="$build/bench"
 build_ok=1
 if [ ! -f "$build/build.ninja" ]; then
 	log "configuring $build"
 	meson setup "$build" "$here" ${MESON_OPTS:-} >&2 || build_ok=0
 fi
-if [ "$build_ok" = 1 ]; then
-	ninja -C "$build" -j"${NINJA_JOBS:-2}" >&2 || build_ok=0
-fi
-[ "$build_ok" = 1 ] || log "WARNING: the build failed; benches run with what was built"
-
-out="$build/bench"
 mkdir -p "$out/raw" "$out/logs" "$out/plots"
 rm -f "$out"/raw/*.jsonl "$out"/logs/*.log "$out"/plots/*.png "$out"/plots/*.dat \
 	"$out"/plots/*.gp "$out/rows.jsonl" "$out/runs.jsonl" "$out/invalid.txt" \
 	"$out/leftovers.txt"
+if [ "$build_ok" = 1 ]; then
+	# -k 0: build every target that can be built, so one broken test does
+	# not leave the benchmarks of every other module unbuilt.
+	ninja -C "$build" -j"${NINJA_JOBS:-2}" -k 0 >"$out/logs/build.log" 2>&1 || build_ok=0
+	tail -n 3 "$out/logs/build.log" >&2
+fi
+[ "$build_ok" = 1 ] || log "WARNING: the build failed (see $out/logs/build.log); benches run with what was built"
+
 : >"$out/runs.jsonl"
 
 # 3. Which modules have a runner.  The order follows the layers.
