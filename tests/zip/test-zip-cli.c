@@ -131,6 +131,14 @@ static void test_stdin_stdout(void)
 	ASSERT_EQ(sh("cd %s && cat in | %s -q --format=gzip - | %s -q -d - | cmp - in", dir, tool,
 		     tool), 0);
 	ASSERT_EQ(sh("cd %s && %s -q -c in | %s -q -d -c | cmp - in", dir, tool, tool), 0);
+	/* stdout a regular file, shared with other writers and in append
+	 * mode: output lands where write(2) would put it. */
+	ASSERT_EQ(sh("cd %s && %s -q --block-size=64K -c in > c.zst && { echo head; %s -q -dc c.zst; echo tail; } > f"
+		     " && { echo head; cat in; echo tail; } | cmp - f", dir, tool, tool), 0);
+	ASSERT_EQ(sh("cd %s && { %s -q -dc c.zst; echo tail; } > f && { cat in; echo tail; } |"
+		     " cmp - f", dir, tool), 0);
+	ASSERT_EQ(sh("cd %s && echo head > f && %s -q -dc c.zst >> f && %s -q -dc c.zst >> f &&"
+		     " { echo head; cat in in; } | cmp - f", dir, tool, tool), 0);
 	/* From a pipe to a named file: still atomic. */
 	ASSERT_EQ(sh("cd %s && cat in | %s -q -o p.zst && %s -q -dc p.zst | cmp - in", dir, tool,
 		     tool), 0);

@@ -257,9 +257,12 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 	struct stat stb;
 	int r;
 
+	/* Positional writes only where they are safe: a regular file we
+	 * write from its start, not in append mode (pwrite would append). */
 	if (cli->decompress &&
 	    (j->discard || (fstat(j->out_fd, &stb) == 0 && S_ISREG(stb.st_mode) &&
-			    lseek(j->out_fd, 0, SEEK_CUR) == 0))) {
+			    lseek(j->out_fd, 0, SEEK_CUR) == 0 &&
+			    !(fcntl(j->out_fd, F_GETFL) & O_APPEND)))) {
 		o.write = NULL;
 		o.write_at = out_write_at;
 	}
@@ -319,6 +322,11 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 		snprintf(err, errlen, "%s", ioc_zip_error(z));
 	ioc_zip_get_stats(z, &st);
 	j->out_done = st.out_bytes;
+	/* pwrite leaves the file offset alone; put it after the data, as
+	 * write(2) would have, for whoever writes to this fd next (a shell
+	 * redirection shared with other commands). */
+	if (r == 0 && o.write_at && !j->discard)
+		lseek(j->out_fd, (off_t)st.out_bytes, SEEK_SET);
 	progress(j, true);
 	print_busy(z, cli);
 out:
