@@ -6,8 +6,14 @@
  * decompressor.  The caller feeds bytes with ioc_zip_write() (or fills the
  * stream's own block buffer with ioc_zip_buffer()/ioc_zip_commit() to save a
  * copy), calls ioc_zip_finish() at the end, and receives the output, in
- * order, through opts.write on the feeding thread.  Workers never call
- * back into the caller.
+ * order, through opts.write on the feeding thread (a decompressor may
+ * instead take opts.write_at, called by the workers with offsets).
+ *
+ *   struct ioc_zip_opts o = { .level = 3, .write = send_fn, .opaque = chan };
+ *   ioc_zip_compressor_new(&z, &o);
+ *   for each page: ioc_zip_write(z, page, 4096, 0);
+ *   at a sync point: ioc_zip_write(z, NULL, 0, IOC_ZIP_FLUSH);
+ *   ioc_zip_finish(z); ioc_zip_free(z);
  *
  * Output formats:
  *   zstd: one independent frame per block, each with content size and
@@ -20,10 +26,14 @@
  * An all-zero block becomes a minimal frame (zstd: RLE blocks) without
  * running the compressor.
  *
- * Memory: opts.in_flight blocks of opts.block_size input plus their
- * compressed bound, allocated at creation and reused; one compression
- * context per worker.  Decompression keeps the same number of slots and
- * refuses (or streams) frames larger than opts.max_frame.
+ * Memory: opts.in_flight slots (default workers + 2, more for blocks under
+ * 1 MiB so that 4 MiB stay in flight), each a block of input and its
+ * compressed bound, allocated at creation and reused; one codec context
+ * per worker; the zstd seek table costs 12 bytes per block until finish.
+ * A decompressor grows its slots to the frames it meets, up to max_frame
+ * (content) and its compressed bound; bigger or unsized frames decode
+ * streaming on the feeding thread with a window of at most
+ * 2^window_log_max.  So memory is bounded by the options, not the input.
  *
  * Threading: one stream is used by one thread at a time.  The callback runs
  * on that thread, inside ioc_zip_write()/commit()/finish().
