@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <linux/falloc.h>
+#include <stdint.h>
 #include <liburing.h>
 
 #include "blk-internal.h"
@@ -110,11 +111,20 @@ void ioc__blk_uring_submit(struct blk_req *r)
 	}
 	switch ((enum blk_op)r->op) {
 	case BLK_OP_READ:
-		io_uring_prep_readv(sqe, blk->fd, iov, (unsigned)cnt, pos);
+		/* One buffer: READ spares the kernel importing an iovec. */
+		if (cnt == 1 && iov[0].iov_len <= UINT32_MAX)
+			io_uring_prep_read(sqe, blk->fd, iov[0].iov_base,
+					   (unsigned)iov[0].iov_len, pos);
+		else
+			io_uring_prep_readv(sqe, blk->fd, iov, (unsigned)cnt, pos);
 		break;
 	case BLK_OP_WRITE:
-		io_uring_prep_writev2(sqe, blk->fd, iov, (unsigned)cnt, pos,
-				      (r->flags & IOC_BLK_FUA) ? RWF_DSYNC : 0);
+		if (cnt == 1 && iov[0].iov_len <= UINT32_MAX)
+			io_uring_prep_write(sqe, blk->fd, iov[0].iov_base,
+					    (unsigned)iov[0].iov_len, pos);
+		else
+			io_uring_prep_writev(sqe, blk->fd, iov, (unsigned)cnt, pos);
+		sqe->rw_flags = (r->flags & IOC_BLK_FUA) ? RWF_DSYNC : 0;
 		break;
 	case BLK_OP_FLUSH:
 		io_uring_prep_fsync(sqe, blk->fd, IORING_FSYNC_DATASYNC);
