@@ -296,6 +296,55 @@ static void run_cb(struct ioc_blk *blk, bool check_data)
 	ASSERT_EQ(s.ret, -EINVAL);
 }
 
+/* A callback that submits the next request on the same struct ioc_blk_req
+ * (the usual pattern of a server's request slot). */
+struct chain {
+	struct ioc_blk *blk;
+	struct ioc_blk_req req;
+	char buf[4096];
+	struct iovec iov;
+	unsigned left, done;
+	int err;
+};
+
+static void chain_cb(struct ioc_blk_req *req, int ret)
+{
+	struct chain *c = req->opaque;
+
+	c->done++;
+	if (ret < 0 && !c->err)
+		c->err = ret;
+	if (--c->left == 0)
+		return;
+	if (c->left % 3 == 0)
+		ioc_blk_pwritev(c->blk, req, (c->left % 64) * 4096, &c->iov, 1, 0,
+				chain_cb, c);
+	else if (c->left % 7 == 0)
+		ioc_blk_flush(c->blk, req, 0, chain_cb, c);
+	else
+		ioc_blk_preadv(c->blk, req, (c->left % 64) * 4096, &c->iov, 1, 0,
+			       chain_cb, c);
+}
+
+static void run_chain(struct ioc_blk *blk)
+{
+	struct chain c[4];
+
+	for (int i = 0; i < 4; i++) {
+		c[i] = (struct chain){ .blk = blk, .left = (unsigned)ioc_test_scaled(500) };
+		c[i].iov.iov_base = c[i].buf;
+		c[i].iov.iov_len = sizeof(c[i].buf);
+		memset(c[i].buf, i, sizeof(c[i].buf));
+		ioc_blk_preadv(blk, &c[i].req, 0, &c[i].iov, 1, 0, chain_cb, &c[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		while (c[i].left)
+			ioc_loop_poll(bt_loop, true);
+		ASSERT_EQ(c[i].err, 0);
+		ASSERT_EQ(c[i].done, ioc_test_scaled(500));
+	}
+}
+
 static void test_callback_api(void)
 {
 	for (int aio = 0; aio < 2; aio++) {
@@ -307,6 +356,7 @@ static void test_callback_api(void)
 		bt_get_loop();
 		ASSERT_OK(ioc_blk_open(&blk, path, &opts));
 		run_cb(blk, true);
+		run_chain(blk);
 		ioc_blk_close(blk);
 		unlink(path);
 		free(path);
@@ -318,6 +368,7 @@ static void test_callback_api(void)
 
 		ASSERT_OK(ioc_blk_open(&blk, NULL, &opts));
 		run_cb(blk, false);
+		run_chain(blk);
 		ioc_blk_close(blk);
 	}
 }
