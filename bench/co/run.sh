@@ -3,8 +3,9 @@
 # Coroutines: QEMU's perf cases (lifecycle, nesting, yield, cost) with their
 # iteration counts (a tenth for the long ones with --quick), the bare
 # context switch against Boost.Context's jump_fcontext and glibc's
-# swapcontext in the same binary, and one coroutine per request, 64 in
-# flight through the loop.  bench-co times the thread's CPU clock and
+# swapcontext in the same binary (interleaved batches, so all three see the
+# same CPU clock), and one coroutine per request, 64 in flight through the
+# loop.  bench-co times the thread's CPU clock and
 # reports the fastest batch (bench-co.c says why).  One JSON row per line
 # on stdout; everything else on stderr.
 set -u
@@ -13,9 +14,9 @@ QUICK=${2:-}
 BIN="$BUILD/bench/co/bench-co"
 
 if [ "$QUICK" = "--quick" ]; then
-	YIELD=10000000 COST=4000000 NEST=1000 SWITCH=10000000 SWAP=1000000 REQ=1000000
+	YIELD=10000000 COST=4000000 NEST=1000 SWITCH=10000000 REQ=1000000
 else
-	YIELD=100000000 COST=40000000 NEST=10000 SWITCH=50000000 SWAP=5000000 REQ=4000000
+	YIELD=100000000 COST=40000000 NEST=10000 SWITCH=50000000 REQ=4000000
 fi
 
 row_null() { # case params impl peer metric better error
@@ -40,9 +41,7 @@ run() {
 	"$BIN" "$@" 2>&1 >&3 | sed 's/^/bench-co: /' >&2
 } 3>&1
 
-run --case switch --impl iocore --iters $SWITCH
-run --case switch --impl fcontext --iters $SWITCH
-run --case switch --impl swapcontext --iters $SWAP
+run --case switch --iters $SWITCH	# iocore, boost-fcontext, swapcontext interleaved
 run --case lifecycle --iters 1000000
 run --case nesting --iters $NEST
 run --case yield --iters $YIELD

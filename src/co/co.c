@@ -39,7 +39,7 @@
  * lookup in every yield and makes migration subtle.
  *
  * Cost (bench/co, AMD EPYC, thread CPU time): one raw switch 5.1 ns
- * (Boost.Context jump_fcontext 5.4 ns, swapcontext 220 ns); an
+ * (Boost.Context jump_fcontext 5.3 ns, swapcontext 220 ns); an
  * enter+yield round trip through this API 15 ns; create+enter+terminate
  * from the pool 21 ns.  Most of a switch is stmxcsr (see switch-x86_64.S).
  *
