@@ -67,12 +67,17 @@ void __tsan_switch_to_fiber(void *fiber, unsigned flags);
 
 static IOC_TLS struct ioc_co *tls_current;
 
-struct ioc_co *ioc_co_self(void)
+/*
+ * noinline: a coroutine that migrated between two calls must read the new
+ * thread's variable.  Inlined (with LTO) the compiler may keep the first
+ * thread's TLS address across the yield -- QEMU's coroutine-tls.h problem.
+ */
+__attribute__((noinline)) struct ioc_co *ioc_co_self(void)
 {
 	return tls_current;
 }
 
-bool ioc_in_coroutine(void)
+__attribute__((noinline)) bool ioc_in_coroutine(void)
 {
 	return tls_current != NULL;
 }
