@@ -24,22 +24,24 @@
  * both directions between that loop and the workers:
  *
  *  - Submissions.  ioc_pool_submit() appends to the port's pending list,
- *    which only the loop thread touches, and posts the port's flush task to
- *    its own loop once per iteration (or, when the submission comes from a
- *    done callback, flushes at the end of that completion batch).  The flush
+ *    which only the loop thread touches, and kicks the port's flush once
+ *    per loop iteration (or, when the submission comes from a done
+ *    callback, flushes at the end of that completion batch).  The flush
  *    takes pool->lock once for the whole batch and wakes at most one
  *    worker; a worker that takes a job and still sees more jobs than
  *    spinning or already-woken workers wakes the next one (a wake chain), so
  *    the loop pays one signal however long the batch.
  *  - Completions.  A worker pushes the finished request on the port's
- *    lock-free completion stack (a Treiber push, release) outside
- *    pool->lock (seed 002: the completion is made visible to the loop
- *    outside the lock, so the worker's next critical section is short and
- *    the loop never waits for it).  Only the push that finds the stack
- *    empty posts the port's done task with ioc_loop_post(); the task takes
- *    the whole stack with one exchange (acquire), reverses it to submission
- *    order and runs the callbacks.  So N completions that land while the
- *    loop is busy cost one loop wakeup, not N.
+ *    lock-free completion stack (a Treiber push) outside pool->lock (seed
+ *    002: the completion is made visible to the loop outside the lock, so
+ *    the worker's next critical section is short and the loop never waits
+ *    for it).  Only the push that finds the stack empty kicks the loop; the
+ *    kicked callback takes the whole stack with one exchange, reverses it to
+ *    submission order and runs the callbacks.  So the completions that land
+ *    while the loop is busy or waking up cost one loop wakeup, not one
+ *    each.  The kick is a BH for the home port of a loop's own pool (the
+ *    loop owns BHs, so ioc_loop_free() can drop a pending one safely) and
+ *    an embedded ioc_loop_post() task for the ports of other loops.
  *  - Idle workers spin, bounded and adaptively, before sleeping: each worker
  *    keeps its own budget (<= spin_max_ns), doubled when a short sleep
  *    proved that spinning would have caught the next job, halved when a
@@ -48,18 +50,40 @@
  *    the lock when it becomes non-zero.  Submitters and chaining workers
  *    count spinning (and already-signalled, and starting) workers as spare
  *    and signal a sleeper only when the queue is longer than the spares.
- *  - Threads: min..max, started on demand (a flush or a chaining worker
- *    that finds no spare and no sleeper starts one), named "<name>-<n>",
- *    signals blocked.  A worker whose timed wait expires with an empty
- *    queue exits while more than min remain; lowering max makes the extra
- *    workers exit after their current job.  Exited threads are joined
- *    lazily (next flush, set_limits, free).
+ *  - Threads: min..max, named "<name>-<n>", signals blocked.  Up to one per
+ *    CPU starts as soon as jobs wait with nobody to take them.  Past that a
+ *    thread only helps if the jobs block (in the kernel, on a lock, on each
+ *    other): a per-port timer on the submitting loop looks every
+ *    spawn_delay_ns while jobs wait uncovered, and starts one thread per
+ *    look when the oldest job waited a whole period and the workers started
+ *    fewer than 8 jobs each during it.  QEMU's rule (a thread whenever none
+ *    is idle) grows a pool running 4 KiB page-cache reads to max_threads,
+ *    and 64 threads on 2 CPUs only contend (variant eager-spawn below).  A
+ *    worker whose timed wait expires with an empty queue exits while more
+ *    than min remain; lowering max makes the extra workers exit after their
+ *    current job.  Exited threads are joined lazily (next flush,
+ *    set_limits, free).
  *
- * What was measured (bench/pool, 4 KiB preadv from /dev/shm at 64 in flight
- * from one loop, 2-core VM shared with other jobs; numbers in the report):
- * each ablation flag (IOC_POOL_NO_SUBMIT_BATCH, IOC_POOL_NO_COMPLETE_BATCH,
- * IOC_POOL_WAKE_ALWAYS, spin_max_ns < 0) turns one step off.  See the
- * "Measured" note at the end of this comment for which steps were kept.
+ * Measured, one step at a time (bench/pool: 4 KiB preadv from /dev/shm, 64
+ * in flight from one loop, 4 threads; each variant turns one step off; the
+ * 2-core VM was shared with other builds, load average 11-15, so wall-clock
+ * rates swing +-30%; CPU time per job, which the design controls, is
+ * steadier; medians of 3 runs, preadv itself costs ~1.23 us of CPU):
+ *
+ *   variant                       CPU/job   requests/s
+ *   all steps on (default)        1.85 us   193k
+ *   no submission batching        6.4 us    148k   kept: 3.5x the CPU
+ *   no completion batching        8.0 us    160k   kept: 4x the CPU
+ *   wake even if a worker spins   1.9 us    182k   kept (small, no harm)
+ *   no spinning                   1.9 us    169k   kept: with a free CPU
+ *                                                  (load 4-6) 563k vs 411k
+ *   QEMU-like (all off)           4.1 us    111k
+ *   max 64 threads                2.2 us    219k   spawn policy holds it
+ *   max 64, QEMU's eager spawn    4.5 us    115k   kept the delayed spawn
+ *
+ * Tried and dropped: taking up to 8 jobs per lock round trip from a deep
+ * queue (no measurable CPU saving; it made cancel coarser); sched_yield()
+ * inside the spin (worse CPU per job under load).
  *
  * Alternatives rejected
  * ---------------------
@@ -71,8 +95,9 @@
  *  - A lock-free MPMC submission queue: the queue must also be the
  *    condition variable's predicate and support O(1) cancel; with
  *    submissions batched the lock is taken once per batch anyway.
- *  - One ioc_loop_post() per completion: what IOC_POOL_NO_COMPLETE_BATCH
- *    measures.
+ *  - Holding completions back until many have gathered (fewer loop
+ *    wakeups still): a worker that defers the kick and then blocks in its
+ *    next job would strand them, and nothing else would notice.
  *
  * Costs and limits
  * ----------------
@@ -81,16 +106,15 @@
  *    stops paying, and only max_spinners workers (CPUs - 1) spin at once.
  *  - Deferring the hand-off of a submission to the end of the loop
  *    iteration adds the rest of that iteration to its latency.
- *  - The chain wakes one worker per job taken while the queue is longer
- *    than the spares; with tiny jobs and many threads on few CPUs the extra
- *    workers mostly contend.  max_threads bounds it.
+ *  - Growth past one thread per CPU waits for the submitting loop's timer
+ *    (spawn_delay_ns, 200 us by default): a loop that does not run does not
+ *    grow its pool beyond that.
  *  - A shared pool looks its port up through a one-entry thread-local cache,
  *    else a list walk under the lock (O(loops), only on a cache miss).
- *  - Ports live as long as the pool.  A port whose task is still posted
- *    when the pool is freed is orphaned and freed by that task when it runs.
- *
- * Measured: see MEASURED in bench/pool/README and the final report; the
- * steps kept are the ones with the flags above left at 0.
+ *  - Ports live as long as the pool.  A task-kicked port whose task or
+ *    timer is still pending when the pool is freed is orphaned and freed by
+ *    that task or timer when it runs; if its loop is freed first (with
+ *    requests of the pool still in flight, a caller bug) it leaks.
  */
 #include "ioc-config.h"
 
