@@ -169,6 +169,8 @@ void ioc_co_await_init(struct ioc_co_await *aw)
 {
 	aw->co = ioc_co_self();
 	aw->result = 0;
+	/* Relaxed: aw reaches another thread only through the submit that
+	 * follows, and that hand-off orders it. */
 	__atomic_store_n(&aw->state, AW_INIT, __ATOMIC_RELAXED);
 }
 

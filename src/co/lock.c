@@ -89,6 +89,7 @@ void ioc_co_mutex_init(struct ioc_co_mutex *m)
 
 static void push_arrival(struct ioc_co_mutex *m, struct ioc_co_waiter *w)
 {
+	/* Relaxed: only a guess for the CAS below. */
 	struct ioc_co_waiter *head = __atomic_load_n(&m->from_push,
 						     __ATOMIC_RELAXED);
 
@@ -280,6 +281,7 @@ void ioc_coroutine_fn ioc_co_rwlock_unlock(struct ioc_co_rwlock *l)
 
 void ioc_co_event_init(struct ioc_co_event *e)
 {
+	/* Relaxed: before the event is shared. */
 	__atomic_store_n(&e->head, NULL, __ATOMIC_RELAXED);
 }
 
@@ -312,7 +314,8 @@ void ioc_co_event_reset(struct ioc_co_event *e)
 {
 	struct ioc_co_waiter *set = EVENT_SET;
 
-	/* Only SET -> clear; waiters (if any) stay. */
+	/* Only SET -> clear; waiters (if any) stay.  Relaxed: clearing
+	 * publishes nothing; a later set() orders itself. */
 	__atomic_compare_exchange_n(&e->head, &set, NULL, false,
 				    __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
