@@ -471,8 +471,19 @@ static bool track_conflict(const struct blk_req *a, const struct blk_req *b)
 	return (a->rmw || b->rmw) && a0 < b1 && b0 < a1;
 }
 
-/* Returns true when r may proceed (it is now tracked); false when it was
- * queued behind a conflicting request, which restarts it when it ends. */
+/*
+ * Returns true when r may proceed (it is now tracked); false when it was
+ * queued behind a conflicting request, which restarts it when it ends.
+ *
+ * The wait/wake handshake: a waiter links itself onto the blocker's
+ * waiters list under track_lock, and track_end() unlinks the blocker and
+ * takes that list under the same lock.  So either the waiter's scan ran
+ * before the unlink and its link is in the list track_end() takes (it is
+ * restarted), or the scan ran after and did not see the blocker at all (it
+ * proceeds): no restart is lost.  The restart is a task posted to the
+ * waiter's own loop, which then dispatches it again (and may queue again
+ * behind another request).
+ */
 static bool track_begin(struct blk_req *r)
 {
 	struct ioc_blk *blk = r->blk;
