@@ -1050,6 +1050,8 @@ int64_t ioc_coroutine_fn ioc_pool_co_run(struct ioc_pool *pool,
 
 /* ---- life cycle ------------------------------------------------------- */
 
+static void pool_destroy(struct ioc_pool *pool, struct ioc_loop *dying);
+
 static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 		       struct ioc_loop *home)
 {
@@ -1118,8 +1120,7 @@ static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 		rc = ioc_pool_set_limits(pool, pool->min_threads,
 					 pool->max_threads);
 		if (rc < 0) {
-			pool->home_loop = NULL; /* let ioc_pool_free() run */
-			ioc_pool_free(pool);
+			pool_destroy(pool, home);
 			return rc;
 		}
 	}
