@@ -823,7 +823,9 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
     nfail = sum(1 for t in targets if t["status"] == "FAIL")
     nmiss = sum(1 for t in targets if t["status"] == "MISSING")
     w(f"{npass} comparisons pass, {nfail} fail, {nmiss} missing.\n")
-    w("Headline: one line per target, with its worst comparison.\n")
+    w("Headline: one line per target, with its worst comparison "
+      "(also in headline.md, ready for the top-level README).\n")
+    head_start = len(L)
     w("| issue | target | needed | comparisons passing | worst | where (worst) | result |")
     w("|---|---|---|---|---|---|---|")
     for key, ts in target_summary(targets):
@@ -842,6 +844,7 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
             if len(evald) < len(ts):
                 count += f" ({len(ts) - len(evald)} missing)"
         w(f"| {key[0]} | {md_escape(key[1])} | {ts[0]['target']} | {count} | {worst} | {where} | {res} |")
+    headline = L[head_start:]
     w("")
     w("Every comparison:\n")
     w("| issue | target | where | iocore | compared with | advantage | needed | result |")
@@ -1047,6 +1050,17 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
     w("")
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(L) + "\n")
+    mi = dict(machine_info())
+    with open(os.path.join(out, "headline.md"), "w") as f:
+        f.write(f"Issue targets from `make bench{' QUICK=1' if a.quick else ''}` "
+                f"({a.repeats} repeat(s), medians) on {time.strftime('%Y-%m-%d', time.gmtime())}, "
+                f"commit {git_info(a.repo).split(' ')[0]}, {mi.get('CPU', '?')} "
+                f"({mi.get('CPUs', '?').split(',')[0]}), {mi.get('Kernel', '?')}, "
+                f"load average {a.load_start or 'n/a'} at the start. "
+                "Advantage > 1 means iocore is better (ours/peer for rates, peer/ours for "
+                "times); each target's worst comparison is shown. "
+                "Full report: build/bench/report.md.\n\n")
+        f.write("\n".join(headline) + "\n")
 
 
 def main_report(a):
@@ -1187,7 +1201,9 @@ def self_test():
         for p in pngs:
             with open(os.path.join(tmp, "plots", p), "rb") as f:
                 check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{p} is a PNG")
-        check(f"![" in rep and "plots/" in rep, "plots linked from the report")
+        check("![" in rep and "plots/" in rep, "plots linked from the report")
+        head = open(os.path.join(tmp, "headline.md")).read()
+        check(head.count("\n| ") >= len(TARGETS), "headline.md has one line per target")
         keep = os.environ.get("BENCH_SELFTEST_KEEP")
         if keep:
             print(f"self-test output kept in {tmp}", file=sys.stderr)
