@@ -108,6 +108,7 @@ struct blk_req {
 	bool direct_cb;               /* coroutine API: no deferral needed */
 	bool tracked;
 	bool rmw;                     /* whole request done by the rmw job */
+	bool rmw_track;               /* may read-modify-write: track as rmw */
 	bool use_pool;                /* this request goes to the pool */
 	struct blk_req *track_next;   /* in blk->tracked */
 	struct blk_req *waiters;      /* requests waiting for this one */

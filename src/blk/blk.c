@@ -468,7 +468,8 @@ static bool track_conflict(const struct blk_req *a, const struct blk_req *b)
 	uint64_t a0 = align_down(a->offset, al), a1 = align_up(a->offset + a->len, al);
 	uint64_t b0 = align_down(b->offset, al), b1 = align_up(b->offset + b->len, al);
 
-	return (a->rmw || b->rmw) && a0 < b1 && b0 < a1;
+	return (a->rmw || b->rmw || a->rmw_track || b->rmw_track) &&
+		a0 < b1 && b0 < a1;
 }
 
 /*
@@ -757,6 +758,12 @@ static void blk_submit(struct ioc_blk *blk, struct ioc_blk_req *req,
 			ioc__blk_finish(r, ret);
 			goto out;
 		}
+	}
+	if (blk->o_direct && op == BLK_OP_ZEROES &&
+	    (offset % blk->req_align || len % blk->req_align)) {
+		/* Its partial blocks may be zeroed by read-modify-write
+		 * (write_zero_bytes): serialise it like one. */
+		r->rmw_track = true;
 	}
 	r->use_pool = needs_pool(r);
 	blk_dispatch(r);
