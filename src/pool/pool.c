@@ -639,6 +639,13 @@ static void spin_adapt(struct worker *w, int64_t max, bool useful)
  *     lost.  Spurious wakeups are harmless: the queue is the predicate.
  *   - nwoken is only a hint (any waking thread decrements it); correctness
  *     rests on every waking thread re-checking the queue.
+ *   - Every path returns to the top of the loop with the lock held, so a
+ *     stop or a lower max broadcast while a worker ran a job or spun is
+ *     seen before it sleeps.
+ * pool-wake.pml models this handshake (batched submits, the chain, spinners,
+ * shutdown) and tests/pool/test-pool-model.sh checks it with spin: no job
+ * is stranded while every worker sleeps, and the checker does find the
+ * deadlocks of the two mutations noted in the model.
  */
 static void *worker_main(void *opaque)
 {
