@@ -8,7 +8,7 @@ set -u
 BUILD=${1:?usage: run.sh BUILD_DIR [--quick]}
 QUICK=${2:-}
 BIN="$BUILD/bench/ring/bench-ring"
-if [ "$QUICK" = "--quick" ]; then SINGLE=5000000; THREADED=2000000; else SINGLE=50000000; THREADED=10000000; fi
+if [ "$QUICK" = "--quick" ]; then SINGLE=5000000; THREADED=3000000; else SINGLE=50000000; THREADED=10000000; fi
 
 for c in single threaded; do
 	n=$SINGLE; [ "$c" = threaded ] && n=$THREADED

@@ -20,10 +20,12 @@
  * consumer side (head, tail, cached producer limit) each sit on their own
  * IOC_CACHELINE-aligned line, with private copies of the ring geometry, and
  * the slots start on a further line.  Indices are free-running uint32_t
- * masked by size - 1.  A single producer (consumer) keeps a cached copy of
- * the other side's index and only reads the shared one when the cache says
- * the ring is full (empty), so in steady state each side touches the other
- * side's line once per lap, not once per element.
+ * masked by size - 1.  Each side keeps a cached bound derived from the
+ * other side's index and only reads the shared one when the cache says the
+ * ring is full (empty), so in steady state each side touches the other
+ * side's line about once per lap, not once per element.  With several
+ * producers (consumers) the cache is shared by them and only ever lags:
+ * a lagging bound is conservative, it just causes an extra refresh.
  *
  * Progress guarantees (each function's comment repeats its own):
  *   - single-producer push, single-consumer pop: wait-free (bounded steps,
@@ -70,7 +72,12 @@ extern "C" {
 struct ioc_ring_side {
 	_Atomic uint32_t head;  /* next position to reserve (MP/MC only) */
 	_Atomic uint32_t tail;  /* positions below are published/released */
-	uint32_t limit;         /* single side only: cached other-side limit */
+	/* Cached bound derived from the other side's tail (producers: the
+	 * consumer tail + size; consumers: the producer tail).  A single
+	 * side reads and writes it relaxed; a multi side with acquire and
+	 * release, so that whoever uses a bound another thread refreshed
+	 * also inherits that thread's acquire of the other side's tail. */
+	_Atomic uint32_t limit;
 	uint32_t mask;          /* size - 1; private copy of the geometry */
 	uint32_t esize;         /* element size in bytes */
 };
@@ -146,16 +153,18 @@ static inline uint32_t ioc__ring_sp_reserve(struct ioc_ring *r, uint32_t n,
 {
 	/* Relaxed: only this producer writes prod.tail. */
 	uint32_t head = atomic_load_explicit(&r->prod.tail, memory_order_relaxed);
-	uint32_t room = r->prod.limit - head;
+	/* Relaxed: only this producer uses prod.limit. */
+	uint32_t limit = atomic_load_explicit(&r->prod.limit, memory_order_relaxed);
+	uint32_t room = limit - head;
 
 	if (ioc_unlikely(room < n)) {
 		/* Acquire pairs with the release store (or release CAS) of
 		 * cons.tail in the consumer's pop: its reads of the slots we
 		 * are about to overwrite are done. */
-		r->prod.limit = atomic_load_explicit(&r->cons.tail,
-						     memory_order_acquire) +
-				r->prod.mask + 1;
-		room = r->prod.limit - head;
+		limit = atomic_load_explicit(&r->cons.tail, memory_order_acquire) +
+			r->prod.mask + 1;
+		atomic_store_explicit(&r->prod.limit, limit, memory_order_relaxed);
+		room = limit - head;
 		if (room < n)
 			n = room;
 	}
@@ -180,13 +189,27 @@ static inline uint32_t ioc__ring_mp_reserve(struct ioc_ring *r, uint32_t n,
 	uint32_t want;
 
 	do {
-		/* Acquire pairs with the consumers' release of cons.tail, as in
-		 * the single-producer reserve. */
-		uint32_t room = atomic_load_explicit(&r->cons.tail,
-						     memory_order_acquire) +
-				size - head;
+		/* Acquire pairs with the release store below by whichever
+		 * producer last refreshed the bound. */
+		uint32_t limit = atomic_load_explicit(&r->prod.limit,
+						      memory_order_acquire);
+		/* Signed: a lagging bound may be below head. */
+		int32_t room = (int32_t)(limit - head);
 
-		want = n < room ? n : room;
+		if (ioc_unlikely(room < (int32_t)n)) {
+			/* Acquire pairs with the consumers' release of
+			 * cons.tail, as in the single-producer reserve. */
+			limit = atomic_load_explicit(&r->cons.tail,
+						     memory_order_acquire) + size;
+			/* Release: hands our acquire on to the producers
+			 * that use this bound (pairs with the load above).
+			 * A racing refresh may store an older bound: that
+			 * only lags, which is safe. */
+			atomic_store_explicit(&r->prod.limit, limit,
+					      memory_order_release);
+			room = (int32_t)(limit - head);
+		}
+		want = room <= 0 ? 0 : (uint32_t)room < n ? (uint32_t)room : n;
 		if (want == 0)
 			return 0;
 		/* Relaxed CAS: it only hands out positions; the slot ordering
@@ -220,14 +243,16 @@ static inline uint32_t ioc__ring_sc_reserve(struct ioc_ring *r, uint32_t n,
 {
 	/* Relaxed: only this consumer writes cons.tail. */
 	uint32_t tail = atomic_load_explicit(&r->cons.tail, memory_order_relaxed);
-	uint32_t avail = r->cons.limit - tail;
+	/* Relaxed: only this consumer uses cons.limit. */
+	uint32_t limit = atomic_load_explicit(&r->cons.limit, memory_order_relaxed);
+	uint32_t avail = limit - tail;
 
 	if (ioc_unlikely(avail < n)) {
 		/* Acquire pairs with the release store of prod.tail in the
 		 * producer's publish: the slots below it are written. */
-		r->cons.limit = atomic_load_explicit(&r->prod.tail,
-						     memory_order_acquire);
-		avail = r->cons.limit - tail;
+		limit = atomic_load_explicit(&r->prod.tail, memory_order_acquire);
+		atomic_store_explicit(&r->cons.limit, limit, memory_order_relaxed);
+		avail = limit - tail;
 		if (avail < n)
 			n = avail;
 	}
@@ -271,6 +296,27 @@ static inline void ioc__ring_get_ptrs(struct ioc_ring *r, uint32_t tail,
 						       memory_order_relaxed);
 }
 
+/* Multi consumer: positions published at or after `from`, at most n, using
+ * the consumers' shared cached bound (refreshed from prod.tail when short). */
+static inline uint32_t ioc__ring_mc_avail(struct ioc_ring *r, uint32_t from,
+					  uint32_t n)
+{
+	/* Acquire pairs with the release store below by whichever consumer
+	 * last refreshed the bound. */
+	uint32_t limit = atomic_load_explicit(&r->cons.limit, memory_order_acquire);
+	int32_t avail = (int32_t)(limit - from);  /* signed: it may lag */
+
+	if (avail < (int32_t)n) {
+		/* Acquire pairs with the producers' release of prod.tail. */
+		limit = atomic_load_explicit(&r->prod.tail, memory_order_acquire);
+		/* Release: hands our acquire on to the consumers that use
+		 * this bound.  A racing older store only makes it lag. */
+		atomic_store_explicit(&r->cons.limit, limit, memory_order_release);
+		avail = (int32_t)(limit - from);
+	}
+	return avail <= 0 ? 0 : (uint32_t)avail < n ? (uint32_t)avail : n;
+}
+
 /* Lock-free multi-consumer pop of pointers: read, then claim with a CAS. */
 static inline uint32_t ioc__ring_mc_pop_ptrs(struct ioc_ring *r, void **objs,
 					     uint32_t n)
@@ -279,11 +325,7 @@ static inline uint32_t ioc__ring_mc_pop_ptrs(struct ioc_ring *r, void **objs,
 	uint32_t got;
 
 	do {
-		/* Acquire pairs with the producers' release of prod.tail. */
-		uint32_t avail = atomic_load_explicit(&r->prod.tail,
-						      memory_order_acquire) - tail;
-
-		got = n < avail ? n : avail;
+		got = ioc__ring_mc_avail(r, tail, n);
 		if (got == 0)
 			return 0;
 		ioc__ring_get_ptrs(r, tail, objs, got);
@@ -450,11 +492,7 @@ static inline uint32_t ioc__ring_mc_pop_elems(struct ioc_ring *r, void *elems,
 	uint32_t got;
 
 	do {
-		/* Acquire pairs with the producers' release of prod.tail. */
-		uint32_t avail = atomic_load_explicit(&r->prod.tail,
-						      memory_order_acquire) - head;
-
-		got = n < avail ? n : avail;
+		got = ioc__ring_mc_avail(r, head, n);
 		if (got == 0)
 			return 0;
 		/* Relaxed CAS: hands out positions only. */

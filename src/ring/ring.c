@@ -65,8 +65,8 @@ int ioc_ring_init(struct ioc_ring *r, uint32_t size, uint32_t esize)
 	memset(r, 0, sizeof(*r));
 	r->prod.mask = r->cons.mask = size - 1;
 	r->prod.esize = r->cons.esize = esize;
-	r->prod.limit = size;   /* every slot is free */
-	r->cons.limit = 0;      /* nothing published */
+	atomic_init(&r->prod.limit, size);  /* every slot is free */
+	atomic_init(&r->cons.limit, 0);     /* nothing published */
 	/* Plain initialisation: the ring is handed to other threads by
 	 * whatever publishes the pointer to it (thread creation, a lock). */
 	atomic_init(&r->prod.head, 0);
