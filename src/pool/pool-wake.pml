@@ -15,9 +15,9 @@
  * broadcast went out.
  *
  * Sanity of the check itself: making a spinner go to sleep after its spin
- * without returning to the top of the loop (so it misses a stop broadcast
- * or a job queued while it spun), or making it leave nspin without the
- * lock, both yield "invalid end state" (a deadlock).
+ * without returning to the top of the loop (so it misses a stop broadcast,
+ * the bug an early version had), or without re-checking the queue under
+ * the lock at all, both yield "invalid end state" (a deadlock).
  *
  * Names follow pool.c: q (q_len), nspin (nspinning), nsleep (nsleeping),
  * nwoken.  The mutex is `lock`; the condvar is a count of waiters plus

@@ -645,7 +645,7 @@ static void spin_adapt(struct worker *w, int64_t max, bool useful)
  * pool-wake.pml models this handshake (batched submits, the chain, spinners,
  * shutdown) and tests/pool/test-pool-model.sh checks it with spin: no job
  * is stranded while every worker sleeps, and the checker does find the
- * deadlocks of the two mutations noted in the model.
+ * deadlocks of the mutations noted in the model.
  */
 static void *worker_main(void *opaque)
 {
