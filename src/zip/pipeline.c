@@ -69,6 +69,19 @@
 #include "iocore/zip.h"
 #include "codec.h"
 
+/* One frame of a batch, at in + coff, decoding to out + doff. */
+struct fdesc {
+	uint32_t coff, csize, doff, dsize;
+	enum ioc__zip_kind kind;
+};
+
+/* Frames under BATCH_FRAME are batched into one slot, up to BATCH_BYTES of
+ * input or output or BATCH_MAX frames, so a stream of 4 KiB frames (a
+ * migration stream's pages) costs one job per ~1 MiB, not per page. */
+#define BATCH_FRAME (256u << 10)
+#define BATCH_BYTES (1u << 20)
+#define BATCH_MAX 256
+
 struct slot {
 	struct ioc_wq_job job;
 	struct ioc_zip *z;
@@ -77,7 +90,10 @@ struct slot {
 	uint64_t in_off;          /* stream offset of the input (for errors) */
 	uint64_t out_off;         /* decompression: offset of the output */
 	uint64_t seq;
-	enum ioc__zip_kind kind;  /* decompression */
+	/* Decompression of small frames: several per slot (see batching). */
+	struct fdesc *fd;
+	unsigned nf;
+	uint64_t err_off;         /* offset of the frame that failed */
 	uint32_t sum;
 	bool zero;
 	/* Set by the feeding thread when the wq hands the job back (only then
@@ -148,6 +164,7 @@ struct ioc_zip {
 	uint64_t skip_left;       /* bytes of a big skippable frame to drop */
 	struct ioc__zip_dctx sd;
 	bool sd_ready;
+	struct slot *batch;       /* slot collecting small frames, not submitted */
 	uint8_t *sout;
 	size_t sout_cap;
 
@@ -341,8 +358,15 @@ static void decompress_job(struct ioc_wq_job *job)
 		}
 		c->ready = true;
 	}
-	s->err = ioc__zip_decompress(&c->d, s->kind, s->out, s->out_len, s->in, s->in_len,
-				     &s->why);
+	s->err = 0;
+	for (unsigned i = 0; i < s->nf && !s->err; i++) {
+		const struct fdesc *f = &s->fd[i];
+
+		s->err = ioc__zip_decompress(&c->d, f->kind, s->out + f->doff, f->dsize,
+					     s->in + f->coff, f->csize, &s->why);
+		if (s->err)
+			s->err_off = s->in_off + f->coff;
+	}
 	unclaim(c);
 	c = NULL;
 	if (!s->err && s->out_len && z->o.write_at) {
@@ -386,7 +410,7 @@ static int emit(struct ioc_zip *z, struct slot *s)
 	if (s->err) {
 		if (z->decomp && s->err == -EBADMSG)
 			return fail(z, -EBADMSG, "frame at offset %llu: %s",
-				    (unsigned long long)s->in_off, s->why);
+				    (unsigned long long)s->err_off, s->why);
 		return fail(z, s->err, "%s at offset %llu: %s: %s", z->decomp ? "frame" : "block",
 			    (unsigned long long)s->in_off, s->why, ioc_strerror(s->err));
 	}
@@ -396,8 +420,8 @@ static int emit(struct ioc_zip *z, struct slot *s)
 		if (r < 0)
 			return fail(z, r, "write: %s", ioc_strerror(r));
 		z->st.out_bytes += s->out_len;
-		z->st.frames++;
-		z->st.parallel_frames++;
+		z->st.frames += s->nf;
+		z->st.parallel_frames += s->nf;
 		return 0;
 	}
 	r = z->o.write(z->o.opaque, s->out, s->out_len);
@@ -625,8 +649,15 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 
 		s->z = z;
 		s->job.fn = decomp ? decompress_job : compress_job;
-		if (decomp)
-			continue;   /* grown on demand to the frames met */
+		if (decomp) {
+			/* Buffers grow on demand to the frames met. */
+			s->fd = calloc(BATCH_MAX, sizeof(*s->fd));
+			if (!s->fd) {
+				r = -ENOMEM;
+				goto fail;
+			}
+			continue;
+		}
 		s->in_cap = z->block;
 		s->out_cap = ioc__zip_compress_bound(opts->format, z->block);
 		s->in = buf_alloc(s->in_cap);
@@ -674,6 +705,7 @@ void ioc_zip_free(struct ioc_zip *z)
 		for (unsigned i = 0; i < z->nslots; i++) {
 			buf_free(z->slots[i].in, z->slots[i].in_cap);
 			buf_free(z->slots[i].out, z->slots[i].out_cap);
+			free(z->slots[i].fd);
 		}
 	free(z->slots);
 	if (z->cells)
@@ -856,10 +888,23 @@ static int check_seek_table(struct ioc_zip *z, const uint8_t *p, size_t len)
 	return 0;
 }
 
+static int batch_submit(struct ioc_zip *z)
+{
+	struct slot *s = z->batch;
+
+	if (!s)
+		return 0;
+	z->batch = NULL;
+	return submit(z, s);
+}
+
 static int stream_begin(struct ioc_zip *z)
 {
 	const char *why = NULL;
-	int r = drain(z);
+	int r = batch_submit(z);
+
+	if (r == 0)
+		r = drain(z);
 
 	if (r < 0)
 		return r;
@@ -921,25 +966,48 @@ static int stream_step(struct ioc_zip *z)
 	}
 }
 
-static int dec_frame_to_slot(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
+/* Hand a complete frame (csize bytes at p, dsize of content) to a slot:
+ * alone if it is big, else into the open batch. */
+static int dec_add_frame(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
 {
 	size_t csize = (size_t)z->fr.csize;
-	struct slot *s;
-	int r = next_slot(z, &s);
+	bool small = csize < BATCH_FRAME && dsize < BATCH_FRAME;
+	struct slot *s = z->batch;
+	struct fdesc *f;
+	int r;
 
-	if (r < 0)
-		return r;
-	if (grow(&s->in, &s->in_cap, csize) < 0 ||
-	    grow(&s->out, &s->out_cap, dsize ? (size_t)dsize : 1) < 0)
-		return fail(z, -ENOMEM, "frame at offset %llu: out of memory",
-			    (unsigned long long)z->stage_off);
-	memcpy(s->in, p, csize);
-	s->in_len = csize;
-	s->out_len = (size_t)dsize;
-	s->out_off = z->out_next;
+	if (s && (!small || s->nf == BATCH_MAX || s->in_len + csize > BATCH_BYTES ||
+		  s->out_len + dsize > BATCH_BYTES)) {
+		r = batch_submit(z);
+		if (r < 0)
+			return r;
+		s = NULL;
+	}
+	if (!s) {
+		r = next_slot(z, &s);
+		if (r < 0)
+			return r;
+		/* A batch slot gets room for a full batch up front, so
+		 * appending never reallocates; a lone frame, its size. */
+		if (grow(&s->in, &s->in_cap, small ? BATCH_BYTES + BATCH_FRAME : csize) < 0 ||
+		    grow(&s->out, &s->out_cap,
+			 small ? BATCH_BYTES + BATCH_FRAME : dsize ? (size_t)dsize : 1) < 0)
+			return fail(z, -ENOMEM, "frame at offset %llu: out of memory",
+				    (unsigned long long)z->stage_off);
+		s->nf = 0;
+		s->in_len = 0;
+		s->out_len = 0;
+		s->in_off = z->stage_off;
+		s->out_off = z->out_next;
+	}
+	f = &s->fd[s->nf++];
+	*f = (struct fdesc){ .coff = (uint32_t)s->in_len, .csize = (uint32_t)csize,
+			     .doff = (uint32_t)s->out_len, .dsize = (uint32_t)dsize,
+			     .kind = z->fr.kind };
+	memcpy(s->in + s->in_len, p, csize);
+	s->in_len += csize;
+	s->out_len += (size_t)dsize;
 	z->out_next += dsize;
-	s->kind = z->fr.kind;
-	s->in_off = z->stage_off;
 	/* Remember frames for checking a seek table we may meet, but not
 	 * without bound: past 1M frames since the last table (12 MB), stop
 	 * and skip the check rather than grow with hostile input. */
@@ -954,11 +1022,14 @@ static int dec_frame_to_slot(struct ioc_zip *z, const uint8_t *p, uint64_t dsize
 	}
 	stage_consume(z, csize);
 	memset(&z->fr, 0, sizeof(z->fr));
-	return submit(z, s);
+	if (!small)
+		return submit(z, s);
+	z->batch = s;
+	return 0;
 }
 
 /* Split the staged input into frames and dispatch them. */
-static int dec_process(struct ioc_zip *z)
+static int dec_split(struct ioc_zip *z)
 {
 	while (z->stage_len || z->streaming) {
 		const uint8_t *p = z->stage + z->stage_start;
@@ -1023,11 +1094,20 @@ static int dec_process(struct ioc_zip *z)
 		}
 		if (r == 0)
 			return 0;
-		r = dec_frame_to_slot(z, p, dsize);
+		r = dec_add_frame(z, p, dsize);
 		if (r < 0)
 			return r;
 	}
 	return 0;
+}
+
+/* Frames, then whatever batch is open: a batch never waits for more input
+ * (the next frame may be seconds away in a live stream). */
+static int dec_process(struct ioc_zip *z)
+{
+	int r = dec_split(z);
+
+	return r < 0 ? r : batch_submit(z);
 }
 
 static int dec_finish(struct ioc_zip *z)

@@ -8,6 +8,7 @@
 #include "tap.h"
 #include "iocore/zip.h"
 #include "zip-test-util.h"
+#include "src/zip/codec.h"
 
 struct buf {
 	uint8_t *p;
@@ -300,6 +301,33 @@ static void test_hostile(void)
 	free(src); free(c.p); free(g.p);
 }
 
+/* The error names the offset of the very frame that is corrupt, also
+ * when small frames are decoded in batches. */
+static void test_error_names_frame(void)
+{
+	size_t n = 1000000, off = 0;
+	uint8_t *src = zt_data(n, 61);
+	struct ioc_zip_opts o = { .block_size = 16384, .workers = 2 };
+	struct buf c = { 0 }, d = { 0 };
+	char err[256], want[64];
+
+	compress_buf(&o, src, n, n, &c, NULL);
+	for (int i = 0; i < 20; i++) {
+		struct ioc__zip_frame f = { 0 };
+		const char *why;
+
+		ASSERT_EQ(ioc__zip_scan(&f, c.p + off, c.len - off, &why), 1);
+		off += f.csize;
+	}
+	/* Frame 20 starts at off: break a byte in its middle. */
+	c.p[off + 40] ^= 0x5a;
+	snprintf(want, sizeof(want), "frame at offset %zu:", off);
+	ASSERT_LT(decompress_buf(c.p, c.len, 100000, 2, &d, err, sizeof(err), NULL), 0);
+	ioc_test_diag("%s", err);
+	ASSERT_TRUE(strstr(err, want) != NULL);
+	free(src); free(c.p); free(d.p);
+}
+
 static void test_write_error(void)
 {
 	size_t n = 1u << 20;
@@ -521,6 +549,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_foreign_gzip_mixed),
 	IOC_TEST(test_hostile),
 	IOC_TEST(test_write_error),
+	IOC_TEST(test_error_names_frame),
 	IOC_TEST(test_max_frame_streams),
 	IOC_TEST(test_write_at),
 	IOC_TEST(test_flush),
