@@ -129,6 +129,11 @@ static void test_in_order(void)
 	o.policy = IOC_WQ_FILL;
 	o.spin_ns = -1;
 	churn(&o, ioc_test_scaled(200000), ioc_test_scaled(30000), 100);
+	/* iocore-zip's configuration: least loaded, deep rings. */
+	o.policy = IOC_WQ_LEAST_LOADED;
+	o.spin_ns = 0;
+	o.ring_size = 256;
+	churn(&o, ioc_test_scaled(200000), ioc_test_scaled(40000), 600);
 }
 
 /* Free with jobs queued and running: every submitted job runs first. */
