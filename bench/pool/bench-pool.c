@@ -188,6 +188,7 @@ static const char *run_iocore(void)
 	struct ioc_pool_opts o = { .max_threads = cfg.threads };
 	const char *v = cfg.variant ? cfg.variant : "default";
 	struct ioc_pool_stats st;
+	struct ioc_loop_stats ls;
 	int rc;
 
 	if (!strcmp(v, "no-submit-batch"))
@@ -223,12 +224,17 @@ static const char *run_iocore(void)
 		io_submit(&slots[i]);
 	ioc_loop_run(io_loop);
 	ioc_pool_get_stats(io_pool, &st);
+	ioc_loop_get_stats(io_loop, &ls);
 	fprintf(stderr, "iocore[%s]: %llu jobs, %llu completion batches "
-		"(%.1f per batch), %llu worker wakeups, %u threads\n", v,
+		"(%.1f per batch), %llu worker wakeups, %u threads; loop: "
+		"%llu sleeps, %llu notify syscalls (%.3f per job)\n", v,
 		(unsigned long long)st.completed,
 		(unsigned long long)st.completion_batches,
 		st.completion_batches ? (double)st.completed / st.completion_batches : 0,
-		(unsigned long long)st.worker_wakeups, st.threads);
+		(unsigned long long)st.worker_wakeups, st.threads,
+		(unsigned long long)ls.blocking_waits,
+		(unsigned long long)ls.notifies,
+		st.completed ? (double)ls.notifies / st.completed : 0);
 	ioc_pool_free(io_pool);
 	ioc_loop_free(io_loop);
 	return NULL;

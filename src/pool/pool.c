@@ -81,6 +81,11 @@
  *   max 64 threads                2.2 us    219k   spawn policy holds it
  *   max 64, QEMU's eager spawn    4.5 us    115k   kept the delayed spawn
  *
+ * Loop wakeups: with everything on, the loop slept and was woken by a
+ * syscall once per ~32 preadv completions (0.03 notify syscalls per job;
+ * 8.9 completions per dispatch, the rest found by the loop's own polling)
+ * and once per ~140 empty jobs (63.7 completions per dispatch).
+ *
  * Tried and dropped: taking up to 8 jobs per lock round trip from a deep
  * queue (no measurable CPU saving; it made cancel coarser); sched_yield()
  * inside the spin (worse CPU per job under load).
