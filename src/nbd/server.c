@@ -71,6 +71,7 @@
 #define IOC_NBD_IN_CAP          (128u << 10)
 #define IOC_NBD_INFLIGHT_BYTES  (64u << 20)
 #define IOC_NBD_SEND_IOV        64
+#define IOC_NBD_SOCK_BUF        (2 << 20)
 #define IOC_NBD_FREE_REQS       64
 #define IOC_NBD_KEEP_BUF        (1u << 20)
 #define IOC_NBD_MAX_EXPORTS     64
@@ -445,6 +446,7 @@ static void tx_process(struct conn *c)
 {
 	struct ioc__nbd_conn *core = &c->core;
 	int reads = 0;
+	bool drained = false;
 
 	while (!c->dead) {
 		/* Parse every complete request in the buffer. */
@@ -473,14 +475,24 @@ static void tx_process(struct conn *c)
 		}
 		if (c->eof || ++reads > 4)
 			return;
+		/* A short read emptied the socket: stop here rather than pay a
+		 * recv that returns EAGAIN (the fd handler fires again when
+		 * more arrives).  For a draining connection, empty is the end. */
+		if (drained) {
+			if (c->draining)
+				c->eof = true;
+			return;
+		}
 		/* A big payload still arriving goes straight into its buffer. */
 		struct ioc__nbd_req *p = core->partial;
 		ssize_t n;
+		size_t want;
 		if (p && !p->error && core->in_start == core->in_end &&
 		    p->len - core->partial_got >= 65536) {
-			n = conn_recv(c, p->buf + core->partial_got,
-				      (size_t)(p->len - core->partial_got));
+			want = (size_t)(p->len - core->partial_got);
+			n = conn_recv(c, p->buf + core->partial_got, want);
 			if (n > 0) {
+				drained = (size_t)n < want;
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, (size_t)n);
 				if (done)
@@ -489,9 +501,10 @@ static void tx_process(struct conn *c)
 			}
 		} else {
 			ioc__nbd_conn_compact(core);
-			n = conn_recv(c, core->in + core->in_end,
-				      core->in_cap - core->in_end);
+			want = core->in_cap - core->in_end;
+			n = conn_recv(c, core->in + core->in_end, want);
 			if (n > 0) {
+				drained = (size_t)n < want;
 				core->in_end += (size_t)n;
 				continue;
 			}
@@ -726,8 +739,13 @@ static void on_accept(void *opaque)
 			close(fd);
 			continue;
 		}
-		int one = 1;
+		/* Best effort.  A deep queue of 4 KiB replies (64 in flight is
+		 * 256 KiB) overflows the default send buffer, turning one
+		 * gathered sendmsg into EAGAIN plus a POLLOUT round trip. */
+		int one = 1, buf = IOC_NBD_SOCK_BUF;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 		c->fd = fd;
 		c->t = &srv->threads[srv->next_thread++ % srv->nthreads];
 		c->start_task.fn = conn_start;

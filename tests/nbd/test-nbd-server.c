@@ -234,7 +234,7 @@ static void test_client_never_reads(void)
 {
 	struct srv s;
 	struct cl_conn c;
-	enum { REQS = 100000 };
+	enum { REQS = 400000 };
 	uint8_t *batch = malloc(REQS * 28), *p = batch;
 
 	srv_start(&s, NULL);
