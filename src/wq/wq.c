@@ -83,6 +83,9 @@
  *                    posts again or another post covers it.
  *   The futex value check closes the window between "decide to sleep" and
  *   "sleep": the kernel refuses to sleep if the word changed meanwhile.
+ *   src/wq/wq-sleep.pml is a Promela model of the worker and submitter
+ *   handshakes (with the low-water rule); tests/wq/test-wq-model.sh checks
+ *   it with spin, and checks that dropping either re-check is caught.
  *
  * Alternatives rejected.
  *   - One MPSC done ring (seed 004): every worker would write the same
