@@ -197,7 +197,7 @@ static inline int ioc_test_skip_status(void)
 
 static inline int ioc_test_run(const struct ioc_test *tests, int n)
 {
-	int skipped = 0;
+	volatile int skipped = 0; /* modified between setjmp and longjmp */
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	printf("1..%d\n", n);
