@@ -277,7 +277,7 @@ struct ioc__nbd_conn {
 	/* Negotiated. */
 	bool fixed, no_zeroes, structured, extended;
 	bool meta_base_alloc;           /* base:allocation selected */
-	char *meta_export;              /* export SET_META_CONTEXT referred to */
+	const struct ioc__nbd_export *meta_export; /* SET_META_CONTEXT's export */
 	bool enforce_block_size;        /* client asked for NBD_INFO_BLOCK_SIZE */
 	const struct ioc__nbd_export *exp;
 	uint16_t tflags;

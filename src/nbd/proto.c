@@ -70,10 +70,8 @@ void ioc__nbd_conn_destroy(struct ioc__nbd_conn *c)
 {
 	free(c->in);
 	free(c->out);
-	free(c->meta_export);
 	c->in = NULL;
 	c->out = NULL;
-	c->meta_export = NULL;
 	c->phase = IOC_NBD_PHASE_CLOSED;
 }
 
@@ -214,13 +212,15 @@ static bool get_string(char *dst, const uint8_t *src, uint32_t len)
 }
 
 static void enter_transmission(struct ioc__nbd_conn *c,
-			       const struct ioc__nbd_export *e, const char *name)
+			       const struct ioc__nbd_export *e)
 {
 	c->exp = e;
 	c->tflags = tflags_of(c, e);
-	/* Contexts selected for another export do not apply to this one. */
+	/* Contexts selected for another export do not apply to this one
+	 * (compared after name resolution: "" and the default export's own
+	 * name are the same export). */
 	if (c->meta_base_alloc &&
-	    (!c->meta_export || strcmp(c->meta_export, name) != 0 ||
+	    (c->meta_export != e ||
 	     !e->can_block_status))
 		c->meta_base_alloc = false;
 	c->phase = IOC_NBD_PHASE_TRANSMISSION;
@@ -283,7 +283,7 @@ static int opt_info(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 		return -ENOMEM;
 	if (opt == NBD_OPT_GO) {
 		c->enforce_block_size = want_bs;
-		enter_transmission(c, e, name);
+		enter_transmission(c, e);
 		return IOC_NBD_READY;
 	}
 	return 0;
@@ -340,10 +340,7 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 			return -ENOMEM;
 	}
 	if (!list) {
-		free(c->meta_export);
-		c->meta_export = strdup(name);
-		if (!c->meta_export)
-			return -ENOMEM;
+		c->meta_export = e;
 		c->meta_base_alloc = match;
 	}
 	return rep(c, opt, NBD_REP_ACK);
@@ -379,7 +376,7 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 		if (out_put(c, b, c->no_zeroes ? 10 : sizeof(b)) < 0)
 			return -ENOMEM;
 		c->enforce_block_size = false;
-		enter_transmission(c, e, name);
+		enter_transmission(c, e);
 		return IOC_NBD_READY;
 	}
 	case NBD_OPT_ABORT:

@@ -443,6 +443,50 @@ static void sparse(bool extended)
 static void test_sparse(void) { sparse(false); }
 static void test_sparse_extended(void) { sparse(true); }
 
+/* Meta contexts belong to the export SET_META_CONTEXT named: they survive
+ * GO on the same export (also through the default name "") and are dropped
+ * by GO on another. */
+static void meta_then_go(const char *set_name, const char *go_name, long expect)
+{
+	struct fixture f;
+	uint8_t b[64], *p;
+
+	start(&f);
+	int fd = f.c.fd;
+	ASSERT_GE(cl_greeting(fd), 0);
+	ASSERT_OK(cl_flags(fd, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES));
+	ASSERT_EQ(cl_opt_simple(fd, NBD_OPT_STRUCTURED_REPLY), NBD_REP_ACK);
+	size_t nl = strlen(set_name);
+	p = ioc_nbd_st32(b, (uint32_t)nl);
+	memcpy(p, set_name, nl);
+	p = ioc_nbd_st32(p + nl, 1);
+	p = ioc_nbd_st32(p, 15);
+	memcpy(p, "base:allocation", 15);
+	ASSERT_OK(cl_opt(fd, NBD_OPT_SET_META_CONTEXT, b, (uint32_t)(p + 15 - b)));
+	ASSERT_EQ(cl_opt_reply(fd, NBD_OPT_SET_META_CONTEXT, NULL, 0, NULL),
+		  NBD_REP_META_CONTEXT);
+	ASSERT_EQ(cl_opt_reply(fd, NBD_OPT_SET_META_CONTEXT, NULL, 0, NULL), NBD_REP_ACK);
+	nl = strlen(go_name);
+	p = ioc_nbd_st32(b, (uint32_t)nl);
+	memcpy(p, go_name, nl);
+	p = ioc_nbd_st16(p + nl, 0);
+	ASSERT_OK(cl_opt(fd, NBD_OPT_GO, b, (uint32_t)(p - b)));
+	long t;
+	while ((t = cl_opt_reply(fd, NBD_OPT_GO, NULL, 0, NULL)) == NBD_REP_INFO)
+		;
+	ASSERT_EQ(t, NBD_REP_ACK);
+	f.c.structured = true;
+	ASSERT_EQ(cl_cmd(&f.c, 0, NBD_CMD_BLOCK_STATUS, 0, 4096, NULL), expect);
+	ASSERT_EQ(finish(&f), 0);
+}
+
+static void test_meta_context_follows_export(void)
+{
+	meta_then_go("disk", "disk", 0);
+	meta_then_go("disk", "", 0);   /* "" is the default export: disk */
+	meta_then_go("ro", "disk", NBD_EINVAL);
+}
+
 /* Many requests in one send, replies gathered. */
 static void test_pipelined(void)
 {
@@ -542,6 +586,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_read_only),
 	IOC_TEST(test_sparse),
 	IOC_TEST(test_sparse_extended),
+	IOC_TEST(test_meta_context_follows_export),
 	IOC_TEST(test_pipelined),
 	IOC_TEST(test_bad_request_magic),
 	IOC_TEST(test_oversized_write_disconnects),
