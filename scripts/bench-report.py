@@ -794,7 +794,8 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
     w(f"iocore commit: {git_info(a.repo)}.  ")
     w(f"Load average at start / end: {a.load_start or 'n/a'} / "
       f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else 'n/a'}"
-      " (anything above 0 on a 2-core machine is other work competing with the benchmarks).\n")
+      f" on {os.cpu_count()} CPUs (a load well above 1 means other work competed with the "
+      "benchmarks: compare ratios within this report, and distrust small differences).\n")
     if not a.build_ok:
         failed = []
         try:
