@@ -65,21 +65,32 @@
  *    set_limits, free).
  *
  * Measured, one step at a time (bench/pool: 4 KiB preadv from /dev/shm, 64
- * in flight from one loop, 4 threads; each variant turns one step off; the
- * 2-core VM was shared with other builds, load average 11-15, so wall-clock
- * rates swing +-30%; CPU time per job, which the design controls, is
- * steadier; medians of 3 runs, preadv itself costs ~1.23 us of CPU):
+ * in flight from one loop, max 4 threads; each variant turns one step off).
+ * The 2-core VM was shared with other builds (load average 11-18): wall
+ * rates swing 3x between runs, so the table gives medians of 5 interleaved
+ * 1 s runs, and CPU time per job (all threads), which the design controls
+ * whatever the load; preadv itself costs ~1.23 us of CPU here.
  *
- *   variant                       CPU/job   requests/s
- *   all steps on (default)        1.85 us   193k
- *   no submission batching        6.4 us    148k   kept: 3.5x the CPU
- *   no completion batching        8.0 us    160k   kept: 4x the CPU
- *   wake even if a worker spins   1.9 us    182k   kept (small, no harm)
- *   no spinning                   1.9 us    169k   kept: with a free CPU
- *                                                  (load 4-6) 563k vs 411k
- *   QEMU-like (all off)           4.1 us    111k
- *   max 64 threads                2.2 us    219k   spawn policy holds it
- *   max 64, QEMU's eager spawn    4.5 us    115k   kept the delayed spawn
+ *   variant                       requests/s      CPU/job (median, worst)
+ *   all steps on (default)        149k            1.79 us, 1.92
+ *   no submission batching        151k            1.91 us, 5.31
+ *   no completion batching        100k            1.95 us, 8.97
+ *   wake even if a worker spins   174k            1.80 us, 2.08
+ *   no spinning                   186k            1.80 us, 1.83
+ *   QEMU-like (all of the above)  106k            2.08 us, 7.62
+ *   max 64 threads                200k            2.14 us, 2.52
+ *   max 64, QEMU's eager spawn     88k            4.39 us, 4.90
+ *   (GThreadPool 107k, 2.24 us; uv_queue_work 59k, 7.48 us)
+ *
+ * Kept, and why: completion batching (a third fewer requests/s and 5x CPU
+ * tails without it); submission batching (same median, 3x CPU tails
+ * without it: each submit then takes the lock against the workers); the
+ * delayed thread start (QEMU's eager rule: 2.5x the CPU per job).  Under
+ * this load spinning and not-waking-for-spinners are within the noise (the
+ * spinner seldom gets a CPU to spin on); in the one run at a lighter load
+ * (load 4-6) spinning was the largest single win, 563k vs 411k requests/s
+ * without it, and not waking for spinners gave 563k vs 358k.  They are
+ * kept, bounded by max_spinners and the adaptive budget.
  *
  * Loop wakeups: with everything on, the loop slept and was woken by a
  * syscall once per ~32 preadv completions (0.03 notify syscalls per job;
