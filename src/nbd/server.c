@@ -117,6 +117,7 @@ struct nbd_thread {
 struct listener {
 	struct ioc_nbd_server *srv;
 	int fd;
+	struct ioc_timer backoff;       /* re-arm after EMFILE and friends */
 };
 
 struct ioc_nbd_server {
@@ -712,6 +713,17 @@ static void thread_kill(struct ioc_task *task)
 
 /* ---- accepting ---------------------------------------------------------------------- */
 
+static void on_accept(void *opaque);
+
+static void listener_resume(void *opaque)
+{
+	struct listener *l = opaque;
+
+	if (!atomic_load_explicit(&l->srv->stopping, memory_order_relaxed))
+		ioc_loop_set_fd(l->srv->main_loop, l->fd, on_accept, NULL, NULL,
+				NULL, l);
+}
+
 static void on_accept(void *opaque)
 {
 	struct listener *l = opaque;
@@ -722,8 +734,14 @@ static void on_accept(void *opaque)
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				slog(srv, "accept: %s", strerror(errno));
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			/* Out of fds or memory: the pending connection stays
+			 * queued and the listener stays readable, so stop
+			 * watching it for a while instead of spinning. */
+			slog(srv, "accept: %s; pausing 100 ms", strerror(errno));
+			ioc_loop_set_fd(srv->main_loop, l->fd, NULL, NULL, NULL, NULL, NULL);
+			ioc_timer_arm_in(&l->backoff, 100 * 1000000);
 			return;
 		}
 		uint64_t open = atomic_load_explicit(&srv->nconns, memory_order_relaxed);
@@ -852,6 +870,8 @@ int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 		srv->nthreads++;
 	}
 	for (unsigned i = 0; i < srv->nlisteners; i++) {
+		ioc_timer_init(&srv->listeners[i].backoff, srv->main_loop,
+			       listener_resume, &srv->listeners[i]);
 		r = ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd, on_accept,
 				    NULL, NULL, NULL, &srv->listeners[i]);
 		if (r < 0)
@@ -911,6 +931,7 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 	atomic_store_explicit((_Atomic int *)&srv->cfg.shutting_down, 1,
 			      memory_order_relaxed);
 	for (unsigned i = 0; i < srv->nlisteners; i++) {
+		ioc_timer_cancel(&srv->listeners[i].backoff);
 		ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd, NULL, NULL,
 				NULL, NULL, NULL);
 		close(srv->listeners[i].fd);

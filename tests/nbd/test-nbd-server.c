@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -33,6 +34,9 @@ static const char *server_bin(void)
 	snprintf(path, sizeof(path), "%s/tools/nbd/iocore-nbd", root ? root : "build");
 	return path;
 }
+
+/* When nonzero, the server runs with this many fds at most. */
+static rlim_t child_nofile;
 
 /* Start iocore-nbd on a fresh image; extra is a NULL-terminated list. */
 static void srv_start(struct srv *s, const char *const *extra)
@@ -67,6 +71,10 @@ static void srv_start(struct srv *s, const char *const *extra)
 	pid_t p = fork();
 	ASSERT_GE(p, 0);
 	if (p == 0) {
+		if (child_nofile) {
+			struct rlimit rl = { child_nofile, child_nofile };
+			setrlimit(RLIMIT_NOFILE, &rl);
+		}
 		execv(argv[0], (char **)argv);
 		_exit(127);
 	}
@@ -426,6 +434,33 @@ static void test_kill9_after_fua_and_flush(void)
 	rmdir(s.dir);
 }
 
+/* Out of file descriptors: the server neither dies nor stops accepting
+ * for good; connections queued meanwhile are served once fds free up. */
+static void test_out_of_fds(void)
+{
+	enum { N = 80 };
+	struct srv s;
+	struct cl_conn c[N];
+	int extra;
+
+	child_nofile = 48;
+	srv_start(&s, NULL);
+	child_nofile = 0;
+	for (int i = 0; i < N; i++) {
+		c[i].fd = cl_connect_unix(s.sock);
+		ASSERT_GE(c[i].fd, 0); /* queued in the backlog at worst */
+	}
+	/* Free the server's fds, then a newcomer is served. */
+	for (int i = 0; i < N; i++)
+		close(c[i].fd);
+	extra = cl_connect_unix(s.sock);
+	ASSERT_GE(extra, 0);
+	ASSERT_GE(cl_greeting(extra), 0);
+	close(extra);
+	check_alive(&s);
+	srv_stop(&s);
+}
+
 static void test_cleanup(void)
 {
 	ASSERT_OK(rmdir(ioc_test_tmpdir()));
@@ -437,6 +472,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_client_never_reads),
 	IOC_TEST(test_idle_connections),
 	IOC_TEST(test_max_connections),
+	IOC_TEST(test_out_of_fds),
 	IOC_TEST(test_sigterm_drains),
 	IOC_TEST(test_kill9_after_fua_and_flush),
 	IOC_TEST(test_cleanup),

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -210,6 +211,13 @@ int main(int argc, char **argv)
 	}
 	const char *image = argv[optind];
 
+	/* One fd per client: allow as many as the hard limit does. */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+
 	/* Signals: blocked before any thread exists, read through a signalfd. */
 	sigset_t mask;
 	sigemptyset(&mask);
@@ -311,8 +319,16 @@ int main(int argc, char **argv)
 
 	ioc_loop_run(loop);
 
-	if (verbose)
-		fprintf(stderr, "%s: stopping\n", prog);
+	if (verbose) {
+		struct ioc_nbd_server_stats st;
+		ioc_nbd_server_get_stats(srv, &st);
+		fprintf(stderr, "%s: stopping: %llu connection(s) open, %llu accepted, "
+			"%llu refused, %llu requests served\n", prog,
+			(unsigned long long)st.connections,
+			(unsigned long long)st.accepted,
+			(unsigned long long)st.refused,
+			(unsigned long long)st.requests);
+	}
 	ioc_loop_set_fd(loop, sfd, NULL, NULL, NULL, NULL, NULL);
 	close(sfd);
 	r = ioc_nbd_server_stop(srv);
