@@ -26,9 +26,10 @@
  * An all-zero block becomes a minimal frame (zstd: RLE blocks) without
  * running the compressor.
  *
- * Memory: opts.in_flight slots (default workers + 2, more for blocks under
- * 1 MiB so that 4 MiB stay in flight), each a block of input and its
- * compressed bound, allocated at creation and reused; one codec context
+ * Memory: opts.in_flight slots (default workers + 2), each a block of input
+ * (blocks under 256 KiB are batched, 1 MiB of them per slot: one job per
+ * batch, still one frame per block) and its compressed bound, allocated at
+ * creation and reused; one codec context
  * per worker; the zstd seek table costs 12 bytes per block until finish.
  * A decompressor grows its slots to the frames it meets, up to max_frame
  * (content) and its compressed bound; bigger or unsized frames decode

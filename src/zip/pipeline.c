@@ -72,12 +72,16 @@
 /* One frame of a batch, at in + coff, decoding to out + doff. */
 struct fdesc {
 	uint32_t coff, csize, doff, dsize;
-	enum ioc__zip_kind kind;
+	enum ioc__zip_kind kind;  /* decompression */
+	uint32_t sum;             /* compression: the frame's checksum */
+	bool zero;                /* compression: all-zero shortcut taken */
 };
 
 /* Frames under BATCH_FRAME are batched into one slot, up to BATCH_BYTES of
  * input or output or BATCH_MAX frames, so a stream of 4 KiB frames (a
- * migration stream's pages) costs one job per ~1 MiB, not per page. */
+ * migration stream's pages) costs one job per ~1 MiB, not per page.
+ * Compression batches the same way: blocks under BATCH_FRAME share a slot
+ * of up to BATCH_BYTES (still one independent frame per block). */
 #define BATCH_FRAME (256u << 10)
 #define BATCH_BYTES (1u << 20)
 #define BATCH_MAX 256
@@ -94,8 +98,6 @@ struct slot {
 	struct fdesc *fd;
 	unsigned nf;
 	uint64_t err_off;         /* offset of the frame that failed */
-	uint32_t sum;
-	bool zero;
 	/* Set by the feeding thread when the wq hands the job back (only then
 	 * may the slot be reused); err/why/out_len, written by the worker,
 	 * are read after that handoff, which orders them. */
@@ -131,6 +133,7 @@ struct ioc_zip {
 	struct ioc_zip_opts o;
 	int level;
 	size_t block;
+	unsigned bps;             /* compression: blocks per slot */
 	struct ioc_wq *wq;
 	unsigned workers;
 
@@ -329,13 +332,25 @@ static void compress_job(struct ioc_wq_job *job)
 		}
 		c->ready = true;
 	}
-	r = ioc__zip_compress(&c->c, s->out, s->out_cap, s->in, s->in_len, &s->sum, &s->zero);
-	if (r < 0) {
-		s->err = (int)r;
-		s->why = "compression failed";
-	} else {
-		s->out_len = (size_t)r;
-		s->err = 0;
+	/* The slot's input is cut into blocks of z->block (the last may be
+	 * short); each becomes one frame, back to back in out. */
+	s->out_len = 0;
+	s->nf = 0;
+	s->err = 0;
+	for (size_t off = 0; off < s->in_len || s->nf == 0; off += z->block) {
+		size_t len = s->in_len - off < z->block ? s->in_len - off : z->block;
+		struct fdesc *f = &s->fd[s->nf++];
+
+		r = ioc__zip_compress(&c->c, s->out + s->out_len, s->out_cap - s->out_len,
+				      s->in + off, len, &f->sum, &f->zero);
+		if (r < 0) {
+			s->err = (int)r;
+			s->why = "compression failed";
+			break;
+		}
+		f->dsize = (uint32_t)len;
+		f->csize = (uint32_t)r;
+		s->out_len += (size_t)r;
 	}
 out:
 	unclaim(c);
@@ -428,12 +443,14 @@ static int emit(struct ioc_zip *z, struct slot *s)
 	if (r < 0)
 		return fail(z, r, "write: %s", ioc_strerror(r));
 	z->st.out_bytes += s->out_len;
-	z->st.frames++;
-	z->st.zero_frames += s->zero;
-	if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
-		r = push_entry(z, (uint32_t)s->out_len, (uint32_t)s->in_len, s->sum);
-		if (r < 0)
-			return fail(z, r, "seek table: %s", ioc_strerror(r));
+	z->st.frames += s->nf;
+	for (unsigned i = 0; i < s->nf; i++) {
+		z->st.zero_frames += s->fd[i].zero;
+		if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
+			r = push_entry(z, s->fd[i].csize, s->fd[i].dsize, s->fd[i].sum);
+			if (r < 0)
+				return fail(z, r, "seek table: %s", ioc_strerror(r));
+		}
 	}
 	return 0;
 }
@@ -590,17 +607,12 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 	 * faster than a worker compresses one) and every slot is megabytes of
 	 * fresh memory to fault in, which on a VM costs more than it looks. */
 	z->nslots = opts->in_flight ? opts->in_flight : z->workers + 2;
-	/* Small blocks (4 KiB pages of a migration stream) take microseconds
-	 * each: keep at least 4 MiB in flight so workers are not starved by
-	 * the per-block handoff (and the least-loaded choice has queue depth
-	 * to balance on). */
-	if (!opts->in_flight && z->block < (1u << 20)) {
-		size_t want = (4u << 20) / z->block;
-
-		if (want > 1024)
-			want = 1024;
-		if (z->nslots < want)
-			z->nslots = (unsigned)want;
+	/* Small blocks are batched (bps per slot), see BATCH_FRAME. */
+	z->bps = 1;
+	if (!decomp && z->block < BATCH_FRAME) {
+		z->bps = (unsigned)(BATCH_BYTES / z->block);
+		if (z->bps > BATCH_MAX)
+			z->bps = BATCH_MAX;
 	}
 	if (z->nslots < 2)
 		z->nslots = 2;
@@ -649,17 +661,15 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 
 		s->z = z;
 		s->job.fn = decomp ? decompress_job : compress_job;
-		if (decomp) {
-			/* Buffers grow on demand to the frames met. */
-			s->fd = calloc(BATCH_MAX, sizeof(*s->fd));
-			if (!s->fd) {
-				r = -ENOMEM;
-				goto fail;
-			}
-			continue;
+		s->fd = calloc(BATCH_MAX, sizeof(*s->fd));
+		if (!s->fd) {
+			r = -ENOMEM;
+			goto fail;
 		}
-		s->in_cap = z->block;
-		s->out_cap = ioc__zip_compress_bound(opts->format, z->block);
+		if (decomp)
+			continue;   /* buffers grow on demand to the frames met */
+		s->in_cap = z->block * z->bps;
+		s->out_cap = ioc__zip_compress_bound(opts->format, z->block) * z->bps;
 		s->in = buf_alloc(s->in_cap);
 		s->out = buf_alloc(s->out_cap);
 		if (!s->in || !s->out) {
@@ -744,7 +754,7 @@ static int comp_buffer(struct ioc_zip *z, void **buf, size_t *len)
 	}
 	s = &z->slots[z->next_seq % z->nslots];
 	*buf = s->in + s->in_len;
-	*len = z->block - s->in_len;
+	*len = s->in_cap - s->in_len;
 	return 0;
 }
 
@@ -752,12 +762,12 @@ static int comp_commit(struct ioc_zip *z, size_t n)
 {
 	struct slot *s = &z->slots[z->next_seq % z->nslots];
 
-	if (!z->filling || n > z->block - s->in_len)
+	if (!z->filling || n > s->in_cap - s->in_len)
 		return -EINVAL;
 	s->in_len += n;
 	z->in_total += n;
 	z->st.in_bytes += n;
-	if (s->in_len == z->block)
+	if (s->in_len == s->in_cap)
 		return submit(z, s);
 	return 0;
 }

@@ -330,7 +330,7 @@ static void test_error_names_frame(void)
 
 static void test_write_error(void)
 {
-	size_t n = 1u << 20;
+	size_t n = 4u << 20;    /* 4 slots of 16 blocks: several writes */
 	uint8_t *src = zt_data(n, 1);
 	struct buf c = { .fail_after = 3 };
 	struct ioc_zip_opts o = { .block_size = 65536, .workers = 2, .write = buf_write,

@@ -168,7 +168,13 @@ struct job {
 	uint64_t in_size;       /* 0 when unknown */
 	uint64_t in_done, out_done;
 	int64_t start_ns, last_ns;
+	/* Small outputs (frames of small blocks, range pieces) are gathered
+	 * here so the file sees 1 MiB writes, not one write(2) per frame. */
+	uint8_t *obuf;
+	size_t olen;
 };
+
+#define OBUF_SIZE (1u << 20)
 
 static void progress(struct job *j, bool final)
 {
@@ -195,11 +201,31 @@ static void progress(struct job *j, bool final)
 		fputs("\r\033[K", stderr);
 }
 
+static int out_flush(struct job *j)
+{
+	int r = j->olen ? write_all(j->out_fd, j->obuf, j->olen) : 0;
+
+	j->olen = 0;
+	return r;
+}
+
 static int out_write(void *opaque, const void *buf, size_t len)
 {
 	struct job *j = opaque;
+	int r;
 
-	return j->discard ? 0 : write_all(j->out_fd, buf, len);
+	if (j->discard)
+		return 0;
+	if (j->olen + len > OBUF_SIZE) {
+		r = out_flush(j);
+		if (r < 0)
+			return r;
+	}
+	if (len >= OBUF_SIZE / 4 || !j->obuf)
+		return write_all(j->out_fd, buf, len);
+	memcpy(j->obuf + j->olen, buf, len);
+	j->olen += len;
+	return 0;
 }
 
 /* Decompression into a regular file (or nowhere, for -t): each worker
@@ -492,10 +518,18 @@ static int process(const struct cli *cli, const char *in_name, bool many)
 		}
 		j.out_fd = fd;
 	}
+	j.obuf = malloc(OBUF_SIZE);     /* NULL: unbuffered, still correct */
 	if (cli->range_set)
 		r = run_range(&j, err, sizeof(err));
 	else
 		r = run_stream(&j, err, sizeof(err));
+	if (r == 0) {
+		r = out_flush(&j);
+		if (r < 0)
+			snprintf(err, sizeof(err), "write: %s", ioc_strerror(r));
+	}
+	free(j.obuf);
+	j.obuf = NULL;
 	if (r < 0) {
 		fprintf(stderr, "iocore-zip: %s: %s\n", shown, err[0] ? err : ioc_strerror(r));
 		goto out;
