@@ -59,7 +59,7 @@
  * thread only steals time from the workers).  More slots than workers + 2:
  * each is megabytes of fresh memory to fault in, which on a VM costs more
  * than the extra overlap buys (measured: clear_page was 30% of a 50 MB
- * decompression with 2 * workers + 2 slots of 4 KiB pages).
+ * decompression with 2 * workers + 2 slots of 4 MiB).
  *
  * Cost.  One memcpy of compressed input into a slot for decompression (the
  * staging buffer must survive partial frames); ioc_zip_buffer() avoids the
