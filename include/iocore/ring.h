@@ -49,6 +49,10 @@
  * store of prod.tail and seen by the consumer's acquire load of prod.tail;
  * a consumer's slot reads are finished before the release store (or CAS) of
  * cons.tail, which the producer reads with acquire before reusing a slot.
+ * A bound cached by one of several producers (consumers) is stored with
+ * release after its refresher's acquire of the other side's tail, and read
+ * with acquire, so a thread using someone else's bound inherits that
+ * happens-before edge.
  *
  * All functions are safe from any thread within their regime; none
  * allocates, none sleeps (MP/MC waits may sched_yield()).
