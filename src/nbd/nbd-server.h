@@ -10,6 +10,55 @@
 #include "iocore/nbd.h"
 #include "nbd-proto.h"
 
+#define IOC_NBD_MAX_EXPORTS     64
+#define IOC_NBD_MAX_LISTENERS   16
+
+/* One I/O thread of the server; its connections live in conn.c. */
+struct nbd_thread {
+	struct ioc_nbd_server *srv;
+	struct ioc_iothread *th;
+	struct ioc_loop *loop;
+	struct conn *conns;             /* loop thread only */
+	struct ioc_task stop_task;
+	struct ioc_task kill_task;
+	_Atomic uint64_t requests;      /* written by this thread only */
+} IOC_CACHE_ALIGNED;
+
+
+struct listener {
+	struct ioc_nbd_server *srv;
+	int fd;
+	struct ioc_timer backoff;       /* re-arm after EMFILE and friends */
+};
+
+
+struct ioc_nbd_server {
+	struct ioc_nbd_server_opts opts;
+	struct ioc__nbd_cfg cfg;
+	struct ioc__nbd_export *exports[IOC_NBD_MAX_EXPORTS];
+	struct listener listeners[IOC_NBD_MAX_LISTENERS];
+	unsigned nlisteners;
+	struct ioc_loop *main_loop;
+	struct nbd_thread *threads;
+	unsigned nthreads, next_thread;
+	_Atomic uint64_t nconns;        /* open connections */
+	_Atomic uint64_t accepted, refused;
+	_Atomic int stopping;
+	bool started;
+};
+
+/* Log a message through opts.log (no-op without one).  Any thread. */
+void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* conn.c: take an accepted socket to thread t (which then owns it).
+ * Returns 0 or -ENOMEM (fd left to the caller).  Accepting thread. */
+int ioc__nbd_conn_accept(struct nbd_thread *t, int fd);
+/* conn.c: posted to each I/O thread by ioc_nbd_server_stop(): drain
+ * (stop_task) and, after the grace period, close what is left (kill_task). */
+void ioc__nbd_thread_stop(struct ioc_task *task);
+void ioc__nbd_thread_kill(struct ioc_task *task);
+
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 			    const struct ioc_nbd_export_opts *opts);
 void ioc__nbd_blk_export_free(struct ioc__nbd_export *e);
