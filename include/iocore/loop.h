@@ -8,6 +8,9 @@
  * fd monitoring is a run-time choice among io_uring, epoll and poll(2),
  * behind a const ops table, with fallback io_uring -> epoll -> poll.
  *
+ * With the io_uring backend the ring is single-issuer: the first thread
+ * that polls the loop (or fills its submission queue) owns it for good.
+ *
  * The thread's current loop: ioc_loop_new() makes the new loop current for
  * the calling thread when that thread has none; ioc_loop_poll()/run() make
  * the polled loop current; ioc_loop_free() clears it.  Coroutines, the
@@ -78,7 +81,8 @@ void ioc_loop_set_current(struct ioc_loop *loop);
 bool ioc_loop_poll(struct ioc_loop *loop, bool blocking);
 /* Run until ioc_loop_stop().  Returns 0. */
 int ioc_loop_run(struct ioc_loop *loop);
-/* Make ioc_loop_run() return after its current iteration.  Any thread. */
+/* Make ioc_loop_run() return after its current iteration.  Any thread;
+ * keep the loop allocated until this returns (ioc_iothread_stop() does). */
 void ioc_loop_stop(struct ioc_loop *loop);
 /* Wake a sleeping loop (no-op cost when it is busy).  Any thread. */
 void ioc_loop_notify(struct ioc_loop *loop);
@@ -94,15 +98,30 @@ typedef bool ioc_poll_cb(void *opaque);
 
 /*
  * Register, update or (with io_read, io_write and io_poll all NULL) remove
- * the handler of fd.  io_poll, if given, is called during adaptive polling;
- * io_poll_ready is called after io_poll found work, instead of io_read.
- * Safe from inside any callback, including the handler's own.
- * Returns 0 or -errno.
+ * the handler of fd.  Readiness is level-triggered on every backend (see
+ * ioc_loop_set_fd_edge() for the exception).  io_poll, if given, is called
+ * during adaptive polling while the handler is active: fd monitoring found
+ * it ready, or io_poll found work, within the last poll_idle_ns; a handler
+ * with io_poll and no fd callbacks is always polled.  io_poll_ready is
+ * called after io_poll found work, instead of io_read.  With the epoll and
+ * poll backends the loop polls only while every fd handler has an io_poll
+ * (otherwise fd events would wait for the poll to end); io_uring watches
+ * every fd while polling.  Safe from inside any callback, including the
+ * handler's own.  Returns 0 or -errno.
  */
 int ioc_loop_set_fd(struct ioc_loop *loop, int fd,
 		    ioc_fd_cb *io_read, ioc_fd_cb *io_write,
 		    ioc_poll_cb *io_poll, ioc_fd_cb *io_poll_ready,
 		    void *opaque);
+
+/*
+ * Declare that fd's callbacks consume all readiness (read or write until
+ * EAGAIN), so edge-triggered notification is enough.  The io_uring backend
+ * then keeps one multishot poll armed rather than re-arming a one-shot
+ * poll after each event; epoll and poll ignore it.  Call after
+ * ioc_loop_set_fd(); -ENOENT if fd has no handler.
+ */
+int ioc_loop_set_fd_edge(struct ioc_loop *loop, int fd, bool edge);
 
 /* ---- tasks: the lock-free cross-thread primitive ---------------------- */
 
@@ -188,15 +207,6 @@ struct ioc_uring_op {
  * thread only. */
 struct io_uring_sqe *ioc_loop_get_sqe(struct ioc_loop *loop,
 				      struct ioc_uring_op *op);
-/*
- * Declare that fd's callbacks consume all readiness (read or write until
- * EAGAIN), so edge-triggered notification is enough.  The io_uring backend
- * then keeps one multishot poll armed rather than re-arming a one-shot
- * poll after each event; epoll and poll ignore it.  Call after
- * ioc_loop_set_fd(); -ENOENT if fd has no handler.
- */
-int ioc_loop_set_fd_edge(struct ioc_loop *loop, int fd, bool edge);
-
 /* True when ioc_loop_get_sqe() can succeed on this loop. */
 bool ioc_loop_has_uring(struct ioc_loop *loop);
 /* Submit what is queued now rather than at the end of the iteration. */

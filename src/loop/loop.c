@@ -631,8 +631,13 @@ static bool dispatch_ready(struct ioc_loop *loop, int64_t now)
 				polled_add(loop, h);
 		}
 		if (rev & IOC_REV_POLLED) {
-			if (h->io_poll_ready)
+			/* Instead of io_read: readiness the backend reported in
+			 * the same round is likely what io_poll found, and
+			 * level-triggered monitoring reports it again if not. */
+			if (h->io_poll_ready) {
 				h->io_poll_ready(h->opaque);
+				rev &= ~(uint32_t)(POLLIN | POLLPRI);
+			}
 			progress = true;
 			if (h->deleted)
 				continue;

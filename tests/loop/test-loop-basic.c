@@ -756,6 +756,96 @@ static void test_poll_handlers(void)
 	ioc_loop_free(loop);
 }
 
+/*
+ * Seed 003: idle handlers leave the polled set, and then their io_poll is
+ * never called again however many there are; an idle loop sleeps.
+ */
+enum { NIDLE = 1000 };
+static int idle_fds[NIDLE];
+static unsigned long idle_polls;
+
+static bool idle_poll(void *opaque)
+{
+	(void)opaque;
+	idle_polls++;
+	return false;
+}
+
+static void idle_read(void *opaque)
+{
+	eventfd_drain((int)(intptr_t)opaque);
+}
+
+static void test_polled_set_scales(void)
+{
+	struct ioc_loop_opts o = { .poll_idle_ns = 20000000 };
+	struct ioc_loop *loop;
+	struct ioc_loop_stats st;
+	struct pollctx c;
+	struct ioc_timer t;
+	uint64_t waits;
+	int64_t dl;
+
+	loop = test_loop_new(&o);
+	for (int i = 0; i < NIDLE; i++) {
+		idle_fds[i] = eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC); /* ready */
+		ASSERT_GE(idle_fds[i], 0);
+		ASSERT_OK(ioc_loop_set_fd(loop, idle_fds[i], idle_read, NULL,
+					  idle_poll, idle_read,
+					  (void *)(intptr_t)idle_fds[i]));
+	}
+	/* All were active once (a wait reports up to 256 at a time). */
+	for (int i = 0; i < 8; i++)
+		ioc_loop_poll(loop, false);
+	ioc_loop_get_stats(loop, &st);
+	ASSERT_UEQ(st.polled_handlers, NIDLE);
+
+	/* Idle for poll_idle_ns: they all drop out. */
+	ioc_timer_init(&t, loop, nop_timer, NULL);
+	dl = ioc_now_ns() + 10ll * 1000000000;
+	do {
+		ASSERT_LT(ioc_now_ns(), dl);
+		ioc_timer_arm_in(&t, 1000000);
+		ioc_loop_poll(loop, true);
+		ioc_loop_get_stats(loop, &st);
+	} while (st.polled_handlers != 0);
+
+	/* One active handler: only it is polled. */
+	memset(&c, 0, sizeof(c));
+	c.loop = loop;
+	c.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	ASSERT_OK(ioc_loop_set_fd(loop, c.fd, pc_read, NULL, pc_poll, pc_ready,
+				  &c));
+	idle_polls = 0;
+	for (int i = 0; i < 200; i++) {
+		int before = c.reads + c.readies;
+
+		atomic_store(&c.work, 1);
+		eventfd_kick(c.fd);
+		POLL_UNTIL(loop, c.reads + c.readies > before);
+	}
+	ioc_loop_get_stats(loop, &st);
+	ASSERT_UEQ(st.polled_handlers, 1);
+	ASSERT_UEQ(idle_polls, 0);
+
+	/* Nothing happens: the loop sleeps in the kernel, polling off. */
+	ASSERT_OK(ioc_loop_set_fd(loop, c.fd, NULL, NULL, NULL, NULL, NULL));
+	close(c.fd);
+	waits = st.blocking_waits;
+	for (int i = 0; i < 10; i++) {
+		ioc_timer_arm_in(&t, 2000000);
+		ioc_loop_poll(loop, true);
+	}
+	ioc_loop_get_stats(loop, &st);
+	ASSERT_UGT(st.blocking_waits, waits);
+	ASSERT_EQ(st.poll_ns, 0);
+	ASSERT_UEQ(idle_polls, 0);
+	ioc_timer_cancel(&t);
+	for (int i = 0; i < NIDLE; i++)
+		close(idle_fds[i]);
+	ioc_loop_free(loop);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_new_free_current),
 	IOC_TEST(test_bad_opts),
@@ -772,4 +862,5 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_iothread),
 	IOC_TEST(test_call_own_thread),
 	IOC_TEST(test_poll_handlers),
+	IOC_TEST(test_polled_set_scales),
 )
