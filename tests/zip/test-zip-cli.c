@@ -103,6 +103,25 @@ static void test_roundtrip_files(void)
 	ASSERT_NE(sh("cd %s && %s -q x 2>/dev/null", dir, tool), 0);
 }
 
+/* Frames of very different sizes (random data next to zeros), so the
+ * CLI's output gathering sees small pieces followed by big ones: order
+ * must survive. */
+static void test_mixed_frame_sizes(void)
+{
+	setup();
+	need("gzip");
+	/* 512 KiB blocks: random ones make ~512 KiB frames (written past the
+	 * gathering buffer), zero ones tiny frames (gathered). */
+	ASSERT_EQ(sh("cd %s && for i in 1 2 3 4; do head -c 524288 /dev/urandom; "
+		     "head -c 524288 /dev/zero; done > in", dir), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip --block-size=512K in -o g && "
+		     "gzip -dc g | cmp - in && %s -q -dc g | cmp - in", dir, tool, tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --block-size=512K in -o z && %s -q -dc z | cmp - in && "
+		     "%s -q -d -f z -o out && cmp in out", dir, tool, tool, tool), 0);
+	ASSERT_EQ(sh("cd %s && %s -q -f --block-size=64K in -o z && %s -q -dc z | cmp - in", dir,
+		     tool, tool), 0);
+}
+
 static void test_empty_tiny_zero(void)
 {
 	static const size_t sizes[] = { 0, 1, 4096, 5000000 };
@@ -280,6 +299,7 @@ static void test_list_no_index(void)
 IOC_TEST_MAIN(
 	IOC_TEST(test_roundtrip_files),
 	IOC_TEST(test_empty_tiny_zero),
+	IOC_TEST(test_mixed_frame_sizes),
 	IOC_TEST(test_stdin_stdout),
 	IOC_TEST(test_interop_zstd),
 	IOC_TEST(test_interop_gzip),

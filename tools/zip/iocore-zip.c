@@ -216,7 +216,9 @@ static int out_write(void *opaque, const void *buf, size_t len)
 
 	if (j->discard)
 		return 0;
-	if (j->olen + len > OBUF_SIZE) {
+	/* Whatever is gathered goes out first: a big piece written past the
+	 * buffer must not overtake it. */
+	if (j->olen + len > OBUF_SIZE || len >= OBUF_SIZE / 4) {
 		r = out_flush(j);
 		if (r < 0)
 			return r;
