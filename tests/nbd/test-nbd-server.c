@@ -37,6 +37,10 @@ static const char *server_bin(void)
 
 /* When nonzero, the server runs with this many fds at most. */
 static rlim_t child_nofile;
+/* When set, the image lives here instead of ioc_test_tmpdir(). */
+static const char *srv_base;
+/* When set, a server that fails to start skips the test. */
+static bool skip_if_no_start;
 
 /* Start iocore-nbd on a fresh image; extra is a NULL-terminated list. */
 static void srv_start(struct srv *s, const char *const *extra)
@@ -45,7 +49,8 @@ static void srv_start(struct srv *s, const char *const *extra)
 	int n = 0;
 
 	static int seq;
-	snprintf(s->dir, sizeof(s->dir), "%.150s/s%d", ioc_test_tmpdir(), seq++);
+	snprintf(s->dir, sizeof(s->dir), "%.150s/s%d",
+		 srv_base ? srv_base : ioc_test_tmpdir(), seq++);
 	ASSERT_OK(mkdir(s->dir, 0700));
 	snprintf(s->img, sizeof(s->img), "%s/img", s->dir);
 	snprintf(s->sock, sizeof(s->sock), "%s/sock", s->dir);
@@ -81,6 +86,11 @@ static void srv_start(struct srv *s, const char *const *extra)
 	int st;
 	ASSERT_EQ(waitpid(p, &st, 0), p);
 	ASSERT_TRUE(WIFEXITED(st));
+	if (skip_if_no_start && WEXITSTATUS(st) != 0) {
+		unlink(s->img);
+		rmdir(s->dir);
+		IOC_SKIP("the server could not start with these options here");
+	}
 	ASSERT_EQ(WEXITSTATUS(st), 0);
 	FILE *f = fopen(s->pidf, "r");
 	ASSERT_NOT_NULL(f);
@@ -461,6 +471,39 @@ static void test_out_of_fds(void)
 	srv_stop(&s);
 }
 
+/* --cache none: O_DIRECT needs aligned requests; a client that negotiated
+ * block sizes is held to the advertised minimum (EINVAL otherwise). */
+static void test_cache_none_alignment(void)
+{
+	static const char *const opts[] = { "--cache", "none", NULL };
+	char base[] = "/var/tmp/ioc-nbd-direct-XXXXXX";
+	struct srv s;
+	struct cl_conn c;
+	uint8_t *b = NULL;
+
+	/* tmpfs has no O_DIRECT: use a disk-backed directory. */
+	if (!mkdtemp(base))
+		IOC_SKIP("no /var/tmp");
+	srv_base = base;
+	skip_if_no_start = true;
+	srv_start(&s, opts);
+	srv_base = NULL;
+	skip_if_no_start = false;
+	srv_connect(&s, &c, true);
+	ASSERT_GT(c.min_block, 1);
+	ASSERT_OK(posix_memalign((void **)&b, 4096, 8192));
+	memset(b, 0x42, 8192);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, 8192, b), 0);
+	ASSERT_EQ(cl_pread(&c, 0, b, 0, 8192, NULL, NULL), 0);
+	ASSERT_EQ(b[8191], 0x42);
+	ASSERT_EQ(cl_pread(&c, 0, b, 1, 512, NULL, NULL), NBD_EINVAL);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, 100, b), NBD_EINVAL);
+	close(c.fd);
+	free(b);
+	srv_stop(&s);
+	rmdir(base);
+}
+
 static void test_cleanup(void)
 {
 	ASSERT_OK(rmdir(ioc_test_tmpdir()));
@@ -473,6 +516,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_idle_connections),
 	IOC_TEST(test_max_connections),
 	IOC_TEST(test_out_of_fds),
+	IOC_TEST(test_cache_none_alignment),
 	IOC_TEST(test_sigterm_drains),
 	IOC_TEST(test_kill9_after_fua_and_flush),
 	IOC_TEST(test_cleanup),
