@@ -52,6 +52,11 @@ with open(img, "wb") as f:
 
 servers = [
     ("iocore", False, [ours, "--fork", "--pid-file", pidf, "-U", sock, img]),
+] + ([] if quick else [
+    # Ablation: the block layer on its thread pool instead of io_uring.
+    ("iocore-aio-threads", False, [ours, "--aio", "threads", "--fork",
+                                   "--pid-file", pidf, "-U", sock, img]),
+]) + [
     ("qemu-nbd-io_uring", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
                                  "--aio=io_uring", "-e", "8", "--fork",
                                  "--pid-file", pidf, "-k", sock, img]),
