@@ -417,11 +417,15 @@ int main(int argc, char **argv)
 		err = "built without glib-2.0";
 #endif
 	}
+	/* inflight appears in params only when it is not the default. */
+	char kparam[32] = "";
+	if (k != workers * 64)
+		snprintf(kparam, sizeof(kparam), ",inflight=%u", k);
 	if (variant)
-		snprintf(params, sizeof(params), "job=%s,workers=%u,policy=%s", cas,
-			 workers, policy ? policy : "fill");
+		snprintf(params, sizeof(params), "job=%s,workers=%u,policy=%s%s", cas,
+			 workers, policy ? policy : "fill", kparam);
 	else
-		snprintf(params, sizeof(params), "workers=%u", workers);
+		snprintf(params, sizeof(params), "workers=%u%s", workers, kparam);
 	if (variant)
 		row.case_name = "batching";
 	if (!err && check == 0) {

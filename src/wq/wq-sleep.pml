@@ -12,8 +12,9 @@
  *              wait_done: poll the done ring; if empty: waiting = 1; fence;
  *              poll again; if still empty, futex_wait(waiting, 1).
  *   worker:    pop and run a job, push it to the done ring; if at most LOW
- *              jobs remain queued: fence; if waiting, exchange it to 0 and,
- *              if it was 1, futex_wake.  When the ring is empty: state =
+ *              jobs remain queued and either none or no more than a third
+ *              of the done ring's count: fence; if waiting, exchange it to
+ *              0 and, if it was 1, futex_wake.  When the ring is empty: state =
  *              SLEEPING; fence; if the ring is non-empty: state = RUNNING,
  *              else futex_wait(state, SLEEPING) while state == SLEEPING.
  *
@@ -30,8 +31,8 @@
 #ifndef NJOBS
 #define NJOBS 4
 #endif
-#define CAP 2      /* ring size: jobs in flight per worker */
-#define LOW 0      /* low_water (ring_size / 4 in wq.c) */
+#define CAP 3      /* ring size: jobs in flight per worker */
+#define LOW 1      /* low_water (ring_size / 4 in wq.c) */
 
 byte req = 0;      /* jobs in the request ring */
 byte dq = 0;       /* jobs in the done ring */
@@ -103,7 +104,7 @@ active proctype worker()
 		dq++;
 		/* notify_completion() */
 		if
-		:: req > LOW -> skip
+		:: req > LOW || (req > 0 && req * 3 > dq) -> skip
 		:: else ->
 			if
 			:: waiting == 1 ->
