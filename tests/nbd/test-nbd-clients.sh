@@ -126,10 +126,10 @@ fi
 if have fio && fio --enghelp 2>/dev/null | grep -q nbd; then
 	check "fio verify=crc32c (1 connection)" fio --name=v --ioengine=nbd --uri="$U" \
 		--rw=randwrite --bs=4k --size=16M --iodepth=32 --verify=crc32c \
-		--do_verify=1 --verify_fatal=1 --output=/dev/null
+		--do_verify=1 --verify_fatal=1 --verify_state_save=0 --output=/dev/null
 	check "fio verify=crc32c (4 jobs)" fio --name=v --ioengine=nbd --uri="$U" \
 		--rw=randwrite --bs=16k --size=8M --offset_increment=8M --numjobs=4 \
-		--iodepth=16 --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/dev/null
+		--iodepth=16 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --output=/dev/null
 else
 	skip "fio verify" "fio nbd engine missing"; skip "fio verify 4 jobs" "fio nbd engine missing"
 fi
