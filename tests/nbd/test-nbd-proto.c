@@ -7,10 +7,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-/* tap.h's ioc_test_run() trips gcc -O3 -Wclobbered (reported to the lead). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wclobbered"
-#endif
 #include "tap.h"
 #include "nbd-client.h"
 

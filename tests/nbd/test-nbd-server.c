@@ -12,10 +12,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-/* tap.h's ioc_test_run() trips gcc -O3 -Wclobbered (reported to the lead). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wclobbered"
-#endif
 #include "tap.h"
 #include "nbd-client.h"
 
