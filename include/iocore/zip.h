@@ -26,7 +26,7 @@
  * An all-zero block becomes a minimal frame (zstd: RLE blocks) without
  * running the compressor.
  *
- * Memory: opts.in_flight slots (default workers + 2), each a block of input
+ * Memory: opts.in_flight slots (default 2 * workers + 2), each a block of input
  * (blocks under 256 KiB are batched, 1 MiB of them per slot: one job per
  * batch, still one frame per block) and its compressed bound, allocated at
  * creation and reused; one codec context
@@ -75,7 +75,8 @@ struct ioc_zip_opts {
 	int level;                    /* 0 = 3 for zstd, 6 for gzip; 1..19 */
 	size_t block_size;            /* 0 = ioc_zip_default_block(); 4 KiB..64 MiB */
 	unsigned workers;             /* 0 = online CPUs */
-	unsigned in_flight;           /* blocks in flight; 0 = workers + 2 */
+	unsigned in_flight;           /* slots; 0 = 2 * workers + 2 (decompression:
+					 workers + 2) */
 	bool no_checksum;             /* zstd: omit frame checksums */
 	bool no_seek_table;           /* zstd: omit the seek table */
 	enum ioc_zip_deflate deflate;
@@ -144,9 +145,16 @@ struct ioc_zip_stats {
 };
 void ioc_zip_get_stats(const struct ioc_zip *z, struct ioc_zip_stats *st);
 
-/* CPU time each worker thread spent in jobs of this stream, in ns (fills
- * up to max, returns the number of workers). */
-int ioc_zip_worker_busy(struct ioc_zip *z, uint64_t *busy_ns, unsigned max);
+/* Per worker thread: CPU time spent in this stream's jobs (thread CPU
+ * clock, so time preempted by other processes does not count), jobs run
+ * and blocks/frames in them.  Fills up to max, returns the number of
+ * workers. */
+struct ioc_zip_worker_stats {
+	uint64_t cpu_ns;
+	uint64_t jobs;
+	uint64_t frames;
+};
+int ioc_zip_get_worker_stats(struct ioc_zip *z, struct ioc_zip_worker_stats *st, unsigned max);
 
 /* ------------------------------------------------------------------ */
 /* Random access and listing (files in our formats, or any zstd file

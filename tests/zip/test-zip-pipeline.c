@@ -164,6 +164,36 @@ static void test_zero_blocks(void)
 	free(src); free(c.p); free(d.p);
 }
 
+/* Worker statistics add up: every frame is counted once, in one job per
+ * batch of small blocks (64 KiB blocks: 16 per 1 MiB job). */
+static void test_worker_stats(void)
+{
+	size_t n = 64 * 65536;
+	uint8_t *src = zt_data(n, 71);
+	struct buf c = { 0 };
+	struct ioc_zip_opts o = { .block_size = 65536, .workers = 3, .write = buf_write,
+				  .opaque = &c };
+	struct ioc_zip_worker_stats ws[8];
+	uint64_t jobs = 0, frames = 0;
+	struct ioc_zip *z;
+	int nw;
+
+	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+	ASSERT_OK(ioc_zip_write(z, src, n, 0));
+	ASSERT_OK(ioc_zip_finish(z));
+	nw = ioc_zip_get_worker_stats(z, ws, 8);
+	ASSERT_EQ(nw, 3);
+	for (int i = 0; i < nw; i++) {
+		jobs += ws[i].jobs;
+		frames += ws[i].frames;
+	}
+	ASSERT_UEQ(frames, 64);
+	ASSERT_UEQ(jobs, 4);
+	ioc_zip_free(z);
+	free(src);
+	free(c.p);
+}
+
 static void test_zero_copy_feed(void)
 {
 	size_t n = 300000, off = 0;
@@ -545,6 +575,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_order_many_blocks),
 	IOC_TEST(test_zero_blocks),
 	IOC_TEST(test_zero_copy_feed),
+	IOC_TEST(test_worker_stats),
 	IOC_TEST(test_foreign_zstd_stream),
 	IOC_TEST(test_foreign_gzip_mixed),
 	IOC_TEST(test_hostile),

@@ -257,19 +257,22 @@ static int out_write_at(void *opaque, const void *buf, size_t len, uint64_t off)
 
 static void print_busy(struct ioc_zip *z, const struct cli *cli)
 {
-	uint64_t busy[256];
-	int n = ioc_zip_worker_busy(z, busy, 256);
+	struct ioc_zip_worker_stats ws[256];
+	int n = ioc_zip_get_worker_stats(z, ws, 256);
 	uint64_t lo = UINT64_MAX, hi = 0;
 
 	if (cli->verbose < 1 || n <= 0)
 		return;
 	fprintf(stderr, "iocore-zip: worker busy ms:");
 	for (int i = 0; i < n && i < 256; i++) {
-		fprintf(stderr, " %.1f", (double)busy[i] / 1e6);
-		lo = busy[i] < lo ? busy[i] : lo;
-		hi = busy[i] > hi ? busy[i] : hi;
+		fprintf(stderr, " %.1f", (double)ws[i].cpu_ns / 1e6);
+		lo = ws[i].cpu_ns < lo ? ws[i].cpu_ns : lo;
+		hi = ws[i].cpu_ns > hi ? ws[i].cpu_ns : hi;
 	}
-	fprintf(stderr, " spread %.1f%%\n", hi ? 100.0 * (double)(hi - lo) / (double)hi : 0.0);
+	fprintf(stderr, " spread %.1f%% (jobs:", hi ? 100.0 * (double)(hi - lo) / (double)hi : 0.0);
+	for (int i = 0; i < n && i < 256; i++)
+		fprintf(stderr, " %" PRIu64, ws[i].jobs);
+	fprintf(stderr, ")\n");
 }
 
 /* Run one stream from j->in_fd to the callback. */
