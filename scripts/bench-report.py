@@ -760,7 +760,14 @@ def build_info(build):
         if c:
             info.append(("C compiler", f"{c.get('id')} {c.get('version')} ({' '.join(c.get('exelist', []))})"))
     except (OSError, ValueError):
-        pass
+        # Older meson (1.0) has no intro-compilers.json: its log names the compiler.
+        try:
+            for ln in open(os.path.join(build, "meson-logs", "meson-log.txt"), errors="replace"):
+                if ln.startswith("C compiler for the host machine:"):
+                    info.append(("C compiler", ln.split(":", 1)[1].strip()))
+                    break
+        except OSError:
+            pass
     try:
         opts = json.load(open(os.path.join(build, "meson-info", "intro-buildoptions.json")))
         want = ("buildtype", "b_sanitize", "b_ndebug", "optimization", "debug")
