@@ -313,10 +313,13 @@ static inline uint32_t ioc__ring_mc_avail(struct ioc_ring *r, uint32_t from,
 	if (avail < (int32_t)n) {
 		/* Acquire pairs with the producers' release of prod.tail. */
 		limit = atomic_load_explicit(&r->prod.tail, memory_order_acquire);
-		/* Release: hands our acquire on to the consumers that use
-		 * this bound.  A racing older store only makes it lag. */
-		atomic_store_explicit(&r->cons.limit, limit, memory_order_release);
 		avail = (int32_t)(limit - from);
+		/* Release: hands our acquire on to the consumers that use
+		 * this bound.  A racing older store only makes it lag.  Not
+		 * worth a store when we are about to take everything. */
+		if (avail > (int32_t)n)
+			atomic_store_explicit(&r->cons.limit, limit,
+					      memory_order_release);
 	}
 	return avail <= 0 ? 0 : (uint32_t)avail < n ? (uint32_t)avail : n;
 }
