@@ -49,7 +49,7 @@ for p in "io_uring" "io_uring --msg-ring" "epoll" "poll"; do
 	# shellcheck disable=SC2086
 	row=$(run --case bh --backend $p)
 	echo "$row"
-	params=$(sed -e 's/.*"params":"\([^"]*\)".*/\1/' <<<"$row")
+	params=$(head -1 <<<"$row" | sed -e 's/.*"params":"\([^"]*\)".*/\1/')
 	reparam "$uv" "$params"
 done
 
@@ -60,7 +60,7 @@ for p in "io_uring" "io_uring --edge" "io_uring --no-poll" "epoll" "poll"; do
 	# shellcheck disable=SC2086
 	row=$(run --case pingpong --backend $p)
 	echo "$row"
-	params=$(sed -e 's/.*"params":"\([^"]*\)".*/\1/' <<<"$row")
+	params=$(head -1 <<<"$row" | sed -e 's/.*"params":"\([^"]*\)".*/\1/')
 	reparam "$uv" "$params"
 	reparam "$ev" "$params"
 done

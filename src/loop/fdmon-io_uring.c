@@ -19,19 +19,18 @@
  * Arming is deferred to a per-loop list flushed before each io_uring_enter,
  * so every re-arm of an iteration goes out with its wait in one syscall,
  * and registration of 10,000 fds needs no SQ space at set_fd time.
- * Changing the wanted events cancels the request (POLL_REMOVE, its success
- * CQE skipped) and re-arms when the old request's final CQE arrives.  A
- * removed handler stays allocated until that final CQE (backend_busy).
+ * Changing the wanted events updates the armed request in place
+ * (POLL_REMOVE with IORING_POLL_UPDATE_EVENTS; a server toggling POLLOUT
+ * around a full socket does this often); removal cancels it.  A removed
+ * handler stays allocated until the request's final CQE (backend_busy).
  *
  * Wakeups: the loop's eventfd is an internal edge handler (multishot); with
  * IOC_LOOP_URING_MSG_RING other loops can post a CQE straight into this
  * ring instead (uring.c).
  *
  * Rejected: IORING_OP_EPOLL_CTL + one epoll fd (two levels of readiness,
- * and still a syscall to read events); POLL_REMOVE with update flags
- * (IORING_POLL_UPDATE_EVENTS) to change masks in place: cheaper, but the
- * cancel/re-arm path is needed anyway for removal and mask changes are
- * rare.
+ * and still a syscall to read events); cancel + re-arm on every mask
+ * change (two SQEs and a CQE instead of one SQE).
  */
 #include <errno.h>
 
@@ -143,6 +142,29 @@ static void send_cancel(struct ioc_loop *loop, struct ioc_handler *h)
 	h->cancel_sent = true;
 }
 
+/*
+ * Change the mask of the armed poll (POLL_REMOVE with UPDATE_EVENTS): one
+ * SQE, no re-arm.  If the poll already fired, the update fails with
+ * -ENOENT (its CQE is skipped only on success and ignored otherwise) and
+ * the poll's own final CQE re-arms with the current mask.
+ */
+static void send_update(struct ioc_loop *loop, struct ioc_handler *h)
+{
+	struct io_uring_sqe *sqe = ioc__uring_sqe(loop);
+	uint64_t ud = (uint64_t)(uintptr_t)&h->uop;
+
+	if (!sqe) {
+		send_cancel(loop, h);
+		return;
+	}
+	io_uring_prep_poll_update(sqe, ud, ud, h->events,
+				  IORING_POLL_UPDATE_EVENTS |
+				  (h->poll_multishot ? IORING_POLL_ADD_MULTI : 0));
+	io_uring_sqe_set_data(sqe, NULL);
+	sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
+	h->armed_events = h->events;
+}
+
 static int ur_update(struct ioc_loop *loop, struct ioc_handler *h,
 		     uint32_t old)
 {
@@ -157,9 +179,9 @@ static int ur_update(struct ioc_loop *loop, struct ioc_handler *h,
 		return 0;
 	}
 	if (h->armed_events) {
-		/* Different mask in flight: cancel, re-arm on its last CQE. */
+		/* Different mask in flight: update it in place. */
 		if (h->armed_events != h->events && !h->cancel_sent)
-			send_cancel(loop, h);
+			send_update(loop, h);
 		return 0;
 	}
 	h->backend_busy = true;

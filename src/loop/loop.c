@@ -803,8 +803,9 @@ static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 	 * after this iteration returns. */
 	if (atomic_load_explicit(&loop->tasks, memory_order_seq_cst) ||
 	    atomic_load_explicit(&loop->bhs, memory_order_seq_cst) ||
-	    atomic_exchange_explicit(&loop->kicked, false,
-				     memory_order_seq_cst) ||
+	    (atomic_load_explicit(&loop->kicked, memory_order_seq_cst) &&
+	     atomic_exchange_explicit(&loop->kicked, false,
+				      memory_order_seq_cst)) ||
 	    atomic_load_explicit(&loop->stop, memory_order_seq_cst) ||
 	    loop->ready_head) {
 		timeout = 0;
@@ -883,13 +884,14 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 			if (poll_allowed(loop))
 				adjust_poll_ns(loop, now - start);
 		}
-	} else if (!blocking || want_fd_check(loop)) {
-		loop->ops->wait(loop, 0);
+	} else {
+		if (!blocking || want_fd_check(loop))
+			loop->ops->wait(loop, 0);
+		now = ioc_now_ns();
 	}
 	if (loop->ring_private && io_uring_cq_ready(&loop->ring))
 		ioc__uring_reap(loop);
 
-	now = ioc_now_ns();
 	progress |= dispatch_ready(loop, now);
 	progress |= run_incoming(loop);
 	ioc__timers_run(loop, &progress);

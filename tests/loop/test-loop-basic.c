@@ -1,6 +1,7 @@
 /* Event loop basics, run against every backend (IOC_FDMON). */
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include "loop-test.h"
 
@@ -141,6 +142,63 @@ static void test_readiness(void)
 	close(c.fd);
 	close(p[0]);
 	close(p[1]);
+	ioc_loop_free(loop);
+}
+
+/* Mask changes on an armed fd, both ways (io_uring updates in place). */
+struct maskctx {
+	struct ioc_loop *loop;
+	int fd, reads, writes;
+};
+
+static void mask_read(void *opaque);
+static void mask_write(void *opaque)
+{
+	struct maskctx *m = opaque;
+
+	m->writes++;
+	/* Back to read only, from inside the write callback. */
+	ASSERT_OK(ioc_loop_set_fd(m->loop, m->fd, mask_read, NULL, NULL, NULL,
+				  m));
+}
+
+static void mask_read(void *opaque)
+{
+	struct maskctx *m = opaque;
+	char buf[64];
+
+	m->reads++;
+	ASSERT_GT(read(m->fd, buf, sizeof(buf)), 0);
+}
+
+static void test_mask_update(void)
+{
+	struct ioc_loop *loop = test_loop_new(NULL);
+	struct maskctx m = { .loop = loop };
+	int sv[2];
+
+	ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			     0, sv));
+	m.fd = sv[0];
+	for (int round = 1; round <= 50; round++) {
+		/* Read only, nothing to read: armed, quiet. */
+		ASSERT_OK(ioc_loop_set_fd(loop, m.fd, mask_read, NULL, NULL,
+					  NULL, &m));
+		ioc_loop_poll(loop, false);
+		ASSERT_EQ(m.reads, round - 1);
+		/* Add write interest: the socket is writable at once. */
+		ASSERT_OK(ioc_loop_set_fd(loop, m.fd, mask_read, mask_write,
+					  NULL, NULL, &m));
+		POLL_UNTIL(loop, m.writes == round);
+		ioc_loop_poll(loop, false);
+		ASSERT_EQ(m.writes, round); /* write interest was dropped */
+		/* Data: the read side still works. */
+		ASSERT_EQ(write(sv[1], "x", 1), 1);
+		POLL_UNTIL(loop, m.reads == round);
+	}
+	ASSERT_OK(ioc_loop_set_fd(loop, m.fd, NULL, NULL, NULL, NULL, NULL));
+	close(sv[0]);
+	close(sv[1]);
 	ioc_loop_free(loop);
 }
 
@@ -850,6 +908,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_new_free_current),
 	IOC_TEST(test_bad_opts),
 	IOC_TEST(test_readiness),
+	IOC_TEST(test_mask_update),
 	IOC_TEST(test_remove_in_callback),
 	IOC_TEST(test_many_fds),
 	IOC_TEST(test_bh),

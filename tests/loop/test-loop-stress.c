@@ -42,10 +42,11 @@ static void bh_fn(void *opaque)
 	ack(opaque);
 }
 
-/* Wait up to 5 s for the ack; false means the wakeup was lost. */
+/* Wait up to 20 s for the ack (a loaded sanitizer run is slow, a lost
+ * wakeup is forever); false means the wakeup was lost. */
 static bool wait_ack(struct producer *p)
 {
-	int64_t end = ioc_now_ns() + 5ll * 1000000000;
+	int64_t end = ioc_now_ns() + 20ll * 1000000000;
 
 	while (!atomic_load_explicit(&p->acked, memory_order_acquire)) {
 		int64_t left = end - ioc_now_ns();
