@@ -157,7 +157,9 @@ static void send_update(struct ioc_loop *loop, struct ioc_handler *h)
 		send_cancel(loop, h);
 		return;
 	}
-	io_uring_prep_poll_update(sqe, ud, ud, h->events,
+	/* new_user_data must be 0 without IORING_POLL_UPDATE_USER_DATA, or
+	 * the kernel refuses the update with -EINVAL. */
+	io_uring_prep_poll_update(sqe, ud, 0, h->events,
 				  IORING_POLL_UPDATE_EVENTS |
 				  (h->poll_multishot ? IORING_POLL_ADD_MULTI : 0));
 	io_uring_sqe_set_data(sqe, NULL);
