@@ -472,6 +472,35 @@ def target_summary(targets):
     return list(out.items())
 
 
+# The peers issue 10 says the report covers, and how their impl names look.
+PEERS_COVERED = [
+    ("qemu-nbd", r"qemu-nbd"),
+    ("nbdkit", r"nbdkit"),
+    ("qemu-img bench", r"qemu-img"),
+    ("libuv", r"libuv|^uv"),
+    ("libevent", r"libevent"),
+    ("GLib GThreadPool", r"glib|gthread"),
+    ("Boost.Context fcontext", r"fcontext|boost"),
+    ("concurrencykit ck_ring", r"^ck"),
+    ("zstd", r"^zstd"),
+    ("pigz", r"^pigz"),
+]
+
+
+def peer_coverage(rows):
+    """-> [(peer, suites, rows with a value, rows without, first error)]"""
+    out = []
+    for name, pat in PEERS_COVERED:
+        p = rx(pat)
+        mine = [r for r in rows if r["peer"] and p.search(r["impl"])]
+        ok = [r for r in mine if r["value"] is not None]
+        bad = [r for r in mine if r["value"] is None]
+        suites = sorted({r["suite"] for r in mine})
+        err = str(bad[0].get("error", "")) if bad else ""
+        out.append((name, suites, len(ok), len(bad), err))
+    return out
+
+
 # ------------------------------------------------------------------ plots -
 def gnuplot_terminal():
     try:
@@ -987,6 +1016,20 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
         for title, png in plots.get(s, []):
             w(f"![{md_escape(title)}](plots/{png})\n")
 
+    w("## Peers covered\n")
+    w("| peer | suites | rows with a value | rows without | status |")
+    w("|---|---|---|---|---|")
+    for name, suites, nok, nbad, err in peer_coverage(rows):
+        if nok and not nbad:
+            st = "ran"
+        elif nok:
+            st = f"ran, but not everywhere: {err}"
+        elif nbad:
+            st = f"**could not run**: {err}"
+        else:
+            st = "**no rows**: no benchmark printed a row for it"
+        w(f"| {name} | {', '.join(suites) or '-'} | {nok} | {nbad} | {md_escape(st)} |")
+    w("")
     w("## Peers that could not run (and iocore rows without a value)\n")
     fails = {}
     for r in rows:
@@ -1202,6 +1245,9 @@ def self_test():
         check(re.search(r"at most 3% larger.*\| 0\.99x \|.*PASS", rep), "size within 3%")
         check(re.search(r"tiny jobs.*\| 4\.00x \|.*PASS", rep), "wq tiny 4x")
         check("MISSING: no matching rows" in rep, "unmeasured targets say so")
+        check(re.search(r"\| libevent \| loop \| 3 \| 3 \| ran, but not everywhere", rep),
+              "peer coverage: libevent ran 3 times, failed 3 times")
+        check(re.search(r"\| pigz \| - \| 0 \| 0 \| \*\*no rows", rep), "peer coverage: pigz absent")
         pngs = sorted(f for f in os.listdir(os.path.join(tmp, "plots")) if f.endswith(".png"))
         for want in ("wq-tiny-jobs-s-vs-workers.png", "loop-idle-events-s-vs-idle.png",
                      "nbd-iops.png", "nbd-p99-us.png", "zip-compress-mb-s-vs-level.png"):
