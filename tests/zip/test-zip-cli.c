@@ -124,7 +124,7 @@ static void test_mixed_frame_sizes(void)
 
 static void test_empty_tiny_zero(void)
 {
-	static const size_t sizes[] = { 0, 1, 4096, 5000000 };
+	static const size_t sizes[] = { 0, 1, 4096, 2000000 };
 
 	setup();
 	need("zstd");
@@ -167,7 +167,7 @@ static void test_interop_zstd(void)
 {
 	setup();
 	need("zstd");
-	make_file("in", 4000000, 0);
+	make_file("in", 2500000, 0);
 	/* Ours -> zstd. */
 	ASSERT_EQ(sh("cd %s && %s -q -f in -o c && zstd -q -t c && zstd -q -dc c | cmp - in",
 		     dir, tool), 0);
@@ -190,7 +190,7 @@ static void test_interop_gzip(void)
 {
 	setup();
 	need("gzip");
-	make_file("in", 4000000, 0);
+	make_file("in", 2500000, 0);
 	ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip in -o g && gzip -t g && gzip -dc g | cmp - in",
 		     dir, tool), 0);
 	ASSERT_EQ(sh("cd %s && gzip -c in > gz && %s -q -dc gz | cmp - in", dir, tool), 0);
@@ -203,7 +203,7 @@ static void test_interop_pigz(void)
 {
 	setup();
 	need("pigz");
-	make_file("in", 4000000, 0);
+	make_file("in", 2500000, 0);
 	ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip in -o g && pigz -t g && pigz -dc g | cmp - in",
 		     dir, tool), 0);
 	ASSERT_EQ(sh("cd %s && pigz -p2 -c in > pz && %s -q -dc pz | cmp - in", dir, tool), 0);
