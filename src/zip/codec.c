@@ -19,7 +19,7 @@
  *    member size in an FEXTRA subfield ('I','Z', 4 bytes), which gzip and
  *    pigz skip, like BGZF does for samtools.  Deflate is libdeflate when it
  *    is built in (whole-buffer API, 2-3x faster than zlib at the same
- *    level: bench/zip --case deflate measures it) with zlib as the
+ *    level: `bench-zip --case backend` measures it) with zlib as the
  *    fallback, selected by a flag per context.
  *  - All-zero blocks (the zero pages of a memory image) skip the
  *    compressor: zstd gets a frame of RLE blocks built by hand (4 bytes per
