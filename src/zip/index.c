@@ -99,6 +99,9 @@ static int index_gzip(int fd, uint64_t size, struct ioc_zip_index *ix, char *msg
 		if (ix->nframes == cap) {
 			void *p;
 
+			if (cap >= IOC__ZIP_SEEK_MAX_FRAMES)
+				return say(msg, msglen, -EFBIG, "more than %u members: no index",
+					   IOC__ZIP_SEEK_MAX_FRAMES);
 			cap = cap ? cap * 2 : 64;
 			p = realloc(ix->frames, cap * sizeof(*ix->frames));
 			if (!p)
