@@ -73,8 +73,9 @@ leftovers() {
 		# strip "pid (comm) " first, since comm may contain spaces.
 		st=$(sed 's/^.*) //' "$p/stat" 2>/dev/null | awk '{ print $20 }')
 		state=$(sed 's/^.*) //' "$p/stat" 2>/dev/null | awk '{ print $1 }')
-		[ -n "$st" ] && [ "$state" != Z ] || continue
-		[ $((boot + st / hz)) -ge "$1" ] && printf '%s %s\n' "$pid" "$args"
+		if [ -n "$st" ] && [ "$state" != Z ] && [ $((boot + st / hz)) -ge "$1" ]; then
+			printf '%s %s\n' "$pid" "$args"
+		fi
 	done
 }
 
@@ -94,6 +95,7 @@ out="$build/bench"
 build_ok=1
 if [ ! -f "$build/build.ninja" ]; then
 	log "configuring $build"
+	# shellcheck disable=SC2086 # MESON_OPTS is a list of options
 	meson setup "$build" "$here" ${MESON_OPTS:-} >&2 || build_ok=0
 fi
 mkdir -p "$out/raw" "$out/logs" "$out/plots"
