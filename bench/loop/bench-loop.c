@@ -9,6 +9,9 @@
  *       were active once (each kicked at start), so they sat in the polled
  *       set and must have dropped out (poll_idle_ns = 50 ms) before the
  *       measurement starts.  Metric: round trips/s.
+ *   bench-loop --case iter     --backend B --idle N
+ *       One loop, a BH rescheduling itself, N idle handlers with poll
+ *       callbacks: iterations/s (the scal property without a second thread).
  *   bench-loop --case bh       --impl iocore|libuv --backend B [--msg-ring]
  *       Cross-thread wakeup round trip: loop A schedules a BH on loop B,
  *       whose BH schedules one back (libuv: uv_async_send both ways).
@@ -82,7 +85,7 @@ static void print_row(const char *metric, double value, const char *error)
 {
 	char params[128];
 
-	if (!strcmp(opt_case, "scal"))
+	if (!strcmp(opt_case, "scal") || !strcmp(opt_case, "iter"))
 		snprintf(params, sizeof(params), "backend=%s,idle=%d",
 			 opt_backend, opt_idle);
 	else
@@ -237,6 +240,73 @@ static void bh_cb(void *opaque)
 		return;
 	}
 	ioc_bh_schedule(s->peer->bh);
+}
+
+/*
+ * iter: one loop, one BH that reschedules itself, N idle handlers with
+ * poll callbacks (active once, then idle past poll_idle_ns).  Iterations/s
+ * of a busy loop on one thread, where the cost of an iteration is all
+ * that is measured: the seed 003 property without cross-thread noise.
+ */
+static unsigned long iter_polls;
+
+static bool iter_idle_poll(void *opaque)
+{
+	(void)opaque;
+	iter_polls++;
+	return false;
+}
+
+static void iter_bh(void *opaque)
+{
+	struct side *s = opaque;
+
+	rounds++;
+	if (past_deadline())
+		ioc_loop_stop(s->loop);
+	else
+		ioc_bh_schedule(s->bh);
+}
+
+static void scal_warmup(struct side *s);
+static void side_teardown(struct side *s);
+
+static double run_iter(void)
+{
+	struct ioc_loop_opts o = loop_opts();
+	struct side *s = &side_a;
+	int64_t start;
+	int r;
+
+	*s = (struct side){ .is_a = true };
+	o.poll_idle_ns = 50000000;
+	r = ioc_loop_new(&s->loop, &o);
+	if (r < 0)
+		die("ioc_loop_new", r);
+	s->idle_fds = calloc((size_t)opt_idle + 1, sizeof(int));
+	for (int i = 0; i < opt_idle; i++) {
+		int fd = eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC); /* active once */
+
+		if (fd < 0)
+			die("eventfd", errno);
+		s->idle_fds[i] = fd;
+		r = ioc_loop_set_fd(s->loop, fd, idle_read, NULL, iter_idle_poll,
+				    idle_read, (void *)(intptr_t)fd);
+		if (r < 0)
+			die("set_fd", r);
+	}
+	scal_warmup(s);
+	s->bh = ioc_bh_new(s->loop, iter_bh, s);
+	iter_polls = 0;
+	start = ioc_now_ns();
+	deadline_ns = start + (int64_t)(opt_seconds * 1e9);
+	ioc_bh_schedule(s->bh);
+	ioc_loop_run(s->loop);
+	double secs = (double)(ioc_now_ns() - start) / 1e9;
+
+	fprintf(stderr, "  idle io_poll calls during the run: %lu\n", iter_polls);
+	side_teardown(s);
+	return (double)rounds / secs;
 }
 
 static void side_setup(struct side *s)
@@ -658,7 +728,9 @@ int main(int argc, char **argv)
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
 	cpu0 = cpu_seconds();
-	if (!strcmp(opt_impl, "iocore")) {
+	if (!strcmp(opt_impl, "iocore") && !strcmp(opt_case, "iter")) {
+		v = run_iter();
+	} else if (!strcmp(opt_impl, "iocore")) {
 		v = run_iocore();
 	} else if (!strcmp(opt_impl, "libuv")) {
 #ifdef IOC_HAVE_LIBUV
@@ -678,11 +750,13 @@ int main(int argc, char **argv)
 		err = "unknown impl";
 	}
 	cpu = cpu_seconds() - cpu0;
-	print_row("roundtrips/s", v, err);
+	print_row(strcmp(opt_case, "iter") ? "roundtrips/s" : "iterations/s",
+		  v, err);
 	/* Round trips per CPU-second of the whole process (both loop
 	 * threads, setup included): steadier than wall-clock rates on a
 	 * shared machine, and it charges polling for the CPU it burns. */
-	print_row("roundtrips/cpu-s", cpu > 0 && v > 0 ?
+	print_row(strcmp(opt_case, "iter") ? "roundtrips/cpu-s" :
+		  "iterations/cpu-s", cpu > 0 && v > 0 ?
 		  (double)rounds / cpu : 0, err);
 	return 0;
 }

@@ -6,6 +6,9 @@
 #   scal      seed 003: 1 active + N idle handlers with poll callbacks,
 #             N = 0, 100, 1000, 3200, per backend (iocore only: compare
 #             each N with N=0 of the same backend).
+#   iter      one loop thread, a BH rescheduling itself, N idle handlers
+#             with poll callbacks: iterations/s, the same property without
+#             cross-thread scheduling noise.
 #   bh        cross-thread BH round trip vs libuv's uv_async_send.
 #   pingpong  one byte over two pipes between two loop threads vs libuv
 #             and libevent.
@@ -18,7 +21,7 @@ quick=0
 [ "${2:-}" = "--quick" ] && quick=1
 bench="$build/bench/loop/bench-loop"
 if [ ! -x "$bench" ]; then
-	for c in scal bh pingpong; do
+	for c in scal iter bh pingpong; do
 		printf '{"suite":"loop","case":"%s","params":"","impl":"iocore","peer":false,"metric":"roundtrips/s","value":null,"better":"higher","cmd":"%s","error":"bench-loop not built"}\n' "$c" "$bench"
 	done
 	exit 0
@@ -40,6 +43,13 @@ echo "== scal (seed 003)" >&2
 for b in io_uring epoll poll; do
 	for n in 0 100 1000 3200; do
 		run --case scal --backend "$b" --idle "$n"
+	done
+done
+
+echo "== iter (seed 003 property on one thread: iteration cost vs idle handlers)" >&2
+for b in io_uring epoll poll; do
+	for n in 0 100 1000 3200; do
+		run --case iter --backend "$b" --idle "$n"
 	done
 done
 
