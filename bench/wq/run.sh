@@ -4,55 +4,55 @@
 # worker count 1..nproc for iocore's wq, GLib's GThreadPool and a plain
 # mutex+condvar queue; plus the FILL / ROUND_ROBIN / LEAST_LOADED comparison
 # (case "batching"), with every ring kept full and with a 16-job window.
+# The implementations of one comparison run interleaved, several rounds,
+# and each row is the median (bench/ring/interleave.py): the machine is
+# shared, and load that comes and goes should hit every implementation.
 # JSON rows on stdout, everything else on stderr.
 set -u
 BUILD=${1:?usage: run.sh BUILD_DIR [--quick]}
 QUICK=${2:-}
+HERE=$(dirname "$0")
 BIN="$BUILD/bench/wq/bench-wq"
 NPROC=$(nproc)
-if [ "$QUICK" = "--quick" ]; then SMALL=150000; LARGE=15000; else SMALL=1000000; LARGE=100000; fi
+if [ "$QUICK" = "--quick" ]; then
+	ROUNDS=3; SMALL=50000; LARGE=5000
+else
+	ROUNDS=5; SMALL=200000; LARGE=20000
+fi
 
-row_missing() { # case params impl peer
-	printf '{"suite":"wq","case":"%s","params":"%s","impl":"%s","peer":%s,"metric":"jobs/s","value":null,"better":"higher","cmd":"%s","error":"%s not built"}\n' \
-		"$1" "$2" "$3" "$4" "$BIN" "$BIN"
+if [ ! -x "$BIN" ]; then
+	for c in empty crc4k compress4k; do
+		for impl in iocore:false glib-gthreadpool:true mutex-condvar:true; do
+			printf '{"suite":"wq","case":"%s","params":"workers=1","impl":"%s","peer":%s,"metric":"jobs/s","value":null,"better":"higher","cmd":"%s","error":"%s not built"}\n' \
+				"$c" "${impl%%:*}" "${impl##*:}" "$BIN" "$BIN"
+		done
+	done
+	exit 0
+fi
+
+# commands CASE WORKERS JOBS [EXTRA...]: one comparison's command lines.
+commands() {
+	c=$1; w=$2; n=$3; shift 3
+	for impl in iocore glib mutex; do
+		echo "$BIN --case $c --impl $impl --workers $w --jobs $n $*"
+	done
+	if [ "$c" != empty ]; then
+		for p in fill rr ll; do
+			echo "$BIN --case $c --impl iocore --policy $p --variant --workers $w --jobs $n $*"
+		done
+	fi
 }
 
 w=1
 while [ "$w" -le "$NPROC" ]; do
 	for c in empty crc4k compress4k; do
 		n=$SMALL; [ "$c" = compress4k ] && n=$LARGE
-		for impl in iocore glib mutex; do
-			if [ -x "$BIN" ]; then
-				"$BIN" --case "$c" --impl "$impl" --workers "$w" --jobs "$n" 2>&2 ||
-					echo "bench-wq $c $impl $w failed" >&2
-			else
-				peer=true; name=glib-gthreadpool
-				[ "$impl" = iocore ] && { peer=false; name=iocore; }
-				[ "$impl" = mutex ] && name=mutex-condvar
-				row_missing "$c" "workers=$w" "$name" "$peer"
-			fi
-		done
-		if [ "$c" != empty ] && [ -x "$BIN" ]; then
-			for p in fill rr ll; do
-				"$BIN" --case "$c" --impl iocore --policy "$p" --variant \
-					--workers "$w" --jobs "$n" ||
-					echo "bench-wq batching $c $p $w failed" >&2
-			done
-		fi
+		commands "$c" "$w" "$n" | python3 "$HERE/../ring/interleave.py" "$ROUNDS"
 	done
 	# A small window (16 jobs in flight, rings of 64): where batching
-	# (FILL) matters, since rings never fill.
+	# (FILL) matters, since the rings never fill.
 	for c in empty crc4k; do
-		[ -x "$BIN" ] || break
-		for impl in iocore glib mutex; do
-			"$BIN" --case "$c" --impl "$impl" --workers "$w" --inflight 16 \
-				--jobs "$SMALL" || echo "bench-wq $c $impl $w K=16 failed" >&2
-		done
-		for p in fill rr ll; do
-			"$BIN" --case "$c" --impl iocore --policy "$p" --variant \
-				--workers "$w" --inflight 16 --jobs "$SMALL" ||
-				echo "bench-wq batching $c $p $w K=16 failed" >&2
-		done
+		commands "$c" "$w" "$SMALL" --inflight 16 | python3 "$HERE/../ring/interleave.py" "$ROUNDS"
 	done
 	w=$((w + 1))
 done

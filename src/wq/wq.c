@@ -50,8 +50,9 @@
  *   - The submitter sleeping in wait_done is woken by a worker only when
  *     that worker is about to run dry (a quarter of its ring or less still
  *     queued, and no more than a third of what already waits in its done
- *     ring), not per completion: completions are collected in batches and
- *     a backlog of big jobs costs no wakes at all.  wait_done spins
+ *     ring; for jobs longer than ~2 us half the ring and no more than what
+ *     is done, to leave the submitter time to get a CPU), not per
+ *     completion: completions are collected in batches.  wait_done spins
  *     first only when no more jobs than workers are in flight (then its
  *     reaction time is the workers' idle time).
  *   - With opts.loop, workers post one embedded ioc_task to the loop when
@@ -72,8 +73,8 @@
  *   submitter waits: waiting = 1; fence; poll the done rings; if nothing:
  *                    futex_wait(waiting, 1).
  *   worker completes: push to done ring; if at most low_water jobs are
- *                    left in its request ring (and queued * 3 <= done, or
- *                    nothing queued): fence; if waiting and
+ *                    left in its request ring (and queued * ratio <= done,
+ *                    or nothing queued): fence; if waiting and
  *                    exchange(waiting, 0) == 1: futex_wake.  No lost wake:
  *                    a sleeping submitter submits nothing, so each worker
  *                    with jobs reaches an empty ring, and the completion
@@ -134,6 +135,7 @@
 #define WQ_DEFAULT_RING 64
 #define WQ_DEFAULT_SPIN_NS 50000
 #define WQ_BURST 16
+#define WQ_BIG_JOB_NS 2000      /* see the wake rule in worker_main() */
 
 enum { W_RUNNING = 0, W_SLEEPING = 1 };
 
@@ -222,19 +224,20 @@ static int64_t adapt_spin(int64_t spin, int64_t spin_max, int64_t slept);
  */
 static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 			      struct ioc_ring *done, uint32_t low_water,
-			      struct ioc_loop *loop, struct wq_notify *notify)
+			      uint32_t ratio, struct ioc_loop *loop,
+			      struct wq_notify *notify)
 {
 	uint32_t queued = ioc_ring_count(req);
 
 	/* With a backlog nobody needs to hear from us yet: skip the fence.
 	 * "Backlog" is more than low_water jobs queued, or (for windows
-	 * smaller than the ring) more than a third of what already waits to
+	 * smaller than the ring) more than 1/ratio of what already waits to
 	 * be collected, so one wake hands back a batch either way.  Stale
 	 * reads only make queued smaller and the done count larger, i.e.
 	 * make us check more often, never less; at queued == 0 we always
 	 * check. */
 	if (queued > low_water ||
-	    (queued && queued * 3 > ioc_ring_count(done)))
+	    (queued && queued * ratio > ioc_ring_count(done)))
 		return;
 	/* Pairs with the fence in ioc_wq_wait_done() after it sets waiting,
 	 * and with the fence in notify_task() after it clears pending: either
@@ -260,7 +263,14 @@ static void *worker_main(void *arg)
 	struct ioc_loop *loop = wq->loop;
 	struct wq_notify *notify = wq->notify;
 	int64_t spin_max = wq->spin_ns, spin = spin_max;
-	uint32_t low_water = wq->ring_size / 4;
+	/* Wake rule (notify_completion), chosen per busy period from the
+	 * jobs' average length: tiny jobs wake the submitter late, when a
+	 * quarter of the ring is left and three times that is done (big
+	 * batches amortise the wake); jobs longer than WQ_BIG_JOB_NS wake it
+	 * at half the ring (a wake is cheap next to them, and the submitter,
+	 * which may wait for a CPU on a loaded machine, needs the slack so
+	 * the worker does not run dry). */
+	uint32_t low_water = wq->ring_size / 4, ratio = 3;
 	uint64_t jobs = 0, busy_ns = 0, sleeps = 0;
 
 	{
@@ -275,6 +285,7 @@ static void *worker_main(void *arg)
 
 		if (n) {
 			int64_t t0 = ioc_now_ns();
+			uint64_t period_start = jobs;
 
 			/* A busy period: run jobs while the ring has any. */
 			do {
@@ -288,13 +299,22 @@ static void *worker_main(void *arg)
 					assert(ok);
 					(void)ok;
 					notify_completion(wq, req, done, low_water,
-							  loop, notify);
+							  ratio, loop, notify);
 				}
 				jobs += n;
 				atomic_store_explicit(&w->jobs, jobs, memory_order_relaxed);
 				n = ioc_ring_pop_burst_spsc(req, batch, WQ_BURST);
 			} while (n);
-			busy_ns += (uint64_t)(ioc_now_ns() - t0);
+			int64_t period = ioc_now_ns() - t0;
+
+			busy_ns += (uint64_t)period;
+			if (period > (int64_t)(jobs - period_start) * WQ_BIG_JOB_NS) {
+				low_water = wq->ring_size / 2;
+				ratio = 1;
+			} else {
+				low_water = wq->ring_size / 4;
+				ratio = 3;
+			}
 			atomic_store_explicit(&w->busy_ns, busy_ns, memory_order_relaxed);
 		}
 
