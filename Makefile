@@ -45,5 +45,9 @@ check-tsan: deps
 bench: build
 	@QUICK=$(QUICK) scripts/bench.sh $(BUILD)
 
+# libFuzzer targets (clang), each run FUZZ_SECONDS (default 20).
+fuzz: deps
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-clang build-fuzz

@@ -6,5 +6,8 @@
 #include "iocore/co.h"
 #include "iocore/pool.h"
 #include "iocore/blk.h"
+#include "iocore/ring.h"
 #include "iocore/wq.h"
+#include "iocore/nbd.h"
+#include "iocore/zip.h"
 #endif

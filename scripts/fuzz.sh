@@ -1,0 +1,28 @@
+#!/bin/sh
+# Build the libFuzzer targets (clang, -Dfuzz=true) and run each for a while.
+# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 20; CI runs them briefly)
+# Corpora live in build-fuzz/corpus/<target>/ and grow across runs.
+set -eu
+secs=${1:-20}
+dir=build-fuzz
+[ -f $dir/build.ninja ] || CC=clang meson setup $dir -Dfuzz=true -Dbuildtype=debugoptimized
+ninja -C $dir
+mkdir -p $dir/corpus
+found=0
+for exe in $(find $dir/tests -type f -perm -u+x -name 'fuzz-*' | sort); do
+	name=$(basename "$exe")
+	corpus=$dir/corpus/$name
+	mkdir -p "$corpus"
+	# Targets whose corpus test can write seeds get them.
+	if [ "$name" = fuzz-nbd ] && [ -x $dir/tests/nbd/test-nbd-fuzz-corpus ]; then
+		$dir/tests/nbd/test-nbd-fuzz-corpus --write-seeds "$corpus" >/dev/null
+	fi
+	echo "=== $name: ${secs}s"
+	"$exe" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -4
+	found=$((found + 1))
+done
+if [ $found -eq 0 ]; then
+	echo "fuzz: no fuzz targets were built" >&2
+	exit 1
+fi
+echo "fuzz: $found targets ran without a crash"
