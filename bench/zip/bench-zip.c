@@ -3,6 +3,11 @@
  *
  *   bench-zip --case backend FILE LEVEL   libdeflate vs zlib, one thread,
  *                                         same gzip member framing
+ *   bench-zip --case lib FILE LEVEL NAME  the library pipeline against
+ *                                         libzstd's own multithreading
+ *                                         (ZSTD_c_nbWorkers), in memory, in
+ *                                         the same process: no process
+ *                                         start-up or file I/O in the ratio
  *
  * Prints JSON rows (bench/README.md); the end-to-end comparisons against
  * zstd and pigz are in run.sh.
@@ -15,6 +20,9 @@
 #include "common/bench.h"
 #include "ioc-config.h"
 #include "src/zip/codec.h"
+#include "iocore/zip.h"
+#include <unistd.h>
+#include <zstd.h>
 
 static uint8_t *slurp(const char *path, size_t cap, size_t *len)
 {
@@ -56,6 +64,140 @@ static double backend_mbps(enum ioc_zip_deflate be, int level, const uint8_t *sr
 	return (double)n / ((double)t0 / 1e9) / 1e6;
 }
 
+struct sink {
+	uint8_t *p;
+	size_t len, cap;
+};
+
+static int sink_write(void *opaque, const void *buf, size_t len)
+{
+	struct sink *k = opaque;
+
+	if (k->len + len > k->cap)
+		return -ENOSPC;
+	memcpy(k->p + k->len, buf, len);
+	k->len += len;
+	return 0;
+}
+
+/* Decompressed data lands at its offset, written by the worker that
+ * decoded it: what libzstd's single-shot decode into the caller's buffer
+ * does, without a serial copy on the feeding thread. */
+static int sink_write_at(void *opaque, const void *buf, size_t len, uint64_t off)
+{
+	struct sink *k = opaque;
+
+	if (off + len > k->cap)
+		return -ENOSPC;
+	memcpy(k->p + off, buf, len);
+	return 0;
+}
+
+static void row(const char *kase, const char *params, const char *impl, bool peer,
+		const char *metric, double v, bool lower, const char *cmd)
+{
+	struct ioc_bench_row r = {
+		.suite = "zip", .case_name = kase, .params = params, .impl = impl, .peer = peer,
+		.metric = metric, .value = v, .value_ok = v > 0, .lower_is_better = lower,
+		.cmd = cmd, .error = v > 0 ? NULL : "failed",
+	};
+
+	ioc_bench_row(stdout, &r);
+}
+
+#define LIB_REPS 3
+
+/* Best of LIB_REPS for each side; the same input, threads and level. */
+static int lib_case(const char *path, int level, const char *name, const char *cmd)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned workers = ncpu > 0 ? (unsigned)ncpu : 1;
+	size_t n, cap;
+	uint8_t *src = slurp(path, 256u << 20, &n);
+	struct sink ours, theirs, back;
+	double best_c[2] = { 1e30, 1e30 }, best_d[2] = { 1e30, 1e30 };
+	char params[256], pd[256];
+
+	if (!src)
+		return 1;
+	cap = ZSTD_compressBound(n) + (1u << 20);
+	ours = (struct sink){ malloc(cap), 0, cap };
+	theirs = (struct sink){ malloc(cap), 0, cap };
+	back = (struct sink){ malloc(n + 1), 0, n + 1 };
+	if (!ours.p || !theirs.p || !back.p)
+		return 1;
+	for (int rep = 0; rep < LIB_REPS; rep++) {
+		struct ioc_zip_opts o = { .level = level, .workers = workers, .write = sink_write,
+					  .opaque = &ours };
+		ZSTD_CCtx *zc = ZSTD_createCCtx();
+		ZSTD_DCtx *zd = ZSTD_createDCtx();
+		struct ioc_zip *z;
+		uint64_t t;
+		size_t r;
+
+		/* ours: compress */
+		ours.len = 0;
+		t = ioc_bench_now_ns();
+		if (ioc_zip_compressor_new(&z, &o) < 0 || ioc_zip_write(z, src, n, 0) < 0 ||
+		    ioc_zip_finish(z) < 0)
+			return 1;
+		ioc_zip_free(z);
+		t = ioc_bench_now_ns() - t;
+		best_c[0] = (double)t < best_c[0] ? (double)t : best_c[0];
+		/* libzstd, nbWorkers = workers */
+		ZSTD_CCtx_setParameter(zc, ZSTD_c_compressionLevel, level);
+		ZSTD_CCtx_setParameter(zc, ZSTD_c_nbWorkers, (int)workers);
+		ZSTD_CCtx_setParameter(zc, ZSTD_c_checksumFlag, 1);
+		t = ioc_bench_now_ns();
+		r = ZSTD_compress2(zc, theirs.p, theirs.cap, src, n);
+		t = ioc_bench_now_ns() - t;
+		if (ZSTD_isError(r))
+			return 1;
+		theirs.len = r;
+		best_c[1] = (double)t < best_c[1] ? (double)t : best_c[1];
+		/* ours: decompress into memory (write_at: see sink_write_at) */
+		o = (struct ioc_zip_opts){ .workers = workers, .write_at = sink_write_at,
+					   .opaque = &back };
+		memset(back.p, 0, 4096);
+		t = ioc_bench_now_ns();
+		if (ioc_zip_decompressor_new(&z, &o) < 0 || ioc_zip_write(z, ours.p, ours.len, 0) < 0 ||
+		    ioc_zip_finish(z) < 0)
+			return 1;
+		ioc_zip_free(z);
+		t = ioc_bench_now_ns() - t;
+		if (memcmp(back.p, src, n))
+			return 1;
+		best_d[0] = (double)t < best_d[0] ? (double)t : best_d[0];
+		/* libzstd: one frame, one thread (what zstd -d does) */
+		t = ioc_bench_now_ns();
+		r = ZSTD_decompressDCtx(zd, back.p, back.cap, theirs.p, theirs.len);
+		t = ioc_bench_now_ns() - t;
+		if (ZSTD_isError(r) || r != n)
+			return 1;
+		best_d[1] = (double)t < best_d[1] ? (double)t : best_d[1];
+		ZSTD_freeCCtx(zc);
+		ZSTD_freeDCtx(zd);
+	}
+	snprintf(params, sizeof(params), "corpus=%s,level=%d,threads=%u,api=lib", name, level,
+		 workers);
+	snprintf(pd, sizeof(pd), "corpus=%s,format=zstd,threads=%u,api=lib", name, workers);
+	row("compress", params, "iocore-zip-lib", false, "MB/s", (double)n / best_c[0] * 1e3, false,
+	    cmd);
+	row("compress", params, "libzstd-mt", true, "MB/s", (double)n / best_c[1] * 1e3, false, cmd);
+	row("compress", params, "iocore-zip-lib", false, "size ratio",
+	    (double)ours.len / (double)n, true, cmd);
+	row("compress", params, "libzstd-mt", true, "size ratio", (double)theirs.len / (double)n,
+	    true, cmd);
+	row("decompress", pd, "iocore-zip-lib", false, "MB/s", (double)n / best_d[0] * 1e3, false,
+	    cmd);
+	row("decompress", pd, "libzstd", true, "MB/s", (double)n / best_d[1] * 1e3, false, cmd);
+	free(src);
+	free(ours.p);
+	free(theirs.p);
+	free(back.p);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char cmd[1024], params[256];
@@ -63,8 +205,17 @@ int main(int argc, char **argv)
 	uint8_t *src;
 	int level;
 
+	if (argc == 6 && strcmp(argv[1], "--case") == 0 && strcmp(argv[2], "lib") == 0) {
+		ioc_bench_cmdline(argc, argv, cmd, sizeof(cmd));
+		if (lib_case(argv[3], atoi(argv[4]), argv[5], cmd)) {
+			fprintf(stderr, "bench-zip: lib case failed\n");
+			return 1;
+		}
+		return 0;
+	}
 	if (argc != 5 || strcmp(argv[1], "--case") || strcmp(argv[2], "backend")) {
-		fprintf(stderr, "usage: bench-zip --case backend FILE LEVEL\n");
+		fprintf(stderr, "usage: bench-zip --case backend FILE LEVEL\n"
+				"       bench-zip --case lib FILE LEVEL CORPUS-NAME\n");
 		return 2;
 	}
 	level = atoi(argv[4]);
