@@ -13,9 +13,9 @@ Z="$BUILD/tools/zip/iocore-zip"
 BZ="$BUILD/bench/zip/bench-zip"
 NCPU=$(nproc)
 if [ "$QUICK" = "--quick" ]; then
-	MB=50; LEVELS="1 3"; GZLEVELS="1 6"; REPS=1; LIBLEVELS="3"
+	MB=50; LEVELS="1 3"; GZLEVELS="1 6"; REPS=1; LIBLEVELS="3"; LIBCORPORA="usr"
 else
-	MB=200; LEVELS="1 3 9"; GZLEVELS="1 6 9"; REPS=3; LIBLEVELS="1 3"
+	MB=200; LEVELS="1 3 9"; GZLEVELS="1 6 9"; REPS=3; LIBLEVELS="1 3"; LIBCORPORA="usr mem"
 fi
 DIR=/dev/shm
 [ -w "$DIR" ] || DIR=${TMPDIR:-/tmp}
@@ -199,7 +199,7 @@ done
 # ---- the library against libzstd's own multithreading, in one process
 # (no process start-up, no file I/O: the pipeline itself)
 if [ -x "$BZ" ]; then
-	for corpus in usr mem; do
+	for corpus in $LIBCORPORA; do
 		IN=$USR; [ $corpus = mem ] && IN=$MEM
 		for L in $LIBLEVELS; do
 			"$BZ" --case lib "$IN" $L $corpus || log "bench-zip --case lib failed"
