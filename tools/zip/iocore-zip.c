@@ -6,8 +6,11 @@
  *              [--range=OFFSET:LENGTH] [-q] [-v] [FILE...]
  *
  * A thin shell around the library (include/iocore/zip.h): it reads the
- * input straight into the stream's block buffers (ioc_zip_buffer), writes
- * the ordered output from the callback, and owns file handling: output goes
+ * input straight into the stream's block buffers (ioc_zip_buffer; through a
+ * 1 MiB bounce buffer when blocks are small), writes the ordered output from
+ * the callback (small frames gathered into 1 MiB writes), or, decompressing
+ * into a regular file, lets each worker pwrite its frame at its offset
+ * (write_at), and owns file handling: output goes
  * to a temporary name in the destination directory and is renamed into place
  * only after the stream finished cleanly, so an interrupted or failed run
  * never leaves a file that looks complete (the temporary is unlinked on
