@@ -18,6 +18,8 @@
  *   bench-loop --case pingpong --impl iocore|libuv|libevent --backend B
  *       One byte bounced over two pipes between loops on two threads.
  *       --edge declares the handlers edge (multishot poll on io_uring).
+ *   Options measuring io_uring features: --no-poll (adaptive polling off),
+ *   --coop (COOP_TASKRUN instead of DEFER_TASKRUN), --no-reg-ring.
  *
  * Each run prints two JSON rows (bench/loop/run.sh): round trips per
  * wall-clock second and per CPU-second of the process.  The stop protocol is
@@ -48,7 +50,7 @@ static const char *opt_case = "pingpong", *opt_impl = "iocore";
 static const char *opt_backend = "auto";
 static int opt_idle;
 static double opt_seconds = 2.0;
-static bool opt_msg_ring, opt_edge, opt_no_poll;
+static bool opt_msg_ring, opt_edge, opt_no_poll, opt_coop, opt_no_reg;
 static char cmdline[512];
 
 static atomic_bool stop_flag;
@@ -89,9 +91,11 @@ static void print_row(const char *metric, double value, const char *error)
 		snprintf(params, sizeof(params), "backend=%s,idle=%d",
 			 opt_backend, opt_idle);
 	else
-		snprintf(params, sizeof(params), "backend=%s%s%s%s", opt_backend,
-			 opt_msg_ring ? ",msg_ring" : "", opt_edge ? ",edge" : "",
-			 opt_no_poll ? ",no_poll" : "");
+		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s",
+			 opt_backend, opt_msg_ring ? ",msg_ring" : "",
+			 opt_edge ? ",edge" : "", opt_no_poll ? ",no_poll" : "",
+			 opt_coop ? ",coop_taskrun" : "",
+			 opt_no_reg ? ",no_reg_ring" : "");
 	printf("{\"suite\":\"loop\",\"case\":\"%s\",\"params\":\"%s\","
 	       "\"impl\":\"%s\",\"peer\":%s,\"metric\":\"%s\",",
 	       opt_case, params, opt_impl,
@@ -134,6 +138,10 @@ static struct ioc_loop_opts loop_opts(void)
 		o.uring_flags |= IOC_LOOP_URING_MSG_RING;
 	if (opt_no_poll)
 		o.poll_max_ns = -1;
+	if (opt_coop)
+		o.uring_flags |= IOC_LOOP_URING_NO_DEFER;
+	if (opt_no_reg)
+		o.uring_flags |= IOC_LOOP_URING_NO_REG_RING;
 	if (!strcmp(opt_case, "scal"))
 		o.poll_idle_ns = 50000000;
 	return o;
@@ -713,6 +721,10 @@ int main(int argc, char **argv)
 			opt_edge = true;
 		else if (!strcmp(a, "--no-poll"))
 			opt_no_poll = true;
+		else if (!strcmp(a, "--coop"))
+			opt_coop = true;
+		else if (!strcmp(a, "--no-reg-ring"))
+			opt_no_reg = true;
 		else {
 			fprintf(stderr, "usage: bench-loop --case scal|bh|pingpong "
 				"--impl iocore|libuv|libevent --backend B "
