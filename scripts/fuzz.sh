@@ -18,7 +18,14 @@ for exe in $(find $dir/tests -type f -perm -u+x -name 'fuzz-*' | sort); do
 		$dir/tests/nbd/test-nbd-fuzz-corpus --write-seeds "$corpus" >/dev/null
 	fi
 	echo "=== $name: ${secs}s"
-	"$exe" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -4
+	log=$dir/corpus/$name.log
+	if ! "$exe" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 \
+			-artifact_prefix="$dir/corpus/$name-" "$corpus" >"$log" 2>&1; then
+		tail -40 "$log"
+		echo "fuzz: $name failed; the input is in $dir/corpus/$name-*" >&2
+		exit 1
+	fi
+	tail -4 "$log"
 	found=$((found + 1))
 done
 if [ $found -eq 0 ]; then
