@@ -73,7 +73,8 @@ static int ep_wait(struct ioc_loop *loop, int64_t timeout_ns)
 		ts.tv_nsec = timeout_ns % 1000000000;
 		tsp = &ts;
 	}
-	/* no_pwait2 is a benign cache: every thread computes the same. */
+	/* no_pwait2 is a benign cache, relaxed: every thread computes the
+	 * same value and nothing else is published with it. */
 	n = -1;
 	if (!__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED)) {
 		n = epoll_pwait2(loop->epfd, ev, EP_EVENTS, tsp, NULL);

@@ -60,7 +60,10 @@ static void *iothread_main(void *arg)
 	ioc_loop_run(loop);
 	/* The loop is freed by ioc_iothread_stop() after the join: the
 	 * stopping thread may still be inside ioc_loop_stop() (touching the
-	 * wakeup fields) when run returns here. */
+	 * wakeup fields) when run returns here.  What belongs to this thread
+	 * goes now: the higher layers' per-loop state (their free functions
+	 * expect the loop thread) and the registered ring fd. */
+	ioc__loop_free_exts(loop);
 	ioc__loop_thread_exit(loop);
 	return NULL;
 }

@@ -185,6 +185,8 @@ void ioc__loop_wake_read(void *opaque);
 /* The thread that ran loop is done with it (drops per-thread io_uring
  * registrations); the loop may then be freed from another thread. */
 void ioc__loop_thread_exit(struct ioc_loop *loop);
+/* Run the ext slots' free functions now (on the loop's thread). */
+void ioc__loop_free_exts(struct ioc_loop *loop);
 
 /* Timers (timer.c). */
 void ioc__timers_run(struct ioc_loop *loop, bool *progress);

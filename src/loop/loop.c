@@ -157,6 +157,8 @@ void ioc_loop_stop(struct ioc_loop *loop)
 
 void ioc_loop_post(struct ioc_loop *loop, struct ioc_task *task)
 {
+	/* Relaxed: only a guess for the CAS below, which re-reads on
+	 * failure. */
 	struct ioc_task *head = atomic_load_explicit(&loop->tasks,
 						     memory_order_relaxed);
 
@@ -172,6 +174,7 @@ void ioc_loop_post(struct ioc_loop *loop, struct ioc_task *task)
 
 static void bh_push(struct ioc_loop *loop, struct ioc_bh *bh)
 {
+	/* Relaxed: a guess for the CAS, as in ioc_loop_post(). */
 	struct ioc_bh *head = atomic_load_explicit(&loop->bhs,
 						   memory_order_relaxed);
 
@@ -227,6 +230,7 @@ void ioc_bh_delete(struct ioc_bh *bh)
 	unsigned old = atomic_fetch_or_explicit(&bh->flags, BH_DELETED,
 						memory_order_acq_rel);
 
+	/* Relaxed: run_bhs() reads it next, on this same thread. */
 	atomic_fetch_and_explicit(&bh->flags, ~BH_SCHEDULED,
 				  memory_order_relaxed);
 	if (!(old & BH_PENDING))
@@ -1060,13 +1064,10 @@ fail:
 	return r;
 }
 
-void ioc_loop_free(struct ioc_loop *loop)
+/* Free the higher layers' per-loop state, last slot first (blk before
+ * pool).  ioc_iothread runs this on the loop's own thread. */
+void ioc__loop_free_exts(struct ioc_loop *loop)
 {
-	struct ioc_bh *bh, *next;
-
-	if (!loop)
-		return;
-	assert(loop->depth == 0);
 	for (int i = IOC_LOOP_EXT_MAX - 1; i >= 0; i--) {
 		struct ioc_loop_ext_slot *s = &loop->ext[i];
 
@@ -1075,6 +1076,16 @@ void ioc_loop_free(struct ioc_loop *loop)
 		s->ptr = NULL;
 		s->free_fn = NULL;
 	}
+}
+
+void ioc_loop_free(struct ioc_loop *loop)
+{
+	struct ioc_bh *bh, *next;
+
+	if (!loop)
+		return;
+	assert(loop->depth == 0);
+	ioc__loop_free_exts(loop);
 	ioc__timers_cancel_all(loop);
 	/* Handlers: remove all (the user's fds stay open). */
 	for (unsigned fd = 0; fd < loop->by_fd_cap; fd++)
