@@ -270,7 +270,7 @@ static void *worker_main(void *arg)
 	 * at half the ring (a wake is cheap next to them, and the submitter,
 	 * which may wait for a CPU on a loaded machine, needs the slack so
 	 * the worker does not run dry). */
-	uint32_t low_water = wq->ring_size / 4, ratio = 3;
+	uint32_t ring_size = wq->ring_size, low_water = ring_size / 4, ratio = 3;
 	uint64_t jobs = 0, busy_ns = 0, sleeps = 0;
 
 	{
@@ -284,10 +284,12 @@ static void *worker_main(void *arg)
 		unsigned n = ioc_ring_pop_burst_spsc(req, batch, WQ_BURST);
 
 		if (n) {
-			int64_t t0 = ioc_now_ns();
+			int64_t t0 = ioc_now_ns(), now;
 			uint64_t period_start = jobs;
 
-			/* A busy period: run jobs while the ring has any. */
+			/* A busy period: run jobs while the ring has any.  The
+			 * clock is read once per burst (up to WQ_BURST jobs), for
+			 * busy_ns and for the wake rule's job length. */
 			do {
 				for (unsigned i = 0; i < n; i++) {
 					struct ioc_wq_job *job = batch[i];
@@ -303,18 +305,17 @@ static void *worker_main(void *arg)
 				}
 				jobs += n;
 				atomic_store_explicit(&w->jobs, jobs, memory_order_relaxed);
+				now = ioc_now_ns();
+				if (now - t0 > (int64_t)(jobs - period_start) * WQ_BIG_JOB_NS) {
+					low_water = ring_size / 2;
+					ratio = 1;
+				} else {
+					low_water = ring_size / 4;
+					ratio = 3;
+				}
 				n = ioc_ring_pop_burst_spsc(req, batch, WQ_BURST);
 			} while (n);
-			int64_t period = ioc_now_ns() - t0;
-
-			busy_ns += (uint64_t)period;
-			if (period > (int64_t)(jobs - period_start) * WQ_BIG_JOB_NS) {
-				low_water = wq->ring_size / 2;
-				ratio = 1;
-			} else {
-				low_water = wq->ring_size / 4;
-				ratio = 3;
-			}
+			busy_ns += (uint64_t)(now - t0);
 			atomic_store_explicit(&w->busy_ns, busy_ns, memory_order_relaxed);
 		}
 
