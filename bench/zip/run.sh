@@ -76,12 +76,19 @@ now() { date +%s%N; }
 # least disturbed by others.  Applied the same way to every tool.  Prints
 # "WALL CPU" in seconds (CPU = user + system of the whole command, children
 # included), of the fastest run.
+# CPU time needs GNU time (package "time"); without it, MB/CPU-s rows are null.
+TIMECMD=""
+[ -x /usr/bin/time ] && TIMECMD=yes
 timeit() {
 	local t0 t1 best="" i
 	for i in $(seq $REPS); do
+		echo "0 0" > "$WORK/time"
 		t0=$(now)
-		/usr/bin/time -f "%U %S" -o "$WORK/time" "$@" > "$WORK/stdout" 2> "$WORK/stderr" ||
-			{ cat "$WORK/stderr" >&2; echo ""; return 1; }
+		if [ -n "$TIMECMD" ]; then
+			/usr/bin/time -f "%U %S" -o "$WORK/time" "$@" > "$WORK/stdout" 2> "$WORK/stderr"
+		else
+			"$@" > "$WORK/stdout" 2> "$WORK/stderr"
+		fi || { cat "$WORK/stderr" >&2; echo ""; return 1; }
 		t1=$(now)
 		best=$(awk -v a="$t0" -v b="$t1" -v m="$best" -v c="$(tail -1 "$WORK/time")" 'BEGIN {
 			t = (b - a) / 1e9; split(c, u, " "); cpu = u[1] + u[2]
