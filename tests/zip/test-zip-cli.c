@@ -33,6 +33,12 @@ static void need(const char *bin)
 		IOC_SKIP("tool not installed");
 }
 
+static void cleanup(void)
+{
+	if (dir)
+		sh("rm -rf '%s'", dir);
+}
+
 static void setup(void)
 {
 	const char *root = getenv("IOC_BUILD_ROOT");
@@ -40,6 +46,7 @@ static void setup(void)
 	if (!tool[0]) {
 		snprintf(tool, sizeof(tool), "%s/tools/zip/iocore-zip", root ? root : ".");
 		dir = ioc_test_tmpdir();
+		atexit(cleanup);
 	}
 	if (access(tool, X_OK) != 0)
 		IOC_SKIP("iocore-zip not built");
