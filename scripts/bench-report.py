@@ -176,11 +176,14 @@ def md_escape(s):
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def code(s):
+def code(s, table=False):
+    """An inline code span; in a table cell a | must be escaped even there."""
     s = str(s).replace("\n", " ")
+    if table:
+        s = s.replace("|", "\\|")
     if "`" in s:
-        return "``" + s.replace("|", "\\|") + "``"
-    return "`" + s.replace("|", "\\|") + "`"
+        return "`` " + s + " ``"
+    return "`" + s + "`"
 
 
 def run(cmd):
@@ -915,7 +918,7 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
     w("| peer / tool | version | from |")
     w("|---|---|---|")
     for name, ver, cmd in versions():
-        w(f"| {md_escape(name)} | {md_escape(ver)} | {code(cmd)} |")
+        w(f"| {md_escape(name)} | {md_escape(ver)} | {code(cmd, table=True)} |")
     w("")
 
     w("## Runs\n")
