@@ -648,7 +648,7 @@ def make_plots(groups, plotdir, notes):
                         if im.median is None:
                             continue
                         label = im.name
-                        extra = ",".join(f"{k}={pp.get(k, '')}" for k in varying)
+                        extra = ",".join(f"{k}={pp[k]}" for k in varying if k in pp)
                         if extra:
                             label += " " + extra
                         if label not in series:
