@@ -19,7 +19,8 @@
  *       One byte bounced over two pipes between loops on two threads.
  *       --edge declares the handlers edge (multishot poll on io_uring).
  *   Options measuring io_uring features: --no-poll (adaptive polling off),
- *   --coop (COOP_TASKRUN instead of DEFER_TASKRUN), --no-reg-ring.
+ *   --coop (COOP_TASKRUN instead of DEFER_TASKRUN), --no-reg-ring,
+ *   --spin (poll with pause instead of sched_yield between rounds).
  *
  * Each run prints two JSON rows (bench/loop/run.sh): round trips per
  * wall-clock second and per CPU-second of the process.  The stop protocol is
@@ -50,7 +51,7 @@ static const char *opt_case = "pingpong", *opt_impl = "iocore";
 static const char *opt_backend = "auto";
 static int opt_idle;
 static double opt_seconds = 2.0;
-static bool opt_msg_ring, opt_edge, opt_no_poll, opt_coop, opt_no_reg;
+static bool opt_msg_ring, opt_edge, opt_no_poll, opt_coop, opt_no_reg, opt_spin;
 static char cmdline[512];
 
 static atomic_bool stop_flag;
@@ -91,8 +92,9 @@ static void print_row(const char *metric, double value, const char *error)
 		snprintf(params, sizeof(params), "backend=%s,idle=%d",
 			 opt_backend, opt_idle);
 	else
-		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s",
-			 opt_backend, opt_msg_ring ? ",msg_ring" : "",
+		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s%s",
+			 opt_backend, opt_spin ? ",spin" : "",
+			 opt_msg_ring ? ",msg_ring" : "",
 			 opt_edge ? ",edge" : "", opt_no_poll ? ",no_poll" : "",
 			 opt_coop ? ",coop_taskrun" : "",
 			 opt_no_reg ? ",no_reg_ring" : "");
@@ -140,6 +142,7 @@ static struct ioc_loop_opts loop_opts(void)
 		o.poll_max_ns = -1;
 	if (opt_coop)
 		o.uring_flags |= IOC_LOOP_URING_NO_DEFER;
+	o.poll_spin = opt_spin;
 	if (opt_no_reg)
 		o.uring_flags |= IOC_LOOP_URING_NO_REG_RING;
 	if (!strcmp(opt_case, "scal"))
@@ -723,6 +726,8 @@ int main(int argc, char **argv)
 			opt_no_poll = true;
 		else if (!strcmp(a, "--coop"))
 			opt_coop = true;
+		else if (!strcmp(a, "--spin"))
+			opt_spin = true;
 		else if (!strcmp(a, "--no-reg-ring"))
 			opt_no_reg = true;
 		else {

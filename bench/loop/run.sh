@@ -55,7 +55,7 @@ done
 
 echo "== bh round trip" >&2
 uv=$(run --case bh --impl libuv --backend auto)
-for p in "io_uring" "io_uring --msg-ring" "epoll" "poll"; do
+for p in "io_uring" "io_uring --spin" "io_uring --msg-ring" "epoll" "poll"; do
 	# shellcheck disable=SC2086
 	row=$(run --case bh --backend $p)
 	echo "$row"
@@ -66,7 +66,7 @@ done
 echo "== pipe ping-pong" >&2
 uv=$(run --case pingpong --impl libuv --backend auto)
 ev=$(run --case pingpong --impl libevent --backend auto)
-for p in "io_uring" "io_uring --edge" "io_uring --no-poll" \
+for p in "io_uring" "io_uring --spin" "io_uring --edge" "io_uring --no-poll" \
 	 "io_uring --no-poll --edge" "io_uring --no-poll --coop" \
 	 "io_uring --no-poll --no-reg-ring" "epoll" "poll"; do
 	# shellcheck disable=SC2086

@@ -51,6 +51,10 @@ struct ioc_loop_opts {
 	/* A handler whose io_poll found no work for this long leaves the
 	 * polled set and is watched by fd monitoring only (0 = 1 s). */
 	int64_t poll_idle_ns;
+	/* Adaptive polling spins with a pause instruction between rounds
+	 * instead of yielding the CPU (sched_yield) to other threads: for
+	 * loops that own a CPU. */
+	bool poll_spin;
 	/* IOC_LOOP_URING_* flags tuning the io_uring backend (0 = best). */
 	unsigned uring_flags;
 };
