@@ -31,7 +31,11 @@
  *    io_uring, at the completion queue.  A handler enters the polled set
  *    when fd monitoring finds it ready and leaves it after poll_idle_ns
  *    without progress, so an iteration costs O(active), not O(handlers).
- *    poll_ns grows and shrinks as in QEMU (aio_poll's block_ns rule).
+ *    poll_ns grows and shrinks as in QEMU (aio_poll's block_ns rule),
+ *    plus a hit/miss score that stops growth while polls keep missing.
+ *    Between poll rounds the thread yields the CPU (sched_yield) unless
+ *    opts.poll_spin: on a machine with more runnable threads than CPUs
+ *    the producer of the awaited event is often waiting for our CPU.
  *
  * The wakeup handshake (no lost wakeup, no syscall while busy):
  *   loop, before blocking:    store(sleeping = true)        [seq_cst]
