@@ -60,7 +60,7 @@ struct ioc_loop_opts {
 };
 
 /* uring_flags: turn features off to measure what they buy. */
-#define IOC_LOOP_URING_NO_MULTISHOT   (1u << 0) /* one-shot POLL_ADD (QEMU) */
+#define IOC_LOOP_URING_NO_MULTISHOT   (1u << 0) /* edge handlers too: one-shot POLL_ADD */
 #define IOC_LOOP_URING_NO_DEFER       (1u << 1) /* COOP_TASKRUN, not DEFER_TASKRUN */
 #define IOC_LOOP_URING_NO_REG_RING    (1u << 2) /* no registered ring fd */
 /* Opt-in: wake other loops with IORING_OP_MSG_RING queued on this loop's
