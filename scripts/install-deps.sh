@@ -15,7 +15,7 @@ BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
        liburing-dev libzstd-dev zlib1g-dev libdeflate-dev"
 # Tests: real clients and tools the integration tests drive.
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
-      python3 xxd spin"
+      python3 xxd spin time"
 # Benchmarks: the peers iocore is measured against, and the plotter.
 BENCH="libuv1-dev libevent-dev libglib2.0-dev libboost-context-dev
        libck-dev gnuplot-nox g++"
