@@ -168,6 +168,8 @@ struct job {
 	const char *name;
 	int in_fd, out_fd;
 	bool discard;
+	bool sparse;            /* write_at into a file that started empty:
+				   zero pages are left as holes */
 	uint64_t in_size;       /* 0 when unknown */
 	uint64_t in_done, out_done;
 	int64_t start_ns, last_ns;
@@ -233,18 +235,10 @@ static int out_write(void *opaque, const void *buf, size_t len)
 	return 0;
 }
 
-/* Decompression into a regular file (or nowhere, for -t): each worker
- * writes its frame at its offset, so the feeding thread never copies
- * decoded data.  Called from worker threads: touches nothing shared. */
-static int out_write_at(void *opaque, const void *buf, size_t len, uint64_t off)
+static int pwrite_all(int fd, const uint8_t *p, size_t len, uint64_t off)
 {
-	const struct job *j = opaque;
-	const uint8_t *p = buf;
-
-	if (j->discard)
-		return 0;
 	while (len) {
-		ssize_t n = pwrite(j->out_fd, p, len, (off_t)off);
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
 
 		if (n < 0) {
 			if (errno == EINTR)
@@ -256,6 +250,65 @@ static int out_write_at(void *opaque, const void *buf, size_t len, uint64_t off)
 		off += (uint64_t)n;
 	}
 	return 0;
+}
+
+#define SPARSE_PAGE 4096u
+
+/* All zero?  The first 16 bytes by hand, then the rest against itself
+ * shifted by 16 (memcmp is vectorised; zero at p[0..16) and p[i] ==
+ * p[i + 16] everywhere means zero throughout). */
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	static const uint8_t z16[16];
+
+	if (n <= 16)
+		return memcmp(p, z16, n) == 0;
+	return memcmp(p, z16, 16) == 0 && memcmp(p, p + 16, n - 16) == 0;
+}
+
+/* Decompression into a regular file (or nowhere, for -t): each worker
+ * writes its frame at its offset, so the feeding thread never copies
+ * decoded data.  Called from worker threads: touches nothing shared.
+ * Sparse (the file started empty, so every byte not written reads back as
+ * zero): all-zero pages of the file are not written at all, only the
+ * non-zero runs between them; run_stream() sets the final size with
+ * ftruncate, so trailing zeros exist too.  zstd -d does the same for files
+ * (--sparse, its default), in 32 KiB units.  For a memory image (mostly
+ * zero pages) that skips most of the kernel's page allocation and copying,
+ * which is most of the time; for data it costs one scan of each decoded
+ * page while it is still in cache. */
+static int out_write_at(void *opaque, const void *buf, size_t len, uint64_t off)
+{
+	const struct job *j = opaque;
+	const uint8_t *p = buf, *run = NULL;
+	size_t i = 0;
+	int r;
+
+	if (j->discard)
+		return 0;
+	if (!j->sparse)
+		return pwrite_all(j->out_fd, p, len, off);
+	while (i < len) {
+		/* Up to the next page boundary of the file. */
+		size_t n = SPARSE_PAGE - (size_t)((off + i) % SPARSE_PAGE);
+
+		if (n > len - i)
+			n = len - i;
+		if (all_zero(p + i, n)) {
+			if (run) {
+				r = pwrite_all(j->out_fd, run, (size_t)(p + i - run),
+					       off + (uint64_t)(run - p));
+				if (r < 0)
+					return r;
+				run = NULL;
+			}
+		} else if (!run) {
+			run = p + i;
+		}
+		i += n;
+	}
+	return run ? pwrite_all(j->out_fd, run, (size_t)(p + len - run), off + (uint64_t)(run - p))
+		   : 0;
 }
 
 static void print_busy(struct ioc_zip *z, const struct cli *cli)
@@ -299,6 +352,7 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 			    !(fcntl(j->out_fd, F_GETFL) & O_APPEND)))) {
 		o.write = NULL;
 		o.write_at = out_write_at;
+		j->sparse = !j->discard && stb.st_size == 0;
 	}
 	r = cli->decompress ? ioc_zip_decompressor_new(&z, &o) : ioc_zip_compressor_new(&z, &o);
 	if (r < 0) {
@@ -359,6 +413,10 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 	/* pwrite leaves the file offset alone; put it after the data, as
 	 * write(2) would have, for whoever writes to this fd next (a shell
 	 * redirection shared with other commands). */
+	if (r == 0 && j->sparse && ftruncate(j->out_fd, (off_t)st.out_bytes) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "ftruncate: %s", strerror(errno));
+	}
 	if (r == 0 && o.write_at && !j->discard)
 		lseek(j->out_fd, (off_t)st.out_bytes, SEEK_SET);
 	progress(j, true);
