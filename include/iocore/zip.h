@@ -120,6 +120,14 @@ enum {
  * error the stream is dead and ioc_zip_error() says why. */
 int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags);
 
+/* Like ioc_zip_write(), without copying the input into the stream: a
+ * decompressor's workers read whole frames straight from buf (a mapped
+ * file, say).  buf must stay valid and unchanged until ioc_zip_finish() or
+ * ioc_zip_free() returns.  Bytes of a frame cut at the end of buf are
+ * copied and joined with the next write; a write that starts inside such
+ * a frame is copied whole.  A compressor just copies (as ioc_zip_write). */
+int ioc_zip_write_ref(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags);
+
 /* Zero-copy feeding: *buf gets room for up to *len bytes inside the
  * stream; write into it and call ioc_zip_commit(z, n, flags) with n <= *len.
  * The buffer is valid until the next call on z. */

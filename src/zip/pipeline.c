@@ -64,8 +64,12 @@
  * 30% of a 50 MB decompression with 2 * workers + 2 slots of 4 MiB).
  *
  * Cost.  One memcpy of compressed input into a slot for decompression (the
- * staging buffer must survive partial frames); ioc_zip_buffer() avoids the
- * copy of uncompressed input for compression.  Two clock_gettime(THREAD
+ * staging buffer must survive partial frames), unless the caller feeds
+ * with ioc_zip_write_ref(): its buffer (the CLI maps the input file) then
+ * stands in as the staging buffer and slots point into it, so workers
+ * read frames in place (measured, 200 MB usr tar, 2 cores: 168 -> 155 ms,
+ * the feeding thread's read(2) copy and memcpy were ~11% of all CPU);
+ * ioc_zip_buffer() avoids the copy of uncompressed input for compression.  Two clock_gettime(THREAD
  * CPUTIME) calls per job for the busy accounting (~0.5 us; per ~1 MiB).
  */
 #include <errno.h>
@@ -105,6 +109,9 @@ struct slot {
 	struct ioc_wq_job job;
 	struct ioc_zip *z;
 	uint8_t *in, *out;
+	/* Decompression: where the worker reads the frames, s->in or the
+	 * caller's own buffer (ioc_zip_write_ref). */
+	const uint8_t *src;
 	size_t in_len, in_cap, out_len, out_cap;
 	uint64_t in_off;          /* stream offset of the input (for errors) */
 	uint64_t out_off;         /* decompression: offset of the output */
@@ -180,6 +187,7 @@ struct ioc_zip {
 	uint64_t frame_off;       /* offset of the frame being streamed */
 	struct ioc__zip_frame fr;
 	bool streaming;
+	bool ref;                 /* stage is the caller's buffer (write_ref) */
 	uint64_t skip_left;       /* bytes of a big skippable frame to drop */
 	struct ioc__zip_dctx sd;
 	bool sd_ready;
@@ -401,7 +409,7 @@ static void decompress_job(struct ioc_wq_job *job)
 		const struct fdesc *f = &s->fd[i];
 
 		s->err = ioc__zip_decompress(&c->d, f->kind, s->out + f->doff, f->dsize,
-					     s->in + f->coff, f->csize, &s->why);
+					     s->src + f->coff, f->csize, &s->why);
 		if (s->err)
 			s->err_off = s->in_off + f->coff;
 	}
@@ -1023,7 +1031,8 @@ static int dec_add_frame(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
 	int r;
 
 	if (s && (!small || s->nf == BATCH_MAX || s->in_len + csize > BATCH_BYTES ||
-		  s->out_len + dsize > BATCH_BYTES)) {
+		  s->out_len + dsize > BATCH_BYTES ||
+		  (z->ref && (p < s->src || (uint64_t)(p - s->src) + csize > UINT32_MAX)))) {
 		r = batch_submit(z);
 		if (r < 0)
 			return r;
@@ -1035,7 +1044,8 @@ static int dec_add_frame(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
 			return r;
 		/* A batch slot gets room for a full batch up front, so
 		 * appending never reallocates; a lone frame, its size. */
-		if (grow(&s->in, &s->in_cap, small ? BATCH_BYTES + BATCH_FRAME : csize) < 0 ||
+		if ((!z->ref &&
+		     grow(&s->in, &s->in_cap, small ? BATCH_BYTES + BATCH_FRAME : csize) < 0) ||
 		    grow(&s->out, &s->out_cap,
 			 small ? BATCH_BYTES + BATCH_FRAME : dsize ? (size_t)dsize : 1) < 0)
 			return fail(z, -ENOMEM, "frame at offset %llu: out of memory",
@@ -1045,12 +1055,15 @@ static int dec_add_frame(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
 		s->out_len = 0;
 		s->in_off = z->stage_off;
 		s->out_off = z->out_next;
+		s->src = z->ref ? p : s->in;
 	}
 	f = &s->fd[s->nf++];
-	*f = (struct fdesc){ .coff = (uint32_t)s->in_len, .csize = (uint32_t)csize,
+	*f = (struct fdesc){ .coff = (uint32_t)(z->ref ? (size_t)(p - s->src) : s->in_len),
+			     .csize = (uint32_t)csize,
 			     .doff = (uint32_t)s->out_len, .dsize = (uint32_t)dsize,
 			     .kind = z->fr.kind };
-	memcpy(s->in + s->in_len, p, csize);
+	if (!z->ref)
+		memcpy(s->in + s->in_len, p, csize);
 	s->in_len += csize;
 	s->out_len += (size_t)dsize;
 	z->out_next += dsize;
@@ -1250,6 +1263,56 @@ int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags
 			return r;
 	} while (len);
 	return 0;
+}
+
+int ioc_zip_write_ref(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags)
+{
+	uint8_t *own;
+	size_t own_cap;
+	int r;
+
+	if (z->dead)
+		return -EIO;
+	if (flags & ~(uint32_t)IOC_ZIP_FLUSH)
+		return -EINVAL;
+	/* Only from a clean frame boundary: bytes of a pending frame are in
+	 * the staging buffer and must be joined by copying. */
+	if (!z->decomp || z->stage_len || !len)
+		return ioc_zip_write(z, buf, len, flags);
+	/* The caller's buffer stands in as the staging buffer while its
+	 * frames are split; slots point into it instead of copying. */
+	own = z->stage;
+	own_cap = z->stage_cap;
+	z->stage = (uint8_t *)(uintptr_t)buf;   /* only read while ref is set */
+	z->stage_start = 0;
+	z->stage_len = len;
+	z->stage_cap = len;
+	z->st.in_bytes += len;
+	z->ref = true;
+	r = dec_process(z);
+	z->ref = false;
+	/* A partial frame left at the end (the caller's next write completes
+	 * it) moves into the stream's own buffer. */
+	{
+		const uint8_t *rest = z->stage + z->stage_start;
+		size_t n = r < 0 ? 0 : z->stage_len;
+
+		z->stage = own;
+		z->stage_cap = own_cap;
+		z->stage_start = 0;
+		z->stage_len = 0;
+		if (n) {
+			int e = stage_reserve(z, n);
+
+			if (e < 0)
+				return fail(z, e, "out of memory");
+			memcpy(z->stage, rest, n);
+			z->stage_len = n;
+		}
+	}
+	if (r == 0 && (flags & IOC_ZIP_FLUSH))
+		r = flush(z);
+	return r;
 }
 
 int ioc_zip_finish(struct ioc_zip *z)

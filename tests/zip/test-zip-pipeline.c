@@ -226,6 +226,98 @@ static void test_zero_copy_feed(void)
 	free(src); free(c.p); free(d.p);
 }
 
+/* Decompress through ioc_zip_write_ref, the input cut into pieces of
+ * `chunk` bytes, each its own allocation kept until finish returns (frames
+ * cut by a piece's end go the copying way). */
+static int decompress_ref(const uint8_t *src, size_t n, size_t chunk, struct buf *out,
+			  char *err, size_t errlen)
+{
+	struct ioc_zip_opts o = { .workers = 2, .write = buf_write, .opaque = out };
+	size_t npieces = n / chunk + 1, k = 0;
+	uint8_t **pieces = calloc(npieces, sizeof(*pieces));
+	struct ioc_zip *z;
+	int r = 0;
+
+	ASSERT_NOT_NULL(pieces);
+	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
+	for (size_t off = 0; off < n && r == 0; off += chunk) {
+		size_t len = n - off < chunk ? n - off : chunk;
+
+		pieces[k] = malloc(len);
+		ASSERT_NOT_NULL(pieces[k]);
+		memcpy(pieces[k], src + off, len);
+		r = ioc_zip_write_ref(z, pieces[k], len, 0);
+		k++;
+	}
+	if (r == 0)
+		r = ioc_zip_finish(z);
+	if (err)
+		snprintf(err, errlen, "%s", ioc_zip_error(z));
+	ioc_zip_free(z);
+	for (size_t i = 0; i < k; i++) {
+		memset(pieces[i], 0xa5, 1);   /* nothing reads them any more */
+		free(pieces[i]);
+	}
+	free(pieces);
+	return r;
+}
+
+/* Input by reference: whole, or cut anywhere (inside small batched frames,
+ * big lone frames, gzip members, a streamed unsized frame, a seek table),
+ * decodes as by copy; truncated input still fails naming the offset. */
+static void test_write_ref(void)
+{
+	size_t n = 3000000;
+	uint8_t *src = zt_data(n, 91);
+	static const size_t chunks[] = { 0, 1000003, 65537, 4099 };
+	char err[256];
+
+	memset(src + 500000, 0, 700000);
+	for (int fmt = 0; fmt < 3; fmt++) {
+		struct ioc_zip_opts o = { .format = fmt == 1 ? IOC_ZIP_GZIP : IOC_ZIP_ZSTD,
+					  .block_size = fmt == 2 ? (1u << 20) : 65536,
+					  .workers = 2 };
+		struct buf c = { 0 };
+
+		compress_buf(&o, src, n, n, &c, NULL);
+		if (fmt == 2) {
+			/* Append a foreign frame without a content size (streamed). */
+			ZSTD_CCtx *cc = ZSTD_createCCtx();
+			ZSTD_outBuffer ob;
+			ZSTD_inBuffer ib = { src, 200000, 0 };
+			size_t bound = ZSTD_compressBound(200000) + 64;
+
+			ASSERT_NOT_NULL(cc);
+			c.p = realloc(c.p, c.len + bound);
+			ASSERT_NOT_NULL(c.p);
+			ob = (ZSTD_outBuffer){ c.p + c.len, bound, 0 };
+			ASSERT_EQ(ZSTD_isError(ZSTD_compressStream2(cc, &ob, &ib, ZSTD_e_end)), 0);
+			ASSERT_UEQ(ib.pos, 200000);
+			c.len += ob.pos;
+			ZSTD_freeCCtx(cc);
+		}
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(chunks); i++) {
+			struct buf d = { 0 };
+			size_t want = fmt == 2 ? n + 200000 : n;
+
+			ASSERT_OK(decompress_ref(c.p, c.len, chunks[i] ? chunks[i] : c.len, &d, err,
+						 sizeof(err)));
+			ASSERT_UEQ(d.len, want);
+			ASSERT_MEM_EQ(d.p, src, n);
+			if (fmt == 2)
+				ASSERT_MEM_EQ(d.p + n, src, 200000);
+			free(d.p);
+			d = (struct buf){ 0 };
+			ASSERT_LT(decompress_ref(c.p, c.len / 2, chunks[i] ? chunks[i] : c.len, &d, err,
+						 sizeof(err)), 0);
+			ASSERT_TRUE(strstr(err, "offset") != NULL);
+			free(d.p);
+		}
+		free(c.p);
+	}
+	free(src);
+}
+
 /* A foreign single frame without content size decodes on one thread. */
 static void test_foreign_zstd_stream(void)
 {
@@ -575,6 +667,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_order_many_blocks),
 	IOC_TEST(test_zero_blocks),
 	IOC_TEST(test_zero_copy_feed),
+	IOC_TEST(test_write_ref),
 	IOC_TEST(test_worker_stats),
 	IOC_TEST(test_foreign_zstd_stream),
 	IOC_TEST(test_foreign_gzip_mixed),
