@@ -50,7 +50,9 @@
  * memory stays bounded whatever the input says.  Each frame's output
  * offset is known when it is dispatched, so with opts.write_at the worker
  * writes its frame itself (pwrite into the output file) and the feeding
- * thread never touches decoded bytes.
+ * thread never touches decoded bytes; the worker then decodes into its
+ * context cell's buffer (reused, cache-warm) rather than the slot's, so
+ * decoded memory is one frame per worker, not per slot.
  *
  * Rejected.  A per-block malloc/free (simple, but the allocator's locks and
  * page faults show up at 4 KiB blocks), a mutex-protected output reorder
@@ -134,6 +136,11 @@ struct ctx_cell {
 	 * exchange so its view of the context is the releaser's. */
 	atomic_bool busy;
 	bool ready;
+	/* Decompression with write_at: the claimer's output buffer (the frame
+	 * leaves through write_at before the job ends, so it need not live in
+	 * the slot), grown to the frames met and reused while cache-warm. */
+	uint8_t *obuf;
+	size_t ocap;
 	union {
 		struct ioc__zip_cctx c;
 		struct ioc__zip_dctx d;
@@ -388,12 +395,15 @@ out:
 	account(z, t0, s->nf);
 }
 
+static int grow(uint8_t **p, size_t *cap, size_t want);
+
 static void decompress_job(struct ioc_wq_job *job)
 {
 	struct slot *s = ioc_container_of(job, struct slot, job);
 	struct ioc_zip *z = s->z;
 	uint64_t t0 = thread_cpu_ns();
 	struct ctx_cell *c = claim(z);
+	uint8_t *dst;
 
 	if (!c->ready) {
 		int e = ioc__zip_dctx_init(&c->d, z->o.window_log_max, z->o.deflate);
@@ -405,20 +415,28 @@ static void decompress_job(struct ioc_wq_job *job)
 		c->ready = true;
 	}
 	s->err = 0;
+	dst = s->out;
+	if (z->o.write_at) {
+		if (grow(&c->obuf, &c->ocap, s->out_len ? s->out_len : 1) < 0) {
+			s->err = -ENOMEM;
+			s->why = "out of memory";
+			goto out;
+		}
+		dst = c->obuf;
+	}
 	for (unsigned i = 0; i < s->nf && !s->err; i++) {
 		const struct fdesc *f = &s->fd[i];
 
-		s->err = ioc__zip_decompress(&c->d, f->kind, s->out + f->doff, f->dsize,
+		s->err = ioc__zip_decompress(&c->d, f->kind, dst + f->doff, f->dsize,
 					     s->src + f->coff, f->csize, &s->why);
 		if (s->err)
 			s->err_off = s->in_off + f->coff;
 	}
-	unclaim(c);
-	c = NULL;
 	if (!s->err && s->out_len && z->o.write_at) {
 		/* Positional output straight from the worker: the feeding
-		 * thread never touches the decoded bytes. */
-		s->err = z->o.write_at(z->o.opaque, s->out, s->out_len, s->out_off);
+		 * thread never touches the decoded bytes.  Still holding the
+		 * cell, whose buffer this is. */
+		s->err = z->o.write_at(z->o.opaque, dst, s->out_len, s->out_off);
 		if (s->err)
 			s->why = "write failed";
 	}
@@ -642,9 +660,14 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 	 * Decompression: one per worker plus the one being filled and the one
 	 * being written; frames decode fast and evenly, and every slot's
 	 * output is megabytes of fresh memory to fault in, which on a VM costs
-	 * more than the extra overlap buys. */
+	 * more than the extra overlap buys.  With write_at the output buffer
+	 * belongs to the worker's cell, not the slot (a slot is then only
+	 * its compressed input, or nothing when fed by reference), so four
+	 * per worker cost little and keep workers fed while the feeding
+	 * thread waits for a core. */
 	z->nslots = opts->in_flight ? opts->in_flight
-				    : decomp ? z->workers + 2 : 2 * z->workers + 2;
+		    : !decomp ? 2 * z->workers + 2
+		    : opts->write_at ? 4 * z->workers + 2 : z->workers + 2;
 	/* Small blocks are batched (bps per slot), see BATCH_FRAME. */
 	z->bps = 1;
 	if (!decomp && z->block < BATCH_FRAME) {
@@ -764,6 +787,7 @@ void ioc_zip_free(struct ioc_zip *z)
 	free(z->slots);
 	if (z->cells)
 		for (unsigned i = 0; i < z->ncells; i++) {
+			buf_free(z->cells[i].obuf, z->cells[i].ocap);
 			if (!z->cells[i].ready)
 				continue;
 			if (z->decomp)
@@ -1046,8 +1070,9 @@ static int dec_add_frame(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
 		 * appending never reallocates; a lone frame, its size. */
 		if ((!z->ref &&
 		     grow(&s->in, &s->in_cap, small ? BATCH_BYTES + BATCH_FRAME : csize) < 0) ||
-		    grow(&s->out, &s->out_cap,
-			 small ? BATCH_BYTES + BATCH_FRAME : dsize ? (size_t)dsize : 1) < 0)
+		    (!z->o.write_at &&
+		     grow(&s->out, &s->out_cap,
+			  small ? BATCH_BYTES + BATCH_FRAME : dsize ? (size_t)dsize : 1) < 0))
 			return fail(z, -ENOMEM, "frame at offset %llu: out of memory",
 				    (unsigned long long)z->stage_off);
 		s->nf = 0;
