@@ -72,7 +72,8 @@ struct ioc_loop_opts {
 
 /* Create a loop.  opts may be NULL for defaults.  Returns 0 or -errno. */
 int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts);
-/* Free a loop that is not running.  Runs no pending BH; cancels timers. */
+/* Free a loop that is not running.  Runs no pending BH or task (posted
+ * tasks are dropped unread); cancels timers. */
 void ioc_loop_free(struct ioc_loop *loop);
 /* The calling thread's current loop, or NULL.  Any thread. */
 struct ioc_loop *ioc_loop_current(void);

@@ -1117,6 +1117,13 @@ void ioc_loop_free(struct ioc_loop *loop)
 		free(h);
 	}
 
+	/* Pending tasks are never run.  Their memory is the posters', and the
+	 * extension free functions above may already have released it (the
+	 * pool's completion ports), so drop the lists without reading a node.
+	 * Relaxed: no thread may post to a loop that is being freed. */
+	atomic_store_explicit(&loop->tasks, NULL, memory_order_relaxed);
+	loop->taskq_head = loop->taskq_tail = NULL;
+
 	/* Pending BHs: free the ones the loop owns (deleted, one-shot). */
 	drain_incoming(loop);
 	for (bh = loop->bhq_head; bh; bh = next) {
