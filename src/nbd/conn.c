@@ -49,6 +49,42 @@
  * (untouched pages are not resident).  Per in-flight request the request
  * object (~1.5 KiB, recycled through a per-connection free list) and its
  * data buffer.
+ *
+ * Where the time goes, and what was tried (issue 8, 2026-11-22; fio nbd
+ * engine, 4 KiB, iodepth 64, image in /dev/shm, 2 cores shared with other
+ * builds, load 2-7: so medians of interleaved 2-3 s runs, and only
+ * differences far beyond the run-to-run spread count).
+ * - Profile (perf cpu-clock, randread, 4 connections): the server is
+ *   ~95% kernel: copying the page into the reply buffer (copy_to_iter
+ *   19%), copying it into the socket (copy_from_iter 10%), page-cache
+ *   lookup (xas_load + filemap_get_entry 15%), wakeups.  No user-space
+ *   symbol reaches 1%.  Syscalls per request (strace -c): 1 preadv
+ *   (the block layer's inline fast path), 1/16 sendmsg, ~1/55 recv,
+ *   ~1/55 io_uring_enter.  The loop costs one wakeup per ~55 requests.
+ * - Edge-triggered sockets (ioc_loop_set_fd_edge(), io_uring multishot
+ *   poll) with reading until a short read instead of at most 4 reads:
+ *   correct as far as reviewed (every place that stops reading early
+ *   either unregisters POLLIN, and re-registering re-polls readiness, or
+ *   has read to a short read; EAGAIN on send registers POLLOUT, and a
+ *   mask update re-polls too).  Measured: no gain.  Level vs edge, medians
+ *   of 4 rounds, IOPS / server CPU per request: randread 1 conn 155k /
+ *   4.90 us vs 147k / 5.09 us, 4 conns 228k / 2.38 vs 219k / 2.49;
+ *   randrw 1 conn 139k / 4.53 vs 154k / 5.08, 4 conns 219k / 2.67 vs
+ *   210k / 2.73.  It saves a poll re-arm per ~55 requests, while a
+ *   multishot poll posts a CQE for every client send that lands after
+ *   the drain (one-shot polls coalesce them until re-armed), and one
+ *   edge run showed a 134 ms p99 no level run came near.  Not kept.
+ * - Reads through io_uring SQEs (block layer no_fast_path: one
+ *   io_uring_enter per batch instead of a preadv each): randread 4 conns
+ *   148k vs 240k, randrw 1 conn 86k vs 158k.  Not kept: the coroutine
+ *   yield and a loop iteration per batch cost more than the syscalls.
+ * - Adaptive polling off (--poll-max-ns 0): randread 1 conn 90k vs 153k,
+ *   4 conns 167k vs 240k, p99 3-4x worse.  The default (on) stays.
+ * - One I/O thread instead of the default one per CPU (2): randread 1
+ *   conn 91k vs 153k, 4 conns 151k vs 240k.  The default stays.
+ * What is left per request is the two copies and the page-cache lookup;
+ * only sending from the page cache without the first copy (splice) would
+ * cut that, at the price of bypassing the block layer.
  */
 #include <errno.h>
 #include <netdb.h>
