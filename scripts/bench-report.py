@@ -375,6 +375,20 @@ def matches(t, g):
     return True
 
 
+# A comparison whose repeats spread wider than this is flagged as noisy.
+NOISY = 0.25
+
+
+def max_spread(*impls):
+    sp = [i.spread() for i in impls if i is not None and i.spread() is not None]
+    return max(sp) if sp else None
+
+
+def noise_note(t):
+    sp = t.get("spread")
+    return f" (noisy: spread {sp * 100:.0f}%)" if sp is not None and sp > NOISY else ""
+
+
 def check_targets(groups):
     """-> list of dicts: issue, text, where, ours, peer, achieved, target, status."""
     lines = []
@@ -420,7 +434,7 @@ def check_targets(groups):
                         ent.update(status="MISSING", achieved=None, note="no peer ran: " + errs)
                     else:
                         a = advantage(o.median, bp.median, g.better)
-                        ent.update(achieved=a, note="",
+                        ent.update(achieved=a, note="", spread=max_spread(o, bp),
                                    status="PASS" if a is not None and a >= t["min"] - 1e-12 else "FAIL")
                     found.append(ent)
         elif t["kind"] == "self":
@@ -434,13 +448,14 @@ def check_targets(groups):
                 x = pp.pop(t["xparam"])
                 for o in g.ours():
                     key = (g.case, params_str(pp), g.metric, o.name)
-                    series.setdefault(key, {})[x] = (o.median, g.better)
+                    series.setdefault(key, {})[x] = (o.median, g.better, o)
             for (case, rest, metric, name), pts in sorted(series.items()):
                 if t["base"] not in pts or t["at"] not in pts:
                     continue
-                (vb, better), (va, _) = pts[t["base"]], pts[t["at"]]
+                (vb, better, ob), (va, _, oa) = pts[t["base"]], pts[t["at"]]
                 a = advantage(va, vb, better)
                 found.append(dict(
+                    spread=max_spread(oa, ob),
                     where=f"{case} {rest} [{metric}] {name}: {t['xparam']}={t['at']} vs {t['base']}",
                     ours=va, peer=f"iocore at {t['xparam']}={t['base']}", peerval=vb,
                     achieved=a, note="" if a is not None else "no value",
@@ -458,6 +473,7 @@ def check_targets(groups):
                     if ok and "min" in t:
                         ok = v >= t["min"] - 1e-12
                     found.append(dict(where=f"{g.case} {g.params} [{g.metric}]", ours=v,
+                                      spread=max_spread(o),
                                       peer="", peerval=None, achieved=v, note="",
                                       status="MISSING" if v is None else "PASS" if ok else "FAIL"))
         if not found:
@@ -866,7 +882,9 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
       "compared: iocore (peer=false) against each peer.\n")
     w("**advantage = ours / peer for higher-is-better metrics, peer / ours for "
       "lower-is-better metrics: > 1 means iocore is better** (2.00x = twice the rate or "
-      "half the time; 0.50x = half as good).  Targets are written in the same convention.\n")
+      "half the time; 0.50x = half as good).  Targets are written in the same convention.  "
+      f"A target result marked \"noisy\" rests on repeats that spread more than {NOISY:.0%} "
+      "around their median: rerun before believing it.\n")
 
     # Targets first: it is the headline.
     w("## Issue targets\n")
@@ -891,7 +909,7 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
             worst = fmt(wt["achieved"]) if wt["kind"] == "value" else fmt_ratio(wt["achieved"])
             where = md_escape(wt["where"])
             count = f"{npas}/{len(evald)}"
-            res = "PASS" if npas == len(evald) else "FAIL"
+            res = ("PASS" if npas == len(evald) else "FAIL") + noise_note(wt)
             if len(evald) < len(ts):
                 count += f" ({len(ts) - len(evald)} missing)"
         w(f"| {key[0]} | {md_escape(key[1])} | {ts[0]['target']} | {count} | {worst} | {where} | {res} |")
@@ -905,7 +923,7 @@ def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
         if t["peerval"] is not None:
             cmpw += f" ({fmt(t['peerval'])})"
         ach = fmt(t["achieved"]) if t["kind"] == "value" else fmt_ratio(t["achieved"])
-        res = t["status"] + (f": {t['note']}" if t.get("note") else "")
+        res = t["status"] + noise_note(t) + (f": {t['note']}" if t.get("note") else "")
         w(f"| {t['issue']} | {md_escape(t['text'])} | {md_escape(t['where'])} | "
           f"{fmt(t['ours'])} | {md_escape(cmpw)} | {ach} | {t['target']} | {md_escape(res)} |")
     w("")
@@ -1278,6 +1296,7 @@ def self_test():
         check("![" in rep and "plots/" in rep, "plots linked from the report")
         head = open(os.path.join(tmp, "headline.md")).read()
         check(head.count("\n| ") >= len(TARGETS), "headline.md has one line per target")
+        check("noisy" not in head, "2% spread is not flagged as noisy")
         keep = os.environ.get("BENCH_SELFTEST_KEEP")
         if keep:
             print(f"self-test output kept in {tmp}", file=sys.stderr)
