@@ -372,6 +372,15 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 	struct stat stb;
 	int r;
 
+	/* Pipes: 1 MiB of pipe buffer instead of 64 KiB, so a 4 MiB frame
+	 * crosses in 4 writes/wakeups, not 64 (measured, -dc of the 200 MB
+	 * usr tar into `| cat`: 6500 -> 1100-2000 context switches, CPU
+	 * 196 -> 184 ms).  Best effort (capped by /proc/sys/fs/pipe-max-size
+	 * for unprivileged users). */
+	if (!j->discard && fstat(j->out_fd, &stb) == 0 && S_ISFIFO(stb.st_mode))
+		fcntl(j->out_fd, F_SETPIPE_SZ, 1 << 20);
+	if (fstat(j->in_fd, &stb) == 0 && S_ISFIFO(stb.st_mode))
+		fcntl(j->in_fd, F_SETPIPE_SZ, 1 << 20);
 	/* Positional writes only where they are safe: a regular file we
 	 * write from its start, not in append mode (pwrite would append). */
 	if (cli->decompress &&
