@@ -32,7 +32,9 @@
  * creation and reused; one codec context
  * per worker; the zstd seek table costs 12 bytes per block until finish.
  * A decompressor grows its slots to the frames it meets, up to max_frame
- * (content) and its compressed bound; bigger or unsized frames decode
+ * (content) and its compressed bound (with write_at the decoded side is
+ * one buffer per worker; fed by ioc_zip_write_ref, slots hold no
+ * input); bigger or unsized frames decode
  * streaming on the feeding thread with a window of at most
  * 2^window_log_max.  So memory is bounded by the options, not the input.
  *
@@ -76,7 +78,10 @@ struct ioc_zip_opts {
 	size_t block_size;            /* 0 = ioc_zip_default_block(); 4 KiB..64 MiB */
 	unsigned workers;             /* 0 = online CPUs */
 	unsigned in_flight;           /* slots; 0 = 2 * workers + 2 (decompression:
-					 workers + 2) */
+					 workers + 2, or 4 * workers + 2
+					 with write_at, whose decoded
+					 output is per worker, not per
+					 slot) */
 	bool no_checksum;             /* zstd: omit frame checksums */
 	bool no_seek_table;           /* zstd: omit the seek table */
 	enum ioc_zip_deflate deflate;

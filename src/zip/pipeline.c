@@ -86,8 +86,11 @@
  * stands in as the staging buffer and slots point into it, so workers
  * read frames in place (measured, 200 MB usr tar, 2 cores: 168 -> 155 ms,
  * the feeding thread's read(2) copy and memcpy were ~11% of all CPU);
- * ioc_zip_buffer() avoids the copy of uncompressed input for compression.  Two clock_gettime(THREAD
- * CPUTIME) calls per job for the busy accounting (~0.5 us; per ~1 MiB).
+ * ioc_zip_buffer() avoids the copy of uncompressed input for compression.
+ * Two clock_gettime(THREAD CPUTIME) calls per job for the busy accounting
+ * (~0.5 us; per ~1 MiB).  Worst-case decompression memory with write_at
+ * is 4 * workers + 2 slots of compressed input (none when fed by
+ * reference) plus one decoded frame per worker, each at most max_frame.
  */
 #include <errno.h>
 #include <sched.h>
