@@ -42,7 +42,7 @@ check-tsan: deps
 	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	 scripts/test.sh build-tsan --timeout-multiplier 6
 
-bench: build
+bench: deps
 	@QUICK=$(QUICK) scripts/bench.sh $(BUILD)
 
 # libFuzzer targets (clang), each run FUZZ_SECONDS (default 20).

@@ -64,7 +64,7 @@ leftovers() {
 	for p in /proc/[0-9]*; do
 		pid=${p#/proc/}
 		[ "$pid" = "$$" ] && continue
-		args=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+		args=$( { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
 		case "$args" in
 		*"$build/"*) ;;
 		*) continue ;;
