@@ -28,6 +28,8 @@
 #include "iocore/co.h"
 #include "iocore/loop.h"
 
+#include "parse-size.h"
+
 struct blk_bench {
 	struct ioc_blk *blk;
 	struct ioc_loop *loop;
@@ -151,30 +153,6 @@ static void blk_bench_issue(void)
 		blk_bench_flush_point();
 }
 
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || end == s)
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': v <<= 10; end++; break;
-	case 'm': case 'M': v <<= 20; end++; break;
-	case 'g': case 'G': v <<= 30; end++; break;
-	case 't': case 'T': v <<= 40; end++; break;
-	default: break;
-	}
-	if (*end == 'b' || *end == 'B')
-		end++;
-	if (*end)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
 static void blk_usage(FILE *f)
 {
 	fprintf(f,
@@ -219,7 +197,7 @@ static int cmd_blk(int argc, char **argv)
 		case 'S':
 		case 'o':
 		case 'N':
-			if (parse_size(optarg, &v) < 0) {
+			if (ioc_tool_parse_size(optarg, &v) < 0) {
 				fprintf(stderr, "iocore-bench: invalid number '%s'\n", optarg);
 				return 1;
 			}
@@ -294,7 +272,7 @@ static int cmd_blk(int argc, char **argv)
 			lopts.poll_max_ns = strtoll(optarg, NULL, 0);
 			break;
 		case 'I':
-			if (parse_size(optarg, &B.flush_interval) < 0) {
+			if (ioc_tool_parse_size(optarg, &B.flush_interval) < 0) {
 				fprintf(stderr, "iocore-bench: invalid flush interval\n");
 				return 1;
 			}

@@ -38,6 +38,8 @@
 
 #include "iocore/zip.h"
 
+#include "parse-size.h"
+
 struct cli {
 	bool decompress, to_stdout, force, rm_src, list, test, quiet, progress;
 	int verbose;
@@ -124,31 +126,6 @@ static void usage(FILE *f)
 		"  -q, --quiet         no progress, fewer messages\n"
 		"  -v, --verbose       more messages (worker busy times)\n"
 		"  -V, --version       print the version\n");
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || end == s)
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': v <<= 10; end++; break;
-	case 'm': case 'M': v <<= 20; end++; break;
-	case 'g': case 'G': v <<= 30; end++; break;
-	default: break;
-	}
-	if (*end == 'i' && end[1] == 'B')
-		end += 2;
-	else if (*end == 'B')
-		end++;
-	if (*end)
-		return -EINVAL;
-	*out = v;
-	return 0;
 }
 
 static int write_all(int fd, const void *buf, size_t len)
@@ -769,7 +746,7 @@ int main(int argc, char **argv)
 				}
 			} else if (IS("--block-size")) {
 				NEED_VAL();
-				if (parse_size(val, &v) < 0 || v < IOC_ZIP_MIN_BLOCK ||
+				if (ioc_tool_parse_size(val, &v) < 0 || v < IOC_ZIP_MIN_BLOCK ||
 				    v > IOC_ZIP_MAX_BLOCK) {
 					fprintf(stderr, "iocore-zip: --block-size must be 4K..64M\n");
 					return 1;
@@ -788,8 +765,8 @@ int main(int argc, char **argv)
 				}
 				memcpy(offs, val, (size_t)(colon - val));
 				offs[colon - val] = 0;
-				if (parse_size(offs, &cli.range_off) < 0 ||
-				    parse_size(colon + 1, &cli.range_len) < 0) {
+				if (ioc_tool_parse_size(offs, &cli.range_off) < 0 ||
+				    ioc_tool_parse_size(colon + 1, &cli.range_len) < 0) {
 					fprintf(stderr, "iocore-zip: bad --range %s\n", val);
 					return 1;
 				}
