@@ -94,7 +94,7 @@ static int ep_wait(struct ioc_loop *loop, int64_t timeout_ns)
 
 const struct ioc_fdmon_ops ioc__fdmon_epoll_ops = {
 	.name = "epoll",
-	.caps = 0,
+	.caps = IOC_FDMON_CAP_CHEAP_CHECK,
 	.init = ep_init,
 	.fini = ep_fini,
 	.update = ep_update,

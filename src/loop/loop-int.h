@@ -84,6 +84,7 @@ struct ioc_fdmon_ops {
 /* Capabilities. */
 #define IOC_FDMON_CAP_USERSPACE_POLL (1u << 0) /* readiness via ->pending() */
 #define IOC_FDMON_CAP_URING          (1u << 1) /* loop->ring is the backend's */
+#define IOC_FDMON_CAP_CHEAP_CHECK    (1u << 2) /* wait(0) costs O(ready fds) */
 
 extern const struct ioc_fdmon_ops ioc__fdmon_poll_ops;
 extern const struct ioc_fdmon_ops ioc__fdmon_epoll_ops;

@@ -68,9 +68,19 @@
  * incoming stacks, one timer-root read, one clock read, the backend wait.
  * On epoll/poll a busy loop (progress every iteration) checks fds without
  * blocking only on every 8th iteration: fd readiness then waits at most 8
- * iterations behind BHs.  Polling with the epoll/poll backends is only
- * allowed when every fd handler has an io_poll callback (otherwise fd
- * readiness of the others would wait up to poll_ns, as in QEMU).
+ * iterations behind BHs.
+ *
+ * Polling handlers without io_poll.  QEMU polls with epoll/poll only while
+ * every fd handler has an io_poll callback (otherwise readiness of the
+ * others would wait up to poll_ns); a pipe or socket handler then makes
+ * every round trip sleep in the kernel and pay a cross-thread wakeup
+ * (~30 us on a VM).  Here, when such handlers exist, each poll round also
+ * asks the kernel with a non-blocking wait(0) and dispatches what it finds
+ * as usual; the window stays adaptive (hit/miss score, grow/shrink), so an
+ * idle loop still sleeps.  Cost per round: one syscall, O(ready fds) with
+ * epoll; poll(2) walks every registered fd, so the poll backend does this
+ * only up to POLL_CHECK_MAX_FDS fds and otherwise does not poll (as
+ * before).  With io_uring the CQ is already visible from userspace.
  */
 #include <assert.h>
 #include <errno.h>
@@ -96,6 +106,7 @@
 #define POLL_IDLE_DEFAULT_NS 1000000000 /* 1 s without progress: unpolled */
 #define FD_CHECK_EVERY       8          /* busy iterations per fd check */
 #define POLL_SCORE_MAX       8          /* memory of adjust_poll_ns() */
+#define POLL_CHECK_MAX_FDS   64         /* poll(2) fd check while polling */
 
 static __thread struct ioc_loop *current_loop;
 
@@ -679,11 +690,34 @@ static bool dispatch_ready(struct ioc_loop *loop, int64_t *now)
 
 /* ---- adaptive polling ---------------------------------------------------- */
 
+/*
+ * Must a poll round ask the kernel about fd readiness itself?  Only when
+ * some handler has no io_poll (it would otherwise wait up to poll_ns) and
+ * the backend cannot show readiness in userspace (io_uring's CQ).
+ */
+static inline bool poll_checks_fds(struct ioc_loop *loop)
+{
+	return loop->poll_disable_cnt > 0 &&
+	       !(loop->ops->caps & IOC_FDMON_CAP_USERSPACE_POLL);
+}
+
+/*
+ * Can it afford to?  epoll_wait(0) costs O(ready fds); poll(2) with a zero
+ * timeout still walks every registered fd, so the poll backend does it
+ * only for small sets (past that, a round would cost more than the
+ * cross-thread wakeup it saves, and such a loop sleeps as QEMU's does).
+ */
+static inline bool fd_check_affordable(struct ioc_loop *loop)
+{
+	return (loop->ops->caps & IOC_FDMON_CAP_CHEAP_CHECK) ||
+	       (loop->ops == &ioc__fdmon_poll_ops &&
+		loop->npfds <= POLL_CHECK_MAX_FDS);
+}
+
 static inline bool poll_allowed(struct ioc_loop *loop)
 {
 	return loop->poll_max_ns > 0 &&
-	       ((loop->ops->caps & IOC_FDMON_CAP_USERSPACE_POLL) ||
-		loop->poll_disable_cnt == 0);
+	       (!poll_checks_fds(loop) || fd_check_affordable(loop));
 }
 
 /* Something for the loop that needs no syscall to see? */
@@ -700,7 +734,8 @@ static inline bool userspace_ready(struct ioc_loop *loop)
  * sources visible from userspace.  Returns true when something was found.
  * Cost per round: O(polled set), independent of idle handlers.
  */
-static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end)
+static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end,
+			      bool *fds_checked)
 {
 	for (;;) {
 		bool found = false;
@@ -716,6 +751,14 @@ static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end)
 		}
 		if (found || userspace_ready(loop))
 			return true;
+		/* Handlers without io_poll: ask the kernel, without blocking
+		 * (poll_allowed() checked that the backend can afford it).
+		 * What it finds is on loop->ready, dispatched as usual. */
+		if (poll_checks_fds(loop)) {
+			*fds_checked = true;
+			if (loop->ops->wait(loop, 0) > 0 || loop->ready_head)
+				return true;
+		}
 		*now = ioc_now_ns();
 		if (*now >= end)
 			return false;
@@ -874,7 +917,7 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		int64_t deadline = ioc__timers_deadline(loop);
 		bool pollable = poll_allowed(loop);
 		int64_t start = 0;
-		bool found = false;
+		bool found = false, fds_checked = false;
 
 		/* The clock only when something needs it. */
 		now = 0;
@@ -891,7 +934,8 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 
 			if (deadline >= 0 && deadline < end)
 				end = deadline;
-			found = run_poll_handlers(loop, &now, end);
+			found = run_poll_handlers(loop, &now, end,
+						  &fds_checked);
 			if (found) {
 				loop->poll_hits++;
 				if (loop->poll_score < POLL_SCORE_MAX)
@@ -910,7 +954,9 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 						 memory_order_relaxed))
 				atomic_store_explicit(&loop->kicked, false,
 						      memory_order_relaxed);
-			if (want_fd_check(loop))
+			/* A poll round that just asked the kernel saves the
+			 * non-blocking check. */
+			if (!fds_checked && want_fd_check(loop))
 				loop->ops->wait(loop, 0);
 		} else {
 			loop_wait(loop, deadline, now);

@@ -982,6 +982,66 @@ static void test_polled_set_scales(void)
 	ioc_loop_free(loop);
 }
 
+/*
+ * A handler without io_poll no longer switches adaptive polling off on
+ * epoll/poll: poll rounds check the kernel with a non-blocking wait, so
+ * the window grows after short sleeps.  The fd is still dispatched, and
+ * with nothing happening the loop shrinks the window to 0 and sleeps.
+ */
+static int plain_reads;
+
+static void plain_read(void *opaque)
+{
+	plain_reads++;
+	eventfd_drain(*(int *)opaque);
+}
+
+static void test_plain_fd_polls(void)
+{
+	struct ioc_loop_opts o = { .poll_max_ns = 1000000 };
+	struct ioc_loop *loop = test_loop_new(&o);
+	struct ioc_loop_stats st;
+	struct ioc_timer t;
+	uint64_t waits;
+	int64_t dl;
+	int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_loop_set_fd(loop, fd, plain_read, NULL, NULL, NULL,
+				  &fd));
+	ioc_timer_init(&t, loop, nop_timer, NULL);
+	/* Short sleeps (10 us timers) grow the window (liveness only: a
+	 * preempted sleep just takes another round). */
+	dl = ioc_now_ns() + 10ll * 1000000000;
+	do {
+		ASSERT_LT(ioc_now_ns(), dl);
+		ioc_timer_arm_in(&t, 10000);
+		ioc_loop_poll(loop, true);
+		ioc_loop_get_stats(loop, &st);
+	} while (st.poll_ns == 0);
+
+	plain_reads = 0;
+	for (int i = 0; i < 20; i++) {
+		eventfd_kick(fd);
+		POLL_UNTIL(loop, plain_reads == i + 1);
+	}
+
+	/* Idle: long sleeps shrink the window to 0, the loop blocks. */
+	ioc_loop_get_stats(loop, &st);
+	waits = st.blocking_waits;
+	for (int i = 0; i < 20; i++) {
+		ioc_timer_arm_in(&t, 2000000);
+		ioc_loop_poll(loop, true);
+	}
+	ioc_loop_get_stats(loop, &st);
+	ASSERT_UGT(st.blocking_waits, waits);
+	ASSERT_EQ(st.poll_ns, 0);
+	ioc_timer_cancel(&t);
+	ASSERT_OK(ioc_loop_set_fd(loop, fd, NULL, NULL, NULL, NULL, NULL));
+	close(fd);
+	ioc_loop_free(loop);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_new_free_current),
 	IOC_TEST(test_bad_opts),
@@ -1000,5 +1060,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_iothread),
 	IOC_TEST(test_call_own_thread),
 	IOC_TEST(test_poll_handlers),
+	IOC_TEST(test_plain_fd_polls),
 	IOC_TEST(test_polled_set_scales),
 )
