@@ -190,9 +190,8 @@ static inline uint32_t ioc__ring_mp_reserve(struct ioc_ring *r, uint32_t n,
 {
 	uint32_t head = atomic_load_explicit(&r->prod.head, memory_order_relaxed);
 	uint32_t size = r->prod.mask + 1;
-	uint32_t want;
-
-	do {
+	for (;;) {
+		uint32_t want;
 		/* Acquire pairs with the release store below by whichever
 		 * producer last refreshed the bound. */
 		uint32_t limit = atomic_load_explicit(&r->prod.limit,
@@ -219,12 +218,13 @@ static inline uint32_t ioc__ring_mp_reserve(struct ioc_ring *r, uint32_t n,
 		/* Relaxed CAS: it only hands out positions; the slot ordering
 		 * comes from the acquire above and the publish below.  On
 		 * failure head is reloaded and room recomputed. */
-	} while (!atomic_compare_exchange_weak_explicit(&r->prod.head, &head,
-							head + want,
-							memory_order_relaxed,
-							memory_order_relaxed));
-	*headp = head;
-	return want;
+		if (ioc_likely(atomic_compare_exchange_weak_explicit(
+			    &r->prod.head, &head, head + want,
+			    memory_order_relaxed, memory_order_relaxed))) {
+			*headp = head;
+			return want;
+		}
+	}
 }
 
 static inline void ioc__ring_mp_publish(struct ioc_ring *r, uint32_t head,
@@ -305,10 +305,22 @@ static inline void ioc__ring_get_ptrs(struct ioc_ring *r, uint32_t tail,
 static inline uint32_t ioc__ring_mc_avail(struct ioc_ring *r, uint32_t from,
 					  uint32_t n)
 {
+	uint32_t limit;
+	int32_t avail;
+
+	/* One element: the cached bound saves a load only when several
+	 * elements wait, and costs a load and a branch when one does; read
+	 * the producers' tail straight away (acquire, as below). */
+	if (__builtin_constant_p(n) && n == 1) {
+		limit = atomic_load_explicit(&r->prod.tail, memory_order_acquire);
+		if ((int32_t)(limit - from) <= 0)
+			return 0;
+		return 1;
+	}
 	/* Acquire pairs with the release store below by whichever consumer
 	 * last refreshed the bound. */
-	uint32_t limit = atomic_load_explicit(&r->cons.limit, memory_order_acquire);
-	int32_t avail = (int32_t)(limit - from);  /* signed: it may lag */
+	limit = atomic_load_explicit(&r->cons.limit, memory_order_acquire);
+	avail = (int32_t)(limit - from);  /* signed: it may lag */
 
 	if (avail < (int32_t)n) {
 		/* Acquire pairs with the producers' release of prod.tail. */
@@ -329,21 +341,21 @@ static inline uint32_t ioc__ring_mc_pop_ptrs(struct ioc_ring *r, void **objs,
 					     uint32_t n)
 {
 	uint32_t tail = atomic_load_explicit(&r->cons.tail, memory_order_relaxed);
-	uint32_t got;
 
-	do {
-		got = ioc__ring_mc_avail(r, tail, n);
+	for (;;) {
+		uint32_t got = ioc__ring_mc_avail(r, tail, n);
+
 		if (got == 0)
 			return 0;
 		ioc__ring_get_ptrs(r, tail, objs, got);
 		/* Release on success pairs with the producers' acquire load of
 		 * cons.tail (our slot reads come first).  On failure another
 		 * consumer advanced: tail is reloaded, the copies discarded. */
-	} while (!atomic_compare_exchange_weak_explicit(&r->cons.tail, &tail,
-							tail + got,
-							memory_order_release,
-							memory_order_relaxed));
-	return got;
+		if (ioc_likely(atomic_compare_exchange_weak_explicit(
+			    &r->cons.tail, &tail, tail + got,
+			    memory_order_release, memory_order_relaxed)))
+			return got;
+	}
 }
 
 /* SPSC, push one pointer.  Wait-free.  Returns false when full. */
@@ -403,11 +415,16 @@ static inline unsigned ioc_ring_pop_burst_spsc(struct ioc_ring *r, void **objs,
  * Returns false when full. */
 static inline bool ioc_ring_push_mpsc(struct ioc_ring *r, void *obj)
 {
-	uint32_t head;
+	/* Read before the CAS (a compiler barrier) so it stays in a
+	 * register instead of being loaded again after it. */
+	uint32_t head, mask = r->prod.mask;
 
 	if (!ioc__ring_mp_reserve(r, 1, &head))
 		return false;
-	ioc__ring_put_ptrs(r, head, &obj, 1);
+	/* Relaxed: published by the release in ioc__ring_mp_publish(), as
+	 * in ioc__ring_put_ptrs(). */
+	atomic_store_explicit(&ioc__ring_ptrs(r)[head & mask], (uintptr_t)obj,
+			      memory_order_relaxed);
 	ioc__ring_mp_publish(r, head, 1);
 	return true;
 }
