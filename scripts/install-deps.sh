@@ -12,7 +12,7 @@ set -eu
 
 # Build: toolchain, Meson, and the libraries libiocore links.
 BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
-       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev"
+       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev"
 # Tests: real clients and tools the integration tests drive.
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
       python3 xxd spin time"

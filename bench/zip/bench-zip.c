@@ -1,8 +1,10 @@
 /*
  * bench-zip: in-memory measurements that the CLI cannot isolate.
  *
- *   bench-zip --case backend FILE LEVEL   libdeflate vs zlib, one thread,
- *                                         same gzip member framing
+ *   bench-zip --case backend FILE LEVEL   igzip and libdeflate vs zlib, one
+ *                                         thread, same gzip member framing
+ *                                         (speed and size: codec.c picks per
+ *                                         level from these)
  *   bench-zip --case lib FILE LEVEL NAME  the library pipeline against
  *                                         libzstd's own multithreading
  *                                         (ZSTD_c_nbWorkers), in memory, in
@@ -198,6 +200,18 @@ static int lib_case(const char *path, int level, const char *name, const char *c
 	return 0;
 }
 
+struct backend {
+	enum ioc_zip_deflate be;
+	const char *name;
+	bool peer, built;
+};
+
+static const struct backend backends[] = {
+	{ IOC_ZIP_DEFLATE_ISAL, "iocore-isal", false, IOC_HAVE_ISAL },
+	{ IOC_ZIP_DEFLATE_LIBDEFLATE, "iocore-libdeflate", false, IOC_HAVE_LIBDEFLATE },
+	{ IOC_ZIP_DEFLATE_ZLIB, "zlib", true, true },
+};
+
 int main(int argc, char **argv)
 {
 	char cmd[1024], params[256];
@@ -226,19 +240,23 @@ int main(int argc, char **argv)
 	}
 	ioc_bench_cmdline(argc, argv, cmd, sizeof(cmd));
 	snprintf(params, sizeof(params), "level=%d,threads=1,bytes=%zu", level, n);
-	for (int i = 0; i < 2; i++) {
-		enum ioc_zip_deflate be = i ? IOC_ZIP_DEFLATE_ZLIB : IOC_ZIP_DEFLATE_LIBDEFLATE;
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(backends); i++) {
+		const struct backend *b = &backends[i];
 		double v;
 
-		if (!i && !IOC_HAVE_LIBDEFLATE)
+		if (!b->built)
 			continue;
-		v = backend_mbps(be, level, src, n, &out);
+		v = backend_mbps(b->be, level, src, n, &out);
 		struct ioc_bench_row r = {
 			.suite = "zip", .case_name = "codec-backend", .params = params,
-			.impl = i ? "zlib" : "iocore-libdeflate", .peer = i != 0,
+			.impl = b->name, .peer = b->peer,
 			.metric = "MB/s", .value = v, .value_ok = v > 0, .cmd = cmd,
 			.error = v > 0 ? NULL : "compression failed",
 		};
+		ioc_bench_row(stdout, &r);
+		r.metric = "size ratio";
+		r.lower_is_better = true;
+		r.value = (double)out / (double)n;
 		ioc_bench_row(stdout, &r);
 		fprintf(stderr, "bench-zip: %s level %d: %.1f MB/s, ratio %.4f\n", r.impl, level, v,
 			(double)out / (double)n);

@@ -58,11 +58,17 @@ enum ioc_zip_format {
 	IOC_ZIP_AUTO,           /* decompression only: detect per frame */
 };
 
-/* Deflate implementation for gzip. */
+/* Deflate implementation for gzip.  DEFAULT picks, per level, the fastest
+ * one built in whose output stays close to zlib's at that level: ISA-L's
+ * igzip for levels 1-3, libdeflate above (and for 1-3 without ISA-L),
+ * zlib when neither is built.  Decompression always uses libdeflate when
+ * built (faster than igzip's inflate), else zlib.  Asking for one that is
+ * not built gives -ENOTSUP; igzip clamps levels above 3 to 3. */
 enum ioc_zip_deflate {
-	IOC_ZIP_DEFLATE_DEFAULT = 0,    /* libdeflate when built with it, else zlib */
+	IOC_ZIP_DEFLATE_DEFAULT = 0,
 	IOC_ZIP_DEFLATE_LIBDEFLATE,
 	IOC_ZIP_DEFLATE_ZLIB,
+	IOC_ZIP_DEFLATE_ISAL,
 };
 
 /* Output sink: consume len bytes; return 0 or -errno (which aborts the

@@ -42,13 +42,23 @@ static inline void ioc__zip_put_le32(uint8_t *p, uint32_t v)
 
 /* ---- compression -------------------------------------------------- */
 
+/* Which deflate implementation a gzip cctx runs (see codec.c's essay). */
+enum ioc__zip_deflater {
+	IOC__ZIP_D_ZLIB = 1,
+	IOC__ZIP_D_LIBDEFLATE,
+	IOC__ZIP_D_ISAL,
+};
+
 struct ioc__zip_cctx {
 	enum ioc_zip_format format;
 	int level;
 	bool checksum;
-	bool use_zlib;
+	enum ioc__zip_deflater deflater;
 	struct ZSTD_CCtx_s *zc;
 	struct libdeflate_compressor *ld;
+	struct isal_zstream *iz;    /* igzip: stream state and its level buffer */
+	uint8_t *iz_lbuf;
+	uint32_t iz_lbuf_size;
 	z_stream zs;
 	bool zs_ready;
 	/* Zero-block cache: the checksum (zstd) or the whole member (gzip)
@@ -62,6 +72,9 @@ struct ioc__zip_cctx {
 int ioc__zip_cctx_init(struct ioc__zip_cctx *c, enum ioc_zip_format format, int level,
 		       bool checksum, enum ioc_zip_deflate deflate);
 void ioc__zip_cctx_fini(struct ioc__zip_cctx *c);
+
+/* The deflater a gzip cctx at this level would use, or -ENOTSUP. */
+int ioc__zip_deflater_for(int level, enum ioc_zip_deflate deflate);
 
 /* Worst-case output of one block of n bytes. */
 size_t ioc__zip_compress_bound(enum ioc_zip_format format, size_t n);

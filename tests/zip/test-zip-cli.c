@@ -247,6 +247,28 @@ static void test_interop_pigz(void)
 	ASSERT_EQ(sh("cd %s && pigz -p2 -c in > pz && %s -q -dc pz | cmp - in", dir, tool), 0);
 }
 
+/* Every gzip level (each goes through the deflater the default picks for
+ * it: igzip for 1-3 when built, libdeflate above), on data mixing text,
+ * random bytes and zero pages, read back by gzip -d, pigz -d and our own
+ * decoder; -l proves every member carries our size subfield (the index
+ * and the parallel decoder split the file by it). */
+static void test_interop_gzip_levels(void)
+{
+	setup();
+	need("gzip");
+	need("pigz");
+	make_file("t", 700000, 0);
+	ASSERT_EQ(sh("cd %s && { cat t; head -c 300000 /dev/urandom; head -c 409600 /dev/zero; "
+		     "cat t; } > in", dir), 0);
+	for (int level = 1; level <= 9; level++) {
+		ASSERT_EQ(sh("cd %s && %s -q -f --format=gzip -%d --block-size=256K in -o g && "
+			     "gzip -t g && gzip -dc g | cmp - in && pigz -dc g | cmp - in", dir,
+			     tool, level), 0);
+		ASSERT_EQ(sh("cd %s && %s -q -d -f g -o out && cmp in out && "
+			     "%s -l g | grep -q 'gzip, 9 members'", dir, tool, tool), 0);
+	}
+}
+
 static void test_range_vs_dd(void)
 {
 	static const char *const ranges[][2] = {
@@ -343,6 +365,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_interop_zstd),
 	IOC_TEST(test_interop_gzip),
 	IOC_TEST(test_interop_pigz),
+	IOC_TEST(test_interop_gzip_levels),
 	IOC_TEST(test_range_vs_dd),
 	IOC_TEST(test_list),
 	IOC_TEST(test_hostile_no_partial_output),

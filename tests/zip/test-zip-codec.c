@@ -69,15 +69,89 @@ static void test_zstd_roundtrip(void)
 static void test_gzip_roundtrip(void)
 {
 	static const size_t sizes[] = { 0, 1, 100, 65536, 300001 };
-	static const int levels[] = { 1, 6, 9 };
 
+	/* Every level through every deflater built in (igzip clamps levels
+	 * above 3 to 3, zlib above 9 to 9: still round trips). */
 	for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++)
-		for (size_t j = 0; j < IOC_ARRAY_SIZE(levels); j++) {
-			roundtrip(IOC_ZIP_GZIP, levels[j], IOC_ZIP_DEFLATE_ZLIB, sizes[i]);
+		for (int level = 1; level <= 12; level++) {
+			if (level <= 9)
+				roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_ZLIB, sizes[i]);
 			if (IOC_HAVE_LIBDEFLATE)
-				roundtrip(IOC_ZIP_GZIP, levels[j], IOC_ZIP_DEFLATE_LIBDEFLATE,
+				roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_LIBDEFLATE,
 					  sizes[i]);
+			if (IOC_HAVE_ISAL && level <= 4)
+				roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_ISAL, sizes[i]);
+			if (level <= 9)
+				roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_DEFAULT, sizes[i]);
 		}
+}
+
+/* Incompressible blocks fit the compress bound with every deflater (each
+ * falls back to stored blocks), and zlib's inflate (gzip -d's) reads the
+ * member, header, CRC and length included. */
+static void test_gzip_incompressible(void)
+{
+	static const enum ioc_zip_deflate be[] = {
+		IOC_ZIP_DEFLATE_ZLIB, IOC_ZIP_DEFLATE_LIBDEFLATE, IOC_ZIP_DEFLATE_ISAL,
+	};
+	static const size_t sizes[] = { 1, 65535, 65536, 65537, 1u << 20 };
+
+	for (size_t b = 0; b < IOC_ARRAY_SIZE(be); b++)
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++)
+			for (int level = 1; level <= 9; level += 2) {
+				size_t n = sizes[i];
+				uint8_t *src = malloc(n), *dst, *back = malloc(n);
+				uint64_t x = 0x9e3779b97f4a7c15ull * (i + 1);
+				z_stream zs = { 0 };
+				bool zero;
+				ssize_t clen;
+
+				if (ioc__zip_deflater_for(level, be[b]) < 0) {
+					free(src);
+					free(back);
+					continue;
+				}
+				for (size_t k = 0; k < n; k++) {
+					x ^= x << 13;
+					x ^= x >> 7;
+					x ^= x << 17;
+					src[k] = (uint8_t)x;
+				}
+				clen = compress_one(IOC_ZIP_GZIP, level, be[b], src, n, &dst, &zero);
+				ASSERT_GT(clen, 0);
+				ASSERT_UEQ((size_t)clen, ioc__zip_le32(dst + 16));
+				ASSERT_TRUE((size_t)clen <= ioc__zip_compress_bound(IOC_ZIP_GZIP, n));
+				ASSERT_EQ(inflateInit2(&zs, 31), Z_OK);
+				zs.next_in = dst;
+				zs.avail_in = (uInt)clen;
+				zs.next_out = back;
+				zs.avail_out = (uInt)n;
+				ASSERT_EQ(inflate(&zs, Z_FINISH), Z_STREAM_END);
+				ASSERT_UEQ(zs.total_out, n);
+				ASSERT_UEQ(zs.avail_in, 0);
+				ASSERT_MEM_EQ(back, src, n);
+				inflateEnd(&zs);
+				free(src);
+				free(dst);
+				free(back);
+			}
+}
+
+/* Which deflater the default picks per level, and refusals. */
+static void test_deflater_choice(void)
+{
+	for (int level = 1; level <= 12; level++) {
+		int want = IOC_HAVE_ISAL && level <= 3 ? IOC__ZIP_D_ISAL
+			 : IOC_HAVE_LIBDEFLATE ? IOC__ZIP_D_LIBDEFLATE : IOC__ZIP_D_ZLIB;
+
+		ASSERT_EQ(ioc__zip_deflater_for(level, IOC_ZIP_DEFLATE_DEFAULT), want);
+		ASSERT_EQ(ioc__zip_deflater_for(level, IOC_ZIP_DEFLATE_ZLIB), IOC__ZIP_D_ZLIB);
+	}
+	ASSERT_EQ(ioc__zip_deflater_for(1, IOC_ZIP_DEFLATE_ISAL),
+		  IOC_HAVE_ISAL ? IOC__ZIP_D_ISAL : -ENOTSUP);
+	ASSERT_EQ(ioc__zip_deflater_for(1, IOC_ZIP_DEFLATE_LIBDEFLATE),
+		  IOC_HAVE_LIBDEFLATE ? IOC__ZIP_D_LIBDEFLATE : -ENOTSUP);
+	ASSERT_EQ(ioc__zip_deflater_for(1, (enum ioc_zip_deflate)99), -EINVAL);
 }
 
 /* Two members concatenated must read as one stream with zlib (gzip -d). */
@@ -366,6 +440,8 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_all_zero),
 	IOC_TEST(test_zstd_roundtrip),
 	IOC_TEST(test_gzip_roundtrip),
+	IOC_TEST(test_gzip_incompressible),
+	IOC_TEST(test_deflater_choice),
 	IOC_TEST(test_gzip_multimember_zlib),
 	IOC_TEST(test_zero_blocks),
 	IOC_TEST(test_seektable),
