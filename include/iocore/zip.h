@@ -136,7 +136,10 @@ int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags
  * file, say).  buf must stay valid and unchanged until ioc_zip_finish() or
  * ioc_zip_free() returns.  Bytes of a frame cut at the end of buf are
  * copied and joined with the next write; a write that starts inside such
- * a frame is copied whole.  A compressor just copies (as ioc_zip_write). */
+ * a frame is copied whole.  A compressor's workers read whole slots'
+ * worth of blocks straight from buf; a block cut by the end of buf is
+ * copied and completed by the next write, so blocks fall where
+ * ioc_zip_write() would cut them. */
 int ioc_zip_write_ref(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags);
 
 /* Zero-copy feeding: *buf gets room for up to *len bytes inside the

@@ -318,6 +318,88 @@ static void test_write_ref(void)
 	free(src);
 }
 
+/* Compression by reference cuts blocks exactly where copying would: the
+ * same input fed by ioc_zip_write_ref in pieces of any size (whole slots
+ * in place, a tail copied, the next piece topping it up; small blocks
+ * batched several per slot; a slot reserved by ioc_zip_buffer() and left
+ * empty; a flush in the middle) gives byte-identical output to one
+ * ioc_zip_write, and the pieces may be freed once finish returns. */
+static void test_write_ref_compress(void)
+{
+	size_t n = 2500000;
+	uint8_t *src = zt_data(n, 93);
+	static const size_t chunks[] = { 0, 1000003, 65536, 65537, 4099 };
+	static const size_t blocks[] = { 65536, 1u << 20, 16384 };
+
+	memset(src + 300000, 0, 600000);
+	for (int fmt = 0; fmt < 2; fmt++)
+		for (size_t b = 0; b < IOC_ARRAY_SIZE(blocks); b++) {
+			struct ioc_zip_opts o = { .format = fmt ? IOC_ZIP_GZIP : IOC_ZIP_ZSTD,
+						  .level = 1, .block_size = blocks[b],
+						  .workers = 2, .write = buf_write };
+			struct buf want = { 0 };
+
+			compress_buf(&o, src, n, n, &want, NULL);
+			for (size_t i = 0; i < IOC_ARRAY_SIZE(chunks); i++) {
+				size_t chunk = chunks[i] ? chunks[i] : n, k = 0;
+				uint8_t **pieces = calloc(n / chunk + 1, sizeof(*pieces));
+				struct buf c = { 0 }, d = { 0 };
+				struct ioc_zip *z;
+				void *bb;
+				size_t room;
+
+				ASSERT_NOT_NULL(pieces);
+				o.opaque = &c;
+				ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+				ASSERT_OK(ioc_zip_buffer(z, &bb, &room));   /* reserved, unused */
+				for (size_t off = 0; off < n; off += chunk, k++) {
+					size_t len = n - off < chunk ? n - off : chunk;
+
+					pieces[k] = malloc(len);
+					ASSERT_NOT_NULL(pieces[k]);
+					memcpy(pieces[k], src + off, len);
+					ASSERT_OK(ioc_zip_write_ref(z, pieces[k], len, 0));
+				}
+				ASSERT_OK(ioc_zip_finish(z));
+				ioc_zip_free(z);
+				for (size_t j = 0; j < k; j++)
+					free(pieces[j]);
+				free(pieces);
+				ASSERT_UEQ(c.len, want.len);
+				ASSERT_MEM_EQ(c.p, want.p, want.len);
+				ASSERT_OK(decompress_buf(c.p, c.len, c.len, 2, &d, NULL, 0, NULL));
+				ASSERT_UEQ(d.len, n);
+				ASSERT_MEM_EQ(d.p, src, n);
+				free(c.p);
+				free(d.p);
+			}
+			/* A flush between two by-reference writes ends a block
+			 * early: still a valid stream with the same content. */
+			{
+				struct buf c = { 0 }, d = { 0 };
+				struct ioc_zip_stats st;
+				struct ioc_zip *z;
+
+				o.opaque = &c;
+				ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+				ASSERT_OK(ioc_zip_write_ref(z, src, 700001, IOC_ZIP_FLUSH));
+				ioc_zip_get_stats(z, &st);
+				ASSERT_UEQ(st.in_bytes, 700001);
+				ASSERT_UEQ(st.frames, (700001 + blocks[b] - 1) / blocks[b]);
+				ASSERT_OK(ioc_zip_write_ref(z, src + 700001, n - 700001, 0));
+				ASSERT_OK(ioc_zip_finish(z));
+				ioc_zip_free(z);
+				ASSERT_OK(decompress_buf(c.p, c.len, c.len, 2, &d, NULL, 0, NULL));
+				ASSERT_UEQ(d.len, n);
+				ASSERT_MEM_EQ(d.p, src, n);
+				free(c.p);
+				free(d.p);
+			}
+			free(want.p);
+		}
+	free(src);
+}
+
 /* A foreign single frame without content size decodes on one thread. */
 static void test_foreign_zstd_stream(void)
 {
@@ -668,6 +750,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_zero_blocks),
 	IOC_TEST(test_zero_copy_feed),
 	IOC_TEST(test_write_ref),
+	IOC_TEST(test_write_ref_compress),
 	IOC_TEST(test_worker_stats),
 	IOC_TEST(test_foreign_zstd_stream),
 	IOC_TEST(test_foreign_gzip_mixed),

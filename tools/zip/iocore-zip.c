@@ -316,10 +316,11 @@ static void print_busy(struct ioc_zip *z, const struct cli *cli)
 	fprintf(stderr, ")\n");
 }
 
-/* Map a regular input file read from its start (decompression): the
- * workers then read frames in place through ioc_zip_write_ref, with no
- * read(2) copy and no copy into the stream.  Caveat of any mapping: a file
- * truncated by someone else while we read it raises SIGBUS. */
+/* Map a regular input file read from its start: the workers then read
+ * frames (decompression) or blocks (compression) in place through
+ * ioc_zip_write_ref, with no read(2) copy and no copy into the stream.
+ * Caveat of any mapping: a file truncated by someone else while we read
+ * it raises SIGBUS. */
 static void *map_input(const struct job *j, size_t *len)
 {
 	struct stat st;
@@ -390,8 +391,10 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 	}
 	j->start_ns = j->last_ns = ioc_now_ns();
 	/* One call over the whole mapping, so only without a progress line
-	 * (which wants the loop below). */
-	if (cli->decompress && !cli->progress)
+	 * (which wants the loop below).  Compression too: workers read
+	 * whole blocks in place (ioc_zip_write_ref), no read(2) copy on this
+	 * thread. */
+	if (!cli->progress)
 		imap = map_input(j, &ilen);
 	if (imap) {
 		r = ioc_zip_write_ref(z, imap, ilen, 0);
