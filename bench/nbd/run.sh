@@ -117,14 +117,36 @@ def stop(pid):
         pass
 
 
-def fio(extra, jobs):
+def proc_cpu_s(pid):
+    """CPU seconds (user + system, all threads) of a live process."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def fio(extra, jobs, server_pid):
+    """Run fio; returns IOPS, p99 us, the command, and the CPU time per
+    I/O of the server and of the client (fio and its job processes), in us.
+    Both CPU figures cover the whole run, ramp included, and are divided by
+    the I/Os of the whole run (IOPS x (runtime + ramp)): an estimate, the
+    same for every server.  On 2 CPUs they tell who the bottleneck is: a
+    client near one CPU per connection cannot go faster whatever the
+    server does."""
     cmd = ["fio", "--name=b", "--ioengine=nbd",
            "--uri=nbd+unix:///?socket=" + sock, "--bs=4k", "--iodepth=64",
            "--numjobs=%d" % jobs, "--group_reporting=1",
            "--unified_rw_reporting=1", "--time_based=1",
            "--runtime=%g" % runtime, "--ramp_time=%g" % ramp,
            "--output-format=json"] + extra
+    import resource
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s0 = proc_cpu_s(server_pid)
     r = subprocess.run(cmd, capture_output=True, timeout=runtime * 3 + 60)
+    s1 = proc_cpu_s(server_pid)
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = r.stdout.decode(errors="replace")
     if r.returncode != 0 or "{" not in out:
         raise RuntimeError("fio failed: " + r.stderr.decode(errors="replace")[-300:])
@@ -132,7 +154,11 @@ def fio(extra, jobs):
     m = j["jobs"][0]["mixed"]
     iops = m["iops"]
     p99 = m["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
-    return iops, p99, " ".join(cmd)
+    ios = iops * (runtime + ramp)
+    client = ((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime))
+    server = None if s0 is None or s1 is None else s1 - s0
+    per_io = lambda t: None if t is None or ios <= 0 else round(t * 1e6 / ios, 2)
+    return iops, p99, " ".join(cmd), per_io(server), per_io(client)
 
 
 if not shutil.which("fio"):
@@ -157,12 +183,18 @@ try:
                             " ".join(scmd), err)
                     continue
                 try:
-                    iops, p99, fcmd = fio(extra, jobs)
-                    log("%-18s %-8s conns=%d  %9.0f IOPS  p99 %7.0f us" %
-                        (impl, wl, jobs, iops, p99))
+                    iops, p99, fcmd, scpu, ccpu = fio(extra, jobs, pid)
+                    log("%-18s %-8s conns=%d  %9.0f IOPS  p99 %7.0f us  "
+                        "CPU us/IO server %s client %s" %
+                        (impl, wl, jobs, iops, p99, scpu, ccpu))
                     row(wl, params, impl, peer, "IOPS", round(iops, 1), "higher",
                         " ".join(scmd) + " ; " + fcmd)
                     row(wl, params, impl, peer, "p99 us", round(p99, 1), "lower",
+                        " ".join(scmd) + " ; " + fcmd)
+                    row(wl, params, impl, peer, "server CPU us/IO", scpu, "lower",
+                        " ".join(scmd) + " ; " + fcmd,
+                        None if scpu is not None else "no /proc stat")
+                    row(wl, params, impl, peer, "client CPU us/IO", ccpu, "lower",
                         " ".join(scmd) + " ; " + fcmd)
                 except Exception as e:
                     for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
