@@ -105,6 +105,15 @@ struct ioc_zip_opts {
 	 * threads at once, in any order, for disjoint ranges (pwrite(2) on a
 	 * regular file fits).  write is then not called. */
 	int (*write_at)(void *opaque, const void *buf, size_t len, uint64_t offset);
+	/* Decompression only, optional, needs write_at: the caller's output
+	 * memory.  A frame decoded by a worker whose data falls inside
+	 * [0, out_cap) is decoded straight into out_buf + its offset, with
+	 * no write_at call and no copy (libzstd's decode into a caller's
+	 * buffer, in parallel); anything else (data past out_cap, frames
+	 * decoded streaming) still goes through write_at.  Workers write
+	 * disjoint ranges; read the buffer after ioc_zip_finish(). */
+	void *out_buf;
+	size_t out_cap;
 };
 
 /* Default block size for a format and level: zstd 4 MiB up to -5, 8 MiB up

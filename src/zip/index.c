@@ -297,6 +297,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 	rs.left = len;
 	o.write = range_write;
 	o.write_at = NULL;      /* the range filter needs the data in order */
+	o.out_buf = NULL;
 	o.opaque = &rs;
 	o.format = IOC_ZIP_AUTO;
 	r = ioc_zip_decompressor_new(&z, &o);

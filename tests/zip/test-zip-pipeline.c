@@ -668,6 +668,73 @@ static void test_write_at(void)
 	free(src); free(c.p); free(pb.p);
 }
 
+/* write_at that also marks which bytes came through it (workers write
+ * disjoint ranges, so the byte flags need no atomics). */
+struct markbuf {
+	uint8_t *p, *written;
+	size_t cap;
+};
+
+static int mark_write(void *opaque, const void *buf, size_t len, uint64_t off)
+{
+	struct markbuf *b = opaque;
+
+	if (off + len > b->cap)
+		return -EFBIG;
+	memcpy(b->p + off, buf, len);
+	memset(b->written + off, 1, len);
+	return 0;
+}
+
+/* out_buf: frames inside it are decoded in place, without a write_at call;
+ * a slot reaching past out_cap, and streamed frames, still go through
+ * write_at; every byte arrives exactly once, at its offset.  out_buf is
+ * allocated to exactly out_cap bytes, so ASan catches any overrun. */
+static void test_out_buf(void)
+{
+	size_t n = 2000000, cap = n - 1000, via_at = 0;
+	uint8_t *src = zt_data(n, 43);
+	struct ioc_zip_opts o = { .format = IOC_ZIP_ZSTD, .block_size = 65536, .workers = 3 };
+	struct buf c = { 0 };
+	struct markbuf mb = { .p = calloc(1, 2 * n), .written = calloc(1, 2 * n), .cap = 2 * n };
+	uint8_t *ob = malloc(cap);
+	struct ioc_zip *z;
+
+	ASSERT_NOT_NULL(ob);
+	compress_buf(&o, src, n, n, &c, NULL);
+	o.format = IOC_ZIP_GZIP;       /* then members bigger than max_frame: streamed */
+	o.block_size = 0;
+	compress_buf(&o, src, n, n, &c, NULL);
+	o = (struct ioc_zip_opts){ .workers = 3, .write = buf_write, .opaque = &c,
+				   .out_buf = ob, .out_cap = cap };
+	ASSERT_EQ(ioc_zip_decompressor_new(&z, &o), -EINVAL);   /* needs write_at */
+	ASSERT_EQ(ioc_zip_compressor_new(&z, &o), -EINVAL);
+	o = (struct ioc_zip_opts){ .workers = 3, .write_at = mark_write, .opaque = &mb,
+				   .max_frame = 100000, .out_buf = ob, .out_cap = cap };
+	ASSERT_OK(ioc_zip_decompressor_new(&z, &o));
+	ASSERT_OK(ioc_zip_write_ref(z, c.p, c.len, 0));
+	ASSERT_OK(ioc_zip_finish(z));
+	ioc_zip_free(z);
+	for (size_t i = 0; i < 2 * n; i++) {
+		uint8_t want = src[i % n];
+
+		via_at += mb.written[i];
+		if (mb.written[i])
+			ASSERT_EQ(mb.p[i], want);
+		else if (i < cap)
+			ASSERT_EQ(ob[i], want);
+		else
+			ioc_test_fail(__FILE__, __LINE__, "byte %zu arrived nowhere", i);
+	}
+	/* The frame ending at n reaches past cap; the second copy was
+	 * streamed; most of the first went in place. */
+	for (size_t i = cap; i < 2 * n; i++)
+		ASSERT_EQ(mb.written[i], 1);
+	ASSERT_UGT(via_at, n);
+	ASSERT_ULT(via_at, n + (1u << 20) + 65536);
+	free(src); free(c.p); free(mb.p); free(mb.written); free(ob);
+}
+
 static int write_file(const char *path, const uint8_t *p, size_t n)
 {
 	int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
@@ -759,6 +826,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_error_names_frame),
 	IOC_TEST(test_max_frame_streams),
 	IOC_TEST(test_write_at),
+	IOC_TEST(test_out_buf),
 	IOC_TEST(test_flush),
 	IOC_TEST(test_extract),
 )
