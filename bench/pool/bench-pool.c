@@ -21,7 +21,7 @@
  *    completion would be slower), so the comparison favours the peer.
  *
  * Variants (case "ablation", iocore only) each turn one design step off:
- *   default, no-submit-batch, no-complete-batch, wake-always, no-spin,
+ *   default, no-submit-batch, no-complete-batch, wake-always, no-spin, spin-busy,
  *   qemu-like (all of those off, and threads started eagerly), max64 (the
  *   default max_threads of 64), eager-spawn (max 64, a thread whenever
  *   none is idle, as QEMU: what the spawn delay avoids).
@@ -32,12 +32,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "iocore/pool.h"
@@ -154,6 +157,72 @@ static void run_begin(void)
 	R.seed = 12345;
 }
 
+/* ---- the ceiling: threads calling preadv themselves ---------------------- */
+
+/*
+ * Not a thread pool: cfg.threads threads each call the job in a loop, with
+ * no handoff, no loop thread and no completion.  What no pool can beat on
+ * this machine: with 4 KiB page-cache reads the kernel's own preadv cost
+ * (copy, page-cache lookup, file refcount and atime, shared by threads
+ * reading one file) bounds every implementation, and this row shows where
+ * that bound lies next to the pools' rows.
+ */
+static _Atomic uint64_t bare_count;
+static _Atomic bool bare_stop;
+
+static void *bare_thread(void *arg)
+{
+	struct slot *s = arg;
+	uint32_t seed = (uint32_t)(uintptr_t)arg;
+	uint64_t n = 0;
+
+	/* Relaxed: a stop flag and a counter, read after join / sampled. */
+	while (!atomic_load_explicit(&bare_stop, memory_order_relaxed)) {
+		seed = seed * 1664525u + 1013904223u;
+		s->off = cfg.empty ? 0 : (uint64_t)(seed >> 4) % cfg.nblocks * BS;
+		if (do_job(s) != (cfg.empty ? 0 : BS))
+			break;
+		if (++n == 64) {
+			atomic_fetch_add_explicit(&bare_count, n, memory_order_relaxed);
+			n = 0;
+		}
+	}
+	return NULL;
+}
+
+static void sleep_until_ns(uint64_t t)
+{
+	for (uint64_t now; (now = ioc_bench_now_ns()) < t;) {
+		struct timespec ts = { (time_t)((t - now) / 1000000000u),
+				       (long)((t - now) % 1000000000u) };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
+static const char *run_bare(void)
+{
+	pthread_t tids[64];
+	unsigned t = cfg.threads < 64 ? cfg.threads : 64;
+
+	run_begin();
+	for (unsigned i = 0; i < t; i++)
+		if (pthread_create(&tids[i], NULL, bare_thread, &slots[i]))
+			return "pthread_create failed";
+	sleep_until_ns(R.warm);
+	R.t_warm = ioc_bench_now_ns();
+	R.count_at_warm = atomic_load_explicit(&bare_count, memory_order_relaxed);
+	R.cpu_warm = cpu_ns();
+	sleep_until_ns(R.end);
+	R.end = ioc_bench_now_ns();
+	R.count = atomic_load_explicit(&bare_count, memory_order_relaxed);
+	R.cpu_end = cpu_ns();
+	atomic_store_explicit(&bare_stop, true, memory_order_relaxed);
+	for (unsigned i = 0; i < t; i++)
+		pthread_join(tids[i], NULL);
+	return NULL;
+}
+
 /* ---- iocore -------------------------------------------------------------- */
 
 static struct ioc_loop *io_loop;
@@ -199,6 +268,8 @@ static const char *run_iocore(void)
 		o.flags = IOC_POOL_WAKE_ALWAYS;
 	else if (!strcmp(v, "no-spin"))
 		o.spin_max_ns = -1;
+	else if (!strcmp(v, "spin-busy"))
+		o.flags = IOC_POOL_SPIN_BUSY;
 	else if (!strcmp(v, "qemu-like")) {
 		o.flags = IOC_POOL_NO_SUBMIT_BATCH | IOC_POOL_NO_COMPLETE_BATCH |
 			  IOC_POOL_WAKE_ALWAYS;
@@ -403,6 +474,8 @@ int main(int argc, char **argv)
 		err = run_glib();
 	else if (!strcmp(cfg.impl, "libuv"))
 		err = run_libuv();
+	else if (!strcmp(cfg.impl, "bare"))
+		err = run_bare();
 	else
 		err = "unknown impl";
 
@@ -414,7 +487,8 @@ int main(int argc, char **argv)
 			 cfg.empty ? 0 : BS, cfg.depth, cfg.threads,
 			 cfg.empty ? "" : ",file=/dev/shm");
 	snprintf(impl, sizeof(impl), "%s",
-		 !strcmp(cfg.impl, "glib") ? "glib-gthreadpool" : cfg.impl);
+		 !strcmp(cfg.impl, "glib") ? "glib-gthreadpool" :
+		 !strcmp(cfg.impl, "bare") ? "ceiling-bare-threads" : cfg.impl);
 	row.case_name = cfg.variant ? "ablation" : cfg.case_name;
 	row.params = params;
 	row.impl = impl;

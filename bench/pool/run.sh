@@ -2,14 +2,16 @@
 # bench/pool/run.sh BUILD_DIR [--quick]
 # The thread pool against GLib's GThreadPool and libuv's uv_queue_work:
 # 4 KiB preadv at 64 in flight from one loop (image in /dev/shm) and empty
-# jobs, then the ablations of iocore's design steps.  One JSON row per line
+# jobs, then the ablations of iocore's design steps, plus the ceiling: the
+# same threads calling preadv themselves, with no pool.  One JSON row per line
 # on stdout; everything else on stderr.
 set -u
 BUILD=${1:?usage: bench/pool/run.sh BUILD_DIR [--quick]}
 QUICK=${2:-}
 BIN="$BUILD/bench/pool/bench-pool"
-SECS=3
-[ "$QUICK" = "--quick" ] && SECS=1.2
+HERE=$(dirname "$0")
+SECS=2; ROUNDS=5
+[ "$QUICK" = "--quick" ] && { SECS=1.2; ROUNDS=3; }
 THREADS=4   # libuv's default pool size; every implementation gets the same
 
 row_null() { # case params impl peer metric better error
@@ -37,13 +39,21 @@ run() {
 	"$BIN" "$@" 2>&1 >&3 | sed 's/^/bench-pool: /' >&2
 } 3>&1
 
-for impl in iocore glib libuv; do
-	run --impl $impl --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
-done
-for impl in iocore glib libuv; do
-	run --impl $impl --case empty --threads $THREADS --seconds $SECS
-done
+# The comparisons run interleaved, several rounds, median per row
+# (bench/ring/interleave.py): load from elsewhere on the shared machine then
+# hits every implementation alike.  "bare" is no pool at all: the same
+# number of threads calling preadv in a loop, the ceiling for everyone.
+{
+	for impl in iocore glib libuv bare; do
+		echo "$BIN --impl $impl --case preadv --file $IMG --threads $THREADS --seconds $SECS"
+	done
+} | python3 "$HERE/../ring/interleave.py" "$ROUNDS"
+{
+	for impl in iocore glib libuv; do
+		echo "$BIN --impl $impl --case empty --threads $THREADS --seconds $SECS"
+	done
+} | python3 "$HERE/../ring/interleave.py" "$ROUNDS"
 # One design step off at a time (bench-pool.c and src/pool/pool.c explain).
-for v in default no-submit-batch no-complete-batch wake-always no-spin qemu-like max64 eager-spawn; do
+for v in default no-submit-batch no-complete-batch wake-always no-spin spin-busy qemu-like max64 eager-spawn; do
 	run --impl iocore --variant $v --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
 done

@@ -52,6 +52,9 @@ enum {
 	/* Signal a sleeping worker for every job even when a spinning worker
 	 * could take it (QEMU's behaviour). */
 	IOC_POOL_WAKE_ALWAYS = 1u << 2,
+	/* Let an idle worker spin even when running workers (plus the
+	 * submitting loop's thread) already occupy every CPU. */
+	IOC_POOL_SPIN_BUSY = 1u << 3,
 };
 
 /* Runs on a worker thread.  Returns a result, by convention >= 0 or -errno. */

@@ -45,7 +45,9 @@
  *  - Idle workers spin, bounded and adaptively, before sleeping: each worker
  *    keeps its own budget (<= spin_max_ns), doubled when a short sleep
  *    proved that spinning would have caught the next job, halved when a
- *    spin found nothing; at most max_spinners workers spin at once.  The
+ *    spin found nothing; at most max_spinners workers spin at once, and
+ *    only while a CPU is spare (running workers + spinners + the loop's
+ *    thread < CPUs).  The
  *    spinner reads only a mirror of the queue length (q_visible) and takes
  *    the lock when it becomes non-zero.  Submitters and chaining workers
  *    count spinning (and already-signalled, and starting) workers as spare
@@ -91,6 +93,20 @@
  * (load 4-6) spinning was the largest single win, 563k vs 411k requests/s
  * without it, and not waking for spinners gave 563k vs 358k.  They are
  * kept, bounded by max_spinners and the adaptive budget.
+ *
+ * Spinning only on a spare CPU (spare_cpu(): running workers, spinners
+ * and the submitting loop's thread each need one).  A quiet run, medians
+ * of 5 interleaved 1 s rounds: default 685k requests/s, spinning also
+ * while every CPU is busy (flag IOC_POOL_SPIN_BUSY, the old rule) 638k,
+ * no spinning 603k; libuv 609k, GThreadPool 561k.  A spinner that takes
+ * the CPU the loop thread needs delays the resubmissions it waits for.
+ * Tried with it and dropped: workers at nice 5 or SCHED_BATCH so the loop
+ * thread wins the CPU (627k, 647k: no better).
+ *
+ * The ceiling (bench/pool "ceiling-bare-threads": the same threads calling
+ * preadv in a loop, no pool, no loop thread) was 750-920k/s on this
+ * 2-CPU VM, so 2x the better peer (~1.1-1.2M/s) is out of reach here for
+ * any pool: the page-cache reads themselves use the CPUs up.
  *
  * Loop wakeups: with everything on, the loop slept and was woken by a
  * syscall once per ~32 preadv completions (0.03 notify syscalls per job;
@@ -222,6 +238,7 @@ struct ioc_pool {
 	unsigned nsleeping;  /* in pthread_cond_timedwait */
 	unsigned nwoken;     /* signalled, not yet back from the wait */
 	unsigned nspinning;  /* spinning outside the lock */
+	unsigned nrunning;   /* running a job */
 	unsigned min_threads, max_threads;
 	unsigned next_id;
 	bool stopping;
@@ -241,6 +258,7 @@ struct ioc_pool {
 	int64_t idle_timeout_ns;
 	int64_t spin_max_ns;           /* 0: no spinning */
 	unsigned max_spinners;
+	unsigned ncpu;                 /* online CPUs */
 	unsigned eager_threads;        /* start at once up to this many */
 	int64_t spawn_delay_ns;        /* then only after a job waited this */
 	uint32_t flags;
@@ -621,6 +639,22 @@ static int64_t spin(struct ioc_pool *pool, int64_t budget)
 	return -1;
 }
 
+/*
+ * Whether an idle worker may spin: only on a CPU nobody else needs.  The
+ * workers running jobs, those already spinning and the submitting loop's
+ * thread (which must run to hand out more work and take completions) each
+ * need one.  On 2 CPUs: spin only while no job runs.  Spinning past that
+ * takes the CPU from the loop thread or a worker, i.e. from whoever would
+ * produce the work the spinner waits for (bench/pool preadv, 4 threads, 2
+ * CPUs: see the table at the top of the file).  Under pool->lock.
+ */
+static bool spare_cpu(const struct ioc_pool *pool)
+{
+	if (pool->flags & IOC_POOL_SPIN_BUSY)
+		return true;
+	return pool->nrunning + pool->nspinning + 1 < pool->ncpu;
+}
+
 static void spin_adapt(struct worker *w, int64_t max, bool useful)
 {
 	if (useful) {
@@ -693,6 +727,7 @@ static void *worker_main(void *opaque)
 			queue_unlink(pool, req);
 			req->state = REQ_RUNNING;
 			pool->jobs_started++;
+			pool->nrunning++;
 			wk = want_wake(pool, false);
 			pthread_mutex_unlock(&pool->lock);
 			act(pool, wk);
@@ -701,11 +736,13 @@ static void *worker_main(void *opaque)
 			port_push_done(req->port, req, true);
 
 			pthread_mutex_lock(&pool->lock);
+			pool->nrunning--;
 			continue;
 		}
 
 		if (!spun && w->spin_ns > 0 &&
-		    pool->nspinning < pool->max_spinners) {
+		    pool->nspinning < pool->max_spinners &&
+		    spare_cpu(pool)) {
 			int64_t got;
 
 			pool->nspinning++;
@@ -1122,6 +1159,7 @@ static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 	pool->idle_timeout_ns = (int64_t)o.idle_timeout_ms * 1000000;
 	pool->spin_max_ns = o.spin_max_ns;
 	pool->max_spinners = o.max_spinners;
+	pool->ncpu = (unsigned)ncpu;
 	/* Negative delay: QEMU's rule, a thread whenever none is idle. */
 	pool->eager_threads = o.spawn_delay_ns < 0 ? UINT_MAX : (unsigned)ncpu;
 	pool->spawn_delay_ns = o.spawn_delay_ns < 0 ? 0 : o.spawn_delay_ns;
