@@ -114,6 +114,15 @@ struct ioc_zip_opts {
 	 * disjoint ranges; read the buffer after ioc_zip_finish(). */
 	void *out_buf;
 	size_t out_cap;
+	/* Compression only, optional: write is called by the worker threads
+	 * instead of the feeding thread, still one call at a time, in output
+	 * order, each call ordered after the previous one (so the callback
+	 * needs no lock of its own, but must not care which thread runs
+	 * it).  Spreads the cost of writing the output over the workers
+	 * instead of taking it from whichever core the feeding thread runs
+	 * on.  The seek table, at ioc_zip_finish(), is still written by the
+	 * feeding thread, after every block. */
+	bool write_from_workers;
 };
 
 /* Default block size for a format and level: zstd 4 MiB up to -5, 8 MiB up

@@ -1,6 +1,7 @@
 /* The pipeline on the workqueue: round trips, ordering, zero blocks,
  * foreign input, hostile input, index and range extraction. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -397,6 +398,112 @@ static void test_write_ref_compress(void)
 			}
 			free(want.p);
 		}
+	free(src);
+}
+
+/* A sink for write_from_workers: calls must never overlap (an atomic
+ * "inside" count catches two at once) and, the seek table aside, come
+ * from worker threads, not the feeding one. */
+struct wsink {
+	struct buf b;
+	atomic_int inside;
+	pthread_t feeder;
+	int on_feeder, calls;
+	int fail_at;            /* >0: the nth call fails with -EIO */
+};
+
+static int wsink_write(void *opaque, const void *data, size_t len)
+{
+	struct wsink *w = opaque;
+	int r = 0;
+
+	ASSERT_EQ(atomic_fetch_add(&w->inside, 1), 0);
+	w->calls++;
+	w->on_feeder += pthread_equal(pthread_self(), w->feeder) != 0;
+	if (w->fail_at && w->calls >= w->fail_at)
+		r = -EIO;
+	else
+		buf_write(&w->b, data, len);
+	ASSERT_EQ(atomic_fetch_sub(&w->inside, 1), 1);
+	return r;
+}
+
+/* write_from_workers gives the same bytes as writing on the feeding
+ * thread, for both formats, batched small blocks and big ones, with a
+ * flush in the middle; a failing write fails the stream and nothing is
+ * written after it. */
+static void test_write_from_workers(void)
+{
+	size_t n = 3000000;
+	uint8_t *src = zt_data(n, 95);
+	static const size_t blocks[] = { 16384, 65536, 1u << 20 };
+
+	memset(src + 1000000, 0, 500000);
+	for (int fmt = 0; fmt < 2; fmt++)
+		for (size_t b = 0; b < IOC_ARRAY_SIZE(blocks); b++) {
+			struct ioc_zip_opts o = { .format = fmt ? IOC_ZIP_GZIP : IOC_ZIP_ZSTD,
+						  .level = 1, .block_size = blocks[b],
+						  .workers = 3, .write = buf_write };
+			struct buf want = { 0 };
+			struct wsink w = { .feeder = pthread_self() };
+			struct ioc_zip *z;
+
+			atomic_init(&w.inside, 0);
+			o.opaque = &want;
+			ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+			ASSERT_OK(ioc_zip_write(z, src, 1234567, IOC_ZIP_FLUSH));
+			ASSERT_OK(ioc_zip_write(z, src + 1234567, n - 1234567, 0));
+			ASSERT_OK(ioc_zip_finish(z));
+			ioc_zip_free(z);
+
+			o.write = wsink_write;
+			o.opaque = &w;
+			o.write_from_workers = true;
+			ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+			ASSERT_OK(ioc_zip_write_ref(z, src, 1234567, IOC_ZIP_FLUSH));
+			{
+				/* Flushed: everything fed so far is out and
+				 * decodes (no writer still busy with it). */
+				struct buf part = { 0 };
+
+				ASSERT_OK(decompress_buf(w.b.p, w.b.len, w.b.len, 2, &part, NULL, 0,
+							 NULL));
+				ASSERT_UEQ(part.len, 1234567);
+				ASSERT_MEM_EQ(part.p, src, 1234567);
+				free(part.p);
+			}
+			ASSERT_OK(ioc_zip_write(z, src + 1234567, n - 1234567, 0));
+			ASSERT_OK(ioc_zip_finish(z));
+			ioc_zip_free(z);
+			ASSERT_UEQ(w.b.len, want.len);
+			ASSERT_MEM_EQ(w.b.p, want.p, want.len);
+			/* Only the zstd seek table comes from the feeding thread. */
+			ASSERT_EQ(w.on_feeder, fmt == 0 ? 1 : 0);
+			ASSERT_GT(w.calls, 1);
+			free(w.b.p);
+
+			/* The third write fails: the stream fails, no fourth. */
+			w = (struct wsink){ .feeder = pthread_self(), .fail_at = 3 };
+			atomic_init(&w.inside, 0);
+			ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+			int r = ioc_zip_write(z, src, n, 0);
+
+			if (r == 0)
+				r = ioc_zip_finish(z);
+			ASSERT_EQ(r, -EIO);
+			ASSERT_TRUE(strstr(ioc_zip_error(z), "write") != NULL);
+			ioc_zip_free(z);
+			ASSERT_EQ(w.calls, 3);
+			free(w.b.p);
+			free(want.p);
+		}
+	/* Only for compression. */
+	{
+		struct ioc_zip_opts o = { .write = buf_write, .write_from_workers = true };
+		struct ioc_zip *z;
+
+		ASSERT_EQ(ioc_zip_decompressor_new(&z, &o), -EINVAL);
+	}
 	free(src);
 }
 
@@ -818,6 +925,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_zero_copy_feed),
 	IOC_TEST(test_write_ref),
 	IOC_TEST(test_write_ref_compress),
+	IOC_TEST(test_write_from_workers),
 	IOC_TEST(test_worker_stats),
 	IOC_TEST(test_foreign_zstd_stream),
 	IOC_TEST(test_foreign_gzip_mixed),
