@@ -39,7 +39,9 @@
  * 2^window_log_max.  So memory is bounded by the options, not the input.
  *
  * Threading: one stream is used by one thread at a time.  The callback runs
- * on that thread, inside ioc_zip_write()/commit()/finish().
+ * on that thread, inside ioc_zip_write()/commit()/finish(), unless the
+ * options move it to the workers (write_at for decompression,
+ * write_from_workers for compression; see their comments).
  */
 #ifndef IOCORE_ZIP_H
 #define IOCORE_ZIP_H
