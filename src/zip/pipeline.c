@@ -439,7 +439,9 @@ static void unclaim(struct ctx_cell *c)
  * holder sees the flag and takes the token again.  A ready flag always
  * belongs to seq wnext when its slot is wnext's: the slot's previous seq
  * was written before wnext passed it, and its next seq cannot be
- * submitted before this one is emitted, which waits for written. */
+ * submitted before this one is emitted, which waits for written.
+ * src/zip/ordered-write.pml models this with spin (tests/zip runs it, and
+ * checks that the model without the recheck loses a block). */
 static void worker_write(struct ioc_zip *z, struct slot *mine)
 {
 	/* Pairs with the seq_cst token release and ready load below. */
