@@ -811,6 +811,7 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 		     int64_t timeout_ns)
 {
 	int64_t start = ioc_now_ns(), deadline, spin_end, last = start;
+	unsigned rounds = 0;
 	int n;
 
 	if (max == 0)
@@ -854,6 +855,12 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 		    now < spin_end && now < deadline) {
 			for (int k = 0; k < 64; k++)
 				ioc_ring_relax();
+			/* Now and then offer the CPU: when the CPU we
+			 * counted as spare is taken by another process, the
+			 * worker we wait for may be queued behind us on this
+			 * one, and would otherwise wait out our whole spin. */
+			if (++rounds % 2 == 0)
+				sched_yield();
 			continue;
 		}
 		/* Sleep handshake, submitter half (top of file). */
