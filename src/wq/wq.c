@@ -61,7 +61,8 @@
  *     quarter ring faster than a futex wake gets the submitter back on a
  *     CPU.  A spin that finds itself descheduled (a gap of more than
  *     WQ_PREEMPTED_NS between two looks at the clock) gives up: the CPU
- *     was not spare after all.
+ *     was not spare after all; and the spin yields the CPU every ~128
+ *     pauses, so a worker queued behind it on a shared CPU gets to run.
  *   - With opts.loop, workers post one embedded ioc_task to the loop when
  *     the first completion of a batch appears; the task drains every done
  *     ring and calls opts.done on the loop's thread.
