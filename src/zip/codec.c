@@ -20,11 +20,11 @@
  *    pigz skip, like BGZF does for samtools.  The deflater is picked per
  *    level (ioc__zip_deflater_for): ISA-L's igzip (stateless, one call per
  *    block) for levels 1-3 when it is built in, libdeflate for the rest
- *    (and for 1-3 without ISA-L), zlib when neither is built.  CRC32 is
- *    ISA-L's when built (~26 GB/s vs libdeflate's ~14 GB/s), whatever the
- *    deflater.  Decompression stays on libdeflate: its inflate beat
- *    igzip's on our members (1 MiB, usr tar: 1.05 vs 0.95 GB/s; memory
- *    image: 3.4 vs 1.9 GB/s).
+ *    (and for 1-3 without ISA-L), zlib when neither is built.  CRC32
+ *    comes from the library that deflated the block (see gz_crc()).
+ *    Decompression stays on libdeflate: its inflate beat igzip's on our
+ *    members (1 MiB, usr tar: 1.05 vs 0.95 GB/s; memory image: 3.4 vs
+ *    1.9 GB/s).
  *
  * Deflater measurements (one thread, 1 MiB members, 50 MB corpora from
  * bench/zip/run.sh; MB/s and output/input; `bench-zip --case backend`
@@ -302,18 +302,24 @@ static ssize_t zstd_block(struct ioc__zip_cctx *c, uint8_t *dst, size_t cap,
 	return (ssize_t)r;
 }
 
-/* CRC32 of a whole block: ISA-L's folding CRC when built (measured
- * ~26 GB/s against libdeflate's ~14 GB/s on this machine's CPU), else
- * libdeflate's, else zlib's. */
-static uint32_t gz_crc(const void *src, size_t n)
+/* CRC32 of a whole block, by the library that just deflated it.  Mixing
+ * them costs: ISA-L's CRC (AVX-512 folding, ~26 GB/s alone against
+ * libdeflate's ~14 GB/s) made the next libdeflate -6 block slower, 245
+ * vs 256 MB/s per core on the memory image (usr 94 vs 96), while after
+ * igzip it is the faster one (memory image -1: 1821 vs 1657 MB/s, -3:
+ * 492 vs 447; usr -1 706 vs 677).  Measured through ioc__zip_compress()
+ * on one thread, 1 MiB blocks, 200 MB corpora. */
+static uint32_t gz_crc(const struct ioc__zip_cctx *c, const void *src, size_t n)
 {
 #if IOC_HAVE_ISAL
-	return crc32_gzip_refl(0, src, n);
-#elif IOC_HAVE_LIBDEFLATE
-	return libdeflate_crc32(0, src, n);
-#else
-	return (uint32_t)crc32(crc32(0, NULL, 0), src, (uInt)n);
+	if (c->deflater == IOC__ZIP_D_ISAL)
+		return crc32_gzip_refl(0, src, n);
 #endif
+#if IOC_HAVE_LIBDEFLATE
+	if (c->deflater == IOC__ZIP_D_LIBDEFLATE)
+		return libdeflate_crc32(0, src, n);
+#endif
+	return (uint32_t)crc32(crc32(0, NULL, 0), src, (uInt)n);
 }
 
 static ssize_t gzip_member(struct ioc__zip_cctx *c, uint8_t *dst, size_t cap,
@@ -336,14 +342,14 @@ static ssize_t gzip_member(struct ioc__zip_cctx *c, uint8_t *dst, size_t cap,
 		if (deflate(&c->zs, Z_FINISH) != Z_STREAM_END)
 			return -ENOSPC;
 		body = body_cap - c->zs.avail_out;
-		crc = (uint32_t)crc32(crc32(0, NULL, 0), src, (uInt)n);
+		crc = gz_crc(c, src, n);
 		break;
 	case IOC__ZIP_D_LIBDEFLATE:
 #if IOC_HAVE_LIBDEFLATE
 		body = libdeflate_deflate_compress(c->ld, src, n, dst + IOC__ZIP_GZ_HEADER, body_cap);
 		if (!body)
 			return -ENOSPC;
-		crc = gz_crc(src, n);
+		crc = gz_crc(c, src, n);
 		break;
 #else
 		return -ENOTSUP;
@@ -372,7 +378,7 @@ static ssize_t gzip_member(struct ioc__zip_cctx *c, uint8_t *dst, size_t cap,
 			return -EIO;
 		}
 		body = c->iz->total_out;
-		crc = gz_crc(src, n);
+		crc = gz_crc(c, src, n);
 		break;
 #else
 		return -ENOTSUP;
