@@ -47,7 +47,14 @@
  * pigz -p2, 200 MB corpora in tmpfs, medians of 5 interleaved runs, 2
  * shared cores): usr -1 2.11x -> 3.74x, -2 1.58x -> 4.91x, -3 1.92x ->
  * 3.76x; memory image -1 1.24x -> 3.27x, -2 1.21x -> 4.46x, -3 1.36x ->
- * 1.82x; -6 unchanged (usr 2.05x, memory image 1.80x).
+ * 1.82x; -6 unchanged (usr 2.05x, memory image 1.80x).  Later, with the
+ * input mapped, workers writing the output and the CRC fix in gz_crc()
+ * (bench/zip/run.sh --quick, 200 MB, medians of 2 runs of best-of-2):
+ * -1 usr 5.80x, memory image 5.04x (sizes 1.00x and 0.97x of pigz's);
+ * -6 usr 2.14x, memory image 1.94x (sizes 0.99x).  -6 on the memory
+ * image is bound by libdeflate -6 itself: ~256 MB/s per core with its
+ * CRC, so 2 cores give at most ~2.06x pigz -p2's ~249 MB/s; we run at
+ * ~94% of that.
  *  - All-zero blocks (the zero pages of a memory image) skip the
  *    compressor: zstd gets a frame of RLE blocks built by hand (4 bytes per
  *    128 KiB).  Its checksum is XXH64 of n zeros, which libzstd does not
