@@ -5,6 +5,12 @@
  *                                         thread, same gzip member framing
  *                                         (speed and size: codec.c picks per
  *                                         level from these)
+ *   bench-zip --case calibrate FILE NAME  every raw libdeflate level 1-9 and
+ *                                         igzip 1-3, one thread, gzip's
+ *                                         default block: total size and
+ *                                         speed per level, to compare with
+ *                                         pigz -N's size (calibrate.sh; the
+ *                                         table in codec.c's essay)
  *   bench-zip --case lib FILE LEVEL NAME  the library pipeline against
  *                                         libzstd's own multithreading
  *                                         (ZSTD_c_nbWorkers), in memory, in
@@ -39,10 +45,10 @@ static uint8_t *slurp(const char *path, size_t cap, size_t *len)
 }
 
 static double backend_mbps(enum ioc_zip_deflate be, int level, const uint8_t *src, size_t n,
-			   size_t *out_total)
+			   size_t block, size_t *out_total)
 {
 	struct ioc__zip_cctx c;
-	size_t block = 4u << 20, cap = ioc__zip_compress_bound(IOC_ZIP_GZIP, block);
+	size_t cap = ioc__zip_compress_bound(IOC_ZIP_GZIP, block);
 	uint8_t *dst = malloc(cap);
 	uint64_t t0;
 	uint32_t sum;
@@ -216,6 +222,49 @@ static const struct backend backends[] = {
 	{ IOC_ZIP_DEFLATE_ZLIB, "zlib", true, true },
 };
 
+/* An explicit deflater runs at the raw level asked for (only DEFAULT maps
+ * levels), so these rows are the libraries' own levels, cut into the
+ * blocks the CLI uses for gzip by default. */
+static int calibrate_case(const char *path, const char *name, const char *cmd)
+{
+	size_t n, out = 0, block = ioc_zip_default_block(IOC_ZIP_GZIP, 6);
+	uint8_t *src = slurp(path, 512u << 20, &n);
+	char params[256];
+
+	if (!src)
+		return -1;
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(backends); i++) {
+		const struct backend *b = &backends[i];
+		int top = b->be == IOC_ZIP_DEFLATE_ISAL ? 3 : 9;
+
+		/* zlib's sizes come from pigz itself (calibrate.sh). */
+		if (!b->built || b->be == IOC_ZIP_DEFLATE_ZLIB)
+			continue;
+		for (int level = 1; level <= top; level++) {
+			double v = backend_mbps(b->be, level, src, n, block, &out);
+
+			snprintf(params, sizeof(params), "corpus=%s,level=%d,threads=1,block=%zu",
+				 name, level, block);
+			struct ioc_bench_row r = {
+				.suite = "zip", .case_name = "calibrate", .params = params,
+				.impl = b->name, .metric = "MB/s", .value = v,
+				.value_ok = v > 0, .cmd = cmd,
+				.error = v > 0 ? NULL : "compression failed",
+			};
+			ioc_bench_row(stdout, &r);
+			r.metric = "bytes";
+			r.lower_is_better = true;
+			r.value = (double)out;
+			ioc_bench_row(stdout, &r);
+			fflush(stdout);
+			fprintf(stderr, "bench-zip: %s %s level %d: %.1f MB/s, %zu bytes (%.4f)\n",
+				name, b->name, level, v, out, (double)out / (double)n);
+		}
+	}
+	free(src);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char cmd[1024], params[256];
@@ -231,8 +280,17 @@ int main(int argc, char **argv)
 		}
 		return 0;
 	}
+	if (argc == 5 && strcmp(argv[1], "--case") == 0 && strcmp(argv[2], "calibrate") == 0) {
+		ioc_bench_cmdline(argc, argv, cmd, sizeof(cmd));
+		if (calibrate_case(argv[3], argv[4], cmd)) {
+			fprintf(stderr, "bench-zip: cannot read %s\n", argv[3]);
+			return 1;
+		}
+		return 0;
+	}
 	if (argc != 5 || strcmp(argv[1], "--case") || strcmp(argv[2], "backend")) {
 		fprintf(stderr, "usage: bench-zip --case backend FILE LEVEL\n"
+				"       bench-zip --case calibrate FILE CORPUS-NAME\n"
 				"       bench-zip --case lib FILE LEVEL CORPUS-NAME\n");
 		return 2;
 	}
@@ -251,7 +309,7 @@ int main(int argc, char **argv)
 		/* igzip stops at level 3: a row above it would be level 3. */
 		if (!b->built || (b->be == IOC_ZIP_DEFLATE_ISAL && level > 3))
 			continue;
-		v = backend_mbps(b->be, level, src, n, &out);
+		v = backend_mbps(b->be, level, src, n, 4u << 20, &out);
 		struct ioc_bench_row r = {
 			.suite = "zip", .case_name = "codec-backend", .params = params,
 			.impl = b->name, .peer = b->peer,
