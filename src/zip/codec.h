@@ -51,7 +51,8 @@ enum ioc__zip_deflater {
 
 struct ioc__zip_cctx {
 	enum ioc_zip_format format;
-	int level;
+	int level;                  /* as asked (gzip's XFL says it) */
+	int lib_level;              /* what the deflater runs (gzip) */
 	bool checksum;
 	enum ioc__zip_deflater deflater;
 	struct ZSTD_CCtx_s *zc;
@@ -75,6 +76,13 @@ void ioc__zip_cctx_fini(struct ioc__zip_cctx *c);
 
 /* The deflater a gzip cctx at this level would use, or -ENOTSUP. */
 int ioc__zip_deflater_for(int level, enum ioc_zip_deflate deflate);
+
+/* The deflater and the level of that library a gzip level runs at: with
+ * DEFAULT, the calibration table in codec.c's essay (the fastest setting
+ * whose output is no bigger than zlib's at that level); an explicit
+ * deflater runs at the level as given (clamped to what it has).  Returns
+ * the deflater (enum ioc__zip_deflater) or -ENOTSUP / -EINVAL. */
+int ioc__zip_deflate_pick(int level, enum ioc_zip_deflate deflate, int *lib_level);
 
 /* Worst-case output of one block of n bytes. */
 size_t ioc__zip_compress_bound(enum ioc_zip_format format, size_t n);

@@ -81,8 +81,7 @@ static void test_gzip_roundtrip(void)
 					  sizes[i]);
 			if (IOC_HAVE_ISAL && level <= 4)
 				roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_ISAL, sizes[i]);
-			if (level <= 9)
-				roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_DEFAULT, sizes[i]);
+			roundtrip(IOC_ZIP_GZIP, level, IOC_ZIP_DEFLATE_DEFAULT, sizes[i]);
 		}
 }
 
@@ -152,6 +151,82 @@ static void test_deflater_choice(void)
 	ASSERT_EQ(ioc__zip_deflater_for(1, IOC_ZIP_DEFLATE_LIBDEFLATE),
 		  IOC_HAVE_LIBDEFLATE ? IOC__ZIP_D_LIBDEFLATE : -ENOTSUP);
 	ASSERT_EQ(ioc__zip_deflater_for(1, (enum ioc_zip_deflate)99), -EINVAL);
+}
+
+/* The level calibration table of codec.c's essay, as DEFAULT must apply it:
+ * gzip level -> (deflater, that library's level), with and without ISA-L.
+ * Explicit deflaters run the level as given. */
+static void test_level_calibration(void)
+{
+	static const struct {
+		int level, lib_level;
+	} ld[] = {
+		{ 1, 1 }, { 2, 1 }, { 3, 2 }, { 4, 4 }, { 5, 5 }, { 6, 5 },
+		{ 7, 6 }, { 8, 6 }, { 9, 6 }, { 10, 10 }, { 11, 11 }, { 12, 12 },
+		{ 19, 12 }, { 0, 5 },   /* 0 = the default level, 6 */
+	};
+	int lib_level;
+
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(ld); i++) {
+		int level = ld[i].level, d = ioc__zip_deflate_pick(level, 0, &lib_level);
+
+		if (IOC_HAVE_ISAL && level >= 1 && level <= 3) {
+			ASSERT_EQ(d, IOC__ZIP_D_ISAL);
+			ASSERT_EQ(lib_level, level);
+		} else if (IOC_HAVE_LIBDEFLATE) {
+			ASSERT_EQ(d, IOC__ZIP_D_LIBDEFLATE);
+			ASSERT_EQ(lib_level, ld[i].lib_level);
+		} else {
+			ASSERT_EQ(d, IOC__ZIP_D_ZLIB);
+			ASSERT_EQ(lib_level, level < 1 ? 6 : level > 9 ? 9 : level);
+		}
+		ASSERT_EQ(ioc__zip_deflater_for(level, 0), d);
+	}
+	for (int level = 1; level <= 19; level++) {
+		if (IOC_HAVE_LIBDEFLATE) {
+			ASSERT_EQ(ioc__zip_deflate_pick(level, IOC_ZIP_DEFLATE_LIBDEFLATE,
+							&lib_level), IOC__ZIP_D_LIBDEFLATE);
+			ASSERT_EQ(lib_level, level > 12 ? 12 : level);
+		}
+		if (IOC_HAVE_ISAL) {
+			ASSERT_EQ(ioc__zip_deflate_pick(level, IOC_ZIP_DEFLATE_ISAL, &lib_level),
+				  IOC__ZIP_D_ISAL);
+			ASSERT_EQ(lib_level, level > 3 ? 3 : level);
+		}
+		ASSERT_EQ(ioc__zip_deflate_pick(level, IOC_ZIP_DEFLATE_ZLIB, &lib_level),
+			  IOC__ZIP_D_ZLIB);
+		ASSERT_EQ(lib_level, level > 9 ? 9 : level);
+	}
+	ASSERT_EQ(ioc__zip_deflate_pick(6, (enum ioc_zip_deflate)99, &lib_level), -EINVAL);
+}
+
+/* A cctx really runs the picked level: DEFAULT at N deflates byte for byte
+ * what the explicit library at the mapped level does (the header's XFL
+ * still tells the level asked for: 4 at 1, 2 at 9 and up). */
+static void test_level_calibration_output(void)
+{
+	size_t n = 300001;
+	uint8_t *src = zt_data(n, 77);
+
+	for (int level = 1; level <= 12; level++) {
+		int lib_level, d = ioc__zip_deflate_pick(level, 0, &lib_level);
+		enum ioc_zip_deflate be = d == IOC__ZIP_D_ISAL ? IOC_ZIP_DEFLATE_ISAL
+				      : d == IOC__ZIP_D_LIBDEFLATE ? IOC_ZIP_DEFLATE_LIBDEFLATE
+				      : IOC_ZIP_DEFLATE_ZLIB;
+		uint8_t *a, *b;
+		bool zero;
+		ssize_t la = compress_one(IOC_ZIP_GZIP, level, 0, src, n, &a, &zero);
+		ssize_t lb = compress_one(IOC_ZIP_GZIP, lib_level, be, src, n, &b, &zero);
+
+		ASSERT_GT(la, IOC__ZIP_GZ_HEADER);
+		ASSERT_EQ(la, lb);
+		ASSERT_MEM_EQ(a + IOC__ZIP_GZ_HEADER, b + IOC__ZIP_GZ_HEADER,
+			      (size_t)la - IOC__ZIP_GZ_HEADER);
+		ASSERT_EQ(a[8], level >= 9 ? 2 : level == 1 ? 4 : 0);
+		free(a);
+		free(b);
+	}
+	free(src);
 }
 
 /* Two members concatenated must read as one stream with zlib (gzip -d). */
@@ -442,6 +517,8 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_gzip_roundtrip),
 	IOC_TEST(test_gzip_incompressible),
 	IOC_TEST(test_deflater_choice),
+	IOC_TEST(test_level_calibration),
+	IOC_TEST(test_level_calibration_output),
 	IOC_TEST(test_gzip_multimember_zlib),
 	IOC_TEST(test_zero_blocks),
 	IOC_TEST(test_seektable),
