@@ -361,7 +361,13 @@ int ioc__zip_cctx_init(struct ioc__zip_cctx *c, enum ioc_zip_format format, int 
 #if IOC_HAVE_ISAL
 		c->iz_lbuf_size = isal_lbuf_size[c->lib_level];
 		c->iz = malloc(sizeof(*c->iz));
-		c->iz_lbuf = malloc(c->iz_lbuf_size);
+		/* Zeroed: igzip's hash tables live here, and output must not
+		 * depend on whatever the allocator handed back (a calibration
+		 * run once differed by 2 bytes from the next on the same
+		 * input).  Nothing carries over between members: -T2 output
+		 * is byte-identical run to run although blocks land on
+		 * different workers' contexts each time. */
+		c->iz_lbuf = calloc(1, c->iz_lbuf_size);
 		if (!c->iz || !c->iz_lbuf) {
 			ioc__zip_cctx_fini(c);
 			return -ENOMEM;
