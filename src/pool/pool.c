@@ -118,9 +118,8 @@
  *
  * The ceiling (bench/pool "ceiling-bare-threads": the same threads calling
  * preadv in a loop, no pool, no loop thread): 1.4-1.75M/s quiet, 750-920k
- * when other work shares the CPUs.  Under load the pool's handoffs cost
- * more than the reads (a measurement with a 2-CPU build running beside
- * it: 0.34x the ceiling before the yield).
+ * when other work shares the CPUs.  Before the yield the pool reached a
+ * third of it (make bench: 595k vs 1.75M).
  *
  * Loop wakeups: with everything on, the loop slept and was woken by a
  * syscall once per ~32 preadv completions (0.03 notify syscalls per job;
