@@ -14,10 +14,13 @@ QUICK=${2:-}
 HERE=$(dirname "$0")
 BIN="$BUILD/bench/wq/bench-wq"
 NPROC=$(nproc)
+# Enough jobs that thread start and the first sleeps do not dominate: 50k
+# empty jobs took 2-8 ms, where one worker starting on its submitter's CPU
+# could cut the rate threefold; 300k run for 15-100 ms.
 if [ "$QUICK" = "--quick" ]; then
-	ROUNDS=3; SMALL=50000; LARGE=5000
+	ROUNDS=3; SMALL=300000; LARGE=10000
 else
-	ROUNDS=5; SMALL=200000; LARGE=20000
+	ROUNDS=5; SMALL=1000000; LARGE=40000
 fi
 
 if [ ! -x "$BIN" ]; then
