@@ -115,6 +115,32 @@ static inline bool past_deadline(void)
 	return (rounds & 255) == 0 && ioc_now_ns() >= deadline_ns;
 }
 
+/* What a side does after receiving the ball, the same for every impl. */
+enum turn {
+	TURN_PASS,       /* pass the ball back */
+	TURN_PASS_STOP,  /* pass it once more (so the peer sees the stop), stop */
+	TURN_STOP,       /* stop without passing */
+};
+
+/* Side A counts the round and, past the deadline, raises the stop flag;
+ * side B stops when it sees the flag. */
+static enum turn take_turn(bool is_a)
+{
+	if (is_a) {
+		rounds++;
+		if (!past_deadline())
+			return TURN_PASS;
+		/* Relaxed: the pass that follows (a pipe write, an eventfd,
+		 * a BH) orders it before B's load below. */
+		atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
+		return TURN_PASS_STOP;
+	}
+	/* Relaxed: pairs with A's store above through the pass that
+	 * delivered the ball. */
+	return atomic_load_explicit(&stop_flag, memory_order_relaxed) ? TURN_STOP
+								       : TURN_PASS;
+}
+
 /* ---- iocore: two loops ----------------------------------------------- */
 
 struct side {
@@ -154,31 +180,23 @@ static struct ioc_loop_opts loop_opts(void)
 static void pp_read(void *opaque)
 {
 	struct side *s = opaque;
+	enum turn t;
 	char c;
 
 	if (read(s->rfd, &c, 1) != 1)
 		return;
-	if (s->is_a) {
-		rounds++;
-		if (past_deadline()) {
-			atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
-			if (write(s->wfd, &c, 1) < 0)
-				die("write", errno);
-			ioc_loop_stop(s->loop);
-			return;
-		}
-	} else if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
-		ioc_loop_stop(s->loop);
-		return;
-	}
-	if (write(s->wfd, &c, 1) < 0)
+	t = take_turn(s->is_a);
+	if (t != TURN_STOP && write(s->wfd, &c, 1) < 0)
 		die("write", errno);
+	if (t != TURN_PASS)
+		ioc_loop_stop(s->loop);
 }
 
 /* scal: eventfd ping-pong; the peer's sequence number is what io_poll
  * checks without a syscall. */
 static void scal_work(struct side *s)
 {
+	enum turn t;
 	uint64_t v;
 
 	/* The eventfd is drained; polling may have found the work first. */
@@ -189,16 +207,11 @@ static void scal_work(struct side *s)
 	if (v == s->seen)
 		return;
 	s->seen = v;
-	if (s->is_a) {
-		rounds++;
-		if (past_deadline()) {
-			atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
-			ioc_loop_stop(s->loop);
-		}
-	} else if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
+	t = take_turn(s->is_a);
+	if (t != TURN_PASS)
 		ioc_loop_stop(s->loop);
+	if (t == TURN_STOP)
 		return;
-	}
 	/* Release: pairs with the acquire load above on the peer. */
 	atomic_fetch_add_explicit(&s->peer->seq, 1, memory_order_release);
 	v = 1;
@@ -237,20 +250,12 @@ static bool idle_poll(void *opaque)
 static void bh_cb(void *opaque)
 {
 	struct side *s = opaque;
+	enum turn t = take_turn(s->is_a);
 
-	if (s->is_a) {
-		rounds++;
-		if (past_deadline()) {
-			atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
-			ioc_bh_schedule(s->peer->bh);
-			ioc_loop_stop(s->loop);
-			return;
-		}
-	} else if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
+	if (t != TURN_STOP)
+		ioc_bh_schedule(s->peer->bh);
+	if (t != TURN_PASS)
 		ioc_loop_stop(s->loop);
-		return;
-	}
-	ioc_bh_schedule(s->peer->bh);
 }
 
 /*
@@ -497,46 +502,29 @@ static void uv_close_all(struct uvside *s)
 static void luv_async_cb(uv_async_t *h)
 {
 	struct uvside *s = h->data;
+	enum turn t = take_turn(s->is_a);
 
-	if (s->is_a) {
-		rounds++;
-		if (past_deadline()) {
-			atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
-			uv_async_send(&s->peer->async);
-			uv_close_all(s);
-			return;
-		}
-	} else if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
+	if (t != TURN_STOP)
+		uv_async_send(&s->peer->async);
+	if (t != TURN_PASS)
 		uv_close_all(s);
-		return;
-	}
-	uv_async_send(&s->peer->async);
 }
 
 static void luv_poll_cb(uv_poll_t *h, int status, int events)
 {
 	struct uvside *s = h->data;
+	enum turn t;
 	char c;
 
 	(void)status;
 	(void)events;
 	if (read(s->rfd, &c, 1) != 1)
 		return;
-	if (s->is_a) {
-		rounds++;
-		if (past_deadline()) {
-			atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
-			if (write(s->wfd, &c, 1) < 0)
-				die("write", errno);
-			uv_close_all(s);
-			return;
-		}
-	} else if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
-		uv_close_all(s);
-		return;
-	}
-	if (write(s->wfd, &c, 1) < 0)
+	t = take_turn(s->is_a);
+	if (t != TURN_STOP && write(s->wfd, &c, 1) < 0)
 		die("write", errno);
+	if (t != TURN_PASS)
+		uv_close_all(s);
 }
 
 static void uv_side_setup(struct uvside *s)
@@ -570,6 +558,8 @@ static double run_libuv(void)
 	int p1[2], p2[2];
 	int64_t start;
 
+	if (strcmp(opt_case, "pingpong") && strcmp(opt_case, "bh"))
+		return -1;
 	pthread_barrier_init(&bar, NULL, 2);
 	uv_a = (struct uvside){ .is_a = true, .peer = &uv_b, .bar = &bar };
 	uv_b = (struct uvside){ .peer = &uv_a, .bar = &bar };
@@ -618,27 +608,18 @@ static struct evside ev_a, ev_b;
 static void ev_read_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct evside *s = arg;
+	enum turn t;
 	char c;
 
 	(void)fd;
 	(void)what;
 	if (read(s->rfd, &c, 1) != 1)
 		return;
-	if (s->is_a) {
-		rounds++;
-		if (past_deadline()) {
-			atomic_store_explicit(&stop_flag, true, memory_order_relaxed);
-			if (write(s->wfd, &c, 1) < 0)
-				die("write", errno);
-			event_base_loopbreak(s->base);
-			return;
-		}
-	} else if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
-		event_base_loopbreak(s->base);
-		return;
-	}
-	if (write(s->wfd, &c, 1) < 0)
+	t = take_turn(s->is_a);
+	if (t != TURN_STOP && write(s->wfd, &c, 1) < 0)
 		die("write", errno);
+	if (t != TURN_PASS)
+		event_base_loopbreak(s->base);
 }
 
 static void ev_side_setup(struct evside *s)
@@ -752,6 +733,8 @@ int main(int argc, char **argv)
 	} else if (!strcmp(opt_impl, "libuv")) {
 #ifdef IOC_HAVE_LIBUV
 		v = run_libuv();
+		if (v < 0)
+			err = "case not implemented for libuv";
 #else
 		err = "libuv not built in";
 #endif
