@@ -34,6 +34,16 @@ mkdir -p "$CACHE"
 
 log() { echo "bench/zip: $*" >&2; }
 
+# speed_rows case params impl peer secs cmd [output]: the MB/s and MB/CPU-s
+# rows of one timed run over the corpus of $N bytes, and with an output
+# file its size ratio row.
+speed_rows() {
+	row "$1" "$2" "$3" "$4" MB/s "$(mbps $N "$5")" higher "$6"
+	row "$1" "$2" "$3" "$4" "MB/CPU-s" "$(mbcpu $N "$5")" higher "$6"
+	[ -n "${7:-}" ] && row "$1" "$2" "$3" "$4" "size ratio" "$(ratio $(size "$7") $N)" lower "$6"
+	return 0
+}
+
 # row case params impl peer metric value better cmd [error]
 row() {
 	local v=$6 err=${9:-}
@@ -136,9 +146,7 @@ for corpus in usr mem; do
 		cmd="$Z -q -v -f -T0 -$L $IN -o OUT.zst"
 		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 -$L "$IN" -o "$WORK/ours.zst"); then
 			[ "$L" = 3 ] && cp "$WORK/ours.zst" "$WORK/ours3.zst"
-			row compress "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$cmd"
-			row compress "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
-			row compress "$P" iocore-zip false "size ratio" "$(ratio $(size "$WORK/ours.zst") $N)" lower "$cmd"
+			speed_rows compress "$P" iocore-zip false "$s" "$cmd" "$WORK/ours.zst"
 			busy_row compress-busy "$P" "$cmd"
 		else
 			row compress "$P" iocore-zip false MB/s "" higher "$cmd" "iocore-zip failed or not built"
@@ -146,9 +154,7 @@ for corpus in usr mem; do
 		cmd="zstd -q -f -T$NCPU -$L $IN -o OUT.zst"
 		if [ $have_zstd = 1 ] && s=$(timeit zstd -q -f -T$NCPU -$L "$IN" -o "$WORK/peer.zst"); then
 			[ "$L" = 3 ] && cp "$WORK/peer.zst" "$WORK/peer3.zst"
-			row compress "$P" "zstd -T$NCPU" true MB/s "$(mbps $N "$s")" higher "$cmd"
-			row compress "$P" "zstd -T$NCPU" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
-			row compress "$P" "zstd -T$NCPU" true "size ratio" "$(ratio $(size "$WORK/peer.zst") $N)" lower "$cmd"
+			speed_rows compress "$P" "zstd -T$NCPU" true "$s" "$cmd" "$WORK/peer.zst"
 		else
 			row compress "$P" "zstd -T$NCPU" true MB/s "" higher "$cmd" "zstd missing or failed"
 		fi
@@ -159,8 +165,7 @@ for corpus in usr mem; do
 	     "$Z" -q -f -T0 -3 "$IN" -o "$WORK/ours3.zst" 2>/dev/null; } &&
 	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours3.zst" -o "$WORK/ours.out"); then
 		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d"
-		row decompress "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$Z -d -T0 ours.zst -o OUT"
-		row decompress "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$Z -d -T0 ours.zst -o OUT"
+		speed_rows decompress "$P" iocore-zip false "$s" "$Z -d -T0 ours.zst -o OUT"
 		busy_row decompress-busy "$P" "$Z -v -d -T0 ours.zst -o OUT"
 	else
 		row decompress "$P" iocore-zip false MB/s "" higher "$Z -d" "iocore-zip failed or not built"
@@ -168,8 +173,7 @@ for corpus in usr mem; do
 	if [ $have_zstd = 1 ] && { [ -s "$WORK/peer3.zst" ] ||
 	     zstd -q -f -T$NCPU -3 "$IN" -o "$WORK/peer3.zst"; } &&
 	   s=$(timeit zstd -q -d -f "$WORK/peer3.zst" -o "$WORK/peer.out"); then
-		row decompress "$P" "zstd -d" true MB/s "$(mbps $N "$s")" higher "zstd -d peer.zst -o OUT"
-		row decompress "$P" "zstd -d" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "zstd -d peer.zst -o OUT"
+		speed_rows decompress "$P" "zstd -d" true "$s" "zstd -d peer.zst -o OUT"
 	else
 		row decompress "$P" "zstd -d" true MB/s "" higher "zstd -d" "zstd missing or failed"
 	fi
@@ -180,9 +184,7 @@ for corpus in usr mem; do
 		cmd="$Z -q -f -T0 --format=gzip -$L $IN -o OUT.gz"
 		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 --format=gzip -$L "$IN" -o "$WORK/ours.gz"); then
 			[ "$L" = 6 ] && cp "$WORK/ours.gz" "$WORK/ours6.gz"
-			row gzip "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$cmd"
-			row gzip "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
-			row gzip "$P" iocore-zip false "size ratio" "$(ratio $(size "$WORK/ours.gz") $N)" lower "$cmd"
+			speed_rows gzip "$P" iocore-zip false "$s" "$cmd" "$WORK/ours.gz"
 			busy_row gzip-busy "$P" "$cmd"
 		else
 			row gzip "$P" iocore-zip false MB/s "" higher "$cmd" "iocore-zip failed or not built"
@@ -190,9 +192,7 @@ for corpus in usr mem; do
 		cmd="pigz -p $NCPU -$L -c $IN > OUT.gz"
 		if [ $have_pigz = 1 ] && s=$(timeit sh -c "pigz -p $NCPU -$L -c '$IN' > '$WORK/peer.gz'"); then
 			[ "$L" = 6 ] && cp "$WORK/peer.gz" "$WORK/peer6.gz"
-			row gzip "$P" "pigz -p$NCPU" true MB/s "$(mbps $N "$s")" higher "$cmd"
-			row gzip "$P" "pigz -p$NCPU" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "$cmd"
-			row gzip "$P" "pigz -p$NCPU" true "size ratio" "$(ratio $(size "$WORK/peer.gz") $N)" lower "$cmd"
+			speed_rows gzip "$P" "pigz -p$NCPU" true "$s" "$cmd" "$WORK/peer.gz"
 		else
 			row gzip "$P" "pigz -p$NCPU" true MB/s "" higher "$cmd" "pigz missing or failed"
 		fi
@@ -203,16 +203,14 @@ for corpus in usr mem; do
 	     "$Z" -q -f -T0 --format=gzip -6 "$IN" -o "$WORK/ours6.gz" 2>/dev/null; } &&
 	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours6.gz" -o "$WORK/ours.out"); then
 		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d (gzip)"
-		row decompress "$P" iocore-zip false MB/s "$(mbps $N "$s")" higher "$Z -d -T0 ours.gz -o OUT"
-		row decompress "$P" iocore-zip false "MB/CPU-s" "$(mbcpu $N "$s")" higher "$Z -d -T0 ours.gz -o OUT"
+		speed_rows decompress "$P" iocore-zip false "$s" "$Z -d -T0 ours.gz -o OUT"
 	else
 		row decompress "$P" iocore-zip false MB/s "" higher "$Z -d" "iocore-zip failed or not built"
 	fi
 	if [ $have_pigz = 1 ] && { [ -s "$WORK/peer6.gz" ] ||
 	     pigz -p $NCPU -6 -c "$IN" > "$WORK/peer6.gz"; } &&
 	   s=$(timeit sh -c "pigz -d -p $NCPU -c '$WORK/peer6.gz' > '$WORK/peer.out'"); then
-		row decompress "$P" "pigz -d" true MB/s "$(mbps $N "$s")" higher "pigz -d -c peer.gz > OUT"
-		row decompress "$P" "pigz -d" true "MB/CPU-s" "$(mbcpu $N "$s")" higher "pigz -d -c peer.gz > OUT"
+		speed_rows decompress "$P" "pigz -d" true "$s" "pigz -d -c peer.gz > OUT"
 	else
 		row decompress "$P" "pigz -d" true MB/s "" higher "pigz -d" "pigz missing or failed"
 	fi
