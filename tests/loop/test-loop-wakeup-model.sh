@@ -1,26 +1,13 @@
 #!/bin/sh
 # Model-check src/loop/wakeup.pml (the loop's sleep/wake handshake) with
 # spin, and check the model can fail: the same model without the loop's
-# `sleeping = true` store must report a lost wakeup.  TAP; 77 = skip.
+# `sleeping = true` store must report a lost wakeup.  TAP on stdout.
 set -u
 SRC=${IOC_SOURCE_ROOT:?}/src/loop/wakeup.pml
-echo "1..2"
-if ! command -v spin >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
-	echo "ok 1 - wakeup model # SKIP spin not installed"
-	echo "ok 2 - wakeup model mutant # SKIP spin not installed"
-	exit 77
-fi
-DIR=$(mktemp -d)
-trap 'rm -rf "$DIR"' EXIT
-cd "$DIR" || exit 1
-check() { # model.pml -> prints pan output
-	spin -a "$1" >spin.log 2>&1 &&
-	cc -O2 -DSAFETY -o pan pan.c >>spin.log 2>&1 &&
-	./pan -m100000 >pan.log 2>&1
-	cat spin.log pan.log
-}
+. "$IOC_SOURCE_ROOT/tests/harness/spin-model.sh"
+spin_setup 2 "wakeup model"
 cp "$SRC" model.pml
-if check model.pml | grep -q "errors: 0"; then
+if spin_verify model.pml -m100000; then
 	echo "ok 1 - wakeup model: $(grep -o '[0-9]* states, stored' pan.log)"
 else
 	echo "not ok 1 - wakeup model"
@@ -28,9 +15,11 @@ else
 	exit 1
 fi
 sed 's/^\(\t*\) *sleeping = true;.*$/\1skip;/' model.pml >mutant.pml
-if check mutant.pml | grep -q "invalid end state"; then
+spin_verify mutant.pml -m100000
+if grep -q "invalid end state" pan.log; then
 	echo "ok 2 - wakeup model mutant finds the lost wakeup"
 else
 	echo "not ok 2 - mutant without the sleeping store passed"
+	sed 's/^/# /' spin.log pan.log
 	exit 1
 fi

@@ -1,30 +1,33 @@
 #!/bin/sh
 # Model-check the pool's sleep/wake handshake (src/pool/pool-wake.pml) with
 # spin: no job is stranded while every worker sleeps, and shutdown joins
-# every worker.  TAP on stdout; skipped when spin or a C compiler is missing.
+# every worker.  Then check that the check can fail: a spinner that goes to
+# sleep without re-checking the queue under the lock must deadlock.  TAP on
+# stdout; skipped when spin or a C compiler is missing.
+set -u
 MODEL=${1:?usage: test-pool-model.sh path/to/pool-wake.pml}
-CC=${CC:-cc}
-echo "1..1"
-if ! command -v spin >/dev/null 2>&1 || ! command -v "$CC" >/dev/null 2>&1; then
-	echo "ok 1 - pool-wake model # SKIP spin or $CC not installed"
-	exit 0
-fi
-DIR=$(mktemp -d "${TMPDIR:-/tmp}/ioc-pool-model.XXXXXX") || exit 1
-trap 'rm -rf "$DIR"' EXIT
-cp "$MODEL" "$DIR/model.pml"
-cd "$DIR" || exit 1
-if ! spin -a model.pml >spin.log 2>&1 ||
-   ! "$CC" -O1 -DSAFETY -o pan pan.c >cc.log 2>&1; then
-	echo "not ok 1 - pool-wake model (could not build the verifier)"
-	sed 's/^/# /' spin.log cc.log
-	exit 1
-fi
-./pan -m100000 >pan.log 2>&1
-if grep -q "errors: 0" pan.log; then
+. "${IOC_SOURCE_ROOT:?}/tests/harness/spin-model.sh"
+spin_setup 2 "pool-wake model"
+cp "$MODEL" model.pml
+if spin_verify model.pml -m100000; then
 	echo "ok 1 - pool-wake model"
 	grep -E "states, stored|depth reached" pan.log | sed 's/^/# /'
-	exit 0
+else
+	echo "not ok 1 - pool-wake model"
+	sed 's/^/# /' spin.log pan.log
+	exit 1
 fi
-echo "not ok 1 - pool-wake model"
-sed 's/^/# /' pan.log
-exit 1
+# The line after `spun = 1;` is the spinner's `goto top`, its re-check.
+sed '/spun = 1;/{n;s/goto top/skip/;}' model.pml >mutant.pml
+if cmp -s model.pml mutant.pml; then
+	echo "not ok 2 - pool-wake mutant: the sed found no re-check to remove"
+	exit 1
+fi
+spin_verify mutant.pml -m100000
+if grep -q "invalid end state" pan.log; then
+	echo "ok 2 - pool-wake mutant without the spinner's re-check deadlocks"
+else
+	echo "not ok 2 - pool-wake mutant without the spinner's re-check passed"
+	sed 's/^/# /' spin.log pan.log
+	exit 1
+fi

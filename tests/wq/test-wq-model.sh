@@ -1,17 +1,11 @@
 #!/bin/sh
 # Model-check src/wq/wq-sleep.pml (the workqueue's sleep/wake handshakes)
 # with spin: the real protocol must pass, and each mutant that drops a
-# re-check must fail (so the check itself can fail).  TAP; 77 = no spin.
+# re-check must fail (so the check itself can fail).  TAP on stdout.
 set -u
-SRC=${IOC_SOURCE_ROOT:-$(dirname "$0")/../..}/src/wq/wq-sleep.pml
-CC=${CC:-cc}
-if ! command -v spin >/dev/null 2>&1; then
-	echo "1..0 # SKIP spin (Promela) not installed"
-	exit 77
-fi
-DIR=$(mktemp -d)
-trap 'rm -rf "$DIR"' EXIT
-cd "$DIR" || exit 1
+SRC=${IOC_SOURCE_ROOT:?}/src/wq/wq-sleep.pml
+. "$IOC_SOURCE_ROOT/tests/harness/spin-model.sh"
+spin_setup 3 "wq-sleep model"
 
 check() { # name expect(pass|fail) spin-defines...
 	name=$1; expect=$2; shift 2
@@ -36,7 +30,6 @@ check() { # name expect(pass|fail) spin-defines...
 	return 1
 }
 
-echo "1..3"
 rc=0
 check "handshakes lose no wakeup" pass || rc=1
 check "mutant: worker skips its re-check" fail -DBUG_NO_WORKER_RECHECK || rc=1

@@ -1,0 +1,43 @@
+# Sourced by the tests that model-check a Promela model with spin
+# (tests/*/test-*-model.sh): the skip rule, the scratch directory and the
+# verifier build they share.  POSIX sh.
+CC=${CC:-cc}
+
+# spin_setup PLAN NAME: print the TAP plan.  Without spin or a C compiler
+# every test is reported skipped and the script exits: 77 when run alone,
+# 0 under meson (IOC_TAP_ONLY, as tests/harness/tap.h: meson 1.0's TAP
+# parser counts 77 as a failure).  Otherwise work in a temporary
+# directory that is removed on exit.
+spin_setup() {
+	echo "1..$1"
+	if ! command -v spin >/dev/null 2>&1 || ! command -v "$CC" >/dev/null 2>&1; then
+		_i=1
+		while [ "$_i" -le "$1" ]; do
+			echo "ok $_i - $2 # SKIP spin or $CC not installed"
+			_i=$((_i + 1))
+		done
+		[ -n "${IOC_TAP_ONLY:-}" ] && exit 0
+		exit 77
+	fi
+	SPIN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ioc-spin.XXXXXX") || exit 1
+	trap 'rm -rf "$SPIN_DIR"' EXIT
+	cd "$SPIN_DIR" || exit 1
+}
+
+# spin_verify MODEL PAN-FLAGS [CC-FLAGS...]: generate the verifier for
+# MODEL, build it with -DSAFETY and CC-FLAGS, run it with PAN-FLAGS; the
+# logs are left in spin.log and pan.log.  Returns 0 when spin reports no
+# error, 1 when it reports one, 2 when the verifier could not be built.
+spin_verify() {
+	_model=$1
+	_pan=$2
+	shift 2
+	rm -f pan pan.* ./*.trail
+	if ! spin -a "$_model" >spin.log 2>&1 ||
+	   ! "$CC" -O2 -DSAFETY "$@" -o pan pan.c >>spin.log 2>&1; then
+		return 2
+	fi
+	# shellcheck disable=SC2086 # PAN-FLAGS is a word list
+	./pan $_pan >pan.log 2>&1
+	grep -q "errors: 0" pan.log
+}
