@@ -168,7 +168,7 @@ static void run_begin(void)
  * that bound lies next to the pools' rows.
  */
 static _Atomic uint64_t bare_count;
-static _Atomic bool bare_stop;
+static _Atomic bool bare_stop, bare_failed;
 
 static void *bare_thread(void *arg)
 {
@@ -180,8 +180,11 @@ static void *bare_thread(void *arg)
 	while (!atomic_load_explicit(&bare_stop, memory_order_relaxed)) {
 		seed = seed * 1664525u + 1013904223u;
 		s->off = cfg.empty ? 0 : (uint64_t)(seed >> 4) % cfg.nblocks * BS;
-		if (do_job(s) != (cfg.empty ? 0 : BS))
+		if (do_job(s) != (cfg.empty ? 0 : BS)) {
+			/* Relaxed: read after pthread_join(), which orders it. */
+			atomic_store_explicit(&bare_failed, true, memory_order_relaxed);
 			break;
+		}
 		if (++n == 64) {
 			atomic_fetch_add_explicit(&bare_count, n, memory_order_relaxed);
 			n = 0;
@@ -205,6 +208,8 @@ static const char *run_bare(void)
 	pthread_t tids[64];
 	unsigned t = cfg.threads < 64 ? cfg.threads : 64;
 
+	if (t > cfg.depth)
+		return "bare needs --depth >= --threads (one buffer per thread)";
 	run_begin();
 	for (unsigned i = 0; i < t; i++)
 		if (pthread_create(&tids[i], NULL, bare_thread, &slots[i]))
@@ -220,7 +225,8 @@ static const char *run_bare(void)
 	atomic_store_explicit(&bare_stop, true, memory_order_relaxed);
 	for (unsigned i = 0; i < t; i++)
 		pthread_join(tids[i], NULL);
-	return NULL;
+	return atomic_load_explicit(&bare_failed, memory_order_relaxed) ?
+	       "a preadv failed" : NULL;
 }
 
 /* ---- iocore -------------------------------------------------------------- */
