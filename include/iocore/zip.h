@@ -69,7 +69,12 @@ enum ioc_zip_format {
  * neither is built.  An explicit backend runs at the level as given (igzip
  * clamps above 3 to 3).  Decompression always uses libdeflate when built
  * (faster than igzip's inflate), else zlib.  Asking for one that is not
- * built gives -ENOTSUP. */
+ * built gives -ENOTSUP.
+ * Reproducibility: zstd, libdeflate and zlib output is a function of the
+ * input, the level and the block size alone.  igzip's (gzip levels 1-3 by
+ * default) may differ by a few bytes from run to run -- always valid and
+ * decoding to the same data; pick IOC_ZIP_DEFLATE_LIBDEFLATE where the
+ * compressed bytes themselves must repeat (deduplicating backups). */
 enum ioc_zip_deflate {
 	IOC_ZIP_DEFLATE_DEFAULT = 0,
 	IOC_ZIP_DEFLATE_LIBDEFLATE,

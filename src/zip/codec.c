@@ -361,12 +361,12 @@ int ioc__zip_cctx_init(struct ioc__zip_cctx *c, enum ioc_zip_format format, int 
 #if IOC_HAVE_ISAL
 		c->iz_lbuf_size = isal_lbuf_size[c->lib_level];
 		c->iz = malloc(sizeof(*c->iz));
-		/* Zeroed: igzip's hash tables live here, and output must not
-		 * depend on whatever the allocator handed back (a calibration
-		 * run once differed by 2 bytes from the next on the same
-		 * input).  Nothing carries over between members: -T2 output
-		 * is byte-identical run to run although blocks land on
-		 * different workers' contexts each time. */
+		/* Zeroed, so nothing igzip reads before writing comes from
+		 * the allocator.  That alone does not make igzip's output
+		 * repeat byte for byte inside the pipeline (see zip.h); tried
+		 * and not enough either: clearing the whole level buffer and
+		 * the stream before every member, and giving every block the
+		 * same output room. */
 		c->iz_lbuf = calloc(1, c->iz_lbuf_size);
 		if (!c->iz || !c->iz_lbuf) {
 			ioc__zip_cctx_fini(c);
