@@ -90,16 +90,24 @@ fi
 
 # secs CMD... : wall seconds of a command (its stdout/stderr to files)
 now() { date +%s%N; }
-# Best of $REPS runs: the machine is shared, and the fastest run is the one
-# least disturbed by others.  Applied the same way to every tool.  Prints
+# timeit OUT CMD...: best of $REPS runs of CMD, which writes the file OUT.
+# The machine is shared, and the fastest run is the one least disturbed by
+# others.  OUT is removed before every run, outside the timed span: each tool
+# writes a new file, as `zstd -d x.zst` or `pigz -d` do in normal use.  With
+# a previous output still there, the time of freeing its pages (25 ms of a
+# 120 ms decompression on tmpfs) lands on whoever replaces it: at open for
+# `-f`/O_TRUNC tools, at rename for iocore-zip.  Applied the same way to
+# every tool.  Prints
 # "WALL CPU" in seconds (CPU = user + system of the whole command, children
 # included), of the fastest run.
 # CPU time needs GNU time (package "time"); without it, MB/CPU-s rows are null.
 TIMECMD=""
 [ -x /usr/bin/time ] && TIMECMD=yes
 timeit() {
-	local t0 t1 best="" i
+	local out=$1 t0 t1 best="" i
+	shift
 	for i in $(seq $REPS); do
+		rm -f "$out"
 		echo "0 0" > "$WORK/time"
 		t0=$(now)
 		if [ -n "$TIMECMD" ]; then
@@ -144,7 +152,7 @@ for corpus in usr mem; do
 	for L in $LEVELS; do
 		P="corpus=$corpus,level=$L,threads=$NCPU"
 		cmd="$Z -q -v -f -T0 -$L $IN -o OUT.zst"
-		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 -$L "$IN" -o "$WORK/ours.zst"); then
+		if [ $have_z = 1 ] && s=$(timeit "$WORK/ours.zst" "$Z" -q -v -f -T0 -$L "$IN" -o "$WORK/ours.zst"); then
 			[ "$L" = 3 ] && cp "$WORK/ours.zst" "$WORK/ours3.zst"
 			speed_rows compress "$P" iocore-zip false "$s" "$cmd" "$WORK/ours.zst"
 			busy_row compress-busy "$P" "$cmd"
@@ -152,7 +160,7 @@ for corpus in usr mem; do
 			row compress "$P" iocore-zip false MB/s "" higher "$cmd" "iocore-zip failed or not built"
 		fi
 		cmd="zstd -q -f -T$NCPU -$L $IN -o OUT.zst"
-		if [ $have_zstd = 1 ] && s=$(timeit zstd -q -f -T$NCPU -$L "$IN" -o "$WORK/peer.zst"); then
+		if [ $have_zstd = 1 ] && s=$(timeit "$WORK/peer.zst" zstd -q -f -T$NCPU -$L "$IN" -o "$WORK/peer.zst"); then
 			[ "$L" = 3 ] && cp "$WORK/peer.zst" "$WORK/peer3.zst"
 			speed_rows compress "$P" "zstd -T$NCPU" true "$s" "$cmd" "$WORK/peer.zst"
 		else
@@ -163,7 +171,7 @@ for corpus in usr mem; do
 	P="corpus=$corpus,format=zstd,threads=$NCPU"
 	if [ $have_z = 1 ] && { [ -s "$WORK/ours3.zst" ] ||
 	     "$Z" -q -f -T0 -3 "$IN" -o "$WORK/ours3.zst" 2>/dev/null; } &&
-	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours3.zst" -o "$WORK/ours.out"); then
+	   s=$(timeit "$WORK/ours.out" "$Z" -q -v -d -f -T0 "$WORK/ours3.zst" -o "$WORK/ours.out"); then
 		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d"
 		speed_rows decompress "$P" iocore-zip false "$s" "$Z -d -T0 ours.zst -o OUT"
 		busy_row decompress-busy "$P" "$Z -v -d -T0 ours.zst -o OUT"
@@ -172,7 +180,7 @@ for corpus in usr mem; do
 	fi
 	if [ $have_zstd = 1 ] && { [ -s "$WORK/peer3.zst" ] ||
 	     zstd -q -f -T$NCPU -3 "$IN" -o "$WORK/peer3.zst"; } &&
-	   s=$(timeit zstd -q -d -f "$WORK/peer3.zst" -o "$WORK/peer.out"); then
+	   s=$(timeit "$WORK/peer.out" zstd -q -d -f "$WORK/peer3.zst" -o "$WORK/peer.out"); then
 		speed_rows decompress "$P" "zstd -d" true "$s" "zstd -d peer.zst -o OUT"
 	else
 		row decompress "$P" "zstd -d" true MB/s "" higher "zstd -d" "zstd missing or failed"
@@ -182,7 +190,7 @@ for corpus in usr mem; do
 	for L in $GZLEVELS; do
 		P="corpus=$corpus,level=$L,threads=$NCPU"
 		cmd="$Z -q -f -T0 --format=gzip -$L $IN -o OUT.gz"
-		if [ $have_z = 1 ] && s=$(timeit "$Z" -q -v -f -T0 --format=gzip -$L "$IN" -o "$WORK/ours.gz"); then
+		if [ $have_z = 1 ] && s=$(timeit "$WORK/ours.gz" "$Z" -q -v -f -T0 --format=gzip -$L "$IN" -o "$WORK/ours.gz"); then
 			[ "$L" = 6 ] && cp "$WORK/ours.gz" "$WORK/ours6.gz"
 			speed_rows gzip "$P" iocore-zip false "$s" "$cmd" "$WORK/ours.gz"
 			busy_row gzip-busy "$P" "$cmd"
@@ -190,7 +198,7 @@ for corpus in usr mem; do
 			row gzip "$P" iocore-zip false MB/s "" higher "$cmd" "iocore-zip failed or not built"
 		fi
 		cmd="pigz -p $NCPU -$L -c $IN > OUT.gz"
-		if [ $have_pigz = 1 ] && s=$(timeit sh -c "pigz -p $NCPU -$L -c '$IN' > '$WORK/peer.gz'"); then
+		if [ $have_pigz = 1 ] && s=$(timeit "$WORK/peer.gz" sh -c "pigz -p $NCPU -$L -c '$IN' > '$WORK/peer.gz'"); then
 			[ "$L" = 6 ] && cp "$WORK/peer.gz" "$WORK/peer6.gz"
 			speed_rows gzip "$P" "pigz -p$NCPU" true "$s" "$cmd" "$WORK/peer.gz"
 		else
@@ -201,7 +209,7 @@ for corpus in usr mem; do
 	P="corpus=$corpus,format=gzip,threads=$NCPU"
 	if [ $have_z = 1 ] && { [ -s "$WORK/ours6.gz" ] ||
 	     "$Z" -q -f -T0 --format=gzip -6 "$IN" -o "$WORK/ours6.gz" 2>/dev/null; } &&
-	   s=$(timeit "$Z" -q -v -d -f -T0 "$WORK/ours6.gz" -o "$WORK/ours.out"); then
+	   s=$(timeit "$WORK/ours.out" "$Z" -q -v -d -f -T0 "$WORK/ours6.gz" -o "$WORK/ours.out"); then
 		cmp -s "$IN" "$WORK/ours.out" || log "MISMATCH after iocore-zip -d (gzip)"
 		speed_rows decompress "$P" iocore-zip false "$s" "$Z -d -T0 ours.gz -o OUT"
 	else
@@ -209,7 +217,7 @@ for corpus in usr mem; do
 	fi
 	if [ $have_pigz = 1 ] && { [ -s "$WORK/peer6.gz" ] ||
 	     pigz -p $NCPU -6 -c "$IN" > "$WORK/peer6.gz"; } &&
-	   s=$(timeit sh -c "pigz -d -p $NCPU -c '$WORK/peer6.gz' > '$WORK/peer.out'"); then
+	   s=$(timeit "$WORK/peer.out" sh -c "pigz -d -p $NCPU -c '$WORK/peer6.gz' > '$WORK/peer.out'"); then
 		speed_rows decompress "$P" "pigz -d" true "$s" "pigz -d -c peer.gz > OUT"
 	else
 		row decompress "$P" "pigz -d" true MB/s "" higher "pigz -d" "pigz missing or failed"
