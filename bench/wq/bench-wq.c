@@ -2,7 +2,7 @@
  * Workqueue throughput, seed 001's shape: one submitter thread, jobs that
  * each process one 4 KiB page, K jobs in flight, throughput in jobs/s.
  *
- *   bench-wq --case empty|crc4k|compress4k --impl iocore|glib|mutex
+ *   bench-wq --case empty|crc4k|compress4k --impl iocore|glib|mutex|inline
  *            --workers N [--policy fill|rr|ll] [--jobs N] [--inflight K]
  *            [--variant]
  *
@@ -11,7 +11,10 @@
  * compress4k (ZSTD_compressCCtx level 1 of the page: "large").
  * Impls: iocore's wq (default policy, or --policy), GLib's GThreadPool with
  * completions through a GAsyncQueue, and a plain mutex+condvar queue (one
- * request queue, one done queue) written here as the floor.
+ * request queue, one done queue) written here as the floor.  And
+ * "inline", reported as ceiling-inline: no queue and no thread, the
+ * submitter runs each job as it submits it: the rate the work alone allows
+ * one thread (not a peer; no target compares with it).
  * All use the same submitter loop: keep K = workers * 64 jobs in flight,
  * collect what finished, submit again.  Two rows per run: jobs/s (wall
  * clock) and cpu-ns/job (process CPU time per job, all threads).
@@ -278,6 +281,35 @@ static unsigned mq_collect(void *ctx, struct bjob **out, unsigned max)
 	return n;
 }
 
+/* ---- the ceiling: no queue, the submitter runs each job itself --------- */
+
+/* What one thread needs for the jobs alone (the hash of a page, say), so
+ * no one-worker queue can go faster; a peer's rate over this one is the
+ * best ratio any queue could reach against it with one worker. */
+struct inl {
+	struct bjob **done;
+	unsigned n;
+};
+
+static int inline_submit(void *ctx, struct bjob *j)
+{
+	struct inl *q = ctx;
+
+	job_run(j);
+	q->done[q->n++] = j;
+	return 0;
+}
+
+static unsigned inline_collect(void *ctx, struct bjob **out, unsigned max)
+{
+	struct inl *q = ctx;
+	unsigned n = q->n < max ? q->n : max;
+
+	memcpy(out, q->done + q->n - n, n * sizeof(*out));
+	q->n -= n;
+	return n;
+}
+
 /* ---- GLib GThreadPool ------------------------------------------------- */
 
 #ifdef IOC_HAVE_GLIB
@@ -400,6 +432,16 @@ int main(int argc, char **argv)
 		for (unsigned i = 0; i < workers; i++)
 			pthread_join(mp.threads[i], NULL);
 		snprintf(implname, sizeof(implname), "mutex-condvar");
+		row.peer = true;
+	} else if (!strcmp(impl, "inline")) {
+		struct inl q = { calloc(k, sizeof(struct bjob *)), 0 };
+		struct impl im = { inline_submit, inline_collect, &q };
+
+		if (!q.done)
+			return 1;
+		rate = run(&im, pool, k, njobs, &check);
+		free(q.done);
+		snprintf(implname, sizeof(implname), "ceiling-inline");
 		row.peer = true;
 	} else {
 		snprintf(implname, sizeof(implname), "glib-gthreadpool");

@@ -3,7 +3,9 @@
 # One submitter, 4 KiB page jobs (empty / checksum / zstd -1), throughput vs
 # worker count 1..nproc for iocore's wq, GLib's GThreadPool and a plain
 # mutex+condvar queue; plus the FILL / ROUND_ROBIN / LEAST_LOADED comparison
-# (case "batching"), with every ring kept full and with a 16-job window.
+# (case "batching"), with every ring kept full and with a 16-job window,
+# and for one worker the ceiling (ceiling-inline: the jobs run by the
+# submitter itself, no queue, the rate the work alone allows one thread).
 # The implementations of one comparison run interleaved, several rounds,
 # and each row is the median (bench/ring/interleave.py): the machine is
 # shared, and load that comes and goes should hit every implementation.
@@ -39,6 +41,10 @@ commands() {
 	for impl in iocore glib mutex; do
 		echo "$BIN --case $c --impl $impl --workers $w --jobs $n $*"
 	done
+	# The ceiling of one worker: the submitter doing the jobs itself.
+	if [ "$w" = 1 ] && [ "$c" != empty ]; then
+		echo "$BIN --case $c --impl inline --workers 1 --jobs $n $*"
+	fi
 	if [ "$c" != empty ]; then
 		for p in fill rr ll; do
 			echo "$BIN --case $c --impl iocore --policy $p --variant --workers $w --jobs $n $*"
