@@ -362,11 +362,21 @@ int ioc__zip_cctx_init(struct ioc__zip_cctx *c, enum ioc_zip_format format, int 
 		c->iz_lbuf_size = isal_lbuf_size[c->lib_level];
 		c->iz = malloc(sizeof(*c->iz));
 		/* Zeroed, so nothing igzip reads before writing comes from
-		 * the allocator.  That alone does not make igzip's output
-		 * repeat byte for byte inside the pipeline (see zip.h); tried
-		 * and not enough either: clearing the whole level buffer and
-		 * the stream before every member, and giving every block the
-		 * same output room. */
+		 * the allocator.  igzip's output still does not repeat byte
+		 * for byte from run to run (zip.h), and the cause is in ISA-L
+		 * 2.30: with everything it is given identical -- zeroed
+		 * stream, zeroed level buffer, the same input, output room
+		 * and prior output bytes -- a block compressed with the
+		 * isal_zstream at another address can come out a few bytes
+		 * different (measured outside iocore: the stream moved to 63
+		 * places across 4 GiB, 16 KiB blocks of a /usr tar: 1-2 of
+		 * 381 blocks differed at 2-3 of the places; moving the input,
+		 * the output or the level buffer alone changed nothing, nor
+		 * did garbage in the stream, the level buffer, the stack or
+		 * the vector registers, nor other threads running meanwhile).
+		 * malloc puts the stream somewhere else on each run (and in
+		 * each worker), so ~1 gzip -1 member in 10^4 differs between
+		 * runs; always valid, always decoding to the same data. */
 		c->iz_lbuf = calloc(1, c->iz_lbuf_size);
 		if (!c->iz || !c->iz_lbuf) {
 			ioc__zip_cctx_fini(c);

@@ -330,8 +330,9 @@ static void test_write_ref(void)
 /* The byte-for-byte comparisons below run gzip on libdeflate (or zlib),
  * whose output is a function of the block alone.  igzip's is not quite:
  * the same block compressed in these tests came out a few bytes longer or
- * shorter in ~3% of runs (always decoding to the same data), and single
- * threaded ISA-L reproduced none of it; include/iocore/zip.h says so. */
+ * shorter in ~3% of runs (always decoding to the same data), because ISA-L
+ * compresses some blocks differently depending on the address of its
+ * stream state (src/zip/codec.c); include/iocore/zip.h says so. */
 #if IOC_HAVE_LIBDEFLATE
 #define BYTE_STABLE_DEFLATER IOC_ZIP_DEFLATE_LIBDEFLATE
 #else
