@@ -39,11 +39,19 @@ reparam() { # row params
 	sed -e "s/\"params\":\"[^\"]*\"/\"params\":\"$2\"/" <<<"$1"
 }
 
+# scal compares rows of separate runs (N idle against N=0), and on this
+# 2-vCPU VM a single run can drop 5-10x when a sleeping thread's vCPU is
+# slow to wake (seen: 37k against 400k round trips/s for the same command
+# a second later; blocking waits then cost ~50 us each).  So each
+# backend's four runs go interleaved, several rounds, median per row
+# (bench/ring/interleave.py), and a dip hits one round of every N alike.
 echo "== scal (seed 003)" >&2
+scal_rounds=5; scal_secs=1
+[ $quick = 1 ] && { scal_rounds=3; scal_secs=0.5; }
 for b in io_uring epoll poll; do
 	for n in 0 100 1000 3200; do
-		run --case scal --backend "$b" --idle "$n"
-	done
+		echo "$bench --case scal --backend $b --idle $n --seconds $scal_secs"
+	done | python3 "$(dirname "$0")/../ring/interleave.py" "$scal_rounds"
 done
 
 echo "== iter (seed 003 property on one thread: iteration cost vs idle handlers)" >&2
