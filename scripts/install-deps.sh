@@ -16,6 +16,11 @@ BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
 # Tests: real clients and tools the integration tests drive.
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
       python3 xxd spin time"
+# On x86-64, a cross compiler and qemu's user mode run the AArch64
+# context switch (tests/co/test-co-switch-aarch64.sh).
+if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then
+	TEST="$TEST gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+fi
 # Benchmarks: the peers iocore is measured against, and the plotter.
 BENCH="libuv1-dev libevent-dev libglib2.0-dev libboost-context-dev
        libck-dev gnuplot-nox g++"

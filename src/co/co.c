@@ -45,8 +45,10 @@
  *
  * Not supported: CET shadow stacks / IBT (the switch returns with an
  * indirect jump and the .S carries no GNU property note); AArch64 BTI.
- * The AArch64 switch is assembled and its first frame compiled in CI-less
- * cross checks only: no AArch64 machine was available to run it.
+ * The AArch64 switch runs in the tests under qemu-aarch64 (user mode), on
+ * its own (tests/co/test-co-switch-aarch64.sh: arguments, x19-x28, d8-d15,
+ * FPCR, the first frame's alignment); the rest of the module (pool, loop,
+ * locks) has not run on AArch64, for want of an AArch64 machine.
  */
 #include "co-int.h"
 

@@ -13,8 +13,8 @@
  *       0: x19 x20   16: x21 x22   32: x23 x24   48: x25 x26
  *      64: x27 x28   80: x29 x30   96: d8 d9    112: d10 d11
  *     128: d12 d13  144: d14 d15  160: FPCR     168: unused
- * ioc__co_stack_init() in co-switch.h builds the first frame of a fresh
- * stack with x30 = the entry function and x29 = 0.
+ * ioc__co_ctx_make() in co-switch.h builds the first frame of a fresh
+ * stack with x30 = the entry function, x29 = 0 and the caller's FPCR.
  */
 	.text
 	.globl	ioc__co_switch
