@@ -75,8 +75,9 @@ enum ioc_zip_format {
  * default) may differ by a few bytes from run to run -- always valid and
  * decoding to the same data: ISA-L 2.30 compresses some blocks slightly
  * differently depending on the address of its stream state, which moves
- * with every run.  Pick IOC_ZIP_DEFLATE_LIBDEFLATE where the compressed
- * bytes themselves must repeat (deduplicating backups). */
+ * with every run.  Pick IOC_ZIP_DEFLATE_LIBDEFLATE (iocore-zip
+ * --deflate=libdeflate) where the compressed bytes themselves must repeat
+ * (deduplicating backups). */
 enum ioc_zip_deflate {
 	IOC_ZIP_DEFLATE_DEFAULT = 0,
 	IOC_ZIP_DEFLATE_LIBDEFLATE,

@@ -2,7 +2,8 @@
  * iocore-zip: parallel zstd/gzip compression with zstd's command line.
  *
  *   iocore-zip [-d] [-c] [-o FILE] [-f] [-k] [--rm] [-T N] [-1..-19]
- *              [--format=zstd|gzip] [--block-size SIZE] [-l] [-t]
+ *              [--format=zstd|gzip] [--deflate=BACKEND] [--block-size SIZE]
+ *              [-l] [-t]
  *              [--range=OFFSET:LENGTH] [-q] [-v] [FILE...]
  *
  * A thin shell around the library (include/iocore/zip.h): it reads the
@@ -48,6 +49,7 @@ struct cli {
 	unsigned threads;
 	size_t block;
 	enum ioc_zip_format format;
+	enum ioc_zip_deflate deflate;
 	const char *out_name;
 	bool range_set;
 	uint64_t range_off, range_len;
@@ -120,6 +122,9 @@ static void usage(FILE *f)
 		"      --format=F      zstd (default) or gzip; gzip -N aims at zlib's -N\n"
 		"                      ratio (gzip -N, pigz -N) with the fastest backend\n"
 		"                      setting measured to reach it\n"
+		"      --deflate=B     gzip backend: auto (default), libdeflate, isal, zlib;\n"
+		"                      auto's igzip (-1..-3) may differ by a few bytes\n"
+		"                      between runs, the others repeat their bytes\n"
 		"      --block-size=S  independent block size (default: zstd 4M, 8M from -6,\n"
 		"                      16M from -13; gzip 1M; K/M suffixes)\n"
 		"  -l, --list          list frames and ratio\n"
@@ -349,6 +354,7 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 	 * it (see src/zip/pipeline.c). */
 	struct ioc_zip_opts o = {
 		.format = cli->format, .level = cli->level, .block_size = cli->block,
+		.deflate = cli->deflate,
 		.workers = cli->threads, .write = out_write, .opaque = j,
 		.write_from_workers = !cli->decompress,
 	};
@@ -752,6 +758,21 @@ int main(int argc, char **argv)
 					cli.format = IOC_ZIP_GZIP;
 				} else {
 					fprintf(stderr, "iocore-zip: unknown format %s\n", val);
+					return 1;
+				}
+			} else if (IS("--deflate")) {
+				NEED_VAL();
+				if (strcmp(val, "auto") == 0) {
+					cli.deflate = IOC_ZIP_DEFLATE_DEFAULT;
+				} else if (strcmp(val, "libdeflate") == 0) {
+					cli.deflate = IOC_ZIP_DEFLATE_LIBDEFLATE;
+				} else if (strcmp(val, "isal") == 0 || strcmp(val, "igzip") == 0) {
+					cli.deflate = IOC_ZIP_DEFLATE_ISAL;
+				} else if (strcmp(val, "zlib") == 0) {
+					cli.deflate = IOC_ZIP_DEFLATE_ZLIB;
+				} else {
+					fprintf(stderr, "iocore-zip: unknown deflate backend %s "
+						"(auto, libdeflate, isal, zlib)\n", val);
 					return 1;
 				}
 			} else if (IS("--block-size")) {
