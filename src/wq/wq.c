@@ -248,7 +248,7 @@ static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 	 * lower bound: above low_water it settles the question without
 	 * touching the ring's producer line (the submitter's, written on
 	 * every submit, so reading it per job cost a cache-line transfer per
-	 * job: crc4k with one worker ran 10% faster without); otherwise it
+	 * job: crc4k with one worker ran 6-10% faster without); otherwise it
 	 * is read again.  Stale reads only make queued smaller and the done
 	 * count larger, i.e. make us check more often, never less; at queued
 	 * == 0 we always check. */
