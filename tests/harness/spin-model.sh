@@ -41,3 +41,23 @@ spin_verify() {
 	./pan $_pan >pan.log 2>&1
 	grep -q "errors: 0" pan.log
 }
+
+# spin_expect_deadlock N MODEL MUTANT WHAT: TAP test N, that MUTANT (an
+# edit of MODEL that drops one step of the handshake) is caught: spin must
+# report an invalid end state, i.e. a thread asleep for good.  An edit
+# that changed nothing fails too, so a model rewritten under the sed
+# cannot turn this into a test that always passes.  Returns 0 or 1.
+spin_expect_deadlock() {
+	if cmp -s "$2" "$3"; then
+		echo "not ok $1 - $4: the edit found nothing to remove"
+		return 1
+	fi
+	spin_verify "$3" -m100000
+	if grep -q "invalid end state" pan.log; then
+		echo "ok $1 - $4 deadlocks, as it should"
+		return 0
+	fi
+	echo "not ok $1 - $4 passed"
+	sed 's/^/# /' spin.log pan.log
+	return 1
+}
