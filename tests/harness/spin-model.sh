@@ -42,6 +42,18 @@ spin_verify() {
 	grep -q "errors: 0" pan.log
 }
 
+# spin_expect_pass N MODEL WHAT: TAP test N, that spin finds no error in
+# MODEL (searching up to 100000 steps deep).  Returns 0 or 1.
+spin_expect_pass() {
+	if spin_verify "$2" -m100000; then
+		echo "ok $1 - $3: $(grep -o '[0-9]* states, stored' pan.log)"
+		return 0
+	fi
+	echo "not ok $1 - $3"
+	sed 's/^/# /' spin.log pan.log
+	return 1
+}
+
 # spin_expect_deadlock N MODEL MUTANT WHAT: TAP test N, that MUTANT (an
 # edit of MODEL that drops one step of the handshake) is caught: spin must
 # report an invalid end state, i.e. a thread asleep for good.  An edit
