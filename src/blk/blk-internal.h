@@ -84,6 +84,12 @@ struct ioc_blk {
 	 * a partial block never overlaps another write (see blk.c). */
 	pthread_mutex_t track_lock;
 	struct blk_req *tracked;
+
+	/* One region known to hold data, [data_start, data_end), so block
+	 * status inside it needs no lseek (see ioc_blk_co_block_status()).
+	 * Under data_lock; data_gen counts invalidations. */
+	pthread_mutex_t data_lock;
+	uint64_t data_start, data_end, data_gen;
 };
 
 /* Per-request state, inside struct ioc_blk_req's priv[]. */

@@ -2,7 +2,8 @@
  * Block status agrees with `qemu-img map --output=json` on the same file:
  * a sparse image with random data runs and punched holes, on tmpfs and on
  * a disk file system.  Both sides are merged into maximal extents of equal
- * (data, zero) flags and must be identical.
+ * (data, zero) flags and must be identical.  And the data region block
+ * status remembers is forgotten by every operation that makes holes.
  */
 #include "blk-test.h"
 
@@ -167,6 +168,70 @@ static void test_map_disk(void)
 	rmdir(dir);
 }
 
+/* Block status remembers the data region SEEK_HOLE found (blk.c): every
+ * way of making a hole through the block layer must forget it, or a hole
+ * made after a status call would still be reported as data. */
+struct region_arg {
+	struct ioc_blk *blk;
+};
+
+static int status_at(struct ioc_blk *blk, uint64_t off, uint64_t *pnum)
+{
+	int st = ioc_blk_co_block_status(blk, off, (uint64_t)ioc_blk_size(blk) - off, pnum, 0);
+
+	ASSERT_GE(st, 0);
+	return st;
+}
+
+static void region_body(void *opaque)
+{
+	struct region_arg *a = opaque;
+	struct ioc_blk *blk = a->blk;
+	static char buf[65536];
+	struct iovec iov = { buf, sizeof(buf) };
+	uint64_t pnum;
+
+	/* Dense: one data region over the whole 1 MiB. */
+	ASSERT_EQ(status_at(blk, 0, &pnum), IOC_BLK_STATUS_DATA);
+	ASSERT_UEQ(pnum, 1u << 20);
+	ASSERT_EQ(status_at(blk, 4096, &pnum), IOC_BLK_STATUS_DATA);
+	ASSERT_UEQ(pnum, (1u << 20) - 4096);
+
+	ASSERT_OK(ioc_blk_co_discard(blk, 256 << 10, 64 << 10, 0));
+	ASSERT_EQ(status_at(blk, 256 << 10, &pnum), IOC_BLK_STATUS_ZERO);
+	ASSERT_UEQ(pnum, 64u << 10);
+	ASSERT_EQ(status_at(blk, 0, &pnum), IOC_BLK_STATUS_DATA);
+	ASSERT_UEQ(pnum, 256u << 10);
+
+	ASSERT_OK(ioc_blk_co_write_zeroes(blk, 512 << 10, 64 << 10, IOC_BLK_MAY_UNMAP));
+	ASSERT_EQ(status_at(blk, 512 << 10, &pnum) & IOC_BLK_STATUS_ZERO, IOC_BLK_STATUS_ZERO);
+
+	/* Writing data into a hole needs no invalidation, but must show. */
+	memset(buf, 0x5a, sizeof(buf));
+	ASSERT_OK(ioc_blk_co_pwritev(blk, 256 << 10, &iov, 1, 0));
+	ASSERT_EQ(status_at(blk, 256 << 10, &pnum), IOC_BLK_STATUS_DATA);
+
+	/* Shrink and grow back: the tail is a hole now. */
+	ASSERT_EQ(status_at(blk, 768 << 10, &pnum), IOC_BLK_STATUS_DATA);
+	ASSERT_OK(ioc_blk_co_truncate(blk, 768 << 10, 0));
+	ASSERT_OK(ioc_blk_co_truncate(blk, 1 << 20, 0));
+	ASSERT_EQ(status_at(blk, 768 << 10, &pnum), IOC_BLK_STATUS_ZERO);
+	ASSERT_UEQ(pnum, 256u << 10);
+}
+
+static void test_data_region_follows_holes(void)
+{
+	char *path = bt_make_image(NULL, "region.img", 1 << 20, true);
+	struct region_arg a;
+
+	bt_get_loop();
+	ASSERT_OK(ioc_blk_open(&a.blk, path, NULL));
+	bt_run_co_fn(region_body, &a);
+	ioc_blk_close(a.blk);
+	unlink(path);
+	free(path);
+}
+
 static void test_cleanup(void)
 {
 	rmdir(ioc_test_tmpdir());
@@ -177,5 +242,6 @@ static void test_cleanup(void)
 IOC_TEST_MAIN(
 	IOC_TEST(test_map_tmpfs),
 	IOC_TEST(test_map_disk),
+	IOC_TEST(test_data_region_follows_holes),
 	IOC_TEST(test_cleanup),
 )
