@@ -12,10 +12,11 @@ set -eu
 
 # Build: toolchain, Meson, and the libraries libiocore links.
 BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
-       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev"
+       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev
+       libgnutls28-dev"
 # Tests: real clients and tools the integration tests drive.
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
-      python3 xxd spin time"
+      python3 xxd spin time gnutls-bin"
 # On x86-64, a cross compiler and qemu's user mode run the AArch64
 # context switch (tests/co/test-co-switch-aarch64.sh).
 if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then

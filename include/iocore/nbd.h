@@ -42,12 +42,41 @@ struct ioc_nbd_export_opts {
 	bool read_only;               /* refuse writes even if blk is writable */
 };
 
+/*
+ * TLS (NBD_OPT_STARTTLS, with GnuTLS).  OFF refuses STARTTLS; ON lets each
+ * client choose; REQUIRE answers every option but STARTTLS and ABORT with
+ * NBD_REP_ERR_TLS_REQD until the client upgrades (proto.md's FORCEDTLS).
+ * Credentials: X.509 from a directory laid out as for qemu-nbd and nbdkit
+ * (server-cert.pem and server-key.pem; ca-cert.pem and ca-crl.pem, if
+ * present, check client certificates), and/or pre-shared keys from a file
+ * of "username:hexkey" lines as psktool(1) writes them.
+ */
+enum ioc_nbd_tls {
+	IOC_NBD_TLS_OFF = 0,
+	IOC_NBD_TLS_ON,
+	IOC_NBD_TLS_REQUIRE,
+};
+
+struct ioc_nbd_tls_opts {
+	enum ioc_nbd_tls mode;
+	const char *certificates;     /* X.509 directory, or NULL */
+	const char *psk_file;         /* PSK file, or NULL */
+	bool verify_peer;             /* X.509: require a client certificate
+				       * signed by ca-cert.pem */
+};
+
 /* Create a server (no thread started yet). */
 int ioc_nbd_server_new(struct ioc_nbd_server **out,
 		       const struct ioc_nbd_server_opts *opts);
 /* Add an export; before ioc_nbd_server_start(). */
 int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 			      const struct ioc_nbd_export_opts *opts);
+/* Set up TLS; before start.  Loads the credentials now, so a missing or
+ * bad file fails here: -errno, and when err is not NULL a message naming
+ * the file and GnuTLS's reason.  -ENOTSUP if built without GnuTLS. */
+int ioc_nbd_server_set_tls(struct ioc_nbd_server *srv,
+			   const struct ioc_nbd_tls_opts *opts,
+			   char *err, size_t errlen);
 /* Serve a listening socket (the server closes it).  Before start. */
 int ioc_nbd_server_add_listener(struct ioc_nbd_server *srv, int fd);
 /* Start the I/O threads and watch the listeners on the calling thread's

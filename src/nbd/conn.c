@@ -34,6 +34,14 @@
  *   reading until replies drain.  A client that never reads its replies
  *   thus stalls only itself, with bounded memory.  The handshake has a
  *   deadline (a loop timer).  A protocol violation closes this connection.
+ * - TLS (tls.c): STARTTLS's ACK is queued in the clear like any reply;
+ *   once it is out, the GnuTLS handshake runs from the same handlers
+ *   (readable or writable, as GnuTLS asks), then recv and send go through
+ *   the session.  Sends gather queued replies into one 16 KiB record at a
+ *   time (a copy, which the encryption dwarfs).  A short TLS read does not
+ *   mean the socket is empty, and bytes GnuTLS already decrypted raise no
+ *   readiness event, so the short-read shortcut is off while GnuTLS holds
+ *   input and the bottom half comes back for it.
  * - The end: EOF or NBD_CMD_DISC stop reading; the connection is freed
  *   once every request it started has been answered (or dropped, when the
  *   socket is dead).  On server shutdown it first reads until the socket
@@ -106,6 +114,7 @@
 #define IOC_NBD_FLUSH_EVERY     16
 #define IOC_NBD_KEEP_BUF        (1u << 20)
 #define IOC_NBD_REQ_HS          0xffff /* a request carrying handshake output */
+#define IOC_NBD_TLS_RECORD      16384  /* TLS's largest record payload */
 
 struct conn {
 	struct ioc__nbd_conn core;
@@ -129,6 +138,15 @@ struct conn {
 	bool draining;                  /* server stopping: read until empty */
 	bool dead;                      /* socket unusable: drop replies */
 	bool started;                   /* registered with the loop */
+
+	/* TLS (tls.c).  STARTTLS queues its ACK in the clear (ACKED); once
+	 * the ACK is out, the handshake (HANDSHAKE); then every byte goes
+	 * through the session (ON). */
+	enum { TLS_NONE, TLS_ACKED, TLS_HANDSHAKE, TLS_ON } tls_state;
+	struct ioc__nbd_tls *tls;
+	bool tls_want_write;            /* GnuTLS waits to write */
+	uint8_t *tls_out;               /* plaintext handed to GnuTLS: one record */
+	size_t tls_out_off, tls_out_len;
 };
 
 
@@ -255,6 +273,8 @@ static void conn_kill(struct conn *c)
 		return;
 	c->dead = true;
 	c->eof = true;
+	c->tls_out_len = 0;
+	c->tls_want_write = false;
 	shutdown(c->fd, SHUT_RDWR);
 	while (c->sq_head) {
 		struct ioc__nbd_req *r = c->sq_head;
@@ -264,11 +284,72 @@ static void conn_kill(struct conn *c)
 	c->sq_tail = &c->sq_head;
 }
 
+static void release_sent(struct conn *c, size_t bytes)
+{
+	unsigned done = ioc__nbd_sent(c->sq_head, bytes);
+
+	while (done--) {
+		struct ioc__nbd_req *r = c->sq_head;
+		c->sq_head = r->next;
+		req_release(c, r);
+	}
+}
+
+/* Over TLS: gather up to one record of queued replies into tls_out and
+ * hand it to GnuTLS.  The staged bytes are always the next unsent bytes
+ * of the queue, so they are accounted (and the requests released) only
+ * once GnuTLS took them; after -EAGAIN the same buffer goes again. */
+static void conn_flush_tls(struct conn *c)
+{
+	struct iovec iov[IOC_NBD_SEND_IOV];
+
+	while (c->sq_head && !c->dead) {
+		if (!c->tls_out_len) {
+			int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
+			size_t len = 0;
+
+			for (int i = 0; i < n && len < IOC_NBD_TLS_RECORD; i++) {
+				size_t k = iov[i].iov_len;
+
+				if (k > IOC_NBD_TLS_RECORD - len)
+					k = IOC_NBD_TLS_RECORD - len;
+				memcpy(c->tls_out + len, iov[i].iov_base, k);
+				len += k;
+			}
+			c->tls_out_off = 0;
+			c->tls_out_len = len;
+		}
+		const char *msg = NULL;
+		ssize_t s = ioc__nbd_tls_send(c->tls, c->tls_out + c->tls_out_off,
+					      c->tls_out_len, &msg);
+		if (s == -EAGAIN) {
+			c->want_write = true;
+			return;
+		}
+		if (s < 0) {
+			ioc__nbd_log(c->t->srv, "%s: TLS send: %s", c->core.peer, msg);
+			conn_kill(c);
+			return;
+		}
+		c->tls_out_off += (size_t)s;
+		c->tls_out_len -= (size_t)s;
+		release_sent(c, (size_t)s);
+	}
+	if (!c->sq_head)
+		c->sq_tail = &c->sq_head;
+	c->want_write = false;
+	c->queued = 0;
+}
+
 /* Send queued replies, as many per sendmsg as fit. */
 static void conn_flush(struct conn *c)
 {
 	struct iovec iov[IOC_NBD_SEND_IOV];
 
+	if (c->tls_state == TLS_ON) {
+		conn_flush_tls(c);
+		return;
+	}
 	while (c->sq_head && !c->dead) {
 		int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
 		struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
@@ -284,12 +365,7 @@ static void conn_flush(struct conn *c)
 			conn_kill(c);
 			return;
 		}
-		unsigned done = ioc__nbd_sent(c->sq_head, (size_t)s);
-		while (done--) {
-			struct ioc__nbd_req *r = c->sq_head;
-			c->sq_head = r->next;
-			req_release(c, r);
-		}
+		release_sent(c, (size_t)s);
 	}
 	if (!c->sq_head)
 		c->sq_tail = &c->sq_head;
@@ -302,8 +378,12 @@ static void on_write(void *opaque);
 
 static void update_handlers(struct conn *c)
 {
-	bool r = !c->eof && !c->dead && !conn_bounded(c);
-	bool w = c->want_write && !c->dead;
+	/* Not while STARTTLS's ACK waits to go out, nor while GnuTLS waits
+	 * to write: input then cannot be consumed, and a readable socket
+	 * would fire again and again. */
+	bool r = !c->eof && !c->dead && !conn_bounded(c) &&
+		 c->tls_state != TLS_ACKED && !c->tls_want_write;
+	bool w = (c->want_write || c->tls_want_write) && !c->dead;
 
 	if (!c->started || (r == c->reg_read && w == c->reg_write))
 		return;
@@ -353,8 +433,21 @@ static void start_request(struct conn *c, struct ioc__nbd_req *r)
 
 /* ---- reading -------------------------------------------------------------------- */
 
+/* Bytes received, 0 at EOF, or -errno (-EAGAIN: nothing now).  A TLS
+ * failure is logged here and comes back as -EPROTO. */
 static ssize_t conn_recv(struct conn *c, void *buf, size_t len)
 {
+	if (c->tls_state == TLS_ON) {
+		const char *msg = NULL;
+		bool ww = false;
+		ssize_t n = ioc__nbd_tls_recv(c->tls, buf, len, &ww, &msg);
+
+		if (n == -EAGAIN)
+			c->tls_want_write = ww;
+		else if (n == -EPROTO)
+			ioc__nbd_log(c->t->srv, "%s: TLS: %s", c->core.peer, msg);
+		return n;
+	}
 	for (;;) {
 		ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
 		if (n >= 0 || errno != EINTR)
@@ -374,8 +467,56 @@ static bool handle_recv_end(struct conn *c, ssize_t n)
 		c->eof = true; /* finish what was received, then close */
 		return true;
 	}
-	ioc__nbd_log(c->t->srv, "%s: recv: %s", c->core.peer, strerror((int)-n));
+	if (!(n == -EPROTO && c->tls_state == TLS_ON)) /* TLS: logged already */
+		ioc__nbd_log(c->t->srv, "%s: recv: %s", c->core.peer, strerror((int)-n));
 	conn_kill(c);
+	return true;
+}
+
+/* The STARTTLS ACK is out: start the session.  Handshake input can only
+ * come now (proto.c refused anything sent behind STARTTLS). */
+static void tls_begin(struct conn *c)
+{
+	const char *msg = NULL;
+	int r = ioc__nbd_tls_new(&c->tls, c->t->srv->tls, c->fd, &msg);
+
+	if (r == 0 && !(c->tls_out = malloc(IOC_NBD_TLS_RECORD))) {
+		r = -ENOMEM;
+		msg = "out of memory";
+	}
+	if (r < 0) {
+		ioc__nbd_log(c->t->srv, "%s: TLS: %s", c->core.peer, msg);
+		conn_kill(c);
+		return;
+	}
+	c->tls_state = TLS_HANDSHAKE;
+}
+
+/* One go at the TLS handshake.  True once it is done. */
+static bool tls_handshake(struct conn *c)
+{
+	const char *msg = NULL;
+	bool ww = false;
+	int r = ioc__nbd_tls_handshake(c->tls, &ww, &msg);
+
+	if (r == -EAGAIN) {
+		c->tls_want_write = ww;
+		return false;
+	}
+	c->tls_want_write = false;
+	if (r < 0) {
+		ioc__nbd_log(c->t->srv, "%s: TLS handshake failed: %s", c->core.peer, msg);
+		conn_kill(c);
+		return false;
+	}
+	c->tls_state = TLS_ON;
+	if (c->t->srv->opts.log) {
+		char desc[192];
+
+		ioc__nbd_tls_describe(c->tls, desc, sizeof(desc));
+		ioc__nbd_log(c->t->srv, "%s: TLS started: %s", c->core.peer, desc);
+	}
+	ioc__nbd_tls_started(&c->core);
 	return true;
 }
 
@@ -384,9 +525,17 @@ static void hs_process(struct conn *c)
 	struct ioc__nbd_conn *core = &c->core;
 
 	while (!c->eof && !c->dead) {
+		if (c->tls_state == TLS_ACKED)
+			return; /* conn_process() starts TLS once the ACK is out */
+		if (c->tls_state == TLS_HANDSHAKE && !tls_handshake(c))
+			return;
 		int st = ioc__nbd_hs_step(core);
 		if (queue_hs_output(c) < 0) {
 			conn_kill(c);
+			return;
+		}
+		if (st == IOC_NBD_STARTTLS) {
+			c->tls_state = TLS_ACKED;
 			return;
 		}
 		if (st == IOC_NBD_READY) {
@@ -426,6 +575,13 @@ static void hs_process(struct conn *c)
 		handle_recv_end(c, n);
 		return;
 	}
+}
+
+/* Decrypted input waits inside GnuTLS: the socket may be empty, so do
+ * not wait for it to become readable. */
+static bool tls_pending(struct conn *c)
+{
+	return c->tls_state == TLS_ON && ioc__nbd_tls_pending(c->tls) > 0;
 }
 
 static void tx_process(struct conn *c)
@@ -482,7 +638,7 @@ static void tx_process(struct conn *c)
 			want = (size_t)(p->len - core->partial_got);
 			n = conn_recv(c, p->buf + core->partial_got, want);
 			if (n > 0) {
-				drained = (size_t)n < want;
+				drained = (size_t)n < want && !tls_pending(c);
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, (size_t)n);
 				if (done)
@@ -494,7 +650,7 @@ static void tx_process(struct conn *c)
 			want = core->in_cap - core->in_end;
 			n = conn_recv(c, core->in + core->in_end, want);
 			if (n > 0) {
-				drained = (size_t)n < want;
+				drained = (size_t)n < want && !tls_pending(c);
 				core->in_end += (size_t)n;
 				continue;
 			}
@@ -513,6 +669,18 @@ static void conn_process(struct conn *c)
 	if (c->core.phase == IOC_NBD_PHASE_TRANSMISSION && !c->dead)
 		tx_process(c);
 	conn_flush(c);
+	if (c->tls_state == TLS_ACKED && !c->sq_head && !c->dead) {
+		tls_begin(c);
+		if (!c->dead)
+			hs_process(c);
+		conn_flush(c);
+	}
+	/* Stopped reading (the per-call cap) with input already decrypted:
+	 * no readiness event will come for it, so come back from the BH. */
+	if (!c->eof && !c->dead && !c->stalled && tls_pending(c)) {
+		c->stalled = true;
+		ioc_bh_schedule(c->bh);
+	}
 	update_handlers(c);
 	conn_maybe_reap(c);
 }
@@ -526,6 +694,13 @@ static void on_write(void *opaque)
 {
 	struct conn *c = opaque;
 
+	/* TLS may wait to write for its own sake (handshake, key update),
+	 * and the STARTTLS ACK going out starts the handshake. */
+	if (c->tls_state != TLS_NONE && (c->tls_want_write || c->tls_state != TLS_ON)) {
+		c->tls_want_write = false;
+		conn_process(c);
+		return;
+	}
 	conn_flush(c);
 	if (c->stalled && !conn_bounded(c))
 		conn_process(c);
@@ -576,6 +751,12 @@ static void conn_destroy(struct conn *c)
 	}
 	if (c->bh)
 		ioc_bh_delete(c->bh);
+	if (c->tls) {
+		if (c->tls_state == TLS_ON && !c->dead)
+			ioc__nbd_tls_bye(c->tls);
+		ioc__nbd_tls_free(c->tls);
+	}
+	free(c->tls_out);
 	close(c->fd);
 	if (c->core.partial) {
 		req_free(c->core.partial);

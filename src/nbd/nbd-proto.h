@@ -220,11 +220,20 @@ struct ioc__nbd_export {
 	void *be;
 };
 
+/* The server's TLS mode (proto.md "TLS support"). */
+enum ioc__nbd_tls_mode {
+	IOC__NBD_TLS_OFF = 0,           /* NOTLS: STARTTLS refused (POLICY) */
+	IOC__NBD_TLS_ON,                /* SELECTIVETLS, no TLS-only export */
+	IOC__NBD_TLS_REQUIRE,           /* FORCEDTLS: nothing but STARTTLS and
+					 * ABORT before TLS */
+};
+
 /* What every connection of a server shares (read-only while serving). */
 struct ioc__nbd_cfg {
 	struct ioc__nbd_export **exports;
 	unsigned nexports;
 	int shutting_down;              /* atomic; set by the server's shutdown */
+	enum ioc__nbd_tls_mode tls;
 };
 
 /* ---- per-request state -------------------------------------------------- */
@@ -285,6 +294,7 @@ struct ioc__nbd_conn {
 	uint64_t opt_skip;              /* bytes of an oversized option to drop */
 	uint32_t opt_skip_opt;
 	bool abort_after_out;           /* ABORT: close once out[] is sent */
+	bool tls;                       /* the transport finished STARTTLS */
 
 	/* Transmission parsing: a WRITE whose payload is still arriving. */
 	struct ioc__nbd_req *partial;
@@ -300,6 +310,8 @@ enum {
 	IOC_NBD_MORE = 0,       /* need more input */
 	IOC_NBD_READY = 1,      /* handshake done / a request is ready */
 	IOC_NBD_CLOSE = 2,      /* send out[] then close (ABORT, DISC) */
+	IOC_NBD_STARTTLS = 3,   /* send out[] (the ACK), run the TLS handshake,
+				 * then ioc__nbd_tls_started() and step on */
 };
 
 int ioc__nbd_conn_init(struct ioc__nbd_conn *c, const struct ioc__nbd_cfg *cfg,
@@ -312,8 +324,13 @@ void ioc__nbd_conn_compact(struct ioc__nbd_conn *c);
 void ioc__nbd_hs_start(struct ioc__nbd_conn *c);
 /* Consume handshake input; may queue output in out[].  Returns IOC_NBD_MORE,
  * IOC_NBD_READY (transmission phase entered: remaining input belongs to it),
- * IOC_NBD_CLOSE (send out[] and close) or -EPROTO for a hard disconnect. */
+ * IOC_NBD_CLOSE (send out[] and close), IOC_NBD_STARTTLS (only when
+ * cfg->tls allows it: out[] holds the ACK and no input is left over) or
+ * -EPROTO for a hard disconnect. */
 int ioc__nbd_hs_step(struct ioc__nbd_conn *c);
+/* The transport finished the TLS handshake that IOC_NBD_STARTTLS asked
+ * for: option haggling goes on, over TLS. */
+void ioc__nbd_tls_started(struct ioc__nbd_conn *c);
 
 /*
  * Transmission: take the next request out of the input.  Returns

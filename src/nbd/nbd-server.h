@@ -6,6 +6,7 @@
 #define IOC_NBD_SERVER_H
 
 #include <stdatomic.h>
+#include <sys/types.h>
 
 #include "iocore/nbd.h"
 #include "nbd-proto.h"
@@ -32,8 +33,12 @@ struct listener {
 };
 
 
+struct ioc__nbd_tls_creds;
+struct ioc__nbd_tls;
+
 struct ioc_nbd_server {
 	struct ioc_nbd_server_opts opts;
+	struct ioc__nbd_tls_creds *tls;  /* NULL: TLS off */
 	struct ioc__nbd_cfg cfg;
 	struct ioc__nbd_export *exports[IOC_NBD_MAX_EXPORTS];
 	struct listener listeners[IOC_NBD_MAX_LISTENERS];
@@ -58,6 +63,28 @@ int ioc__nbd_conn_accept(struct nbd_thread *t, int fd);
  * (stop_task) and, after the grace period, close what is left (kill_task). */
 void ioc__nbd_thread_stop(struct ioc_task *task);
 void ioc__nbd_thread_kill(struct ioc_task *task);
+
+/* tls.c: GnuTLS behind a non-blocking interface (see tls.c).  Calls that
+ * can wait return -EAGAIN and set *want_write when GnuTLS waits to write
+ * rather than to read; failures return -errno with *msg saying why. */
+int ioc__nbd_tls_creds_new(struct ioc__nbd_tls_creds **out,
+			   const struct ioc_nbd_tls_opts *o, char *err, size_t errlen);
+void ioc__nbd_tls_creds_free(struct ioc__nbd_tls_creds *cr);
+int ioc__nbd_tls_new(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+		     int fd, const char **msg);
+void ioc__nbd_tls_free(struct ioc__nbd_tls *t);
+int ioc__nbd_tls_handshake(struct ioc__nbd_tls *t, bool *want_write, const char **msg);
+/* Bytes (0 at EOF), -EAGAIN or -EPROTO. */
+ssize_t ioc__nbd_tls_recv(struct ioc__nbd_tls *t, void *buf, size_t len,
+			  bool *want_write, const char **msg);
+/* Bytes taken (at most one record), -EAGAIN (call again with the same
+ * buf and len) or -EPIPE. */
+ssize_t ioc__nbd_tls_send(struct ioc__nbd_tls *t, const void *buf, size_t len,
+			  const char **msg);
+/* Decrypted bytes buffered inside GnuTLS (the socket may be empty). */
+size_t ioc__nbd_tls_pending(struct ioc__nbd_tls *t);
+void ioc__nbd_tls_bye(struct ioc__nbd_tls *t);
+void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len);
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 			    const struct ioc_nbd_export_opts *opts);

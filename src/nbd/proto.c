@@ -21,6 +21,10 @@
  *   a larger option is skipped and answered NBD_REP_ERR_TOO_BIG, and an
  *   absurd one (> IOC_NBD_MAX_OPT_SKIP) ends the connection.  The number
  *   of options per handshake is bounded too; the transport bounds time.
+ * - TLS is the transport's business: the core answers STARTTLS (or
+ *   refuses it, or in FORCEDTLS answers every other option TLS_REQD) and
+ *   returns IOC_NBD_STARTTLS; the transport sends the ACK, runs the TLS
+ *   handshake and reports it with ioc__nbd_tls_started().
  * - Requests are validated at parse time (flags, bounds, read-only,
  *   negotiated features) so the execute step only runs sane requests.  A
  *   refused WRITE still has its payload consumed (discarded) so the stream
@@ -363,6 +367,15 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 		return rep_err(c, opt, NBD_REP_ERR_SHUTDOWN, "server shutting down");
 	}
 
+	/* FORCEDTLS: before TLS, only STARTTLS and ABORT are served. */
+	if (c->cfg->tls == IOC__NBD_TLS_REQUIRE && !c->tls &&
+	    opt != NBD_OPT_STARTTLS && opt != NBD_OPT_ABORT) {
+		if (opt == NBD_OPT_EXPORT_NAME)
+			return -EPROTO; /* cannot be answered with an error */
+		return rep_err(c, opt, NBD_REP_ERR_TLS_REQD,
+			       "TLS required: send NBD_OPT_STARTTLS first");
+	}
+
 	switch (opt) {
 	case NBD_OPT_EXPORT_NAME: {
 		if (!get_string(name, d, len))
@@ -408,7 +421,21 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 		}
 		return rep(c, opt, NBD_REP_ACK);
 	case NBD_OPT_STARTTLS:
-		return rep_err(c, opt, NBD_REP_ERR_POLICY, "TLS not configured");
+		/* Without fixed newstyle the server is NOTLS (proto.md). */
+		if (c->cfg->tls == IOC__NBD_TLS_OFF || !c->fixed)
+			return rep_err(c, opt, NBD_REP_ERR_POLICY, "TLS not configured");
+		if (c->tls)
+			return rep_err(c, opt, NBD_REP_ERR_INVALID, "TLS already started");
+		if (len != 0)
+			return rep_err(c, opt, NBD_REP_ERR_INVALID, "unexpected data");
+		/* The client must wait for our ACK before its TLS handshake,
+		 * so anything already behind STARTTLS was sent in the clear
+		 * where only TLS may follow: no ACK, end the session. */
+		if (avail(c) != 0)
+			return -EPROTO;
+		if (rep(c, opt, NBD_REP_ACK) < 0)
+			return -ENOMEM;
+		return IOC_NBD_STARTTLS;
 	case NBD_OPT_INFO:
 	case NBD_OPT_GO:
 		return opt_info(c, opt, d, len);
@@ -491,6 +518,11 @@ int ioc__nbd_hs_step(struct ioc__nbd_conn *c)
 		if (r != 0)
 			return r;
 	}
+}
+
+void ioc__nbd_tls_started(struct ioc__nbd_conn *c)
+{
+	c->tls = true;
 }
 
 /* ---- transmission: parsing ------------------------------------------------ */

@@ -158,6 +158,38 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 	return 0;
 }
 
+int ioc_nbd_server_set_tls(struct ioc_nbd_server *srv,
+			   const struct ioc_nbd_tls_opts *opts,
+			   char *err, size_t errlen)
+{
+	struct ioc__nbd_tls_creds *cr = NULL;
+	char dummy[8];
+	int r;
+
+	if (!err) {
+		err = dummy;
+		errlen = sizeof(dummy);
+	}
+	if (srv->started) {
+		snprintf(err, errlen, "server already started");
+		return -EBUSY;
+	}
+	if (opts->mode != IOC_NBD_TLS_OFF) {
+		if (opts->mode != IOC_NBD_TLS_ON && opts->mode != IOC_NBD_TLS_REQUIRE) {
+			snprintf(err, errlen, "unknown TLS mode %d", (int)opts->mode);
+			return -EINVAL;
+		}
+		r = ioc__nbd_tls_creds_new(&cr, opts, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	ioc__nbd_tls_creds_free(srv->tls);
+	srv->tls = cr;
+	srv->cfg.tls = opts->mode == IOC_NBD_TLS_REQUIRE ? IOC__NBD_TLS_REQUIRE :
+		       opts->mode == IOC_NBD_TLS_ON ? IOC__NBD_TLS_ON : IOC__NBD_TLS_OFF;
+	return 0;
+}
+
 int ioc_nbd_server_add_listener(struct ioc_nbd_server *srv, int fd)
 {
 	if (srv->started)
@@ -319,6 +351,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
 		ioc__nbd_blk_export_free(srv->exports[i]);
+	ioc__nbd_tls_creds_free(srv->tls);
 	free(srv->threads);
 	free(srv);
 }

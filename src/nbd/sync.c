@@ -112,6 +112,10 @@ int ioc__nbd_serve_sync(int fd, const struct ioc__nbd_cfg *cfg)
 		}
 		if (st == IOC_NBD_READY)
 			break;
+		if (st == IOC_NBD_STARTTLS) {
+			ret = -ENOTSUP; /* no TLS in the blocking transport */
+			goto out;
+		}
 		if (st != IOC_NBD_MORE) {
 			ret = st == IOC_NBD_CLOSE ? 0 : st;
 			goto out;

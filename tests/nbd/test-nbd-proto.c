@@ -31,9 +31,10 @@ static void *server_main(void *arg)
 	return NULL;
 }
 
-static void start(struct fixture *f)
+static void start_tls(struct fixture *f, enum ioc__nbd_tls_mode tls)
 {
 	memset(f, 0, sizeof(*f));
+	f->cfg.tls = tls;
 	ASSERT_OK(ioc__nbd_mem_export_new(&f->exp[0], "disk", EXP_SIZE, false));
 	ASSERT_OK(ioc__nbd_mem_export_new(&f->exp[1], "ro", EXP_SIZE, true));
 	f->exp[0]->description = strdup("a test disk");
@@ -44,6 +45,11 @@ static void start(struct fixture *f)
 	ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, f->sv));
 	ASSERT_EQ(pthread_create(&f->th, NULL, server_main, f), 0);
 	f->c.fd = f->sv[0];
+}
+
+static void start(struct fixture *f)
+{
+	start_tls(f, IOC__NBD_TLS_OFF);
 }
 
 /* Close our end, join the server; returns its result. */
@@ -566,7 +572,142 @@ static void test_disconnect_mid_payload(void)
 	ASSERT_EQ(finish(&f), 0);
 }
 
+/* FORCEDTLS: every option but STARTTLS and ABORT is refused with
+ * TLS_REQD, and STARTTLS is acknowledged (the blocking transport has no
+ * TLS, so it then ends the session with -ENOTSUP). */
+static void test_tls_required(void)
+{
+	struct fixture f;
+	uint8_t q[16], *p = q;
+
+	start_tls(&f, IOC__NBD_TLS_REQUIRE);
+	int fd = f.c.fd;
+	ASSERT_GE(cl_greeting(fd), 0);
+	ASSERT_OK(cl_flags(fd, NBD_FLAG_C_FIXED_NEWSTYLE));
+	ASSERT_EQ(cl_opt_simple(fd, NBD_OPT_LIST), (long)NBD_REP_ERR_TLS_REQD);
+	ASSERT_EQ(cl_opt_simple(fd, NBD_OPT_STRUCTURED_REPLY), (long)NBD_REP_ERR_TLS_REQD);
+	p = ioc_nbd_st32(p, 4);
+	memcpy(p, "disk", 4);
+	p += 4;
+	p = ioc_nbd_st16(p, 0);
+	ASSERT_OK(cl_opt(fd, NBD_OPT_GO, q, (uint32_t)(p - q)));
+	ASSERT_EQ(cl_opt_reply(fd, NBD_OPT_GO, NULL, 0, NULL), (long)NBD_REP_ERR_TLS_REQD);
+	ASSERT_EQ(cl_opt_simple(fd, 4242), (long)NBD_REP_ERR_TLS_REQD);
+	/* STARTTLS carries no data. */
+	ASSERT_OK(cl_opt(fd, NBD_OPT_STARTTLS, "x", 1));
+	ASSERT_EQ(cl_opt_reply(fd, NBD_OPT_STARTTLS, NULL, 0, NULL), (long)NBD_REP_ERR_INVALID);
+	ASSERT_EQ(cl_opt_simple(fd, NBD_OPT_STARTTLS), NBD_REP_ACK);
+	ASSERT_TRUE(cl_closed(fd));
+	ASSERT_EQ(finish(&f), -ENOTSUP);
+
+	/* EXPORT_NAME cannot be refused with an error: the session ends. */
+	start_tls(&f, IOC__NBD_TLS_REQUIRE);
+	ASSERT_GE(cl_greeting(f.c.fd), 0);
+	ASSERT_OK(cl_flags(f.c.fd, NBD_FLAG_C_FIXED_NEWSTYLE));
+	ASSERT_OK(cl_opt(f.c.fd, NBD_OPT_EXPORT_NAME, "disk", 4));
+	ASSERT_TRUE(cl_closed(f.c.fd));
+	ASSERT_EQ(finish(&f), -EPROTO);
+
+	/* ABORT is served before TLS. */
+	start_tls(&f, IOC__NBD_TLS_REQUIRE);
+	ASSERT_GE(cl_greeting(f.c.fd), 0);
+	ASSERT_OK(cl_flags(f.c.fd, NBD_FLAG_C_FIXED_NEWSTYLE));
+	ASSERT_EQ(cl_opt_simple(f.c.fd, NBD_OPT_ABORT), NBD_REP_ACK);
+	ASSERT_TRUE(cl_closed(f.c.fd));
+	ASSERT_EQ(finish(&f), 0);
+}
+
+/* SELECTIVETLS: plain options work; STARTTLS needs fixed newstyle; bytes
+ * sent behind STARTTLS (before our ACK could arrive) end the session. */
+static void test_tls_optional(void)
+{
+	struct fixture f;
+	uint8_t d[256];
+	uint32_t l;
+
+	start_tls(&f, IOC__NBD_TLS_ON);
+	ASSERT_GE(cl_greeting(f.c.fd), 0);
+	ASSERT_OK(cl_flags(f.c.fd, NBD_FLAG_C_FIXED_NEWSTYLE));
+	ASSERT_OK(cl_opt(f.c.fd, NBD_OPT_LIST, NULL, 0));
+	ASSERT_EQ(cl_opt_reply(f.c.fd, NBD_OPT_LIST, d, sizeof(d), &l), NBD_REP_SERVER);
+	ASSERT_EQ(cl_opt_reply(f.c.fd, NBD_OPT_LIST, d, sizeof(d), &l), NBD_REP_SERVER);
+	ASSERT_EQ(cl_opt_reply(f.c.fd, NBD_OPT_LIST, d, sizeof(d), &l), NBD_REP_ACK);
+	ASSERT_EQ(cl_opt_simple(f.c.fd, NBD_OPT_STARTTLS), NBD_REP_ACK);
+	ASSERT_TRUE(cl_closed(f.c.fd));
+	ASSERT_EQ(finish(&f), -ENOTSUP);
+
+	start_tls(&f, IOC__NBD_TLS_ON);
+	ASSERT_GE(cl_greeting(f.c.fd), 0);
+	ASSERT_OK(cl_flags(f.c.fd, 0));
+	ASSERT_EQ(cl_opt_simple(f.c.fd, NBD_OPT_STARTTLS), (long)NBD_REP_ERR_POLICY);
+	ASSERT_EQ(cl_opt_simple(f.c.fd, NBD_OPT_ABORT), NBD_REP_ACK);
+	ASSERT_TRUE(cl_closed(f.c.fd));
+	ASSERT_EQ(finish(&f), 0);
+
+	/* STARTTLS and a ClientHello-like blob in one write. */
+	uint8_t two[16 + 16], *p = two;
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
+	p = ioc_nbd_st32(p, 0);
+	memset(p, 0x16, 16);
+	start_tls(&f, IOC__NBD_TLS_ON);
+	ASSERT_GE(cl_greeting(f.c.fd), 0);
+	ASSERT_OK(cl_flags(f.c.fd, NBD_FLAG_C_FIXED_NEWSTYLE));
+	ASSERT_OK(cl_write(f.c.fd, two, sizeof(two)));
+	ASSERT_TRUE(cl_closed(f.c.fd));
+	ASSERT_EQ(finish(&f), -EPROTO);
+}
+
+/* Once the transport reports TLS, STARTTLS is invalid and FORCEDTLS serves
+ * every option (driven on the core directly: no TLS in this test). */
+static void test_tls_after_start(void)
+{
+	struct ioc__nbd_export *e, *list[1];
+	struct ioc__nbd_cfg cfg = { .tls = IOC__NBD_TLS_REQUIRE };
+	struct ioc__nbd_conn c;
+	uint8_t *p;
+
+	ASSERT_OK(ioc__nbd_mem_export_new(&e, "disk", EXP_SIZE, false));
+	list[0] = e;
+	cfg.exports = list;
+	cfg.nexports = 1;
+	ASSERT_OK(ioc__nbd_conn_init(&c, &cfg, 4096));
+	ioc__nbd_hs_start(&c);
+	c.out_len = 0;
+	p = c.in;
+	p = ioc_nbd_st32(p, NBD_FLAG_C_FIXED_NEWSTYLE);
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
+	p = ioc_nbd_st32(p, 0);
+	c.in_end = (size_t)(p - c.in);
+	ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_STARTTLS);
+	ASSERT_UEQ(c.out_len, 20u); /* magic, option, type (ACK), length 0 */
+	ASSERT_EQ(ioc_nbd_ld32(c.out + 12), (long)NBD_REP_ACK);
+	c.out_len = 0;
+	ioc__nbd_tls_started(&c);
+	ioc__nbd_conn_compact(&c);
+	p = c.in + c.in_end;
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
+	p = ioc_nbd_st32(p, 0);
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_STRUCTURED_REPLY);
+	p = ioc_nbd_st32(p, 0);
+	c.in_end = (size_t)(p - c.in);
+	ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_MORE);
+	/* Two replies: INVALID for STARTTLS (with a message), ACK after. */
+	ASSERT_EQ(ioc_nbd_ld32(c.out + 12), (long)NBD_REP_ERR_INVALID);
+	uint32_t l1 = ioc_nbd_ld32(c.out + 16);
+	ASSERT_EQ(ioc_nbd_ld32(c.out + 20 + l1 + 12), (long)NBD_REP_ACK);
+	ASSERT_TRUE(c.structured);
+	ioc__nbd_conn_destroy(&c);
+	ioc__nbd_mem_export_free(e);
+}
+
 IOC_TEST_MAIN(
+	IOC_TEST(test_tls_required),
+	IOC_TEST(test_tls_optional),
+	IOC_TEST(test_tls_after_start),
 	IOC_TEST(test_greeting_and_abort),
 	IOC_TEST(test_bad_client_flags),
 	IOC_TEST(test_garbage_handshake),

@@ -48,6 +48,12 @@ static void usage(FILE *f)
 "      --pid-file PATH        write the server's pid to PATH\n"
 "      --poll-max-ns N        I/O threads busy-poll up to N ns before sleeping\n"
 "                             (0 = off; default: the loop's adaptive default)\n"
+"      --tls off|on|require   TLS via NBD_OPT_STARTTLS (default: off, or require\n"
+"                             when credentials are given)\n"
+"      --tls-certificates DIR X.509: DIR/server-cert.pem, DIR/server-key.pem\n"
+"                             (DIR/ca-cert.pem, DIR/ca-crl.pem check clients)\n"
+"      --tls-psk FILE         pre-shared keys, \"username:hexkey\" lines (psktool)\n"
+"      --tls-verify-peer      X.509: require a client certificate from the CA\n"
 "  -v, --verbose              log connections to stderr\n"
 "  -h, --help                 this text\n"
 "  -V, --version              print the version\n"
@@ -55,8 +61,9 @@ static void usage(FILE *f)
 "Systemd socket activation (LISTEN_FDS/LISTEN_PID) replaces -U/-p/-b.\n"
 "Examples:\n"
 "  %s -U /tmp/nbd.sock disk.img   then: nbdinfo 'nbd+unix:///?socket=/tmp/nbd.sock'\n"
-"  %s disk.img                    then: qemu-img info nbd://127.0.0.1\n",
-		prog, prog, prog);
+"  %s disk.img                    then: qemu-img info nbd://127.0.0.1\n"
+"  %s --tls-psk keys.psk disk.img then: nbdinfo 'nbds://alice@127.0.0.1/?tls-psk-file=keys.psk'\n",
+		prog, prog, prog, prog);
 }
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -125,7 +132,8 @@ static void on_signal(void *opaque)
 int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
-	       OPT_FORK, OPT_PIDFILE, OPT_POLL };
+	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
+	       OPT_TLS_VERIFY };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -141,6 +149,10 @@ int main(int argc, char **argv)
 		{ "fork", no_argument, NULL, OPT_FORK },
 		{ "pid-file", required_argument, NULL, OPT_PIDFILE },
 		{ "poll-max-ns", required_argument, NULL, OPT_POLL },
+		{ "tls", required_argument, NULL, OPT_TLS },
+		{ "tls-certificates", required_argument, NULL, OPT_TLS_CERTS },
+		{ "tls-psk", required_argument, NULL, OPT_TLS_PSK },
+		{ "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -151,7 +163,8 @@ int main(int argc, char **argv)
 	struct ioc_nbd_export_opts eo = { .name = "" };
 	struct ioc_nbd_server_opts so = { 0 };
 	struct ioc_blk_opts bo = { 0 };
-	bool do_fork = false, verbose = false;
+	struct ioc_nbd_tls_opts tls = { 0 };
+	bool do_fork = false, verbose = false, tls_set = false;
 	int c, r;
 
 	while ((c = getopt_long(argc, argv, "U:p:b:rx:D:vhV", longopts, NULL)) != -1) {
@@ -199,6 +212,20 @@ int main(int argc, char **argv)
 			so.loop.poll_max_ns = v > 0 ? v : -1;
 			break;
 		}
+		case OPT_TLS:
+			tls_set = true;
+			if (strcmp(optarg, "off") == 0)
+				tls.mode = IOC_NBD_TLS_OFF;
+			else if (strcmp(optarg, "on") == 0)
+				tls.mode = IOC_NBD_TLS_ON;
+			else if (strcmp(optarg, "require") == 0)
+				tls.mode = IOC_NBD_TLS_REQUIRE;
+			else
+				die("--tls must be off, on or require");
+			break;
+		case OPT_TLS_CERTS: tls.certificates = optarg; break;
+		case OPT_TLS_PSK: tls.psk_file = optarg; break;
+		case OPT_TLS_VERIFY: tls.verify_peer = true; break;
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -210,6 +237,16 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	const char *image = argv[optind];
+	/* Credentials alone mean TLS is wanted: require it rather than
+	 * serve in the clear by default (as qemu-nbd --tls-creds does). */
+	bool have_creds = tls.certificates || tls.psk_file;
+	if (!tls_set && have_creds)
+		tls.mode = IOC_NBD_TLS_REQUIRE;
+	if (tls.mode != IOC_NBD_TLS_OFF && !have_creds)
+		die("--tls %s needs --tls-certificates DIR or --tls-psk FILE",
+		    tls.mode == IOC_NBD_TLS_ON ? "on" : "require");
+	if (tls.mode == IOC_NBD_TLS_OFF && (have_creds || tls.verify_peer))
+		die("TLS options given with --tls off");
 
 	/* One fd per client: allow as many as the hard limit does. */
 	struct rlimit rl;
@@ -270,6 +307,11 @@ int main(int argc, char **argv)
 	if ((r = ioc_nbd_server_new(&srv, &so)) < 0 ||
 	    (r = ioc_nbd_server_add_export(srv, &eo)) < 0)
 		die("server: %s", strerror(-r));
+	if (tls.mode != IOC_NBD_TLS_OFF) {
+		char err[512];
+		if ((r = ioc_nbd_server_set_tls(srv, &tls, err, sizeof(err))) < 0)
+			die("TLS: %s", err);
+	}
 	for (int i = 0; i < nl; i++)
 		if ((r = ioc_nbd_server_add_listener(srv, lfds[i])) < 0)
 			die("listener: %s", strerror(-r));
@@ -297,9 +339,11 @@ int main(int argc, char **argv)
 			snprintf(where, sizeof(where), "%s", unix_path);
 		else
 			snprintf(where, sizeof(where), "%s:%s", bind_addr, port);
-		fprintf(stderr, "%s: serving %s (%llu bytes, aio %s%s) on %s\n", prog,
+		fprintf(stderr, "%s: serving %s (%llu bytes, aio %s%s%s) on %s\n", prog,
 			image, (unsigned long long)info.size, info.aio,
-			eo.read_only ? ", read-only" : "", where);
+			eo.read_only ? ", read-only" : "",
+			tls.mode == IOC_NBD_TLS_REQUIRE ? ", TLS required" :
+			tls.mode == IOC_NBD_TLS_ON ? ", TLS offered" : "", where);
 	}
 	if (do_fork) {
 		/* Detach from the caller's pipes (a caller capturing our output
