@@ -59,10 +59,10 @@ static void *feed(void *arg)
 	return NULL;
 }
 
-static int run_one(const uint8_t *data, size_t size)
+static int run_one(const uint8_t *data, size_t size, enum ioc__nbd_tls_mode tls)
 {
 	struct ioc__nbd_export *exp[2];
-	struct ioc__nbd_cfg cfg = { .exports = exp, .nexports = 2 };
+	struct ioc__nbd_cfg cfg = { .exports = exp, .nexports = 2, .tls = tls };
 	struct feeder f;
 	pthread_t th;
 	int sv[2], ret;
@@ -95,7 +95,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size > (1u << 20))
 		return 0;
-	run_one(data, size);
+	/* The server's TLS mode from the input's length, so one corpus
+	 * explores all three (the blocking transport ends a session at an
+	 * accepted STARTTLS: the core's decisions are what is fuzzed). */
+	run_one(data, size, (enum ioc__nbd_tls_mode)(size % 3));
 	return 0;
 }
 
@@ -127,12 +130,16 @@ static void opt(struct buf *s, uint32_t o, const void *d, uint32_t n)
 	put(s, d, n);
 }
 
-static void go(struct buf *s, const char *name, bool sr, bool ext, bool meta)
+static void go(struct buf *s, const char *name, bool sr, bool ext, bool meta, bool tls)
 {
 	uint8_t d[64];
 	size_t nl = strlen(name);
 
 	put32(s, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+	/* Refused (POLICY) by a server without TLS, so the session goes on
+	 * in the clear; mutations run it against the TLS modes too. */
+	if (tls)
+		opt(s, NBD_OPT_STARTTLS, NULL, 0);
 	if (ext)
 		opt(s, NBD_OPT_EXTENDED_HEADERS, NULL, 0);
 	else if (sr)
@@ -172,10 +179,11 @@ static void req(struct buf *s, bool ext, uint16_t fl, uint16_t type, uint64_t of
 			put(s, &(uint8_t){ (uint8_t)i }, 1);
 }
 
-static void session(struct buf *s, const char *name, bool sr, bool ext, bool meta)
+static void session(struct buf *s, const char *name, bool sr, bool ext, bool meta,
+		    bool tls)
 {
 	s->n = 0;
-	go(s, name, sr, ext, meta);
+	go(s, name, sr, ext, meta, tls);
 	req(s, ext, 0, NBD_CMD_WRITE, 4096, 512);
 	req(s, ext, NBD_CMD_FLAG_FUA, NBD_CMD_WRITE, 70000, 100);
 	req(s, ext, 0, NBD_CMD_READ, 0, 8192);
@@ -203,12 +211,14 @@ static uint64_t next_rand(void)
 	return rng;
 }
 
-static int check(const struct buf *s, const char *what)
+static int check(const struct buf *s, const char *what, enum ioc__nbd_tls_mode tls)
 {
-	int r = run_one(s->b, s->n);
+	int r = run_one(s->b, s->n, tls);
 
-	/* Acceptable ends: clean, protocol disconnect, peer gone. */
-	if (r == 0 || r == -EPROTO || r == -EPIPE || r == -ECONNRESET)
+	/* Acceptable ends: clean, protocol disconnect, peer gone, and an
+	 * accepted STARTTLS (no TLS in the blocking transport). */
+	if (r == 0 || r == -EPROTO || r == -EPIPE || r == -ECONNRESET ||
+	    (r == -ENOTSUP && tls != IOC__NBD_TLS_OFF))
 		return 0;
 	printf("# %s: serve returned %d (%s)\n", what, r, strerror(-r));
 	return 1;
@@ -232,10 +242,10 @@ static int write_seeds(const char *dir, const struct buf *seeds, int n)
 
 int main(int argc, char **argv)
 {
-	static const struct { const char *name; bool sr, ext, meta; } kinds[] = {
-		{ "", false, false, false }, { "", true, false, true },
-		{ "", true, true, true }, { "ro", true, false, false },
-		{ "ro", false, false, false },
+	static const struct { const char *name; bool sr, ext, meta, tls; } kinds[] = {
+		{ "", false, false, false, false }, { "", true, false, true, false },
+		{ "", true, true, true, false }, { "ro", true, false, false, false },
+		{ "ro", false, false, false, false }, { "", true, false, true, true },
 	};
 	const char *scale = getenv("IOC_TEST_SCALE");
 	int per_seed = (int)(400 * (scale ? atof(scale) : 1.0));
@@ -248,15 +258,16 @@ int main(int argc, char **argv)
 		static struct buf all[IOC_ARRAY_SIZE(kinds)];
 		for (int k = 0; k < n; k++)
 			session(&all[k], kinds[k].name, kinds[k].sr, kinds[k].ext,
-				kinds[k].meta);
+				kinds[k].meta, kinds[k].tls);
 		return write_seeds(argv[2], all, n);
 	}
 	printf("1..%d\n", 2 * n);
 	for (int k = 0; k < n; k++) {
-		session(&s, kinds[k].name, kinds[k].sr, kinds[k].ext, kinds[k].meta);
+		session(&s, kinds[k].name, kinds[k].sr, kinds[k].ext, kinds[k].meta,
+			kinds[k].tls);
 		/* A seed is a valid session: it must end cleanly (DISC) after
 		 * the server sent at least the 8 KiB read. */
-		int r = run_one(s.b, s.n);
+		int r = run_one(s.b, s.n, IOC__NBD_TLS_OFF);
 		int f = r != 0 || last_received < 8192;
 		if (f)
 			printf("# seed %d: ret %d, %zu reply bytes\n", k, r, last_received);
@@ -277,7 +288,8 @@ int main(int argc, char **argv)
 				if (m.n == 0)
 					break;
 			}
-			f = check(&m, "mutation");
+			/* Every third mutation against each TLS mode. */
+			f = check(&m, "mutation", (enum ioc__nbd_tls_mode)(i % 3));
 		}
 		printf("%s %d - %d mutations of seed %d\n", f ? "not ok" : "ok",
 		       2 * k + 2, per_seed, k);
