@@ -4,47 +4,18 @@
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRV="$BUILD/tools/nbd/iocore-nbd"
-n=0
-fails=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() { n=$((n + 1)); echo "not ok $n - $1"; fails=$((fails + 1)); }
-skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
-check() { # name command...
-	name=$1; shift
-	if out=$("$@" 2>&1); then ok "$name"; else
-		notok "$name"; echo "$out" | sed 's/^/# /' | tail -20; fi
-}
-have() { command -v "$1" >/dev/null 2>&1; }
+. "$(dirname "$0")/nbd-test-lib.sh"
 
 echo "1..18"
 if [ ! -x "$SRV" ]; then
 	echo "# $SRV not built"; exit 77
 fi
-base=/tmp
-[ -w /dev/shm ] && base=/dev/shm
-dir=$(mktemp -d "$base/ioc-nbd-clients.XXXXXX")
-PIDS=""
-cleanup() {
-	for f in "$dir"/*.pid; do
-		[ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null
-	done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
+workdir ioc-nbd-clients
 
 # start NAME [options] IMAGE: the server forks once it listens.
 start() {
 	name=$1; shift
 	"$SRV" --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" "$@"
-}
-stop() {
-	pid=$(cat "$dir/$1.pid")
-	kill "$pid"
-	i=0
-	while kill -0 "$pid" 2>/dev/null && [ $i -lt 500 ]; do
-		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
-		sleep 0.02; i=$((i + 1))
-	done
 }
 uri() { echo "nbd+unix:///${2:-}?socket=$dir/$1.sock"; }
 

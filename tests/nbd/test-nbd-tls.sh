@@ -6,15 +6,7 @@
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRV="$BUILD/tools/nbd/iocore-nbd"
-n=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() { n=$((n + 1)); echo "not ok $n - $1"; }
-skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
-check() { # name command...
-	name=$1; shift
-	if out=$("$@" 2>&1); then ok "$name"; else
-		notok "$name"; echo "$out" | sed 's/^/# /' | tail -20; fi
-}
+. "$(dirname "$0")/nbd-test-lib.sh"
 fails() { # name command...: the command must fail
 	name=$1; shift
 	if out=$("$@" 2>&1); then
@@ -29,7 +21,6 @@ refused() {
 	elif echo "$out" | grep -q -- "$msg"; then ok "refused: $msg"
 	else notok "refused: $msg"; echo "$out" | sed 's/^/# /' | tail -10; fi
 }
-have() { command -v "$1" >/dev/null 2>&1; }
 
 if [ ! -x "$SRV" ]; then
 	echo "# $SRV not built"; exit 77
@@ -43,31 +34,12 @@ if "$SRV" --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
 	exit 0
 fi
 echo "1..21"
-base=/tmp
-[ -w /dev/shm ] && base=/dev/shm
-dir=$(mktemp -d "$base/ioc-nbd-tls.XXXXXX")
-cleanup() {
-	for f in "$dir"/*.pid; do
-		[ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null
-	done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
+workdir ioc-nbd-tls
 
 # start NAME [options] IMAGE: in the background once listening, logging.
 start() {
 	name=$1; shift
 	"$SRV" -v --fork --pid-file "$dir/$name.pid" "$@" 2>"$dir/$name.log"
-}
-stop() {
-	pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 0
-	kill "$pid"
-	i=0
-	while kill -0 "$pid" 2>/dev/null && [ $i -lt 500 ]; do
-		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
-		sleep 0.02; i=$((i + 1))
-	done
-	rm -f "$dir/$1.pid"
 }
 # A TCP port nobody listens on (X.509 names the host, so TCP to localhost).
 free_port() {

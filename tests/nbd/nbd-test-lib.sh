@@ -1,0 +1,37 @@
+# Shared by the NBD shell tests (sourced): TAP helpers, a scratch
+# directory whose servers are killed and files removed at exit, and a
+# server stop that waits for the process to end.
+
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() { n=$((n + 1)); echo "not ok $n - $1"; }
+skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
+# check NAME COMMAND...: the command must succeed; its output shows if not.
+check() {
+	name=$1; shift
+	if out=$("$@" 2>&1); then ok "$name"; else
+		notok "$name"; echo "$out" | sed 's/^/# /' | tail -20; fi
+}
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# workdir PREFIX: sets $dir to a fresh directory (in /dev/shm when it can);
+# at exit every server with a pid file there is killed and it is removed.
+workdir() {
+	base=/tmp
+	[ -w /dev/shm ] && base=/dev/shm
+	dir=$(mktemp -d "$base/$1.XXXXXX")
+	trap 'for f in "$dir"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; done; rm -rf "$dir"' EXIT
+}
+
+# stop NAME: SIGTERM the server of $dir/NAME.pid and wait (10 s at most)
+# until it has exited.
+stop() {
+	pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 0
+	kill "$pid"
+	i=0
+	while kill -0 "$pid" 2>/dev/null && [ $i -lt 500 ]; do
+		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
+		sleep 0.02; i=$((i + 1))
+	done
+	rm -f "$dir/$1.pid"
+}
