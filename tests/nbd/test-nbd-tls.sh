@@ -33,7 +33,7 @@ if "$SRV" --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
 	echo "1..0 # SKIP iocore-nbd built without GnuTLS"
 	exit 0
 fi
-echo "1..21"
+echo "1..22"
 workdir ioc-nbd-tls
 
 # start NAME [options] IMAGE: in the background once listening, logging.
@@ -148,7 +148,7 @@ refused "nope.psk: No such file" "$SRV" -U "$dir/x.sock" --tls-psk "$dir/nope.ps
 refused "empty.psk: no \"username:hexkey\" line" "$SRV" -U "$dir/x.sock" --tls-psk "$dir/empty.psk" "$img"
 refused "needs --tls-certificates DIR or --tls-psk FILE" "$SRV" -U "$dir/x.sock" --tls require "$img"
 
-# 18-20: X.509, with certificates made here (CN and SAN localhost)
+# 18-21: X.509, with certificates made here (CN and SAN localhost)
 if have certtool && have python3; then
 	pki="$dir/pki"; cli="$dir/cli"; mkdir -p "$pki" "$cli"
 	printf 'cn = iocore test CA\nca\ncert_signing_key\nexpiration_days = 2\n' > "$dir/ca.info"
@@ -182,13 +182,16 @@ if have certtool && have python3; then
 	else
 		skip "X.509 qemu-img" "qemu-img missing"
 	fi
+	check "X.509: a client sending its handshake a byte at a time, then 256 reads it does not read at once" \
+		python3 "$(dirname "$0")/nbd-tls-client.py" 127.0.0.1 "$port" "$pki/ca-cert.pem" \
+		"$cli/client-cert.pem" "$cli/client-key.pem"
 	stop x509
 else
 	skip "X.509 nbdinfo" "certtool missing"; skip "X.509 verify-peer" "certtool missing"
-	skip "X.509 qemu-img" "certtool missing"
+	skip "X.509 qemu-img" "certtool missing"; skip "X.509 awkward client" "certtool missing"
 fi
 
-# 21: every server above exited by itself on SIGTERM; under ASan, UBSan or
+# 22: every server above exited by itself on SIGTERM; under ASan, UBSan or
 # TSan a report (a leak at exit included) lands in its log.
 if grep -l -E "Sanitizer|runtime error" "$dir"/*.log >/dev/null 2>&1; then
 	notok "no sanitizer report from any server"
