@@ -91,12 +91,17 @@
  *                    submits nothing while it is not told, or hits -EAGAIN
  *                    once a worker holds ring_size uncollected jobs, so
  *                    every worker drains); fence; if !pending and
- *                    exchange(pending, 1) == 0: ioc_loop_post.  Task on the
+ *                    exchange(pending, 1) == 0: ioc_bh_schedule.  BH on the
  *                    loop: exchange(pending, 0); fence; drain.  A push the
  *                    drain misses was followed by the worker's fence; its
- *                    load of pending then sees the task's 0 (or a later 1
- *                    whose poster's task will drain after it), so the worker
- *                    posts again or another post covers it.
+ *                    load of pending then sees the BH's 0 (or a later 1
+ *                    whose scheduler's BH will drain after it), so the
+ *                    worker schedules again or another schedule covers it.
+ *                    A BH, not a posted task: the loop owns it, so freeing
+ *                    the wq (ioc_bh_delete) or the loop with one pending
+ *                    frees it too; a posted task whose wq was gone had to
+ *                    free itself when run, and leaked if the loop was
+ *                    freed first (ASan caught it in test-wq-loop).
  *   The futex value check closes the window between "decide to sleep" and
  *   "sleep": the kernel refuses to sleep if the word changed meanwhile.
  *   src/wq/wq-sleep.pml is a Promela model of the worker and submitter
@@ -172,11 +177,6 @@ struct wq_worker {
 
 /* The embedded task posted to opts.loop.  Separately allocated so that a
  * task still queued on the loop when the wq is freed can free itself. */
-struct wq_notify {
-	struct ioc_task task;
-	struct ioc_wq *wq;         /* NULL once the wq is gone */
-};
-
 struct ioc_wq {
 	/* Submitter-private (the owner thread; the loop thread in loop mode). */
 	struct wq_worker **workers;
@@ -187,7 +187,7 @@ struct ioc_wq {
 	enum ioc_wq_policy policy;
 	uint32_t ring_size;
 	bool in_order;
-	bool in_notify;            /* inside the loop task's drain */
+	bool in_notify;            /* inside the notify BH's drain */
 	bool free_requested;       /* ioc_wq_free() called from a done callback */
 	int64_t spin_ns;           /* spin cap (workers and wait_done) */
 	int64_t wait_spin;         /* wait_done's current adaptive spin */
@@ -199,7 +199,7 @@ struct ioc_wq {
 	struct ioc_loop *loop;
 	void (*done)(struct ioc_wq_job *job, void *opaque);
 	void *done_opaque;
-	struct wq_notify *notify;
+	struct ioc_bh *notify_bh;  /* loop mode: delivers completions */
 
 	/* The submitter's sleep word: written by the submitter before it
 	 * sleeps in wait_done and by the worker that wakes it. */
@@ -235,7 +235,7 @@ static int64_t adapt_spin(int64_t spin, int64_t spin_max, int64_t slept);
 static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 			      uint32_t *queued_seen, struct ioc_ring *done,
 			      uint32_t low_water, uint32_t ratio,
-			      struct ioc_loop *loop, struct wq_notify *notify)
+			      struct ioc_bh *notify_bh)
 {
 	uint32_t queued = *queued_seen;
 
@@ -258,17 +258,17 @@ static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 	    (queued && queued * ratio > ioc_ring_count(done)))
 		return;
 	/* Pairs with the fence in ioc_wq_wait_done() after it sets waiting,
-	 * and with the fence in notify_task() after it clears pending: either
+	 * and with the fence in notify_bh() after it clears pending: either
 	 * they see our done-ring push or we see their flag. */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&wq->waiting, memory_order_relaxed) &&
 	    atomic_exchange_explicit(&wq->waiting, 0, memory_order_relaxed))
 		futex_wake(&wq->waiting);
-	/* Acq_rel exchange: pairs with the exchange in notify_task(); the
-	 * load before it only skips the RMW when a post is already queued. */
-	if (loop && !atomic_load_explicit(&wq->notify_pending, memory_order_relaxed) &&
+	/* Acq_rel exchange: pairs with the exchange in notify_bh(); the
+	 * load before it only skips the RMW when a run is already due. */
+	if (notify_bh && !atomic_load_explicit(&wq->notify_pending, memory_order_relaxed) &&
 	    !atomic_exchange_explicit(&wq->notify_pending, 1, memory_order_acq_rel))
-		ioc_loop_post(loop, &notify->task);
+		ioc_bh_schedule(notify_bh);
 }
 
 static void *worker_main(void *arg)
@@ -278,8 +278,7 @@ static void *worker_main(void *arg)
 	 * inflight there on every submit). */
 	struct ioc_wq *wq = w->wq;
 	struct ioc_ring *req = w->req, *done = w->done;
-	struct ioc_loop *loop = wq->loop;
-	struct wq_notify *notify = wq->notify;
+	struct ioc_bh *notify_bh = wq->notify_bh;
 	int64_t spin_max = wq->spin_ns, spin = spin_max;
 	/* Wake rule (notify_completion), chosen per busy period from the
 	 * jobs' average length: tiny jobs wake the submitter late, when a
@@ -330,8 +329,7 @@ static void *worker_main(void *arg)
 					assert(ok);
 					(void)ok;
 					notify_completion(wq, req, &queued, done,
-							  low_water, ratio, loop,
-							  notify);
+							  low_water, ratio, notify_bh);
 				}
 				jobs += n;
 				atomic_store_explicit(&w->jobs, jobs, memory_order_relaxed);
@@ -559,7 +557,7 @@ unsigned ioc_wq_workers(struct ioc_wq *wq)
 	return wq->nactive;
 }
 
-static void notify_task(struct ioc_task *task);
+static void notify_bh(void *opaque);
 
 /* CPUs the process may run on (its affinity mask), at least 1. */
 static unsigned usable_cpus(void)
@@ -632,13 +630,11 @@ int ioc_wq_new(struct ioc_wq **out, const struct ioc_wq_opts *opts)
 	wq->done = opts->done;
 	wq->done_opaque = opts->done_opaque;
 	if (wq->loop) {
-		wq->notify = calloc(1, sizeof(*wq->notify));
-		if (!wq->notify) {
+		wq->notify_bh = ioc_bh_new(wq->loop, notify_bh, wq);
+		if (!wq->notify_bh) {
 			free(wq);
 			return -ENOMEM;
 		}
-		wq->notify->task.fn = notify_task;
-		wq->notify->wq = wq;
 	}
 	ret = ioc_wq_set_workers(wq, n);
 	if (ret) {
@@ -653,14 +649,10 @@ static void destroy(struct ioc_wq *wq)
 {
 	for (unsigned i = 0; i < wq->nalloc; i++)
 		stop_worker(wq->workers[i]);
-	if (wq->notify) {
-		/* All workers are joined: notify_pending is stable.  A task
-		 * still queued on the loop frees itself when it runs. */
-		if (atomic_load_explicit(&wq->notify_pending, memory_order_relaxed))
-			wq->notify->wq = NULL;
-		else
-			free(wq->notify);
-	}
+	/* All workers are joined: nobody schedules it any more.  Safe from
+	 * inside the BH itself (the free_requested path). */
+	if (wq->notify_bh)
+		ioc_bh_delete(wq->notify_bh);
 	for (unsigned i = 0; i < wq->nalloc; i++)
 		free_worker(wq->workers[i]);
 	free(wq->workers);
@@ -674,7 +666,7 @@ void ioc_wq_free(struct ioc_wq *wq)
 		return;
 	if (wq->in_notify) {
 		/* Called from a done callback: run what was submitted now,
-		 * free when the drain unwinds (notify_task). */
+		 * free when the drain unwinds (notify_bh). */
 		for (unsigned i = 0; i < wq->nalloc; i++)
 			stop_worker(wq->workers[i]);
 		wq->free_requested = true;
@@ -935,18 +927,13 @@ int ioc_wq_get_stats(struct ioc_wq *wq, struct ioc_wq_worker_stats *st,
 
 /* ---- loop mode ------------------------------------------------------ */
 
-static void notify_task(struct ioc_task *task)
+static void notify_bh(void *opaque)
 {
-	struct wq_notify *notify = ioc_container_of(task, struct wq_notify, task);
-	struct ioc_wq *wq = notify->wq;
+	struct ioc_wq *wq = opaque;
 	struct ioc_wq_job *jobs[WQ_BURST];
 	int n;
 
-	if (!wq) {
-		free(notify);  /* the wq was freed while we were queued */
-		return;
-	}
-	/* Acq_rel: pairs with the workers' exchange that posted us (their
+	/* Acq_rel: pairs with the workers' exchange that scheduled us (their
 	 * pushes before it are visible); the fence pairs with the fence in
 	 * notify_completion() for pushes made after this point. */
 	atomic_exchange_explicit(&wq->notify_pending, 0, memory_order_acq_rel);
