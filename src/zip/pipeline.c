@@ -101,6 +101,19 @@
  * CLI).  Replacing an existing output costs ~24 ms of page freeing at
  * rename, on the critical path (zstd -f pays the same at unlink).
  *
+ * What bounds it (usr tar, 200 MB, re-measured 2026-11-22): both workers
+ * busy ~95%; libzstd 48% of the samples, the tmpfs write path 43% (page
+ * allocation, memcg, LRU, the copy), of which 8.6% spinning on the output
+ * inode's lock.  pwrite alone needs 76 ms on one thread (2.6 GB/s, what dd
+ * from /dev/zero gets), so writes hold that lock ~70% of the run.  Scheduling
+ * the writes differently does not help: 3 workers with a sleeping userspace
+ * write lock 1.15x slower; the ordered-writer variant again 1.40x slower
+ * (decoding into slot buffers the writer just read: 171 ms of decode CPU
+ * against ~120); in standalone models, decoding into a shared mapping of the
+ * output (MADV_POPULATE_WRITE, zapped after each frame) cost the same CPU as
+ * pwrite, and deferring a write while the lock is busy to decode the next
+ * frame first gave 106-115 ms against 106-116.
+ *
  * Rejected.  A per-block malloc/free (simple, but the allocator's locks and
  * page faults show up at 4 KiB blocks), a mutex-protected output reorder
  * list (the slot cycle already is one), and a separate writer thread (the
