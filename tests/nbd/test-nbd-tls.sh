@@ -33,7 +33,7 @@ if "$SRV" --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
 	echo "1..0 # SKIP iocore-nbd built without GnuTLS"
 	exit 0
 fi
-echo "1..22"
+echo "1..23"
 workdir ioc-nbd-tls
 
 # start NAME [options] IMAGE: in the background once listening, logging.
@@ -95,7 +95,7 @@ else
 	skip "qemu-io over TLS" "qemu-io missing"
 fi
 
-# 7-8: refusals, each followed by a TLS client the server still serves
+# 7-10: refusals, each followed by a TLS client the server still serves
 fails "PSK required: a plain client is refused" nbdinfo "$PLAIN"
 check "  ...with NBD_REP_ERR_TLS_REQD and its message" sh -c \
 	"LIBNBD_DEBUG=1 nbdinfo '$PLAIN' 2>&1 | grep -q 'TLS required'"
@@ -104,7 +104,7 @@ fails "PSK: a wrong key fails the handshake" nbdinfo \
 check "  ...the server logs why and serves on" sh -c \
 	"grep -q 'TLS handshake failed' '$dir/psk.log' && nbdinfo '$U' | grep -q 'export-size'"
 
-# 11: cleartext bytes where the TLS handshake must start: the connection
+# 11-12: cleartext bytes where the TLS handshake must start: the connection
 # ends, the server does not, and the next TLS client is served.
 check "garbage after the STARTTLS ACK closes only that connection" python3 - "$dir/psk.sock" <<'PY'
 import socket, struct, sys
@@ -127,28 +127,57 @@ except ConnectionResetError:
     pass
 PY
 check "  ...and TLS clients are still served" sh -c "nbdinfo '$U' | grep -q 'export-size'"
-stop psk
 
-# 13: --tls on: the client chooses
+# 13: SIGTERM while a TLS client reads 4 KiB at a time, 64 in flight: the
+# server answers what it received, closes, and exits by itself.
+if have nbdcopy; then
+	# Two whole-image copies (0.5 s or more here); the signal lands in
+	# the first, and the log line below says a connection was open.
+	sh -c "nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 '$U' null: &&
+	       nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 '$U' null:" \
+		>"$dir/copy.log" 2>&1 &
+	cpid=$!
+	sleep 0.15
+	pid=$(cat "$dir/psk.pid")
+	kill -TERM "$pid"
+	i=0
+	while kill -0 "$pid" 2>/dev/null && [ $i -lt 400 ]; do
+		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
+		sleep 0.05; i=$((i + 1))
+	done
+	wait $cpid 2>/dev/null
+	if [ $i -lt 400 ] && grep -q "stopping: 1 connection(s) open" "$dir/psk.log"; then
+		ok "SIGTERM with a TLS client in flight: the server drains and exits"
+	else
+		notok "SIGTERM with a TLS client in flight: the server drains and exits"
+		tail -5 "$dir/psk.log" | sed 's/^/# /'
+	fi
+	rm -f "$dir/psk.pid"
+else
+	skip "SIGTERM with a TLS client" "nbdcopy missing"
+	stop psk
+fi
+
+# 14: --tls on: the client chooses
 start opt -U "$dir/opt.sock" --tls on --tls-psk "$dir/keys.psk" "$img"
 check "--tls on: plain and TLS clients both served" sh -c \
 	"nbdinfo 'nbd+unix:///?socket=$dir/opt.sock' | grep -q 'without TLS' && \
 	 nbdinfo 'nbds+unix://alice@/?socket=$dir/opt.sock&tls-psk-file=$dir/keys.psk' | grep -q 'with TLS'"
 stop opt
 
-# 14: no TLS configured: a client that insists on TLS is refused
+# 15: no TLS configured: a client that insists on TLS is refused
 start off -U "$dir/off.sock" "$img"
 fails "no TLS configured: an nbds:// client gets no TLS" nbdinfo \
 	"nbds+unix://alice@/?socket=$dir/off.sock&tls-psk-file=$dir/keys.psk"
 stop off
 
-# 15-17: start-up errors name the problem and exit non-zero
+# 16-18: start-up errors name the problem and exit non-zero
 refused "nope.psk: No such file" "$SRV" -U "$dir/x.sock" --tls-psk "$dir/nope.psk" "$img"
 : > "$dir/empty.psk"
 refused "empty.psk: no \"username:hexkey\" line" "$SRV" -U "$dir/x.sock" --tls-psk "$dir/empty.psk" "$img"
 refused "needs --tls-certificates DIR or --tls-psk FILE" "$SRV" -U "$dir/x.sock" --tls require "$img"
 
-# 18-21: X.509, with certificates made here (CN and SAN localhost)
+# 19-22: X.509, with certificates made here (CN and SAN localhost)
 if have certtool && have python3; then
 	pki="$dir/pki"; cli="$dir/cli"; mkdir -p "$pki" "$cli"
 	printf 'cn = iocore test CA\nca\ncert_signing_key\nexpiration_days = 2\n' > "$dir/ca.info"
@@ -191,7 +220,7 @@ else
 	skip "X.509 qemu-img" "certtool missing"; skip "X.509 awkward client" "certtool missing"
 fi
 
-# 22: every server above exited by itself on SIGTERM; under ASan, UBSan or
+# 23: every server above exited by itself on SIGTERM; under ASan, UBSan or
 # TSan a report (a leak at exit included) lands in its log.
 if grep -l -E "Sanitizer|runtime error" "$dir"/*.log >/dev/null 2>&1; then
 	notok "no sanitizer report from any server"
