@@ -87,9 +87,12 @@ struct ioc_blk {
 
 	/* One region known to hold data, [data_start, data_end), so block
 	 * status inside it needs no lseek (see ioc_blk_co_block_status()).
-	 * Under data_lock; data_gen counts invalidations. */
+	 * data_gen counts invalidations.  Writers hold data_lock; readers
+	 * use the sequence count (odd while a writer is inside), so the
+	 * hot path of every I/O thread writes no shared line. */
 	pthread_mutex_t data_lock;
-	uint64_t data_start, data_end, data_gen;
+	_Atomic uint64_t data_seq;
+	_Atomic uint64_t data_start, data_end, data_gen;
 };
 
 /* Per-request state, inside struct ioc_blk_req's priv[]. */

@@ -239,6 +239,10 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 		    BLK_CAP_DSYNC | BLK_CAP_NOWAIT | BLK_CAP_ALLOC |
 		    BLK_CAP_CACHESTAT);
 	atomic_init(&blk->fp_credit, FP_CREDIT_MAX);
+	atomic_init(&blk->data_seq, 0);
+	atomic_init(&blk->data_start, 0);
+	atomic_init(&blk->data_end, 0);
+	atomic_init(&blk->data_gen, 0);
 	ret = pthread_mutex_init(&blk->track_lock, NULL);
 	if (ret) {
 		free(blk);
@@ -580,34 +584,56 @@ static bool may_punch(enum blk_op op)
 	return op == BLK_OP_DISCARD || op == BLK_OP_ZEROES;
 }
 
+/* Seqlock write side; the caller holds data_lock.  The relaxed store of
+ * the odd count, then the release fence, order it before the field
+ * stores; the final release store publishes them.  Pairs with the loads
+ * in data_lookup(). */
+static void data_write(struct ioc_blk *blk, uint64_t start, uint64_t end, uint64_t gen)
+{
+	uint64_t seq = atomic_load_explicit(&blk->data_seq, memory_order_relaxed);
+
+	atomic_store_explicit(&blk->data_seq, seq + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&blk->data_start, start, memory_order_relaxed);
+	atomic_store_explicit(&blk->data_end, end, memory_order_relaxed);
+	atomic_store_explicit(&blk->data_gen, gen, memory_order_relaxed);
+	atomic_store_explicit(&blk->data_seq, seq + 2, memory_order_release);
+}
+
 static void data_invalidate(struct ioc_blk *blk)
 {
 	pthread_mutex_lock(&blk->data_lock);
-	blk->data_start = blk->data_end = 0;
-	blk->data_gen++;
+	data_write(blk, 0, 0, atomic_load_explicit(&blk->data_gen,
+						   memory_order_relaxed) + 1);
 	pthread_mutex_unlock(&blk->data_lock);
 }
 
-/* Inside the region: the bytes of data from offset to its end. */
+/* Inside the region: the bytes of data from offset to its end.  Seqlock
+ * read side: the acquire load of the count pairs with data_write()'s
+ * final release store; the acquire fence orders the field loads before
+ * the second load of the count, which a writer that started meanwhile
+ * has made odd or larger (its fence pairs with ours). */
 static uint64_t data_lookup(struct ioc_blk *blk, uint64_t offset, uint64_t *gen)
 {
-	uint64_t n = 0;
+	uint64_t s1, s2, start, end;
 
-	pthread_mutex_lock(&blk->data_lock);
-	if (offset >= blk->data_start && offset < blk->data_end)
-		n = blk->data_end - offset;
-	*gen = blk->data_gen;
-	pthread_mutex_unlock(&blk->data_lock);
-	return n;
+	do {
+		s1 = atomic_load_explicit(&blk->data_seq, memory_order_acquire);
+		start = atomic_load_explicit(&blk->data_start, memory_order_relaxed);
+		end = atomic_load_explicit(&blk->data_end, memory_order_relaxed);
+		*gen = atomic_load_explicit(&blk->data_gen, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		s2 = atomic_load_explicit(&blk->data_seq, memory_order_relaxed);
+	} while ((s1 & 1) || s1 != s2);
+	return offset >= start && offset < end ? end - offset : 0;
 }
 
 static void data_store(struct ioc_blk *blk, uint64_t gen, uint64_t start, uint64_t end)
 {
 	pthread_mutex_lock(&blk->data_lock);
-	if (blk->data_gen == gen) {
-		blk->data_start = start;
-		blk->data_end = end;
-	}
+	/* Relaxed: data_gen changes only under data_lock, which we hold. */
+	if (atomic_load_explicit(&blk->data_gen, memory_order_relaxed) == gen)
+		data_write(blk, start, end, gen);
 	pthread_mutex_unlock(&blk->data_lock);
 }
 
