@@ -704,7 +704,91 @@ static void test_tls_after_start(void)
 	ioc__nbd_mem_export_free(e);
 }
 
+static struct ioc__nbd_req *alloc_req(void *opaque, size_t len)
+{
+	struct ioc__nbd_req *r = calloc(1, sizeof(*r));
+
+	(void)opaque;
+	ASSERT_NOT_NULL(r);
+	if (len)
+		ASSERT_EQ(posix_memalign((void **)&r->buf, 4096, len), 0);
+	r->buf_cap = len;
+	return r;
+}
+
+/* The chunk type of the first reply chunk to a 4 KiB structured READ of
+ * an unwritten block, on a connection with or without TLS. */
+static uint16_t small_hole_read(bool tls)
+{
+	struct ioc__nbd_export *e, *list[1];
+	struct ioc__nbd_cfg cfg = { .tls = IOC__NBD_TLS_ON };
+	struct ioc__nbd_conn c;
+	struct ioc__nbd_req *r = NULL;
+	uint8_t *p;
+	uint16_t type;
+
+	ASSERT_OK(ioc__nbd_mem_export_new(&e, "disk", EXP_SIZE, false));
+	list[0] = e;
+	cfg.exports = list;
+	cfg.nexports = 1;
+	ASSERT_OK(ioc__nbd_conn_init(&c, &cfg, 4096));
+	ioc__nbd_hs_start(&c);
+	p = c.in;
+	p = ioc_nbd_st32(p, NBD_FLAG_C_FIXED_NEWSTYLE);
+	c.in_end = (size_t)(p - c.in);
+	if (tls) {
+		p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+		p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
+		p = ioc_nbd_st32(p, 0);
+		c.in_end = (size_t)(p - c.in);
+		ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_STARTTLS);
+		ioc__nbd_tls_started(&c);
+		ioc__nbd_conn_compact(&c);
+		p = c.in + c.in_end;
+	}
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_STRUCTURED_REPLY);
+	p = ioc_nbd_st32(p, 0);
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, NBD_OPT_EXPORT_NAME);
+	p = ioc_nbd_st32(p, 4);
+	memcpy(p, "disk", 4);
+	p += 4;
+	c.in_end = (size_t)(p - c.in);
+	ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_READY);
+	ioc__nbd_conn_compact(&c);
+	p = c.in + c.in_end;
+	p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
+	p = ioc_nbd_st16(p, 0);
+	p = ioc_nbd_st16(p, NBD_CMD_READ);
+	p = ioc_nbd_st64(p, 7);
+	p = ioc_nbd_st64(p, 65536);
+	p = ioc_nbd_st32(p, 4096);
+	c.in_end = (size_t)(p - c.in);
+	ASSERT_EQ(ioc__nbd_parse_request(&c, alloc_req, NULL, &r), IOC_NBD_READY);
+	ioc__nbd_execute(&c, r);
+	ASSERT_GE(r->iovcnt, 1);
+	/* Structured reply chunk: magic, flags, type, ... */
+	type = ioc_nbd_ld16((const uint8_t *)r->iov[0].iov_base + 6);
+	free(r->buf);
+	free(r->ext);
+	free(r);
+	ioc__nbd_conn_destroy(&c);
+	ioc__nbd_mem_export_free(e);
+	return type;
+}
+
+/* Over TLS every byte costs the client a decryption, so reads of a page
+ * or more look for holes; in the clear only from IOC_NBD_SPARSE_READ_MIN
+ * (proto.c says why). */
+static void test_tls_small_reads_send_holes(void)
+{
+	ASSERT_EQ(small_hole_read(true), NBD_REPLY_TYPE_OFFSET_HOLE);
+	ASSERT_EQ(small_hole_read(false), NBD_REPLY_TYPE_OFFSET_DATA);
+}
+
 IOC_TEST_MAIN(
+	IOC_TEST(test_tls_small_reads_send_holes),
 	IOC_TEST(test_tls_required),
 	IOC_TEST(test_tls_optional),
 	IOC_TEST(test_tls_after_start),

@@ -131,8 +131,11 @@ check "  ...and TLS clients are still served" sh -c "nbdinfo '$U' | grep -q 'exp
 # 13: SIGTERM while a TLS client reads 4 KiB at a time, 64 in flight: the
 # server answers what it received, closes, and exits by itself.
 if have nbdcopy; then
-	# Two whole-image copies (0.5 s or more here); the signal lands in
+	# All data first (holes would be answered too fast over TLS); then
+	# two whole-image copies (a second or more here): the signal lands in
 	# the first, and the log line below says a connection was open.
+	head -c 64M /dev/urandom > "$dir/full.img"
+	nbdcopy "$dir/full.img" "$U"
 	sh -c "nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 '$U' null: &&
 	       nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 '$U' null:" \
 		>"$dir/copy.log" 2>&1 &
