@@ -658,50 +658,77 @@ static void test_tls_optional(void)
 	ASSERT_EQ(finish(&f), -EPROTO);
 }
 
+/* The protocol core driven directly, with no transport: bytes go into
+ * c.in, replies come out of c.out and the request objects. */
+struct core {
+	struct ioc__nbd_export *e, *list[1];
+	struct ioc__nbd_cfg cfg;
+	struct ioc__nbd_conn c;
+};
+
+static void core_open(struct core *k, enum ioc__nbd_tls_mode tls)
+{
+	memset(k, 0, sizeof(*k));
+	ASSERT_OK(ioc__nbd_mem_export_new(&k->e, "disk", EXP_SIZE, false));
+	k->list[0] = k->e;
+	k->cfg = (struct ioc__nbd_cfg){ .exports = k->list, .nexports = 1, .tls = tls };
+	ASSERT_OK(ioc__nbd_conn_init(&k->c, &k->cfg, 4096));
+	ioc__nbd_hs_start(&k->c);
+	k->c.out_len = 0;
+	ioc_nbd_st32(k->c.in, NBD_FLAG_C_FIXED_NEWSTYLE);
+	k->c.in_end = 4;
+}
+
+static void core_close(struct core *k)
+{
+	ioc__nbd_conn_destroy(&k->c);
+	ioc__nbd_mem_export_free(k->e);
+}
+
+/* Append an option (data only for EXPORT_NAME's name) to the input. */
+static void core_opt(struct core *k, uint32_t opt, const char *data)
+{
+	uint32_t n = data ? (uint32_t)strlen(data) : 0;
+	uint8_t *p;
+
+	ioc__nbd_conn_compact(&k->c);
+	p = k->c.in + k->c.in_end;
+	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
+	p = ioc_nbd_st32(p, opt);
+	p = ioc_nbd_st32(p, n);
+	if (n)
+		memcpy(p, data, n);
+	k->c.in_end = (size_t)(p + n - k->c.in);
+}
+
+/* STARTTLS, acknowledged; then the transport reports TLS up. */
+static void core_starttls(struct core *k)
+{
+	core_opt(k, NBD_OPT_STARTTLS, NULL);
+	ASSERT_EQ(ioc__nbd_hs_step(&k->c), IOC_NBD_STARTTLS);
+	ASSERT_UEQ(k->c.out_len, 20u); /* magic, option, type (ACK), length 0 */
+	ASSERT_EQ(ioc_nbd_ld32(k->c.out + 12), (long)NBD_REP_ACK);
+	k->c.out_len = 0;
+	ioc__nbd_tls_started(&k->c);
+}
+
 /* Once the transport reports TLS, STARTTLS is invalid and FORCEDTLS serves
  * every option (driven on the core directly: no TLS in this test). */
 static void test_tls_after_start(void)
 {
-	struct ioc__nbd_export *e, *list[1];
-	struct ioc__nbd_cfg cfg = { .tls = IOC__NBD_TLS_REQUIRE };
-	struct ioc__nbd_conn c;
-	uint8_t *p;
+	struct core k;
 
-	ASSERT_OK(ioc__nbd_mem_export_new(&e, "disk", EXP_SIZE, false));
-	list[0] = e;
-	cfg.exports = list;
-	cfg.nexports = 1;
-	ASSERT_OK(ioc__nbd_conn_init(&c, &cfg, 4096));
-	ioc__nbd_hs_start(&c);
-	c.out_len = 0;
-	p = c.in;
-	p = ioc_nbd_st32(p, NBD_FLAG_C_FIXED_NEWSTYLE);
-	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
-	p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
-	p = ioc_nbd_st32(p, 0);
-	c.in_end = (size_t)(p - c.in);
-	ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_STARTTLS);
-	ASSERT_UEQ(c.out_len, 20u); /* magic, option, type (ACK), length 0 */
-	ASSERT_EQ(ioc_nbd_ld32(c.out + 12), (long)NBD_REP_ACK);
-	c.out_len = 0;
-	ioc__nbd_tls_started(&c);
-	ioc__nbd_conn_compact(&c);
-	p = c.in + c.in_end;
-	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
-	p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
-	p = ioc_nbd_st32(p, 0);
-	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
-	p = ioc_nbd_st32(p, NBD_OPT_STRUCTURED_REPLY);
-	p = ioc_nbd_st32(p, 0);
-	c.in_end = (size_t)(p - c.in);
-	ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_MORE);
+	core_open(&k, IOC__NBD_TLS_REQUIRE);
+	core_starttls(&k);
+	core_opt(&k, NBD_OPT_STARTTLS, NULL);
+	core_opt(&k, NBD_OPT_STRUCTURED_REPLY, NULL);
+	ASSERT_EQ(ioc__nbd_hs_step(&k.c), IOC_NBD_MORE);
 	/* Two replies: INVALID for STARTTLS (with a message), ACK after. */
-	ASSERT_EQ(ioc_nbd_ld32(c.out + 12), (long)NBD_REP_ERR_INVALID);
-	uint32_t l1 = ioc_nbd_ld32(c.out + 16);
-	ASSERT_EQ(ioc_nbd_ld32(c.out + 20 + l1 + 12), (long)NBD_REP_ACK);
-	ASSERT_TRUE(c.structured);
-	ioc__nbd_conn_destroy(&c);
-	ioc__nbd_mem_export_free(e);
+	ASSERT_EQ(ioc_nbd_ld32(k.c.out + 12), (long)NBD_REP_ERR_INVALID);
+	uint32_t l1 = ioc_nbd_ld32(k.c.out + 16);
+	ASSERT_EQ(ioc_nbd_ld32(k.c.out + 20 + l1 + 12), (long)NBD_REP_ACK);
+	ASSERT_TRUE(k.c.structured);
+	core_close(&k);
 }
 
 static struct ioc__nbd_req *alloc_req(void *opaque, size_t len)
@@ -720,61 +747,35 @@ static struct ioc__nbd_req *alloc_req(void *opaque, size_t len)
  * an unwritten block, on a connection with or without TLS. */
 static uint16_t small_hole_read(bool tls)
 {
-	struct ioc__nbd_export *e, *list[1];
-	struct ioc__nbd_cfg cfg = { .tls = IOC__NBD_TLS_ON };
-	struct ioc__nbd_conn c;
+	struct core k;
 	struct ioc__nbd_req *r = NULL;
 	uint8_t *p;
 	uint16_t type;
 
-	ASSERT_OK(ioc__nbd_mem_export_new(&e, "disk", EXP_SIZE, false));
-	list[0] = e;
-	cfg.exports = list;
-	cfg.nexports = 1;
-	ASSERT_OK(ioc__nbd_conn_init(&c, &cfg, 4096));
-	ioc__nbd_hs_start(&c);
-	p = c.in;
-	p = ioc_nbd_st32(p, NBD_FLAG_C_FIXED_NEWSTYLE);
-	c.in_end = (size_t)(p - c.in);
-	if (tls) {
-		p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
-		p = ioc_nbd_st32(p, NBD_OPT_STARTTLS);
-		p = ioc_nbd_st32(p, 0);
-		c.in_end = (size_t)(p - c.in);
-		ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_STARTTLS);
-		ioc__nbd_tls_started(&c);
-		ioc__nbd_conn_compact(&c);
-		p = c.in + c.in_end;
-	}
-	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
-	p = ioc_nbd_st32(p, NBD_OPT_STRUCTURED_REPLY);
-	p = ioc_nbd_st32(p, 0);
-	p = ioc_nbd_st64(p, NBD_MAGIC_OPTS);
-	p = ioc_nbd_st32(p, NBD_OPT_EXPORT_NAME);
-	p = ioc_nbd_st32(p, 4);
-	memcpy(p, "disk", 4);
-	p += 4;
-	c.in_end = (size_t)(p - c.in);
-	ASSERT_EQ(ioc__nbd_hs_step(&c), IOC_NBD_READY);
-	ioc__nbd_conn_compact(&c);
-	p = c.in + c.in_end;
+	core_open(&k, IOC__NBD_TLS_ON);
+	if (tls)
+		core_starttls(&k);
+	core_opt(&k, NBD_OPT_STRUCTURED_REPLY, NULL);
+	core_opt(&k, NBD_OPT_EXPORT_NAME, "disk");
+	ASSERT_EQ(ioc__nbd_hs_step(&k.c), IOC_NBD_READY);
+	ioc__nbd_conn_compact(&k.c);
+	p = k.c.in + k.c.in_end;
 	p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
 	p = ioc_nbd_st16(p, 0);
 	p = ioc_nbd_st16(p, NBD_CMD_READ);
 	p = ioc_nbd_st64(p, 7);
 	p = ioc_nbd_st64(p, 65536);
 	p = ioc_nbd_st32(p, 4096);
-	c.in_end = (size_t)(p - c.in);
-	ASSERT_EQ(ioc__nbd_parse_request(&c, alloc_req, NULL, &r), IOC_NBD_READY);
-	ioc__nbd_execute(&c, r);
+	k.c.in_end = (size_t)(p - k.c.in);
+	ASSERT_EQ(ioc__nbd_parse_request(&k.c, alloc_req, NULL, &r), IOC_NBD_READY);
+	ioc__nbd_execute(&k.c, r);
 	ASSERT_GE(r->iovcnt, 1);
 	/* Structured reply chunk: magic, flags, type, ... */
 	type = ioc_nbd_ld16((const uint8_t *)r->iov[0].iov_base + 6);
 	free(r->buf);
 	free(r->ext);
 	free(r);
-	ioc__nbd_conn_destroy(&c);
-	ioc__nbd_mem_export_free(e);
+	core_close(&k);
 	return type;
 }
 
