@@ -295,73 +295,72 @@ static void release_sent(struct conn *c, size_t bytes)
 	}
 }
 
-/* Over TLS: gather up to one record of queued replies into tls_out and
- * hand it to GnuTLS.  The staged bytes are always the next unsent bytes
- * of the queue, so they are accounted (and the requests released) only
- * once GnuTLS took them; after -EAGAIN the same buffer goes again. */
-static void conn_flush_tls(struct conn *c)
+/* Over TLS: hand GnuTLS up to one record of queued replies, gathered into
+ * tls_out.  The staged bytes are always the next unsent bytes of the
+ * queue, so they are accounted (and the requests released) only once
+ * GnuTLS took them; after -EAGAIN the same buffer goes again. */
+static ssize_t send_tls(struct conn *c, const char **msg)
+{
+	if (!c->tls_out_len) {
+		struct iovec iov[IOC_NBD_SEND_IOV];
+		int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
+		size_t len = 0;
+
+		for (int i = 0; i < n && len < IOC_NBD_TLS_RECORD; i++) {
+			size_t k = iov[i].iov_len;
+
+			if (k > IOC_NBD_TLS_RECORD - len)
+				k = IOC_NBD_TLS_RECORD - len;
+			memcpy(c->tls_out + len, iov[i].iov_base, k);
+			len += k;
+		}
+		c->tls_out_off = 0;
+		c->tls_out_len = len;
+	}
+	ssize_t s = ioc__nbd_tls_send(c->tls, c->tls_out + c->tls_out_off,
+				      c->tls_out_len, msg);
+	if (s > 0) {
+		c->tls_out_off += (size_t)s;
+		c->tls_out_len -= (size_t)s;
+	}
+	return s;
+}
+
+/* In the clear: as many queued replies as one sendmsg takes. */
+static ssize_t send_plain(struct conn *c, const char **msg)
 {
 	struct iovec iov[IOC_NBD_SEND_IOV];
+	int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
+	struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
 
+	for (;;) {
+		ssize_t s = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (s >= 0)
+			return s;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return -EAGAIN;
+		*msg = strerror(errno);
+		return -errno;
+	}
+}
+
+/* Send queued replies until the socket is full or the queue empty. */
+static void conn_flush(struct conn *c)
+{
 	while (c->sq_head && !c->dead) {
-		if (!c->tls_out_len) {
-			int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
-			size_t len = 0;
-
-			for (int i = 0; i < n && len < IOC_NBD_TLS_RECORD; i++) {
-				size_t k = iov[i].iov_len;
-
-				if (k > IOC_NBD_TLS_RECORD - len)
-					k = IOC_NBD_TLS_RECORD - len;
-				memcpy(c->tls_out + len, iov[i].iov_base, k);
-				len += k;
-			}
-			c->tls_out_off = 0;
-			c->tls_out_len = len;
-		}
 		const char *msg = NULL;
-		ssize_t s = ioc__nbd_tls_send(c->tls, c->tls_out + c->tls_out_off,
-					      c->tls_out_len, &msg);
+		ssize_t s = c->tls_state == TLS_ON ? send_tls(c, &msg) : send_plain(c, &msg);
+
 		if (s == -EAGAIN) {
 			c->want_write = true;
 			return;
 		}
 		if (s < 0) {
-			ioc__nbd_log(c->t->srv, "%s: TLS send: %s", c->core.peer, msg);
-			conn_kill(c);
-			return;
-		}
-		c->tls_out_off += (size_t)s;
-		c->tls_out_len -= (size_t)s;
-		release_sent(c, (size_t)s);
-	}
-	if (!c->sq_head)
-		c->sq_tail = &c->sq_head;
-	c->want_write = false;
-	c->queued = 0;
-}
-
-/* Send queued replies, as many per sendmsg as fit. */
-static void conn_flush(struct conn *c)
-{
-	struct iovec iov[IOC_NBD_SEND_IOV];
-
-	if (c->tls_state == TLS_ON) {
-		conn_flush_tls(c);
-		return;
-	}
-	while (c->sq_head && !c->dead) {
-		int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
-		struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
-		ssize_t s = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (s < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				c->want_write = true;
-				return;
-			}
-			ioc__nbd_log(c->t->srv, "%s: send: %s", c->core.peer, strerror(errno));
+			ioc__nbd_log(c->t->srv, "%s: %ssend: %s", c->core.peer,
+				     c->tls_state == TLS_ON ? "TLS " : "", msg);
 			conn_kill(c);
 			return;
 		}

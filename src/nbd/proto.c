@@ -865,20 +865,18 @@ static void ioc_coroutine_fn read_sparse(const struct ioc__nbd_conn *c,
 		uint64_t n = end - pos;
 		int st = 0;
 		/* The last chunk takes whatever is left, as data. */
-		if (chunks == 0 || chunks < IOC_NBD_MAX_READ_CHUNKS - 1) {
-			if (chunks == 0) {
-				st = st0;
-				n = first;
-			} else {
-				st = e->ops->block_status(e->be, pos, end - pos, &n);
-			}
+		if (chunks == 0) {
+			st = st0;
+			n = first;
+		} else if (chunks < IOC_NBD_MAX_READ_CHUNKS - 1) {
+			st = e->ops->block_status(e->be, pos, end - pos, &n);
 			if (st < 0) {
 				read_plain(c, r);
 				return;
 			}
-			if (n == 0 || n > end - pos)
-				n = end - pos;
 		}
+		if (n == 0 || n > end - pos)
+			n = end - pos;
 		bool hole = st & NBD_STATE_ZERO;
 		uint8_t *h = p;
 		if (hole) {
@@ -1000,8 +998,8 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 	}
 	switch (r->type) {
 	case NBD_CMD_READ:
-		if (c->structured && r->len >= (c->tls ? IOC_NBD_TLS_SPARSE_READ_MIN : IOC_NBD_SPARSE_READ_MIN) &&
-		    !(r->flags & NBD_CMD_FLAG_DF) && e->can_block_status)
+		if (c->structured && !(r->flags & NBD_CMD_FLAG_DF) && e->can_block_status &&
+		    r->len >= (c->tls ? IOC_NBD_TLS_SPARSE_READ_MIN : IOC_NBD_SPARSE_READ_MIN))
 			read_sparse(c, r);
 		else
 			read_plain(c, r);

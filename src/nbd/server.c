@@ -185,8 +185,13 @@ int ioc_nbd_server_set_tls(struct ioc_nbd_server *srv,
 	}
 	ioc__nbd_tls_creds_free(srv->tls);
 	srv->tls = cr;
-	srv->cfg.tls = opts->mode == IOC_NBD_TLS_REQUIRE ? IOC__NBD_TLS_REQUIRE :
-		       opts->mode == IOC_NBD_TLS_ON ? IOC__NBD_TLS_ON : IOC__NBD_TLS_OFF;
+	/* The protocol core has its own copy of the modes (it builds without
+	 * the public headers' dependencies); the values are the same. */
+	_Static_assert((int)IOC__NBD_TLS_OFF == (int)IOC_NBD_TLS_OFF &&
+		       (int)IOC__NBD_TLS_ON == (int)IOC_NBD_TLS_ON &&
+		       (int)IOC__NBD_TLS_REQUIRE == (int)IOC_NBD_TLS_REQUIRE,
+		       "TLS modes differ");
+	srv->cfg.tls = (enum ioc__nbd_tls_mode)opts->mode;
 	return 0;
 }
 

@@ -82,6 +82,19 @@ static bool readable(const char *path)
 	return access(path, R_OK) == 0;
 }
 
+/* A file we cannot do without: 0 if readable, else -errno with the path
+ * and the reason in err. */
+static int need_file(const char *path, char *err, size_t errlen)
+{
+	int e;
+
+	if (readable(path))
+		return 0;
+	e = errno;
+	snprintf(err, errlen, "%s: %s", path, strerror(e));
+	return -e;
+}
+
 /* A PSK file GnuTLS reads at every handshake: check now that it is there
  * and holds at least one well-formed "username:hexkey" line, so a typo
  * fails at start-up instead of at each client. */
@@ -116,15 +129,6 @@ static int check_psk_file(const char *path, char *err, size_t errlen)
 	return 0;
 }
 
-/* A file we need is not readable: say which and why. */
-static int unreadable(const char *path, char *err, size_t errlen)
-{
-	int e = access(path, R_OK) == 0 ? EACCES : errno;
-
-	snprintf(err, errlen, "%s: %s", path, strerror(e));
-	return -e;
-}
-
 static int load_x509(struct ioc__nbd_tls_creds *cr, const char *dir,
 		     char *err, size_t errlen)
 {
@@ -135,12 +139,9 @@ static int load_x509(struct ioc__nbd_tls_creds *cr, const char *dir,
 	snprintf(key, sizeof(key), "%s/server-key.pem", dir);
 	snprintf(ca, sizeof(ca), "%s/ca-cert.pem", dir);
 	snprintf(crl, sizeof(crl), "%s/ca-crl.pem", dir);
-	if (!readable(cert))
-		return unreadable(cert, err, errlen);
-	if (!readable(key))
-		return unreadable(key, err, errlen);
-	if (cr->verify_peer && !readable(ca))
-		return unreadable(ca, err, errlen);
+	if ((r = need_file(cert, err, errlen)) < 0 || (r = need_file(key, err, errlen)) < 0 ||
+	    (cr->verify_peer && (r = need_file(ca, err, errlen)) < 0))
+		return r;
 	r = gnutls_certificate_allocate_credentials(&cr->x509);
 	if (r < 0) {
 		snprintf(err, errlen, "X.509 credentials: %s", gnutls_strerror(r));

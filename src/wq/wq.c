@@ -175,8 +175,6 @@ struct wq_worker {
 	_Atomic uint64_t sleeps;
 };
 
-/* The embedded task posted to opts.loop.  Separately allocated so that a
- * task still queued on the loop when the wq is freed can free itself. */
 struct ioc_wq {
 	/* Submitter-private (the owner thread; the loop thread in loop mode). */
 	struct wq_worker **workers;
