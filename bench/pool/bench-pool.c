@@ -21,10 +21,11 @@
  *    completion would be slower), so the comparison favours the peer.
  *
  * Variants (case "ablation", iocore only) each turn one design step off:
- *   default, no-submit-batch, no-complete-batch, wake-always, no-spin, spin-busy,
- *   qemu-like (all of those off, and threads started eagerly), max64 (the
- *   default max_threads of 64), eager-spawn (max 64, a thread whenever
- *   none is idle, as QEMU: what the spawn delay avoids).
+ *   default, no-submit-batch, no-complete-batch, wake-always, no-spin,
+ *   spin-busy, no-lag-yield, qemu-like (all of those off, and threads
+ *   started eagerly), max64 (the default max_threads of 64), eager-spawn
+ *   (max 64, a thread whenever none is idle, as QEMU: what the spawn delay
+ *   avoids).
  *
  * The first 10% of the run is warm-up and not counted.  One row of JSON on
  * stdout (bench/README.md); diagnostics on stderr.
@@ -276,9 +277,11 @@ static const char *run_iocore(void)
 		o.spin_max_ns = -1;
 	else if (!strcmp(v, "spin-busy"))
 		o.flags = IOC_POOL_SPIN_BUSY;
+	else if (!strcmp(v, "no-lag-yield"))
+		o.flags = IOC_POOL_NO_LAG_YIELD;
 	else if (!strcmp(v, "qemu-like")) {
 		o.flags = IOC_POOL_NO_SUBMIT_BATCH | IOC_POOL_NO_COMPLETE_BATCH |
-			  IOC_POOL_WAKE_ALWAYS;
+			  IOC_POOL_WAKE_ALWAYS | IOC_POOL_NO_LAG_YIELD;
 		o.spin_max_ns = -1;
 		o.spawn_delay_ns = -1;
 	} else if (!strcmp(v, "eager-spawn")) {
@@ -303,12 +306,13 @@ static const char *run_iocore(void)
 	ioc_pool_get_stats(io_pool, &st);
 	ioc_loop_get_stats(io_loop, &ls);
 	fprintf(stderr, "iocore[%s]: %llu jobs, %llu completion batches "
-		"(%.1f per batch), %llu worker wakeups, %u threads; loop: "
-		"%llu sleeps, %llu notify syscalls (%.3f per job)\n", v,
+		"(%.1f per batch), %llu worker wakeups, %llu lag yields, %u threads; "
+		"loop: %llu sleeps, %llu notify syscalls (%.3f per job)\n", v,
 		(unsigned long long)st.completed,
 		(unsigned long long)st.completion_batches,
 		st.completion_batches ? (double)st.completed / st.completion_batches : 0,
-		(unsigned long long)st.worker_wakeups, st.threads,
+		(unsigned long long)st.worker_wakeups,
+		(unsigned long long)st.lag_yields, st.threads,
 		(unsigned long long)ls.blocking_waits,
 		(unsigned long long)ls.notifies,
 		st.completed ? (double)ls.notifies / st.completed : 0);

@@ -54,6 +54,6 @@ run() {
 	done
 } | python3 "$HERE/../ring/interleave.py" "$ROUNDS"
 # One design step off at a time (bench-pool.c and src/pool/pool.c explain).
-for v in default no-submit-batch no-complete-batch wake-always no-spin spin-busy qemu-like max64 eager-spawn; do
+for v in default no-submit-batch no-complete-batch wake-always no-spin spin-busy no-lag-yield qemu-like max64 eager-spawn; do
 	run --impl iocore --variant $v --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
 done

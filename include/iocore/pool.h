@@ -55,6 +55,9 @@ enum {
 	/* Let an idle worker spin even when running workers (plus the
 	 * submitting loop's thread) already occupy every CPU. */
 	IOC_POOL_SPIN_BUSY = 1u << 3,
+	/* Never yield the CPU after a job to let a lagging loop thread run
+	 * (see "lag yield" in src/pool/pool.c). */
+	IOC_POOL_NO_LAG_YIELD = 1u << 4,
 };
 
 /* Runs on a worker thread.  Returns a result, by convention >= 0 or -errno. */
@@ -119,6 +122,7 @@ struct ioc_pool_stats {
 	uint64_t submitted, completed, cancelled;
 	uint64_t worker_wakeups;     /* futex/condvar signals sent */
 	uint64_t completion_batches; /* loop wakeups that delivered completions */
+	uint64_t lag_yields;         /* workers that yielded to a lagging loop */
 };
 void ioc_pool_get_stats(struct ioc_pool *pool, struct ioc_pool_stats *st);
 

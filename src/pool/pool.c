@@ -52,6 +52,14 @@
  *    the lock when it becomes non-zero.  Submitters and chaining workers
  *    count spinning (and already-signalled, and starting) workers as spare
  *    and signal a sleeper only when the queue is longer than the spares.
+ *  - Lag yield: a worker that finishes a job when the queue is down to two
+ *    jobs per thread, and whose completion landed on a stack the loop has
+ *    not collected yet, yields its CPU once (sched_yield) before taking
+ *    the next job.  The loop thread is then most likely runnable but
+ *    waiting for a CPU a worker holds; if it does not run before the
+ *    queue drains, every worker goes to sleep and the loop must wake them
+ *    again.  Where nothing else waits for the CPU the yield is one cheap
+ *    syscall, and it only happens while the loop lags.
  *  - Threads: min..max, named "<name>-<n>", signals blocked.  Up to one per
  *    CPU starts as soon as jobs wait with nobody to take them.  Past that a
  *    thread only helps if the jobs block (in the kernel, on a lock, on each
@@ -132,14 +140,31 @@
  * to hide the pointer chase of the reversal (23% of the loop thread's
  * time): within noise, 5 interleaved rounds.
  *
- * Where the preadv row's time goes (2026-11-22, 1.6-1.8 us of CPU per job
- * against the bare threads' ~1.2): the loop thread ~0.42 us per job, half
- * of it context switches of its yielding poll rounds, a quarter the
- * completion stack; the workers ~0.15 us above the preadv itself.  A
- * thread-local read buffer in the benchmark, which no pool could offer,
- * would be worth at most 4%.  A yield in
- * the spin was once dropped for costing CPU per job under heavy load; the
- * measurements above, on a quiet machine, brought it back.
+ * Where the preadv row's time went before the lag yield (2026-11-22, 1.6-1.8
+ * us of CPU per job against the bare threads' ~1.2): the loop thread ~0.42
+ * us per job, half of it context switches of its yielding poll rounds, a
+ * quarter the completion stack; the workers ~0.15 us above the preadv
+ * itself.  A thread-local read buffer in the benchmark, which no pool could
+ * offer, would be worth at most 4%.  A yield in the spin was once dropped
+ * for costing CPU per job under heavy load; the measurements above, on a
+ * quiet machine, brought it back.
+ *
+ * The lag yield.  perf sched on that row (2 workers, loop thread, 2 CPUs)
+ * showed a fixed cycle: the loop shared a CPU with one worker, which ran
+ * ~45 us, long enough to drain the 64-deep queue while the loop, having
+ * yielded in its poll, waited behind it; then both workers slept, the
+ * loop ran 7 us, resubmitted and woke them, and the other CPU idled ~14 us
+ * per cycle for the wakeup (8.75% idle; 16k worker wakeups a second).
+ * With the yield, the loop runs before the queue drains: worker wakeups
+ * fell from ~15k to under 100 per 1.2 s run, ~6% of jobs yield, CPU per job
+ * 1680 -> 1440 ns.  bench/pool --quick, three runs: 1.37-1.41M requests/s
+ * against libuv's 661-677k (2.07-2.11x) and no-lag-yield's 1.16-1.22M in
+ * the same runs.  Interleaved (5 rounds, medians, a slow phase of the VM):
+ * depth 4, 386k -> 505k; depth 1, 331k vs 313k, inside the rounds' spread
+ * (a lone request never finds the stack busy, so it never yields); empty
+ * jobs 287 -> 254 ns.  Yielding whenever the queue is low, without the
+ * lagging test, lost half the rate at depth 1 (533k -> 282k): the worker
+ * then yields after every job.
  *
  * Alternatives rejected
  * ---------------------
@@ -269,7 +294,7 @@ struct ioc_pool {
 	bool stopping;
 	struct worker *zombies;        /* exited, not joined */
 	struct ioc_pool_port *ports;
-	uint64_t cancelled, wakeups;
+	uint64_t cancelled, wakeups, lag_yields;
 	uint64_t jobs_started;
 
 	/* Mirror of q_len for spinners, which read it without the lock.
@@ -425,15 +450,19 @@ static bool stalled(const struct ioc_pool *pool)
  * the stack empty again and posts again (the task has started, so posting
  * it again is allowed by ioc_loop_post()).  A push that lands before the
  * exchange is taken by it.  No completion is left without a posted task.
+ *
+ * Returns whether the stack already held completions, i.e. the loop has
+ * not yet collected ones pushed before this (a hint for the lag yield; the
+ * acquire of the CAS is not needed for it).
  */
-static void port_push_done(struct ioc_pool_port *port,
+static bool port_push_done(struct ioc_pool_port *port,
 			   struct ioc_pool_req *req, bool post)
 {
 	struct ioc_pool_req *old;
 
 	if (port->pool->flags & IOC_POOL_NO_COMPLETE_BATCH && post) {
 		ioc_loop_post(port->loop, &req->task);
-		return;
+		return false;
 	}
 	old = atomic_load_explicit(&port->done_head, memory_order_relaxed);
 	do {
@@ -447,13 +476,14 @@ static void port_push_done(struct ioc_pool_port *port,
 	if (old == NULL && post) {
 		if (port->done_bh) {
 			ioc_bh_schedule(port->done_bh);
-			return;
+			return false;
 		}
 		/* Pairs with the fetch_and in port_done_task(). */
 		atomic_fetch_or_explicit(&port->live, LIVE_DONE,
 					 memory_order_relaxed);
 		ioc_loop_post(port->loop, &port->done_task);
 	}
+	return old != NULL;
 }
 
 static void complete_list(struct ioc_pool_req *list, int64_t ret, bool post)
@@ -745,6 +775,7 @@ static void *worker_main(void *opaque)
 	for (;;) {
 		struct ioc_pool_req *req;
 		struct timespec ts;
+		bool lagging;
 		int64_t t0;
 		int rc;
 
@@ -765,10 +796,22 @@ static void *worker_main(void *opaque)
 			act(pool, wk);
 
 			req->ret = req->fn(req->arg);
-			port_push_done(req->port, req, true);
+			/* req is the loop's once pushed (it may be freed). */
+			lagging = port_push_done(req->port, req, true);
 
 			pthread_mutex_lock(&pool->lock);
 			pool->nrunning--;
+			/* Lag yield: the queue is running low and the loop has
+			 * not collected earlier completions, so its thread is
+			 * likely waiting for a CPU -- maybe this one.  Offer it
+			 * before the queue runs dry and the workers sleep. */
+			if (lagging && pool->q_len <= 2 * pool->nthreads &&
+			    !(pool->flags & IOC_POOL_NO_LAG_YIELD)) {
+				pool->lag_yields++;
+				pthread_mutex_unlock(&pool->lock);
+				sched_yield();
+				pthread_mutex_lock(&pool->lock);
+			}
 			continue;
 		}
 
@@ -1383,6 +1426,7 @@ void ioc_pool_get_stats(struct ioc_pool *pool, struct ioc_pool_stats *st)
 	st->idle_threads = pool->nsleeping + pool->nspinning;
 	st->cancelled = pool->cancelled;
 	st->worker_wakeups = pool->wakeups;
+	st->lag_yields = pool->lag_yields;
 	for (struct ioc_pool_port *p = pool->ports; p; p = p->next) {
 		/* Pairs with the single-writer stores in port_dispatch(). */
 		st->submitted += atomic_load_explicit(&p->submitted,

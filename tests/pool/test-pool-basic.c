@@ -4,6 +4,7 @@
  * idle workers above min exit; stats add up.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -102,9 +103,9 @@ static void test_ablation_flags(void)
 {
 	static const uint32_t variants[] = {
 		IOC_POOL_NO_SUBMIT_BATCH, IOC_POOL_NO_COMPLETE_BATCH,
-		IOC_POOL_WAKE_ALWAYS,
+		IOC_POOL_WAKE_ALWAYS, IOC_POOL_NO_LAG_YIELD,
 		IOC_POOL_NO_SUBMIT_BATCH | IOC_POOL_NO_COMPLETE_BATCH |
-			IOC_POOL_WAKE_ALWAYS,
+			IOC_POOL_WAKE_ALWAYS | IOC_POOL_NO_LAG_YIELD,
 	};
 	struct ioc_loop *loop;
 
@@ -123,6 +124,88 @@ static void test_ablation_flags(void)
 		ASSERT_UEQ(st.completed, 500);
 		ASSERT_ULE(st.threads, 3);
 		ioc_pool_free(pool);
+	}
+	ioc_loop_free(loop);
+}
+
+/* ---- lag yield -------------------------------------------------------- */
+
+/*
+ * A worker yields its CPU after a job when the queue is down to two jobs
+ * per thread and the loop has not collected earlier completions.  Make the
+ * loop lag on purpose: its first done callback waits until the one worker
+ * has run every job.  The loop takes the completion stack once before
+ * that, so of the last three jobs (queue 2, 1, 0 behind them) at most one
+ * pushes onto an empty stack: two or three yields, and none with the flag.
+ */
+#define LAG_JOBS 8
+
+struct lag_ctx {
+	struct ioc_loop *loop;
+	atomic_uint ran;
+	unsigned done;
+};
+
+struct lag_job {
+	struct ioc_pool_req req;
+	struct lag_ctx *c;
+};
+
+static int64_t lag_fn(void *arg)
+{
+	struct lag_job *j = arg;
+
+	/* Release: pairs with the acquire in lag_done(). */
+	atomic_fetch_add_explicit(&j->c->ran, 1, memory_order_release);
+	return 0;
+}
+
+static void lag_done(void *opaque, int64_t ret)
+{
+	struct lag_job *j = opaque;
+	struct lag_ctx *c = j->c;
+
+	ASSERT_EQ(ret, 0);
+	if (c->done++ == 0)
+		while (atomic_load_explicit(&c->ran, memory_order_acquire) < LAG_JOBS)
+			sched_yield();
+	if (c->done == LAG_JOBS)
+		ioc_loop_stop(c->loop);
+}
+
+static uint64_t lag_yields(struct ioc_loop *loop, uint32_t flags)
+{
+	struct ioc_pool_opts o = { .max_threads = 1, .flags = flags };
+	struct lag_ctx c = { .loop = loop };
+	struct lag_job jobs[LAG_JOBS];
+	struct ioc_pool_stats st;
+	struct ioc_pool *pool;
+
+	ASSERT_OK(ioc_pool_new(&pool, &o));
+	for (unsigned i = 0; i < LAG_JOBS; i++) {
+		jobs[i].c = &c;
+		ioc_pool_submit(pool, &jobs[i].req, lag_fn, &jobs[i], lag_done, &jobs[i]);
+	}
+	ioc_loop_run(loop);
+	ASSERT_UEQ(c.done, LAG_JOBS);
+	ioc_pool_get_stats(pool, &st);
+	ASSERT_UEQ(st.threads, 1);
+	ioc_pool_free(pool);
+	return st.lag_yields;
+}
+
+static void test_lag_yield(void)
+{
+	struct ioc_loop *loop;
+	uint64_t n;
+
+	ASSERT_OK(ioc_loop_new(&loop, NULL));
+	ioc_loop_set_current(loop);
+	for (int round = 0; round < 20; round++) {
+		n = lag_yields(loop, 0);
+		ASSERT_UGE(n, 2);
+		ASSERT_ULE(n, 3);
+		ASSERT_UEQ(lag_yields(loop, IOC_POOL_NO_LAG_YIELD), 0);
 	}
 	ioc_loop_free(loop);
 }
@@ -303,6 +386,7 @@ static void test_min_threads_and_idle_exit(void)
 IOC_TEST_MAIN(
 	IOC_TEST(test_submit_own_pool),
 	IOC_TEST(test_ablation_flags),
+	IOC_TEST(test_lag_yield),
 	IOC_TEST(test_coroutine),
 	IOC_TEST(test_worker_names),
 	IOC_TEST(test_limits_invalid),
