@@ -21,6 +21,9 @@
  *   Options measuring io_uring features: --no-poll (adaptive polling off),
  *   --coop (COOP_TASKRUN instead of DEFER_TASKRUN), --no-reg-ring,
  *   --spin (poll with pause instead of sched_yield between rounds).
+ *   --pin same|split (scal): loop A's thread on the first allowed CPU, B's
+ *   on the same one or on the second; the rows then carry threads=1cpu or
+ *   threads=2cpus.
  *
  * Each run prints two JSON rows (bench/loop/run.sh): round trips per
  * wall-clock second and per CPU-second of the process.  The stop protocol is
@@ -52,6 +55,10 @@ static const char *opt_backend = "auto";
 static int opt_idle;
 static double opt_seconds = 2.0;
 static bool opt_msg_ring, opt_edge, opt_no_poll, opt_coop, opt_no_reg, opt_spin;
+/* --pin same|split: 1 or 2 (0: not pinned); pinned counts the loop threads
+ * that got their CPU (the rows name the placement only when both did). */
+static int opt_pin;
+static atomic_int pinned;
 static char cmdline[512];
 
 static atomic_bool stop_flag;
@@ -89,8 +96,10 @@ static void print_row(const char *metric, double value, const char *error)
 	char params[128];
 
 	if (!strcmp(opt_case, "scal") || !strcmp(opt_case, "iter"))
-		snprintf(params, sizeof(params), "backend=%s,idle=%d",
-			 opt_backend, opt_idle);
+		snprintf(params, sizeof(params), "backend=%s,idle=%d%s",
+			 opt_backend, opt_idle,
+			 atomic_load(&pinned) < 2 ? "" :
+			 opt_pin == 1 ? ",threads=1cpu" : ",threads=2cpus");
 	else
 		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s%s",
 			 opt_backend, opt_spin ? ",spin" : "",
@@ -382,10 +391,34 @@ static void scal_warmup(struct side *s)
 	ioc_timer_cancel(&t);
 }
 
+/* --pin: side A on the first CPU of the process's affinity mask (read
+ * before anyone is pinned: threads inherit their creator's mask), B on
+ * the same CPU (same) or the second (split). */
+static cpu_set_t pin_mask;
+
+static void pin_to(int nth)
+{
+	cpu_set_t one;
+	int seen = 0;
+
+	if (!opt_pin)
+		return;
+	for (int c = 0; c < CPU_SETSIZE; c++) {
+		if (!CPU_ISSET(c, &pin_mask) || seen++ != nth)
+			continue;
+		CPU_ZERO(&one);
+		CPU_SET(c, &one);
+		if (pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0)
+			atomic_fetch_add(&pinned, 1);
+		return;
+	}
+}
+
 static void *side_b_main(void *arg)
 {
 	struct side *s = arg;
 
+	pin_to(opt_pin == 2 ? 1 : 0);
 	side_setup(s);
 	if (!strcmp(opt_case, "scal"))
 		scal_warmup(s);
@@ -442,6 +475,9 @@ static double run_iocore(void)
 		side_a.rfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 		side_b.rfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	}
+	if (opt_pin && sched_getaffinity(0, sizeof(pin_mask), &pin_mask) < 0)
+		CPU_ZERO(&pin_mask);
+	pin_to(0);
 	if (pthread_create(&side_b.tid, NULL, side_b_main, &side_b))
 		die("pthread_create", errno);
 	side_setup(&side_a);
@@ -709,6 +745,8 @@ int main(int argc, char **argv)
 			opt_coop = true;
 		else if (!strcmp(a, "--spin"))
 			opt_spin = true;
+		else if (!strcmp(a, "--pin") && (!strcmp(n, "same") || !strcmp(n, "split")))
+			opt_pin = !strcmp(n, "same") ? 1 : 2, i++;
 		else if (!strcmp(a, "--no-reg-ring"))
 			opt_no_reg = true;
 		else {
