@@ -112,7 +112,18 @@
  * against ~120); in standalone models, decoding into a shared mapping of the
  * output (MADV_POPULATE_WRITE, zapped after each frame) cost the same CPU as
  * pwrite, and deferring a write while the lock is busy to decode the next
- * frame first gave 106-115 ms against 106-116.
+ * frame first gave 106-115 ms against 106-116.  A timeline of every pwrite
+ * (2026-11-22, same file) shows the two workers alternating: per 4 MiB
+ * frame ~2.4 ms of decode (2.1 ms with one worker alone) and ~1.5 ms of
+ * pwrite, with the lock mostly free when a worker wants it; the run is CPU
+ * bound, ~200 ms of CPU for ~100 ms of wall on 2 cores.  Also tried then:
+ * decoding block by block (ZSTD_decompressContinue) and writing each 512
+ * KiB as it comes under a try-lock, so a worker never spins on the inode
+ * lock: waits halved, wall unchanged (there is no other work for the
+ * freed CPU; with 3 workers 1.12x slower); mapping the output and
+ * decoding straight into it (out_buf): 1.4x slower (a fault per page and
+ * the unmap); dropping each frame's input pages once decoded
+ * (MADV_DONTNEED, so the final munmap of the input is shorter): 1.5%.
  *
  * Rejected.  A per-block malloc/free (simple, but the allocator's locks and
  * page faults show up at 4 KiB blocks), a mutex-protected output reorder
