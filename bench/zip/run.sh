@@ -106,6 +106,7 @@ TIMECMD=""
 timeit() {
 	local out=$1 t0 t1 best="" i
 	shift
+	rm -f "$WORK/stderr.all"
 	for i in $(seq $REPS); do
 		rm -f "$out"
 		echo "0 0" > "$WORK/time"
@@ -116,6 +117,7 @@ timeit() {
 			"$@" > "$WORK/stdout" 2> "$WORK/stderr"
 		fi || { cat "$WORK/stderr" >&2; echo ""; return 1; }
 		t1=$(now)
+		cat "$WORK/stderr" >> "$WORK/stderr.all"
 		best=$(awk -v a="$t0" -v b="$t1" -v m="$best" -v c="$(tail -1 "$WORK/time")" 'BEGIN {
 			t = (b - a) / 1e9; split(c, u, " "); cpu = u[1] + u[2]
 			if (m != "") { split(m, o, " "); if (o[1] < t) { print m; exit } }
@@ -134,10 +136,14 @@ have_zstd=1; command -v zstd >/dev/null || have_zstd=0
 have_pigz=1; command -v pigz >/dev/null || have_pigz=0
 
 # busy spread from `iocore-zip -v`: "worker busy ms: a b spread X%"
+# The median over the timed runs of the last timeit: one run's spread swings
+# (zstd -1 on the usr tar: 0-10.6% over six runs of the same command, ~5%
+# typical), and the speed rows already rest on several runs.
 busy_row() { # case params cmd
 	local s
-	s=$(grep -o 'spread [0-9.]*%' "$WORK/stderr" | tail -1 | tr -dc '0-9.')
-	grep 'worker busy' "$WORK/stderr" >&2
+	s=$(grep -o 'spread [0-9.]*%' "$WORK/stderr.all" | tr -dc '0-9.\n' | sort -n |
+		awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+	grep 'worker busy' "$WORK/stderr.all" >&2
 	if [ -n "$s" ]; then
 		row "$1" "$2" iocore-zip false "busy spread" "$(awk -v s="$s" 'BEGIN { printf "%.4f\n", s / 100 }')" lower "$3"
 	else
