@@ -155,16 +155,17 @@
  * yielded in its poll, waited behind it; then both workers slept, the
  * loop ran 7 us, resubmitted and woke them, and the other CPU idled ~14 us
  * per cycle for the wakeup (8.75% idle; 16k worker wakeups a second).
- * With the yield, the loop runs before the queue drains: worker wakeups
- * fell from ~15k to under 100 per 1.2 s run, ~6% of jobs yield, CPU per job
- * 1680 -> 1440 ns.  bench/pool --quick, three runs: 1.37-1.41M requests/s
- * against libuv's 661-677k (2.07-2.11x) and no-lag-yield's 1.16-1.22M in
- * the same runs.  Interleaved (5 rounds, medians, a slow phase of the VM):
- * depth 4, 386k -> 505k; depth 1, 331k vs 313k, inside the rounds' spread
- * (a lone request never finds the stack busy, so it never yields); empty
- * jobs 287 -> 254 ns.  Yielding whenever the queue is low, without the
- * lagging test, lost half the rate at depth 1 (533k -> 282k): the worker
- * then yields after every job.
+ * With the yield, the loop runs before the queue drains.  Five interleaved
+ * 1.2 s rounds against the no-lag-yield variant (medians): worker wakeups
+ * 21-32k -> 24-38 per run, ~4.5% of jobs yield, CPU per job 1553 -> 1473
+ * ns, 1.20M -> 1.35M requests/s.  bench/pool --quick, three runs:
+ * 1.37-1.41M requests/s against libuv's 661-677k (2.07-2.11x); make bench
+ * QUICK=1 with 3 repeats: 2.11x and 2.04x.  Interleaved (5 rounds,
+ * medians, a slow phase of the VM): depth 4, 386k -> 505k; depth 1, 331k
+ * vs 313k, inside the rounds' spread (a lone request never finds the stack
+ * busy, so it never yields); empty jobs 287 -> 254 ns.  Yielding whenever
+ * the queue is low, without the lagging test, lost half the rate at depth
+ * 1 (533k -> 282k): the worker then yields after every job.
  *
  * Alternatives rejected
  * ---------------------
