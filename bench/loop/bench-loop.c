@@ -56,9 +56,11 @@ static int opt_idle;
 static double opt_seconds = 2.0;
 static bool opt_msg_ring, opt_edge, opt_no_poll, opt_coop, opt_no_reg, opt_spin;
 /* --pin same|split: 1 or 2 (0: not pinned); pinned counts the loop threads
- * that got their CPU (the rows name the placement only when both did). */
+ * that got their CPU (the rows name the placement only when both did).
+ * Plain int: A counts before creating B, B counts in its thread, and the
+ * rows are printed after pthread_join(B), which orders all three. */
 static int opt_pin;
-static atomic_int pinned;
+static int pinned;
 static char cmdline[512];
 
 static atomic_bool stop_flag;
@@ -98,7 +100,7 @@ static void print_row(const char *metric, double value, const char *error)
 	if (!strcmp(opt_case, "scal") || !strcmp(opt_case, "iter"))
 		snprintf(params, sizeof(params), "backend=%s,idle=%d%s",
 			 opt_backend, opt_idle,
-			 atomic_load(&pinned) < 2 ? "" :
+			 pinned < 2 ? "" :
 			 opt_pin == 1 ? ",threads=1cpu" : ",threads=2cpus");
 	else
 		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s%s",
@@ -409,7 +411,7 @@ static void pin_to(int nth)
 		CPU_ZERO(&one);
 		CPU_SET(c, &one);
 		if (pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0)
-			atomic_fetch_add(&pinned, 1);
+			pinned++;
 		return;
 	}
 }
