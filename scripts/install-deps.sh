@@ -57,6 +57,6 @@ else
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
+$SUDO apt-get -o DPkg::Lock::Timeout=600 update -q
 # shellcheck disable=SC2086 # word splitting of the package list is wanted
-$SUDO apt-get install -y -q --no-install-recommends $missing
+$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $missing
