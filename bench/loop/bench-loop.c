@@ -12,7 +12,7 @@
  *   bench-loop --case iter     --backend B --idle N
  *       One loop, a BH rescheduling itself, N idle handlers with poll
  *       callbacks: iterations/s (the scal property without a second thread).
- *   bench-loop --case bh       --impl iocore|libuv --backend B [--msg-ring]
+ *   bench-loop --case bh       --impl iocore|libuv --backend B [--spin]
  *       Cross-thread wakeup round trip: loop A schedules a BH on loop B,
  *       whose BH schedules one back (libuv: uv_async_send both ways).
  *   bench-loop --case pingpong --impl iocore|libuv|libevent --backend B
@@ -54,7 +54,7 @@ static const char *opt_case = "pingpong", *opt_impl = "iocore";
 static const char *opt_backend = "auto";
 static int opt_idle;
 static double opt_seconds = 2.0;
-static bool opt_msg_ring, opt_edge, opt_no_poll, opt_coop, opt_no_reg, opt_spin;
+static bool opt_edge, opt_no_poll, opt_coop, opt_no_reg, opt_spin;
 /* --pin same|split: 1 or 2 (0: not pinned); pinned counts the loop threads
  * that got their CPU (the rows name the placement only when both did).
  * Plain int: A counts before creating B, B counts in its thread, and the
@@ -103,9 +103,8 @@ static void print_row(const char *metric, double value, const char *error)
 			 pinned < 2 ? "" :
 			 opt_pin == 1 ? ",threads=1cpu" : ",threads=2cpus");
 	else
-		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s%s",
+		snprintf(params, sizeof(params), "backend=%s%s%s%s%s%s",
 			 opt_backend, opt_spin ? ",spin" : "",
-			 opt_msg_ring ? ",msg_ring" : "",
 			 opt_edge ? ",edge" : "", opt_no_poll ? ",no_poll" : "",
 			 opt_coop ? ",coop_taskrun" : "",
 			 opt_no_reg ? ",no_reg_ring" : "");
@@ -173,8 +172,6 @@ static struct ioc_loop_opts loop_opts(void)
 {
 	struct ioc_loop_opts o = { .fdmon = backend_enum() };
 
-	if (opt_msg_ring)
-		o.uring_flags |= IOC_LOOP_URING_MSG_RING;
 	if (opt_no_poll)
 		o.poll_max_ns = -1;
 	if (opt_coop)
@@ -436,14 +433,13 @@ static void side_teardown(struct side *s)
 
 	ioc_loop_get_stats(s->loop, &st);
 	fprintf(stderr, "  %s: backend %s, %llu iterations, %llu blocking, "
-		"%llu poll hits, %llu misses, %llu notifies, %llu msg_ring, "
+		"%llu poll hits, %llu misses, %llu notifies, "
 		"polled %u of %u, poll_ns %lld\n", s->is_a ? "A" : "B",
 		st.backend, (unsigned long long)st.iterations,
 		(unsigned long long)st.blocking_waits,
 		(unsigned long long)st.poll_hits,
 		(unsigned long long)st.poll_misses,
-		(unsigned long long)st.notifies,
-		(unsigned long long)st.msg_ring_wakeups, st.polled_handlers,
+		(unsigned long long)st.notifies, st.polled_handlers,
 		st.handlers, (long long)st.poll_ns);
 	if (s->bh)
 		ioc_bh_delete(s->bh);
@@ -737,8 +733,6 @@ int main(int argc, char **argv)
 			opt_idle = atoi(n), i++;
 		else if (!strcmp(a, "--seconds"))
 			opt_seconds = atof(n), i++;
-		else if (!strcmp(a, "--msg-ring"))
-			opt_msg_ring = true;
 		else if (!strcmp(a, "--edge"))
 			opt_edge = true;
 		else if (!strcmp(a, "--no-poll"))
@@ -754,7 +748,7 @@ int main(int argc, char **argv)
 		else {
 			fprintf(stderr, "usage: bench-loop --case scal|bh|pingpong "
 				"--impl iocore|libuv|libevent --backend B "
-				"[--idle N] [--seconds S] [--msg-ring]\n");
+				"[--idle N] [--seconds S]\n");
 			return 2;
 		}
 	}

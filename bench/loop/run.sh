@@ -74,7 +74,7 @@ done
 
 echo "== bh round trip" >&2
 uv=$(run --case bh --impl libuv --backend auto)
-for p in "io_uring" "io_uring --spin" "io_uring --msg-ring" "epoll" "poll"; do
+for p in "io_uring" "io_uring --spin" "epoll" "poll"; do
 	# shellcheck disable=SC2086
 	row=$(run --case bh --backend $p)
 	echo "$row"

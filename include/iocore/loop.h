@@ -63,17 +63,25 @@ struct ioc_loop_opts {
 #define IOC_LOOP_URING_NO_MULTISHOT   (1u << 0) /* edge handlers too: one-shot POLL_ADD */
 #define IOC_LOOP_URING_NO_DEFER       (1u << 1) /* COOP_TASKRUN, not DEFER_TASKRUN */
 #define IOC_LOOP_URING_NO_REG_RING    (1u << 2) /* no registered ring fd */
-/* Opt-in: wake other loops with IORING_OP_MSG_RING queued on this loop's
- * ring (batched with its other submissions, no eventfd write).  The
- * wakeup then leaves at the end of the sender's iteration, so code on this
- * loop's thread that posts to another loop and then blocks must call
- * ioc_loop_flush_sqes() first (ioc_loop_call() does). */
-#define IOC_LOOP_URING_MSG_RING       (1u << 3)
 
 /* Create a loop.  opts may be NULL for defaults.  Returns 0 or -errno. */
 int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts);
-/* Free a loop that is not running.  Runs no pending BH or task (posted
- * tasks are dropped unread); cancels timers. */
+/*
+ * Free a loop that is not running.  Runs no pending BH or task (posted
+ * tasks are dropped unread); cancels timers.
+ *
+ * Lifetime rule for everything that hands work to a loop from another
+ * thread (ioc_loop_post(), ioc_bh_schedule(), ioc_loop_oneshot(),
+ * ioc_loop_notify(), and what is built on them: thread-pool completions,
+ * workqueue deliveries, coroutine wakeups): once the loop has seen a
+ * posted item, its owner may free the loop at once, even while the
+ * posting call has not yet returned on the other thread.  The poster
+ * touches the loop after its item became visible only to deliver a wake
+ * it owes, and ioc_loop_free() waits for that delivery.  What the caller
+ * must still guarantee: no post, schedule or notify *starts* after
+ * ioc_loop_free() has begun (stop the producers, or know they are done,
+ * first), and a BH is deleted only on its loop's thread.
+ */
 void ioc_loop_free(struct ioc_loop *loop);
 /* The calling thread's current loop, or NULL.  Any thread. */
 struct ioc_loop *ioc_loop_current(void);
@@ -87,7 +95,7 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking);
 /* Run until ioc_loop_stop().  Returns 0. */
 int ioc_loop_run(struct ioc_loop *loop);
 /* Make ioc_loop_run() return after its current iteration.  Any thread;
- * keep the loop allocated until this returns (ioc_iothread_stop() does). */
+ * the loop may be freed as soon as it has stopped (see ioc_loop_free()). */
 void ioc_loop_stop(struct ioc_loop *loop);
 /* Wake a sleeping loop (no-op cost when it is busy).  Any thread. */
 void ioc_loop_notify(struct ioc_loop *loop);
@@ -134,7 +142,8 @@ int ioc_loop_set_fd_edge(struct ioc_loop *loop, int fd, bool edge);
  * An embedded one-shot callback posted to a loop.  The caller owns the
  * memory; it must stay valid until fn starts and must not be posted again
  * before then.  Posting is lock-free (a Treiber push), allocates nothing and
- * wakes the loop only when it may be sleeping.  Any thread.
+ * wakes the loop only when it may be sleeping.  Any thread.  The loop may
+ * be freed once it has seen the task (the rule at ioc_loop_free()).
  * Coroutine wakeups and thread-pool completions are built on this.
  */
 struct ioc_task {
@@ -248,7 +257,6 @@ struct ioc_loop_stats {
 	bool has_uring;            /* ioc_loop_get_sqe() works */
 	bool uring_private;        /* ... on a private ring (poll/epoll backend) */
 	unsigned uring_setup_flags;/* IORING_SETUP_* the ring got */
-	uint64_t msg_ring_wakeups; /* cross-loop wakeups sent by MSG_RING */
 };
 /* Loop thread (from elsewhere, through ioc_loop_call()). */
 void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st);

@@ -24,9 +24,9 @@
  * around a full socket does this often); removal cancels it.  A removed
  * handler stays allocated until the request's final CQE (backend_busy).
  *
- * Wakeups: the loop's eventfd is an internal edge handler (multishot); with
- * IOC_LOOP_URING_MSG_RING other loops can post a CQE straight into this
- * ring instead (uring.c).
+ * Wakeups: the loop's eventfd is an internal edge handler (multishot).
+ * Cross-loop IORING_OP_MSG_RING wakeups were tried and dropped:
+ * cross-thread.c says why.
  *
  * Rejected: IORING_OP_EPOLL_CTL + one epoll fd (two levels of readiness,
  * and still a syscall to read events); cancel + re-arm on every mask
@@ -99,14 +99,6 @@ static void poll_cqe(struct ioc_uring_op *op, int res, uint32_t flags)
 	}
 }
 
-static void wake_cqe(struct ioc_uring_op *op, int res, uint32_t flags)
-{
-	/* A MSG_RING wakeup: its only job was to end the wait. */
-	(void)op;
-	(void)res;
-	(void)flags;
-}
-
 static int ur_init(struct ioc_loop *loop)
 {
 	int r = ioc__uring_setup(loop, true);
@@ -114,9 +106,6 @@ static int ur_init(struct ioc_loop *loop)
 	if (r < 0)
 		return r;
 	loop->ring_private = false;
-	loop->wake_ring_fd = loop->ring.ring_fd;
-	loop->wake_uop.cb = wake_cqe;
-	loop->msg_fail_uop.cb = ioc__uring_msg_failed;
 	return 0;
 }
 
@@ -126,7 +115,6 @@ static void ur_fini(struct ioc_loop *loop)
 		return;
 	io_uring_queue_exit(&loop->ring);
 	loop->has_ring = false;
-	loop->wake_ring_fd = -1;
 	loop->arm_head = loop->arm_tail = NULL;
 }
 

@@ -106,22 +106,23 @@ struct ioc_loop_ext_slot {
 struct ioc_loop {
 	/*
 	 * Cross-thread line: what other threads write or read.  See the
-	 * wakeup handshake in loop.c.
+	 * wakeup handshake in cross-thread.c.
 	 */
-	_Atomic(struct ioc_task *) tasks IOC_CACHE_ALIGNED; /* Treiber stack */
-	_Atomic(struct ioc_bh *) bhs;                       /* Treiber stack */
-	atomic_bool sleeping;   /* loop may block in the kernel: wake it */
-	atomic_bool kicked;     /* ioc_loop_notify() since the last check */
+	_Atomic(struct ioc_task *) tasks IOC_CACHE_ALIGNED; /* Treiber stack, or
+							       * a sleep marker */
+	_Atomic(struct ioc_bh *) bhs;                       /* likewise */
+	atomic_uint kicked;     /* ioc_loop_notify() since the last check, or
+				 * a sleep marker */
 	atomic_bool stop;       /* ioc_loop_stop() requested */
 	atomic_uintptr_t owner; /* pthread_self() of the running thread */
-	_Atomic uint64_t notifies;
+	_Atomic uint64_t wakes_done; /* owed wakes delivered (eventfd writes) */
 	int wake_fd;            /* eventfd the backends watch */
-	int wake_ring_fd;       /* io_uring backend: ring fd for MSG_RING, or -1 */
 
 	/* Loop-thread state. */
 	const struct ioc_fdmon_ops *ops IOC_CACHE_ALIGNED;
 	struct ioc_loop_opts opts;
 	int depth;               /* nesting of ioc_loop_poll() */
+	uint64_t wakes_owed;     /* sleep markers producers replaced */
 
 	struct ioc_handler **by_fd;
 	unsigned by_fd_cap;
@@ -159,9 +160,6 @@ struct ioc_loop {
 	struct ioc_handler *arm_head, *arm_tail; /* uring: polls to arm */
 	bool flush_deferred;         /* end-of-iteration submit left to the next wait */
 	unsigned ring_setup_flags;
-	struct ioc_uring_op wake_uop; /* MSG_RING wakeups land here */
-	struct ioc_uring_op msg_fail_uop; /* senders' failed MSG_RINGs */
-	uint64_t msg_ring_wakeups;
 
 	/* backend state */
 	int epfd;
@@ -180,8 +178,26 @@ struct ioc_loop {
 void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev);
 /* The backend dropped its last reference to a deleted handler. */
 void ioc__loop_handler_released(struct ioc_loop *loop, struct ioc_handler *h);
+/* Cross-thread half (cross-thread.c), loop thread only. */
 /* The wakeup eventfd fired (read it). */
 void ioc__loop_wake_read(void *opaque);
+/* Before a wait that may block: set the sleep markers.  False when work or
+ * a notify arrived (then do not block; a notify is consumed). */
+bool ioc__loop_sleep_prepare(struct ioc_loop *loop);
+/* After that wait: take the markers back and count the owed wakes. */
+void ioc__loop_sleep_finish(struct ioc_loop *loop);
+/* Run the tasks and BHs posted so far; true if any ran. */
+bool ioc__loop_run_incoming(struct ioc_loop *loop);
+/* Work or a notify waiting, seen without a syscall (relaxed). */
+bool ioc__loop_incoming_peek(struct ioc_loop *loop);
+/* A poll round found work: a pending notify is consumed by it. */
+void ioc__loop_consume_kick(struct ioc_loop *loop);
+/* ioc_loop_free(): wait until every owed wake has been delivered. */
+void ioc__loop_quiesce(struct ioc_loop *loop);
+/* ioc_loop_free(): drop pending tasks, free the BHs the loop owns. */
+void ioc__loop_drop_incoming(struct ioc_loop *loop);
+/* Owed wakes delivered so far (the notifies statistic). */
+uint64_t ioc__loop_wakes(struct ioc_loop *loop);
 
 /* The thread that ran loop is done with it (drops per-thread io_uring
  * registrations); the loop may then be freed from another thread. */
@@ -206,10 +222,6 @@ struct io_uring_sqe *ioc__uring_sqe(struct ioc_loop *loop);
 /* Completions or deferred task work visible from userspace. */
 bool ioc__uring_pending(struct ioc_loop *loop);
 void ioc__uring_private_fini(struct ioc_loop *loop);
-/* Cross-loop wakeup by MSG_RING from the calling thread's loop; false
- * when not possible (then the caller writes the eventfd). */
-bool ioc__uring_msg_wake(struct ioc_loop *target);
-void ioc__uring_msg_failed(struct ioc_uring_op *op, int res, uint32_t flags);
 int ioc__loop_set_internal_fd(struct ioc_loop *loop, int fd, ioc_fd_cb *cb,
 			      void *opaque);
 

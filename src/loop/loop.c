@@ -16,16 +16,12 @@
  *    handler deleted and defers its free to the end of the outermost
  *    iteration, which makes removal from any callback (its own included)
  *    safe without reference counts.
- *  - Cross-thread work arrives on two Treiber stacks (tasks and bottom
- *    halves): a producer does one CAS; the loop takes the whole stack with
- *    one exchange, reverses it to FIFO order and appends it to a
- *    loop-private queue.  No ABA: nobody pops single elements.
- *  - A BH carries PENDING (on a stack or queue) and SCHEDULED (should run)
- *    flags in one atomic word: schedule is one fetch_or and pushes only on
- *    the 0 -> PENDING edge, so it is idempotent while pending; the loop
- *    clears both with one fetch_and before running the callback.
+ *  - Cross-thread work (tasks, bottom halves, notify) and the sleep/wake
+ *    handshake live in cross-thread.c; this file calls it before and after
+ *    each blocking wait and at the start and end of every iteration.
  *  - Timers are an intrusive pairing heap (timer.c).
- *  - Adaptive polling (QEMU's, made scalable as in seed 003): before
+ *  - Adaptive polling (QEMU's, made scalable as QEMU's fdmon split
+ *    proposed: poll only the recently active handlers): before
  *    sleeping, spin for up to poll_ns calling io_poll of the handlers in
  *    the polled set only, peeking at the incoming stacks and, with
  *    io_uring, at the completion queue.  A handler enters the polled set
@@ -37,32 +33,9 @@
  *    opts.poll_spin: on a machine with more runnable threads than CPUs
  *    the producer of the awaited event is often waiting for our CPU.
  *
- * The wakeup handshake (no lost wakeup, no syscall while busy):
- *   loop, before blocking:    store(sleeping = true)        [seq_cst]
- *                             load(tasks, bhs, kicked, stop) [seq_cst]
- *                             if anything: do not block
- *                             wait in the kernel; store(sleeping = false)
- *   producer (post/schedule/notify):
- *                             push item (CAS) or store(kicked) [seq_cst]
- *                             if load(sleeping) [seq_cst] and
- *                                exchange(sleeping, false) returned true:
- *                                    write the wakeup eventfd
- *   Store-buffering argument: in the seq_cst total order either the loop's
- *   load comes after the push (it sees the item and does not block) or the
- *   producer's load comes after the loop's store (it sees sleeping).  Of
- *   the producers that see it, exactly one wins the exchange and writes the
- *   eventfd; one that loses saw a clear done by another producer (who
- *   writes) or by the loop itself (awake, and its next pre-sleep check is
- *   ordered after our push because our exchange read a value older than
- *   that store).  While the loop polls or dispatches, sleeping is false and
- *   a producer pays one CAS and one plain load.  A stale eventfd count only
- *   costs one spurious wakeup.
- *
- * Rejected alternatives.  A mutex-protected BH list (QEMU before 2019)
- * takes a lock per schedule; an eventfd write per schedule (libuv's
- * uv_async_send does one whenever its pending flag was clear) costs a
- * syscall while the loop is awake anyway; RCU-protected handler lists are
- * unnecessary because handlers are only touched by the loop thread.
+ * Rejected alternatives.  RCU-protected handler lists are unnecessary
+ * because handlers are only touched by the loop thread; polling every
+ * handler (QEMU before its fdmon split) costs O(handlers) per round.
  *
  * Costs.  An iteration that finds nothing costs: two loads of the
  * incoming stacks, one timer-root read, one clock read, the backend wait.
@@ -84,22 +57,13 @@
  */
 #include <assert.h>
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "loop-int.h"
-
-/* BH flags. */
-#define BH_PENDING   (1u << 0) /* on the incoming stack or loop->bhq */
-#define BH_SCHEDULED (1u << 1) /* run when popped */
-#define BH_DELETED   (1u << 2) /* free when popped */
-#define BH_ONESHOT   (1u << 3) /* free after running */
 
 #define POLL_DEFAULT_MAX_NS  32000
 #define POLL_START_NS        4000
@@ -117,295 +81,6 @@ static inline void cpu_relax(void)
 #elif defined(__aarch64__)
 	__asm__ __volatile__("yield" ::: "memory");
 #endif
-}
-
-/* ---- wakeup ----------------------------------------------------------- */
-
-/*
- * Wake the loop if it may be sleeping.  Caller has already published its
- * work with a seq_cst RMW or store (the handshake in the essay above).
- */
-static void wake_if_sleeping(struct ioc_loop *loop)
-{
-	static const uint64_t one = 1;
-
-	/* seq_cst: pairs with the seq_cst store of sleeping = true in
-	 * loop_wait() (store buffering: one of us sees the other). */
-	if (!atomic_load_explicit(&loop->sleeping, memory_order_seq_cst))
-		return;
-	/* Only the producer that flips it writes; the others rely on it. */
-	if (!atomic_exchange_explicit(&loop->sleeping, false,
-				      memory_order_seq_cst))
-		return;
-	if (ioc__uring_msg_wake(loop))
-		return; /* leaves with this thread's loop's next submission */
-	atomic_fetch_add_explicit(&loop->notifies, 1, memory_order_relaxed);
-	while (write(loop->wake_fd, &one, sizeof(one)) < 0 && errno == EINTR)
-		;
-	/* EAGAIN (counter saturated) still leaves the fd readable. */
-}
-
-void ioc__loop_wake_read(void *opaque)
-{
-	struct ioc_loop *loop = opaque;
-	uint64_t v;
-
-	while (read(loop->wake_fd, &v, sizeof(v)) < 0 && errno == EINTR)
-		;
-}
-
-void ioc_loop_notify(struct ioc_loop *loop)
-{
-	/* seq_cst: pairs with the load of kicked in loop_wait() after its
-	 * store of sleeping (same store-buffering pattern as a push). */
-	atomic_store_explicit(&loop->kicked, true, memory_order_seq_cst);
-	wake_if_sleeping(loop);
-}
-
-void ioc_loop_stop(struct ioc_loop *loop)
-{
-	/* Release: pairs with the acquire load in ioc_loop_run(). */
-	atomic_store_explicit(&loop->stop, true, memory_order_release);
-	ioc_loop_notify(loop);
-}
-
-/* ---- tasks and bottom halves ------------------------------------------ */
-
-void ioc_loop_post(struct ioc_loop *loop, struct ioc_task *task)
-{
-	/* Relaxed: only a guess for the CAS below, which re-reads on
-	 * failure. */
-	struct ioc_task *head = atomic_load_explicit(&loop->tasks,
-						     memory_order_relaxed);
-
-	/* seq_cst CAS: releases task->next/fn to the exchange in
-	 * drain_incoming() and orders the push before the load of sleeping
-	 * in wake_if_sleeping() (the handshake). */
-	do {
-		task->next = head;
-	} while (!atomic_compare_exchange_weak_explicit(&loop->tasks, &head,
-			task, memory_order_seq_cst, memory_order_relaxed));
-	wake_if_sleeping(loop);
-}
-
-static void bh_push(struct ioc_loop *loop, struct ioc_bh *bh)
-{
-	/* Relaxed: a guess for the CAS, as in ioc_loop_post(). */
-	struct ioc_bh *head = atomic_load_explicit(&loop->bhs,
-						   memory_order_relaxed);
-
-	/* seq_cst CAS: as in ioc_loop_post(). */
-	do {
-		bh->next = head;
-	} while (!atomic_compare_exchange_weak_explicit(&loop->bhs, &head, bh,
-			memory_order_seq_cst, memory_order_relaxed));
-	wake_if_sleeping(loop);
-}
-
-struct ioc_bh *ioc_bh_new(struct ioc_loop *loop, ioc_bh_cb *cb, void *opaque)
-{
-	struct ioc_bh *bh = malloc(sizeof(*bh));
-
-	if (!bh)
-		return NULL;
-	bh->next = NULL;
-	atomic_init(&bh->flags, 0);
-	bh->loop = loop;
-	bh->cb = cb;
-	bh->opaque = opaque;
-	return bh;
-}
-
-void ioc_bh_schedule(struct ioc_bh *bh)
-{
-	/* acq_rel: the release half publishes what the scheduler wrote
-	 * before scheduling to the callback (pairs with the acq_rel fetch_and
-	 * in run_bhs()); the acquire half orders our push after a previous
-	 * run's fetch_and so bh->next is ours to write. */
-	unsigned old = atomic_fetch_or_explicit(&bh->flags,
-			BH_PENDING | BH_SCHEDULED, memory_order_acq_rel);
-
-	if (old & BH_PENDING)
-		return; /* queued already; it will see SCHEDULED */
-	bh_push(bh->loop, bh);
-}
-
-void ioc_bh_cancel(struct ioc_bh *bh)
-{
-	/* Relaxed is enough: the flag only decides whether the callback runs;
-	 * it pairs with nothing beyond the fetch_and in run_bhs(). */
-	atomic_fetch_and_explicit(&bh->flags, ~BH_SCHEDULED,
-				  memory_order_relaxed);
-}
-
-void ioc_bh_delete(struct ioc_bh *bh)
-{
-	/* Loop thread: the only other writer of PENDING is run_bhs() on this
-	 * same thread, so the decision below cannot race with it.  acq_rel
-	 * orders against concurrent (buggy but harmless) schedules. */
-	unsigned old = atomic_fetch_or_explicit(&bh->flags, BH_DELETED,
-						memory_order_acq_rel);
-
-	/* Relaxed: run_bhs() reads it next, on this same thread. */
-	atomic_fetch_and_explicit(&bh->flags, ~BH_SCHEDULED,
-				  memory_order_relaxed);
-	if (!(old & BH_PENDING))
-		free(bh);
-	/* else run_bhs() (or ioc_loop_free()) frees it when popped. */
-}
-
-int ioc_loop_oneshot(struct ioc_loop *loop, ioc_bh_cb *cb, void *opaque)
-{
-	struct ioc_bh *bh = ioc_bh_new(loop, cb, opaque);
-
-	if (!bh)
-		return -ENOMEM;
-	/* Not yet visible to anybody: relaxed. */
-	atomic_store_explicit(&bh->flags,
-			      BH_PENDING | BH_SCHEDULED | BH_ONESHOT,
-			      memory_order_relaxed);
-	bh_push(loop, bh);
-	return 0;
-}
-
-static inline bool incoming_peek(struct ioc_loop *loop)
-{
-	/* Relaxed peek for the polling loop; the real take is the acquire
-	 * exchange in drain_incoming(). */
-	return atomic_load_explicit(&loop->tasks, memory_order_relaxed) ||
-	       atomic_load_explicit(&loop->bhs, memory_order_relaxed);
-}
-
-/* Move both stacks to the loop-private FIFO queues. */
-static void drain_incoming(struct ioc_loop *loop)
-{
-	if (atomic_load_explicit(&loop->tasks, memory_order_relaxed)) {
-		/* Acquire: pairs with the CAS in ioc_loop_post(). */
-		struct ioc_task *t = atomic_exchange_explicit(&loop->tasks,
-				NULL, memory_order_acquire);
-		struct ioc_task *fifo = NULL, *last = t;
-
-		while (t) {
-			struct ioc_task *next = t->next;
-
-			t->next = fifo;
-			fifo = t;
-			t = next;
-		}
-		if (loop->taskq_tail)
-			loop->taskq_tail->next = fifo;
-		else
-			loop->taskq_head = fifo;
-		loop->taskq_tail = last;
-	}
-	if (atomic_load_explicit(&loop->bhs, memory_order_relaxed)) {
-		/* Acquire: pairs with the CAS in bh_push(). */
-		struct ioc_bh *b = atomic_exchange_explicit(&loop->bhs, NULL,
-				memory_order_acquire);
-		struct ioc_bh *fifo = NULL, *last = b;
-
-		while (b) {
-			struct ioc_bh *next = b->next;
-
-			b->next = fifo;
-			fifo = b;
-			b = next;
-		}
-		if (loop->bhq_tail)
-			loop->bhq_tail->next = fifo;
-		else
-			loop->bhq_head = fifo;
-		loop->bhq_tail = last;
-	}
-}
-
-/*
- * Run tasks and BHs queued so far.  Work posted while they run lands on the
- * stacks and runs in the next pass, so a BH that reschedules itself cannot
- * starve the loop.
- */
-static bool run_incoming(struct ioc_loop *loop)
-{
-	bool progress = false;
-	struct ioc_task *t;
-	struct ioc_bh *bh;
-
-	drain_incoming(loop);
-	while ((t = loop->taskq_head)) {
-		loop->taskq_head = t->next;
-		if (!t->next)
-			loop->taskq_tail = NULL;
-		t->fn(t); /* may free or re-post t */
-		progress = true;
-	}
-	while ((bh = loop->bhq_head)) {
-		unsigned old;
-
-		loop->bhq_head = bh->next;
-		if (!bh->next)
-			loop->bhq_tail = NULL;
-		/* acq_rel: acquire pairs with the release in ioc_bh_schedule()
-		 * (the callback sees the scheduler's writes); release lets a
-		 * schedule that sees PENDING clear re-push (bh->next no longer
-		 * read by us). */
-		old = atomic_fetch_and_explicit(&bh->flags,
-				~(BH_PENDING | BH_SCHEDULED),
-				memory_order_acq_rel);
-		if (old & BH_DELETED) {
-			free(bh);
-			continue;
-		}
-		if (!(old & BH_SCHEDULED))
-			continue; /* cancelled */
-		bh->cb(bh->opaque);
-		if (old & BH_ONESHOT)
-			free(bh);
-		progress = true;
-	}
-	return progress;
-}
-
-/* ---- ioc_loop_call ------------------------------------------------------ */
-
-struct loop_call {
-	struct ioc_task task;
-	int (*fn)(void *arg);
-	void *arg;
-	int ret;
-	atomic_int done;
-};
-
-static void loop_call_task(struct ioc_task *task)
-{
-	struct loop_call *c = ioc_container_of(task, struct loop_call, task);
-
-	c->ret = c->fn(c->arg);
-	/* Release: pairs with the acquire load in ioc_loop_call(); after
-	 * this store the caller may return and c may be gone.  FUTEX_WAKE
-	 * only uses the address, it never reads c. */
-	atomic_store_explicit(&c->done, 1, memory_order_release);
-	syscall(SYS_futex, &c->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
-int ioc_loop_call(struct ioc_loop *loop, int (*fn)(void *arg), void *arg)
-{
-	struct loop_call c = { .task.fn = loop_call_task, .fn = fn, .arg = arg };
-
-	struct ioc_loop *self = current_loop;
-
-	if (ioc_loop_in_thread(loop))
-		return fn(arg);
-	atomic_init(&c.done, 0);
-	ioc_loop_post(loop, &c.task);
-	/* A MSG_RING wakeup may sit in our own loop's SQ: send it before
-	 * blocking. */
-	if (self && self->has_ring && ioc_loop_in_thread(self))
-		ioc_loop_flush_sqes(self);
-	/* Sleep/wake: we sleep only while done == 0 (FUTEX_WAIT checks it
-	 * atomically); the loop sets done before FUTEX_WAKE. */
-	while (!atomic_load_explicit(&c.done, memory_order_acquire))
-		syscall(SYS_futex, &c.done, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
-	return c.ret;
 }
 
 /* ---- fd handlers --------------------------------------------------------- */
@@ -723,8 +398,7 @@ static inline bool poll_allowed(struct ioc_loop *loop)
 /* Something for the loop that needs no syscall to see? */
 static inline bool userspace_ready(struct ioc_loop *loop)
 {
-	if (incoming_peek(loop) ||
-	    atomic_load_explicit(&loop->kicked, memory_order_relaxed))
+	if (ioc__loop_incoming_peek(loop))
 		return true;
 	return loop->ops->pending && loop->ops->pending(loop);
 }
@@ -825,13 +499,6 @@ static void adjust_poll_ns(struct ioc_loop *loop, int64_t block_ns)
 
 /* ---- the iteration -------------------------------------------------------- */
 
-bool ioc_loop_in_thread(struct ioc_loop *loop)
-{
-	/* Relaxed: only the running thread stores its own id. */
-	return atomic_load_explicit(&loop->owner, memory_order_relaxed) ==
-	       (uintptr_t)pthread_self();
-}
-
 struct ioc_loop *ioc_loop_current(void)
 {
 	return current_loop;
@@ -863,7 +530,7 @@ static inline bool want_fd_check(struct ioc_loop *loop)
 	return (loop->busy_iters++ % FD_CHECK_EVERY) == 0;
 }
 
-/* Sleep in the backend, with the handshake of the essay. */
+/* Sleep in the backend, with the handshake in cross-thread.c. */
 static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 {
 	int64_t timeout = -1;
@@ -871,29 +538,23 @@ static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 	/* The io_uring backend submits in the same enter as its wait. */
 	if (!loop->ops->flush)
 		flush_ring(loop);
-	/* seq_cst store then seq_cst loads: pairs with the seq_cst push and
-	 * load in the producers (wake_if_sleeping()). */
-	atomic_store_explicit(&loop->sleeping, true, memory_order_seq_cst);
-	/* A notify is consumed by the wait it cancels (or by the poll that
-	 * found it): the caller of ioc_loop_poll() re-checks its condition
-	 * after this iteration returns. */
-	if (atomic_load_explicit(&loop->tasks, memory_order_seq_cst) ||
-	    atomic_load_explicit(&loop->bhs, memory_order_seq_cst) ||
-	    (atomic_load_explicit(&loop->kicked, memory_order_seq_cst) &&
-	     atomic_exchange_explicit(&loop->kicked, false,
-				      memory_order_seq_cst)) ||
-	    atomic_load_explicit(&loop->stop, memory_order_seq_cst) ||
-	    loop->ready_head) {
+	/* Relaxed stop: a stopper also notifies, which the markers see. */
+	if (loop->ready_head ||
+	    atomic_load_explicit(&loop->stop, memory_order_relaxed))
 		timeout = 0;
-	} else if (deadline >= 0) {
+	else if (deadline >= 0)
 		timeout = deadline > now ? deadline - now : 0;
+	/* Only a wait that may block needs the markers; failing to set them
+	 * means work (or a notify, now consumed) arrived. */
+	if (timeout != 0 && !ioc__loop_sleep_prepare(loop))
+		timeout = 0;
+	if (timeout == 0) {
+		loop->ops->wait(loop, 0);
+		return;
 	}
-	if (timeout != 0)
-		loop->blocking_waits++;
+	loop->blocking_waits++;
 	loop->ops->wait(loop, timeout);
-	/* Relaxed: only the loop sets it true; a producer's exchange to
-	 * false may race with this store and both write false. */
-	atomic_store_explicit(&loop->sleeping, false, memory_order_relaxed);
+	ioc__loop_sleep_finish(loop);
 }
 
 static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
@@ -910,7 +571,7 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		ioc__uring_enable(loop);
 	loop->depth++;
 	loop->iterations++;
-	progress |= run_incoming(loop);
+	progress |= ioc__loop_run_incoming(loop);
 	progress |= dispatch_ready(loop, &now);
 	ioc__timers_run(loop, &progress);
 
@@ -951,11 +612,10 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		if (loop->npolled)
 			remove_idle_poll_handlers(loop, now);
 		if (found) {
-			/* Relaxed: see the comment in loop_wait(). */
-			if (atomic_load_explicit(&loop->kicked,
-						 memory_order_relaxed))
-				atomic_store_explicit(&loop->kicked, false,
-						      memory_order_relaxed);
+			/* A notify is consumed by the poll that found it:
+			 * the caller of ioc_loop_poll() re-checks its
+			 * condition after this iteration returns. */
+			ioc__loop_consume_kick(loop);
 			/* A poll round that just asked the kernel saves the
 			 * non-blocking check. */
 			if (!fds_checked && want_fd_check(loop))
@@ -975,7 +635,7 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		ioc__uring_reap(loop);
 
 	progress |= dispatch_ready(loop, &now);
-	progress |= run_incoming(loop);
+	progress |= ioc__loop_run_incoming(loop);
 	ioc__timers_run(loop, &progress);
 	/*
 	 * End-of-iteration submission.  Inside ioc_loop_run() with the
@@ -1077,12 +737,10 @@ int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
 	memset(loop, 0, sizeof(*loop));
 	atomic_init(&loop->tasks, NULL);
 	atomic_init(&loop->bhs, NULL);
-	atomic_init(&loop->sleeping, false);
-	atomic_init(&loop->kicked, false);
+	atomic_init(&loop->kicked, 0);
 	atomic_init(&loop->stop, false);
 	atomic_init(&loop->owner, (uintptr_t)pthread_self());
-	atomic_init(&loop->notifies, 0);
-	loop->wake_ring_fd = -1;
+	atomic_init(&loop->wakes_done, 0);
 	loop->epfd = -1;
 	if (opts)
 		loop->opts = *opts;
@@ -1144,11 +802,12 @@ void ioc__loop_free_exts(struct ioc_loop *loop)
 
 void ioc_loop_free(struct ioc_loop *loop)
 {
-	struct ioc_bh *bh, *next;
-
 	if (!loop)
 		return;
 	assert(loop->depth == 0);
+	/* A producer whose post the owner has already seen may still be
+	 * writing the wake it owed: wait for it (the lifetime rule). */
+	ioc__loop_quiesce(loop);
 	ioc__loop_free_exts(loop);
 	ioc__timers_cancel_all(loop);
 	/* Handlers: remove all (the user's fds stay open). */
@@ -1165,27 +824,7 @@ void ioc_loop_free(struct ioc_loop *loop)
 		free(h);
 	}
 
-	/* Pending tasks are never run.  Their memory is the posters', and the
-	 * extension free functions above may already have released it (the
-	 * pool's completion ports), so drop the lists without reading a node.
-	 * Relaxed: no thread may post to a loop that is being freed. */
-	atomic_store_explicit(&loop->tasks, NULL, memory_order_relaxed);
-	loop->taskq_head = loop->taskq_tail = NULL;
-
-	/* Pending BHs: free the ones the loop owns (deleted, one-shot). */
-	drain_incoming(loop);
-	for (bh = loop->bhq_head; bh; bh = next) {
-		/* Relaxed: no other thread may touch a BH of a dying loop. */
-		unsigned f = atomic_load_explicit(&bh->flags,
-						  memory_order_relaxed);
-
-		next = bh->next;
-		if (f & (BH_DELETED | BH_ONESHOT))
-			free(bh);
-		else
-			atomic_store_explicit(&bh->flags, 0,
-					      memory_order_relaxed);
-	}
+	ioc__loop_drop_incoming(loop);
 	close(loop->wake_fd);
 	free(loop->by_fd);
 	if (current_loop == loop)
@@ -1220,13 +859,11 @@ void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st)
 	st->poll_hits = loop->poll_hits;
 	st->poll_misses = loop->poll_misses;
 	/* Relaxed: a statistic. */
-	st->notifies = atomic_load_explicit(&loop->notifies,
-					    memory_order_relaxed);
+	st->notifies = ioc__loop_wakes(loop);
 	st->handlers = loop->nhandlers;
 	st->polled_handlers = loop->npolled;
 	st->poll_ns = loop->poll_ns;
 	st->has_uring = loop->has_ring;
 	st->uring_private = loop->has_ring && loop->ring_private;
 	st->uring_setup_flags = loop->has_ring ? loop->ring_setup_flags : 0;
-	st->msg_ring_wakeups = loop->msg_ring_wakeups;
 }

@@ -73,3 +73,21 @@ spin_expect_deadlock() {
 	sed 's/^/# /' spin.log pan.log
 	return 1
 }
+
+# spin_expect_violation N MODEL MUTANT WHAT: TAP test N, that spin finds an
+# assertion violated in MUTANT (for example a use after free).  As with
+# spin_expect_deadlock, a MUTANT identical to MODEL fails.  Returns 0 or 1.
+spin_expect_violation() {
+	if cmp -s "$2" "$3"; then
+		echo "not ok $1 - $4: the edit found nothing to remove"
+		return 1
+	fi
+	spin_verify "$3" -m100000
+	if grep -q "assertion violated" pan.log; then
+		echo "ok $1 - $4 fails its assertion, as it should"
+		return 0
+	fi
+	echo "not ok $1 - $4 passed"
+	sed 's/^/# /' spin.log pan.log
+	return 1
+}
