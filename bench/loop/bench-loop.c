@@ -2,7 +2,7 @@
  * Event loop benchmarks: iocore against libuv and libevent, same binary.
  *
  *   bench-loop --case scal     --backend B --idle N [--seconds S]
- *       Seed 003's scalability: two loops on two threads play eventfd
+ *       Polling scalability (QEMU's fdmon split): two loops on two threads play eventfd
  *       ping-pong through handlers that also have io_poll callbacks (a
  *       shared sequence number, like a virtqueue index), while each loop
  *       also carries N idle handlers with io_poll callbacks.  The idle ones
@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "iocore/loop.h"
+#include "src/loop/ablation.h"
 
 #ifdef IOC_HAVE_LIBUV
 #include <uv.h>
@@ -167,6 +168,7 @@ struct side {
 };
 
 static struct side side_a, side_b;
+static unsigned ablate; /* IOC__LOOP_NO_* from --coop, --no-reg-ring */
 
 static struct ioc_loop_opts loop_opts(void)
 {
@@ -175,10 +177,10 @@ static struct ioc_loop_opts loop_opts(void)
 	if (opt_no_poll)
 		o.poll_max_ns = -1;
 	if (opt_coop)
-		o.uring_flags |= IOC_LOOP_URING_NO_DEFER;
+		ablate |= IOC__LOOP_NO_DEFER;
 	o.poll_spin = opt_spin;
 	if (opt_no_reg)
-		o.uring_flags |= IOC_LOOP_URING_NO_REG_RING;
+		ablate |= IOC__LOOP_NO_REG_RING;
 	if (!strcmp(opt_case, "scal"))
 		o.poll_idle_ns = 50000000;
 	return o;
@@ -270,7 +272,7 @@ static void bh_cb(void *opaque)
  * iter: one loop, one BH that reschedules itself, N idle handlers with
  * poll callbacks (active once, then idle past poll_idle_ns).  Iterations/s
  * of a busy loop on one thread, where the cost of an iteration is all
- * that is measured: the seed 003 property without cross-thread noise.
+ * that is measured: the scalability property without cross-thread noise.
  */
 static unsigned long iter_polls;
 
@@ -304,7 +306,7 @@ static double run_iter(void)
 
 	*s = (struct side){ .is_a = true };
 	o.poll_idle_ns = 50000000;
-	r = ioc_loop_new(&s->loop, &o);
+	r = ioc__loop_new_ablated(&s->loop, &o, ablate);
 	if (r < 0)
 		die("ioc_loop_new", r);
 	s->idle_fds = calloc((size_t)opt_idle + 1, sizeof(int));
@@ -336,7 +338,7 @@ static double run_iter(void)
 static void side_setup(struct side *s)
 {
 	struct ioc_loop_opts o = loop_opts();
-	int r = ioc_loop_new(&s->loop, &o);
+	int r = ioc__loop_new_ablated(&s->loop, &o, ablate);
 
 	if (r < 0)
 		die("ioc_loop_new", r);

@@ -3,7 +3,7 @@
 #
 # Event loop benchmarks (bench-loop.c), one JSON row per line on stdout,
 # loop statistics and notes on stderr:
-#   scal      seed 003: 1 active + N idle handlers with poll callbacks,
+#   scal      polling scalability: 1 active + N idle handlers with poll callbacks,
 #             N = 0, 100, 1000, 3200, per backend (iocore only: compare
 #             each N with N=0 of the same backend).
 #   iter      one loop thread, a BH rescheduling itself, N idle handlers
@@ -52,9 +52,9 @@ reparam() { # row params
 # The spread is the host scheduling our vCPUs, not the loop.  With both
 # loops pinned to one CPU (threads=1cpu) the ping-pong still crosses
 # threads through the eventfds and the polled sequence number, and reads
-# 148-150k at N=0 and at N=3200, run after run.  Issue 3's target uses
+# 148-150k at N=0 and at N=3200, run after run.  The loop's scalability target uses
 # those rows; the unpinned ones stay in the report for reference.
-echo "== scal (seed 003)" >&2
+echo "== scal (polling scalability)" >&2
 scal_rounds=5; scal_secs=1
 [ $quick = 1 ] && { scal_rounds=3; scal_secs=0.5; }
 for b in io_uring epoll poll; do
@@ -65,7 +65,7 @@ for b in io_uring epoll poll; do
 	done
 done
 
-echo "== iter (seed 003 property on one thread: iteration cost vs idle handlers)" >&2
+echo "== iter (the scalability property on one thread: iteration cost vs idle handlers)" >&2
 for b in io_uring epoll poll; do
 	for n in 0 100 1000 3200; do
 		run --case iter --backend "$b" --idle "$n"

@@ -36,10 +36,9 @@ enum ioc_fdmon {
 };
 
 struct ioc_loop_opts {
-	/* Backend.  AUTO honours IOC_FDMON=poll|epoll|io_uring from the
-	 * environment (read once in ioc_loop_new(), for tests and benchmarks);
-	 * an explicit value is never overridden.  Forcing io_uring where it is
-	 * denied fails with the error io_uring_setup returned. */
+	/* Backend.  AUTO picks io_uring, else epoll, else poll.  Forcing
+	 * io_uring where it is denied fails with the error io_uring_setup
+	 * returned. */
 	enum ioc_fdmon fdmon;
 	/* Adaptive userspace polling cap in ns before blocking.  0 means the
 	 * default (32000); a negative value disables polling. */
@@ -55,14 +54,7 @@ struct ioc_loop_opts {
 	 * instead of yielding the CPU (sched_yield) to other threads: for
 	 * loops that own a CPU. */
 	bool poll_spin;
-	/* IOC_LOOP_URING_* flags tuning the io_uring backend (0 = best). */
-	unsigned uring_flags;
 };
-
-/* uring_flags: turn features off to measure what they buy. */
-#define IOC_LOOP_URING_NO_MULTISHOT   (1u << 0) /* edge handlers too: one-shot POLL_ADD */
-#define IOC_LOOP_URING_NO_DEFER       (1u << 1) /* COOP_TASKRUN, not DEFER_TASKRUN */
-#define IOC_LOOP_URING_NO_REG_RING    (1u << 2) /* no registered ring fd */
 
 /* Create a loop.  opts may be NULL for defaults.  Returns 0 or -errno. */
 int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts);

@@ -63,25 +63,21 @@ static int ep_update(struct ioc_loop *loop, struct ioc_handler *h,
 
 static int ep_wait(struct ioc_loop *loop, int64_t timeout_ns)
 {
-	static bool no_pwait2;
+	static atomic_bool no_pwait2;
 	struct epoll_event *ev = loop->evbuf;
-	struct timespec ts, *tsp = NULL;
+	struct timespec ts, *tsp = ioc__wait_timespec(timeout_ns, &ts);
 	int n;
 
-	if (timeout_ns >= 0) {
-		ts.tv_sec = timeout_ns / 1000000000;
-		ts.tv_nsec = timeout_ns % 1000000000;
-		tsp = &ts;
-	}
 	/* no_pwait2 is a benign cache, relaxed: every thread computes the
 	 * same value and nothing else is published with it. */
 	n = -1;
-	if (!__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED)) {
+	if (!atomic_load_explicit(&no_pwait2, memory_order_relaxed)) {
 		n = epoll_pwait2(loop->epfd, ev, EP_EVENTS, tsp, NULL);
 		if (n < 0 && errno == ENOSYS)
-			__atomic_store_n(&no_pwait2, true, __ATOMIC_RELAXED);
+			atomic_store_explicit(&no_pwait2, true,
+					      memory_order_relaxed);
 	}
-	if (__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED))
+	if (atomic_load_explicit(&no_pwait2, memory_order_relaxed))
 		n = epoll_wait(loop->epfd, ev, EP_EVENTS,
 			       timeout_ns < 0 ? -1 :
 			       (int)((timeout_ns + 999999) / 1000000));

@@ -1,5 +1,5 @@
 /*
- * fd monitoring with io_uring poll requests (seed 003's fdmon-io_uring).
+ * fd monitoring with io_uring poll requests (QEMU's fdmon-io_uring design).
  *
  * Problem: epoll can only be asked with a syscall, so userspace polling of
  * a few active handlers risks starving the others for up to poll_ns.  With
@@ -189,7 +189,7 @@ static void arm_pending(struct ioc_loop *loop)
 	while ((h = loop->arm_head)) {
 		struct io_uring_sqe *sqe;
 		bool multi = h->edge &&
-			!(loop->opts.uring_flags & IOC_LOOP_URING_NO_MULTISHOT);
+			!(loop->ablate & IOC__LOOP_NO_MULTISHOT);
 
 		if (h->deleted || !h->events || h->armed_events) {
 			loop->arm_head = h->arm_next;

@@ -75,14 +75,9 @@ static int poll_update(struct ioc_loop *loop, struct ioc_handler *h,
 
 static int poll_wait(struct ioc_loop *loop, int64_t timeout_ns)
 {
-	struct timespec ts, *tsp = NULL;
+	struct timespec ts, *tsp = ioc__wait_timespec(timeout_ns, &ts);
 	int n;
 
-	if (timeout_ns >= 0) {
-		ts.tv_sec = timeout_ns / 1000000000;
-		ts.tv_nsec = timeout_ns % 1000000000;
-		tsp = &ts;
-	}
 	n = ppoll(loop->pfds, loop->npfds, tsp, NULL);
 	if (n < 0)
 		return errno == EINTR ? 0 : -errno;

@@ -12,6 +12,7 @@
 #include <liburing.h>
 
 #include "iocore/loop.h"
+#include "ablation.h"
 
 /* Private revents bit: the handler's io_poll callback found work. */
 #define IOC_REV_POLLED (1u << 30)
@@ -121,6 +122,7 @@ struct ioc_loop {
 	/* Loop-thread state. */
 	const struct ioc_fdmon_ops *ops IOC_CACHE_ALIGNED;
 	struct ioc_loop_opts opts;
+	unsigned ablate;         /* IOC__LOOP_NO_* (ablation.h) */
 	int depth;               /* nesting of ioc_loop_poll() */
 	uint64_t wakes_owed;     /* sleep markers producers replaced */
 
@@ -174,6 +176,18 @@ struct ioc_loop {
 	uint64_t iterations, blocking_waits, poll_hits, poll_misses;
 };
 
+/* A backend wait's timeout in ns (-1: forever) as the timespec that
+ * ppoll and epoll_pwait2 take: NULL for forever, else ts filled in. */
+static inline struct timespec *ioc__wait_timespec(int64_t timeout_ns,
+						   struct timespec *ts)
+{
+	if (timeout_ns < 0)
+		return NULL;
+	ts->tv_sec = timeout_ns / 1000000000;
+	ts->tv_nsec = timeout_ns % 1000000000;
+	return ts;
+}
+
 /* Push h on the ready queue with rev (loop thread; backends call this). */
 void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev);
 /* The backend dropped its last reference to a deleted handler. */
@@ -210,7 +224,7 @@ void ioc__timers_run(struct ioc_loop *loop, bool *progress);
 int64_t ioc__timers_deadline(struct ioc_loop *loop);
 void ioc__timers_cancel_all(struct ioc_loop *loop);
 
-/* io_uring helpers (uring.c). */
+/* io_uring helpers (uring-ops.c), below loop.c and the backends. */
 /* Create loop->ring; backend rings get SINGLE_ISSUER + DEFER_TASKRUN (or
  * COOP_TASKRUN) and start disabled until the running thread enables them. */
 int ioc__uring_setup(struct ioc_loop *loop, bool backend);

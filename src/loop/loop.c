@@ -63,6 +63,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "ablation.h"
 #include "loop-int.h"
 
 #define POLL_DEFAULT_MAX_NS  32000
@@ -668,6 +669,82 @@ int ioc_loop_run(struct ioc_loop *loop)
 	return 0;
 }
 
+/* ---- io_uring operations: the private ring and the public side ----------- */
+
+static void private_ring_read(void *opaque)
+{
+	ioc__uring_reap(opaque);
+}
+
+static int private_ring_get(struct ioc_loop *loop)
+{
+	int r;
+
+	if (loop->has_ring)
+		return 0;
+	if (loop->ring_error)
+		return loop->ring_error;
+	r = ioc__uring_setup(loop, false);
+	if (r < 0)
+		return r;
+	loop->ring_private = true;
+	r = ioc__loop_set_internal_fd(loop, loop->ring.ring_fd,
+				      private_ring_read, loop);
+	if (r < 0) {
+		io_uring_queue_exit(&loop->ring);
+		loop->has_ring = false;
+		loop->ring_error = r;
+		return r;
+	}
+	loop->ring_h = loop->by_fd[loop->ring.ring_fd];
+	return 0;
+}
+
+void ioc__uring_private_fini(struct ioc_loop *loop)
+{
+	if (!loop->has_ring || !loop->ring_private)
+		return;
+	ioc__loop_set_internal_fd(loop, loop->ring.ring_fd, NULL, NULL);
+	io_uring_queue_exit(&loop->ring);
+	loop->has_ring = false;
+}
+
+bool ioc_loop_has_uring(struct ioc_loop *loop)
+{
+	return private_ring_get(loop) == 0;
+}
+
+struct io_uring_sqe *ioc_loop_get_sqe(struct ioc_loop *loop,
+				      struct ioc_uring_op *op)
+{
+	struct io_uring_sqe *sqe;
+
+	if (ioc_unlikely(!loop->has_ring) && private_ring_get(loop) < 0)
+		return NULL;
+	sqe = ioc__uring_sqe(loop);
+	if (!sqe)
+		return NULL;
+	/* Prep helpers leave user_data alone; a zeroed SQE keeps stale
+	 * fields of an earlier operation out of this one. */
+	memset(sqe, 0, sizeof(*sqe));
+	io_uring_sqe_set_data(sqe, op);
+	return sqe;
+}
+
+int ioc_loop_flush_sqes(struct ioc_loop *loop)
+{
+	int r;
+
+	if (!loop->has_ring)
+		return 0;
+	if (loop->ops->flush && !loop->ring_private)
+		return loop->ops->flush(loop);
+	if (!loop->ring_enabled || !io_uring_sq_ready(&loop->ring))
+		return 0;
+	r = io_uring_submit(&loop->ring);
+	return r < 0 ? r : 0;
+}
+
 /* ---- creation ------------------------------------------------------------ */
 
 static const struct ioc_fdmon_ops *const backends[] = {
@@ -676,20 +753,7 @@ static const struct ioc_fdmon_ops *const backends[] = {
 	[IOC_FDMON_IO_URING] = &ioc__fdmon_uring_ops,
 };
 
-static enum ioc_fdmon fdmon_from_env(void)
-{
-	const char *s = getenv("IOC_FDMON");
-
-	if (!s)
-		return IOC_FDMON_AUTO;
-	if (!strcmp(s, "poll"))
-		return IOC_FDMON_POLL;
-	if (!strcmp(s, "epoll"))
-		return IOC_FDMON_EPOLL;
-	if (!strcmp(s, "io_uring") || !strcmp(s, "uring"))
-		return IOC_FDMON_IO_URING;
-	return IOC_FDMON_AUTO;
-}
+enum ioc_fdmon ioc__loop_auto_fdmon = IOC_FDMON_AUTO;
 
 static int pick_backend(struct ioc_loop *loop, enum ioc_fdmon want)
 {
@@ -720,7 +784,8 @@ static int pick_backend(struct ioc_loop *loop, enum ioc_fdmon want)
 	return r;
 }
 
-int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
+int ioc__loop_new_ablated(struct ioc_loop **out,
+			  const struct ioc_loop_opts *opts, unsigned ablate)
 {
 	struct ioc_loop *loop;
 	enum ioc_fdmon want;
@@ -744,6 +809,7 @@ int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
 	loop->epfd = -1;
 	if (opts)
 		loop->opts = *opts;
+	loop->ablate = ablate;
 	if (!loop->opts.poll_grow)
 		loop->opts.poll_grow = 2;
 	if (!loop->opts.poll_shrink)
@@ -763,7 +829,7 @@ int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
 	}
 	want = loop->opts.fdmon;
 	if (want == IOC_FDMON_AUTO)
-		want = fdmon_from_env();
+		want = ioc__loop_auto_fdmon;
 	r = pick_backend(loop, want);
 	if (r < 0)
 		goto fail;
@@ -784,6 +850,11 @@ fail:
 	free(loop->by_fd);
 	free(loop);
 	return r;
+}
+
+int ioc_loop_new(struct ioc_loop **out, const struct ioc_loop_opts *opts)
+{
+	return ioc__loop_new_ablated(out, opts, 0);
 }
 
 /* Free the higher layers' per-loop state, last slot first (blk before

@@ -1,8 +1,9 @@
 /*
  * Shared helpers of the loop tests.  Every test executable runs once per
- * backend: meson sets IOC_FDMON=poll|epoll|io_uring, which ioc_loop_new()
- * honours when opts.fdmon is AUTO.  A backend the kernel refuses (io_uring
- * denied) makes the case skip.
+ * backend: meson sets IOC_FDMON=poll|epoll|io_uring, which the constructor
+ * below turns into the backend that opts.fdmon = AUTO picks (a test hook
+ * in src/loop/ablation.h; the library reads no environment variable).  A
+ * backend the kernel refuses (io_uring denied) makes the case skip.
  */
 #ifndef IOC_LOOP_TEST_H
 #define IOC_LOOP_TEST_H
@@ -12,6 +13,7 @@
 #include <sys/eventfd.h>
 
 #include "iocore/loop.h"
+#include "src/loop/ablation.h"
 #include "tap.h"
 
 static inline const char *test_backend(void)
@@ -19,6 +21,18 @@ static inline const char *test_backend(void)
 	const char *s = getenv("IOC_FDMON");
 
 	return s ? s : "auto";
+}
+
+__attribute__((constructor)) static void test_backend_select(void)
+{
+	const char *s = test_backend();
+
+	if (!strcmp(s, "poll"))
+		ioc__loop_auto_fdmon = IOC_FDMON_POLL;
+	else if (!strcmp(s, "epoll"))
+		ioc__loop_auto_fdmon = IOC_FDMON_EPOLL;
+	else if (!strcmp(s, "io_uring"))
+		ioc__loop_auto_fdmon = IOC_FDMON_IO_URING;
 }
 
 /* A loop on the backend under test, or skip. */

@@ -893,7 +893,7 @@ static void test_poll_handlers(void)
 }
 
 /*
- * Seed 003: idle handlers leave the polled set, and then their io_poll is
+ * Scalable polling: idle handlers leave the polled set, and then their io_poll is
  * never called again however many there are; an idle loop sleeps.
  */
 enum { NIDLE = 1000 };

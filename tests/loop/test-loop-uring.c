@@ -245,7 +245,7 @@ static int denied_child(void)
 		return 77;
 	if (ioc_loop_new(&loop, &o) != -EPERM)
 		return 1;
-	unsetenv("IOC_FDMON");
+	ioc__loop_auto_fdmon = IOC_FDMON_AUTO;
 	if (ioc_loop_new(&loop, NULL))
 		return 2;
 	ioc_loop_get_stats(loop, &st);

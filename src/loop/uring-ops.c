@@ -31,6 +31,10 @@
  * posted only when the task enters io_uring, but this loop sleeps in
  * epoll_wait/ppoll, where only a plain ring's task-work signal wakes it.
  *
+ * Layering: these helpers sit below loop.c and the fdmon backends and call
+ * neither; the public side (ioc_loop_get_sqe(), the private ring's fd
+ * handler) is in loop.c.
+ *
  * Costs: a copy of 16 bytes per CQE; one SQ-ready check per iteration.
  */
 #include <errno.h>
@@ -60,7 +64,7 @@ int ioc__uring_setup(struct ioc_loop *loop, bool backend)
 				 IORING_SETUP_TASKRUN_FLAG |
 				 IORING_SETUP_R_DISABLED;
 
-		if (!(loop->opts.uring_flags & IOC_LOOP_URING_NO_DEFER))
+		if (!(loop->ablate & IOC__LOOP_NO_DEFER))
 			tries[ntries++] = base | fancy | IORING_SETUP_DEFER_TASKRUN;
 		tries[ntries++] = base | fancy | IORING_SETUP_COOP_TASKRUN;
 	}
@@ -97,7 +101,7 @@ void ioc__uring_enable(struct ioc_loop *loop)
 		syscall(__NR_io_uring_register, loop->ring.ring_fd,
 			IORING_REGISTER_ENABLE_RINGS, NULL, 0);
 	loop->ring_enabled = true;
-	if (!(loop->opts.uring_flags & IOC_LOOP_URING_NO_REG_RING) &&
+	if (!(loop->ablate & IOC__LOOP_NO_REG_RING) &&
 	    !loop->ring_private)
 		io_uring_register_ring_fd(&loop->ring);
 }
@@ -172,82 +176,4 @@ struct io_uring_sqe *ioc__uring_sqe(struct ioc_loop *loop)
 		sqe = io_uring_get_sqe(&loop->ring);
 	}
 	return sqe;
-}
-
-/* ---- the private ring (epoll and poll backends) ---------------------- */
-
-static void private_ring_read(void *opaque)
-{
-	ioc__uring_reap(opaque);
-}
-
-static int private_ring_get(struct ioc_loop *loop)
-{
-	int r;
-
-	if (loop->has_ring)
-		return 0;
-	if (loop->ring_error)
-		return loop->ring_error;
-	r = ioc__uring_setup(loop, false);
-	if (r < 0)
-		return r;
-	loop->ring_private = true;
-	r = ioc__loop_set_internal_fd(loop, loop->ring.ring_fd,
-				      private_ring_read, loop);
-	if (r < 0) {
-		io_uring_queue_exit(&loop->ring);
-		loop->has_ring = false;
-		loop->ring_error = r;
-		return r;
-	}
-	loop->ring_h = loop->by_fd[loop->ring.ring_fd];
-	return 0;
-}
-
-void ioc__uring_private_fini(struct ioc_loop *loop)
-{
-	if (!loop->has_ring || !loop->ring_private)
-		return;
-	ioc__loop_set_internal_fd(loop, loop->ring.ring_fd, NULL, NULL);
-	io_uring_queue_exit(&loop->ring);
-	loop->has_ring = false;
-}
-
-/* ---- public API ------------------------------------------------------ */
-
-bool ioc_loop_has_uring(struct ioc_loop *loop)
-{
-	return private_ring_get(loop) == 0;
-}
-
-struct io_uring_sqe *ioc_loop_get_sqe(struct ioc_loop *loop,
-				      struct ioc_uring_op *op)
-{
-	struct io_uring_sqe *sqe;
-
-	if (ioc_unlikely(!loop->has_ring) && private_ring_get(loop) < 0)
-		return NULL;
-	sqe = ioc__uring_sqe(loop);
-	if (!sqe)
-		return NULL;
-	/* Prep helpers leave user_data alone; a zeroed SQE keeps stale
-	 * fields of an earlier operation out of this one. */
-	memset(sqe, 0, sizeof(*sqe));
-	io_uring_sqe_set_data(sqe, op);
-	return sqe;
-}
-
-int ioc_loop_flush_sqes(struct ioc_loop *loop)
-{
-	int r;
-
-	if (!loop->has_ring)
-		return 0;
-	if (loop->ops->flush && !loop->ring_private)
-		return loop->ops->flush(loop);
-	if (!loop->ring_enabled || !io_uring_sq_ready(&loop->ring))
-		return 0;
-	r = io_uring_submit(&loop->ring);
-	return r < 0 ? r : 0;
 }
