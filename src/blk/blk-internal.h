@@ -80,6 +80,12 @@ struct ioc_blk {
 	ioc__blk_fault_fn *fault;
 	void *fault_opaque;
 
+	/* The first write-back error a sync reported (a negative errno), 0
+	 * while there has been none.  Sticky: once set, every later flush and
+	 * FUA request fails with it (see "Write-back errors" in blk.c).
+	 * Release store in blk_note_sync(), acquire loads in blk_wb_err(). */
+	_Atomic int wb_err;
+
 	/* cache=none only: writes in flight, so that a read-modify-write of
 	 * a partial block never overlaps another write (see blk.c). */
 	pthread_mutex_t track_lock;

@@ -53,6 +53,18 @@
  * through a task posted to the loop, so a callback never runs inside the
  * call that submitted it (the caller's state may be half built).
  *
+ * Write-back errors.  The kernel reports a failed write-back once, to the
+ * next fsync, then marks the pages clean: the fsync after it succeeds
+ * though the data is gone ("fsyncgate").  So the first write-back error a
+ * sync reports (any flush error but -ENOMEM; -EIO of a FUA write or
+ * write-zeroes, whose -ENOSPC means allocation failed before the cache)
+ * is kept, and every later flush and FUA request fails with it, without
+ * touching the disk, until the image is closed; a sync that succeeded
+ * while the error was recorded fails too.  Reads and plain writes go on,
+ * so a client can rescue what is intact.  Rejected: retrying the sync, or
+ * clearing the error after one successful flush (both succeed and lie).
+ * Injected faults count like real ones.
+ *
  * Alternatives rejected.  A per-request coroutine inside the library (QEMU's
  * blk_aio_*): costs a switch even on the fast path.  linux-aio: needs
  * O_DIRECT to be asynchronous and io_uring supersedes it.  Tracking every
@@ -637,6 +649,50 @@ static void data_store(struct ioc_blk *blk, uint64_t gen, uint64_t start, uint64
 	pthread_mutex_unlock(&blk->data_lock);
 }
 
+/* Whether a request promises durability (see "Write-back errors"). */
+static bool is_sync(enum blk_op op, uint32_t flags)
+{
+	return op == BLK_OP_FLUSH ||
+		((op == BLK_OP_WRITE || op == BLK_OP_ZEROES) && (flags & IOC_BLK_FUA));
+}
+
+/* Acquire: pairs with the release store in blk_note_sync(), so a sync
+ * that sees the error also sees everything the failed sync's thread did
+ * before recording it. */
+static int blk_wb_err(const struct ioc_blk *blk)
+{
+	return atomic_load_explicit(&blk->wb_err, memory_order_acquire);
+}
+
+/* A finished request's result, after the write-back error rule: record
+ * the first write-back error, and fail a sync that succeeded after one
+ * was recorded. */
+static int64_t blk_note_sync(struct blk_req *r, int64_t ret)
+{
+	struct ioc_blk *blk = r->blk;
+	enum blk_op op = (enum blk_op)r->op;
+
+	if (!blk || !is_sync(op, r->flags))
+		return ret;
+	if (ret < 0 && (op == BLK_OP_FLUSH ? ret != -ENOMEM : ret == -EIO)) {
+		int expected = 0;
+
+		/* Release: pairs with the acquire load in blk_wb_err().  Only
+		 * the first error is kept. */
+		atomic_compare_exchange_strong_explicit(&blk->wb_err, &expected,
+							(int)ret, memory_order_release,
+							memory_order_relaxed);
+		return ret;
+	}
+	if (ret == 0) {
+		int err = blk_wb_err(blk);
+
+		if (err)
+			return err;
+	}
+	return ret;
+}
+
 void ioc__blk_finish(struct blk_req *r, int64_t ret)
 {
 	if (r->bounce) {
@@ -656,6 +712,7 @@ void ioc__blk_finish(struct blk_req *r, int64_t ret)
 		data_invalidate(r->blk);
 	if (r->tracked)
 		track_end(r);
+	ret = blk_note_sync(r, ret);
 	deliver(r, ret);
 }
 
@@ -785,6 +842,12 @@ static int validate(struct ioc_blk *blk, enum blk_op op, uint64_t offset,
 	if (op == BLK_OP_READ || op == BLK_OP_WRITE) {
 		if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt && !iov))
 			return -EINVAL;
+	}
+	if (is_sync(op, flags)) {
+		int err = blk_wb_err(blk);
+
+		if (err)
+			return err; /* see "Write-back errors" above */
 	}
 	if (op == BLK_OP_FLUSH)
 		return 0; /* harmless on a read-only image too */
