@@ -709,6 +709,11 @@ int ioc__nbd_parse_request(struct ioc__nbd_conn *c, ioc__nbd_req_alloc *alloc,
 
 /* ---- replies ------------------------------------------------------------------ */
 
+/* A backend's error.  NBD_EOVERFLOW, NBD_ENOTSUP and NBD_ESHUTDOWN have
+ * protocol meanings (a request too large, a fast zero that would be slow,
+ * the server going away) that a failing disk does not have, and older
+ * clients do not know them: from the backend they are I/O errors.  The
+ * protocol's own uses of them are made where they arise. */
 int ioc__nbd_errno_to_nbd(int err)
 {
 	switch (err < 0 ? -err : err) {
@@ -717,9 +722,6 @@ int ioc__nbd_errno_to_nbd(int err)
 	case ENOMEM: return NBD_ENOMEM;
 	case EINVAL: return NBD_EINVAL;
 	case ENOSPC: case EDQUOT: case EFBIG: return NBD_ENOSPC;
-	case EOVERFLOW: return NBD_EOVERFLOW;
-	case ENOTSUP: return NBD_ENOTSUP;
-	case ESHUTDOWN: return NBD_ESHUTDOWN;
 	default: return NBD_EIO;
 	}
 }
@@ -1026,9 +1028,10 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 		if (r->flags & NBD_CMD_FLAG_FAST_ZERO)
 			f |= IOC_NBD_BE_FAST_ONLY;
 		ret = e->ops->zero(e->be, r->offset, r->len, f);
-		if (ret == -EOPNOTSUPP)
-			ret = -ENOTSUP;
-		reply_status(c, r, ret, "write zeroes failed");
+		if (ret == -ENOTSUP && (f & IOC_NBD_BE_FAST_ONLY))
+			ioc__nbd_reply_error(c, r, NBD_ENOTSUP, "zeroing would not be fast");
+		else
+			reply_status(c, r, ret, "write zeroes failed");
 		return;
 	case NBD_CMD_CACHE:
 		ret = e->ops->cache ? e->ops->cache(e->be, r->offset, r->len) : 0;
