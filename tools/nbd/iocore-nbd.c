@@ -22,6 +22,7 @@
 #include "iocore/blk.h"
 #include "iocore/loop.h"
 #include "iocore/nbd.h"
+#include "inject.h"
 
 #define MAX_LISTEN 16
 
@@ -55,6 +56,8 @@ static void usage(FILE *f)
 "      --tls-psk FILE         pre-shared keys, \"username:hexkey\" lines (psktool)\n"
 "      --tls-verify-peer      X.509: require a client certificate from the CA\n"
 "  -v, --verbose              log connections to stderr\n"
+"      --inject-faults RULE   testing: fail block I/O on purpose, RULE is\n"
+"                             OPS=ERR[@OFF+LEN][/N][#COUNT] (tools/nbd/inject.c)\n"
 "  -h, --help                 this text\n"
 "  -V, --version              print the version\n"
 "\n"
@@ -133,7 +136,7 @@ int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
-	       OPT_TLS_VERIFY };
+	       OPT_TLS_VERIFY, OPT_INJECT };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -153,6 +156,7 @@ int main(int argc, char **argv)
 		{ "tls-certificates", required_argument, NULL, OPT_TLS_CERTS },
 		{ "tls-psk", required_argument, NULL, OPT_TLS_PSK },
 		{ "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY },
+		{ "inject-faults", required_argument, NULL, OPT_INJECT },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -226,6 +230,12 @@ int main(int argc, char **argv)
 		case OPT_TLS_CERTS: tls.certificates = optarg; break;
 		case OPT_TLS_PSK: tls.psk_file = optarg; break;
 		case OPT_TLS_VERIFY: tls.verify_peer = true; break;
+		case OPT_INJECT: {
+			char err[256];
+			if (nbd_inject_add(optarg, err, sizeof(err)) < 0)
+				die("%s", err);
+			break;
+		}
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -300,6 +310,7 @@ int main(int argc, char **argv)
 	struct ioc_blk *blk;
 	if ((r = ioc_blk_open(&blk, image, &bo)) < 0)
 		die("cannot open %s: %s", image, strerror(-r));
+	nbd_inject_install(blk);
 	eo.blk = blk;
 	if (verbose)
 		so.log = log_stderr;
