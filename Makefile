@@ -2,12 +2,13 @@
 #   make run     build, then serve the default image with iocore-nbd
 #   make test    build, then run the whole suite
 #   make bench   run the benchmarks against peers (QUICK=1 for a short run)
+#   make soak    iocore-nbd under a mixed, checked load for SOAK_SECONDS (600)
 BUILD ?= build
 MESON_OPTS ?=
 CC ?= cc
 export CC
 
-.PHONY: all deps build run test check-asan check-tsan bench fuzz clean
+.PHONY: all deps build run test check-asan check-tsan bench fuzz soak clean
 
 all: build
 
@@ -44,6 +45,14 @@ check-tsan: deps
 
 bench: deps
 	@QUICK=$(QUICK) scripts/bench.sh $(BUILD)
+
+# iocore-nbd under verified readers and writers, TLS and plain clients,
+# clients that leave mid-request, handshake floods, the connection limit and
+# injected I/O errors, for SOAK_SECONDS; the last line is the verdict.
+SOAK_SECONDS ?= 600
+soak: build
+	@[ -x $(BUILD)/tests/nbd/nbd-soak ] || { echo "nbd-soak not built (needs libnbd-dev)"; exit 1; }
+	@$(BUILD)/tests/nbd/nbd-soak -b $(BUILD)/tools/nbd/iocore-nbd -s $(SOAK_SECONDS)
 
 # libFuzzer targets (clang), each run FUZZ_SECONDS (default 20).
 fuzz: deps
