@@ -17,6 +17,11 @@ for exe in $(find $dir/tests -type f -perm -u+x -name 'fuzz-*' | sort); do
 	if [ "$name" = fuzz-nbd ] && [ -x $dir/tests/nbd/test-nbd-fuzz-corpus ]; then
 		$dir/tests/nbd/test-nbd-fuzz-corpus --write-seeds "$corpus" >/dev/null
 	fi
+	# The checked-in seeds of the zip targets (tests/zip/corpus/<target>/).
+	seeds=tests/zip/corpus/${name#fuzz-zip-}
+	if [ "${name#fuzz-zip-}" != "$name" ] && [ -d "$seeds" ]; then
+		cp "$seeds"/* "$corpus"/
+	fi
 	echo "=== $name: ${secs}s"
 	log=$dir/corpus/$name.log
 	if ! "$exe" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 \

@@ -5,8 +5,9 @@
  * from our compressor (several blocks, zero blocks, a seek table), a
  * foreign single zstd frame, and for each of them truncations, byte flips
  * spread over the file and concentrated on the seek table, and garbage.
- * With a directory argument, the files in it are run too (a corpus saved
- * by a real fuzzing run).
+ * Then the target's checked-in seed corpus (tests/zip/corpus/<target>/:
+ * small files made with iocore-zip, zstd and gzip), or, with a directory
+ * argument, the files in it (a corpus saved by a real fuzzing run).
  */
 #include <dirent.h>
 #include <zstd.h>
@@ -140,36 +141,53 @@ static void test_generated_corpus(void)
 	ASSERT_UGT(runs, 500);
 }
 
+/* The checked-in seed corpus, tests/zip/corpus/<target>/ (IOC_FUZZ_TARGET,
+ * set by meson), or the directory given as the argument.  Missing or empty
+ * is a failure: a corpus test that runs nothing proves nothing. */
 static void test_saved_corpus(void)
 {
-	char path[1024];
+	char path[1024], dflt[768];
+	const char *dir = extra_dir;
+	unsigned long files = 0;
 	struct dirent *e;
 	DIR *d;
 
-	if (!extra_dir)
-		IOC_SKIP("no corpus directory given");
-	d = opendir(extra_dir);
-	ASSERT_NOT_NULL(d);
+	if (!dir) {
+		const char *root = getenv("IOC_SOURCE_ROOT");
+
+		ASSERT_NOT_NULL(root);
+		snprintf(dflt, sizeof(dflt), "%.600s/tests/zip/corpus/%s", root,
+			 IOC_FUZZ_TARGET);
+		dir = dflt;
+	}
+	d = opendir(dir);
+	if (!d)
+		ioc_test_fail(__FILE__, __LINE__, "corpus %s: %s", dir, strerror(errno));
 	while ((e = readdir(d))) {
 		FILE *f;
 		uint8_t *p;
 		long n;
 
-		snprintf(path, sizeof(path), "%s/%s", extra_dir, e->d_name);
-		f = fopen(path, "rb");
-		if (!f || fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0) {
-			if (f)
-				fclose(f);
+		if (e->d_name[0] == '.')
 			continue;
-		}
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		f = fopen(path, "rb");
+		ASSERT_NOT_NULL(f);
+		ASSERT_OK(fseek(f, 0, SEEK_END));
+		n = ftell(f);
+		ASSERT_GE(n, 0);
 		rewind(f);
 		p = malloc((size_t)n + 1);
-		if (fread(p, 1, (size_t)n, f) == (size_t)n)
-			run(p, (size_t)n);
+		ASSERT_NOT_NULL(p);
+		ASSERT_UEQ(fread(p, 1, (size_t)n, f), (size_t)n);
+		run(p, (size_t)n);
+		files++;
 		free(p);
 		fclose(f);
 	}
 	closedir(d);
+	ioc_test_diag("%lu corpus files from %s", files, dir);
+	ASSERT_UGT(files, 0);
 }
 
 int main(int argc, char **argv)
