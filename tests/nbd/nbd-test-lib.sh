@@ -35,3 +35,31 @@ stop() {
 	done
 	rm -f "$dir/$1.pid"
 }
+
+# Readiness from a server's -v log, without sleeping.  start_logged NAME
+# COMMAND...: runs COMMAND (a server with -v --fork) with its stderr into
+# the FIFO $dir/NAME.fifo, which this shell reads on fd 8; returns the
+# command's status (with --fork: 0 once the server listens).
+# await_log NAME TEXT: reads the server's log lines (copied to
+# $dir/NAME.log) until one contains TEXT, then copies the rest in the
+# background ($logcat; it ends when the server exits).  Fails if the
+# server exits first.
+start_logged() {
+	name=$1; shift
+	mkfifo "$dir/$name.fifo"
+	"$@" 2>"$dir/$name.fifo" &
+	spid=$!
+	exec 8<"$dir/$name.fifo"
+	wait $spid
+}
+await_log() {
+	found=1
+	while IFS= read -r line <&8; do
+		printf '%s\n' "$line" >>"$dir/$1.log"
+		case $line in *"$2"*) found=0; break;; esac
+	done
+	cat <&8 >>"$dir/$1.log" &
+	logcat=$!
+	exec 8<&-
+	return $found
+}

@@ -135,14 +135,16 @@ fi
 
 # 16: SIGTERM while fio has requests in flight: fio sees no I/O error
 # before the disconnect, and the server exits 0 after answering.
-start term "$img"
 if have fio && fio --enghelp 2>/dev/null | grep -q nbd; then
+	start_logged term "$SRV" -v --fork --pid-file "$dir/term.pid" -U "$dir/term.sock" "$img"
 	fio --name=t --ioengine=nbd --uri="$(uri term)" --rw=randwrite --bs=4k \
 		--size=64M --iodepth=64 --time_based --runtime=30 --output=/dev/null \
 		>"$dir/fio-term.log" 2>&1 &
 	fiopid=$!
-	# Let fio get going; the check below does not depend on how far it got.
-	sleep 1
+	# The signal lands once fio's connection has reached transmission
+	# (the server logs the export it chose); the check below does not
+	# depend on how many requests were in flight.
+	await_log term 'export ""'
 	kill -TERM "$(cat "$dir/term.pid")"
 	wait $fiopid
 	# fio fails once the server is gone; what matters is that the server
@@ -153,33 +155,36 @@ if have fio && fio --enghelp 2>/dev/null | grep -q nbd; then
 		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
 		sleep 0.05; i=$((i + 1))
 	done
+	wait $logcat
 	if [ $i -lt 300 ] && [ ! -e "$dir/term.sock" ]; then
 		ok "SIGTERM with fio in flight: server drains and exits"
 	else
 		notok "SIGTERM with fio in flight: server drains and exits"
+		tail -5 "$dir/term.log" | sed 's/^/# /'
 	fi
 else
 	skip "SIGTERM with fio" "fio nbd engine missing"
-	stop term
 fi
 
 # 17: systemd socket activation (LISTEN_FDS/LISTEN_PID), as make run uses
 if have nbdinfo && have python3; then
-	python3 - "$SRV" "$dir/act.sock" "$dir/act.pid" "$img" <<'PY' &
+	mkfifo "$dir/act.ready"
+	python3 - "$SRV" "$dir/act.sock" "$dir/act.pid" "$img" 5>"$dir/act.ready" <<'PY' &
 import os, socket, sys
 srv, path, pidf, img = sys.argv[1:5]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.bind(path)
 s.listen(16)
+os.close(5)  # the socket listens: the test may go on
 os.dup2(s.fileno(), 100)
 os.dup2(100, 3, inheritable=True)
 env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
 os.execve(srv, [srv, "--pid-file", pidf, img], env)
 PY
 	actpid=$!
-	# The socket exists before the server runs: clients queue on it.
-	i=0
-	while [ ! -S "$dir/act.sock" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i + 1)); done
+	# The socket listens before the server runs: clients queue on it.
+	# Reading the FIFO ends (EOF) when the activator closes its end.
+	cat "$dir/act.ready" >/dev/null
 	check "socket activation (LISTEN_FDS)" sh -c \
 		"nbdinfo 'nbd+unix:///?socket=$dir/act.sock' | grep -q 'export-size: 67108864'"
 	kill $actpid 2>/dev/null

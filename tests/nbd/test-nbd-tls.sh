@@ -131,17 +131,21 @@ check "  ...and TLS clients are still served" sh -c "nbdinfo '$U' | grep -q 'exp
 # 13: SIGTERM while a TLS client reads 4 KiB at a time, 64 in flight: the
 # server answers what it received, closes, and exits by itself.
 if have nbdcopy; then
-	# All data first (holes would be answered too fast over TLS); then
-	# two whole-image copies (a second or more here): the signal lands in
-	# the first, and the log line below says a connection was open.
+	# All data first (holes would be answered too fast over TLS), through
+	# the first server; then a server of its own whose log says when the
+	# copy's connection has reached transmission: the signal lands then,
+	# with 64 MiB of 4 KiB reads still to come.
 	head -c 64M /dev/urandom > "$dir/full.img"
 	nbdcopy "$dir/full.img" "$U"
-	sh -c "nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 '$U' null: &&
-	       nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 '$U' null:" \
+	stop psk
+	start_logged drain "$SRV" -v --fork --pid-file "$dir/drain.pid" \
+		-U "$dir/drain.sock" --tls-psk "$dir/keys.psk" "$img"
+	D="nbds+unix://alice@/?socket=$dir/drain.sock&tls-psk-file=$dir/keys.psk"
+	nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 "$D" null: \
 		>"$dir/copy.log" 2>&1 &
 	cpid=$!
-	sleep 0.15
-	pid=$(cat "$dir/psk.pid")
+	await_log drain 'export ""'
+	pid=$(cat "$dir/drain.pid")
 	kill -TERM "$pid"
 	i=0
 	while kill -0 "$pid" 2>/dev/null && [ $i -lt 400 ]; do
@@ -149,13 +153,14 @@ if have nbdcopy; then
 		sleep 0.05; i=$((i + 1))
 	done
 	wait $cpid 2>/dev/null
-	if [ $i -lt 400 ] && grep -q "stopping: 1 connection(s) open" "$dir/psk.log"; then
+	wait $logcat
+	if [ $i -lt 400 ] && grep -q "stopping: 1 connection(s) open" "$dir/drain.log"; then
 		ok "SIGTERM with a TLS client in flight: the server drains and exits"
 	else
 		notok "SIGTERM with a TLS client in flight: the server drains and exits"
-		tail -5 "$dir/psk.log" | sed 's/^/# /'
+		tail -5 "$dir/drain.log" | sed 's/^/# /'
 	fi
-	rm -f "$dir/psk.pid"
+	rm -f "$dir/drain.pid"
 else
 	skip "SIGTERM with a TLS client" "nbdcopy missing"
 	stop psk
