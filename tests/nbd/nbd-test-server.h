@@ -116,15 +116,21 @@ static inline bool ts_wait_gone(const struct ts_srv *s, int timeout_ms)
 	return false;
 }
 
+/* Remove the server's files and directory. */
+static inline void ts_stop_files(struct ts_srv *s)
+{
+	unlink(s->img);
+	unlink(s->sock);
+	unlink(s->pidf);
+	rmdir(s->dir);
+}
+
 /* SIGTERM; the server must exit by itself.  Removes the image and dir. */
 static inline void ts_stop(struct ts_srv *s)
 {
 	ASSERT_OK(kill(s->pid, SIGTERM));
 	ASSERT_TRUE(ts_wait_gone(s, 10000));
-	unlink(s->img);
-	unlink(s->sock);
-	unlink(s->pidf);
-	rmdir(s->dir);
+	ts_stop_files(s);
 }
 
 static inline void ts_connect(const struct ts_srv *s, struct cl_conn *c,

@@ -13,10 +13,12 @@
  * - the image truncated under the server: reads past the new end read
  *   zeroes (what a sparse tail reads; the block layer's rule), reads
  *   before it keep their data, writes past it extend the file again.
- * A real EIO from a device-mapper "error" target would be the next step;
- * containers rarely have device-mapper, so injection stands in for it.
+ * - EIO for real, where the kernel has device-mapper: a device whose
+ *   second half is an "error" target (skipped otherwise: containers rarely
+ *   have it, and the injected EIO above covers the same paths).
  */
 #include <sys/mount.h>
+#include <sys/wait.h>
 
 #include "nbd-test-server.h"
 
@@ -337,6 +339,85 @@ static void test_truncated_under_server(void)
 	ts_stop(&s);
 }
 
+static int sh(const char *cmd)
+{
+	int st = system(cmd);
+
+	return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}
+
+/* Whether the kernel offers device-mapper (without touching /dev). */
+static bool have_dm(void)
+{
+	char line[128];
+	bool found = false;
+	FILE *f = fopen("/proc/misc", "r");
+
+	if (!f)
+		return false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, "device-mapper") != NULL;
+	fclose(f);
+	return found && sh("command -v dmsetup >/dev/null && command -v losetup >/dev/null") == 0;
+}
+
+/* A 4 MiB device: 2 MiB on a loop device, then 2 MiB of "error".  Reads of
+ * the error half fail with EIO, a write there fails at the flush, and the
+ * flushes after it keep failing. */
+static void test_dm_error_target(void)
+{
+	char cmd[1024], dev[128], loopdev[64] = "", name[64];
+	struct ts_srv s;
+	struct cl_conn c;
+	uint8_t buf[BS];
+
+	if (geteuid() != 0 || !have_dm())
+		IOC_SKIP("no device-mapper in this kernel (or not root): injected EIO stands in");
+	ts_prepare(&s, NULL, 2u << 20);
+	snprintf(name, sizeof(name), "ioc-nbd-err-%d", (int)getpid());
+	snprintf(cmd, sizeof(cmd), "losetup -f --show %s", s.img);
+	FILE *p = popen(cmd, "r");
+	ASSERT_NOT_NULL(p);
+	if (!fgets(loopdev, sizeof(loopdev), p))
+		loopdev[0] = 0;
+	pclose(p);
+	loopdev[strcspn(loopdev, "\n")] = 0;
+	if (!loopdev[0]) {
+		ts_stop_files(&s);
+		IOC_SKIP("no free loop device");
+	}
+	snprintf(cmd, sizeof(cmd), "printf '0 4096 linear %s 0\\n4096 4096 error\\n' | "
+		 "dmsetup create %s", loopdev, name);
+	if (sh(cmd) != 0) {
+		snprintf(cmd, sizeof(cmd), "losetup -d %s", loopdev);
+		sh(cmd);
+		ts_stop_files(&s);
+		IOC_SKIP("dmsetup create refused here");
+	}
+	snprintf(dev, sizeof(dev), "/dev/mapper/%s", name);
+	snprintf(s.img, sizeof(s.img), "%s", dev);
+	ts_start(&s, NULL);
+	ts_connect(&s, &c, true);
+	fill(buf, 0, BS, 1);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, BS, buf), 0);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_FLUSH, 0, 0, NULL), 0);
+	expect_data(&c, 0, 1);
+	ASSERT_EQ(cl_pread(&c, 0, buf, (3u << 20), BS, NULL, NULL), NBD_EIO);
+	/* Buffered: the write lands in the page cache, the flush fails. */
+	long w = cl_cmd(&c, 0, NBD_CMD_WRITE, (3u << 20) + BS, BS, buf);
+	ASSERT_TRUE(w == 0 || w == NBD_EIO);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_FLUSH, 0, 0, NULL), NBD_EIO);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_FLUSH, 0, 0, NULL), NBD_EIO);
+	expect_data(&c, 0, 1);
+	close(c.fd);
+	ASSERT_OK(kill(s.pid, SIGTERM));
+	ASSERT_TRUE(ts_wait_gone(&s, 10000));
+	snprintf(cmd, sizeof(cmd), "dmsetup remove %s && losetup -d %s", name, loopdev);
+	ASSERT_EQ(sh(cmd), 0);
+	snprintf(s.img, sizeof(s.img), "%s/img", s.dir);
+	ts_stop_files(&s);
+}
+
 static void test_cleanup(void)
 {
 	ASSERT_OK(rmdir(ioc_test_tmpdir()));
@@ -348,5 +429,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_failed_flush_stays_failed),
 	IOC_TEST(test_full_tmpfs),
 	IOC_TEST(test_truncated_under_server),
+	IOC_TEST(test_dm_error_target),
 	IOC_TEST(test_cleanup),
 )
