@@ -590,8 +590,11 @@ static void tx_process(struct conn *c)
 	bool drained = false;
 
 	while (!c->dead) {
-		/* Parse every complete request in the buffer. */
-		while (!c->eof || core->in_start < core->in_end) {
+		/* Parse every complete request in the buffer, unless the
+		 * socket died: nobody would read those replies, and a client
+		 * that queued thousands of large reads and hung up would
+		 * otherwise keep this thread busy serving them. */
+		while (!c->dead && (!c->eof || core->in_start < core->in_end)) {
 			struct ioc__nbd_req *r;
 			if (conn_bounded(c)) {
 				c->stalled = true;

@@ -235,6 +235,23 @@ static long rss_kib(pid_t pid)
 	return kib;
 }
 
+/* Bytes the process has read through read-like syscalls (pread included). */
+static long long rchar(pid_t pid)
+{
+	char path[64], line[256];
+	long long v = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/io", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "rchar: %lld", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
 /* A client that sends reads and never reads the replies stalls only
  * itself, and the server's memory stays bounded. */
 static void test_client_never_reads(void)
@@ -279,6 +296,52 @@ static void test_client_never_reads(void)
 	close(c.fd);
 	free(batch);
 	check_alive(&s);
+	srv_stop(&s);
+}
+
+/*
+ * A client queues thousands of 1 MiB reads in one write and hangs up at
+ * once.  The server finds the socket dead at its first batch of replies and
+ * drops the rest of what it had buffered instead of serving it to nobody.
+ * With one I/O thread the next connection is handled only after the dead
+ * one, so by then the server has read what it will ever read for it.
+ */
+static void test_hangup_drops_buffered(void)
+{
+	static const char *const opts[] = { "--iothreads", "1", NULL };
+	enum { REQS = 4000 };
+	uint8_t *batch = malloc(REQS * 28), *p = batch;
+	uint8_t b[4096];
+	struct srv s;
+	struct cl_conn c;
+	long long before, after;
+
+	ASSERT_NOT_NULL(batch);
+	srv_start(&s, opts);
+	srv_connect(&s, &c, false);
+	/* Data at offset 0, so the reads below go to the file. */
+	memset(b, 0x5a, sizeof(b));
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, sizeof(b), b), 0);
+	for (int i = 0; i < REQS; i++) {
+		p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
+		p = ioc_nbd_st16(p, 0);
+		p = ioc_nbd_st16(p, NBD_CMD_READ);
+		p = ioc_nbd_st64(p, (uint64_t)i);
+		p = ioc_nbd_st64(p, 0);
+		p = ioc_nbd_st32(p, 1u << 20);
+	}
+	before = rchar(s.pid);
+	ASSERT_GE(before, 0);
+	ASSERT_OK(cl_write(c.fd, batch, (size_t)(p - batch)));
+	close(c.fd);
+	free(batch);
+	check_alive(&s);
+	after = rchar(s.pid);
+	ioc_test_diag("read for the %d requests of a client that hung up: %lld MiB",
+		      REQS, (after - before) >> 20);
+	/* At most what was in flight (the server bounds it at 64 MiB) when
+	 * it found the socket dead; serving them all would be ~4 GiB. */
+	ASSERT_LT(after - before, 128ll << 20);
 	srv_stop(&s);
 }
 
@@ -516,6 +579,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_bad_input),
 	IOC_TEST(test_read_only),
 	IOC_TEST(test_client_never_reads),
+	IOC_TEST(test_hangup_drops_buffered),
 	IOC_TEST(test_idle_connections),
 	IOC_TEST(test_max_connections),
 	IOC_TEST(test_out_of_fds),
