@@ -20,7 +20,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "blk-internal.h"
+#include "blk-int.h"
 
 /* The zero-writing fallback goes in chunks of this size. */
 #define ZERO_CHUNK (1u << 20)

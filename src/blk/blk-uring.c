@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include <liburing.h>
 
-#include "blk-internal.h"
+#include "blk-int.h"
 
 static void uring_cb(struct ioc_uring_op *op, int res, uint32_t cqe_flags)
 {

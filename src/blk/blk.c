@@ -104,7 +104,7 @@
 
 #include "iocore/co.h"
 #include "iocore/pool.h"
-#include "blk-internal.h"
+#include "blk-int.h"
 
 #define FP_CREDIT_MAX 16
 #define FP_PROBE_EVERY 32

@@ -104,7 +104,7 @@
 #include <unistd.h>
 
 #include "iocore/co.h"
-#include "nbd-server.h"
+#include "nbd-int.h"
 
 #define IOC_NBD_IN_CAP          (128u << 10)
 #define IOC_NBD_INFLIGHT_BYTES  (64u << 20)

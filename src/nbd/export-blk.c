@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "iocore/blk.h"
-#include "nbd-server.h"
+#include "nbd-int.h"
 
 static int ioc_coroutine_fn be_pread(void *be, uint64_t off, void *buf, size_t len)
 {

@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "iocore/co.h"
-#include "nbd-server.h"
+#include "nbd-int.h"
 
 #define IOC_NBD_STOP_GRACE_NS   (10ll * 1000000000)
 

@@ -48,7 +48,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "nbd-server.h"
+#include "nbd-int.h"
 
 #if IOC_HAVE_GNUTLS
 #include <gnutls/gnutls.h>

@@ -7,7 +7,7 @@
 #include <sys/mount.h>
 
 #include "blk-test.h"
-#include "src/blk/blk-internal.h"
+#include "src/blk/blk-int.h"
 
 #define IMG_SIZE (1024 * 1024)
 #define NREQ 64

@@ -11,7 +11,7 @@
 #include <sys/syscall.h>
 
 #include "blk-test.h"
-#include "src/blk/blk-internal.h"
+#include "src/blk/blk-int.h"
 
 #ifndef __NR_cachestat
 #define __NR_cachestat 451

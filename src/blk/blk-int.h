@@ -2,8 +2,8 @@
  * Private state of the block layer, shared by blk.c and its backends
  * (blk-uring.c, blk-threads.c) and by the tests' fault hook.
  */
-#ifndef IOC_BLK_INTERNAL_H
-#define IOC_BLK_INTERNAL_H
+#ifndef IOC_BLK_INT_H
+#define IOC_BLK_INT_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -199,4 +199,4 @@ int64_t ioc__blk_sync_rw(struct blk_req *r);
 int64_t ioc__blk_sync_op(struct blk_req *r);
 int64_t ioc__blk_sync_rmw(struct blk_req *r);
 
-#endif /* IOC_BLK_INTERNAL_H */
+#endif /* IOC_BLK_INT_H */
