@@ -13,7 +13,7 @@
  *   that thread, in fd handlers, a bottom half and request coroutines: no
  *   lock on the data path.
  * - Reading: the fd handler recv()s as much as fits into the input buffer
- *   and parses every complete request in it (protocol core, proto.c), so
+ *   and parses every complete request in it (transmission.c), so
  *   one recv carries many requests.  A short recv means the socket is
  *   empty: no second recv just to see EAGAIN.  A large WRITE payload still
  *   arriving is received straight into its request buffer.
@@ -473,7 +473,7 @@ static bool handle_recv_end(struct conn *c, ssize_t n)
 }
 
 /* The STARTTLS ACK is out: start the session.  Handshake input can only
- * come now (proto.c refused anything sent behind STARTTLS). */
+ * come now (handshake.c refused anything sent behind STARTTLS). */
 static void tls_begin(struct conn *c)
 {
 	const char *msg = NULL;

@@ -139,7 +139,7 @@
 #define IOC_NBD_MAX_PAYLOAD       (32u << 20)     /* NBD_INFO_BLOCK_SIZE maximum */
 #define IOC_NBD_MAX_EXTENTS       512             /* block status descriptors per reply */
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
-#define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (proto.c) */
+#define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16
 
 /* ---- big-endian access to unaligned bytes ------------------------------ */

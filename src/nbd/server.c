@@ -1,7 +1,7 @@
 /*
  * The NBD server on the iocore runtime: exports, listeners, I/O threads,
  * accepting, and the graceful stop.  The life of a connection is conn.c;
- * the protocol is proto.c.
+ * the protocol is handshake.c and transmission.c.
  *
  * Design.
  * - N I/O threads, each running one loop.  The thread that starts the
@@ -298,7 +298,7 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 		return 0;
 	/* seq_cst: pairs with conn_destroy() (see there). */
 	atomic_store_explicit(&srv->stopping, 1, memory_order_seq_cst);
-	/* relaxed: handshakes only read it as a hint (proto.c). */
+	/* relaxed: handshakes only read it as a hint (handshake.c). */
 	atomic_store_explicit((_Atomic int *)&srv->cfg.shutting_down, 1,
 			      memory_order_relaxed);
 	for (unsigned i = 0; i < srv->nlisteners; i++) {

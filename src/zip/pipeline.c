@@ -59,67 +59,7 @@
  * usr -1 8.9% -> 5.4%, usr -3 4.0% -> 5.4% (noise: the machine is shared
  * and single runs still swing to 15%).  Tried without effect: no
  * spinning in the wq (spin_ns < 0), and pinning each worker to its own
- * codec cell (cache affinity of the contexts): same spread, same speed.
  *
- * Decompression runs the same cycle.  The feeding thread buffers input in a
- * staging buffer, delimits frames with the codec scanner (block headers
- * only), and hands each complete frame with a known content size of at most
- * max_frame bytes to a slot.  Anything else (a foreign single-frame zstd
- * file written from a pipe, a gzip member without our size subfield, a
- * frame bigger than max_frame) is decoded streaming on the feeding thread
- * after the slots drain, with bounded buffers and ZSTD_d_windowLogMax, so
- * memory stays bounded whatever the input says.  Each frame's output
- * offset is known when it is dispatched, so with opts.write_at the worker
- * writes its frame itself (pwrite into the output file) and the feeding
- * thread never touches decoded bytes; the worker then decodes into its
- * context cell's buffer (reused, cache-warm) rather than the slot's, so
- * decoded memory is one frame per worker, not per slot.  An embedder that
- * has the whole output in memory passes it as opts.out_buf: workers then
- * decode each frame straight into it at its offset, no write_at and no
- * copy, which is what libzstd's single-shot ZSTD_decompressDCtx() does on
- * one thread.  bench-zip's api=lib decompression row compares exactly
- * that (50 MB usr tar, level 3, 2 cores, best of 3, 5 interleaved runs):
- * with ioc_zip_write() plus a write_at callback that memcpys each frame
- * into the buffer, ours was 1378-2301 MB/s against libzstd's ~1390
- * (1.0-1.65x: the staging copy of the input and the second pass over 50
- * MB of output cost as much as a third of the decode); fed by
- * ioc_zip_write_ref() into out_buf, 2614-2671 MB/s, 1.89x, close to the
- * 2x two cores allow.
- *
- * Decompression measured (2 cores, 200 MB corpora in tmpfs, fresh output
- * file, medians of 9 interleaved runs, machine shared but quiet-ish;
- * ratio = zstd -d CLI time / ours): usr tar 1.24x -> 1.51x, memory image
- * 1.20x -> 1.67x, from: zero pages left as holes by the CLI (zstd -d is
- * sparse too), input mapped and fed by reference, output decoded into the
- * worker's cell buffer with 4 slots per worker queued.  perf sched on the
- * usr tar: both workers on CPU ~95% of the run (decode ~55%, pwrite into
- * tmpfs ~40% of their time: page-cache insertion and the copy), the
- * feeding thread ~10%.  Tried and rejected: one ordered writer (the
- * feeding thread pwrites every frame, workers only decode): the writer
- * becomes the serial bottleneck (it ran 130-156 ms of a 163-195 ms run
- * while workers waited 60-88 ms each); mapping the output file (see the
- * CLI).  Replacing an existing output costs ~24 ms of page freeing at
- * rename, on the critical path (zstd -f pays the same at unlink).
- *
- * What bounds it (usr tar, 200 MB, re-measured 2026-11-22): both workers
- * busy ~95%; libzstd 48% of the samples, the tmpfs write path 43% (page
- * allocation, memcg, LRU, the copy), of which 8.6% spinning on the output
- * inode's lock.  pwrite alone needs 76 ms on one thread (2.6 GB/s, what dd
- * from /dev/zero gets), so writes hold that lock ~70% of the run.  Scheduling
- * the writes differently does not help: 3 workers with a sleeping userspace
- * write lock 1.15x slower; the ordered-writer variant again 1.40x slower
- * (decoding into slot buffers the writer just read: 171 ms of decode CPU
- * against ~120); in standalone models, decoding into a shared mapping of the
- * output (MADV_POPULATE_WRITE, zapped after each frame) cost the same CPU as
- * pwrite, and deferring a write while the lock is busy to decode the next
- * frame first gave 106-115 ms against 106-116.  A timeline of every pwrite
- * (2026-11-22, same file) shows the two workers alternating: per 4 MiB
- * frame ~2.4 ms of decode (2.1 ms with one worker alone) and ~1.5 ms of
- * pwrite, with the lock mostly free when a worker wants it; the run is CPU
- * bound, ~200 ms of CPU for ~100 ms of wall on 2 cores.  Also tried then:
- * decoding block by block (ZSTD_decompressContinue) and writing each 512
- * KiB as it comes under a try-lock, so a worker never spins on the inode
- * lock: waits halved, wall unchanged (there is no other work for the
  * freed CPU; with 3 workers 1.12x slower); mapping the output and
  * decoding straight into it (out_buf): 1.4x slower (a fault per page and
  * the unmap); dropping each frame's input pages once decoded
@@ -169,146 +109,9 @@
 #include <unistd.h>
 #include <zstd.h>
 
-#include "iocore/wq.h"
-#include "iocore/zip.h"
-#include "codec.h"
+#include "zip-int.h"
 
-/* One frame of a batch, at in + coff, decoding to out + doff. */
-struct fdesc {
-	uint32_t coff, csize, doff, dsize;
-	enum ioc__zip_kind kind;  /* decompression */
-	uint32_t sum;             /* compression: the frame's checksum */
-	bool zero;                /* compression: all-zero shortcut taken */
-};
-
-/* Frames under BATCH_FRAME are batched into one slot, up to BATCH_BYTES of
- * input or output or BATCH_MAX frames, so a stream of 4 KiB frames (a
- * migration stream's pages) costs one job per ~1 MiB, not per page.
- * Compression batches the same way: blocks under BATCH_FRAME share a slot
- * of up to BATCH_BYTES (still one independent frame per block). */
-#define BATCH_FRAME (256u << 10)
-#define BATCH_BYTES (1u << 20)
-#define BATCH_MAX 256
-
-struct slot {
-	struct ioc_wq_job job;
-	struct ioc_zip *z;
-	uint8_t *in, *out;
-	/* Where the worker reads its input: s->in, or the caller's own
-	 * buffer (ioc_zip_write_ref), frames for decompression, a whole
-	 * slot's worth of blocks for compression. */
-	const uint8_t *src;
-	size_t in_len, in_cap, out_len, out_cap;
-	uint64_t in_off;          /* stream offset of the input (for errors) */
-	uint64_t out_off;         /* decompression: offset of the output */
-	uint64_t seq;
-	/* Decompression of small frames: several per slot (see batching). */
-	struct fdesc *fd;
-	unsigned nf;
-	uint64_t err_off;         /* offset of the frame that failed */
-	/* Set by the feeding thread when the wq hands the job back (only then
-	 * may the slot be reused); err/why/out_len, written by the worker,
-	 * are read after that handoff, which orders them. */
-	bool done;
-	int err;
-	const char *why;
-	/* Compression with write_from_workers (see worker_write()): ready is
-	 * set by the compressing worker once out/out_len/fd are final and
-	 * cleared by the writer; written is set by the writer when the slot
-	 * is out (or skipped after an error) and read by the feeding thread
-	 * before it emits or reuses the slot. */
-	atomic_bool ready;
-	atomic_bool written;
-};
-
-struct ctx_cell {
-	/* Claimed by a job with an acquire exchange; released with a release
-	 * store when the job is done with it, pairing with the next claimer's
-	 * exchange so its view of the context is the releaser's. */
-	atomic_bool busy;
-	bool ready;
-	/* Decompression with write_at: the claimer's output buffer (the frame
-	 * leaves through write_at before the job ends, so it need not live in
-	 * the slot), grown to the frames met and reused while cache-warm. */
-	uint8_t *obuf;
-	size_t ocap;
-	union {
-		struct ioc__zip_cctx c;
-		struct ioc__zip_dctx d;
-	};
-} IOC_CACHE_ALIGNED;
-
-/* Per-worker-thread accounting, each on its own line, written only by its
- * thread.  CPU time (CLOCK_THREAD_CPUTIME_ID) rather than wall time, so
- * "equally busy" means equal work, not equal time spent preempted by other
- * processes on a shared machine. */
-struct wstat {
-	_Atomic uint64_t cpu_ns;
-	_Atomic uint64_t jobs;
-	_Atomic uint64_t frames;
-} IOC_CACHE_ALIGNED;
-
-struct ioc_zip {
-	bool decomp;
-	bool dead;
-	struct ioc_zip_opts o;
-	int level;
-	size_t block;
-	unsigned bps;             /* compression: blocks per slot */
-	struct ioc_wq *wq;
-	unsigned workers;
-
-	struct slot *slots;
-	unsigned nslots;
-	uint64_t next_seq;        /* next block to fill */
-	uint64_t emitted;         /* blocks written out */
-	bool filling;             /* slot next_seq % nslots is being filled */
-
-	struct ctx_cell *cells;
-	unsigned ncells;
-
-	struct wstat *wstats;
-	/* Hands out wstats indices to worker threads on their first job.
-	 * Relaxed: only uniqueness matters, the index is then the thread's. */
-	atomic_uint next_widx;
-
-	/* zstd seek table (compression) / frames since the last table
-	 * (decompression, to check a table we meet). */
-	struct ioc__zip_seek_entry *ents;
-	size_t nents, ents_cap;
-	bool ents_overflow;       /* decompression: too many to check */
-
-	/* decompression */
-	uint8_t *stage;
-	size_t stage_start, stage_len, stage_cap, stage_max;
-	uint64_t stage_off;       /* stream offset of stage[stage_start] */
-	uint64_t frame_off;       /* offset of the frame being streamed */
-	struct ioc__zip_frame fr;
-	bool streaming;
-	bool ref;                 /* stage is the caller's buffer (write_ref) */
-	uint64_t skip_left;       /* bytes of a big skippable frame to drop */
-	struct ioc__zip_dctx sd;
-	bool sd_ready;
-	struct slot *batch;       /* slot collecting small frames, not submitted */
-	uint8_t *sout;
-	size_t sout_cap;
-
-	/* Compression with write_from_workers: wtoken is the writer's
-	 * try-lock, wnext the seq of the next slot to write (changed only by
-	 * the token holder), werr the first write error. */
-	atomic_bool wtoken;
-	_Atomic uint64_t wnext;
-	atomic_int werr;
-
-	struct ioc_zip_stats st;
-	uint64_t in_total;
-	uint64_t out_next;        /* decompression: output offset of the next frame */
-	char err[256];
-};
-
-static int fail(struct ioc_zip *z, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(struct ioc_zip *z, int err, const char *fmt, ...)
+int ioc__zip_fail(struct ioc_zip *z, int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -356,7 +159,7 @@ static size_t buf_round(size_t n)
 	return n >= HUGE_SZ ? (n + HUGE_SZ - 1) & ~(size_t)(HUGE_SZ - 1) : n;
 }
 
-static void *buf_alloc(size_t n)
+void *ioc__zip_buf_alloc(size_t n)
 {
 	uint8_t *p, *a;
 	size_t len = buf_round(n);
@@ -376,7 +179,7 @@ static void *buf_alloc(size_t n)
 	return a;
 }
 
-static void buf_free(void *p, size_t n)
+void ioc__zip_buf_free(void *p, size_t n)
 {
 	if (!p)
 		return;
@@ -394,7 +197,7 @@ static void buf_free(void *p, size_t n)
 static __thread struct ioc_zip *tl_zip;
 static __thread unsigned tl_widx;
 
-static uint64_t thread_cpu_ns(void)
+uint64_t ioc__zip_thread_cpu_ns(void)
 {
 	struct timespec ts;
 
@@ -402,10 +205,10 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void account(struct ioc_zip *z, uint64_t t0, unsigned frames)
+void ioc__zip_account(struct ioc_zip *z, uint64_t t0, unsigned frames)
 {
 	struct wstat *w;
-	uint64_t dt = thread_cpu_ns() - t0;
+	uint64_t dt = ioc__zip_thread_cpu_ns() - t0;
 
 	if (tl_zip != z) {
 		tl_zip = z;
@@ -426,13 +229,13 @@ static void account(struct ioc_zip *z, uint64_t t0, unsigned frames)
 			      memory_order_relaxed);
 }
 
-static struct ctx_cell *claim(struct ioc_zip *z)
+struct ctx_cell *ioc__zip_claim(struct ioc_zip *z)
 {
 	for (;;) {
 		for (unsigned i = 0; i < z->ncells; i++) {
 			struct ctx_cell *c = &z->cells[i];
 
-			/* Pairs with the release store in unclaim(). */
+			/* Pairs with the release store in ioc__zip_unclaim(). */
 			if (!atomic_load_explicit(&c->busy, memory_order_relaxed) &&
 			    !atomic_exchange_explicit(&c->busy, true, memory_order_acquire))
 				return c;
@@ -443,9 +246,9 @@ static struct ctx_cell *claim(struct ioc_zip *z)
 	}
 }
 
-static void unclaim(struct ctx_cell *c)
+void ioc__zip_unclaim(struct ctx_cell *c)
 {
-	/* Pairs with the acquire exchange in claim(). */
+	/* Pairs with the acquire exchange in ioc__zip_claim(). */
 	atomic_store_explicit(&c->busy, false, memory_order_release);
 }
 
@@ -512,8 +315,8 @@ static void compress_job(struct ioc_wq_job *job)
 {
 	struct slot *s = ioc_container_of(job, struct slot, job);
 	struct ioc_zip *z = s->z;
-	uint64_t t0 = thread_cpu_ns();
-	struct ctx_cell *c = claim(z);
+	uint64_t t0 = ioc__zip_thread_cpu_ns();
+	struct ctx_cell *c = ioc__zip_claim(z);
 	ssize_t r;
 
 	if (!c->ready) {
@@ -548,72 +351,14 @@ static void compress_job(struct ioc_wq_job *job)
 		s->out_len += (size_t)r;
 	}
 out:
-	unclaim(c);
+	ioc__zip_unclaim(c);
 	if (z->o.write_from_workers)
 		worker_write(z, s);
-	account(z, t0, s->nf);
+	ioc__zip_account(z, t0, s->nf);
 }
-
-static int grow(uint8_t **p, size_t *cap, size_t want);
-
-static void decompress_job(struct ioc_wq_job *job)
-{
-	struct slot *s = ioc_container_of(job, struct slot, job);
-	struct ioc_zip *z = s->z;
-	uint64_t t0 = thread_cpu_ns();
-	struct ctx_cell *c = claim(z);
-	uint8_t *dst;
-	bool direct;
-
-	if (!c->ready) {
-		int e = ioc__zip_dctx_init(&c->d, z->o.window_log_max, z->o.deflate);
-		if (e < 0) {
-			s->err = e;
-			s->why = "cannot create a decompression context";
-			goto out;
-		}
-		c->ready = true;
-	}
-	s->err = 0;
-	dst = s->out;
-	direct = z->o.out_buf && s->out_off <= z->o.out_cap &&
-		 s->out_len <= z->o.out_cap - s->out_off;
-	if (direct) {
-		/* The caller's memory: decode in place, nothing to write. */
-		dst = (uint8_t *)z->o.out_buf + s->out_off;
-	} else if (z->o.write_at) {
-		if (grow(&c->obuf, &c->ocap, s->out_len ? s->out_len : 1) < 0) {
-			s->err = -ENOMEM;
-			s->why = "out of memory";
-			goto out;
-		}
-		dst = c->obuf;
-	}
-	for (unsigned i = 0; i < s->nf && !s->err; i++) {
-		const struct fdesc *f = &s->fd[i];
-
-		s->err = ioc__zip_decompress(&c->d, f->kind, dst + f->doff, f->dsize,
-					     s->src + f->coff, f->csize, &s->why);
-		if (s->err)
-			s->err_off = s->in_off + f->coff;
-	}
-	if (!s->err && s->out_len && z->o.write_at && !direct) {
-		/* Positional output straight from the worker: the feeding
-		 * thread never touches the decoded bytes.  Still holding the
-		 * cell, whose buffer this is. */
-		s->err = z->o.write_at(z->o.opaque, dst, s->out_len, s->out_off);
-		if (s->err)
-			s->why = "write failed";
-	}
-out:
-	if (c)
-		unclaim(c);
-	account(z, t0, s->nf);
-}
-
 /* ---- feeding-thread side ------------------------------------------ */
 
-static int push_entry(struct ioc_zip *z, uint32_t csize, uint32_t dsize, uint32_t sum)
+int ioc__zip_push_entry(struct ioc_zip *z, uint32_t csize, uint32_t dsize, uint32_t sum)
 {
 	if (z->nents == z->ents_cap) {
 		size_t cap = z->ents_cap ? z->ents_cap * 2 : 256;
@@ -638,16 +383,16 @@ static int emit(struct ioc_zip *z, struct slot *s)
 
 	if (s->err) {
 		if (z->decomp && s->err == -EBADMSG)
-			return fail(z, -EBADMSG, "frame at offset %llu: %s",
+			return ioc__zip_fail(z, -EBADMSG, "frame at offset %llu: %s",
 				    (unsigned long long)s->err_off, s->why);
-		return fail(z, s->err, "%s at offset %llu: %s: %s", z->decomp ? "frame" : "block",
+		return ioc__zip_fail(z, s->err, "%s at offset %llu: %s: %s", z->decomp ? "frame" : "block",
 			    (unsigned long long)s->in_off, s->why, ioc_strerror(s->err));
 	}
 	if (z->decomp) {
 		/* With write_at the worker has written it already. */
 		r = s->out_len && !z->o.write_at ? z->o.write(z->o.opaque, s->out, s->out_len) : 0;
 		if (r < 0)
-			return fail(z, r, "write: %s", ioc_strerror(r));
+			return ioc__zip_fail(z, r, "write: %s", ioc_strerror(r));
 		z->st.out_bytes += s->out_len;
 		z->st.frames += s->nf;
 		z->st.parallel_frames += s->nf;
@@ -660,15 +405,15 @@ static int emit(struct ioc_zip *z, struct slot *s)
 	else
 		r = z->o.write(z->o.opaque, s->out, s->out_len);
 	if (r < 0)
-		return fail(z, r, "write: %s", ioc_strerror(r));
+		return ioc__zip_fail(z, r, "write: %s", ioc_strerror(r));
 	z->st.out_bytes += s->out_len;
 	z->st.frames += s->nf;
 	for (unsigned i = 0; i < s->nf; i++) {
 		z->st.zero_frames += s->fd[i].zero;
 		if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
-			r = push_entry(z, s->fd[i].csize, s->fd[i].dsize, s->fd[i].sum);
+			r = ioc__zip_push_entry(z, s->fd[i].csize, s->fd[i].dsize, s->fd[i].sum);
 			if (r < 0)
-				return fail(z, r, "seek table: %s", ioc_strerror(r));
+				return ioc__zip_fail(z, r, "seek table: %s", ioc_strerror(r));
 		}
 	}
 	return 0;
@@ -715,7 +460,7 @@ static int reap(struct ioc_zip *z, bool block)
 		else
 			n = ioc_wq_poll_done(z->wq, jobs, IOC_ARRAY_SIZE(jobs));
 		if (n < 0)
-			return fail(z, n, "workqueue: %s", ioc_strerror(n));
+			return ioc__zip_fail(z, n, "workqueue: %s", ioc_strerror(n));
 		if (n == 0 && (!block || progressed))
 			return 0;
 		mark_done(jobs, n);
@@ -723,7 +468,7 @@ static int reap(struct ioc_zip *z, bool block)
 	return 0;
 }
 
-static int submit(struct ioc_zip *z, struct slot *s)
+int ioc__zip_submit(struct ioc_zip *z, struct slot *s)
 {
 	int r;
 
@@ -739,11 +484,11 @@ static int submit(struct ioc_zip *z, struct slot *s)
 		int n = ioc_wq_wait_done(z->wq, jobs, IOC_ARRAY_SIZE(jobs), -1);
 
 		if (n < 0)
-			return fail(z, n, "workqueue: %s", ioc_strerror(n));
+			return ioc__zip_fail(z, n, "workqueue: %s", ioc_strerror(n));
 		mark_done(jobs, n);
 	}
 	if (r < 0)
-		return fail(z, r, "workqueue submit: %s", ioc_strerror(r));
+		return ioc__zip_fail(z, r, "workqueue submit: %s", ioc_strerror(r));
 	/* Write out whatever is finished without waiting, so output flows
 	 * while the reader keeps feeding. */
 	return reap(z, false);
@@ -751,7 +496,7 @@ static int submit(struct ioc_zip *z, struct slot *s)
 
 /* The slot for the next block, once it is free (its previous block
  * emitted). */
-static int next_slot(struct ioc_zip *z, struct slot **out)
+int ioc__zip_next_slot(struct ioc_zip *z, struct slot **out)
 {
 	int r;
 
@@ -764,7 +509,7 @@ static int next_slot(struct ioc_zip *z, struct slot **out)
 	return 0;
 }
 
-static int drain(struct ioc_zip *z)
+int ioc__zip_drain(struct ioc_zip *z)
 {
 	while (z->emitted < z->next_seq) {
 		int r = reap(z, true);
@@ -803,8 +548,10 @@ static unsigned online_cpus(void)
 	return n > 0 ? (unsigned)n : 1;
 }
 
-static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool decomp)
+int ioc__zip_create(struct ioc_zip **out, const struct ioc_zip_opts *opts,
+		    const struct ioc__zip_dir *dir)
 {
+	bool decomp = dir->decomp;
 	struct ioc_zip *z;
 	struct ioc_wq_opts wo = { 0 };
 	int r;
@@ -827,6 +574,7 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 	if (!z)
 		return -ENOMEM;
 	z->decomp = decomp;
+	z->dir = dir;
 	z->o = *opts;
 	z->level = opts->level ? opts->level : (opts->format == IOC_ZIP_GZIP ? 6 : 3);
 	z->block = opts->block_size ? opts->block_size
@@ -913,7 +661,7 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 		struct slot *s = &z->slots[i];
 
 		s->z = z;
-		s->job.fn = decomp ? decompress_job : compress_job;
+		s->job.fn = dir->job;
 		atomic_init(&s->ready, false);
 		atomic_init(&s->written, false);
 		s->fd = calloc(BATCH_MAX, sizeof(*s->fd));
@@ -925,8 +673,8 @@ static int create(struct ioc_zip **out, const struct ioc_zip_opts *opts, bool de
 			continue;   /* buffers grow on demand to the frames met */
 		s->in_cap = z->block * z->bps;
 		s->out_cap = ioc__zip_compress_bound(opts->format, z->block) * z->bps;
-		s->in = buf_alloc(s->in_cap);
-		s->out = buf_alloc(s->out_cap);
+		s->in = ioc__zip_buf_alloc(s->in_cap);
+		s->out = ioc__zip_buf_alloc(s->out_cap);
 		if (!s->in || !s->out) {
 			r = -ENOMEM;
 			goto fail;
@@ -948,15 +696,6 @@ fail:
 	return r;
 }
 
-int ioc_zip_compressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts)
-{
-	return create(out, opts, false);
-}
-
-int ioc_zip_decompressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts)
-{
-	return create(out, opts, true);
-}
 
 void ioc_zip_free(struct ioc_zip *z)
 {
@@ -968,14 +707,14 @@ void ioc_zip_free(struct ioc_zip *z)
 		ioc_wq_free(z->wq);
 	if (z->slots)
 		for (unsigned i = 0; i < z->nslots; i++) {
-			buf_free(z->slots[i].in, z->slots[i].in_cap);
-			buf_free(z->slots[i].out, z->slots[i].out_cap);
+			ioc__zip_buf_free(z->slots[i].in, z->slots[i].in_cap);
+			ioc__zip_buf_free(z->slots[i].out, z->slots[i].out_cap);
 			free(z->slots[i].fd);
 		}
 	free(z->slots);
 	if (z->cells)
 		for (unsigned i = 0; i < z->ncells; i++) {
-			buf_free(z->cells[i].obuf, z->cells[i].ocap);
+			ioc__zip_buf_free(z->cells[i].obuf, z->cells[i].ocap);
 			if (!z->cells[i].ready)
 				continue;
 			if (z->decomp)
@@ -1001,7 +740,7 @@ static int comp_buffer(struct ioc_zip *z, void **buf, size_t *len)
 	int r;
 
 	if (!z->filling) {
-		r = next_slot(z, &s);
+		r = ioc__zip_next_slot(z, &s);
 		if (r < 0)
 			return r;
 		s->in_len = 0;
@@ -1025,7 +764,7 @@ static int comp_commit(struct ioc_zip *z, size_t n)
 	z->in_total += n;
 	z->st.in_bytes += n;
 	if (s->in_len == s->in_cap)
-		return submit(z, s);
+		return ioc__zip_submit(z, s);
 	return 0;
 }
 
@@ -1042,11 +781,11 @@ static int comp_finish(struct ioc_zip *z)
 		r = comp_buffer(z, &b, &l);
 		if (r < 0)
 			return r;
-		r = submit(z, &z->slots[z->next_seq % z->nslots]);
+		r = ioc__zip_submit(z, &z->slots[z->next_seq % z->nslots]);
 		if (r < 0)
 			return r;
 	}
-	r = drain(z);
+	r = ioc__zip_drain(z);
 	if (r < 0)
 		return r;
 	if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
@@ -1055,347 +794,73 @@ static int comp_finish(struct ioc_zip *z)
 		uint8_t *t = malloc(len);
 
 		if (!t)
-			return fail(z, -ENOMEM, "seek table: out of memory");
+			return ioc__zip_fail(z, -ENOMEM, "seek table: out of memory");
 		ioc__zip_seektable_write(t, z->ents, z->nents, with_sum);
 		r = z->o.write(z->o.opaque, t, len);
 		free(t);
 		if (r < 0)
-			return fail(z, r, "write: %s", ioc_strerror(r));
+			return ioc__zip_fail(z, r, "write: %s", ioc_strerror(r));
 		z->st.out_bytes += len;
 	}
 	return 0;
 }
 
-/* ---- decompression ------------------------------------------------ */
-
-static int stage_reserve(struct ioc_zip *z, size_t want)
+/* Compression by reference: each whole slot's worth (bps blocks) of the
+ * caller's buffer goes to a worker in place, s->src pointing into it; a
+ * slot a previous write left partly filled is topped up by copying first,
+ * and a tail shorter than a slot is copied, so blocks are cut exactly
+ * where ioc_zip_write() would cut them. */
+static int comp_write_ref(struct ioc_zip *z, const uint8_t *p, size_t len, uint32_t flags)
 {
-	if (z->stage_start && z->stage_len + want > z->stage_cap - z->stage_start) {
-		memmove(z->stage, z->stage + z->stage_start, z->stage_len);
-		z->stage_start = 0;
-	}
-	if (z->stage_len + want > z->stage_cap) {
-		size_t cap = z->stage_cap;
-		void *p;
-
-		while (cap < z->stage_len + want)
-			cap *= 2;
-		p = realloc(z->stage, cap);
-		if (!p)
-			return -ENOMEM;
-		z->stage = p;
-		z->stage_cap = cap;
-	}
-	return 0;
-}
-
-static void stage_consume(struct ioc_zip *z, size_t n)
-{
-	z->stage_start += n;
-	z->stage_len -= n;
-	z->stage_off += n;
-	if (!z->stage_len)
-		z->stage_start = 0;
-}
-
-static int grow(uint8_t **p, size_t *cap, size_t want)
-{
-	void *q;
-
-	if (*cap >= want)
-		return 0;
-	/* Grow to the frame size met, once; equal-sized frames then reuse.
-	 * The contents need not survive. */
-	q = buf_alloc(want);
-	if (!q)
-		return -ENOMEM;
-	buf_free(*p, *cap);
-	*p = q;
-	*cap = want;
-	return 0;
-}
-
-/* A seek table met while decoding must describe the frames since the
- * previous one; a table that lies is an error, as zstd's seekable reader
- * would refuse the file. */
-static int check_seek_table(struct ioc_zip *z, const uint8_t *p, size_t len)
-{
-	uint32_t n;
-	bool with_sum;
-	const char *why = NULL;
-	size_t esize;
-
-	if (len < 8 + IOC__ZIP_SEEK_FOOTER ||
-	    ioc__zip_seektable_footer(p + len - IOC__ZIP_SEEK_FOOTER, &n, &with_sum, &why) == -ENOENT)
-		return 0;       /* some other skippable frame */
-	if (z->ents_overflow) {
-		z->ents_overflow = false;
-		z->nents = 0;
-		return 0;
-	}
-	/* The table describes the n frames just before it (others may precede
-	 * them: `cat other.zst ours.zst`). */
-	if (why || ioc__zip_seektable_size(n, with_sum) != len || n > z->nents) {
-		return fail(z, -EBADMSG, "seek table at offset %llu: %s",
-			    (unsigned long long)z->stage_off,
-			    why ? why : "does not describe the frames before it");
-	}
-	esize = with_sum ? 12 : 8;
-	for (uint32_t i = 0; i < n; i++) {
-		const uint8_t *e = p + 8 + (size_t)i * esize;
-		const struct ioc__zip_seek_entry *f = &z->ents[z->nents - n + i];
-
-		if (ioc__zip_le32(e) != f->csize || ioc__zip_le32(e + 4) != f->dsize ||
-		    (with_sum && f->sum != UINT32_MAX && ioc__zip_le32(e + 8) != f->sum))
-			return fail(z, -EBADMSG,
-				    "seek table at offset %llu: entry %u does not match its frame",
-				    (unsigned long long)z->stage_off, i);
-	}
-	z->nents = 0;
-	return 0;
-}
-
-static int batch_submit(struct ioc_zip *z)
-{
-	struct slot *s = z->batch;
-
-	if (!s)
-		return 0;
-	z->batch = NULL;
-	return submit(z, s);
-}
-
-static int stream_begin(struct ioc_zip *z)
-{
-	const char *why = NULL;
-	int r = batch_submit(z);
-
-	if (r == 0)
-		r = drain(z);
-
-	if (r < 0)
-		return r;
-	if (!z->sd_ready) {
-		r = ioc__zip_dctx_init(&z->sd, z->o.window_log_max, z->o.deflate);
-		if (r < 0)
-			return fail(z, r, "decoder: %s", ioc_strerror(r));
-		z->sd_ready = true;
-		z->sout_cap = ZSTD_DStreamOutSize() * 4;
-		z->sout = malloc(z->sout_cap);
-		if (!z->sout)
-			return fail(z, -ENOMEM, "decoder: out of memory");
-	}
-	r = ioc__zip_stream_begin(&z->sd, z->fr.kind, &why);
-	if (r < 0)
-		return fail(z, r, "frame at offset %llu: %s", (unsigned long long)z->stage_off, why);
-	z->streaming = true;
-	z->frame_off = z->stage_off;
-	z->nents = 0;
-	z->ents_overflow = true;  /* a table after a streamed frame is not checked */
-	z->st.stream_frames++;
-	return 0;
-}
-
-/* Feed staged bytes to the streaming decoder; keep calling while it makes
- * progress (it may hold decoded bytes when the output buffer filled). */
-static int stream_step(struct ioc_zip *z)
-{
-	const char *why = NULL;
-
-	for (;;) {
-		size_t used = 0, produced = 0;
-		int r = ioc__zip_stream(&z->sd, z->stage + z->stage_start, z->stage_len, &used,
-					z->sout, z->sout_cap, &produced, &why);
-
-		if (r < 0)
-			return fail(z, r, "frame at offset %llu: %s",
-				    (unsigned long long)z->frame_off, why);
-		stage_consume(z, used);
-		if (produced) {
-			int w = z->o.write_at ? z->o.write_at(z->o.opaque, z->sout, produced,
-							      z->out_next)
-					      : z->o.write(z->o.opaque, z->sout, produced);
-
-			z->out_next += produced;
-
-			if (w < 0)
-				return fail(z, w, "write: %s", ioc_strerror(w));
-			z->st.out_bytes += produced;
-		}
-		if (r == 1) {
-			z->streaming = false;
-			z->st.frames++;
-			memset(&z->fr, 0, sizeof(z->fr));
-			return 0;
-		}
-		if (!used && produced < z->sout_cap)
-			return 0;   /* needs more input */
-	}
-}
-
-/* Hand a complete frame (csize bytes at p, dsize of content) to a slot:
- * alone if it is big, else into the open batch. */
-static int dec_add_frame(struct ioc_zip *z, const uint8_t *p, uint64_t dsize)
-{
-	size_t csize = (size_t)z->fr.csize;
-	bool small = csize < BATCH_FRAME && dsize < BATCH_FRAME;
-	struct slot *s = z->batch;
-	struct fdesc *f;
+	size_t full = z->block * z->bps;
+	struct slot *s;
 	int r;
 
-	if (s && (!small || s->nf == BATCH_MAX || s->in_len + csize > BATCH_BYTES ||
-		  s->out_len + dsize > BATCH_BYTES ||
-		  (z->ref && (p < s->src || (uint64_t)(p - s->src) + csize > UINT32_MAX)))) {
-		r = batch_submit(z);
+	if (z->filling && z->slots[z->next_seq % z->nslots].in_len) {
+		s = &z->slots[z->next_seq % z->nslots];
+		size_t n = s->in_cap - s->in_len < len ? s->in_cap - s->in_len : len;
+
+		r = ioc_zip_write(z, p, n, 0);
 		if (r < 0)
 			return r;
-		s = NULL;
+		p += n;
+		len -= n;
 	}
-	if (!s) {
-		r = next_slot(z, &s);
+	while (len >= full) {
+		/* A slot reserved by ioc_zip_buffer() without data is the
+		 * next one in the cycle anyway: take it over. */
+		r = ioc__zip_next_slot(z, &s);
 		if (r < 0)
 			return r;
-		/* A batch slot gets room for a full batch up front, so
-		 * appending never reallocates; a lone frame, its size. */
-		if ((!z->ref &&
-		     grow(&s->in, &s->in_cap, small ? BATCH_BYTES + BATCH_FRAME : csize) < 0) ||
-		    (!z->o.write_at &&
-		     grow(&s->out, &s->out_cap,
-			  small ? BATCH_BYTES + BATCH_FRAME : dsize ? (size_t)dsize : 1) < 0))
-			return fail(z, -ENOMEM, "frame at offset %llu: out of memory",
-				    (unsigned long long)z->stage_off);
-		s->nf = 0;
-		s->in_len = 0;
-		s->out_len = 0;
-		s->in_off = z->stage_off;
-		s->out_off = z->out_next;
-		s->src = z->ref ? p : s->in;
-	}
-	f = &s->fd[s->nf++];
-	*f = (struct fdesc){ .coff = (uint32_t)(z->ref ? (size_t)(p - s->src) : s->in_len),
-			     .csize = (uint32_t)csize,
-			     .doff = (uint32_t)s->out_len, .dsize = (uint32_t)dsize,
-			     .kind = z->fr.kind };
-	if (!z->ref)
-		memcpy(s->in + s->in_len, p, csize);
-	s->in_len += csize;
-	s->out_len += (size_t)dsize;
-	z->out_next += dsize;
-	/* Remember frames for checking a seek table we may meet, but not
-	 * without bound: past 1M frames since the last table (12 MB), stop
-	 * and skip the check rather than grow with hostile input. */
-	if (z->fr.kind == IOC__ZIP_K_ZSTD && z->nents >= (1u << 20))
-		z->ents_overflow = true;
-	if (z->fr.kind == IOC__ZIP_K_ZSTD && !z->ents_overflow) {
-		uint32_t sum = z->fr.has_sum ? ioc__zip_le32(p + csize - 4) : UINT32_MAX;
-
-		r = push_entry(z, (uint32_t)csize, (uint32_t)dsize, sum);
-		if (r < 0)
-			return fail(z, r, "out of memory");
-	}
-	stage_consume(z, csize);
-	memset(&z->fr, 0, sizeof(z->fr));
-	if (!small)
-		return submit(z, s);
-	z->batch = s;
-	return 0;
-}
-
-/* Split the staged input into frames and dispatch them. */
-static int dec_split(struct ioc_zip *z)
-{
-	while (z->stage_len || z->streaming) {
-		const uint8_t *p = z->stage + z->stage_start;
-		const char *why = NULL;
-		bool must_stream;
-		uint64_t dsize;
-		int r;
-
-		if (z->skip_left) {
-			size_t n = z->stage_len < z->skip_left ? z->stage_len : (size_t)z->skip_left;
-
-			stage_consume(z, n);
-			z->skip_left -= n;
-			if (z->skip_left)
-				return 0;
-			continue;
-		}
-		if (z->streaming) {
-			r = stream_step(z);
-			if (r < 0 || z->streaming)
-				return r;
-			continue;
-		}
-		r = ioc__zip_scan(&z->fr, p, z->stage_len, &why);
-		if (r < 0)
-			return fail(z, r, "offset %llu: %s", (unsigned long long)z->stage_off, why);
-		if (!z->fr.hdr_done)
-			return 0;
-		if (z->fr.kind == IOC__ZIP_K_SKIP) {
-			if (r == 0 && z->fr.csize > z->stage_max) {
-				/* Too big to check: drop it as it streams by. */
-				z->skip_left = z->fr.csize;
-				z->nents = 0;
-				z->ents_overflow = false;
-				memset(&z->fr, 0, sizeof(z->fr));
-				continue;
-			}
-			if (r == 0)
-				return 0;
-			if (z->fr.skip_magic == IOC__ZIP_SEEK_SKIP_MAGIC) {
-				r = check_seek_table(z, p, (size_t)z->fr.csize);
-				if (r < 0)
-					return r;
-			}
-			stage_consume(z, (size_t)z->fr.csize);
-			memset(&z->fr, 0, sizeof(z->fr));
-			continue;
-		}
-		dsize = z->fr.dsize;
-		if (z->fr.kind == IOC__ZIP_K_GZIP && r == 1)
-			dsize = ioc__zip_le32(p + z->fr.csize - 4);
-		must_stream = !z->fr.sized ||
-			      (z->fr.kind == IOC__ZIP_K_ZSTD &&
-			       (dsize == UINT64_MAX || dsize > z->o.max_frame)) ||
-			      (r == 1 && dsize > z->o.max_frame) ||
-			      (r == 0 && z->stage_len >= z->stage_max);
-		if (must_stream) {
-			r = stream_begin(z);
-			if (r < 0)
-				return r;
-			continue;
-		}
-		if (r == 0)
-			return 0;
-		r = dec_add_frame(z, p, dsize);
+		s->src = p;
+		s->in_len = full;
+		s->in_off = z->in_total;
+		z->in_total += full;
+		z->st.in_bytes += full;
+		r = ioc__zip_submit(z, s);
 		if (r < 0)
 			return r;
+		p += full;
+		len -= full;
 	}
-	return 0;
-}
-
-/* Frames, then whatever batch is open: a batch never waits for more input
- * (the next frame may be seconds away in a live stream). */
-static int dec_process(struct ioc_zip *z)
-{
-	int r = dec_split(z);
-
-	return r < 0 ? r : batch_submit(z);
-}
-
-static int dec_finish(struct ioc_zip *z)
-{
-	int r = dec_process(z);
-
-	if (r < 0)
-		return r;
-	if (z->streaming || z->stage_len || z->skip_left)
-		return fail(z, -EBADMSG, "offset %llu: input ends inside a frame (truncated)",
-			    (unsigned long long)(z->streaming ? z->frame_off : z->stage_off));
-	return drain(z);
+	return len || flags ? ioc_zip_write(z, p, len, flags) : 0;
 }
 
 /* ---- entry points ------------------------------------------------- */
+
+static const struct ioc__zip_dir compress_dir = {
+	.decomp = false,
+	.job = compress_job,
+	.buffer = comp_buffer,
+	.commit = comp_commit,
+	.write_ref = comp_write_ref,
+	.finish = comp_finish,
+};
+
+int ioc_zip_compressor_new(struct ioc_zip **out, const struct ioc_zip_opts *opts)
+{
+	return ioc__zip_create(out, opts, &compress_dir);
+}
 
 void ioc__zip_set_base(struct ioc_zip *z, uint64_t off)
 {
@@ -1404,31 +869,20 @@ void ioc__zip_set_base(struct ioc_zip *z, uint64_t off)
 
 int ioc_zip_buffer(struct ioc_zip *z, void **buf, size_t *len)
 {
-	int r;
-
 	if (z->dead)
 		return -EIO;
-	if (!z->decomp)
-		return comp_buffer(z, buf, len);
-	/* Ask for at least 256 KiB of room, more while a frame is pending so
-	 * one read can complete it. */
-	r = stage_reserve(z, 256u << 10);
-	if (r < 0)
-		return fail(z, r, "out of memory");
-	*buf = z->stage + z->stage_start + z->stage_len;
-	*len = z->stage_cap - z->stage_start - z->stage_len;
-	return 0;
+	return z->dir->buffer(z, buf, len);
 }
 
 static int flush(struct ioc_zip *z)
 {
 	if (!z->decomp && z->filling && z->slots[z->next_seq % z->nslots].in_len) {
-		int r = submit(z, &z->slots[z->next_seq % z->nslots]);
+		int r = ioc__zip_submit(z, &z->slots[z->next_seq % z->nslots]);
 
 		if (r < 0)
 			return r;
 	}
-	return drain(z);
+	return ioc__zip_drain(z);
 }
 
 int ioc_zip_commit(struct ioc_zip *z, size_t n, uint32_t flags)
@@ -1439,15 +893,7 @@ int ioc_zip_commit(struct ioc_zip *z, size_t n, uint32_t flags)
 		return -EIO;
 	if (flags & ~(uint32_t)IOC_ZIP_FLUSH)
 		return -EINVAL;
-	if (!z->decomp) {
-		r = comp_commit(z, n);
-	} else {
-		if (n > z->stage_cap - z->stage_start - z->stage_len)
-			return -EINVAL;
-		z->stage_len += n;
-		z->st.in_bytes += n;
-		r = dec_process(z);
-	}
+	r = z->dir->commit(z, n);
 	if (r == 0 && (flags & IOC_ZIP_FLUSH))
 		r = flush(z);
 	return r;
@@ -1479,102 +925,18 @@ int ioc_zip_write(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags
 	return 0;
 }
 
-/* Compression by reference: each whole slot's worth (bps blocks) of the
- * caller's buffer goes to a worker in place, s->src pointing into it; a
- * slot a previous write left partly filled is topped up by copying first,
- * and a tail shorter than a slot is copied, so blocks are cut exactly
- * where ioc_zip_write() would cut them. */
-static int comp_write_ref(struct ioc_zip *z, const uint8_t *p, size_t len, uint32_t flags)
-{
-	size_t full = z->block * z->bps;
-	struct slot *s;
-	int r;
-
-	if (z->filling && z->slots[z->next_seq % z->nslots].in_len) {
-		s = &z->slots[z->next_seq % z->nslots];
-		size_t n = s->in_cap - s->in_len < len ? s->in_cap - s->in_len : len;
-
-		r = ioc_zip_write(z, p, n, 0);
-		if (r < 0)
-			return r;
-		p += n;
-		len -= n;
-	}
-	while (len >= full) {
-		/* A slot reserved by ioc_zip_buffer() without data is the
-		 * next one in the cycle anyway: take it over. */
-		r = next_slot(z, &s);
-		if (r < 0)
-			return r;
-		s->src = p;
-		s->in_len = full;
-		s->in_off = z->in_total;
-		z->in_total += full;
-		z->st.in_bytes += full;
-		r = submit(z, s);
-		if (r < 0)
-			return r;
-		p += full;
-		len -= full;
-	}
-	return len || flags ? ioc_zip_write(z, p, len, flags) : 0;
-}
-
 int ioc_zip_write_ref(struct ioc_zip *z, const void *buf, size_t len, uint32_t flags)
 {
-	uint8_t *own;
-	size_t own_cap;
-	int r;
-
 	if (z->dead)
 		return -EIO;
 	if (flags & ~(uint32_t)IOC_ZIP_FLUSH)
 		return -EINVAL;
-	if (!z->decomp)
-		return comp_write_ref(z, buf, len, flags);
-	/* Only from a clean frame boundary: bytes of a pending frame are in
-	 * the staging buffer and must be joined by copying. */
-	if (z->stage_len || !len)
-		return ioc_zip_write(z, buf, len, flags);
-	/* The caller's buffer stands in as the staging buffer while its
-	 * frames are split; slots point into it instead of copying. */
-	own = z->stage;
-	own_cap = z->stage_cap;
-	z->stage = (uint8_t *)(uintptr_t)buf;   /* only read while ref is set */
-	z->stage_start = 0;
-	z->stage_len = len;
-	z->stage_cap = len;
-	z->st.in_bytes += len;
-	z->ref = true;
-	r = dec_process(z);
-	z->ref = false;
-	/* A partial frame left at the end (the caller's next write completes
-	 * it) moves into the stream's own buffer. */
-	{
-		const uint8_t *rest = z->stage + z->stage_start;
-		size_t n = r < 0 ? 0 : z->stage_len;
-
-		z->stage = own;
-		z->stage_cap = own_cap;
-		z->stage_start = 0;
-		z->stage_len = 0;
-		if (n) {
-			int e = stage_reserve(z, n);
-
-			if (e < 0)
-				return fail(z, e, "out of memory");
-			memcpy(z->stage, rest, n);
-			z->stage_len = n;
-		}
-	}
-	if (r == 0 && (flags & IOC_ZIP_FLUSH))
-		r = flush(z);
-	return r;
+	return z->dir->write_ref(z, buf, len, flags);
 }
 
 int ioc_zip_finish(struct ioc_zip *z)
 {
 	if (z->dead)
 		return -EIO;
-	return z->decomp ? dec_finish(z) : comp_finish(z);
+	return z->dir->finish(z);
 }
