@@ -781,7 +781,7 @@ static uint16_t small_hole_read(bool tls)
 
 /* Over TLS every byte costs the client a decryption, so reads of a page
  * or more look for holes; in the clear only from IOC_NBD_SPARSE_READ_MIN
- * (proto.c says why). */
+ * (transmission.c says why). */
 static void test_tls_small_reads_send_holes(void)
 {
 	ASSERT_EQ(small_hole_read(true), NBD_REPLY_TYPE_OFFSET_HOLE);
