@@ -1,6 +1,7 @@
 /*
- * Private state of the block layer, shared by blk.c and its backends
- * (blk-uring.c, blk-threads.c) and by the tests' fault hook.
+ * Private state of the block layer, shared by blk.c, its backends
+ * (blk-uring.c, blk-threads.c), the request helpers below them (request.c)
+ * and the tests' fault hook.
  */
 #ifndef IOC_BLK_INT_H
 #define IOC_BLK_INT_H
@@ -57,6 +58,26 @@ enum blk_fast_how {
 };
 void ioc__blk_set_fast_how(struct ioc_blk *blk, enum blk_fast_how how);
 
+static inline uint64_t align_down(uint64_t x, uint64_t a)
+{
+	return x / a * a;
+}
+
+static inline uint64_t align_up(uint64_t x, uint64_t a)
+{
+	return (x + a - 1) / a * a;
+}
+
+/* Operations that may turn data into holes drop the region before they
+ * are submitted and again when they complete, so a block status that
+ * looked before or during the operation cannot store what it saw
+ * (ioc__blk_data_store() checks the generation it started with). */
+static inline bool blk_may_punch(enum blk_op op)
+{
+	return op == BLK_OP_DISCARD || op == BLK_OP_ZEROES;
+}
+
+
 struct blk_req;
 
 struct ioc_blk {
@@ -83,7 +104,8 @@ struct ioc_blk {
 	/* The first write-back error a sync reported (a negative errno), 0
 	 * while there has been none.  Sticky: once set, every later flush and
 	 * FUA request fails with it (see "Write-back errors" in blk.c).
-	 * Release store in blk_note_sync(), acquire loads in blk_wb_err(). */
+	 * Release store in blk_note_sync() (request.c), acquire loads in
+	 * blk_wb_err(). */
 	_Atomic int wb_err;
 
 	/* cache=none only: writes in flight, so that a read-modify-write of
@@ -166,6 +188,22 @@ static inline void blk_cap_clear(struct ioc_blk *blk, unsigned cap)
 	atomic_fetch_and_explicit(&blk->caps, ~cap, memory_order_relaxed);
 }
 
+/* Whether a request promises durability (see "Write-back errors" in
+ * blk.c). */
+static inline bool blk_is_sync(enum blk_op op, uint32_t flags)
+{
+	return op == BLK_OP_FLUSH ||
+		((op == BLK_OP_WRITE || op == BLK_OP_ZEROES) && (flags & IOC_BLK_FUA));
+}
+
+/* Acquire: pairs with the release store in blk_note_sync() (request.c), so
+ * a sync that sees the error also sees everything the failed sync's thread
+ * did before recording it. */
+static inline int blk_wb_err(const struct ioc_blk *blk)
+{
+	return atomic_load_explicit(&blk->wb_err, memory_order_acquire);
+}
+
 static inline struct blk_req *blk_req_of(struct ioc_blk_req *req)
 {
 	return (struct blk_req *)(void *)req->priv;
@@ -190,6 +228,22 @@ int ioc__blk_rw_slice(struct blk_req *r, uint64_t max, const struct iovec **out)
 /* Completion of a request by any backend: bounce copy-out, tracking,
  * caller's callback. Loop thread. */
 void ioc__blk_finish(struct blk_req *r, int64_t ret);
+/* The caller's callback, deferred through a task posted to the request's
+ * loop when the request completes inside the call that submitted it. */
+void ioc__blk_deliver(struct blk_req *r, int64_t ret);
+
+/* The known-data region (request.c): drop it; the bytes of data from
+ * offset to its end (0 outside), with the generation seen in *gen; store
+ * [start, end) unless the region was dropped since gen. */
+void ioc__blk_data_invalidate(struct ioc_blk *blk);
+uint64_t ioc__blk_data_lookup(struct ioc_blk *blk, uint64_t offset, uint64_t *gen);
+void ioc__blk_data_store(struct ioc_blk *blk, uint64_t gen, uint64_t start, uint64_t end);
+
+/* Copies and fills over an iovec (request.c). */
+void ioc__blk_iov_memset(const struct iovec *iov, int iovcnt, uint64_t skip,
+			 int c, uint64_t len);
+void ioc__blk_iov_to_buf(const struct iovec *iov, int iovcnt, void *buf);
+void ioc__blk_iov_from_buf(const struct iovec *iov, int iovcnt, const void *buf);
 
 /* Backends. */
 void ioc__blk_uring_submit(struct blk_req *r);   /* falls back to threads */

@@ -25,16 +25,6 @@
 /* The zero-writing fallback goes in chunks of this size. */
 #define ZERO_CHUNK (1u << 20)
 
-static inline uint64_t align_down(uint64_t x, uint64_t a)
-{
-	return x / a * a;
-}
-
-static inline uint64_t align_up(uint64_t x, uint64_t a)
-{
-	return (x + a - 1) / a * a;
-}
-
 static bool unsupported(int err)
 {
 	return err == EOPNOTSUPP || err == ENOTTY || err == ENOSYS;

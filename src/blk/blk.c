@@ -109,16 +109,6 @@
 #define FP_CREDIT_MAX 16
 #define FP_PROBE_EVERY 32
 
-static inline uint64_t align_down(uint64_t x, uint64_t a)
-{
-	return x / a * a;
-}
-
-static inline uint64_t align_up(uint64_t x, uint64_t a)
-{
-	return (x + a - 1) / a * a;
-}
-
 static uint64_t iov_total(const struct iovec *iov, int iovcnt)
 {
 	uint64_t n = 0;
@@ -128,43 +118,6 @@ static uint64_t iov_total(const struct iovec *iov, int iovcnt)
 	return n;
 }
 
-static void iov_memset(const struct iovec *iov, int iovcnt, uint64_t skip,
-		       int c, uint64_t len)
-{
-	for (int i = 0; i < iovcnt && len; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		uint64_t n = iov[i].iov_len - skip;
-
-		if (n > len)
-			n = len;
-		memset((char *)iov[i].iov_base + skip, c, n);
-		len -= n;
-		skip = 0;
-	}
-}
-
-static void iov_to_buf(const struct iovec *iov, int iovcnt, void *buf)
-{
-	char *p = buf;
-
-	for (int i = 0; i < iovcnt; i++) {
-		memcpy(p, iov[i].iov_base, iov[i].iov_len);
-		p += iov[i].iov_len;
-	}
-}
-
-static void iov_from_buf(const struct iovec *iov, int iovcnt, const void *buf)
-{
-	const char *p = buf;
-
-	for (int i = 0; i < iovcnt; i++) {
-		memcpy(iov[i].iov_base, p, iov[i].iov_len);
-		p += iov[i].iov_len;
-	}
-}
 
 /* ---- open / close / info --------------------------------------------- */
 
@@ -409,80 +362,6 @@ void ioc__blk_set_fast_how(struct ioc_blk *blk, enum blk_fast_how how)
 	}
 }
 
-int64_t ioc__blk_fault_check(struct blk_req *r, uint64_t offset, uint64_t len)
-{
-	struct ioc_blk *blk = r->blk;
-	int64_t f = blk->fault(blk->fault_opaque, (enum blk_op)r->op, offset, len);
-
-	if (f > 0 && blk->o_direct)
-		f = (int64_t)align_down((uint64_t)f, blk->req_align);
-	if (f > 0 && (uint64_t)f >= len)
-		f = 0;
-	return f;
-}
-
-/* ---- short transfers ------------------------------------------------- */
-
-int ioc__blk_rw_slice(struct blk_req *r, uint64_t max, const struct iovec **out)
-{
-	uint64_t skip = r->done;
-	int n = 0;
-
-	if (skip == 0 && max >= r->io_len) {
-		*out = r->iov;
-		return r->iovcnt;
-	}
-	if (!r->tmp_iov) {
-		r->tmp_iov = malloc(sizeof(struct iovec) * (size_t)r->iovcnt);
-		if (!r->tmp_iov)
-			return -ENOMEM;
-	}
-	for (int i = 0; i < r->iovcnt && max; i++) {
-		if (skip >= r->iov[i].iov_len) {
-			skip -= r->iov[i].iov_len;
-			continue;
-		}
-		uint64_t len = r->iov[i].iov_len - skip;
-
-		if (len > max)
-			len = max;
-		r->tmp_iov[n].iov_base = (char *)r->iov[i].iov_base + skip;
-		r->tmp_iov[n].iov_len = len;
-		n++;
-		max -= len;
-		skip = 0;
-	}
-	assert(n > 0);
-	*out = r->tmp_iov;
-	return n;
-}
-
-int ioc__blk_rw_account(struct blk_req *r, int64_t res)
-{
-	if (res < 0)
-		return (int)res;
-	if (res == 0) {
-		if (r->op != BLK_OP_READ)
-			return -EIO; /* a write that makes no progress */
-		goto eof;
-	}
-	r->done += (uint64_t)res;
-	assert(r->done <= r->io_len);
-	if (r->done == r->io_len)
-		return 0;
-	/* With O_DIRECT a transfer only stops at a misaligned position at the
-	 * end of the file. */
-	if (r->op == BLK_OP_READ && r->blk->o_direct &&
-	    r->done % r->blk->req_align)
-		goto eof;
-	return 1;
-eof:
-	/* The file ended before the request (it shrank, or the aligned bounce
-	 * region reaches past an unaligned end): the rest reads as zeroes. */
-	iov_memset(r->iov, r->iovcnt, r->done, 0, r->io_len - r->done);
-	r->done = r->io_len;
-	return 0;
-}
 
 /* ---- tracking for cache=none ----------------------------------------- */
 
@@ -496,12 +375,21 @@ static bool track_conflict(const struct blk_req *a, const struct blk_req *b)
 		a0 < b1 && b0 < a1;
 }
 
+static void blk_dispatch(struct blk_req *r);
+
+static void track_restart_task(struct ioc_task *task)
+{
+	struct blk_req *r = ioc_container_of(task, struct blk_req, u.task);
+
+	blk_dispatch(r);
+}
+
 /*
  * Returns true when r may proceed (it is now tracked); false when it was
  * queued behind a conflicting request, which restarts it when it ends.
  *
  * The wait/wake handshake: a waiter links itself onto the blocker's
- * waiters list under track_lock, and track_end() unlinks the blocker and
+ * waiters list under track_lock, and track_end() (request.c) unlinks the blocker and
  * takes that list under the same lock.  So either the waiter's scan ran
  * before the unlink and its link is in the list track_end() takes (it is
  * restarted), or the scan ran after and did not see the blocker at all (it
@@ -516,6 +404,8 @@ static bool track_begin(struct blk_req *r)
 	pthread_mutex_lock(&blk->track_lock);
 	for (struct blk_req *t = blk->tracked; t; t = t->track_next) {
 		if (track_conflict(r, t)) {
+			/* ioc__blk_finish() of t posts this task. */
+			r->u.task.fn = track_restart_task;
 			r->wait_next = t->waiters;
 			t->waiters = r;
 			pthread_mutex_unlock(&blk->track_lock);
@@ -529,192 +419,7 @@ static bool track_begin(struct blk_req *r)
 	return true;
 }
 
-static void blk_dispatch(struct blk_req *r);
 
-static void track_restart_task(struct ioc_task *task)
-{
-	struct blk_req *r = ioc_container_of(task, struct blk_req, u.task);
-
-	blk_dispatch(r);
-}
-
-static void track_end(struct blk_req *r)
-{
-	struct ioc_blk *blk = r->blk;
-	struct blk_req **pp, *w;
-
-	pthread_mutex_lock(&blk->track_lock);
-	for (pp = &blk->tracked; *pp != r; pp = &(*pp)->track_next)
-		assert(*pp);
-	*pp = r->track_next;
-	w = r->waiters;
-	r->waiters = NULL;
-	r->tracked = false;
-	pthread_mutex_unlock(&blk->track_lock);
-	/* Each waiter starts over on its own loop (it may conflict again with
-	 * another request and queue there). */
-	while (w) {
-		struct blk_req *next = w->wait_next;
-
-		w->u.task.fn = track_restart_task;
-		ioc_loop_post(w->loop, &w->u.task);
-		w = next;
-	}
-}
-
-/* ---- completion ------------------------------------------------------ */
-
-static void deliver_task(struct ioc_task *task)
-{
-	struct blk_req *r = ioc_container_of(task, struct blk_req, u.task);
-	struct ioc_blk_req *req = blk_public_of(r);
-
-	req->cb(req, (int)r->ret);
-}
-
-static void deliver(struct blk_req *r, int64_t ret)
-{
-	struct ioc_blk_req *req = blk_public_of(r);
-
-	if (r->submitting && !r->direct_cb) {
-		r->ret = ret;
-		r->u.task.fn = deliver_task;
-		ioc_loop_post(r->loop, &r->u.task);
-		return;
-	}
-	req->cb(req, (int)ret);
-}
-
-/* ---- the known-data region ---------------------------------------- */
-
-/* Operations that may turn data into holes drop the region before they
- * are submitted and again when they complete, so a block status that
- * looked before or during the operation cannot store what it saw
- * (data_store() checks the generation it started with). */
-static bool may_punch(enum blk_op op)
-{
-	return op == BLK_OP_DISCARD || op == BLK_OP_ZEROES;
-}
-
-/* Seqlock write side; the caller holds data_lock.  The relaxed store of
- * the odd count, then the release fence, order it before the field
- * stores; the final release store publishes them.  Pairs with the loads
- * in data_lookup(). */
-static void data_write(struct ioc_blk *blk, uint64_t start, uint64_t end, uint64_t gen)
-{
-	uint64_t seq = atomic_load_explicit(&blk->data_seq, memory_order_relaxed);
-
-	atomic_store_explicit(&blk->data_seq, seq + 1, memory_order_relaxed);
-	atomic_thread_fence(memory_order_release);
-	atomic_store_explicit(&blk->data_start, start, memory_order_relaxed);
-	atomic_store_explicit(&blk->data_end, end, memory_order_relaxed);
-	atomic_store_explicit(&blk->data_gen, gen, memory_order_relaxed);
-	atomic_store_explicit(&blk->data_seq, seq + 2, memory_order_release);
-}
-
-static void data_invalidate(struct ioc_blk *blk)
-{
-	pthread_mutex_lock(&blk->data_lock);
-	data_write(blk, 0, 0, atomic_load_explicit(&blk->data_gen,
-						   memory_order_relaxed) + 1);
-	pthread_mutex_unlock(&blk->data_lock);
-}
-
-/* Inside the region: the bytes of data from offset to its end.  Seqlock
- * read side: the acquire load of the count pairs with data_write()'s
- * final release store; the acquire fence orders the field loads before
- * the second load of the count, which a writer that started meanwhile
- * has made odd or larger (its fence pairs with ours). */
-static uint64_t data_lookup(struct ioc_blk *blk, uint64_t offset, uint64_t *gen)
-{
-	uint64_t s1, s2, start, end;
-
-	do {
-		s1 = atomic_load_explicit(&blk->data_seq, memory_order_acquire);
-		start = atomic_load_explicit(&blk->data_start, memory_order_relaxed);
-		end = atomic_load_explicit(&blk->data_end, memory_order_relaxed);
-		*gen = atomic_load_explicit(&blk->data_gen, memory_order_relaxed);
-		atomic_thread_fence(memory_order_acquire);
-		s2 = atomic_load_explicit(&blk->data_seq, memory_order_relaxed);
-	} while ((s1 & 1) || s1 != s2);
-	return offset >= start && offset < end ? end - offset : 0;
-}
-
-static void data_store(struct ioc_blk *blk, uint64_t gen, uint64_t start, uint64_t end)
-{
-	pthread_mutex_lock(&blk->data_lock);
-	/* Relaxed: data_gen changes only under data_lock, which we hold. */
-	if (atomic_load_explicit(&blk->data_gen, memory_order_relaxed) == gen)
-		data_write(blk, start, end, gen);
-	pthread_mutex_unlock(&blk->data_lock);
-}
-
-/* Whether a request promises durability (see "Write-back errors"). */
-static bool is_sync(enum blk_op op, uint32_t flags)
-{
-	return op == BLK_OP_FLUSH ||
-		((op == BLK_OP_WRITE || op == BLK_OP_ZEROES) && (flags & IOC_BLK_FUA));
-}
-
-/* Acquire: pairs with the release store in blk_note_sync(), so a sync
- * that sees the error also sees everything the failed sync's thread did
- * before recording it. */
-static int blk_wb_err(const struct ioc_blk *blk)
-{
-	return atomic_load_explicit(&blk->wb_err, memory_order_acquire);
-}
-
-/* A finished request's result, after the write-back error rule: record
- * the first write-back error, and fail a sync that succeeded after one
- * was recorded. */
-static int64_t blk_note_sync(struct blk_req *r, int64_t ret)
-{
-	struct ioc_blk *blk = r->blk;
-	enum blk_op op = (enum blk_op)r->op;
-
-	if (!blk || !is_sync(op, r->flags))
-		return ret;
-	if (ret < 0 && (op == BLK_OP_FLUSH ? ret != -ENOMEM : ret == -EIO)) {
-		int expected = 0;
-
-		/* Release: pairs with the acquire load in blk_wb_err().  Only
-		 * the first error is kept. */
-		atomic_compare_exchange_strong_explicit(&blk->wb_err, &expected,
-							(int)ret, memory_order_release,
-							memory_order_relaxed);
-		return ret;
-	}
-	if (ret == 0) {
-		int err = blk_wb_err(blk);
-
-		if (err)
-			return err;
-	}
-	return ret;
-}
-
-void ioc__blk_finish(struct blk_req *r, int64_t ret)
-{
-	if (r->bounce) {
-		if (ret == 0 && r->op == BLK_OP_READ) {
-			/* Copy the asked-for part of the aligned region out. */
-			const char *src = (const char *)r->bounce +
-				(r->offset - r->io_offset);
-
-			iov_from_buf(r->user_iov, r->user_iovcnt, src);
-		}
-		free(r->bounce);
-		r->bounce = NULL;
-	}
-	free(r->tmp_iov);
-	r->tmp_iov = NULL;
-	if (may_punch(r->op))
-		data_invalidate(r->blk);
-	if (r->tracked)
-		track_end(r);
-	ret = blk_note_sync(r, ret);
-	deliver(r, ret);
-}
 
 /* ---- dispatch -------------------------------------------------------- */
 
@@ -753,7 +458,7 @@ static int setup_bounce(struct blk_req *r)
 	r->user_iov = r->iov;
 	r->user_iovcnt = r->iovcnt;
 	if (r->op == BLK_OP_WRITE)
-		iov_to_buf(r->iov, r->iovcnt, r->bounce);
+		ioc__blk_iov_to_buf(r->iov, r->iovcnt, r->bounce);
 	r->bounce_iov.iov_base = r->bounce;
 	r->bounce_iov.iov_len = r->io_len;
 	r->iov = &r->bounce_iov;
@@ -773,7 +478,7 @@ static void null_submit(struct blk_req *r)
 		}
 	}
 	if (r->op == BLK_OP_READ && r->blk->null_read_zeroes)
-		iov_memset(r->iov, r->iovcnt, 0, 0, r->io_len);
+		ioc__blk_iov_memset(r->iov, r->iovcnt, 0, 0, r->io_len);
 	ioc__blk_finish(r, 0);
 }
 
@@ -786,8 +491,8 @@ static void blk_dispatch(struct blk_req *r)
 		null_submit(r);
 		return;
 	}
-	if (may_punch(r->op))
-		data_invalidate(blk);
+	if (blk_may_punch(r->op))
+		ioc__blk_data_invalidate(blk);
 	if (blk->o_direct && !r->tracked &&
 	    (r->op == BLK_OP_WRITE || r->op == BLK_OP_ZEROES ||
 	     r->op == BLK_OP_DISCARD)) {
@@ -843,7 +548,7 @@ static int validate(struct ioc_blk *blk, enum blk_op op, uint64_t offset,
 		if (iovcnt < 0 || iovcnt > IOV_MAX || (iovcnt && !iov))
 			return -EINVAL;
 	}
-	if (is_sync(op, flags)) {
+	if (blk_is_sync(op, flags)) {
 		int err = blk_wb_err(blk);
 
 		if (err)
@@ -925,7 +630,7 @@ static void fail_cb(struct ioc_blk_req *req, int ret, ioc_blk_cb *cb, void *opaq
 	r->loop = ioc_loop_current();
 	assert(r->loop);
 	r->submitting = true;
-	deliver(r, ret);
+	ioc__blk_deliver(r, ret);
 }
 
 static void blk_submit_cb(struct ioc_blk *blk, struct ioc_blk_req *req,
@@ -1201,7 +906,7 @@ int ioc_coroutine_fn ioc_blk_co_block_status(struct ioc_blk *blk, uint64_t offse
 	if (blk->is_blockdev)
 		goto all_data;
 
-	uint64_t gen, known = data_lookup(blk, offset, &gen);
+	uint64_t gen, known = ioc__blk_data_lookup(blk, offset, &gen);
 	if (known) {
 		*pnum = known < len ? known : len;
 		return IOC_BLK_STATUS_DATA;
@@ -1231,7 +936,7 @@ int ioc_coroutine_fn ioc_blk_co_block_status(struct ioc_blk *blk, uint64_t offse
 	}
 	if ((uint64_t)hole <= offset)
 		goto all_data; /* raced with a write or truncate */
-	data_store(blk, gen, offset, (uint64_t)hole);
+	ioc__blk_data_store(blk, gen, offset, (uint64_t)hole);
 	*pnum = (uint64_t)hole - offset < len ? (uint64_t)hole - offset : len;
 	return IOC_BLK_STATUS_DATA;
 all_data:
@@ -1275,9 +980,9 @@ int ioc_coroutine_fn ioc_blk_co_truncate(struct ioc_blk *blk, uint64_t size, uin
 		return -ENOMEM;
 	/* Shrinking and growing again would leave a hole where the data
 	 * region was: drop it on both sides, as for discard. */
-	data_invalidate(blk);
+	ioc__blk_data_invalidate(blk);
 	ret = ioc_pool_co_run(pool, truncate_work, &j);
-	data_invalidate(blk);
+	ioc__blk_data_invalidate(blk);
 	if (ret == 0)
 		blk_set_size(blk, size);
 	return (int)ret;

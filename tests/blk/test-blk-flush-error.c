@@ -10,7 +10,7 @@
 #include <stdatomic.h>
 
 #include "blk-test.h"
-#include "src/blk/blk-internal.h"
+#include "src/blk/blk-int.h"
 
 #define IMG_SIZE (1024 * 1024)
 

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/blk/blk-internal.h"
+#include "src/blk/blk-int.h"
 #include "inject.h"
 
 #define MAX_RULES 16
