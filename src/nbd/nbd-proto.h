@@ -3,7 +3,7 @@
  * transport-independent protocol core of iocore-nbd.
  *
  * The core never touches a socket.  A transport (the coroutine server in
- * conn.c, the blocking driver in sync.c used by tests and the fuzzer)
+ * conn.c, the tests' blocking driver in tests/nbd/support/serve-sync.c)
  * appends received bytes to conn->in, calls ioc__nbd_hs_step() during the
  * handshake and ioc__nbd_parse_request() during transmission, runs
  * ioc__nbd_execute() for each request, and sends what the core queued.
@@ -367,15 +367,5 @@ int ioc__nbd_errno_to_nbd(int err);
  * sent (the caller pops that many). */
 int ioc__nbd_gather(struct ioc__nbd_req *req, struct iovec *iov, int max);
 unsigned ioc__nbd_sent(struct ioc__nbd_req *req, size_t n);
-
-/* The in-memory backend (tests and the fuzzer).  size bytes, sparse by
- * 64 KiB blocks.  Returns 0 or -ENOMEM. */
-int ioc__nbd_mem_export_new(struct ioc__nbd_export **out, const char *name,
-			    uint64_t size, bool read_only);
-void ioc__nbd_mem_export_free(struct ioc__nbd_export *exp);
-
-/* Blocking transport: serve one connected socket on the calling thread
- * until the client leaves.  Returns 0 on a clean end, or -errno. */
-int ioc__nbd_serve_sync(int fd, const struct ioc__nbd_cfg *cfg);
 
 #endif /* IOC_NBD_PROTO_H */

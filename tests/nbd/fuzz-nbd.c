@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nbd-proto.h"
+#include "nbd-support.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -9,6 +9,7 @@
 
 #include "tap.h"
 #include "nbd-client.h"
+#include "nbd-support.h"
 
 #define EXP_SIZE (4u << 20)
 

@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "nbd-proto.h"
+#include "nbd-support.h"
 
 #define MEM_BLOCK (64u << 10)
 

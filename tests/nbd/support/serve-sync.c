@@ -13,7 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nbd-proto.h"
+#include "nbd-support.h"
 
 #define SYNC_IN_CAP (256u << 10)
 #define SYNC_IOV_MAX 64
