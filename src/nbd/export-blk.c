@@ -14,7 +14,8 @@
 #include "iocore/blk.h"
 #include "nbd-int.h"
 
-static int ioc_coroutine_fn be_pread(void *be, uint64_t off, void *buf, size_t len)
+static int ioc_coroutine_fn be_pread(void *be, uint64_t off, void *buf, size_t len,
+				     uint32_t flags)
 {
 	struct iovec iov = { .iov_base = buf, .iov_len = len };
 
@@ -30,7 +31,7 @@ static int ioc_coroutine_fn be_pwrite(void *be, uint64_t off, const void *buf,
 				  (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
 }
 
-static int ioc_coroutine_fn be_flush(void *be)
+static int ioc_coroutine_fn be_flush(void *be, uint32_t flags)
 {
 	return ioc_blk_co_flush(be, 0);
 }
@@ -56,7 +57,7 @@ static int ioc_coroutine_fn be_zero(void *be, uint64_t off, uint64_t len,
 }
 
 static int ioc_coroutine_fn be_block_status(void *be, uint64_t off, uint64_t len,
-					    uint64_t *pnum)
+					    uint64_t *pnum, uint32_t flags)
 {
 	int st = ioc_blk_co_block_status(be, off, len, pnum, 0);
 

@@ -197,17 +197,20 @@ enum {
  * the coroutine server these are ioc_coroutine_fn and may yield; the
  * blocking driver calls them on its own thread.  All return 0 or -errno.
  * block_status returns NBD_STATE_* bits of the extent at offset and its
- * length (> 0, <= len) in *pnum.
+ * length (> 0, <= len) in *pnum.  Every operation takes IOC_NBD_BE_* flags
+ * so one can grow without a new signature; pread, flush, block_status and
+ * cache have none defined yet and are called with 0.
  */
 struct ioc__nbd_backend_ops {
-	int (*pread)(void *be, uint64_t offset, void *buf, size_t len);
+	int (*pread)(void *be, uint64_t offset, void *buf, size_t len, uint32_t flags);
 	int (*pwrite)(void *be, uint64_t offset, const void *buf, size_t len,
 		      uint32_t flags);
-	int (*flush)(void *be);
+	int (*flush)(void *be, uint32_t flags);
 	int (*trim)(void *be, uint64_t offset, uint64_t len, uint32_t flags);
 	int (*zero)(void *be, uint64_t offset, uint64_t len, uint32_t flags);
-	int (*block_status)(void *be, uint64_t offset, uint64_t len, uint64_t *pnum);
-	int (*cache)(void *be, uint64_t offset, uint64_t len);
+	int (*block_status)(void *be, uint64_t offset, uint64_t len, uint64_t *pnum,
+			    uint32_t flags);
+	int (*cache)(void *be, uint64_t offset, uint64_t len, uint32_t flags);
 };
 
 struct ioc__nbd_export {

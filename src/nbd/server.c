@@ -276,7 +276,7 @@ static void ioc_coroutine_fn flush_co(void *opaque)
 		struct ioc__nbd_export *e = j->srv->exports[i];
 		if (e->read_only)
 			continue;
-		int r = e->ops->flush(e->be);
+		int r = e->ops->flush(e->be, 0);
 		if (r < 0 && !j->ret)
 			j->ret = r;
 	}

@@ -329,7 +329,7 @@ static void ioc_coroutine_fn read_plain(const struct ioc__nbd_conn *c,
 					struct ioc__nbd_req *r)
 {
 	const struct ioc__nbd_export *e = c->exp;
-	int ret = e->ops->pread(e->be, r->offset, r->buf, r->len);
+	int ret = e->ops->pread(e->be, r->offset, r->buf, r->len, 0);
 	uint8_t *p = r->hdr, *end;
 
 	if (ret < 0) {
@@ -364,7 +364,7 @@ static void ioc_coroutine_fn read_sparse(const struct ioc__nbd_conn *c,
 	 * layer's remembered data region, no syscall to find out): one data
 	 * chunk with DONE, as a plain read sends, not data plus NONE. */
 	uint64_t first = 0;
-	int st0 = e->ops->block_status(e->be, pos, end - pos, &first);
+	int st0 = e->ops->block_status(e->be, pos, end - pos, &first, 0);
 	if (st0 < 0 || (!(st0 & NBD_STATE_ZERO) && first >= end - pos)) {
 		read_plain(c, r);
 		return;
@@ -377,7 +377,7 @@ static void ioc_coroutine_fn read_sparse(const struct ioc__nbd_conn *c,
 			st = st0;
 			n = first;
 		} else if (chunks < IOC_NBD_MAX_READ_CHUNKS - 1) {
-			st = e->ops->block_status(e->be, pos, end - pos, &n);
+			st = e->ops->block_status(e->be, pos, end - pos, &n, 0);
 			if (st < 0) {
 				read_plain(c, r);
 				return;
@@ -394,7 +394,7 @@ static void ioc_coroutine_fn read_sparse(const struct ioc__nbd_conn *c,
 			add_iov(r, h, (size_t)(p - h));
 		} else {
 			uint8_t *data = r->buf + (pos - r->offset);
-			int ret = e->ops->pread(e->be, pos, data, (size_t)n);
+			int ret = e->ops->pread(e->be, pos, data, (size_t)n, 0);
 			if (ret < 0) {
 				ioc__nbd_reply_error(c, r, ioc__nbd_errno_to_nbd(ret),
 						     "read failed");
@@ -434,7 +434,7 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 	uint8_t *d = r->ext + base;
 	while (pos < end) {
 		uint64_t pnum = end - pos;
-		int st = e->ops->block_status(e->be, pos, end - pos, &pnum);
+		int st = e->ops->block_status(e->be, pos, end - pos, &pnum, 0);
 		if (st < 0) {
 			if (n == 0) {
 				ioc__nbd_reply_error(c, r, ioc__nbd_errno_to_nbd(st),
@@ -517,7 +517,7 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 		reply_status(c, r, ret, "write failed");
 		return;
 	case NBD_CMD_FLUSH:
-		ret = e->ops->flush(e->be);
+		ret = e->ops->flush(e->be, 0);
 		reply_status(c, r, ret, "flush failed");
 		return;
 	case NBD_CMD_TRIM:
@@ -525,7 +525,7 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 		if (ret == -ENOTSUP || ret == -EOPNOTSUPP)
 			ret = 0; /* TRIM is advisory */
 		if (ret == 0 && f)
-			ret = e->ops->flush(e->be);
+			ret = e->ops->flush(e->be, 0);
 		reply_status(c, r, ret, "trim failed");
 		return;
 	case NBD_CMD_WRITE_ZEROES:
@@ -540,7 +540,7 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 			reply_status(c, r, ret, "write zeroes failed");
 		return;
 	case NBD_CMD_CACHE:
-		ret = e->ops->cache ? e->ops->cache(e->be, r->offset, r->len) : 0;
+		ret = e->ops->cache ? e->ops->cache(e->be, r->offset, r->len, 0) : 0;
 		reply_status(c, r, ret, "cache failed");
 		return;
 	case NBD_CMD_BLOCK_STATUS:

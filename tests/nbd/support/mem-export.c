@@ -17,7 +17,7 @@ struct mem_be {
 	uint8_t **blocks;
 };
 
-static int mem_pread(void *be, uint64_t off, void *buf, size_t len)
+static int mem_pread(void *be, uint64_t off, void *buf, size_t len, uint32_t flags)
 {
 	struct mem_be *m = be;
 	uint8_t *out = buf;
@@ -62,7 +62,7 @@ static int mem_pwrite(void *be, uint64_t off, const void *buf, size_t len,
 	return 0;
 }
 
-static int mem_flush(void *be)
+static int mem_flush(void *be, uint32_t flags)
 {
 	return 0;
 }
@@ -94,7 +94,8 @@ static int mem_trim(void *be, uint64_t off, uint64_t len, uint32_t flags)
 	return mem_zero(be, off, len, IOC_NBD_BE_MAY_TRIM);
 }
 
-static int mem_block_status(void *be, uint64_t off, uint64_t len, uint64_t *pnum)
+static int mem_block_status(void *be, uint64_t off, uint64_t len, uint64_t *pnum,
+			    uint32_t flags)
 {
 	struct mem_be *m = be;
 	bool hole = !m->blocks[off / MEM_BLOCK];
