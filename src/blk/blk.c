@@ -389,8 +389,8 @@ static void track_restart_task(struct ioc_task *task)
  * queued behind a conflicting request, which restarts it when it ends.
  *
  * The wait/wake handshake: a waiter links itself onto the blocker's
- * waiters list under track_lock, and track_end() (request.c) unlinks the blocker and
- * takes that list under the same lock.  So either the waiter's scan ran
+ * waiters list under track_lock, and track_end() (request.c) unlinks the
+ * blocker and takes that list under the same lock.  So either the waiter's scan ran
  * before the unlink and its link is in the list track_end() takes (it is
  * restarted), or the scan ran after and did not see the blocker at all (it
  * proceeds): no restart is lost.  The restart is a task posted to the
@@ -649,18 +649,6 @@ static void blk_submit_cb(struct ioc_blk *blk, struct ioc_blk_req *req,
 
 /* ---- fast path ------------------------------------------------------- */
 
-/*
- * Try the read inline.  Returns the bytes read (possibly fewer than len:
- * the caller continues asynchronously from there), or -EAGAIN when the
- * data is not cached (or the fast path is backing off).
- *
- * Back-off: fp_credit drops by one per miss and is refilled by a hit; at
- * zero the fast path is skipped except one request in FP_PROBE_EVERY per
- * thread.  Relaxed loads and stores that pair with nothing (it is a
- * heuristic), not read-modify-writes: a lost update between two loops only
- * shifts when the back-off starts, and a store only happens when the value
- * changes, so hits on a hot image write nothing.
- */
 /* cachestat(2) (Linux 6.5): how much of a range is in the page cache. */
 #ifndef __NR_cachestat
 #define __NR_cachestat 451

@@ -77,11 +77,6 @@ void ioc__nbd_conn_compact(struct ioc__nbd_conn *c)
 	}
 }
 
-static size_t avail(const struct ioc__nbd_conn *c)
-{
-	return c->in_end - c->in_start;
-}
-
 /* ---- handshake output ------------------------------------------------------ */
 
 static int out_reserve(struct ioc__nbd_conn *c, size_t n)
@@ -418,7 +413,7 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 		/* The client must wait for our ACK before its TLS handshake,
 		 * so anything already behind STARTTLS was sent in the clear
 		 * where only TLS may follow: no ACK, end the session. */
-		if (avail(c) != 0)
+		if (ioc__nbd_in_avail(c) != 0)
 			return -EPROTO;
 		if (rep(c, opt, NBD_REP_ACK) < 0)
 			return -ENOMEM;
@@ -457,7 +452,7 @@ int ioc__nbd_hs_step(struct ioc__nbd_conn *c)
 {
 	for (;;) {
 		if (c->phase == IOC_NBD_PHASE_CLIENT_FLAGS) {
-			if (avail(c) < 4)
+			if (ioc__nbd_in_avail(c) < 4)
 				return IOC_NBD_MORE;
 			uint32_t f = ioc_nbd_ld32(c->in + c->in_start);
 			c->in_start += 4;
@@ -472,7 +467,8 @@ int ioc__nbd_hs_step(struct ioc__nbd_conn *c)
 		if (c->phase != IOC_NBD_PHASE_OPTIONS)
 			return -EPROTO;
 		if (c->opt_skip) {
-			size_t n = avail(c) < c->opt_skip ? avail(c) : c->opt_skip;
+			size_t left = ioc__nbd_in_avail(c);
+			size_t n = left < c->opt_skip ? left : c->opt_skip;
 			c->in_start += n;
 			c->opt_skip -= n;
 			if (c->opt_skip)
@@ -482,7 +478,7 @@ int ioc__nbd_hs_step(struct ioc__nbd_conn *c)
 				return -ENOMEM;
 			continue;
 		}
-		if (avail(c) < 16)
+		if (ioc__nbd_in_avail(c) < 16)
 			return IOC_NBD_MORE;
 		const uint8_t *h = c->in + c->in_start;
 		if (ioc_nbd_ld64(h) != NBD_MAGIC_OPTS)
@@ -498,7 +494,7 @@ int ioc__nbd_hs_step(struct ioc__nbd_conn *c)
 			c->opt_skip_opt = opt;
 			continue;
 		}
-		if (avail(c) < 16u + len)
+		if (ioc__nbd_in_avail(c) < 16u + len)
 			return IOC_NBD_MORE;
 		c->in_start += 16 + len;
 		int r = handle_option(c, opt, h + 16, len);

@@ -309,6 +309,12 @@ struct ioc__nbd_conn {
 	char peer[64];                  /* for logs */
 };
 
+/* Input bytes received and not yet consumed. */
+static inline size_t ioc__nbd_in_avail(const struct ioc__nbd_conn *c)
+{
+	return c->in_end - c->in_start;
+}
+
 /* Step results. */
 enum {
 	IOC_NBD_MORE = 0,       /* need more input */

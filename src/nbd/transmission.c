@@ -38,11 +38,6 @@
 
 #include "nbd-proto.h"
 
-static size_t avail(const struct ioc__nbd_conn *c)
-{
-	return c->in_end - c->in_start;
-}
-
 /* ---- transmission: parsing ------------------------------------------------ */
 
 static bool out_of_range(const struct ioc__nbd_export *e, uint64_t off, uint64_t len)
@@ -124,7 +119,8 @@ static struct ioc__nbd_req *take_payload(struct ioc__nbd_conn *c)
 {
 	struct ioc__nbd_req *r = c->partial;
 	uint64_t want = r->len - c->partial_got;
-	size_t n = avail(c) < want ? avail(c) : (size_t)want;
+	size_t left = ioc__nbd_in_avail(c);
+	size_t n = left < want ? left : (size_t)want;
 
 	if (!r->error)
 		memcpy(r->buf + c->partial_got, c->in + c->in_start, n);
@@ -162,7 +158,7 @@ int ioc__nbd_parse_request(struct ioc__nbd_conn *c, ioc__nbd_req_alloc *alloc,
 	}
 
 	size_t hsz = c->extended ? NBD_EXT_REQUEST_SIZE : NBD_REQUEST_SIZE;
-	if (avail(c) < hsz)
+	if (ioc__nbd_in_avail(c) < hsz)
 		return IOC_NBD_MORE;
 	const uint8_t *h = c->in + c->in_start;
 	uint32_t magic = ioc_nbd_ld32(h);
@@ -414,6 +410,20 @@ static void ioc_coroutine_fn read_sparse(const struct ioc__nbd_conn *c,
 	add_iov(r, h, (size_t)(p - h));
 }
 
+/* One block status descriptor: length and flags, 32-bit or (extended
+ * headers) 64-bit fields. */
+static void put_extent(const struct ioc__nbd_conn *c, uint8_t *q, uint64_t len,
+		       uint32_t st)
+{
+	if (c->extended) {
+		q = ioc_nbd_st64(q, len);
+		ioc_nbd_st64(q, st);
+	} else {
+		q = ioc_nbd_st32(q, (uint32_t)len);
+		ioc_nbd_st32(q, st);
+	}
+}
+
 static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 					     struct ioc__nbd_req *r)
 {
@@ -451,30 +461,15 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 		} else {
 			if (n == max)
 				break;
-			if (n > 0) {
-				uint8_t *q = d + dsz * (n - 1);
-				if (c->extended) {
-					q = ioc_nbd_st64(q, last_len);
-					ioc_nbd_st64(q, last_st);
-				} else {
-					q = ioc_nbd_st32(q, (uint32_t)last_len);
-					ioc_nbd_st32(q, last_st);
-				}
-			}
+			if (n > 0)
+				put_extent(c, d + dsz * (n - 1), last_len, last_st);
 			n++;
 			last_len = pnum;
 			last_st = (uint32_t)st;
 		}
 		pos += pnum;
 	}
-	uint8_t *q = d + dsz * (n - 1);
-	if (c->extended) {
-		q = ioc_nbd_st64(q, last_len);
-		ioc_nbd_st64(q, last_st);
-	} else {
-		q = ioc_nbd_st32(q, (uint32_t)last_len);
-		ioc_nbd_st32(q, last_st);
-	}
+	put_extent(c, d + dsz * (n - 1), last_len, last_st);
 	ioc_nbd_st32(r->ext, NBD_META_ID_BASE_ALLOC);
 	if (c->extended)
 		ioc_nbd_st32(r->ext + 4, n);

@@ -19,6 +19,8 @@
 
 #define CL_TIMEOUT_MS 10000
 
+/* Send all n bytes (the blocking transport sends its handshake with it
+ * too).  0 or -errno. */
 static inline int cl_write(int fd, const void *p, size_t n)
 {
 	while (n) {

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "nbd-client.h"   /* cl_write() */
 #include "nbd-support.h"
 
 #define SYNC_IN_CAP (256u << 10)
@@ -39,21 +40,6 @@ static void sync_free(struct ioc__nbd_req *r)
 	free(r->buf);
 	free(r->ext);
 	free(r);
-}
-
-static int send_all(int fd, const void *p, size_t n)
-{
-	while (n) {
-		ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p = (const uint8_t *)p + r;
-		n -= (size_t)r;
-	}
-	return 0;
 }
 
 /* Send every queued reply with as few sendmsg calls as possible. */
@@ -105,7 +91,7 @@ int ioc__nbd_serve_sync(int fd, const struct ioc__nbd_cfg *cfg)
 	for (;;) {
 		int st = ioc__nbd_hs_step(&c);
 		if (c.out_len) {
-			ret = send_all(fd, c.out, c.out_len);
+			ret = cl_write(fd, c.out, c.out_len);
 			c.out_len = 0;
 			if (ret < 0)
 				goto out;
