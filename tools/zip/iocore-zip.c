@@ -27,6 +27,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
@@ -688,176 +689,185 @@ out:
 	return r;
 }
 
+enum {
+	OPT_RM = 256,
+	OPT_FORMAT,
+	OPT_DEFLATE,
+	OPT_BLOCK_SIZE,
+	OPT_RANGE,
+};
+
+static const struct option longopts[] = {
+	{ "decompress", no_argument, NULL, 'd' },
+	{ "uncompress", no_argument, NULL, 'd' },
+	{ "compress", no_argument, NULL, 'z' },
+	{ "stdout", no_argument, NULL, 'c' },
+	{ "force", no_argument, NULL, 'f' },
+	{ "keep", no_argument, NULL, 'k' },
+	{ "rm", no_argument, NULL, OPT_RM },
+	{ "list", no_argument, NULL, 'l' },
+	{ "test", no_argument, NULL, 't' },
+	{ "quiet", no_argument, NULL, 'q' },
+	{ "verbose", no_argument, NULL, 'v' },
+	{ "help", no_argument, NULL, 'h' },
+	{ "version", no_argument, NULL, 'V' },
+	{ "threads", required_argument, NULL, 'T' },
+	{ "format", required_argument, NULL, OPT_FORMAT },
+	{ "deflate", required_argument, NULL, OPT_DEFLATE },
+	{ "block-size", required_argument, NULL, OPT_BLOCK_SIZE },
+	{ "range", required_argument, NULL, OPT_RANGE },
+	{ NULL, 0, NULL, 0 },
+};
+
+/* The option's value; 0, or -1 after printing why it is bad. */
+static int parse_value(struct cli *cli, int opt, const char *val)
+{
+	uint64_t v;
+
+	switch (opt) {
+	case 'T':
+		cli->threads = (unsigned)atoi(val);
+		return 0;
+	case 'o':
+		cli->out_name = val;
+		return 0;
+	case OPT_FORMAT:
+		if (strcmp(val, "zstd") == 0) {
+			cli->format = IOC_ZIP_ZSTD;
+		} else if (strcmp(val, "gzip") == 0 || strcmp(val, "gz") == 0) {
+			cli->format = IOC_ZIP_GZIP;
+		} else {
+			fprintf(stderr, "iocore-zip: unknown format %s\n", val);
+			return -1;
+		}
+		return 0;
+	case OPT_DEFLATE:
+		if (strcmp(val, "auto") == 0) {
+			cli->deflate = IOC_ZIP_DEFLATE_DEFAULT;
+		} else if (strcmp(val, "libdeflate") == 0) {
+			cli->deflate = IOC_ZIP_DEFLATE_LIBDEFLATE;
+		} else if (strcmp(val, "isal") == 0 || strcmp(val, "igzip") == 0) {
+			cli->deflate = IOC_ZIP_DEFLATE_ISAL;
+		} else if (strcmp(val, "zlib") == 0) {
+			cli->deflate = IOC_ZIP_DEFLATE_ZLIB;
+		} else {
+			fprintf(stderr, "iocore-zip: unknown deflate backend %s "
+				"(auto, libdeflate, isal, zlib)\n", val);
+			return -1;
+		}
+		return 0;
+	case OPT_BLOCK_SIZE:
+		if (ioc_tool_parse_size(val, &v) < 0 || v < IOC_ZIP_MIN_BLOCK ||
+		    v > IOC_ZIP_MAX_BLOCK) {
+			fprintf(stderr, "iocore-zip: --block-size must be 4K..64M\n");
+			return -1;
+		}
+		cli->block = (size_t)v;
+		return 0;
+	case OPT_RANGE: {
+		const char *colon = strchr(val, ':');
+		char offs[64];
+
+		if (!colon || (size_t)(colon - val) >= sizeof(offs)) {
+			fprintf(stderr, "iocore-zip: --range=OFFSET:LENGTH\n");
+			return -1;
+		}
+		memcpy(offs, val, (size_t)(colon - val));
+		offs[colon - val] = 0;
+		if (ioc_tool_parse_size(offs, &cli->range_off) < 0 ||
+		    ioc_tool_parse_size(colon + 1, &cli->range_len) < 0) {
+			fprintf(stderr, "iocore-zip: bad --range %s\n", val);
+			return -1;
+		}
+		cli->range_set = true;
+		cli->decompress = true;
+		return 0;
+	}
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct cli cli = { .format = IOC_ZIP_ZSTD };
 	const char **files = calloc((size_t)argc + 1, sizeof(*files));
 	int nfiles = 0, failed = 0;
-	bool opts_done = false;
-	uint64_t v;
+	/* The level is the digits of one run (-19, or -d19), as zstd reads
+	 * them: each digit is an option to getopt, and a run ends when its
+	 * argument ends or a letter follows. */
+	int lv = -1;
 
 	if (!files)
 		return 1;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
+	/* "-": file names come back in order as option 1, so argv[before]
+	 * is always the argument getopt is in; ":": our own messages. */
+	opterr = 0;
+	for (;;) {
+		int before = optind;
+		int c = getopt_long(argc, argv, "-:dzcfkltqvhVT:o:0123456789", longopts, NULL);
+		const char *cur = before < argc ? argv[before] : "";
+		bool is_long = strncmp(cur, "--", 2) == 0;
 
-		if (opts_done || a[0] != '-' || a[1] == 0) {
-			files[nfiles++] = a;
-			continue;
+		if (lv >= 0 && (c < '0' || c > '9')) {
+			/* A run of digits ended with a letter after it. */
+			if (lv < 1 || lv > 19)
+				goto bad_level;
+			cli.level = lv;
+			lv = -1;
 		}
-		if (a[1] == '-') {
-			const char *eq = strchr(a, '=');
-			size_t kl = eq ? (size_t)(eq - a) : strlen(a);
-			const char *val = eq ? eq + 1 : NULL;
-#define IS(s) (kl == strlen(s) && strncmp(a, s, kl) == 0)
-#define NEED_VAL()                                                           \
-			do {                                                  \
-				if (!val && i + 1 < argc)                     \
-					val = argv[++i];                      \
-				if (!val) {                                   \
-					fprintf(stderr, "iocore-zip: %s needs a value\n", a); \
-					return 1;                             \
-				}                                             \
-			} while (0)
-			if (a[2] == 0) {
-				opts_done = true;
-			} else if (IS("--decompress") || IS("--uncompress")) {
-				cli.decompress = true;
-			} else if (IS("--compress")) {
-				cli.decompress = false;
-			} else if (IS("--stdout")) {
-				cli.to_stdout = true;
-			} else if (IS("--force")) {
-				cli.force = true;
-			} else if (IS("--keep")) {
-				cli.rm_src = false;
-			} else if (IS("--rm")) {
-				cli.rm_src = true;
-			} else if (IS("--list")) {
-				cli.list = true;
-			} else if (IS("--test")) {
-				cli.test = true;
-			} else if (IS("--quiet")) {
-				cli.quiet = true;
-			} else if (IS("--verbose")) {
-				cli.verbose++;
-			} else if (IS("--help")) {
-				usage(stdout);
-				return 0;
-			} else if (IS("--version")) {
-				printf("iocore-zip %s\n", ioc_version());
-				return 0;
-			} else if (IS("--threads")) {
-				NEED_VAL();
-				cli.threads = (unsigned)atoi(val);
-			} else if (IS("--format")) {
-				NEED_VAL();
-				if (strcmp(val, "zstd") == 0) {
-					cli.format = IOC_ZIP_ZSTD;
-				} else if (strcmp(val, "gzip") == 0 || strcmp(val, "gz") == 0) {
-					cli.format = IOC_ZIP_GZIP;
-				} else {
-					fprintf(stderr, "iocore-zip: unknown format %s\n", val);
-					return 1;
-				}
-			} else if (IS("--deflate")) {
-				NEED_VAL();
-				if (strcmp(val, "auto") == 0) {
-					cli.deflate = IOC_ZIP_DEFLATE_DEFAULT;
-				} else if (strcmp(val, "libdeflate") == 0) {
-					cli.deflate = IOC_ZIP_DEFLATE_LIBDEFLATE;
-				} else if (strcmp(val, "isal") == 0 || strcmp(val, "igzip") == 0) {
-					cli.deflate = IOC_ZIP_DEFLATE_ISAL;
-				} else if (strcmp(val, "zlib") == 0) {
-					cli.deflate = IOC_ZIP_DEFLATE_ZLIB;
-				} else {
-					fprintf(stderr, "iocore-zip: unknown deflate backend %s "
-						"(auto, libdeflate, isal, zlib)\n", val);
-					return 1;
-				}
-			} else if (IS("--block-size")) {
-				NEED_VAL();
-				if (ioc_tool_parse_size(val, &v) < 0 || v < IOC_ZIP_MIN_BLOCK ||
-				    v > IOC_ZIP_MAX_BLOCK) {
-					fprintf(stderr, "iocore-zip: --block-size must be 4K..64M\n");
-					return 1;
-				}
-				cli.block = (size_t)v;
-			} else if (IS("--range")) {
-				const char *colon;
-
-				NEED_VAL();
-				colon = strchr(val, ':');
-				char offs[64];
-
-				if (!colon || (size_t)(colon - val) >= sizeof(offs)) {
-					fprintf(stderr, "iocore-zip: --range=OFFSET:LENGTH\n");
-					return 1;
-				}
-				memcpy(offs, val, (size_t)(colon - val));
-				offs[colon - val] = 0;
-				if (ioc_tool_parse_size(offs, &cli.range_off) < 0 ||
-				    ioc_tool_parse_size(colon + 1, &cli.range_len) < 0) {
-					fprintf(stderr, "iocore-zip: bad --range %s\n", val);
-					return 1;
-				}
-				cli.range_set = true;
-				cli.decompress = true;
-			} else {
-				fprintf(stderr, "iocore-zip: unknown option %s\n", a);
-				usage(stderr);
-				return 1;
-			}
-			continue;
-		}
-		for (const char *p = a + 1; *p; p++) {
-			if (*p >= '0' && *p <= '9') {
-				int lv = 0;
-
-				while (*p >= '0' && *p <= '9')
-					lv = lv * 10 + (*p++ - '0');
-				p--;
-				if (lv < 1 || lv > 19) {
-					fprintf(stderr, "iocore-zip: level must be 1..19\n");
-					return 1;
-				}
+		if (c == -1)
+			break;
+		switch (c) {
+		case 1:
+			files[nfiles++] = optarg;
+			break;
+		case '0': case '1': case '2': case '3': case '4':
+		case '5': case '6': case '7': case '8': case '9':
+			lv = (lv < 0 ? 0 : lv * 10) + (c - '0');
+			if (lv > 1000)
+				lv = 1000;      /* out of range anyway; no overflow */
+			if (optind != before) {
+				/* The argument ended with this digit. */
+				if (lv < 1 || lv > 19)
+					goto bad_level;
 				cli.level = lv;
-				continue;
+				lv = -1;
 			}
-			switch (*p) {
-			case 'd': cli.decompress = true; break;
-			case 'z': cli.decompress = false; break;
-			case 'c': cli.to_stdout = true; break;
-			case 'f': cli.force = true; break;
-			case 'k': cli.rm_src = false; break;
-			case 'l': cli.list = true; break;
-			case 't': cli.test = true; cli.decompress = true; break;
-			case 'q': cli.quiet = true; break;
-			case 'v': cli.verbose++; break;
-			case 'h': usage(stdout); return 0;
-			case 'V': printf("iocore-zip %s\n", ioc_version()); return 0;
-			case 'T':
-			case 'o': {
-				const char *val = p[1] ? p + 1 : (i + 1 < argc ? argv[++i] : NULL);
-
-				if (!val) {
-					fprintf(stderr, "iocore-zip: -%c needs a value\n", *p);
-					return 1;
-				}
-				if (*p == 'T')
-					cli.threads = (unsigned)atoi(val);
-				else
-					cli.out_name = val;
-				goto next_arg;  /* the value ends this argument */
-			}
-			default:
-				fprintf(stderr, "iocore-zip: unknown option -%c\n", *p);
-				usage(stderr);
+			break;
+		case 'd': cli.decompress = true; break;
+		case 'z': cli.decompress = false; break;
+		case 'c': cli.to_stdout = true; break;
+		case 'f': cli.force = true; break;
+		case 'k': cli.rm_src = false; break;
+		case OPT_RM: cli.rm_src = true; break;
+		case 'l': cli.list = true; break;
+		case 't': cli.test = true; cli.decompress = true; break;
+		case 'q': cli.quiet = true; break;
+		case 'v': cli.verbose++; break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("iocore-zip %s\n", ioc_version()); return 0;
+		case ':':
+			if (is_long)
+				fprintf(stderr, "iocore-zip: %s needs a value\n", cur);
+			else
+				fprintf(stderr, "iocore-zip: -%c needs a value\n", optopt);
+			return 1;
+		case '?':
+			if (is_long)
+				fprintf(stderr, "iocore-zip: unknown option %s\n", cur);
+			else
+				fprintf(stderr, "iocore-zip: unknown option -%c\n", optopt);
+			usage(stderr);
+			return 1;
+		default:
+			if (parse_value(&cli, c, optarg) < 0)
 				return 1;
-			}
+			break;
 		}
-next_arg:;
 	}
+	/* After "--" everything is a file. */
+	while (optind < argc)
+		files[nfiles++] = argv[optind++];
 	if (cli.test)
 		cli.decompress = true;
 	if (cli.range_set && !cli.out_name)
@@ -877,4 +887,9 @@ next_arg:;
 		failed |= process(&cli, files[i], nfiles > 1) < 0;
 	free(files);
 	return failed ? 1 : 0;
+
+bad_level:
+	fprintf(stderr, "iocore-zip: level must be 1..19\n");
+	free(files);
+	return 1;
 }
