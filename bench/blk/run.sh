@@ -2,7 +2,7 @@
 # bench/blk/run.sh BUILD_DIR [--quick]
 #
 # iocore-bench blk against qemu-img bench on the same 1 GiB raw image in
-# /dev/shm (PEERS.md): 4 KiB requests, 64 in flight, io_uring and threads,
+# /dev/shm: 4 KiB requests, 64 in flight, io_uring and threads,
 # reads and writes, with --fast-path off (the runtime against the runtime),
 # then the null driver against QEMU's null-co, then the fast path's own
 # gain (iocore with it against iocore without it, and against qemu-img).

@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench/nbd/run.sh BUILD_DIR [--quick]
 #
-# fio's nbd engine against iocore-nbd and the peers of PEERS.md, same image
+# fio's nbd engine against iocore-nbd and its peers, same image
 # (raw, in /dev/shm), same jobs: 4 KiB randread and randrw 80/20 at
 # iodepth 64, one connection and four (numjobs=4, one connection each).
 # Peers: qemu-nbd --aio=io_uring, qemu-nbd --aio=threads, nbdkit file.

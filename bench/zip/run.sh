@@ -67,7 +67,8 @@ fi
 if [ ! -s "$MEM" ]; then
 	log "building $MEM"
 	# 3 of 4 pages zero, every 4th page a page of the usr corpus: what a
-	# guest's RAM looks like to migration (seed 004's "duplicate" pages).
+	# guest's RAM looks like to migration (the zero pages QEMU's migration
+	# sends as "duplicate" pages).
 	python3 - "$USR" "$MEM" "$MB" <<'PY'
 import sys
 src, dst, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -13,86 +13,50 @@
  *   that thread, in fd handlers, a bottom half and request coroutines: no
  *   lock on the data path.
  * - Reading: the fd handler recv()s as much as fits into the input buffer
- *   and parses every complete request in it (transmission.c), so
- *   one recv carries many requests.  A short recv means the socket is
- *   empty: no second recv just to see EAGAIN.  A large WRITE payload still
- *   arriving is received straight into its request buffer.
+ *   and parses every complete request in it (transmission.c), so one recv
+ *   carries many requests.  A short recv means the socket is empty: no
+ *   second recv just to see EAGAIN.  A large WRITE payload still arriving
+ *   is received straight into its request buffer.
  * - One coroutine per request, from the coroutine pool.  It runs the
- *   request against the block layer (yielding while the I/O is in flight;
- *   with the block layer's inline fast path a cached read never yields)
- *   and queues the reply.  Handshake output travels in the same queue.
+ *   request against the block layer (a cached read on the block layer's
+ *   inline fast path never yields) and queues the reply.  Handshake output
+ *   travels in the same queue.
  * - Writing: queued replies go out together in one sendmsg() of up to 64
  *   iovecs, right after a parse batch or from a bottom half that runs once
  *   per loop iteration, so a burst of completions costs one syscall.  A
- *   long batch is sent every IOC_NBD_FLUSH_EVERY replies: the client then
- *   works on the first replies while we parse on (on 2 shared cores this
- *   won 3 of 3 A/B runs, +10-45% IOPS, p99 halved, for 4 sendmsg per 64).  READ
- *   data is read by the block layer straight into the buffer the reply
- *   iovec points at.  Socket buffers are enlarged so 64 replies fit.
+ *   long batch is sent every IOC_NBD_FLUSH_EVERY replies, so the client
+ *   works on the first replies while we parse on.  READ data is read
+ *   straight into the buffer the reply iovec points at.  Socket buffers
+ *   are enlarged so 64 replies fit.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
- *   reading until replies drain.  A client that never reads its replies
- *   thus stalls only itself, with bounded memory.  The handshake has a
- *   deadline (a loop timer).  A protocol violation closes this connection.
- * - TLS (tls.c): STARTTLS's ACK is queued in the clear like any reply;
- *   once it is out, the GnuTLS handshake runs from the same handlers
- *   (readable or writable, as GnuTLS asks), then recv and send go through
- *   the session.  Sends gather queued replies into one 16 KiB record at a
- *   time (a copy, which the encryption dwarfs).  A short TLS read does not
- *   mean the socket is empty, and bytes GnuTLS already decrypted raise no
- *   readiness event, so the short-read shortcut is off while GnuTLS holds
- *   input and the bottom half comes back for it.
+ *   reading until replies drain, so a client that never reads stalls only
+ *   itself.  The handshake has a deadline (a loop timer).  A protocol
+ *   violation closes this connection.
+ * - TLS (tls.c): STARTTLS's ACK is queued in the clear; once it is out the
+ *   GnuTLS handshake runs from the same handlers, then recv and send go
+ *   through the session, gathering replies into 16 KiB records.  Bytes
+ *   GnuTLS already decrypted raise no readiness event, so the short-read
+ *   shortcut is off while GnuTLS holds input and the bottom half returns.
  * - The end: EOF or NBD_CMD_DISC stop reading; the connection is freed
  *   once every request it started has been answered (or dropped, when the
  *   socket is dead).  On server shutdown it first reads until the socket
  *   is empty once, so everything the client already sent is answered.
  *
- * Alternatives rejected.  A coroutine per connection reading requests in
- * a loop (QEMU) serialises parsing with a context switch per request and
- * holds a stack per idle client.  Sending each reply as it completes costs
- * a syscall per request; the bottom half batches without adding latency
- * beyond the current loop iteration.
+ * Alternatives rejected (measurements in bench/nbd/NOTES.md).
+ * - A coroutine per connection reading requests in a loop (QEMU): a
+ *   context switch per request and a stack per idle client.
+ * - A sendmsg per reply as it completes: a syscall per request.
+ * - Edge-triggered sockets: no gain, and multishot polls post a CQE per
+ *   client send where one-shot polls coalesce them.
+ * - Reads through io_uring instead of the inline fast path, no adaptive
+ *   polling, one I/O thread: each clearly slower.
  *
  * Cost notes.  Per connection ~1 KiB of state plus a 128 KiB input buffer
  * (untouched pages are not resident).  Per in-flight request the request
  * object (~1.5 KiB, recycled through a per-connection free list) and its
- * data buffer.
- *
- * Where the time goes, and what was tried (issue 8, 2026-11-22; fio nbd
- * engine, 4 KiB, iodepth 64, image in /dev/shm, 2 cores shared with other
- * builds, load 2-7: so medians of interleaved 2-3 s runs, and only
- * differences far beyond the run-to-run spread count).
- * - Profile (perf cpu-clock, randread, 4 connections): the server is
- *   ~95% kernel: copying the page into the reply buffer (copy_to_iter
- *   19%), copying it into the socket (copy_from_iter 10%), page-cache
- *   lookup (xas_load + filemap_get_entry 15%), wakeups.  No user-space
- *   symbol reaches 1%.  Syscalls per request (strace -c): 1 preadv
- *   (the block layer's inline fast path), 1/16 sendmsg, ~1/55 recv,
- *   ~1/55 io_uring_enter.  The loop costs one wakeup per ~55 requests.
- * - Edge-triggered sockets (ioc_loop_set_fd_edge(), io_uring multishot
- *   poll) with reading until a short read instead of at most 4 reads:
- *   correct as far as reviewed (every place that stops reading early
- *   either unregisters POLLIN, and re-registering re-polls readiness, or
- *   has read to a short read; EAGAIN on send registers POLLOUT, and a
- *   mask update re-polls too).  Measured: no gain.  Level vs edge, medians
- *   of 4 rounds, IOPS / server CPU per request: randread 1 conn 155k /
- *   4.90 us vs 147k / 5.09 us, 4 conns 228k / 2.38 vs 219k / 2.49;
- *   randrw 1 conn 139k / 4.53 vs 154k / 5.08, 4 conns 219k / 2.67 vs
- *   210k / 2.73.  It saves a poll re-arm per ~55 requests, while a
- *   multishot poll posts a CQE for every client send that lands after
- *   the drain (one-shot polls coalesce them until re-armed), and one
- *   edge run showed a 134 ms p99 no level run came near.  Not kept.
- * - Reads through io_uring SQEs (block layer no_fast_path: one
- *   io_uring_enter per batch instead of a preadv each): randread 4 conns
- *   148k vs 240k, randrw 1 conn 86k vs 158k.  Not kept: the coroutine
- *   yield and a loop iteration per batch cost more than the syscalls.
- * - Adaptive polling off (--poll-max-ns 0): randread 1 conn 90k vs 153k,
- *   4 conns 167k vs 240k, p99 3-4x worse.  The default (on) stays.
- * - One I/O thread instead of the default one per CPU (2): randread 1
- *   conn 91k vs 153k, 4 conns 151k vs 240k.  The default stays.
- * What is left per request is the two copies and the page-cache lookup;
- * only sending from the page cache without the first copy (splice) would
- * cut that, at the price of bypassing the block layer.
+ * data buffer.  What is left per request is kernel work: two copies and
+ * a page-cache lookup.
  */
 #include <errno.h>
 #include <netdb.h>

@@ -14,20 +14,14 @@
  *   the backend for block status first and send OFFSET_HOLE chunks for
  *   zero extents.
  *
- * Alternatives rejected.  Sparse detection on every read (QEMU does a block
- * status per structured read) doubles the syscalls of a 4 KiB random read
- * for no gain on the wire worth having; hence the size threshold.  Re-
- * measured with the block layer's remembered data region (no syscall on a
- * written image): a 4 KiB threshold was even with 64 KiB on a dense image
- * (fio randread/randrw, 1 and 4 connections, 0.99-1.01x) but lost on one a
- * quarter written (0.81x with 4 connections, 0.93x with 1: a SEEK_DATA per
- * read of a hole, and the one remembered region thrashes between data
- * runs).  Over TLS it is the other way round: every byte sent costs the
- * client a decryption, so a hole chunk saves far more than the SEEK_DATA
- * costs, and TLS connections probe from IOC_NBD_TLS_SPARSE_READ_MIN (a
- * page).  libnbd client, 4 KiB random reads, 64 in flight, PSK, 3 rounds:
- * written image 57-58k vs 58-60k reads/s (even), a quarter written 82-94k
- * vs 60-64k (1.45x), never written 159-166k vs 63k (2.6x).
+ * Alternatives rejected (measurements in bench/nbd/NOTES.md).
+ * - Sparse detection on every read (QEMU does a block status per
+ *   structured read): a SEEK_DATA per small read of a hole, and the block
+ *   layer's one remembered data region thrashes between data runs; in the
+ *   clear a 4 KiB threshold lost to 64 KiB on a partly written image.
+ * - The same 64 KiB threshold over TLS: there every byte sent costs the
+ *   client a decryption, so a hole chunk saves far more than the SEEK_DATA
+ *   costs, hence IOC_NBD_TLS_SPARSE_READ_MIN (a page).
  *
  * Cost notes.  Each request carries a fixed ~1.5 KiB header area so that
  * sparse reads never allocate per chunk; requests are recycled by the
