@@ -17,101 +17,16 @@
  *  - gzip: each block is a member.  Members carry no length, so a decoder
  *    would have to inflate to find the next one; ours put the compressed
  *    member size in an FEXTRA subfield ('I','Z', 4 bytes), which gzip and
- *    pigz skip, like BGZF does for samtools.  The deflater is picked per
- *    level (ioc__zip_deflater_for): ISA-L's igzip (stateless, one call per
- *    block) for levels 1-3 when it is built in, libdeflate for the rest
- *    (and for 1-3 without ISA-L) at the level calibrated against zlib's
- *    (below), zlib when neither is built.  CRC32
- *    comes from the library that deflated the block (see gz_crc()).
- *    Decompression stays on libdeflate: its inflate beat igzip's on our
- *    members (1 MiB, usr tar: 1.05 vs 0.95 GB/s; memory image: 3.4 vs
- *    1.9 GB/s).
- *
- * Deflater measurements (one thread, 1 MiB members, 50 MB corpora from
- * bench/zip/run.sh; MB/s and output/input; `bench-zip --case backend`
- * reproduces them; pigz's size is its whole-file output at that level):
- *
- *              usr tar                      memory image (3/4 zero pages)
- *    level  igzip    libdeflate   pigz size  igzip     libdeflate  pigz size
- *    1      530 .329 231 .308     .328       2061 .080 358 .075    .084
- *    2      503 .324 152 .297     .318       1944 .079 397 .074    .082
- *    3      292 .315 136 .293     .310        503 .078 370 .074    .080
- *    6      (igzip has no level above 3)     libdeflate 77 .280 / 286 .071
- *
- * igzip at 1-3 is 2.2-5x faster than libdeflate and its output is within
- * 2% of pigz's at the same level (usr: +0.2%, +2.0%, +1.9%; memory image:
- * 4.7%, 3.0%, 2.9% smaller), though 4-8% bigger than libdeflate's.  The
- * level is the user's speed/size dial measured against gzip and pigz, so
- * "as small as pigz at that level, much faster" is the better trade; at
- * 4 and above igzip has nothing comparable (its level 3 is pigz -3's size)
- * and libdeflate keeps them.  End to end (iocore-zip --format=gzip -T0 vs
- * pigz -p2, 200 MB corpora in tmpfs, medians of 5 interleaved runs, 2
- * shared cores): usr -1 2.11x -> 3.74x, -2 1.58x -> 4.91x, -3 1.92x ->
- * 3.76x; memory image -1 1.24x -> 3.27x, -2 1.21x -> 4.46x, -3 1.36x ->
- * 1.82x; -6 unchanged (usr 2.05x, memory image 1.80x).  Later, with the
- * input mapped, workers writing the output and the CRC fix in gz_crc()
- * (bench/zip/run.sh --quick, 200 MB, medians of 2 runs of best-of-2):
- * -1 usr 5.80x, memory image 5.04x (sizes 1.00x and 0.97x of pigz's);
- * -6 usr 2.14x, memory image 1.94x (sizes 0.99x).  -6 on the memory
- * image is bound by libdeflate -6 itself: ~256 MB/s per core with its
- * CRC, so 2 cores give at most ~2.06x pigz -p2's ~249 MB/s; we run at
- * ~94% of that.
- * *
- * Level calibration.  A gzip level is a promise about size: gzip -N and
- * pigz -N are zlib -N, so ours should be no bigger, and then as fast as
- * possible.  libdeflate's levels are not zlib's (its 5 is about zlib's
- * 6), so "same number" was slower than needed at 6-9 and not small enough
- * at 4.  The rule: level N runs the fastest libdeflate level whose total
- * output is no bigger than pigz -N -p2's on every calibration corpus,
- * except that one corpus may be up to 0.5% bigger (marked *); if no lower
- * level qualifies, N stays N.  Corpora: usr = bench's 200 MB tar of /usr
- * (text: share/, docs, sources), mem = bench's 200 MB memory image (3 of 4
- * pages zero), lib = 128 MB tar of /usr/lib/x86_64-linux-gnu (ELF
- * shared objects).  Ours: 1 MiB blocks (gzip's default), one thread,
- * `bench-zip --case calibrate FILE NAME`; pigz: whole-file size.  Sizes
- * are output/input; deltas are ours vs pigz -N; MB/s is one core, usr /
- * mem / lib, shared 2-core machine (+-10%).
- *
- *         pigz -N size          runs          ours vs pigz -N         MB/s
- *    N    usr   mem   lib       (lib level)   usr    mem    lib      usr  mem  lib
- *    4    .4454 .0840 .3436     libdeflate 4  -0.93% +1.25% -1.41%   130  290  117
- *    5    .4401 .0823 .3353     libdeflate 5  -0.63% -0.47% -1.49%   108  259   92
- *    6    .4377 .0819 .3312     libdeflate 5  -0.08% +0.03%*-0.26%   108  259   92
- *    7    .4370 .0817 .3300     libdeflate 6  -0.36% -0.29% -0.65%    93  239   76
- *    8    .4364 .0815 .3286     libdeflate 6  -0.22% -0.02% -0.23%    93  239   76
- *    9    .4363 .0815 .3273     libdeflate 6  -0.21% -0.01% +0.17%*   93  239   76
- *
- * Before, 6-9 ran libdeflate 6-9 (usr 93 / 73 / 41 / 32 MB/s): per core
- * -6 is now 1.08-1.21x faster, -7 1.1-1.4x, -8 1.7-3.4x, -9 1.9-5x, and
- * still no bigger than zlib's.  Level 4 keeps
- * libdeflate 4 although it is 1.25% bigger than zlib -4 on the memory
- * image: libdeflate 2 and 3 miss too (+0.71%, +0.64% there) and only 5
- * (11-22% slower) would reach it.  Without the slack, 6 would be libdeflate
- * 6 and 9 libdeflate 7; 7 -> 5 was rejected (bigger on all three, +0.08 /
- * +0.25 / +0.11%).  10-12 have no zlib level and run libdeflate's own.
- * Without ISA-L, 1-3 run libdeflate 1, 1, 2 by the same rule (-2.9%,
- * -0.3%, -2.1% on the worst corpus).  End to end (bench/zip/run.sh
- * --quick, 200 MB, medians of 3 runs of best-of-2, vs pigz -p2): -6 usr
- * 2.14x -> 2.47x (size 0.999x of pigz's), memory image 1.94x -> 2.14x
- * (1.000x); -1 unchanged (5.81x, 5.03x).  One run of -9: usr 3.55x
- * (0.998x size), lib 13.8x (1.0017x).
- *
- * igzip against the same rule (pigz -N size; igzip N vs it):
- *
- *    N    usr           mem           lib           igzip MB/s (usr mem lib)
- *    1    .4669 +0.29%  .0939 -2.68%  .3704 +2.55%   709 1773 503
- *    2    .4604 +1.12%  .0920 -1.22%  .3608 +3.85%   682 1687 478
- *    3    .4556 +0.68%  .0908 -0.67%  .3531 +4.31%   320  491 291
- *
- * On ELF binaries igzip 2 and 3 are ~4% bigger than zlib, past the 3%
- * tolerance levels 1-3 were granted.  Kept anyway, for now: the only
- * settings that meet the size rule there are libdeflate 1, 1, 2, which
- * are 2.3-5.5x slower than igzip on these corpora and would undo the
- * reason 1-3 exist (speed); igzip has nothing above 3, and running
- * igzip 3 for -2 buys 1.7 points on lib for half the speed on usr.
- * Users who need zlib's size on binaries at 1-3 can ask for
- * IOC_ZIP_DEFLATE_LIBDEFLATE (raw levels) or use -4.
-  - All-zero blocks (the zero pages of a memory image) skip the
+ *    pigz skip, like BGZF does for samtools.
+ *  - A gzip level is a promise about size: gzip -N and pigz -N are zlib -N,
+ *    so ours is no bigger, and then as fast as possible.  Level N runs the
+ *    fastest deflater setting that meets that on the calibration corpora
+ *    (ioc__zip_deflate_pick(), ld_level_for[]): ISA-L's igzip for 1-3 when
+ *    built in, libdeflate's calibrated level above (and for 1-3 without
+ *    ISA-L), zlib when neither is built.  CRC32 comes from the library that
+ *    deflated the block (gz_crc()).  Decompression uses libdeflate, whose
+ *    inflate beat igzip's on our members.
+ *  - All-zero blocks (the zero pages of a memory image) skip the
  *    compressor: zstd gets a frame of RLE blocks built by hand (4 bytes per
  *    128 KiB).  Its checksum is XXH64 of n zeros, which libzstd does not
  *    export; rather than carry a second XXH64, the first zero block of each
@@ -122,10 +37,16 @@
  *    they arrive and decide from the header alone whether the frame can be
  *    decoded in memory (content size known and small) or must stream.
  *
- * Rejected.  Hand-building stored deflate blocks for zero gzip members
- * (bigger than what libdeflate makes for zeros, and CRC work anyway);
- * libzstd's seekable contrib code (not packaged in Debian); trusting a
- * frame's content size for allocation (bounded by max_frame instead).
+ * Rejected (measurements and the calibration tables: bench/zip/NOTES.md).
+ *  - libdeflate's level N for gzip -N: its levels are not zlib's, so that
+ *    was slower than needed at 6-9 and not small enough at 4.
+ *  - libdeflate at 1-3: 2.2-5x slower than igzip for output that igzip
+ *    keeps within 2% of pigz's (on ELF binaries igzip 2 and 3 are ~4%
+ *    bigger than zlib; IOC_ZIP_DEFLATE_LIBDEFLATE or -4 meet the size).
+ *  - Hand-built stored deflate blocks for zero gzip members: bigger than
+ *    what libdeflate makes for zeros, and CRC work anyway.
+ *  - libzstd's seekable contrib code: not packaged in Debian.
+ *  - Trusting a frame's content size for allocation: bounded by max_frame.
  *
  * Cost.  The all-zero test is one memcmp pass over the block (~10 GB/s)
  * before compressing; for data blocks it usually stops at the first bytes.
@@ -244,8 +165,8 @@ static const uint32_t isal_lbuf_size[ISAL_DEF_MAX_LEVEL + 1] = {
 };
 #endif
 
-/* libdeflate's level for each gzip level 0-12 under DEFAULT: the calibration
- * table in the essay.  Levels 10-12 have no zlib counterpart (zlib stops at
+/* libdeflate's level for each gzip level 0-12 under DEFAULT, from the
+ * calibration in bench/zip/NOTES.md.  Levels 10-12 have no zlib counterpart (zlib stops at
  * 9) and stay libdeflate's own. */
 static const int8_t ld_level_for[13] = {
 	[1] = 1, [2] = 1, [3] = 2, [4] = 4, [5] = 5, [6] = 5,
@@ -261,7 +182,7 @@ int ioc__zip_deflate_pick(int level, enum ioc_zip_deflate deflate, int *lib_leve
 	switch (deflate) {
 	case IOC_ZIP_DEFLATE_DEFAULT:
 		if (IOC_HAVE_ISAL && level <= 3) {
-			/* igzip 1-3 as they are (the essay). */
+			/* igzip 1-3 as they are (the opening comment). */
 			*lib_level = level;
 			return IOC__ZIP_D_ISAL;
 		}

@@ -2,64 +2,47 @@
  * zip decompression: frames delimited on the feeding thread, decoded by
  * workqueue workers in the slot cycle of pipeline.c.
  *
- * Decompression runs the same cycle.  The feeding thread buffers input in a
- * staging buffer, delimits frames with the codec scanner (block headers
- * only), and hands each complete frame with a known content size of at most
- * max_frame bytes to a slot.  Anything else (a foreign single-frame zstd
- * file written from a pipe, a gzip member without our size subfield, a
- * frame bigger than max_frame) is decoded streaming on the feeding thread
- * after the slots drain, with bounded buffers and ZSTD_d_windowLogMax, so
- * memory stays bounded whatever the input says.  Each frame's output
- * offset is known when it is dispatched, so with opts.write_at the worker
- * writes its frame itself (pwrite into the output file) and the feeding
- * thread never touches decoded bytes; the worker then decodes into its
- * context cell's buffer (reused, cache-warm) rather than the slot's, so
- * decoded memory is one frame per worker, not per slot.  An embedder that
- * has the whole output in memory passes it as opts.out_buf: workers then
- * decode each frame straight into it at its offset, no write_at and no
- * copy, which is what libzstd's single-shot ZSTD_decompressDCtx() does on
- * one thread.  bench-zip's api=lib decompression row compares exactly
- * that (50 MB usr tar, level 3, 2 cores, best of 3, 5 interleaved runs):
- * with ioc_zip_write() plus a write_at callback that memcpys each frame
- * into the buffer, ours was 1378-2301 MB/s against libzstd's ~1390
- * (1.0-1.65x: the staging copy of the input and the second pass over 50
- * MB of output cost as much as a third of the decode); fed by
- * ioc_zip_write_ref() into out_buf, 2614-2671 MB/s, 1.89x, close to the
- * 2x two cores allow.
+ * Problem.  Input is hostile and of any origin (ours, zstd's or gzip's
+ * CLI, a pipe), yet decoding should run on every core with bounded memory,
+ * and the output should reach its file without the feeding thread copying
+ * decoded bytes.
  *
- * Decompression measured (2 cores, 200 MB corpora in tmpfs, fresh output
- * file, medians of 9 interleaved runs, machine shared but quiet-ish;
- * ratio = zstd -d CLI time / ours): usr tar 1.24x -> 1.51x, memory image
- * 1.20x -> 1.67x, from: zero pages left as holes by the CLI (zstd -d is
- * sparse too), input mapped and fed by reference, output decoded into the
- * worker's cell buffer with 4 slots per worker queued.  perf sched on the
- * usr tar: both workers on CPU ~95% of the run (decode ~55%, pwrite into
- * tmpfs ~40% of their time: page-cache insertion and the copy), the
- * feeding thread ~10%.  Tried and rejected: one ordered writer (the
- * feeding thread pwrites every frame, workers only decode): the writer
- * becomes the serial bottleneck (it ran 130-156 ms of a 163-195 ms run
- * while workers waited 60-88 ms each); mapping the output file (see the
- * CLI).  Replacing an existing output costs ~24 ms of page freeing at
- * rename, on the critical path (zstd -f pays the same at unlink).
+ * Design.  The feeding thread buffers input in a staging buffer, delimits
+ * frames with the codec scanner (block headers only), and hands each
+ * complete frame with a known content size of at most max_frame bytes to a
+ * slot (small frames batched, as for compression).  Anything else (a
+ * foreign single-frame zstd file written from a pipe, a gzip member without
+ * our size subfield, a frame bigger than max_frame) is decoded streaming on
+ * the feeding thread after the slots drain, with bounded buffers and
+ * ZSTD_d_windowLogMax, so memory stays bounded whatever the input says.
+ *   - Each frame's output offset is known when it is dispatched, so with
+ *     opts.write_at the worker writes its frame itself (pwrite) and decodes
+ *     into its context cell's buffer (reused, cache-warm), not the slot's:
+ *     decoded memory is one frame per worker, and slots are only input.
+ *   - An embedder with the whole output in memory passes opts.out_buf:
+ *     workers decode each frame straight into it, as libzstd's single-shot
+ *     ZSTD_decompressDCtx() does on one thread.
+ *   - Fed by ioc_zip_write_ref() (the CLI maps its input), the caller's
+ *     buffer stands in as the staging buffer and slots point into it.
+ *   - A seek table met in the input is checked against the frames before
+ *     it, as zstd's seekable reader would.
  *
- * What bounds it (usr tar, 200 MB, re-measured 2026-11-22): both workers
- * busy ~95%; libzstd 48% of the samples, the tmpfs write path 43% (page
- * allocation, memcg, LRU, the copy), of which 8.6% spinning on the output
- * inode's lock.  pwrite alone needs 76 ms on one thread (2.6 GB/s, what dd
- * from /dev/zero gets), so writes hold that lock ~70% of the run.  Scheduling
- * the writes differently does not help: 3 workers with a sleeping userspace
- * write lock 1.15x slower; the ordered-writer variant again 1.40x slower
- * (decoding into slot buffers the writer just read: 171 ms of decode CPU
- * against ~120); in standalone models, decoding into a shared mapping of the
- * output (MADV_POPULATE_WRITE, zapped after each frame) cost the same CPU as
- * pwrite, and deferring a write while the lock is busy to decode the next
- * frame first gave 106-115 ms against 106-116.  A timeline of every pwrite
- * (2026-11-22, same file) shows the two workers alternating: per 4 MiB
- * frame ~2.4 ms of decode (2.1 ms with one worker alone) and ~1.5 ms of
- * pwrite, with the lock mostly free when a worker wants it; the run is CPU
- * bound, ~200 ms of CPU for ~100 ms of wall on 2 cores.  Also tried then:
- * decoding block by block (ZSTD_decompressContinue) and writing each 512
- * KiB as it comes under a try-lock, so a worker never spins on the inode
+ * Rejected (measurements in bench/zip/NOTES.md).  The run is CPU bound:
+ * decode plus the tmpfs write path, whose inode lock the workers share.
+ *   - One ordered writer (the feeding thread pwrites, workers only decode):
+ *     the writer becomes the serial bottleneck.
+ *   - More workers, a sleeping write lock, writing each block as decoded
+ *     under a try-lock, deferring a write while the lock is busy: no gain
+ *     or slower.
+ *   - Decoding into a mapping of the output: a fault per page and the unmap.
+ *   - More slots than workers + 2 without write_at: each is megabytes of
+ *     fresh memory to fault in.
+ *
+ * Cost.  One memcpy of compressed input into a slot (the staging buffer
+ * must survive partial frames), unless fed by reference.  Worst-case
+ * memory with write_at is 4 * workers + 2 slots of compressed input (none
+ * when fed by reference) plus one decoded frame per worker, each at most
+ * max_frame.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,101 +1,56 @@
 /*
  * zip pipeline: blocks in, workqueue workers (de)compress, frames out in
- * order.
+ * order.  This file is the slot cycle and compression; decompress.c feeds
+ * the same cycle with frames.
  *
- * Problem.  QEMU's multithreaded migration compression (seed 004) spent its
- * time in locks and wakeups: one request per thread at a time, a lock per
- * thread plus a global one, workers idle while the migration thread slept.
- * We want every worker busy, a bounded amount of memory, no allocation per
- * block, and output in input order, for a CLI and for an embedder (a
- * migration or backup stream) alike.
+ * Problem.  QEMU's multithreaded migration compression spent its time in
+ * locks and wakeups: one request per thread at a time, a lock per thread
+ * plus a global one, workers idle while the migration thread slept.  We
+ * want every worker busy, bounded memory, no allocation per block, and
+ * output in input order, for a CLI and an embedder (a migration or backup
+ * stream) alike.
  *
- * Design.  A stream owns nslots slots (default 2 * workers + 2 to compress,
- * workers + 2 to decompress; see create()), each an input buffer,
- * an output buffer and an embedded struct ioc_wq_job.  Slots are used
- * strictly in a cycle: job number s lives in slot s % nslots.  The feeding
- * thread (the only thread that touches the stream's own fields) fills the
- * slot of the next job, submits it to the workqueue and, when the next slot
- * in the cycle is still busy, collects completions and emits finished slots
- * in sequence through the write callback.  So:
+ * Design.  A stream owns nslots slots (see ioc__zip_create()), each an
+ * input buffer, an output buffer and an embedded struct ioc_wq_job, used
+ * strictly in a cycle: job s lives in slot s % nslots.  The feeding thread
+ * (the only one that touches the stream's own fields) fills the next slot,
+ * submits it and, when the next slot in the cycle is still busy, collects
+ * completions and emits finished slots in sequence through the write
+ * callback.  So:
  *   - memory is nslots * (block + bound) plus one codec context per worker,
  *     all allocated up front or on first use, and reused;
- *   - order is the cycle itself: the writer emits slot (emitted % nslots)
- *     only once the wq has handed its job back, whatever order jobs come
- *     back in; so the wq runs out of order, which lets its least-loaded
- *     policy see which worker is really free (in_order mode counts a
- *     finished job as in flight until all older ones finish);
- *   - the reader/writer never waits on a lock a worker holds: the only
- *     shared state is the wq's lockless rings and the context claim below.
- * A job is one block, or, for blocks/frames under 256 KiB (4 KiB pages of a
- * migration stream), a batch of them filling ~1 MiB: still one independent
- * frame per block, but one handoff per batch, so the per-job cost (ring
- * push, maybe a wakeup, the writer's callback) is paid per megabyte.
- * Worker-side codec contexts (a ZSTD_CCtx costs more to create than a small
- * block costs to compress) live in an array of claimable cells; a job claims
- * a free cell with an atomic exchange and releases it when done.  At most
- * `workers` jobs run at once and there are `workers` cells, so a claim
- * always succeeds on the first pass; cells are created lazily on first
- * claim, by the worker, so a stream that never sees a block allocates none.
- * The workqueue's least-loaded policy keeps workers equally busy even when
- * zero blocks (microseconds) mix with data blocks (milliseconds); the
- * per-worker CPU time of this stream's jobs is kept here (wstat) to show it.
+ *   - order is the cycle itself: slot (emitted % nslots) is emitted only
+ *     once the wq has handed its job back, whatever order jobs come back
+ *     in, so the wq runs out of order and its least-loaded policy sees
+ *     which worker is really free;
+ *   - nobody waits on a lock a worker holds: the only shared state is the
+ *     wq's lockless rings and the context cells.
+ * Blocks under 256 KiB (a migration stream's 4 KiB pages) are batched ~1 MiB
+ * to a job, still one independent frame per block, so the per-job cost is
+ * paid per megabyte.  Codec contexts live in `workers` claimable cells (an
+ * atomic exchange), created lazily by the worker that first claims one.
+ * With opts.write_from_workers (the CLI sets it) the workers write the
+ * output themselves, in order, through a try-lock (worker_write()): the
+ * feeding thread, a third thread on two cores, otherwise took its writes
+ * out of one worker's time.  Per-worker CPU time is kept (wstat) to show
+ * the balance.
  *
- * Busy spread, measured.  On 2 cores both workers are busy the whole run,
- * so their CPU times differ by what else ran on their core.  The feeding
- * thread is the third thread, and it mostly stays on one core (wake-up
- * affinity): with fast codecs on the memory image (gzip -1 via igzip,
- * 0.5 ms per 1 MiB job) its output writes, ~7 ms of an ~85 ms run, came
- * out of one worker's time: spread 12.6% (gzip -1, 200 MB memory image,
- * median of 9) and 14.1% (usr tar), with job counts like 95/105 and the
- * same per-job cost; sent to /dev/null (no write cost) the same runs
- * spread 1-3.5%.  Neither the wq policy nor batching nor zero blocks were
- * the cause (per-job CPU traced: equal jobs, equal cost per job; the
- * worker preempted by the feeding thread ran fewer of them).  So with
- * opts.write_from_workers (the CLI sets it) the workers write the output
- * themselves, in order, through a try-lock (worker_write()); the
- * feeding thread only submits and collects.  Medians of 9 runs, 200 MB
- * corpora: gzip -1 memory image 12.6% -> 0.5% (and 100 -> 88 ms), usr
- * 14.1% -> 2.6%; zstd -1 memory image 6.2% -> 3.8%, -3 4.5% -> 2.7%,
- * usr -1 8.9% -> 5.4%, usr -3 4.0% -> 5.4% (noise: the machine is shared
- * and single runs still swing to 15%).  Tried without effect: no
- * spinning in the wq (spin_ns < 0), and pinning each worker to its own
+ * Rejected (measurements in bench/zip/NOTES.md).
+ *   - A per-block malloc/free: the allocator's locks and page faults show
+ *     at 4 KiB blocks.
+ *   - A mutex-protected reorder list: the slot cycle already is one.
+ *   - A separate writer thread: the write callback is the embedder's code,
+ *     best run on its own thread, and a third busy thread on 2 cores steals
+ *     from the workers.
+ *   - An in-order workqueue: it blinds least-loaded (strict alternation).
+ *   - No spinning in the wq, or workers pinned to their own cells: same
+ *     spread, same speed.
  *
- * freed CPU; with 3 workers 1.12x slower); mapping the output and
- * decoding straight into it (out_buf): 1.4x slower (a fault per page and
- * the unmap); dropping each frame's input pages once decoded
- * (MADV_DONTNEED, so the final munmap of the input is shorter): 1.5%.
- *
- * Rejected.  A per-block malloc/free (simple, but the allocator's locks and
- * page faults show up at 4 KiB blocks), a mutex-protected output reorder
- * list (the slot cycle already is one), and a separate writer thread (the
- * write callback is the embedder's code; running it on the embedder's own
- * thread is what a migration stream wants, and with 2 cores a third busy
- * thread only steals time from the workers).  For decompression, more
- * slots than workers + 2:
- * each is megabytes of fresh memory to fault in, which on a VM costs more
- * than the extra overlap buys (measured: clear_page was
- * 30% of a 50 MB decompression with 2 * workers + 2 slots of 4 MiB).
- *
- * Cost.  One memcpy of compressed input into a slot for decompression (the
- * staging buffer must survive partial frames), unless the caller feeds
- * with ioc_zip_write_ref(): its buffer (the CLI maps the input file) then
- * stands in as the staging buffer and slots point into it, so workers
- * read frames in place (measured, 200 MB usr tar, 2 cores: 168 -> 155 ms,
- * the feeding thread's read(2) copy and memcpy were ~11% of all CPU);
- * ioc_zip_buffer() avoids the copy of uncompressed input for compression,
- * and ioc_zip_write_ref() the read(2) copy as well: whole slots of the
- * caller's buffer go to workers in place (the CLI maps a regular input
- * file; pipes and stdin still read into ioc_zip_buffer()).  Measured, 200
- * MB corpora in tmpfs, 2 cores, medians of 7 interleaved runs, read(2)
- * into slots -> mapped: gzip -1 usr 241 -> 210 ms, memory image 103 -> 84
- * ms; zstd -1 usr 483 -> 411, memory image 122 -> 112 ms; zstd -3 and
- * gzip -6 unchanged within noise (the copy is a few % of their CPU).
- * Page faults on the mapping move to the workers (fault-around maps 16
- * page-cache pages per fault, so ~3200 faults for 200 MB).
- * Two clock_gettime(THREAD CPUTIME) calls per job for the busy accounting
- * (~0.5 us; per ~1 MiB).  Worst-case decompression memory with write_at
- * is 4 * workers + 2 slots of compressed input (none when fed by
- * reference) plus one decoded frame per worker, each at most max_frame.
+ * Cost.  ioc_zip_buffer() avoids a copy of the input; ioc_zip_write_ref()
+ * the read(2) copy as well (whole slots of the caller's buffer go to the
+ * workers in place; the CLI maps a regular input file).  Two
+ * clock_gettime(THREAD CPUTIME) calls per job for the busy accounting
+ * (~0.5 us per ~1 MiB).
  */
 #include <errno.h>
 #include <sched.h>
@@ -626,7 +581,7 @@ int ioc__zip_create(struct ioc_zip **out, const struct ioc_zip_opts *opts,
 		goto fail;
 	z->workers = ioc_wq_workers(z->wq);
 
-	/* One context cell per worker; see the essay. */
+	/* One context cell per worker; see the opening comment. */
 	z->ncells = z->workers;
 	z->cells = aligned_alloc(IOC_CACHELINE, sizeof(*z->cells) * z->ncells);
 	if (!z->cells) {
