@@ -15,43 +15,36 @@
  *   validate -> [fast path] -> [track] -> [bounce] -> backend attempt(s)
  *            -> finish (copy-out, untrack) -> caller's callback
  *
- * - Fast path (reads, cache=writeback): preadv2(RWF_NOWAIT) inline.  The
- *   kernel copies from the page cache or says -EAGAIN without blocking; a
- *   full hit completes the request before any backend is involved, a short
- *   hit continues asynchronously from where it stopped.  A per-image credit
- *   counts misses so that a workload that never hits (cold data) stops
- *   paying for the extra syscall, probing again one request in 32.  File
- *   systems without RWF_NOWAIT (tmpfs: -EOPNOTSUPP) get the same shortcut
- *   from cachestat(2): when every page of the range is cached, a plain
- *   preadv cannot wait for I/O (short of an eviction between the two calls).
- *   tmpfs without swap needs neither: its reads never wait for I/O, and
- *   neither do its writes, which take the same shortcut (no file system
- *   offers RWF_NOWAIT for buffered writes through pwritev2).
+ * This file validates, tracks, bounces and dispatches; the backends
+ * (blk-uring.c, blk-threads.c) run attempts; request.c, below both, holds
+ * what every backend shares (short transfers, completion).
+ * - Fast path (reads, cache=writeback): preadv2(RWF_NOWAIT) inline; a full
+ *   hit completes before any backend is involved, a short hit continues
+ *   asynchronously.  A per-image credit counts misses so a workload that
+ *   never hits stops paying for the syscall, probing one request in 32.
+ *   Without RWF_NOWAIT (tmpfs) cachestat(2) tells whether the range is
+ *   cached; tmpfs without swap needs neither, for reads or writes.
  * - Backends are chosen per request: io_uring on the current loop's ring
- *   (the loop submits its SQEs at the end of its iteration, so a burst of
- *   requests costs one io_uring_enter), else the loop's thread pool doing
- *   preadv2/pwritev2.  Operations io_uring cannot express cheaply (ioctls,
- *   the write-zeroes fallback chain, read-modify-write) always go to the
+ *   (one io_uring_enter per loop iteration for a burst), else the loop's
+ *   thread pool.  What io_uring cannot express cheaply (ioctls, the
+ *   write-zeroes fallback chain, read-modify-write) always goes to the
  *   pool.  The null driver completes every attempt at once.
  * - Short transfers are retried by every backend through one accounting
  *   function (ioc__blk_rw_account), so the fault hook's short transfers
  *   exercise exactly the code a real short read takes.  Reads that hit the
  *   end of file are zero-filled (the image shrank under us).
  * - cache=none (O_DIRECT): the alignment comes from statx(STATX_DIOALIGN),
- *   else BLKSSZGET for devices, else probing reads.  A request whose
- *   offset, length or buffers are misaligned is bounced: reads go through an
- *   aligned buffer covering the aligned region; writes whose only problem is
- *   the memory are copied into one; writes with a misaligned offset or
- *   length become a read-modify-write job on the pool.  A partial-block
- *   read-modify-write would lose a concurrent write to the same block, so
- *   with cache=none every write-like request is tracked in a per-image list
- *   and a read-modify-write waits for (and blocks) overlapping writes.
+ *   else BLKSSZGET, else probing reads.  Misaligned requests are bounced:
+ *   reads through an aligned buffer, writes with misaligned memory copied
+ *   into one, writes with a misaligned offset or length become a
+ *   read-modify-write on the pool, which waits for (and blocks) overlapping
+ *   writes in a per-image list, so no concurrent write to the block is lost.
  *
- * Completion.  The coroutine API passes direct_cb: a request that
- * completes during submission (fast path, null driver) returns without the
- * coroutine ever yielding.  The callback API defers such a completion
- * through a task posted to the loop, so a callback never runs inside the
- * call that submitted it (the caller's state may be half built).
+ * Completion.  The coroutine API passes direct_cb: a request that completes
+ * during submission (fast path, null driver) returns without the coroutine
+ * ever yielding.  The callback API defers such a completion through a task
+ * posted to the loop, so a callback never runs inside the call that
+ * submitted it (the caller's state may be half built).
  *
  * Write-back errors.  The kernel reports a failed write-back once, to the
  * next fsync, then marks the pages clean: the fsync after it succeeds
@@ -66,25 +59,17 @@
  * Injected faults count like real ones.
  *
  * Alternatives rejected.  A per-request coroutine inside the library (QEMU's
- * blk_aio_*): costs a switch even on the fast path.  linux-aio: needs
- * O_DIRECT to be asynchronous and io_uring supersedes it.  Tracking every
- * request (QEMU's tracked requests): only cache=none needs it, and only for
- * writes, so cache=writeback pays nothing.
+ * blk_aio_*): a switch even on the fast path.  linux-aio: needs O_DIRECT to
+ * be asynchronous, and io_uring supersedes it.  Tracking every request
+ * (QEMU's tracked requests): only cache=none writes need it.
  *
- * Cost notes.  Fast-path hit: one preadv2 plus the checks, no allocation.
- * Measured (bench/blk, 4 KiB reads from /dev/shm, 64 in flight, 2 shared
- * cores): a request on the fast path costs ~1 us of CPU in all (coroutine,
- * copy and syscall included) against ~1.7-2.5 us through io_uring or the
- * pool.  But the fast path copies on the loop's own thread, while the
- * asynchronous paths spread copies over a second core: with one busy loop
- * on an idle machine the two can be close in requests/s; the fast path
- * always wins in requests per CPU-second, which is what an I/O thread
- * serving many connections runs out of.  So it stays on by default, and
- * iocore-bench --fast-path off measures without it.
- * The fault hook costs one predictable branch per attempt when unset.
- * Tracking with cache=none: one mutex round trip and an O(n) scan of the
- * writes in flight per write (n is the queue depth; fine below a few
- * hundred).  Bouncing allocates an aligned buffer per misaligned request.
+ * Cost notes.  A fast-path hit is one preadv2 and no allocation, about half
+ * the CPU of a request through io_uring or the pool; it copies on the
+ * loop's own thread, so it wins in requests per CPU-second, what an I/O
+ * thread serving many connections runs out of (bench/blk/NOTES.md; off with
+ * iocore-bench --fast-path off).  The fault hook costs one predictable
+ * branch when unset.  cache=none tracking: a mutex round trip and an O(n)
+ * scan of the writes in flight per write (n is the queue depth).
  */
 #include <assert.h>
 #include <errno.h>
