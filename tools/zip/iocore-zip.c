@@ -787,6 +787,18 @@ static int parse_value(struct cli *cli, int opt, const char *val)
 	return 0;
 }
 
+/* A run of level digits ended: 0, or -1 after saying why it is bad. */
+static int end_level(struct cli *cli, int *lv)
+{
+	if (*lv < 1 || *lv > 19) {
+		fprintf(stderr, "iocore-zip: level must be 1..19\n");
+		return -1;
+	}
+	cli->level = *lv;
+	*lv = -1;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct cli cli = { .format = IOC_ZIP_ZSTD };
@@ -808,13 +820,9 @@ int main(int argc, char **argv)
 		const char *cur = before < argc ? argv[before] : "";
 		bool is_long = strncmp(cur, "--", 2) == 0;
 
-		if (lv >= 0 && (c < '0' || c > '9')) {
-			/* A run of digits ended with a letter after it. */
-			if (lv < 1 || lv > 19)
-				goto bad_level;
-			cli.level = lv;
-			lv = -1;
-		}
+		/* A run of digits ended with a letter after it. */
+		if (lv >= 0 && (c < '0' || c > '9') && end_level(&cli, &lv) < 0)
+			goto fail;
 		if (c == -1)
 			break;
 		switch (c) {
@@ -826,13 +834,9 @@ int main(int argc, char **argv)
 			lv = (lv < 0 ? 0 : lv * 10) + (c - '0');
 			if (lv > 1000)
 				lv = 1000;      /* out of range anyway; no overflow */
-			if (optind != before) {
-				/* The argument ended with this digit. */
-				if (lv < 1 || lv > 19)
-					goto bad_level;
-				cli.level = lv;
-				lv = -1;
-			}
+			/* The argument ended with this digit. */
+			if (optind != before && end_level(&cli, &lv) < 0)
+				goto fail;
 			break;
 		case 'd': cli.decompress = true; break;
 		case 'z': cli.decompress = false; break;
@@ -888,8 +892,7 @@ int main(int argc, char **argv)
 	free(files);
 	return failed ? 1 : 0;
 
-bad_level:
-	fprintf(stderr, "iocore-zip: level must be 1..19\n");
+fail:
 	free(files);
 	return 1;
 }
