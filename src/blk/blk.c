@@ -18,58 +18,47 @@
  * This file validates, tracks, bounces and dispatches; the backends
  * (blk-uring.c, blk-threads.c) run attempts; request.c, below both, holds
  * what every backend shares (short transfers, completion).
- * - Fast path (reads, cache=writeback): preadv2(RWF_NOWAIT) inline; a full
- *   hit completes before any backend is involved, a short hit continues
- *   asynchronously.  A per-image credit counts misses so a workload that
- *   never hits stops paying for the syscall, probing one request in 32.
- *   Without RWF_NOWAIT (tmpfs) cachestat(2) tells whether the range is
+ * - Fast path (reads, cache=writeback): preadv2(RWF_NOWAIT) inline; a short
+ *   hit continues asynchronously.  A per-image credit stops a workload that
+ *   never hits from paying for the syscall (probing one request in 32).
+ *   Without RWF_NOWAIT (tmpfs) cachestat(2) says whether the range is
  *   cached; tmpfs without swap needs neither, for reads or writes.
  * - Backends are chosen per request: io_uring on the current loop's ring
- *   (one io_uring_enter per loop iteration for a burst), else the loop's
- *   thread pool.  What io_uring cannot express cheaply (ioctls, the
- *   write-zeroes fallback chain, read-modify-write) always goes to the
- *   pool.  The null driver completes every attempt at once.
- * - Short transfers are retried by every backend through one accounting
- *   function (ioc__blk_rw_account), so the fault hook's short transfers
- *   exercise exactly the code a real short read takes.  Reads that hit the
- *   end of file are zero-filled (the image shrank under us).
- * - cache=none (O_DIRECT): the alignment comes from statx(STATX_DIOALIGN),
- *   else BLKSSZGET, else probing reads.  Misaligned requests are bounced:
- *   reads through an aligned buffer, writes with misaligned memory copied
- *   into one, writes with a misaligned offset or length become a
- *   read-modify-write on the pool, which waits for (and blocks) overlapping
- *   writes in a per-image list, so no concurrent write to the block is lost.
- *
- * Completion.  The coroutine API passes direct_cb: a request that completes
- * during submission (fast path, null driver) returns without the coroutine
- * ever yielding.  The callback API defers such a completion through a task
- * posted to the loop, so a callback never runs inside the call that
- * submitted it (the caller's state may be half built).
- *
- * Write-back errors.  The kernel reports a failed write-back once, to the
- * next fsync, then marks the pages clean: the fsync after it succeeds
- * though the data is gone ("fsyncgate").  So the first write-back error a
- * sync reports (any flush error but -ENOMEM; -EIO of a FUA write or
- * write-zeroes, whose -ENOSPC means allocation failed before the cache)
- * is kept, and every later flush and FUA request fails with it, without
- * touching the disk, until the image is closed; a sync that succeeded
- * while the error was recorded fails too.  Reads and plain writes go on,
- * so a client can rescue what is intact.  Rejected: retrying the sync, or
- * clearing the error after one successful flush (both succeed and lie).
- * Injected faults count like real ones.
+ *   (one io_uring_enter per loop iteration), else the loop's thread pool,
+ *   which also takes what io_uring cannot express cheaply (ioctls, the
+ *   write-zeroes fallbacks, read-modify-write).  The null driver completes
+ *   every attempt at once.
+ * - Short transfers go through one accounting function for every backend
+ *   (ioc__blk_rw_account), so the fault hook's short transfers run the code
+ *   a real one does.  Reads past the end of file are zero-filled.
+ * - cache=none (O_DIRECT): alignment from statx(STATX_DIOALIGN), else
+ *   BLKSSZGET, else probing reads.  Misaligned requests are bounced through
+ *   an aligned buffer; a write with a misaligned offset or length becomes a
+ *   read-modify-write on the pool that waits for (and blocks) overlapping
+ *   writes in a per-image list, so no concurrent write to a block is lost.
+ * - Completion: the coroutine API passes direct_cb, so a request done during
+ *   submission returns without a yield; the callback API defers it through
+ *   a task, so a callback never runs inside the call that submitted it.
+ * - Write-back errors: the kernel reports a failed write-back once, to the
+ *   next fsync ("fsyncgate").  So the first write-back error a sync reports
+ *   (any flush error but -ENOMEM; -EIO of a FUA write or write-zeroes) is
+ *   kept, and every later flush and FUA request fails with it until the
+ *   image is closed, as does a sync that succeeded meanwhile.  Reads and
+ *   plain writes go on, so a client can rescue what is intact.  Injected
+ *   faults count like real ones.
  *
  * Alternatives rejected.  A per-request coroutine inside the library (QEMU's
  * blk_aio_*): a switch even on the fast path.  linux-aio: needs O_DIRECT to
  * be asynchronous, and io_uring supersedes it.  Tracking every request
- * (QEMU's tracked requests): only cache=none writes need it.
+ * (QEMU's tracked requests): only cache=none writes need it.  Retrying a
+ * failed sync, or forgetting its error after one good flush: both lie.
  *
  * Cost notes.  A fast-path hit is one preadv2 and no allocation, about half
- * the CPU of a request through io_uring or the pool; it copies on the
- * loop's own thread, so it wins in requests per CPU-second, what an I/O
- * thread serving many connections runs out of (bench/blk/NOTES.md; off with
- * iocore-bench --fast-path off).  The fault hook costs one predictable
- * branch when unset.  cache=none tracking: a mutex round trip and an O(n)
- * scan of the writes in flight per write (n is the queue depth).
+ * the CPU of a request through io_uring or the pool, and it copies on the
+ * loop's own thread: it wins in requests per CPU-second (bench/blk/NOTES.md;
+ * off with iocore-bench --fast-path off).  The fault hook costs a branch
+ * when unset.  cache=none tracking: a mutex round trip and an O(queue depth)
+ * scan per write.
  */
 #include <assert.h>
 #include <errno.h>
