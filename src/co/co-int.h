@@ -65,7 +65,7 @@ void ioc__co_stack_free(struct ioc_co *co);
 /* How many VMAs one stack costs (1 with MADV_GUARD_INSTALL, else 2). */
 unsigned ioc__co_stack_vmas(void);
 
-/* pool.c */
+/* co-pool.c */
 struct ioc_co *ioc__co_pool_get(void);
 void ioc__co_pool_put(struct ioc_co *co);
 
