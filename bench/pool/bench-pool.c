@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "iocore/pool.h"
+#include "src/pool/pool-int.h"
 #include "common/bench.h"
 
 #ifdef HAVE_GLIB
@@ -262,26 +263,28 @@ static void io_submit(struct slot *s)
 static const char *run_iocore(void)
 {
 	struct ioc_pool_opts o = { .max_threads = cfg.threads };
+	uint32_t ablation = 0;
 	const char *v = cfg.variant ? cfg.variant : "default";
 	struct ioc_pool_stats st;
 	struct ioc_loop_stats ls;
 	int rc;
 
 	if (!strcmp(v, "no-submit-batch"))
-		o.flags = IOC_POOL_NO_SUBMIT_BATCH;
+		ablation = IOC__POOL_NO_SUBMIT_BATCH;
 	else if (!strcmp(v, "no-complete-batch"))
-		o.flags = IOC_POOL_NO_COMPLETE_BATCH;
+		ablation = IOC__POOL_NO_COMPLETE_BATCH;
 	else if (!strcmp(v, "wake-always"))
-		o.flags = IOC_POOL_WAKE_ALWAYS;
+		ablation = IOC__POOL_WAKE_ALWAYS;
 	else if (!strcmp(v, "no-spin"))
 		o.spin_max_ns = -1;
 	else if (!strcmp(v, "spin-busy"))
-		o.flags = IOC_POOL_SPIN_BUSY;
+		ablation = IOC__POOL_SPIN_BUSY;
 	else if (!strcmp(v, "no-lag-yield"))
-		o.flags = IOC_POOL_NO_LAG_YIELD;
+		ablation = IOC__POOL_NO_LAG_YIELD;
 	else if (!strcmp(v, "qemu-like")) {
-		o.flags = IOC_POOL_NO_SUBMIT_BATCH | IOC_POOL_NO_COMPLETE_BATCH |
-			  IOC_POOL_WAKE_ALWAYS | IOC_POOL_NO_LAG_YIELD;
+		ablation = IOC__POOL_NO_SUBMIT_BATCH |
+			   IOC__POOL_NO_COMPLETE_BATCH |
+			   IOC__POOL_WAKE_ALWAYS | IOC__POOL_NO_LAG_YIELD;
 		o.spin_max_ns = -1;
 		o.spawn_delay_ns = -1;
 	} else if (!strcmp(v, "eager-spawn")) {
@@ -296,7 +299,7 @@ static const char *run_iocore(void)
 	if (rc < 0)
 		return "ioc_loop_new failed";
 	ioc_loop_set_current(io_loop);
-	rc = ioc_pool_new(&io_pool, &o);
+	rc = ioc__pool_new_ablated(&io_pool, &o, ablation);
 	if (rc < 0)
 		return "ioc_pool_new failed";
 	run_begin();

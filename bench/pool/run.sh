@@ -53,7 +53,8 @@ run() {
 		echo "$BIN --impl $impl --case empty --threads $THREADS --seconds $SECS"
 	done
 } | python3 "$HERE/../ring/interleave.py" "$ROUNDS"
-# One design step off at a time (bench-pool.c and src/pool/pool.c explain).
+# One design step off at a time (bench-pool.c lists them; bench/pool/NOTES.md
+# has what they measured).
 for v in default no-submit-batch no-complete-batch wake-always no-spin spin-busy no-lag-yield qemu-like max64 eager-spawn; do
 	run --impl iocore --variant $v --case preadv --file "$IMG" --threads $THREADS --seconds $SECS
 done

@@ -37,27 +37,7 @@ struct ioc_pool_opts {
 	 * not need more threads than CPUs).  0 = default (200000); negative:
 	 * start threads whenever no idle one can take a job (QEMU). */
 	int64_t spawn_delay_ns;
-	uint32_t flags;            /* IOC_POOL_* below; default 0 */
-};
-
-/* Ablation switches, for measuring each design step (bench/pool).  Not for
- * production use. */
-enum {
-	/* Hand each submission to the workers at once instead of gathering
-	 * the submissions of one loop iteration. */
-	IOC_POOL_NO_SUBMIT_BATCH = 1u << 0,
-	/* Post one loop task per completion instead of batching them.  With
-	 * this flag ioc_pool_free() requires that no completion is pending. */
-	IOC_POOL_NO_COMPLETE_BATCH = 1u << 1,
-	/* Signal a sleeping worker for every job even when a spinning worker
-	 * could take it (QEMU's behaviour). */
-	IOC_POOL_WAKE_ALWAYS = 1u << 2,
-	/* Let an idle worker spin even when running workers (plus the
-	 * submitting loop's thread) already occupy every CPU. */
-	IOC_POOL_SPIN_BUSY = 1u << 3,
-	/* Never yield the CPU after a job to let a lagging loop thread run
-	 * (see "lag yield" in src/pool/pool.c). */
-	IOC_POOL_NO_LAG_YIELD = 1u << 4,
+	uint32_t flags;            /* reserved for options to come: must be 0 */
 };
 
 /* Runs on a worker thread.  Returns a result, by convention >= 0 or -errno. */

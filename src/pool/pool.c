@@ -2,201 +2,62 @@
  * iocore thread pool: blocking calls on worker threads, completions on the
  * submitting loop.
  *
- * The problem
- * -----------
- * Some calls block (preadv on a file without io_uring, fsync, getaddrinfo,
- * compression of a big buffer).  A loop hands them to a worker thread and
- * wants the result back on its own thread.  For small requests (4 KiB reads
- * from page cache) the call itself costs about a microsecond, so the pool's
- * own overhead -- locks, futex wakeups of workers, wakeups of the loop --
- * decides the request rate.  On this project's VMs waking a sleeping thread
- * costs tens of microseconds, so every avoided sleep/wake pair counts.
+ * Problem: some calls block (preadv without io_uring, fsync, getaddrinfo);
+ * a loop hands them to a worker and wants the result on its own thread.  A
+ * 4 KiB page-cache read costs about a microsecond, so the pool's overhead
+ * (locks, wakeups of workers and of the loop: tens of us each on a VM)
+ * decides the rate.
  *
- * The design
- * ----------
- * One queue per pool, a doubly linked list of the callers' embedded
- * requests under pool->lock (cancel unlinks in O(1)).  Workers wait on the
- * condition variable request_cond with the queue itself as the predicate
- * (seed 002): there is no semaphore whose count would have to track the
- * queue, and cancel just unlinks.
- *
- * Every (pool, loop) pair has a "port" (struct ioc_pool_port) that carries
- * both directions between that loop and the workers:
- *
- *  - Submissions.  ioc_pool_submit() appends to the port's pending list,
- *    which only the loop thread touches, and kicks the port's flush once
- *    per loop iteration (or, when the submission comes from a done
- *    callback, flushes at the end of that completion batch).  The flush
- *    takes pool->lock once for the whole batch and wakes at most one
- *    worker; a worker that takes a job and still sees more jobs than
- *    spinning or already-woken workers wakes the next one (a wake chain), so
- *    the loop pays one signal however long the batch.
- *  - Completions.  A worker pushes the finished request on the port's
- *    lock-free completion stack (a Treiber push) outside pool->lock (seed
- *    002: the completion is made visible to the loop outside the lock, so
- *    the worker's next critical section is short and the loop never waits
- *    for it).  Only the push that finds the stack empty kicks the loop; the
- *    kicked callback takes the whole stack with one exchange, reverses it to
- *    submission order and runs the callbacks.  So the completions that land
- *    while the loop is busy or waking up cost one loop wakeup, not one
- *    each.  The kick is a BH for the home port of a loop's own pool (the
- *    loop owns BHs, so ioc_loop_free() can drop a pending one safely) and
- *    an embedded ioc_loop_post() task for the ports of other loops.
- *  - Idle workers spin, bounded and adaptively, before sleeping: each worker
- *    keeps its own budget (<= spin_max_ns), doubled when a short sleep
- *    proved that spinning would have caught the next job, halved when a
- *    spin found nothing; at most max_spinners workers spin at once, and
- *    only while a CPU is spare (running workers + spinners + the loop's
- *    thread < CPUs).  The
- *    spinner reads only a mirror of the queue length (q_visible) and takes
- *    the lock when it becomes non-zero.  Submitters and chaining workers
- *    count spinning (and already-signalled, and starting) workers as spare
- *    and signal a sleeper only when the queue is longer than the spares.
- *  - Lag yield: a worker that finishes a job when the queue is down to two
- *    jobs per thread, and whose completion landed on a stack the loop has
- *    not collected yet, yields its CPU once (sched_yield) before taking
- *    the next job.  The loop thread is then most likely runnable but
- *    waiting for a CPU a worker holds; if it does not run before the
- *    queue drains, every worker goes to sleep and the loop must wake them
- *    again.  Where nothing else waits for the CPU the yield is one cheap
- *    syscall, and it only happens while the loop lags.
+ * Design:
+ *  - One queue per pool: a doubly linked list of embedded requests under
+ *    pool->lock (O(1) cancel).  Workers wait on request_cond with the queue
+ *    itself as the predicate, so no semaphore count must track the queue.
+ *  - A port (struct ioc_pool_port) per (pool, loop) pair carries both ways.
+ *    Submissions gather on the port's loop-private pending list and are
+ *    flushed once per loop iteration (or at the end of a completion batch):
+ *    one lock round trip and at most one signal per batch, and a worker
+ *    that takes a job while more wait than spare workers wakes the next
+ *    (a wake chain).  Completions are pushed on the port's lock-free stack
+ *    outside pool->lock, so a worker's next critical section stays short;
+ *    only the push that finds the stack empty kicks the loop, which takes
+ *    the whole stack with one exchange and runs it in submission order.
+ *    The kick is a BH for a loop's own pool (ioc_loop_free() can drop it)
+ *    and an embedded ioc_loop_post() task for other loops' ports.
+ *  - Idle workers spin before sleeping, with a per-worker adaptive budget
+ *    (<= spin_max_ns), at most max_spinners at once, only while a CPU is
+ *    spare (running workers + spinners + the loop's thread < CPUs), reading
+ *    only the q_visible mirror and yielding every 32 pauses so a loop
+ *    thread queued behind the spinner runs.  Submitters count spinning,
+ *    signalled and starting workers as spare before signalling a sleeper.
+ *  - Lag yield: a worker whose completion landed on a stack the loop has
+ *    not collected, with two jobs per thread or fewer left, yields once
+ *    before its next job.  The loop is then most likely waiting for the CPU
+ *    this worker holds; if it does not run before the queue drains, every
+ *    worker sleeps and the loop must wake them again.
  *  - Threads: min..max, named "<name>-<n>", signals blocked.  Up to one per
- *    CPU starts as soon as jobs wait with nobody to take them.  Past that a
- *    thread only helps if the jobs block (in the kernel, on a lock, on each
- *    other): a per-port timer on the submitting loop looks every
- *    spawn_delay_ns while jobs wait uncovered, and starts one thread per
- *    look when the oldest job waited a whole period and the workers started
- *    fewer than 8 jobs each during it.  QEMU's rule (a thread whenever none
- *    is idle) grows a pool running 4 KiB page-cache reads to max_threads,
- *    and 64 threads on 2 CPUs only contend (variant eager-spawn below).  A
- *    worker whose timed wait expires with an empty queue exits while more
- *    than min remain; lowering max makes the extra workers exit after their
- *    current job.  Exited threads are joined lazily (next flush,
- *    set_limits, free).
+ *    CPU starts as soon as jobs wait uncovered; past that a per-port timer
+ *    looks every spawn_delay_ns and starts one thread when the oldest job
+ *    waited a whole period while workers started fewer than 8 jobs each
+ *    (jobs that block).  Idle workers above min exit after idle_timeout,
+ *    and are joined lazily.  Each step has an ablation switch (pool-int.h);
+ *    bench/pool/NOTES.md has the measurements that kept or dropped it.
  *
- * Measured, one step at a time (bench/pool: 4 KiB preadv from /dev/shm, 64
- * in flight from one loop, max 4 threads; each variant turns one step off).
- * The 2-core VM was shared with other builds (load average 11-18): wall
- * rates swing 3x between runs, so the table gives medians of 5 interleaved
- * 1 s runs, and CPU time per job (all threads), which the design controls
- * whatever the load; preadv itself costs ~1.23 us of CPU here.
+ * Rejected: a semaphore counting queued jobs (QEMU's older pool: another
+ * mutex and condvar, and cancel must keep the count in step); per-worker
+ * queues with round-robin (a blocking call strands the jobs behind it while
+ * other workers idle); a lock-free MPMC queue (the queue must be the
+ * condvar's predicate and cancel in O(1), and the lock is taken once per
+ * batch anyway); holding completions back until many gather (a worker that
+ * defers the kick and then blocks strands them); QEMU's spawn rule, a
+ * thread whenever none is idle (64 threads on 2 CPUs only contend).
  *
- *   variant                       requests/s      CPU/job (median, worst)
- *   all steps on (default)        149k            1.79 us, 1.92
- *   no submission batching        151k            1.91 us, 5.31
- *   no completion batching        100k            1.95 us, 8.97
- *   wake even if a worker spins   174k            1.80 us, 2.08
- *   no spinning                   186k            1.80 us, 1.83
- *   QEMU-like (all of the above)  106k            2.08 us, 7.62
- *   max 64 threads                200k            2.14 us, 2.52
- *   max 64, QEMU's eager spawn     88k            4.39 us, 4.90
- *   (GThreadPool 107k, 2.24 us; uv_queue_work 59k, 7.48 us)
- *
- * Kept, and why: completion batching (a third fewer requests/s and 5x CPU
- * tails without it); submission batching (same median, 3x CPU tails
- * without it: each submit then takes the lock against the workers); the
- * delayed thread start (QEMU's eager rule: 2.5x the CPU per job).  Under
- * this load spinning and not-waking-for-spinners are within the noise (the
- * spinner seldom gets a CPU to spin on); in the one run at a lighter load
- * (load 4-6) spinning was the largest single win, 563k vs 411k requests/s
- * without it, and not waking for spinners gave 563k vs 358k.  They are
- * kept, bounded by max_spinners and the adaptive budget.
- *
- * Spinning only on a spare CPU (spare_cpu(): running workers, spinners
- * and the submitting loop's thread each need one).  A quiet run, medians
- * of 5 interleaved 1 s rounds: default 685k requests/s, spinning also
- * while every CPU is busy (flag IOC_POOL_SPIN_BUSY, the old rule) 638k,
- * no spinning 603k; libuv 609k, GThreadPool 561k.  A spinner that takes
- * the CPU the loop thread needs delays the resubmissions it waits for.
- * Tried with it and dropped: workers at nice 5 or SCHED_BATCH so the loop
- * thread wins the CPU (627k, 647k: no better).
- *
- * And the spinner yields the CPU every 32 pauses (spin()): the loop
- * thread, woken to take completions and resubmit, is often queued behind
- * a spinner on the same CPU.  Medians of 5-7 interleaved 1 s rounds on a
- * quiet machine: 546k requests/s without the yield, 983k-1.18M with it
- * (yield every 32 pauses; every 128: 1.1M, every 512: 908k; 8 or 128
- * pauses per round instead of 32: no different); libuv 503-635k,
- * GThreadPool 583k.  This VM also has slow phases where everything runs
- * ~40% slower (ours 725k, libuv 456k, GThreadPool 436k, same rounds).
- * With the yield, spinning on a busy CPU (IOC_POOL_SPIN_BUSY) and not
- * spinning at all came out at 778k and 817k in a slow phase against 747k
- * for the default: within noise, so the spare-CPU rule stays for what it
- * saves in CPU time.
- *
- * The ceiling (bench/pool "ceiling-bare-threads": the same threads calling
- * preadv in a loop, no pool, no loop thread): 1.4-1.75M/s quiet, 750-920k
- * when other work shares the CPUs.  Before the yield the pool reached a
- * third of it (make bench: 595k vs 1.75M).
- *
- * Loop wakeups: with everything on, the loop slept and was woken by a
- * syscall once per ~32 preadv completions (0.03 notify syscalls per job;
- * 8.9 completions per dispatch, the rest found by the loop's own polling)
- * and once per ~140 empty jobs (63.7 completions per dispatch).
- *
- * Tried and dropped: taking up to 8 jobs per lock round trip from a deep
- * queue (no measurable CPU saving; it made cancel coarser).  Dispatching
- * the completion stack newest first with the next request prefetched,
- * to hide the pointer chase of the reversal (23% of the loop thread's
- * time): within noise, 5 interleaved rounds.
- *
- * Where the preadv row's time went before the lag yield (2026-11-22, 1.6-1.8
- * us of CPU per job against the bare threads' ~1.2): the loop thread ~0.42
- * us per job, half of it context switches of its yielding poll rounds, a
- * quarter the completion stack; the workers ~0.15 us above the preadv
- * itself.  A thread-local read buffer in the benchmark, which no pool could
- * offer, would be worth at most 4%.  A yield in the spin was once dropped
- * for costing CPU per job under heavy load; the measurements above, on a
- * quiet machine, brought it back.
- *
- * The lag yield.  perf sched on that row (2 workers, loop thread, 2 CPUs)
- * showed a fixed cycle: the loop shared a CPU with one worker, which ran
- * ~45 us, long enough to drain the 64-deep queue while the loop, having
- * yielded in its poll, waited behind it; then both workers slept, the
- * loop ran 7 us, resubmitted and woke them, and the other CPU idled ~14 us
- * per cycle for the wakeup (8.75% idle; 16k worker wakeups a second).
- * With the yield, the loop runs before the queue drains.  Five interleaved
- * 1.2 s rounds against the no-lag-yield variant (medians): worker wakeups
- * 21-32k -> 24-38 per run, ~4.5% of jobs yield, CPU per job 1553 -> 1473
- * ns, 1.20M -> 1.35M requests/s.  bench/pool --quick, three runs:
- * 1.37-1.41M requests/s against libuv's 661-677k (2.07-2.11x); make bench
- * QUICK=1 with 3 repeats: 2.11x and 2.04x.  Interleaved (5 rounds,
- * medians, a slow phase of the VM): depth 4, 386k -> 505k; depth 1, 331k
- * vs 313k, inside the rounds' spread (a lone request never finds the stack
- * busy, so it never yields); empty jobs 287 -> 254 ns.  Yielding whenever
- * the queue is low, without the lagging test, lost half the rate at depth
- * 1 (533k -> 282k): the worker then yields after every job.
- *
- * Alternatives rejected
- * ---------------------
- *  - A semaphore counting queued jobs (QEMU before 2022): an extra mutex and
- *    condvar inside the semaphore, and cancel must keep the count in step.
- *  - Per-worker queues with round-robin (seed 004): better for uniform CPU
- *    work, but a blocking call of unknown length would strand the jobs
- *    queued behind it while other workers idle.
- *  - A lock-free MPMC submission queue: the queue must also be the
- *    condition variable's predicate and support O(1) cancel; with
- *    submissions batched the lock is taken once per batch anyway.
- *  - Holding completions back until many have gathered (fewer loop
- *    wakeups still): a worker that defers the kick and then blocks in its
- *    next job would strand them, and nothing else would notice.
- *
- * Costs and limits
- * ----------------
- *  - A spinning worker burns a CPU for up to spin_max_ns (50 us) each time
- *    it runs out of work; the adaptive budget falls to zero when spinning
- *    stops paying, and only max_spinners workers (CPUs - 1) spin at once.
- *  - Deferring the hand-off of a submission to the end of the loop
- *    iteration adds the rest of that iteration to its latency.
- *  - Growth past one thread per CPU waits for the submitting loop's timer
- *    (spawn_delay_ns, 200 us by default): a loop that does not run does not
- *    grow its pool beyond that.
- *  - A shared pool looks its port up through a one-entry thread-local cache,
- *    else a list walk under the lock (O(loops), only on a cache miss).
- *  - Ports live as long as the pool.  A task-kicked port whose task or
- *    timer is still pending when the pool is freed is orphaned and freed by
- *    that task or timer when it runs; if its loop is freed first (with
- *    requests of the pool still in flight, a caller bug) it leaks.
+ * Costs: a spinner burns a CPU for up to spin_max_ns (50 us) per idle spell;
+ * a submission waits for the end of its loop iteration; growth past one
+ * thread per CPU needs the submitting loop's timer to run; a shared pool
+ * finds its port through a one-entry thread-local cache, else a list walk
+ * under the lock.  Ports live as long as the pool; a task-kicked port whose
+ * task or timer is pending at free is freed by that task or timer, and
+ * leaks if its loop is freed first (requests still in flight: a caller bug).
  */
 #include "ioc-config.h"
 
@@ -213,7 +74,7 @@
 #include <unistd.h>
 
 #include "iocore/co.h"
-#include "iocore/pool.h"
+#include "pool-int.h"
 
 enum {
 	DEFAULT_MAX_THREADS = 64,
@@ -312,7 +173,7 @@ struct ioc_pool {
 	unsigned ncpu;                 /* online CPUs */
 	unsigned eager_threads;        /* start at once up to this many */
 	int64_t spawn_delay_ns;        /* then only after a job waited this */
-	uint32_t flags;
+	uint32_t ablation;             /* IOC__POOL_* (pool-int.h) */
 	char name[11];
 };
 
@@ -405,7 +266,7 @@ enum wake { WAKE_NONE, WAKE_SIGNAL, WAKE_SPAWN };
 
 static unsigned spare_workers(const struct ioc_pool *pool)
 {
-	if (pool->flags & IOC_POOL_WAKE_ALWAYS)
+	if (pool->ablation & IOC__POOL_WAKE_ALWAYS)
 		return pool->nwoken + pool->nstarting;
 	return pool->nspinning + pool->nwoken + pool->nstarting;
 }
@@ -442,8 +303,8 @@ static bool stalled(const struct ioc_pool *pool)
 
 /*
  * Make req's completion visible to its loop.  Any thread, no pool lock
- * needed (and none held by workers: seed 002).  post false is for
- * pool_destroy(), which drains the stacks itself.
+ * needed (workers push outside it, so their next critical section stays
+ * short).  post false is for pool_destroy(), which drains the stacks itself.
  *
  * Handshake with port_done_task(): the push that finds the stack empty owns
  * the duty to post the task; the task clears LIVE_DONE first and then takes
@@ -461,7 +322,7 @@ static bool port_push_done(struct ioc_pool_port *port,
 {
 	struct ioc_pool_req *old;
 
-	if (port->pool->flags & IOC_POOL_NO_COMPLETE_BATCH && post) {
+	if (port->pool->ablation & IOC__POOL_NO_COMPLETE_BATCH && post) {
 		ioc_loop_post(port->loop, &req->task);
 		return false;
 	}
@@ -582,7 +443,7 @@ static void port_done_bh(void *opaque)
 		port_flush(port);
 }
 
-/* IOC_POOL_NO_COMPLETE_BATCH: one task per completion. */
+/* IOC__POOL_NO_COMPLETE_BATCH: one task per completion. */
 static void req_done_task(struct ioc_task *task)
 {
 	struct ioc_pool_req *req =
@@ -713,7 +574,7 @@ static int64_t spin(struct ioc_pool *pool, int64_t budget)
  */
 static bool spare_cpu(const struct ioc_pool *pool)
 {
-	if (pool->flags & IOC_POOL_SPIN_BUSY)
+	if (pool->ablation & IOC__POOL_SPIN_BUSY)
 		return true;
 	return pool->nrunning + pool->nspinning + 1 < pool->ncpu;
 }
@@ -807,7 +668,7 @@ static void *worker_main(void *opaque)
 			 * likely waiting for a CPU -- maybe this one.  Offer it
 			 * before the queue runs dry and the workers sleep. */
 			if (lagging && pool->q_len <= 2 * pool->nthreads &&
-			    !(pool->flags & IOC_POOL_NO_LAG_YIELD)) {
+			    !(pool->ablation & IOC__POOL_NO_LAG_YIELD)) {
 				pool->lag_yields++;
 				pthread_mutex_unlock(&pool->lock);
 				sched_yield();
@@ -853,7 +714,7 @@ static void *worker_main(void *opaque)
 	w->next = pool->zombies;
 	pool->zombies = w;
 	/* If we consumed a signal meant for a job and exit because max
-	 * shrank, pass it on (seed 002). */
+	 * shrank, pass it on: else the job waits for some later wakeup. */
 	wk = WAKE_NONE;
 	if (pool->q_head && !pool->stopping && pool->nsleeping > pool->nwoken) {
 		pool->nwoken++;
@@ -1112,7 +973,7 @@ void ioc_pool_submit(struct ioc_pool *pool, struct ioc_pool_req *req,
 		atomic_load_explicit(&port->submitted, memory_order_relaxed) + 1,
 		memory_order_relaxed);
 
-	if (pool->flags & IOC_POOL_NO_SUBMIT_BATCH) {
+	if (pool->ablation & IOC__POOL_NO_SUBMIT_BATCH) {
 		port_flush(port);
 		return;
 	}
@@ -1189,7 +1050,7 @@ int64_t ioc_coroutine_fn ioc_pool_co_run(struct ioc_pool *pool,
 static void pool_destroy(struct ioc_pool *pool, struct ioc_loop *dying);
 
 static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
-		       struct ioc_loop *home)
+		       uint32_t ablation, struct ioc_loop *home)
 {
 	struct ioc_pool_opts o = opts ? *opts : (struct ioc_pool_opts){ 0 };
 	pthread_condattr_t ca;
@@ -1197,6 +1058,8 @@ static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 	long ncpu;
 	int rc;
 
+	if (o.flags || (ablation & ~(uint32_t)IOC__POOL_ABLATION_ALL))
+		return -EINVAL;
 	if (!o.max_threads)
 		o.max_threads = DEFAULT_MAX_THREADS;
 	if (o.min_threads > o.max_threads)
@@ -1239,7 +1102,7 @@ static int pool_create(struct ioc_pool **out, const struct ioc_pool_opts *opts,
 	/* Negative delay: QEMU's rule, a thread whenever none is idle. */
 	pool->eager_threads = o.spawn_delay_ns < 0 ? UINT_MAX : (unsigned)ncpu;
 	pool->spawn_delay_ns = o.spawn_delay_ns < 0 ? 0 : o.spawn_delay_ns;
-	pool->flags = o.flags;
+	pool->ablation = ablation;
 	snprintf(pool->name, sizeof(pool->name), "%s", o.name ? o.name : "ioc-pool");
 	pool->id = atomic_fetch_add_explicit(&pool_ids, 1, memory_order_relaxed);
 	atomic_init(&pool->q_visible, 0);
@@ -1277,7 +1140,13 @@ fail_free:
 
 int ioc_pool_new(struct ioc_pool **out, const struct ioc_pool_opts *opts)
 {
-	return pool_create(out, opts, NULL);
+	return pool_create(out, opts, 0, NULL);
+}
+
+int ioc__pool_new_ablated(struct ioc_pool **out,
+			  const struct ioc_pool_opts *opts, uint32_t ablation)
+{
+	return pool_create(out, opts, ablation, NULL);
 }
 
 /*
@@ -1382,7 +1251,7 @@ struct ioc_pool *ioc_pool_for_loop(struct ioc_loop *loop)
 
 	if (pool)
 		return pool;
-	if (pool_create(&pool, NULL, loop) < 0)
+	if (pool_create(&pool, NULL, 0, loop) < 0)
 		return NULL;
 	ioc_loop_set_ext(loop, IOC_LOOP_EXT_POOL, pool, pool_free_with_loop);
 	return pool;

@@ -10,6 +10,7 @@
 
 #include "iocore/co.h"
 #include "iocore/pool.h"
+#include "src/pool/pool-int.h"
 #include "tap.h"
 
 struct ctx {
@@ -99,13 +100,13 @@ static void test_submit_own_pool(void)
 	ioc_loop_free(loop);
 }
 
-static void test_ablation_flags(void)
+static void test_ablation(void)
 {
 	static const uint32_t variants[] = {
-		IOC_POOL_NO_SUBMIT_BATCH, IOC_POOL_NO_COMPLETE_BATCH,
-		IOC_POOL_WAKE_ALWAYS, IOC_POOL_NO_LAG_YIELD,
-		IOC_POOL_NO_SUBMIT_BATCH | IOC_POOL_NO_COMPLETE_BATCH |
-			IOC_POOL_WAKE_ALWAYS | IOC_POOL_NO_LAG_YIELD,
+		IOC__POOL_NO_SUBMIT_BATCH, IOC__POOL_NO_COMPLETE_BATCH,
+		IOC__POOL_WAKE_ALWAYS, IOC__POOL_NO_LAG_YIELD,
+		IOC__POOL_NO_SUBMIT_BATCH | IOC__POOL_NO_COMPLETE_BATCH |
+			IOC__POOL_WAKE_ALWAYS | IOC__POOL_NO_LAG_YIELD,
 	};
 	struct ioc_loop *loop;
 
@@ -113,12 +114,11 @@ static void test_ablation_flags(void)
 	ioc_loop_set_current(loop);
 	for (unsigned i = 0; i < IOC_ARRAY_SIZE(variants); i++) {
 		struct ioc_pool_opts o = { .max_threads = 3,
-					   .flags = variants[i],
 					   .spin_max_ns = i & 1 ? -1 : 0 };
 		struct ioc_pool *pool;
 		struct ioc_pool_stats st;
 
-		ASSERT_OK(ioc_pool_new(&pool, &o));
+		ASSERT_OK(ioc__pool_new_ablated(&pool, &o, variants[i]));
 		run_jobs(pool, loop, 500);
 		ioc_pool_get_stats(pool, &st);
 		ASSERT_UEQ(st.completed, 500);
@@ -173,15 +173,15 @@ static void lag_done(void *opaque, int64_t ret)
 		ioc_loop_stop(c->loop);
 }
 
-static uint64_t lag_yields(struct ioc_loop *loop, uint32_t flags)
+static uint64_t lag_yields(struct ioc_loop *loop, uint32_t ablation)
 {
-	struct ioc_pool_opts o = { .max_threads = 1, .flags = flags };
+	struct ioc_pool_opts o = { .max_threads = 1 };
 	struct lag_ctx c = { .loop = loop };
 	struct lag_job jobs[LAG_JOBS];
 	struct ioc_pool_stats st;
 	struct ioc_pool *pool;
 
-	ASSERT_OK(ioc_pool_new(&pool, &o));
+	ASSERT_OK(ioc__pool_new_ablated(&pool, &o, ablation));
 	for (unsigned i = 0; i < LAG_JOBS; i++) {
 		jobs[i].c = &c;
 		ioc_pool_submit(pool, &jobs[i].req, lag_fn, &jobs[i], lag_done, &jobs[i]);
@@ -205,7 +205,7 @@ static void test_lag_yield(void)
 		n = lag_yields(loop, 0);
 		ASSERT_UGE(n, 2);
 		ASSERT_ULE(n, 3);
-		ASSERT_UEQ(lag_yields(loop, IOC_POOL_NO_LAG_YIELD), 0);
+		ASSERT_UEQ(lag_yields(loop, IOC__POOL_NO_LAG_YIELD), 0);
 	}
 	ioc_loop_free(loop);
 }
@@ -302,9 +302,14 @@ static void test_worker_names(void)
 static void test_limits_invalid(void)
 {
 	struct ioc_pool_opts bad = { .min_threads = 5, .max_threads = 2 };
+	struct ioc_pool_opts reserved = { .flags = 1 };
 	struct ioc_pool *pool;
 
 	ASSERT_EQ(ioc_pool_new(&pool, &bad), -EINVAL);
+	/* No public flags yet, and no ablation bit beyond pool-int.h's. */
+	ASSERT_EQ(ioc_pool_new(&pool, &reserved), -EINVAL);
+	ASSERT_EQ(ioc__pool_new_ablated(&pool, NULL,
+					IOC__POOL_ABLATION_ALL + 1), -EINVAL);
 	ASSERT_OK(ioc_pool_new(&pool, NULL));
 	ASSERT_EQ(ioc_pool_set_limits(pool, 3, 2), -EINVAL);
 	ASSERT_EQ(ioc_pool_set_limits(pool, 0, 0), -EINVAL);
@@ -385,7 +390,7 @@ static void test_min_threads_and_idle_exit(void)
 
 IOC_TEST_MAIN(
 	IOC_TEST(test_submit_own_pool),
-	IOC_TEST(test_ablation_flags),
+	IOC_TEST(test_ablation),
 	IOC_TEST(test_lag_yield),
 	IOC_TEST(test_coroutine),
 	IOC_TEST(test_worker_names),

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "iocore/pool.h"
+#include "src/pool/pool-int.h"
 #include "tap.h"
 
 struct gate {
@@ -123,10 +124,10 @@ static void test_cancel_states(void)
 	ioc_loop_free(loop);
 }
 
-static void race(uint32_t flags)
+static void race(uint32_t ablation)
 {
 	enum { K = 64 };
-	struct ioc_pool_opts o = { .max_threads = 2, .flags = flags };
+	struct ioc_pool_opts o = { .max_threads = 2 };
 	unsigned rounds = ioc_test_scaled(400);
 	int64_t deadline = ioc_now_ns() + 4000000000LL;
 	uint64_t n_cancelled = 0, n_ran = 0;
@@ -138,7 +139,7 @@ static void race(uint32_t flags)
 	ASSERT_NOT_NULL(jobs);
 	ASSERT_OK(ioc_loop_new(&loop, NULL));
 	ioc_loop_set_current(loop);
-	ASSERT_OK(ioc_pool_new(&pool, &o));
+	ASSERT_OK(ioc__pool_new_ablated(&pool, &o, ablation));
 	for (unsigned r = 0; r < rounds && ioc_now_ns() < deadline; r++) {
 		unsigned left = K;
 
@@ -169,8 +170,8 @@ static void race(uint32_t flags)
 			n_ran += !jobs[i].cancel_ok;
 		}
 	}
-	ioc_test_diag("flags %u: %" PRIu64 " cancelled, %" PRIu64 " ran",
-		      flags, n_cancelled, n_ran);
+	ioc_test_diag("ablation %u: %" PRIu64 " cancelled, %" PRIu64 " ran",
+		      ablation, n_cancelled, n_ran);
 	ioc_pool_free(pool);
 	ioc_loop_free(loop);
 	free(jobs);
@@ -183,7 +184,7 @@ static void test_cancel_race_batched(void)
 
 static void test_cancel_race_unbatched(void)
 {
-	race(IOC_POOL_NO_SUBMIT_BATCH);
+	race(IOC__POOL_NO_SUBMIT_BATCH);
 }
 
 IOC_TEST_MAIN(

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "iocore/pool.h"
+#include "src/pool/pool-int.h"
 #include "tap.h"
 
 enum { NQUEUED = 100 };
@@ -205,14 +206,13 @@ static void test_free_churn(void)
 	ioc_loop_set_current(loop);
 	for (unsigned r = 0; r < rounds; r++) {
 		struct ioc_pool_opts o = { .max_threads = 1 + r % 3,
-					   .min_threads = r % 2,
-					   .flags = r % 4 == 3 ?
-						IOC_POOL_NO_SUBMIT_BATCH : 0 };
+					   .min_threads = r % 2 };
+		uint32_t ablation = r % 4 == 3 ? IOC__POOL_NO_SUBMIT_BATCH : 0;
 		struct ioc_pool *pool;
 		unsigned cancelled;
 
 		memset(jobs, 0, 64 * sizeof(*jobs));
-		ASSERT_OK(ioc_pool_new(&pool, &o));
+		ASSERT_OK(ioc__pool_new_ablated(&pool, &o, ablation));
 		for (int i = 0; i < 64; i++)
 			ioc_pool_submit(pool, &jobs[i].req, job_fn, &jobs[i],
 					job_done, &jobs[i]);
