@@ -1,6 +1,7 @@
 /*
- * Workqueue throughput, seed 001's shape: one submitter thread, jobs that
- * each process one 4 KiB page, K jobs in flight, throughput in jobs/s.
+ * Workqueue throughput, shaped like a migration's page pipeline: one
+ * submitter thread, jobs that each process one 4 KiB page, K jobs in
+ * flight, throughput in jobs/s.
  *
  *   bench-wq --case empty|crc4k|compress4k --impl iocore|glib|mutex|inline
  *            --workers N [--policy fill|rr|ll] [--jobs N] [--inflight K]

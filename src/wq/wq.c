@@ -5,112 +5,42 @@
  * thread) wants to spread many small jobs (a 4 KiB page to checksum or
  * compress) over a few cores.  A shared mutex+condvar queue makes every job
  * pay a contended lock round trip and usually a futex wake; QEMU's first
- * threaded-workqueue kept all workers' bitmaps and completion event in
- * shared lines (seed 001's review measured that contention) and its
- * round-robin submission put one job at a time on each worker, so every
- * job cost a sleep/wake cycle (seed 004: workers at 36% next to 2%).
+ * threaded workqueue kept all workers' bitmaps and completion event in
+ * shared cache lines, and its round-robin submission put one job at a time
+ * on each worker, so every job cost a sleep/wake cycle.
  *
  * The design.
  *   - Each worker has its own SPSC request ring (submitter -> worker) and
- *     its own SPSC done ring (worker -> submitter).  No ring, counter or
- *     flag is written by two workers, and each worker's data lives in its
- *     own cache-aligned allocation split into lines by who writes them:
- *       line 0: read-only after creation + submitter-private bookkeeping
- *               (in-flight count, wake count) -- the worker copies what it
- *               needs into locals when it starts and never reads it again;
- *       line 1: the sleep word and the stop flag (written on transitions
- *               only, so the submitter's per-submit read stays a hit);
- *       line 2: the worker's statistics (written once per busy period).
- *   - The submitter counts, per worker, jobs submitted and not yet
- *     collected (`inflight`) and never lets it exceed the ring size.  So
- *     neither ring can overflow (a worker never has to wait for room in its
- *     done ring) and the count is an exact, free load metric for
- *     LEAST_LOADED.
- *   - Policies: FILL keeps submitting to one worker until its ring is
- *     full, then moves on (batching: fewer workers awake, fewer wakes);
- *     ROUND_ROBIN rotates per job; LEAST_LOADED picks the smallest
- *     in-flight count.  The default is FILL, chosen by bench/wq: with every
- *     ring kept full the three are within noise of each other (same CPU
- *     per job), but with a window smaller than the rings (16 tiny jobs in
- *     flight, 2 workers, 2 shared cores) FILL ran ~665k checksum jobs/s
- *     against ~370k for ROUND_ROBIN and ~270k for LEAST_LOADED (GThreadPool
- *     ~500k): one worker stays busy and the other asleep instead of both
- *     waking for every other job.
- *   - In-order mode: the submitter records which worker got sequence
- *     number s in a small FIFO (`order`).  Every worker completes its own
- *     jobs in submission order, so the job with the next sequence number
- *     is always at the head of exactly one known done ring: releasing in
- *     order costs one array read per job, no reorder buffer, no sort.
- *   - Workers spin (adaptively, at most spin_ns, yielding the CPU now and
- *     then) before sleeping on a futex; the submitter only makes the wake
- *     syscall when the worker declared itself asleep.  The spin grows when
- *     a sleep turned out shorter than the cap and shrinks when it was
- *     longer (QEMU's adaptive polling), so on a loaded machine idle workers
- *     stop stealing the submitter's CPU.
- *   - The submitter sleeping in wait_done is woken by a worker only when
- *     that worker is about to run dry (a quarter of its ring or less still
- *     queued, and no more than a third of what already waits in its done
- *     ring; for jobs longer than ~2 us half the ring and no more than what
- *     is done, to leave the submitter time to get a CPU), not per
- *     completion: completions are collected in batches.  wait_done spins
- *     first when no more jobs than workers are in flight (then its
- *     reaction time is the workers' idle time) or when the workers holding
- *     jobs leave a CPU of the process's affinity mask free (one worker on
- *     a 2-CPU machine, or a window that feeds only some workers): then a
- *     sleep, not the spin, is what costs, since a worker drains its last
- *     quarter ring faster than a futex wake gets the submitter back on a
- *     CPU.  A spin that finds itself descheduled (a gap of more than
- *     WQ_PREEMPTED_NS between two looks at the clock) gives up: the CPU
- *     was not spare after all; and the spin yields the CPU every ~128
- *     pauses, so a worker queued behind it on a shared CPU gets to run.
- *   - With opts.loop, workers post one embedded ioc_task to the loop when
- *     the first completion of a batch appears; the task drains every done
- *     ring and calls opts.done on the loop's thread.
- *
- * Sleep/wake handshakes (Dekker style: each side stores its own flag,
- * issues a seq_cst fence, then loads the other side's condition; at least
- * one side sees the other, so no wakeup is lost):
- *   worker sleeps:   state = SLEEPING; fence; if req ring non-empty or
- *                    stop: state = RUNNING, go on; else futex_wait(state,
- *                    SLEEPING) until state != SLEEPING.
- *   submitter wakes: push job (release of prod.tail); fence; if state ==
- *                    SLEEPING and exchange(state, RUNNING) == SLEEPING:
- *                    futex_wake.  A worker still spinning has state ==
- *                    RUNNING, so waking it costs the fence and one load of
- *                    a line it rarely writes: no syscall.
- *   submitter waits: waiting = 1; fence; poll the done rings; if nothing:
- *                    futex_wait(waiting, 1).
- *   worker completes: push to done ring; if at most low_water jobs are
- *                    left in its request ring (and queued * ratio <= done,
- *                    or nothing queued): fence; if waiting and
- *                    exchange(waiting, 0) == 1: futex_wake.  No lost wake:
- *                    a sleeping submitter submits nothing, so each worker
- *                    with jobs reaches an empty ring, and the completion
- *                    that empties it always checks, and sees waiting.
- *   loop notify:     worker: push; the same backlog rule (the loop thread
- *                    submits nothing while it is not told, or hits -EAGAIN
- *                    once a worker holds ring_size uncollected jobs, so
- *                    every worker drains); fence; if !pending and
- *                    exchange(pending, 1) == 0: ioc_bh_schedule.  BH on the
- *                    loop: exchange(pending, 0); fence; drain.  A push the
- *                    drain misses was followed by the worker's fence; its
- *                    load of pending then sees the BH's 0 (or a later 1
- *                    whose scheduler's BH will drain after it), so the
- *                    worker schedules again or another schedule covers it.
- *                    A BH, not a posted task: the loop owns it, so freeing
- *                    the wq (ioc_bh_delete) or the loop with one pending
- *                    frees it too; a posted task whose wq was gone had to
- *                    free itself when run, and leaked if the loop was
- *                    freed first (ASan caught it in test-wq-loop).
- *   The futex value check closes the window between "decide to sleep" and
- *   "sleep": the kernel refuses to sleep if the word changed meanwhile.
- *   src/wq/wq-sleep.pml is a Promela model of the worker and submitter
- *   handshakes (with the low-water rule); tests/wq/test-wq-model.sh checks
- *   it with spin, and checks that dropping either re-check is caught.
+ *     SPSC done ring (worker -> submitter), in its own cache-aligned
+ *     allocation split into lines by writer: line 0 read-only after
+ *     creation plus submitter-private bookkeeping, line 1 the sleep word
+ *     and stop flag (written on transitions only), line 2 the statistics.
+ *   - The submitter counts each worker's jobs submitted and not collected
+ *     (`inflight`) and never lets it exceed the ring size: neither ring can
+ *     overflow, and the count is a free load metric for LEAST_LOADED.
+ *   - Policies: FILL (the default) fills one worker's ring before moving
+ *     on, so fewer workers are awake and fewer wakes are paid; ROUND_ROBIN
+ *     rotates per job; LEAST_LOADED picks the smallest in-flight count.
+ *     bench/wq/NOTES.md has the comparison that chose FILL.
+ *   - In order: a small FIFO (`order`) records which worker got sequence
+ *     number s; each worker completes its jobs in order, so the next job
+ *     to release is at the head of one known done ring: no reorder buffer.
+ *   - Workers spin adaptively (at most spin_ns, yielding now and then;
+ *     QEMU's adaptive polling) before sleeping on a futex; the submitter
+ *     makes the wake syscall only for a worker that declared itself asleep.
+ *   - A submitter sleeping in wait_done is woken only when a worker is
+ *     about to run dry (the low-water rule in notify_completion()), so
+ *     completions are collected in batches; wait_done spins first when
+ *     the workers leave a CPU free, and gives up when it finds itself
+ *     descheduled (WQ_PREEMPTED_NS).
+ *   - With opts.loop, the first completion of a batch schedules a BH that
+ *     drains every done ring and calls opts.done on the loop's thread.
+ * The sleep/wake handshakes are written out above futex_wait() below;
+ * src/wq/wq-sleep.pml models them and tests/wq/test-wq-model.sh checks it.
  *
  * Alternatives rejected.
- *   - One MPSC done ring (seed 004): every worker would write the same
- *     producer line on each completion -- the sharing seed 001 measured.
+ *   - One MPSC done ring: every worker would write the same producer line
+ *     on each completion, the sharing that made QEMU's workqueue slow.
  *     Per-worker SPSC done rings cost the submitter a scan of N rings per
  *     poll, cheap for the handful of workers a machine has.
  *   - Work stealing: needs MC rings and breaks the per-worker FIFO that
@@ -120,13 +50,11 @@
  *
  * Cost notes.  A submit is a ring push, one seq_cst fence and one load of
  * the worker's state line; the worker pays a fence and two loads of
- * read-mostly lines per completion.  The low-water wake trades latency of
- * a single completion for throughput: wait_done may return a little after
- * the first job finished when the workers still have queued work.  busy_ns is measured per busy period
- * (two clock reads per run of jobs, not per job).  poll_done is O(workers)
- * in the unordered mode and O(jobs) in the ordered one.  Shrinking with
- * set_workers joins the retired threads after they drained their rings, so
- * it blocks for up to a ring's worth of jobs.
+ * read-mostly lines per completion.  The low-water wake trades the latency
+ * of a single completion for throughput.  busy_ns costs two clock reads per
+ * busy period, not per job.  poll_done is O(workers) unordered and O(jobs)
+ * in order.  Shrinking with set_workers blocks until the retired workers
+ * drained their rings (up to a ring's worth of jobs).
  */
 #include <assert.h>
 #include <errno.h>
@@ -164,7 +92,7 @@ struct wq_worker {
 	uint32_t inflight;         /* submitter: submitted, not collected */
 	uint64_t wakeups;          /* submitter: futex wakes issued */
 
-	/* Line 1: sleep word and stop flag (see the handshake above). */
+	/* Line 1: sleep word and stop flag (handshakes before futex_wait()). */
 	_Atomic uint32_t state IOC_CACHE_ALIGNED;
 	_Atomic bool stop;
 
@@ -206,6 +134,48 @@ struct ioc_wq {
 	_Atomic uint32_t notify_pending IOC_CACHE_ALIGNED;
 };
 
+/*
+ * Sleep/wake handshakes (Dekker style: each side stores its own flag,
+ * issues a seq_cst fence, then loads the other side's condition; at least
+ * one side sees the other, so no wakeup is lost):
+ *   worker sleeps:   state = SLEEPING; fence; if req ring non-empty or
+ *                    stop: state = RUNNING, go on; else futex_wait(state,
+ *                    SLEEPING) until state != SLEEPING.
+ *   submitter wakes: push job (release of prod.tail); fence; if state ==
+ *                    SLEEPING and exchange(state, RUNNING) == SLEEPING:
+ *                    futex_wake.  A worker still spinning has state ==
+ *                    RUNNING, so waking it costs the fence and one load of
+ *                    a line it rarely writes: no syscall.
+ *   submitter waits: waiting = 1; fence; poll the done rings; if nothing:
+ *                    futex_wait(waiting, 1).
+ *   worker completes: push to done ring; if at most low_water jobs are
+ *                    left in its request ring (and queued * ratio <= done,
+ *                    or nothing queued): fence; if waiting and
+ *                    exchange(waiting, 0) == 1: futex_wake.  No lost wake:
+ *                    a sleeping submitter submits nothing, so each worker
+ *                    with jobs reaches an empty ring, and the completion
+ *                    that empties it always checks, and sees waiting.
+ *   loop notify:     worker: push; the same backlog rule (the loop thread
+ *                    submits nothing while it is not told, or hits -EAGAIN
+ *                    once a worker holds ring_size uncollected jobs, so
+ *                    every worker drains); fence; if !pending and
+ *                    exchange(pending, 1) == 0: ioc_bh_schedule.  BH on the
+ *                    loop: exchange(pending, 0); fence; drain.  A push the
+ *                    drain misses was followed by the worker's fence; its
+ *                    load of pending then sees the BH's 0 (or a later 1
+ *                    whose scheduler's BH will drain after it), so the
+ *                    worker schedules again or another schedule covers it.
+ *                    A BH, not a posted task: the loop owns it, so freeing
+ *                    the wq (ioc_bh_delete) or the loop with one pending
+ *                    frees it too; a posted task whose wq was gone had to
+ *                    free itself when run, and leaked if the loop was
+ *                    freed first (ASan caught it in test-wq-loop).
+ *   The futex value check closes the window between "decide to sleep" and
+ *   "sleep": the kernel refuses to sleep if the word changed meanwhile.
+ *   src/wq/wq-sleep.pml is a Promela model of the worker and submitter
+ *   handshakes (with the low-water rule); tests/wq/test-wq-model.sh checks
+ *   it with spin, and checks that dropping either re-check is caught.
+ */
 static long futex_wait(_Atomic uint32_t *addr, uint32_t val,
 		       const struct timespec *rel)
 {
@@ -228,7 +198,7 @@ static int64_t adapt_spin(int64_t spin, int64_t spin_max, int64_t slept);
  * while a worker has a backlog nobody is waiting on the submitter, and
  * letting completions pile up turns one futex wake per job into one per
  * batch.  Every worker with jobs eventually drains its ring to zero, so a
- * sleeping submitter is always woken (see the handshake at the top).
+ * sleeping submitter is always woken (the handshakes before futex_wait()).
  */
 static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 			      uint32_t *queued_seen, struct ioc_ring *done,
@@ -380,7 +350,7 @@ static void *worker_main(void *arg)
 				continue;
 		}
 
-		/* Sleep handshake, worker half (see the top of the file). */
+		/* Sleep handshake, worker half (before futex_wait()). */
 		atomic_store_explicit(&w->state, W_SLEEPING, memory_order_relaxed);
 		/* Pairs with the fence in kick() between the submitter's push
 		 * (or stop store) and its load of state. */
@@ -869,7 +839,7 @@ int ioc_wq_wait_done(struct ioc_wq *wq, struct ioc_wq_job **jobs, unsigned max,
 				sched_yield();
 			continue;
 		}
-		/* Sleep handshake, submitter half (top of file). */
+		/* Sleep handshake, submitter half (before futex_wait()). */
 		atomic_store_explicit(&wq->waiting, 1, memory_order_relaxed);
 		/* Pairs with the fence in notify_completion() after the
 		 * worker's done-ring push. */
