@@ -26,6 +26,8 @@
 #ifndef IOCORE_CO_H
 #define IOCORE_CO_H
 
+#include <stdatomic.h>
+
 #include "iocore/common.h"
 #include "iocore/loop.h"
 
@@ -93,7 +95,7 @@ int ioc_coroutine_fn ioc_co_wait_fd(int fd, int events);
 struct ioc_co_await {
 	struct ioc_co *co;
 	int64_t result;
-	int state; /* private; atomic */
+	_Atomic int state; /* private */
 };
 void ioc_co_await_init(struct ioc_co_await *aw);
 int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw);
@@ -110,9 +112,9 @@ struct ioc_co_waiter;
  * oldest waiter, which resumes on its own home loop, on any thread.
  * Zero-initialised memory is an unlocked mutex. */
 struct ioc_co_mutex {
-	int locked;                  /* private; atomic: holder + waiters */
+	_Atomic int locked;          /* private: holder + waiters */
 	struct ioc_co *holder;       /* private */
-	struct ioc_co_waiter *from_push; /* private; atomic: arrivals, LIFO */
+	struct ioc_co_waiter *_Atomic from_push; /* private: arrivals, LIFO */
 	struct ioc_co_waiter *to_pop;    /* private: arrivals, FIFO */
 };
 void ioc_co_mutex_init(struct ioc_co_mutex *m);
@@ -148,9 +150,9 @@ void ioc_coroutine_fn ioc_co_rwlock_unlock(struct ioc_co_rwlock *l);
 
 /* An event (latch): set once, any thread; waiters resume; reset re-arms. */
 struct ioc_co_event {
-	/* private; atomic: NULL (clear), a list of waiters (clear), or the
-	 * "set" marker */
-	struct ioc_co_waiter *head;
+	/* private: NULL (clear), a list of waiters (clear), or the "set"
+	 * marker */
+	struct ioc_co_waiter *_Atomic head;
 };
 void ioc_co_event_init(struct ioc_co_event *e);
 void ioc_co_event_set(struct ioc_co_event *e);

@@ -59,6 +59,12 @@ struct ioc_co {
 	assert((co)->home && ioc_loop_current() == (co)->home &&          \
 	       "a coroutine waits only on its home loop's thread (co.h)")
 
+/* Thread-local state of co.c and co-pool.c, on the switch and pool fast
+ * paths: initial-exec, so an access is one thread-pointer-relative load
+ * rather than a call to __tls_get_addr.  A libiocore.so dlopen()ed late
+ * takes these few words from glibc's static TLS surplus. */
+#define IOC_TLS __thread __attribute__((tls_model("initial-exec")))
+
 /* stack.c: map a coroutine (stack + struct) / unmap it. */
 struct ioc_co *ioc__co_stack_alloc(size_t stack_size);
 void ioc__co_stack_free(struct ioc_co *co);

@@ -171,7 +171,7 @@ void ioc_co_await_init(struct ioc_co_await *aw)
 	aw->result = 0;
 	/* Relaxed: aw reaches another thread only through the submit that
 	 * follows, and that hand-off orders it. */
-	__atomic_store_n(&aw->state, AW_INIT, __ATOMIC_RELAXED);
+	atomic_store_explicit(&aw->state, AW_INIT, memory_order_relaxed);
 }
 
 int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw)
@@ -181,14 +181,15 @@ int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw)
 	assert(aw->co == ioc_co_self());
 	/* Acquire on failure pairs with the release exchange in
 	 * ioc_co_await_done(): the result is visible when we skip the yield. */
-	if (__atomic_compare_exchange_n(&aw->state, &expected, AW_WAITING,
-					false, __ATOMIC_ACQ_REL,
-					__ATOMIC_ACQUIRE)) {
+	if (atomic_compare_exchange_strong_explicit(&aw->state, &expected,
+						    AW_WAITING,
+						    memory_order_acq_rel,
+						    memory_order_acquire)) {
 		ioc__co_check_home(aw->co);
 		ioc_co_yield();
 		/* Woken by done(); the wake task's post/pop already orders
 		 * this, the acquire load states it. */
-		expected = __atomic_load_n(&aw->state, __ATOMIC_ACQUIRE);
+		expected = atomic_load_explicit(&aw->state, memory_order_acquire);
 		assert(expected == AW_DONE);
 	}
 	return aw->result;
@@ -202,7 +203,7 @@ void ioc_co_await_done(struct ioc_co_await *aw, int64_t result)
 	/* Release pairs with the acquires in ioc_co_await(); acquire pairs
 	 * with its CAS so we see WAITING only after the coroutine committed
 	 * to yielding. */
-	if (__atomic_exchange_n(&aw->state, AW_DONE, __ATOMIC_ACQ_REL) ==
-	    AW_WAITING)
+	if (atomic_exchange_explicit(&aw->state, AW_DONE,
+				     memory_order_acq_rel) == AW_WAITING)
 		ioc_co_wake(co);
 }

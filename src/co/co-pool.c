@@ -1,5 +1,5 @@
 /*
- * The coroutine pool (seed 000, improved).
+ * The coroutine pool: recycled coroutines with their stacks.
  *
  * Problem: mapping a 1 MiB stack, installing its guard and building a
  * first frame costs microseconds and two or three system calls, while a
@@ -11,14 +11,13 @@
  * Design:
  *  - Each thread keeps a private free list of at most `batch` coroutines
  *    (16 by default).  Create pops from it and terminate pushes to it with
- *    plain loads and stores: no atomic read-modify-write, no fence.  The
- *    list's length is an _Atomic read with relaxed order by the stats
- *    reader only, written with relaxed stores (plain movs) by its owner.
+ *    plain loads and stores: no atomic read-modify-write, no fence (its
+ *    length is an _Atomic stored relaxed by the owner, for the stats).
  *  - A terminate that finds the local list full moves the whole list, as
  *    one unit, onto a global lock-free stack of batches and starts a new
  *    list with the coroutine in hand.  A create that finds the local list
- *    empty takes exactly one batch from the global stack (seed 000: taking
- *    everything starves the other threads).  So a thread touches shared
+ *    empty takes exactly one batch from the global stack (taking everything
+ *    starves the other threads).  So a thread touches shared
  *    memory once per `batch` operations, and after warm-up the
  *    A-creates/B-terminates pattern recycles batches without ever mapping
  *    a new stack.
@@ -52,9 +51,9 @@
  *
  * Rejected: one global list under a mutex (the old QEMU pool: a lock per
  * operation); a global counter per coroutine (an atomic RMW on every create
- * and terminate); the seed's array of list heads indexed by an atomic top
- * (its take races with a concurrent put into the same slot, so batches can
- * merge and the bound drifts).
+ * and terminate); an array of list heads indexed by an atomic top (a take
+ * races with a concurrent put into the same slot: batches merge and the
+ * bound drifts).
  *
  * Cost: fast path ~10 instructions each way; slow path two CASes on
  * shared cache lines per `batch` coroutines.  A thread whose local list is
@@ -66,8 +65,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#define IOC_TLS __thread __attribute__((tls_model("initial-exec")))
 
 enum {
 	DEFAULT_STACK_SIZE = 1 << 20,

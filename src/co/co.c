@@ -65,8 +65,6 @@ void __tsan_destroy_fiber(void *fiber);
 void __tsan_switch_to_fiber(void *fiber, unsigned flags);
 #endif
 
-#define IOC_TLS __thread __attribute__((tls_model("initial-exec")))
-
 static IOC_TLS struct ioc_co *tls_current;
 
 /*

@@ -8,8 +8,7 @@
  * waker on another thread wake a waiter that has published its node but
  * not yet switched out.
  *
- * ---- CoMutex --------------------------------------------------------------
- *
+ * CoMutex (CoQueue, CoRwlock and the event are described where they start).
  * Problem: coroutines on several loops (threads) share a lock.  It must be
  * fair (FIFO), cost one atomic operation when uncontended, and never lose a
  * wakeup when unlock and a new waiter race.
@@ -51,25 +50,14 @@
  * exclusive pop right, a counted waiter always found, no lost wakeup.
  * With the push and the increment swapped it finds the lost waiter.
  *
- * Fairness: FIFO among announced waiters.  The fast-path CAS can only
- * succeed when `locked` is 0, i.e. before anyone announced.
- *
- * Rejected: QEMU's CoMutex (a lock-free queue plus a handoff/sequence
- * protocol for the window between a waiter's increment and its push): we
- * close that window by pushing first, which needs no handoff state; a
- * spinlock around the queue (a preempted thread inside it stalls every
- * loop).  Cost: uncontended lock+unlock = one CAS + one fetch_sub;
- * contended: a push CAS, a fetch_add, an exchange per batch of arrivals
- * and a loop post per handoff.
- *
- * ---- CoQueue, CoRwlock, event ------------------------------------------------
- *
- * CoQueue is a plain FIFO (callers serialise, normally with the mutex they
- * pass to wait).  CoRwlock is a mutex, a queue and counts; a waiting writer
- * blocks new readers so writers do not starve.  The event is one atomic
- * word: NULL, a stack of waiter nodes, or SET; set() exchanges in SET and
- * wakes the stack it took, wait() pushes with a CAS that fails if SET
- * arrived -- so a waiter either sees SET or is in the stack set() takes.
+ * Fairness: FIFO among announced waiters (the fast-path CAS succeeds only
+ * while `locked` is 0, before anyone announced).  Rejected: QEMU's CoMutex
+ * (a lock-free queue plus a handoff/sequence protocol for the window
+ * between a waiter's increment and its push): pushing first closes that
+ * window with no handoff state; a spinlock around the queue (a preempted
+ * thread inside it stalls every loop).  Cost: uncontended lock+unlock =
+ * one CAS + one fetch_sub; contended: a push CAS, a fetch_add, an exchange
+ * per batch of arrivals and a loop post per handoff.
  */
 #include "co-int.h"
 
@@ -90,14 +78,15 @@ void ioc_co_mutex_init(struct ioc_co_mutex *m)
 static void push_arrival(struct ioc_co_mutex *m, struct ioc_co_waiter *w)
 {
 	/* Relaxed: only a guess for the CAS below. */
-	struct ioc_co_waiter *head = __atomic_load_n(&m->from_push,
-						     __ATOMIC_RELAXED);
+	struct ioc_co_waiter *head =
+		atomic_load_explicit(&m->from_push, memory_order_relaxed);
 
 	do {
 		w->next = head;
 		/* Release: publishes *w to pop_oldest()'s acquire exchange. */
-	} while (!__atomic_compare_exchange_n(&m->from_push, &head, w, true,
-					      __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+	} while (!atomic_compare_exchange_weak_explicit(&m->from_push, &head,
+						       w, memory_order_release,
+						       memory_order_relaxed));
 }
 
 /* Pop-right holder only. */
@@ -107,8 +96,9 @@ static struct ioc_co_waiter *pop_oldest(struct ioc_co_mutex *m)
 
 	if (!w) {
 		/* Acquire pairs with push_arrival()'s release CAS. */
-		struct ioc_co_waiter *l = __atomic_exchange_n(&m->from_push, NULL,
-							      __ATOMIC_ACQUIRE);
+		struct ioc_co_waiter *l =
+			atomic_exchange_explicit(&m->from_push, NULL,
+						 memory_order_acquire);
 
 		while (l) {		/* reverse: oldest first */
 			struct ioc_co_waiter *next = l->next;
@@ -140,8 +130,9 @@ void ioc_coroutine_fn ioc_co_mutex_lock(struct ioc_co_mutex *m)
 
 	assert(self && "ioc_co_mutex_lock() outside a coroutine");
 	/* Acquire pairs with the release fetch_sub in unlock. */
-	if (__atomic_compare_exchange_n(&m->locked, &zero, 1, false,
-					__ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+	if (atomic_compare_exchange_strong_explicit(&m->locked, &zero, 1,
+						    memory_order_acquire,
+						    memory_order_relaxed)) {
 		m->holder = self;
 		return;
 	}
@@ -150,7 +141,8 @@ void ioc_coroutine_fn ioc_co_mutex_lock(struct ioc_co_mutex *m)
 	/* Acq_rel: orders our push before the increment (release) for the
 	 * unlocker that reads it, and makes the previous unlocker's writes
 	 * (to_pop) visible when we read 0 and take the pop right. */
-	if (__atomic_fetch_add(&m->locked, 1, __ATOMIC_ACQ_REL) == 0) {
+	if (atomic_fetch_add_explicit(&m->locked, 1,
+				      memory_order_acq_rel) == 0) {
 		struct ioc_co_waiter *first = pop_oldest(m);
 
 		assert(first);
@@ -170,7 +162,8 @@ void ioc_coroutine_fn ioc_co_mutex_unlock(struct ioc_co_mutex *m)
 	m->holder = NULL;
 	/* Acq_rel: release our critical section to the next taker; acquire
 	 * the pushes of every waiter counted before us (see above). */
-	if (__atomic_fetch_sub(&m->locked, 1, __ATOMIC_ACQ_REL) == 1)
+	if (atomic_fetch_sub_explicit(&m->locked, 1,
+				      memory_order_acq_rel) == 1)
 		return;
 	struct ioc_co_waiter *w = pop_oldest(m);
 
@@ -179,6 +172,9 @@ void ioc_coroutine_fn ioc_co_mutex_unlock(struct ioc_co_mutex *m)
 }
 
 /* ---- CoQueue -------------------------------------------------------------- */
+
+/* A plain FIFO: callers serialise, normally with the mutex they pass to
+ * wait. */
 
 void ioc_co_queue_init(struct ioc_co_queue *q)
 {
@@ -230,6 +226,9 @@ bool ioc_co_queue_empty(const struct ioc_co_queue *q)
 
 /* ---- CoRwlock --------------------------------------------------------------- */
 
+/* A mutex, a queue and counts; a waiting writer blocks new readers so
+ * writers do not starve. */
+
 void ioc_co_rwlock_init(struct ioc_co_rwlock *l)
 {
 	ioc_co_mutex_init(&l->mutex);
@@ -277,20 +276,24 @@ void ioc_coroutine_fn ioc_co_rwlock_unlock(struct ioc_co_rwlock *l)
 
 /* ---- event ---------------------------------------------------------------------- */
 
+/* One atomic word: NULL, a stack of waiter nodes, or EVENT_SET.  set()
+ * exchanges in EVENT_SET and wakes the stack it took; wait() pushes with a
+ * CAS that fails if EVENT_SET arrived, so a waiter either sees the event
+ * set or is in the stack set() takes. */
 #define EVENT_SET ((struct ioc_co_waiter *)(uintptr_t)1)
 
 void ioc_co_event_init(struct ioc_co_event *e)
 {
 	/* Relaxed: before the event is shared. */
-	__atomic_store_n(&e->head, NULL, __ATOMIC_RELAXED);
+	atomic_store_explicit(&e->head, NULL, memory_order_relaxed);
 }
 
 void ioc_co_event_set(struct ioc_co_event *e)
 {
 	/* Acq_rel: release what the setter wrote to the waiters that see
 	 * SET; acquire the nodes pushed by ioc_co_event_wait()'s CAS. */
-	struct ioc_co_waiter *l = __atomic_exchange_n(&e->head, EVENT_SET,
-						      __ATOMIC_ACQ_REL);
+	struct ioc_co_waiter *l = atomic_exchange_explicit(&e->head, EVENT_SET,
+							   memory_order_acq_rel);
 	struct ioc_co_waiter *fifo = NULL;
 
 	if (l == EVENT_SET)
@@ -316,21 +319,23 @@ void ioc_co_event_reset(struct ioc_co_event *e)
 
 	/* Only SET -> clear; waiters (if any) stay.  Relaxed: clearing
 	 * publishes nothing; a later set() orders itself. */
-	__atomic_compare_exchange_n(&e->head, &set, NULL, false,
-				    __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	atomic_compare_exchange_strong_explicit(&e->head, &set, NULL,
+						memory_order_relaxed,
+						memory_order_relaxed);
 }
 
 bool ioc_co_event_is_set(struct ioc_co_event *e)
 {
 	/* Acquire pairs with the exchange in ioc_co_event_set(). */
-	return __atomic_load_n(&e->head, __ATOMIC_ACQUIRE) == EVENT_SET;
+	return atomic_load_explicit(&e->head, memory_order_acquire) == EVENT_SET;
 }
 
 void ioc_coroutine_fn ioc_co_event_wait(struct ioc_co_event *e)
 {
 	struct ioc_co_waiter w = { .co = ioc_co_self() };
 	/* Acquire pairs with the exchange in ioc_co_event_set(). */
-	struct ioc_co_waiter *head = __atomic_load_n(&e->head, __ATOMIC_ACQUIRE);
+	struct ioc_co_waiter *head =
+		atomic_load_explicit(&e->head, memory_order_acquire);
 
 	assert(w.co && "ioc_co_event_wait() outside a coroutine");
 	ioc__co_check_home(w.co);
@@ -340,7 +345,8 @@ void ioc_coroutine_fn ioc_co_event_wait(struct ioc_co_event *e)
 		w.next = head;
 		/* Release publishes w to set()'s exchange; acquire on failure
 		 * for the SET check above. */
-	} while (!__atomic_compare_exchange_n(&e->head, &head, &w, true,
-					      __ATOMIC_RELEASE, __ATOMIC_ACQUIRE));
+	} while (!atomic_compare_exchange_weak_explicit(&e->head, &head, &w,
+						       memory_order_release,
+						       memory_order_acquire));
 	ioc_co_yield();	/* until set() wakes us */
 }

@@ -1,6 +1,6 @@
 /*
- * The coroutine pool: seed 000's cross-thread pattern (created on thread
- * A, finished on thread B), the global bound, and thread exit.
+ * The coroutine pool: the cross-thread pattern of a server (created on
+ * thread A, finished on thread B), the global bound, and thread exit.
  *
  * The process-wide pool is configured once, at the start of main, with
  * batch 16 and a bound of 128 coroutines.
@@ -9,6 +9,7 @@
 #include "tap.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 enum { BATCH = 16, BOUND = 128, QCAP = 32 };
 
@@ -72,13 +73,17 @@ static void q_close(void)
 /* Starts on A, yields, and is finished by B. */
 static void ioc_coroutine_fn request_fn(void *opaque)
 {
-	unsigned long *done = opaque;
+	atomic_ulong *done = opaque;
 
 	ioc_co_yield();
-	__atomic_fetch_add(done, 1, __ATOMIC_RELAXED);
+	atomic_fetch_add_explicit(done, 1, memory_order_relaxed);
 }
 
-static unsigned long iterations, started, finished;
+static unsigned long iterations;
+/* started: stored by A after its last create (release), polled by main
+ * (acquire); finished: counted by the coroutines B finishes.  After the
+ * joins both are read relaxed: the joins order them. */
+static atomic_ulong started, finished;
 static int64_t deadline;
 static bool migrated_ok = true;
 
@@ -97,7 +102,7 @@ static void *thread_a(void *arg)
 		ioc_co_enter(co);	/* runs until its yield */
 		q_put(co);
 	}
-	__atomic_store_n(&started, i, __ATOMIC_RELEASE);
+	atomic_store_explicit(&started, i, memory_order_release);
 	q_close();
 	return NULL;
 }
@@ -137,6 +142,7 @@ static void test_cross_thread_no_new_creations(void)
 	struct ioc_co_pool_stats s0, s1, s;
 	unsigned warm = 5 * BATCH;	/* >= QCAP + 2 + BATCH + 1 */
 	pthread_t a, b, w;
+	unsigned long nstarted;
 
 	ensure_configured();
 	ASSERT_EQ(pthread_create(&w, NULL, prewarm, &warm), 0);
@@ -150,7 +156,7 @@ static void test_cross_thread_no_new_creations(void)
 	ASSERT_EQ(pthread_create(&b, NULL, thread_b, NULL), 0);
 	ASSERT_EQ(pthread_create(&a, NULL, thread_a, NULL), 0);
 	/* Sample the bound while the pattern runs. */
-	while (!__atomic_load_n(&started, __ATOMIC_ACQUIRE) &&
+	while (!atomic_load_explicit(&started, memory_order_acquire) &&
 	       ioc_now_ns() < deadline) {
 		ioc_co_pool_get_stats(&s);
 		ASSERT_ULE(s.reserved, BOUND);
@@ -158,17 +164,19 @@ static void test_cross_thread_no_new_creations(void)
 	}
 	pthread_join(a, NULL);
 	pthread_join(b, NULL);
+	nstarted = atomic_load_explicit(&started, memory_order_relaxed);
 	ASSERT_TRUE(migrated_ok);
-	ASSERT_UEQ(finished, started);
-	ASSERT_UGE(started, 1000);
+	ASSERT_UEQ(atomic_load_explicit(&finished, memory_order_relaxed),
+		   nstarted);
+	ASSERT_UGE(nstarted, 1000);
 
 	ioc_co_pool_get_stats(&s1);
 	ASSERT_UEQ(s1.created, s0.created);	/* no creation after warm-up */
-	ASSERT_UGE(s1.reused - s0.reused, started);
+	ASSERT_UGE(s1.reused - s0.reused, nstarted);
 	ASSERT_ULE(s1.pooled, BOUND);
 	ASSERT_ULE(s1.reserved, BOUND);
 	ioc_test_diag("%lu requests, created %lu in warm-up, 0 after; pooled %lu",
-		      started, (unsigned long)s0.created,
+		      nstarted, (unsigned long)s0.created,
 		      (unsigned long)s1.pooled);
 }
 
