@@ -10,10 +10,11 @@
 #   --print   list the packages and exit
 set -eu
 
-# Build: toolchain, Meson, and the libraries libiocore links.
+# Build: toolchain, Meson, the libraries libiocore links, and scdoc for
+# the man pages.
 BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
        liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev
-       libgnutls28-dev"
+       libgnutls28-dev scdoc"
 # Tests: real clients and tools the integration tests drive.
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
       python3 xxd spin time gnutls-bin"
