@@ -3,12 +3,15 @@
 #   make test    build, then run the whole suite
 #   make bench   run the benchmarks against peers (QUICK=1 for a short run)
 #   make soak    iocore-nbd under a mixed, checked load for SOAK_SECONDS (600)
+#   make install install into PREFIX (default /usr/local), under DESTDIR if set
 BUILD ?= build
 MESON_OPTS ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
 CC ?= cc
 export CC
 
-.PHONY: all deps build run test check-asan check-tsan bench fuzz soak clean
+.PHONY: all deps build run test install check-asan check-tsan bench fuzz soak clean
 
 all: build
 
@@ -16,7 +19,7 @@ deps:
 	@scripts/install-deps.sh
 
 $(BUILD)/build.ninja:
-	meson setup $(BUILD) $(MESON_OPTS)
+	meson setup $(BUILD) --prefix=$(PREFIX) $(MESON_OPTS)
 
 build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
@@ -26,6 +29,16 @@ run: build
 
 test: build
 	@scripts/test.sh $(BUILD)
+
+# meson install: binaries, libiocore, headers, pkg-config file, man pages
+# and systemd units (README.md, "Installing").  A build directory set up
+# for another prefix is moved to PREFIX first.  DESTDIR stages the files
+# (for a package) without changing the paths inside them.
+install: build
+	@[ "$$(meson introspect --buildoptions $(BUILD) | python3 -c 'import json, sys; \
+	   print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"))')" \
+	   = "$(PREFIX)" ] || meson configure $(BUILD) -Dprefix=$(PREFIX)
+	meson install -C $(BUILD)$(if $(DESTDIR), --destdir "$(abspath $(DESTDIR))")
 
 # Sanitizer suites, each in its own build directory, debug build.
 check-asan: deps
