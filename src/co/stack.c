@@ -12,8 +12,9 @@
  * sits in the highest bytes, so there is no separate malloc and nothing to
  * keep in sync.  The guard is installed with madvise(MADV_GUARD_INSTALL)
  * (Linux 6.13): the page stays part of the same VMA, so a stack costs one
- * VMA.  Where the kernel refuses it (EINVAL on older kernels) we fall back
- * to mprotect(PROT_NONE), which splits the mapping into two VMAs; the pool
+ * VMA.  Where the kernel refuses it (EINVAL on older kernels), or accepts
+ * it without installing anything (qemu-user), we fall back to
+ * mprotect(PROT_NONE), which splits the mapping into two VMAs; the pool
  * reads ioc__co_stack_vmas() to size its bound.
  *
  * Rejected: malloc'd stacks (no guard, and glibc keeps huge free chunks
@@ -31,8 +32,10 @@
 #include "co-int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #if IOC_HAVE_VALGRIND
@@ -71,13 +74,24 @@ static int install_guard(void *lo, size_t len)
 
 	if (mode != 2) {
 		if (madvise(lo, len, MADV_GUARD_INSTALL) == 0) {
-			if (!mode)
+			if (mode)
+				return 0;
+			/* The first time, check that a guard is really
+			 * there: the kernel must fail to read a path from
+			 * it.  qemu's user-mode emulation answers 0 to
+			 * every madvise() it does not implement, and
+			 * without this check its coroutines ran with no
+			 * guard at all.  The raw system call, so that no
+			 * sanitizer interceptor reads the path first. */
+			if (syscall(SYS_faccessat, AT_FDCWD, (const char *)lo,
+				    F_OK, 0) < 0 && errno == EFAULT) {
 				atomic_store_explicit(&guard_mode, 1,
 						      memory_order_relaxed);
-			return 0;
-		}
-		if (errno != EINVAL)
+				return 0;
+			}
+		} else if (errno != EINVAL) {
 			return -errno;
+		}
 		atomic_store_explicit(&guard_mode, 2, memory_order_relaxed);
 	}
 	return mprotect(lo, len, PROT_NONE) == 0 ? 0 : -errno;
