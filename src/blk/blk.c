@@ -96,29 +96,43 @@ static uint64_t iov_total(const struct iovec *iov, int iovcnt)
 /* ---- open / close / info --------------------------------------------- */
 
 /* Probe the O_DIRECT alignment the way the kernel reports it: the smallest
- * read size (then buffer address) that is not refused with -EINVAL.  An
- * empty file accepts anything, so then assume the page size. */
+ * read size (then buffer address) that is not refused with -EINVAL.  A
+ * hole reads as zeroes without reaching the disk, so it accepts anything:
+ * the probe reads the first data, and a file without any (empty, or a
+ * fresh sparse image) gets the page size.  Only for kernels without
+ * STATX_DIOALIGN (before 6.1) and qemu's user-mode emulation, whose statx
+ * leaves those fields zero. */
 static void probe_alignment(struct ioc_blk *blk)
 {
 	static const uint32_t sizes[] = { 1, 512, 1024, 2048, 4096 };
 	const size_t max = 4096;
 	char *buf = NULL;
+	off_t at;
 
 	blk->req_align = blk->mem_align = max;
 	if (blk_size(blk) == 0)
 		return;
+	at = lseek(blk->fd, 0, SEEK_DATA);
+	if (at < 0)
+		return;
+	at &= ~(off_t)(max - 1);
 	if (posix_memalign((void **)&buf, max, 2 * max))
 		return;
 	for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++) {
-		if (pread(blk->fd, buf, sizes[i], 0) >= 0 || errno != EINVAL) {
+		if (pread(blk->fd, buf, sizes[i], at) >= 0 || errno != EINVAL) {
 			blk->req_align = sizes[i];
 			break;
 		}
 	}
-	size_t n = blk->req_align < 512 ? 512 : blk->req_align;
+	/* The buffer probe reads a whole page's worth, so that every
+	 * misaligned start crosses a page boundary: the kernel takes a
+	 * misaligned buffer that fits in one page (one segment) and refuses
+	 * the same address for a longer read, so a 512-byte probe found
+	 * mem_align 1 and later multi-page reads failed with EINVAL. */
+	size_t n = max;
 
 	for (size_t i = 0; i < IOC_ARRAY_SIZE(sizes); i++) {
-		if (pread(blk->fd, buf + sizes[i], n, 0) >= 0 || errno != EINVAL) {
+		if (pread(blk->fd, buf + sizes[i], n, at) >= 0 || errno != EINVAL) {
 			blk->mem_align = sizes[i];
 			break;
 		}
