@@ -25,7 +25,8 @@ static int run(const char *args, char *out, size_t outlen)
 	FILE *f;
 	int st;
 
-	ASSERT_GE(asprintf(&cmd, "%s blk %s 2>/dev/null", tool(), args), 0);
+	ASSERT_GE(asprintf(&cmd, "%s %s blk %s 2>/dev/null", ioc_test_exe_wrapper(),
+			   tool(), args), 0);
 	f = popen(cmd, "r");
 	ASSERT_NOT_NULL(f);
 	while (n + 1 < outlen && fgets(out + n, (int)(outlen - n), f))

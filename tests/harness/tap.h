@@ -183,6 +183,17 @@ static inline unsigned long ioc_test_scaled(unsigned long n)
 	return r ? r : 1;
 }
 
+/* The command prefix that runs the project's own binaries ("" natively):
+ * in a cross build meson runs each test under the cross file's exe_wrapper
+ * (qemu-aarch64) and passes it in MESON_EXE_WRAPPER, and a test that starts
+ * a tool (iocore-nbd, iocore-zip) must start it the same way. */
+static inline const char *ioc_test_exe_wrapper(void)
+{
+	const char *w = getenv("MESON_EXE_WRAPPER");
+
+	return w ? w : "";
+}
+
 static inline int ioc_test_skip_status(void)
 {
 	return getenv("IOC_TAP_ONLY") ? 0 : 77;

@@ -13,6 +13,10 @@ check() {
 		notok "$name"; echo "$out" | sed 's/^/# /' | tail -20; fi
 }
 have() { command -v "$1" >/dev/null 2>&1; }
+# srv ARGS...: run the server binary $SRV, through the cross build's
+# emulator when meson says there is one (MESON_EXE_WRAPPER, e.g.
+# qemu-aarch64; unquoted on purpose, so that it splits into words).
+srv() { ${MESON_EXE_WRAPPER:-} "$SRV" "$@"; }
 
 # workdir PREFIX: sets $dir to a fresh directory (in /dev/shm when it can);
 # at exit every server with a pid file there is killed and it is removed.

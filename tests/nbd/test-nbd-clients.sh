@@ -15,7 +15,7 @@ workdir ioc-nbd-clients
 # start NAME [options] IMAGE: the server forks once it listens.
 start() {
 	name=$1; shift
-	"$SRV" --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" "$@"
+	srv --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" "$@"
 }
 uri() { echo "nbd+unix:///${2:-}?socket=$dir/$1.sock"; }
 
@@ -179,7 +179,8 @@ os.close(5)  # the socket listens: the test may go on
 os.dup2(s.fileno(), 100)
 os.dup2(100, 3, inheritable=True)
 env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
-os.execve(srv, [srv, "--pid-file", pidf, img], env)
+argv = os.environ.get("MESON_EXE_WRAPPER", "").split() + [srv]
+os.execvpe(argv[0], argv + ["--pid-file", pidf, img], env)
 PY
 	actpid=$!
 	# The socket listens before the server runs: clients queue on it.
@@ -196,7 +197,7 @@ fi
 
 # 18: TCP on a private port
 tport=$((20000 + $$ % 20000))
-if have nbdinfo && "$SRV" --fork --pid-file "$dir/tcp.pid" -b 127.0.0.1 -p $tport "$img" 2>/dev/null; then
+if have nbdinfo && srv --fork --pid-file "$dir/tcp.pid" -b 127.0.0.1 -p $tport "$img" 2>/dev/null; then
 	check "TCP listener" sh -c "nbdinfo nbd://127.0.0.1:$tport | grep -q 'export-size: 67108864'"
 	kill "$(cat "$dir/tcp.pid")"
 	rm -f "$dir/tcp.pid"

@@ -29,7 +29,7 @@ if ! have psktool || ! have nbdinfo || ! have python3; then
 	echo "1..0 # SKIP needs psktool (gnutls-bin), nbdinfo (libnbd-bin) and python3"
 	exit 0
 fi
-if "$SRV" --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
+if srv --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
 	echo "1..0 # SKIP iocore-nbd built without GnuTLS"
 	exit 0
 fi
@@ -39,7 +39,7 @@ workdir ioc-nbd-tls
 # start NAME [options] IMAGE: in the background once listening, logging.
 start() {
 	name=$1; shift
-	"$SRV" -v --fork --pid-file "$dir/$name.pid" "$@" 2>"$dir/$name.log"
+	srv -v --fork --pid-file "$dir/$name.pid" "$@" 2>"$dir/$name.log"
 }
 # A TCP port nobody listens on (X.509 names the host, so TCP to localhost).
 free_port() {
@@ -180,10 +180,10 @@ fails "no TLS configured: an nbds:// client gets no TLS" nbdinfo \
 stop off
 
 # 16-18: start-up errors name the problem and exit non-zero
-refused "nope.psk: No such file" "$SRV" -U "$dir/x.sock" --tls-psk "$dir/nope.psk" "$img"
+refused "nope.psk: No such file" srv -U "$dir/x.sock" --tls-psk "$dir/nope.psk" "$img"
 : > "$dir/empty.psk"
-refused "empty.psk: no \"username:hexkey\" line" "$SRV" -U "$dir/x.sock" --tls-psk "$dir/empty.psk" "$img"
-refused "needs --tls-certificates DIR or --tls-psk FILE" "$SRV" -U "$dir/x.sock" --tls require "$img"
+refused "empty.psk: no \"username:hexkey\" line" srv -U "$dir/x.sock" --tls-psk "$dir/empty.psk" "$img"
+refused "needs --tls-certificates DIR or --tls-psk FILE" srv -U "$dir/x.sock" --tls require "$img"
 
 # 19-22: X.509, with certificates made here (CN and SAN localhost)
 if have certtool && have python3; then

@@ -9,7 +9,9 @@
 #include "iocore/common.h"
 #include "zip-test-util.h"
 
-static char tool[512];
+static char tool_path[512];
+/* The command that runs tool_path (through the cross build's emulator). */
+static char tool[1024];
 static const char *dir;
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -45,11 +47,13 @@ static void setup(void)
 	const char *root = getenv("IOC_BUILD_ROOT");
 
 	if (!tool[0]) {
-		snprintf(tool, sizeof(tool), "%s/tools/zip/iocore-zip", root ? root : ".");
+		snprintf(tool_path, sizeof(tool_path), "%s/tools/zip/iocore-zip",
+			 root ? root : ".");
+		snprintf(tool, sizeof(tool), "%s %s", ioc_test_exe_wrapper(), tool_path);
 		dir = ioc_test_tmpdir();
 		atexit(cleanup);
 	}
-	if (access(tool, X_OK) != 0)
+	if (access(tool_path, X_OK) != 0)
 		IOC_SKIP("iocore-zip not built");
 	ASSERT_EQ(sh("rm -rf %s/* %s/.[!.]* 2>/dev/null; true", dir, dir), 0);
 }
