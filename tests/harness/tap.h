@@ -173,7 +173,10 @@ static inline const char *ioc_test_tmpdir(void)
 }
 
 /* An upper bound for stress loops, so a sanitizer build (10-20x slower)
- * does the same kind of work in bounded time.  IOC_TEST_SCALE=0.1 shrinks. */
+ * does the same kind of work in bounded time.  IOC_TEST_SCALE=0.1 shrinks;
+ * make check-aarch64 raises it under emulation.  The stress tests scale
+ * their time caps (deadlines, in ms) with it too, so a larger scale runs
+ * longer instead of stopping at the same deadline. */
 static inline unsigned long ioc_test_scaled(unsigned long n)
 {
 	const char *s = getenv("IOC_TEST_SCALE");

@@ -221,7 +221,7 @@ static void run_cfg(struct cfg cfg)
 	run.per_producer = (uint32_t)ioc_test_scaled(300000);
 	if (run.per_producer > 0xffffff)
 		run.per_producer = 0xffffff;
-	run.deadline = ioc_now_ns() + 700 * 1000000ll;
+	run.deadline = ioc_now_ns() + (int64_t)ioc_test_scaled(700) * 1000000;
 	run.seen = calloc((size_t)cfg.producers * run.per_producer, 1);
 	ASSERT_NOT_NULL(run.seen);
 	if (cfg.elem)

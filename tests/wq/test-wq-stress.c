@@ -53,7 +53,7 @@ static void churn(const struct ioc_wq_opts *o, uint64_t njobs,
 	struct ioc_wq_job **out = calloc(pool_size, sizeof(*out));
 	unsigned nfree = pool_size, sizes[] = { 1, 3, 2, 4, 1, 2 }, si = 0;
 	uint64_t next_id = 0, next_expected = 0, done = 0, next_resize = resize_every;
-	int64_t deadline = ioc_now_ns() + 3000 * 1000000ll;
+	int64_t deadline = ioc_now_ns() + (int64_t)ioc_test_scaled(3000) * 1000000;
 
 	ASSERT_NOT_NULL(pool);
 	ASSERT_OK(ioc_wq_new(&wq, o));
