@@ -1,5 +1,7 @@
 #!/bin/sh
 # Run the suite of one build directory and end with "N passed, N failed[, N skipped]".
+# Before that line: why each skipped test skipped, how many subtests of
+# passing tests skipped and why, and how many tests ran.
 # Usage: scripts/test.sh BUILDDIR [extra meson test args]
 set -u
 dir=${1:?build dir}
@@ -7,20 +9,50 @@ shift
 meson test -C "$dir" --print-errorlogs --num-processes "${IOC_TEST_JOBS:-2}" "$@"
 rc=$?
 python3 - "$dir/meson-logs/testlog.json" <<'PY'
-import json, sys
+import collections, json, re, sys
 p = f = s = 0
+skips = []                          # (test, reason) of each skipped test
+sub = collections.Counter()         # reason -> skipped subtests of run tests
 try:
     lines = open(sys.argv[1]).read().splitlines()
 except OSError:
     lines = []
+
+def reasons(out):
+    """The SKIP reasons in a test's TAP output, in order, without repeats."""
+    got = []
+    for line in out.splitlines():
+        m = re.match(r"^(?:1\.\.0|ok \d+[^#]*)\s*#\s*SKIP\s*(.*)$", line, re.I)
+        if m and m.group(1).strip() not in got:
+            got.append(m.group(1).strip())
+    if not got:                     # exit 77 without TAP: its last comment
+        notes = [l.lstrip("# ").strip() for l in out.splitlines() if l.startswith("#")]
+        got = notes[-1:] or ["exit status 77, no reason given"]
+    return got
+
 for line in lines:
-    r = json.loads(line).get("result")
+    j = json.loads(line)
+    r = j.get("result")
+    name = j.get("name", "?").split(" / ")[-1]
+    out = j.get("stdout") or ""
     if r in ("OK", "EXPECTEDFAIL"):
         p += 1
+        for l in out.splitlines():
+            m = re.match(r"^ok \d+[^#]*#\s*SKIP\s*(.*)$", l, re.I)
+            if m:
+                sub[m.group(1).strip()] += 1
     elif r == "SKIP":
         s += 1
+        skips.append((name, "; ".join(reasons(out))))
     else:
         f += 1
+for name, why in skips:
+    print(f"skipped {name}: {why}")
+if sub:
+    print(f"{sum(sub.values())} subtests of passing tests skipped:")
+    for why, k in sorted(sub.items(), key=lambda x: (-x[1], x[0])):
+        print(f"  {k} x {why}")
+print(f"{p + f + s} tests ran")
 print(f"{p} passed, {f} failed" + (f", {s} skipped" if s else ""))
 PY
 exit $rc
