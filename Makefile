@@ -4,6 +4,7 @@
 #   make bench   run the benchmarks against peers (QUICK=1 for a short run)
 #   make soak    iocore-nbd under a mixed, checked load for SOAK_SECONDS (600)
 #   make install install into PREFIX (default /usr/local), under DESTDIR if set
+#   make check-aarch64   the suite cross-built for AArch64, run under qemu-aarch64
 BUILD ?= build
 MESON_OPTS ?=
 PREFIX ?= /usr/local
@@ -11,7 +12,7 @@ DESTDIR ?=
 CC ?= cc
 export CC
 
-.PHONY: all deps build run test install check-asan check-tsan bench fuzz soak clean
+.PHONY: all deps build run test install check-asan check-tsan check-aarch64 bench fuzz soak clean
 
 all: build
 
@@ -56,6 +57,18 @@ check-tsan: deps
 	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	 scripts/test.sh build-tsan --timeout-multiplier 6
 
+# The library and every module's tests cross-built for AArch64
+# (cross/aarch64-linux-gnu.ini, Debian's :arm64 packages) in build-aarch64/
+# and run under qemu-aarch64's user-mode emulation, where io_uring is
+# refused: the loop runs on epoll and poll.  A64_SCALE (IOC_TEST_SCALE)
+# sizes the stress tests' counts and time caps.  No benchmarks or fuzzers.
+A64_SCALE ?= 2
+check-aarch64: deps
+	@[ -f build-aarch64/build.ninja ] || meson setup build-aarch64 \
+		--cross-file cross/aarch64-linux-gnu.ini -Dbench=false -Dfuzz=false $(MESON_OPTS)
+	ninja -C build-aarch64
+	@IOC_TEST_SCALE=$(A64_SCALE) scripts/test.sh build-aarch64 --timeout-multiplier 6
+
 bench: deps
 	@QUICK=$(QUICK) scripts/bench.sh $(BUILD)
 
@@ -72,4 +85,4 @@ fuzz: deps
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-clang build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-clang build-fuzz build-aarch64

@@ -21,33 +21,52 @@ BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
       python3 xxd spin time gnutls-bin groff-base systemd"
 # On x86-64, a cross compiler and qemu's user mode run the AArch64
-# context switch (tests/co/test-co-switch-aarch64.sh).
+# context switch (tests/co/test-co-switch-aarch64.sh), and with Debian's
+# :arm64 development packages (multiarch) the whole suite (make
+# check-aarch64, cross/aarch64-linux-gnu.ini).  libisal-dev is not
+# co-installable for two architectures (not Multi-Arch: same), so the
+# AArch64 build goes without ISA-L; installing it would remove the
+# amd64 one, which is why that install runs with --no-remove.
+CROSS=""
 if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then
 	TEST="$TEST gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+	CROSS="liburing-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm64
+	       libdeflate-dev:arm64 libgnutls28-dev:arm64"
 fi
 # Benchmarks: the peers iocore is measured against, and the plotter.
 BENCH="libuv1-dev libevent-dev libglib2.0-dev libboost-context-dev
        libck-dev gnuplot-nox g++"
 
 PKGS=$(echo $BUILD $TEST $BENCH)
+CROSS=$(echo $CROSS)
 
 if [ "${1:-}" = "--print" ]; then
-	echo "$PKGS"
+	echo "$PKGS${CROSS:+ $CROSS}"
 	exit 0
 fi
 
-missing=""
-for p in $PKGS; do
-	st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-	case "$st" in
-	*"ok installed") ;;
-	*) missing="$missing $p" ;;
-	esac
-done
+# not_installed PKG...: the ones dpkg does not have installed.
+not_installed() {
+	for p in "$@"; do
+		st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+		case "$st" in
+		*"ok installed") ;;
+		*) printf ' %s' "$p" ;;
+		esac
+	done
+}
+# shellcheck disable=SC2086 # word splitting of the package lists is wanted
+missing=$(not_installed $PKGS)
+# shellcheck disable=SC2086
+xmissing=$(not_installed $CROSS)
+addarch=""
+if [ -n "$CROSS" ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+	addarch=arm64
+fi
 
-[ -z "$missing" ] && exit 0
+[ -z "$missing$xmissing$addarch" ] && exit 0
 
-echo "install-deps: missing Debian packages:$missing" >&2
+echo "install-deps: missing Debian packages:$missing$xmissing" >&2
 
 if [ "$(id -u)" -eq 0 ]; then
 	SUDO=""
@@ -55,11 +74,20 @@ elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
 	SUDO="sudo"
 else
 	echo "install-deps: not root; run this and retry:" >&2
-	echo "  sudo sh -c 'apt-get update && apt-get install -y --no-install-recommends$missing'" >&2
+	echo "  sudo sh -c '${addarch:+dpkg --add-architecture $addarch && }apt-get update &&" \
+	     "apt-get install -y --no-install-recommends$missing$xmissing'" >&2
 	exit 1
 fi
 
 export DEBIAN_FRONTEND=noninteractive
+[ -n "$addarch" ] && $SUDO dpkg --add-architecture "$addarch"
 $SUDO apt-get -o DPkg::Lock::Timeout=600 update -q
-# shellcheck disable=SC2086 # word splitting of the package list is wanted
-$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $missing
+if [ -n "$missing" ]; then
+	# shellcheck disable=SC2086 # word splitting of the package list is wanted
+	$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $missing
+fi
+if [ -n "$xmissing" ]; then
+	# shellcheck disable=SC2086
+	$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends \
+		--no-remove $xmissing
+fi
