@@ -54,6 +54,17 @@
  * with acquire, so a thread using someone else's bound inherits that
  * happens-before edge.
  *
+ * On x86-64 (TSO) every one of these acquires and releases compiles to a
+ * plain load or store and only stops the compiler: the CPU keeps stores in
+ * order and never moves a store before an earlier load.  On a weakly
+ * ordered CPU such as AArch64 they become ldar/stlr (or barriers) and are
+ * what keeps a consumer from reading a slot before it is written and a
+ * producer from overwriting one still being read; each is commented with
+ * what goes wrong there without it.  make check-aarch64 runs the stress
+ * tests for AArch64 under qemu-aarch64; qemu runs the guest's threads on
+ * the host's stronger order, so that proves the code generated for AArch64
+ * works, not that every barrier is needed: the comments carry that.
+ *
  * All functions are safe from any thread within their regime; none
  * allocates, none sleeps (MP/MC waits may sched_yield()).
  */
@@ -164,7 +175,9 @@ static inline uint32_t ioc__ring_sp_reserve(struct ioc_ring *r, uint32_t n,
 	if (ioc_unlikely(room < n)) {
 		/* Acquire pairs with the release store (or release CAS) of
 		 * cons.tail in the consumer's pop: its reads of the slots we
-		 * are about to overwrite are done. */
+		 * are about to overwrite are done.  On a weakly ordered CPU
+		 * such as AArch64, without this acquire our slot writes could
+		 * land before the consumer's reads of the last lap. */
 		limit = atomic_load_explicit(&r->cons.tail, memory_order_acquire) +
 			r->prod.mask + 1;
 		atomic_store_explicit(&r->prod.limit, limit, memory_order_relaxed);
@@ -180,7 +193,9 @@ static inline void ioc__ring_sp_publish(struct ioc_ring *r, uint32_t head,
 					uint32_t n)
 {
 	/* Release pairs with the acquire load of prod.tail in the pops:
-	 * publishes the slot writes above. */
+	 * publishes the slot writes above.  On a weakly ordered CPU such as
+	 * AArch64, without this release the new tail could be visible before
+	 * the slot writes and a consumer would read stale slots. */
 	atomic_store_explicit(&r->prod.tail, head + n, memory_order_release);
 }
 
@@ -193,7 +208,9 @@ static inline uint32_t ioc__ring_mp_reserve(struct ioc_ring *r, uint32_t n,
 	for (;;) {
 		uint32_t want;
 		/* Acquire pairs with the release store below by whichever
-		 * producer last refreshed the bound. */
+		 * producer last refreshed the bound.  On a weakly ordered CPU
+		 * such as AArch64, without it our slot writes are not ordered
+		 * after the consumers' reads that the refresher saw finish. */
 		uint32_t limit = atomic_load_explicit(&r->prod.limit,
 						      memory_order_acquire);
 		/* Signed: a lagging bound may be below head. */
@@ -205,9 +222,10 @@ static inline uint32_t ioc__ring_mp_reserve(struct ioc_ring *r, uint32_t n,
 			limit = atomic_load_explicit(&r->cons.tail,
 						     memory_order_acquire) + size;
 			/* Release: hands our acquire on to the producers
-			 * that use this bound (pairs with the load above).
-			 * A racing refresh may store an older bound: that
-			 * only lags, which is safe. */
+			 * that use this bound (pairs with the load above;
+			 * on AArch64 a relaxed store would hand on the value
+			 * without the ordering).  A racing refresh may store
+			 * an older bound: that only lags, which is safe. */
 			atomic_store_explicit(&r->prod.limit, limit,
 					      memory_order_release);
 			room = (int32_t)(limit - head);
@@ -232,11 +250,15 @@ static inline void ioc__ring_mp_publish(struct ioc_ring *r, uint32_t head,
 {
 	/* Wait for the producers that reserved before us.  Acquire pairs
 	 * with their release store below, so their slot writes happen before
-	 * our release and a consumer that acquires our tail sees them too. */
+	 * our release and a consumer that acquires our tail sees them too
+	 * (on a weakly ordered CPU such as AArch64, without it a consumer
+	 * could see our tail but not an earlier producer's slots). */
 	if (ioc_unlikely(atomic_load_explicit(&r->prod.tail,
 					      memory_order_acquire) != head))
 		ioc__ring_wait_turn(&r->prod.tail, head);
-	/* Release pairs with the consumers' acquire load of prod.tail. */
+	/* Release pairs with the consumers' acquire load of prod.tail; as in
+	 * the single-producer publish, on AArch64 without it the tail could
+	 * be seen before the slot writes. */
 	atomic_store_explicit(&r->prod.tail, head + n, memory_order_release);
 }
 
@@ -253,7 +275,10 @@ static inline uint32_t ioc__ring_sc_reserve(struct ioc_ring *r, uint32_t n,
 
 	if (ioc_unlikely(avail < n)) {
 		/* Acquire pairs with the release store of prod.tail in the
-		 * producer's publish: the slots below it are written. */
+		 * producer's publish: the slots below it are written.  On a
+		 * weakly ordered CPU such as AArch64, without this acquire the
+		 * slot reads could be satisfied before this load, with values
+		 * from before the producer wrote them. */
 		limit = atomic_load_explicit(&r->prod.tail, memory_order_acquire);
 		atomic_store_explicit(&r->cons.limit, limit, memory_order_relaxed);
 		avail = limit - tail;
@@ -268,7 +293,9 @@ static inline void ioc__ring_sc_release(struct ioc_ring *r, uint32_t tail,
 					uint32_t n)
 {
 	/* Release pairs with the producers' acquire load of cons.tail: our
-	 * reads of the slots are done before they may be rewritten. */
+	 * reads of the slots are done before they may be rewritten.  On a
+	 * weakly ordered CPU such as AArch64, without this release a slot
+	 * read still in flight could return the producer's next lap. */
 	atomic_store_explicit(&r->cons.tail, tail + n, memory_order_release);
 }
 
@@ -318,7 +345,8 @@ static inline uint32_t ioc__ring_mc_avail(struct ioc_ring *r, uint32_t from,
 		return 1;
 	}
 	/* Acquire pairs with the release store below by whichever consumer
-	 * last refreshed the bound. */
+	 * last refreshed the bound (on AArch64, without it our slot reads are
+	 * not ordered after the slot writes the refresher saw published). */
 	limit = atomic_load_explicit(&r->cons.limit, memory_order_acquire);
 	avail = (int32_t)(limit - from);  /* signed: it may lag */
 
@@ -349,8 +377,10 @@ static inline uint32_t ioc__ring_mc_pop_ptrs(struct ioc_ring *r, void **objs,
 			return 0;
 		ioc__ring_get_ptrs(r, tail, objs, got);
 		/* Release on success pairs with the producers' acquire load of
-		 * cons.tail (our slot reads come first).  On failure another
-		 * consumer advanced: tail is reloaded, the copies discarded. */
+		 * cons.tail (our slot reads come first; on a weakly ordered CPU
+		 * such as AArch64 a relaxed CAS would let a producer overwrite
+		 * a slot we are still reading).  On failure another consumer
+		 * advanced: tail is reloaded, the copies discarded. */
 		if (ioc_likely(atomic_compare_exchange_weak_explicit(
 			    &r->cons.tail, &tail, tail + got,
 			    memory_order_release, memory_order_relaxed)))
@@ -526,7 +556,9 @@ static inline uint32_t ioc__ring_mc_pop_elems(struct ioc_ring *r, void *elems,
 							memory_order_relaxed));
 	ioc__ring_get_elems(r, head, elems, got);
 	/* Wait for earlier consumers; acquire pairs with their release below
-	 * so their slot reads also happen before our release. */
+	 * so their slot reads also happen before our release (on AArch64,
+	 * without it a producer acquiring our tail could overwrite a slot an
+	 * earlier consumer is still copying). */
 	if (ioc_unlikely(atomic_load_explicit(&r->cons.tail,
 					      memory_order_acquire) != head))
 		ioc__ring_wait_turn(&r->cons.tail, head);

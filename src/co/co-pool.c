@@ -129,7 +129,10 @@ static void istack_push(_Atomic uint64_t *top, uint32_t idx)
 				      memory_order_relaxed);
 		new = (((old >> 32) + 1) << 32) | (idx + 1);
 		/* Release: publishes descs[idx] (head, next and the batch's
-		 * coroutines) to the acquire CAS in istack_pop(). */
+		 * coroutines) to the acquire CAS in istack_pop().  On x86-64
+		 * every CAS is a full barrier anyway; on a weakly ordered CPU
+		 * such as AArch64, without this release a popper could see the
+		 * new top but the old `next` or stale coroutine fields. */
 	} while (!atomic_compare_exchange_weak_explicit(top, &old, new,
 			memory_order_release, memory_order_relaxed));
 }
@@ -137,7 +140,10 @@ static void istack_push(_Atomic uint64_t *top, uint32_t idx)
 static bool istack_pop(_Atomic uint64_t *top, uint32_t *idx)
 {
 	/* Acquire pairs with the release CAS in istack_push(), so `next` of
-	 * the descriptor we read is the one it pushed with. */
+	 * the descriptor we read is the one it pushed with.  On a weakly
+	 * ordered CPU such as AArch64, without it the relaxed load of `next`
+	 * below could be satisfied before this load (x86-64 never reorders
+	 * two loads). */
 	uint64_t old = atomic_load_explicit(top, memory_order_acquire);
 	uint64_t new;
 	uint32_t i1;
@@ -151,7 +157,11 @@ static bool istack_pop(_Atomic uint64_t *top, uint32_t *idx)
 		new = (((old >> 32) + 1) << 32) |
 		      atomic_load_explicit(&g.descs[i1 - 1].next,
 					   memory_order_relaxed);
-		/* Acquire pairs with istack_push()'s release CAS. */
+		/* Acquire pairs with istack_push()'s release CAS: on success
+		 * we own the batch and read its coroutines; on failure `old`
+		 * is reloaded and its `next` read next.  On AArch64 a relaxed
+		 * CAS would order neither; on x86-64 the CAS is a full
+		 * barrier. */
 	} while (!atomic_compare_exchange_weak_explicit(top, &old, new,
 			memory_order_acquire, memory_order_acquire));
 	*idx = i1 - 1;

@@ -332,7 +332,11 @@ static bool port_push_done(struct ioc_pool_port *port,
 		/* Release: publishes req->ret and req->next.  Acquire: when
 		 * old is NULL we read the exchange in port_dispatch(), and the
 		 * loop's use of done_task (its links) must come before our
-		 * posting it again.  Pairs with that acq_rel exchange. */
+		 * posting it again.  Pairs with that acq_rel exchange.  On
+		 * x86-64 the CAS is a full barrier whatever the order says; on
+		 * a weakly ordered CPU such as AArch64, without the release
+		 * the loop could pop req and read its result before the
+		 * worker's store of it. */
 	} while (!atomic_compare_exchange_weak_explicit(&port->done_head, &old,
 			req, memory_order_acq_rel, memory_order_relaxed));
 	if (old == NULL && post) {
@@ -372,7 +376,9 @@ static unsigned port_dispatch(struct ioc_pool_port *port)
 
 	/* Acquire: pairs with the release CAS in port_push_done(); release:
 	 * orders our use of the kick (task links) before the next push that
-	 * finds the stack empty and kicks again. */
+	 * finds the stack empty and kicks again.  On a weakly ordered CPU
+	 * such as AArch64, without the acquire our reads of each req's ret
+	 * and next could see values from before the worker pushed it. */
 	list = atomic_exchange_explicit(&port->done_head, NULL,
 					memory_order_acq_rel);
 	while (list) {
@@ -420,7 +426,9 @@ static void port_done_task(struct ioc_task *task)
 	struct ioc_pool_port *port =
 		ioc_container_of(task, struct ioc_pool_port, done_task);
 	/* Pairs with the fetch_or in port_push_done() (and the one clearing
-	 * LIVE_POOL in pool_destroy()). */
+	 * LIVE_POOL in pool_destroy()).  Acq_rel matters on a weakly ordered
+	 * CPU such as AArch64: whoever sees the last bit cleared frees the
+	 * port, after everything the other side did with it. */
 	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_DONE,
 						 memory_order_acq_rel);
 

@@ -38,7 +38,9 @@ void ioc__ring_wait_turn(_Atomic uint32_t *idx, uint32_t want)
 
 	/* Acquire pairs with the release store of *idx by the thread whose
 	 * turn came before ours (see ioc__ring_mp_publish and
-	 * ioc__ring_mc_pop_elems). */
+	 * ioc__ring_mc_pop_elems).  On a weakly ordered CPU such as AArch64,
+	 * without it our release would not carry that thread's slot accesses
+	 * along; on x86-64 it is a plain load. */
 	while (atomic_load_explicit(idx, memory_order_acquire) != want) {
 		/* The thread we wait for may be preempted; on an
 		 * oversubscribed machine spinning a whole time slice would

@@ -227,13 +227,17 @@ static void notify_completion(struct ioc_wq *wq, struct ioc_ring *req,
 		return;
 	/* Pairs with the fence in ioc_wq_wait_done() after it sets waiting,
 	 * and with the fence in notify_bh() after it clears pending: either
-	 * they see our done-ring push or we see their flag. */
+	 * they see our done-ring push or we see their flag.  A store then a
+	 * load: x86-64 needs this fence too (mfence), unlike the acquires
+	 * and releases in this file. */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&wq->waiting, memory_order_relaxed) &&
 	    atomic_exchange_explicit(&wq->waiting, 0, memory_order_relaxed))
 		futex_wake(&wq->waiting);
 	/* Acq_rel exchange: pairs with the exchange in notify_bh(); the
-	 * load before it only skips the RMW when a run is already due. */
+	 * load before it only skips the RMW when a run is already due.  On
+	 * a weakly ordered CPU such as AArch64, without the release our
+	 * done-ring pushes need not be visible to the BH this schedules. */
 	if (notify_bh && !atomic_load_explicit(&wq->notify_pending, memory_order_relaxed) &&
 	    !atomic_exchange_explicit(&wq->notify_pending, 1, memory_order_acq_rel))
 		ioc_bh_schedule(notify_bh);
@@ -317,7 +321,9 @@ static void *worker_main(void *arg)
 
 		/* Acquire pairs with the release store of stop in
 		 * stop_worker(): every job pushed before it is visible, so one
-		 * more empty pop means the ring is drained for good. */
+		 * more empty pop means the ring is drained for good.  On a
+		 * weakly ordered CPU such as AArch64, without it the emptiness
+		 * check below could read the ring from before those pushes. */
 		if (atomic_load_explicit(&w->stop, memory_order_acquire)) {
 			if (ioc_ring_empty(req))
 				break;
@@ -361,12 +367,15 @@ static void *worker_main(void *arg)
 			continue;
 		}
 		/* Release pairs with the acquire load in ioc_wq_get_stats():
-		 * a reader that sees this count sees the stats stored above. */
+		 * a reader that sees this count sees the stats stored above
+		 * (on AArch64, without it the stats could lag the count). */
 		atomic_store_explicit(&w->sleeps, ++sleeps, memory_order_release);
 		int64_t slept = ioc_now_ns();
 
 		/* Acquire pairs with the exchange in kick(); spurious futex
-		 * returns (signals, EINTR) loop back here. */
+		 * returns (signals, EINTR) loop back here.  On a weakly ordered
+		 * CPU such as AArch64, without it the pops after waking could
+		 * miss the push that the kicker made before its release. */
 		while (atomic_load_explicit(&w->state, memory_order_acquire) == W_SLEEPING)
 			futex_wait(&w->state, W_SLEEPING, NULL);
 		/* Adapt the spin (QEMU's adaptive polling): a sleep shorter
@@ -410,7 +419,8 @@ static void stop_worker(struct wq_worker *w)
 {
 	if (!w->running)
 		return;
-	/* Release pairs with the worker's acquire load of stop. */
+	/* Release pairs with the worker's acquire load of stop (on AArch64,
+	 * without it the worker could see stop before our last pushes). */
 	atomic_store_explicit(&w->stop, true, memory_order_release);
 	kick(w);
 	pthread_join(w->thread, NULL);
@@ -902,8 +912,10 @@ static void notify_bh(void *opaque)
 	int n;
 
 	/* Acq_rel: pairs with the workers' exchange that scheduled us (their
-	 * pushes before it are visible); the fence pairs with the fence in
-	 * notify_completion() for pushes made after this point. */
+	 * pushes before it are visible; on a weakly ordered CPU such as
+	 * AArch64 that takes the acquire, on x86-64 any RMW is a full
+	 * barrier); the fence pairs with the fence in notify_completion()
+	 * for pushes made after this point. */
 	atomic_exchange_explicit(&wq->notify_pending, 0, memory_order_acq_rel);
 	atomic_thread_fence(memory_order_seq_cst);
 	wq->in_notify = true;
