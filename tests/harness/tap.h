@@ -197,6 +197,23 @@ static inline const char *ioc_test_exe_wrapper(void)
 	return w ? w : "";
 }
 
+/* In a forked child: exec one of the project's own binaries, argv[0] its
+ * path, through the exe_wrapper in a cross build.  Returns only on error. */
+static inline void ioc_test_exec_tool(const char *const *argv)
+{
+	if (*ioc_test_exe_wrapper()) {
+		/* The shell splits the wrapper into words. */
+		const char *wargv[64] = { "sh", "-c",
+			"exec $MESON_EXE_WRAPPER \"$@\"", "sh" };
+
+		for (int i = 0; argv[i] && i < 59; i++)
+			wargv[4 + i] = argv[i];
+		execv("/bin/sh", (char **)wargv);
+	} else {
+		execv(argv[0], (char **)argv);
+	}
+}
+
 static inline int ioc_test_skip_status(void)
 {
 	return getenv("IOC_TAP_ONLY") ? 0 : 77;

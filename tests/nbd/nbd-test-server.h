@@ -74,7 +74,7 @@ static inline void ts_start(struct ts_srv *s, const char *const *extra)
 	pid_t p = fork();
 	ASSERT_GE(p, 0);
 	if (p == 0) {
-		execv(argv[0], (char **)argv);
+		ioc_test_exec_tool(argv);
 		_exit(127);
 	}
 	ASSERT_EQ(waitpid(p, &st, 0), p);

@@ -136,7 +136,7 @@ fi
 # 16: SIGTERM while fio has requests in flight: fio sees no I/O error
 # before the disconnect, and the server exits 0 after answering.
 if have fio && fio --enghelp 2>/dev/null | grep -q nbd; then
-	start_logged term "$SRV" -v --fork --pid-file "$dir/term.pid" -U "$dir/term.sock" "$img"
+	start_logged term srv -v --fork --pid-file "$dir/term.pid" -U "$dir/term.sock" "$img"
 	fio --name=t --ioengine=nbd --uri="$(uri term)" --rw=randwrite --bs=4k \
 		--size=64M --iodepth=64 --time_based --runtime=30 --output=/dev/null \
 		>"$dir/fio-term.log" 2>&1 &

@@ -74,17 +74,7 @@ static void srv_start(struct srv *s, const char *const *extra)
 			struct rlimit rl = { child_nofile, child_nofile };
 			setrlimit(RLIMIT_NOFILE, &rl);
 		}
-		if (*ioc_test_exe_wrapper()) {
-			/* Cross build: the shell splits the wrapper. */
-			const char *wargv[36] = { "sh", "-c",
-				"exec $MESON_EXE_WRAPPER \"$@\"", "sh" };
-
-			for (int i = 0; i <= n; i++)
-				wargv[4 + i] = argv[i];
-			execv("/bin/sh", (char **)wargv);
-		} else {
-			execv(argv[0], (char **)argv);
-		}
+		ioc_test_exec_tool(argv);
 		_exit(127);
 	}
 	int st;

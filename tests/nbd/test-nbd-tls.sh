@@ -138,7 +138,7 @@ if have nbdcopy; then
 	head -c 64M /dev/urandom > "$dir/full.img"
 	nbdcopy "$dir/full.img" "$U"
 	stop psk
-	start_logged drain "$SRV" -v --fork --pid-file "$dir/drain.pid" \
+	start_logged drain srv -v --fork --pid-file "$dir/drain.pid" \
 		-U "$dir/drain.sock" --tls-psk "$dir/keys.psk" "$img"
 	D="nbds+unix://alice@/?socket=$dir/drain.sock&tls-psk-file=$dir/keys.psk"
 	nbdcopy --no-extents --request-size=4096 --requests=64 --connections=1 "$D" null: \

@@ -12,7 +12,7 @@
 
 #include "tap.h"
 
-static char tool[512], src[300], full[300];
+static char path[512], tool[600], src[300], full[300];
 static bool ready; /* setup mounted the tmpfs */
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -49,8 +49,10 @@ static void setup(void)
 {
 	const char *root = getenv("IOC_BUILD_ROOT");
 
-	snprintf(tool, sizeof(tool), "%s/tools/zip/iocore-zip", root ? root : ".");
-	if (access(tool, X_OK) != 0)
+	snprintf(path, sizeof(path), "%s/tools/zip/iocore-zip", root ? root : ".");
+	/* Through the exe_wrapper in a cross build (sh splits it). */
+	snprintf(tool, sizeof(tool), "%s %s", ioc_test_exe_wrapper(), path);
+	if (access(path, X_OK) != 0)
 		IOC_SKIP("iocore-zip not built");
 	snprintf(src, sizeof(src), "%.200s/src", ioc_test_tmpdir());
 	snprintf(full, sizeof(full), "%.200s/full", ioc_test_tmpdir());
