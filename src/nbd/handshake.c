@@ -338,7 +338,7 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 			 const uint8_t *d, uint32_t len)
 {
 	char name[IOC_NBD_MAX_STRING + 1];
-	bool stopping = atomic_load_explicit((_Atomic int *)&c->cfg->shutting_down,
+	bool stopping = atomic_load_explicit(&c->cfg->shutting_down,
 					     memory_order_relaxed);
 	/* relaxed: a hint only; pairs with the relaxed store in the server's
 	 * shutdown, and a late observation just serves one more option. */

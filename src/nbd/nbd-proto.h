@@ -13,6 +13,7 @@
 #define IOC_NBD_PROTO_H
 
 #include <endian.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -236,7 +237,7 @@ enum ioc__nbd_tls_mode {
 struct ioc__nbd_cfg {
 	struct ioc__nbd_export **exports;
 	unsigned nexports;
-	int shutting_down;              /* atomic; set by the server's shutdown */
+	atomic_int shutting_down;       /* set by the server's shutdown */
 	enum ioc__nbd_tls_mode tls;
 };
 

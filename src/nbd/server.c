@@ -299,7 +299,7 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 	/* seq_cst: pairs with conn_destroy() (see there). */
 	atomic_store_explicit(&srv->stopping, 1, memory_order_seq_cst);
 	/* relaxed: handshakes only read it as a hint (handshake.c). */
-	atomic_store_explicit((_Atomic int *)&srv->cfg.shutting_down, 1,
+	atomic_store_explicit(&srv->cfg.shutting_down, 1,
 			      memory_order_relaxed);
 	for (unsigned i = 0; i < srv->nlisteners; i++) {
 		ioc_timer_cancel(&srv->listeners[i].backoff);
