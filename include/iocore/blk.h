@@ -132,6 +132,75 @@ void ioc_blk_write_zeroes(struct ioc_blk *blk, struct ioc_blk_req *req,
  * coroutine API has no such indirection: a request that completes at once
  * returns without yielding.  The callback API needs a current loop. */
 
+
+/* ---- dirty bitmaps (src/blk/dirty-bitmap.c) -------------------------- */
+
+/*
+ * Named change-tracking bitmaps of an image: one bit per granule (a power
+ * of two from 4 KiB to 64 MiB, default 64 KiB) that every successful
+ * write, write-zeroes and discard sets before the request completes, from
+ * whichever thread completes it, without a lock.  A persistent bitmap is
+ * kept in a sidecar file beside the image, "IMAGE.NAME.iocbm" (its format
+ * and what survives a crash or a power loss: dirty-bitmap.c).  A bitmap
+ * whose sidecar may be incomplete loads as inconsistent: it is listed,
+ * can be removed, and refuses everything else with -EUCLEAN.
+ *
+ * Management calls (add, remove, clear, enable, merge, load, list) come
+ * from one thread at a time (the control thread); the queries
+ * (count, extent) and ioc_blk_dirty_reset() from any thread.
+ */
+#define IOC_BLK_DIRTY_MAX        16
+#define IOC_BLK_DIRTY_NAME_MAX   128
+#define IOC_BLK_DIRTY_GRAN_MIN   4096u
+#define IOC_BLK_DIRTY_GRAN_MAX   (64u << 20)
+#define IOC_BLK_DIRTY_GRAN_DEFAULT 65536u
+
+struct ioc_blk_dirty;
+
+struct ioc_blk_dirty_opts {
+	const char *name;        /* 1..127 bytes; persistent: [A-Za-z0-9_.-] */
+	uint64_t granularity;    /* 0 = 64 KiB */
+	bool persistent;         /* kept in IMAGE.NAME.iocbm */
+	bool disabled;           /* created not recording */
+};
+
+struct ioc_blk_dirty_info {
+	char name[IOC_BLK_DIRTY_NAME_MAX];
+	uint64_t granularity;
+	uint64_t count;          /* dirty bytes (granules x granularity,
+				  * the last one clipped at the image end) */
+	bool recording, persistent, inconsistent;
+};
+
+/* -EEXIST (name taken), -EINVAL (name, granularity), -ENOSPC (16 already),
+ * -ENOTSUP (persistent without an image file), or a sidecar I/O error. */
+int ioc_blk_dirty_add(struct ioc_blk *blk, const struct ioc_blk_dirty_opts *opts,
+		      struct ioc_blk_dirty **out);
+/* NULL when there is no bitmap of that name. */
+struct ioc_blk_dirty *ioc_blk_dirty_find(struct ioc_blk *blk, const char *name);
+/* Stop tracking and delete the sidecar.  -ENOENT. */
+int ioc_blk_dirty_remove(struct ioc_blk *blk, const char *name);
+int ioc_blk_dirty_clear(struct ioc_blk_dirty *bm);
+int ioc_blk_dirty_set_recording(struct ioc_blk_dirty *bm, bool on);
+/* dst |= src (any granularities: src's dirty ranges are marked in dst). */
+int ioc_blk_dirty_merge(struct ioc_blk_dirty *dst, struct ioc_blk_dirty *src);
+void ioc_blk_dirty_get_info(struct ioc_blk_dirty *bm, struct ioc_blk_dirty_info *info);
+/* Bitmaps in creation order; returns how many (at most max are stored). */
+int ioc_blk_dirty_list(struct ioc_blk *blk, struct ioc_blk_dirty_info *out, int max);
+/* The run of equal state that starts at offset: its length (<= maxlen,
+ * clipped at the image end) in *len; returns 1 dirty, 0 clean, -EINVAL
+ * when offset is not inside the image, -EUCLEAN when inconsistent. */
+int ioc_blk_dirty_extent(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t maxlen,
+			 uint64_t *len);
+/* For a copier: clear the granules inside [offset, offset+len) and return
+ * 1 if any was dirty.  A write that completes after this returns marks
+ * again; one that completed before it is seen by a read issued after it
+ * (dirty-bitmap.c: the ordering rule). */
+int ioc_blk_dirty_reset(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len);
+/* Load every persistent bitmap found beside the image (at start-up).
+ * Returns how many were loaded (inconsistent ones included) or -errno. */
+int ioc_blk_dirty_load(struct ioc_blk *blk);
+
 #ifdef __cplusplus
 }
 #endif

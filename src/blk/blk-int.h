@@ -121,6 +121,16 @@ struct ioc_blk {
 	pthread_mutex_t data_lock;
 	_Atomic uint64_t data_seq;
 	_Atomic uint64_t data_start, data_end, data_gen;
+
+	char *path;                  /* image file; NULL for the null driver */
+	/* Dirty bitmaps (dirty-bitmap.c).  dirty[] slots are published with
+	 * release stores and read with acquire loads by the markers;
+	 * dirty_n bounds the slots in use.  Removed bitmaps wait on the
+	 * retired list until close (see dirty-bitmap.c). */
+	_Atomic(struct ioc_blk_dirty *) dirty[IOC_BLK_DIRTY_MAX];
+	_Atomic unsigned dirty_n;
+	struct ioc_blk_dirty *dirty_retired;
+	uint64_t dirty_seq;
 };
 
 /* Per-request state, inside struct ioc_blk_req's priv[]. */
@@ -244,6 +254,34 @@ void ioc__blk_iov_memset(const struct iovec *iov, int iovcnt, uint64_t skip,
 			 int c, uint64_t len);
 void ioc__blk_iov_to_buf(const struct iovec *iov, int iovcnt, void *buf);
 void ioc__blk_iov_from_buf(const struct iovec *iov, int iovcnt, const void *buf);
+
+/* Dirty bitmaps: mark [offset, offset+len) in every recording bitmap
+ * after a write, write-zeroes or discard succeeded and before it
+ * completes.  0, or -errno when a persistent bitmap could not be made
+ * durable (the request then fails with it).  Any thread. */
+int ioc__blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len);
+static inline int blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)
+{
+	/* Relaxed: a bitmap added while this request was in flight may or
+	 * may not see it, as with any add racing a write; the slot itself
+	 * is read with acquire in ioc__blk_dirty_mark(). */
+	if (ioc_likely(!atomic_load_explicit(&blk->dirty_n, memory_order_relaxed)))
+		return 0;
+	return ioc__blk_dirty_mark(blk, offset, len);
+}
+/* Write persistent bitmaps out cleanly and free every bitmap (close). */
+void ioc__blk_dirty_close(struct ioc_blk *blk);
+
+/* Sidecar parser (also the fuzz target's entry): checks a whole sidecar
+ * file in buf against the image size and the name its file name gives.
+ * Returns 0 and fills *gran, *flags and *words (pointing into buf) when
+ * it is complete and consistent, else -EUCLEAN (*gran still set when
+ * the header was readable, else 0). */
+#define IOC__DIRTY_F_IN_USE   1u
+#define IOC__DIRTY_F_DISABLED 2u
+int ioc__blk_dirty_parse(const void *buf, size_t len, uint64_t image_size,
+			 const char *name, uint64_t *gran, uint32_t *flags,
+			 const uint8_t **words);
 
 /* Backends. */
 void ioc__blk_uring_submit(struct blk_req *r);   /* falls back to threads */

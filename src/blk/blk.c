@@ -237,6 +237,11 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 		blk->o_direct = true;
 		blk->fast_path = false; /* a direct read cannot be non-blocking */
 	}
+	blk->path = strdup(path);
+	if (!blk->path) {
+		ret = -ENOMEM;
+		goto fail;
+	}
 	blk->fd = open(path, flags);
 	if (blk->fd < 0) {
 		ret = -errno;
@@ -292,6 +297,7 @@ fail:
 		close(blk->fd);
 	pthread_mutex_destroy(&blk->track_lock);
 	pthread_mutex_destroy(&blk->data_lock);
+	free(blk->path);
 	free(blk);
 	return ret;
 }
@@ -301,8 +307,10 @@ void ioc_blk_close(struct ioc_blk *blk)
 	if (!blk)
 		return;
 	assert(!blk->tracked);
+	ioc__blk_dirty_close(blk);
 	if (blk->fd >= 0)
 		close(blk->fd);
+	free(blk->path);
 	pthread_mutex_destroy(&blk->track_lock);
 	pthread_mutex_destroy(&blk->data_lock);
 	free(blk);
@@ -810,7 +818,7 @@ int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
 		ssize_t n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
 
 		if ((uint64_t)n == len)
-			return 0;
+			return blk_dirty_mark(blk, offset, len);
 		if (n < 0 && errno != EAGAIN && errno != EINTR)
 			return -errno;
 		if (n > 0)

@@ -1,8 +1,9 @@
 /*
  * The block layer's request helpers, shared by blk.c and every backend
  * (blk-uring.c, blk-threads.c): short-transfer accounting and slicing, the
- * fault hook's check, completion (bounce copy-out, untracking, delivery to
- * the caller) and the known-data region that block status remembers.
+ * fault hook's check, completion (bounce copy-out, dirty-bitmap marking,
+ * untracking, delivery to the caller) and the known-data region that block
+ * status remembers.
  *
  * They live below both so that calls run one way: blk.c dispatches to a
  * backend, a backend completes through these helpers, and nothing here
@@ -281,6 +282,10 @@ void ioc__blk_finish(struct blk_req *r, int64_t ret)
 	r->tmp_iov = NULL;
 	if (blk_may_punch(r->op))
 		ioc__blk_data_invalidate(r->blk);
+	/* Dirty bitmaps: marked after the data reached the image and before
+	 * the request completes (dirty-bitmap.c: the ordering rule). */
+	if (ret == 0 && (r->op == BLK_OP_WRITE || blk_may_punch(r->op)))
+		ret = blk_dirty_mark(r->blk, r->offset, r->len);
 	if (r->tracked)
 		track_end(r);
 	ret = blk_note_sync(r, ret);
