@@ -39,7 +39,8 @@ struct ioc_blk_opts {
 /* Open path (ignored by the null driver).  Returns 0 or -errno. */
 int ioc_blk_open(struct ioc_blk **out, const char *path,
 		 const struct ioc_blk_opts *opts);
-/* Close; no request may be in flight. */
+/* Close; no request may be in flight.  Persistent dirty bitmaps are
+ * written out (a clean stop). */
 void ioc_blk_close(struct ioc_blk *blk);
 
 struct ioc_blk_info {
@@ -50,6 +51,8 @@ struct ioc_blk_info {
 	bool can_discard, can_zero, can_fua, can_block_status;
 	bool is_blockdev;
 	const char *aio;      /* "io_uring", "threads" or "null" */
+	const char *path;     /* as opened; NULL for the null driver */
+	bool direct;          /* cache=none */
 };
 void ioc_blk_get_info(struct ioc_blk *blk, struct ioc_blk_info *info);
 int64_t ioc_blk_size(struct ioc_blk *blk);

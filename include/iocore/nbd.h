@@ -92,6 +92,21 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv);
 /* Free a stopped (or never started) server. */
 void ioc_nbd_server_free(struct ioc_nbd_server *srv);
 
+/*
+ * The control socket: QMP, as qemu-storage-daemon speaks it (control.c
+ * lists the commands).  fd is a listening socket, owned by the server
+ * from here on; served on the main loop.  Call after
+ * ioc_nbd_server_start(); at most one.  quit (may be NULL) runs on the
+ * main loop when a client asks the server to quit; the caller then stops
+ * the server as it would on SIGTERM.
+ */
+struct ioc_nbd_control_opts {
+	void (*quit)(void *opaque);
+	void *opaque;
+};
+int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
+			       const struct ioc_nbd_control_opts *opts);
+
 struct ioc_nbd_server_stats {
 	uint64_t accepted;      /* connections accepted */
 	uint64_t refused;       /* closed at once: --max-connections */

@@ -332,6 +332,8 @@ void ioc_blk_get_info(struct ioc_blk *blk, struct ioc_blk_info *info)
 	info->is_blockdev = blk->is_blockdev;
 	info->aio = null ? "null" :
 		blk->aio == IOC_BLK_AIO_THREADS ? "threads" : "io_uring";
+	info->path = blk->path;
+	info->direct = blk->o_direct;
 }
 
 int64_t ioc_blk_size(struct ioc_blk *blk)

@@ -111,6 +111,8 @@ struct conn {
 	bool tls_want_write;            /* GnuTLS waits to write */
 	uint8_t *tls_out;               /* plaintext handed to GnuTLS: one record */
 	size_t tls_out_off, tls_out_len;
+
+	struct ioc__nbd_stats st;       /* this connection's requests */
 };
 
 
@@ -361,12 +363,89 @@ static void update_handlers(struct conn *c)
 
 /* ---- request coroutines ------------------------------------------------------- */
 
+/* ---- statistics ------------------------------------------------------------- */
+
+static void st_add(_Atomic uint64_t *p, uint64_t v)
+{
+	/* Relaxed load + store: this thread is the only writer; the control
+	 * thread reads a statistic. */
+	atomic_store_explicit(p, atomic_load_explicit(p, memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
+
+void ioc__nbd_stats_account(struct ioc__nbd_stats *st, const struct ioc__nbd_req *r,
+			    int64_t ns)
+{
+	int k;
+
+	switch (r->type) {
+	case NBD_CMD_READ: k = IOC__NBD_ST_READ; break;
+	case NBD_CMD_WRITE: k = IOC__NBD_ST_WRITE; break;
+	case NBD_CMD_FLUSH: k = IOC__NBD_ST_FLUSH; break;
+	case NBD_CMD_TRIM: k = IOC__NBD_ST_TRIM; break;
+	case NBD_CMD_WRITE_ZEROES: k = IOC__NBD_ST_ZERO; break;
+	case NBD_CMD_BLOCK_STATUS: k = IOC__NBD_ST_STATUS; break;
+	case NBD_CMD_CACHE: k = IOC__NBD_ST_CACHE; break;
+	default: return;
+	}
+	st_add(&st->op[k].ops, 1);
+	if (r->failed) {
+		st_add(&st->op[k].failed, 1);
+		return;
+	}
+	if (k != IOC__NBD_ST_FLUSH)
+		st_add(&st->op[k].bytes, r->len);
+	st_add(&st->op[k].ns, ns > 0 ? (uint64_t)ns : 0);
+	if (k == IOC__NBD_ST_WRITE &&
+	    r->offset + r->len > atomic_load_explicit(&st->wr_highest, memory_order_relaxed))
+		atomic_store_explicit(&st->wr_highest, r->offset + r->len,
+				      memory_order_relaxed);
+}
+
+static void account(struct conn *c, const struct ioc__nbd_req *r, int64_t ns)
+{
+	ioc__nbd_stats_account(&c->st, r, ns);
+	if (c->core.exp && c->t->xstats)
+		ioc__nbd_stats_account(&c->t->xstats[c->core.exp->index], r, ns);
+}
+
+unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_info *out,
+				   unsigned max)
+{
+	unsigned n = 0;
+
+	for (struct conn *c = t->conns; c; c = c->next, n++) {
+		struct ioc__nbd_conn_info *ci = &out[n];
+
+		if (n >= max)
+			continue;
+		memset(ci, 0, sizeof(*ci));
+		snprintf(ci->peer, sizeof(ci->peer), "%s", c->core.peer);
+		if (c->core.exp)
+			snprintf(ci->export_name, sizeof(ci->export_name), "%s",
+				 c->core.exp->name);
+		ci->thread = (unsigned)(t - t->srv->threads);
+		ci->transmission = c->core.phase == IOC_NBD_PHASE_TRANSMISSION;
+		ci->tls = c->tls_state == TLS_ON;
+		ci->inflight = c->inflight;
+		for (int k = 0; k < IOC__NBD_ST_N; k++) {
+			atomic_init(&ci->st.op[k].ops, atomic_load_explicit(&c->st.op[k].ops, memory_order_relaxed));
+			atomic_init(&ci->st.op[k].bytes, atomic_load_explicit(&c->st.op[k].bytes, memory_order_relaxed));
+			atomic_init(&ci->st.op[k].failed, atomic_load_explicit(&c->st.op[k].failed, memory_order_relaxed));
+			atomic_init(&ci->st.op[k].ns, atomic_load_explicit(&c->st.op[k].ns, memory_order_relaxed));
+		}
+	}
+	return n;
+}
+
 static void ioc_coroutine_fn req_co(void *opaque)
 {
 	struct ioc__nbd_req *r = opaque;
 	struct conn *c = r->transport;
+	int64_t t0 = ioc_now_ns();
 
 	ioc__nbd_execute(&c->core, r);
+	account(c, r, ioc_now_ns() - t0);
 	queue_reply(c, r);
 }
 
@@ -382,6 +461,7 @@ static void start_request(struct conn *c, struct ioc__nbd_req *r)
 			      memory_order_relaxed);
 	if (r->type == NBD_CMD_DISC || r->error) {
 		ioc__nbd_execute(&c->core, r); /* no backend call: builds the reply */
+		account(c, r, 0);
 		queue_reply(c, r);
 		return;
 	}

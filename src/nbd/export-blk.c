@@ -121,6 +121,7 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 	e->max_block = IOC_NBD_MAX_PAYLOAD;
 	e->ops = &blk_ops;
 	e->be = opts->blk;
+	e->blk = opts->blk;
 	*out = e;
 	return 0;
 }

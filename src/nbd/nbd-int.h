@@ -14,6 +14,22 @@
 #define IOC_NBD_MAX_EXPORTS     64
 #define IOC_NBD_MAX_LISTENERS   16
 
+/* Request counters by command, QEMU's BlockAcctStats without the merged
+ * and timed parts.  Each set has one writer (an I/O thread, for its
+ * connections and its share of each export), which adds with relaxed
+ * load + store; the control thread reads them relaxed: a statistic. */
+enum {
+	IOC__NBD_ST_READ, IOC__NBD_ST_WRITE, IOC__NBD_ST_FLUSH, IOC__NBD_ST_TRIM,
+	IOC__NBD_ST_ZERO, IOC__NBD_ST_STATUS, IOC__NBD_ST_CACHE, IOC__NBD_ST_N,
+};
+struct ioc__nbd_opstat {
+	_Atomic uint64_t ops, bytes, failed, ns;
+};
+struct ioc__nbd_stats {
+	struct ioc__nbd_opstat op[IOC__NBD_ST_N];
+	_Atomic uint64_t wr_highest;    /* end of the furthest write */
+};
+
 /* One I/O thread of the server; its connections live in conn.c. */
 struct nbd_thread {
 	struct ioc_nbd_server *srv;
@@ -23,6 +39,8 @@ struct nbd_thread {
 	struct ioc_task stop_task;
 	struct ioc_task kill_task;
 	_Atomic uint64_t requests;      /* written by this thread only */
+	struct ioc__nbd_stats *xstats;  /* [IOC_NBD_MAX_EXPORTS], this thread's
+					 * share of each export's counters */
 } IOC_CACHE_ALIGNED;
 
 
@@ -50,7 +68,33 @@ struct ioc_nbd_server {
 	_Atomic uint64_t accepted, refused;
 	_Atomic int stopping;
 	bool started;
+	struct ioc__nbd_control *control; /* control.c, or NULL */
 };
+
+/* A snapshot of one connection for the control socket (conn.c fills it
+ * on the connection's thread). */
+struct ioc__nbd_conn_info {
+	char peer[64];
+	char export_name[256];           /* truncated */
+	unsigned thread;
+	bool transmission;               /* past the handshake */
+	bool tls;
+	uint64_t inflight;
+	struct ioc__nbd_stats st;
+};
+/* conn.c: snapshot up to max connections of thread t into out[]; returns
+ * how many there are.  Runs on t's loop (through ioc_loop_call()). */
+unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_info *out,
+				   unsigned max);
+/* conn.c: add one request's outcome to a set of counters (its writer). */
+void ioc__nbd_stats_account(struct ioc__nbd_stats *st, const struct ioc__nbd_req *r,
+			    int64_t ns);
+
+/* control.c: the QMP control socket, served on the main loop. */
+struct ioc__nbd_control;
+void ioc__nbd_control_free(struct ioc__nbd_control *ctl);
+/* At stop: tell the control clients the exports are going away. */
+void ioc__nbd_control_stopping(struct ioc__nbd_control *ctl);
 
 /* Log a message through opts.log (no-op without one).  Any thread. */
 void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)

@@ -223,6 +223,9 @@ struct ioc__nbd_export {
 	uint32_t min_block, pref_block, max_block;
 	const struct ioc__nbd_backend_ops *ops;
 	void *be;
+	struct ioc_blk *blk;            /* block-layer exports: the image
+					 * (dirty bitmaps), else NULL */
+	unsigned index;                 /* in the server's exports[] */
 };
 
 /* The server's TLS mode (proto.md "TLS support"). */
@@ -261,6 +264,7 @@ struct ioc__nbd_req {
 	uint8_t hdr[(NBD_EXT_REPLY_SIZE + 16) * (IOC_NBD_MAX_READ_CHUNKS + 1) + 64];
 	uint8_t *ext;                   /* block status payload (malloc) */
 	bool no_reply;                  /* DISC */
+	bool failed;                    /* the reply is an error */
 
 	void *transport;                /* the transport's per-request object */
 };

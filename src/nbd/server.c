@@ -154,6 +154,7 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 	int r = ioc__nbd_blk_export_new(&e, opts);
 	if (r < 0)
 		return r;
+	e->index = srv->cfg.nexports;
 	srv->exports[srv->cfg.nexports++] = e;
 	return 0;
 }
@@ -234,6 +235,11 @@ int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 			.loop = srv->opts.loop,
 		};
 		t->srv = srv;
+		t->xstats = calloc(IOC_NBD_MAX_EXPORTS, sizeof(*t->xstats));
+		if (!t->xstats) {
+			r = -ENOMEM;
+			goto fail;
+		}
 		r = ioc_iothread_start(&t->th, &to);
 		if (r < 0)
 			goto fail;
@@ -257,6 +263,8 @@ fail:
 	for (unsigned i = 0; i < srv->nthreads; i++)
 		ioc_iothread_stop(srv->threads[i].th);
 	srv->nthreads = 0;
+	for (unsigned i = 0; i < srv->opts.iothreads; i++)
+		free(srv->threads[i].xstats);
 	free(srv->threads);
 	srv->threads = NULL;
 	return r;
@@ -296,6 +304,8 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 
 	if (!srv->started)
 		return 0;
+	if (srv->control)
+		ioc__nbd_control_stopping(srv->control);
 	/* seq_cst: pairs with conn_destroy() (see there). */
 	atomic_store_explicit(&srv->stopping, 1, memory_order_seq_cst);
 	/* relaxed: handshakes only read it as a hint (handshake.c). */
@@ -357,6 +367,10 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
 		ioc__nbd_blk_export_free(srv->exports[i]);
 	ioc__nbd_tls_creds_free(srv->tls);
+	if (srv->threads)
+		for (unsigned i = 0; i < srv->opts.iothreads; i++)
+			free(srv->threads[i].xstats);
+	ioc__nbd_control_free(srv->control);
 	free(srv->threads);
 	free(srv);
 }

@@ -273,6 +273,7 @@ void ioc__nbd_reply_error(const struct ioc__nbd_conn *c, struct ioc__nbd_req *r,
 	uint8_t *p = r->hdr, *e;
 
 	r->iovcnt = 0;
+	r->failed = true;
 	if (r->type == NBD_CMD_DISC) {
 		r->no_reply = true;
 		return;

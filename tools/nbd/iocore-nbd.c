@@ -55,6 +55,8 @@ static void usage(FILE *f)
 "                             (DIR/ca-cert.pem, DIR/ca-crl.pem check clients)\n"
 "      --tls-psk FILE         pre-shared keys, \"username:hexkey\" lines (psktool)\n"
 "      --tls-verify-peer      X.509: require a client certificate from the CA\n"
+"      --control PATH         QMP control socket at PATH (mode 0600): dirty\n"
+"                             bitmaps, statistics; see iocore-ctl(1)\n"
 "  -v, --verbose              log connections to stderr\n"
 "      --inject-faults OPS=ERR[@OFF+LEN][/N][#COUNT]\n"
 "                             testing: fail OPS (read,write,flush,trim,zero,all)\n"
@@ -134,11 +136,17 @@ static void on_signal(void *opaque)
 	ioc_loop_stop(ioc_loop_current());
 }
 
+/* The control socket's quit: stop as on SIGTERM. */
+static void on_quit(void *opaque)
+{
+	ioc_loop_stop(opaque);
+}
+
 int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
-	       OPT_TLS_VERIFY, OPT_INJECT };
+	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -159,11 +167,13 @@ int main(int argc, char **argv)
 		{ "tls-psk", required_argument, NULL, OPT_TLS_PSK },
 		{ "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY },
 		{ "inject-faults", required_argument, NULL, OPT_INJECT },
+		{ "control", required_argument, NULL, OPT_CONTROL },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
+	const char *control_path = NULL;
 	const char *unix_path = NULL, *port = "10809", *bind_addr = "127.0.0.1";
 	const char *pid_file = NULL;
 	struct ioc_nbd_export_opts eo = { .name = "" };
@@ -238,6 +248,7 @@ int main(int argc, char **argv)
 				die("%s", err);
 			break;
 		}
+		case OPT_CONTROL: control_path = optarg; break;
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -314,6 +325,18 @@ int main(int argc, char **argv)
 		die("cannot open %s: %s", image, strerror(-r));
 	nbd_inject_install(blk);
 	eo.blk = blk;
+	/* Persistent dirty bitmaps beside the image. */
+	if ((r = ioc_blk_dirty_load(blk)) < 0)
+		die("dirty bitmaps of %s: %s", image, strerror(-r));
+	if (r > 0) {
+		struct ioc_blk_dirty_info bi[IOC_BLK_DIRTY_MAX];
+		int nb = ioc_blk_dirty_list(blk, bi, IOC_BLK_DIRTY_MAX);
+		for (int i = 0; i < nb && i < IOC_BLK_DIRTY_MAX; i++)
+			if (bi[i].inconsistent)
+				fprintf(stderr, "%s: dirty bitmap \"%s\" is inconsistent "
+					"(its sidecar is torn or stale); refusing to use it\n",
+					prog, bi[i].name);
+	}
 	if (verbose)
 		so.log = log_stderr;
 	struct ioc_nbd_server *srv;
@@ -330,6 +353,19 @@ int main(int argc, char **argv)
 			die("listener: %s", strerror(-r));
 	if ((r = ioc_nbd_server_start(srv)) < 0)
 		die("start: %s", strerror(-r));
+
+	if (control_path) {
+		/* Created 0600: the umask applies to bind(). */
+		mode_t old = umask(0177);
+		unlink(control_path);
+		int cfd = ioc_nbd_listen_unix(control_path);
+		umask(old);
+		if (cfd < 0)
+			die("control socket %s: %s", control_path, strerror(-cfd));
+		struct ioc_nbd_control_opts co = { .quit = on_quit, .opaque = loop };
+		if ((r = ioc_nbd_server_add_control(srv, cfd, &co)) < 0)
+			die("control socket: %s", strerror(-r));
+	}
 
 	int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (sfd < 0 || ioc_loop_set_fd(loop, sfd, on_signal, NULL, NULL, NULL, &sfd) < 0)
@@ -396,6 +432,8 @@ int main(int argc, char **argv)
 	ioc_loop_free(loop);
 	if (unix_path)
 		unlink(unix_path);
+	if (control_path)
+		unlink(control_path);
 	if (pid_file)
 		unlink(pid_file);
 	return r < 0 ? 1 : 0;

@@ -1,0 +1,571 @@
+/*
+ * The control socket's commands: QEMU's names, arguments and result
+ * fields for what iocore-nbd shares with qemu-storage-daemon (dirty
+ * bitmaps, block nodes, exports, statistics), and names under the
+ * __org.iocore_ prefix, QEMU's rule for vendor extensions, for the rest.
+ *
+ * Every export is a block node whose node name is the export name.  The
+ * table below is the only list of commands: qmp.c dispatches from it,
+ * checks arguments against its specs, and query-commands prints it.
+ *
+ * Threads: everything here runs on the server's main loop.  Statistics
+ * come from counters the I/O threads own (relaxed reads); the per-
+ * connection snapshot runs on each I/O thread through ioc_loop_call(),
+ * which blocks the main loop for one round trip per thread and nothing
+ * else.  Bitmap changes are the block layer's management calls, which
+ * the I/O threads never make.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ioc-config.h"
+#include "nbd-int.h"
+#include "qmp.h"
+
+struct ioc__nbd_control {
+	struct ioc_nbd_server *srv;
+	struct ioc__qmp *qmp;
+	struct ioc_nbd_control_opts o;
+	char package[64];
+};
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
+	va_end(ap);
+}
+
+static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const char *node,
+					 struct ioc__qmp_err *err)
+{
+	struct ioc_nbd_server *srv = ctl->srv;
+
+	for (unsigned i = 0; i < srv->cfg.nexports; i++)
+		if (strcmp(srv->exports[i]->name, node) == 0 && srv->exports[i]->blk)
+			return srv->exports[i];
+	errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
+	return NULL;
+}
+
+static struct ioc_blk_dirty *find_bitmap(struct ioc__nbd_control *ctl, json_t *args,
+					 const char *key, struct ioc__nbd_export **pe,
+					 struct ioc__qmp_err *err)
+{
+	const char *node = json_string_value(json_object_get(args, "node"));
+	const char *name = json_string_value(json_object_get(args, key));
+	struct ioc__nbd_export *e = find_node(ctl, node, err);
+	struct ioc_blk_dirty *bm;
+
+	if (!e)
+		return NULL;
+	bm = ioc_blk_dirty_find(e->blk, name);
+	if (!bm)
+		errf(err, "Dirty bitmap '%s' not found", name);
+	if (pe)
+		*pe = e;
+	return bm;
+}
+
+/* The block layer's errors in QEMU's words. */
+static json_t *bitmap_result(int r, const char *name, struct ioc__qmp_err *err)
+{
+	if (r == 0)
+		return json_object();
+	if (r == -EUCLEAN)
+		errf(err, "Bitmap '%s' is inconsistent and cannot be used", name);
+	else
+		errf(err, "Bitmap '%s': %s", name, strerror(-r));
+	return NULL;
+}
+
+/* ---- commands --------------------------------------------------------- */
+
+static json_t *cmd_query_version(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+
+	return json_pack("{s:{s:i,s:i,s:i},s:s}", "qemu", "major", IOC_VERSION_MAJOR,
+			 "minor", IOC_VERSION_MINOR, "micro", 0, "package", ctl->package);
+}
+
+static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err);
+
+static json_t *cmd_quit(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+
+	if (ctl->o.quit)
+		ctl->o.quit(ctl->o.opaque);
+	return json_object();
+}
+
+static json_t *cmd_bitmap_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	const char *node = json_string_value(json_object_get(args, "node"));
+	const char *name = json_string_value(json_object_get(args, "name"));
+	json_t *g = json_object_get(args, "granularity");
+	struct ioc_blk_dirty_opts o = {
+		.name = name,
+		.granularity = g ? (uint64_t)json_integer_value(g) : 0,
+		.persistent = json_is_true(json_object_get(args, "persistent")),
+		.disabled = json_is_true(json_object_get(args, "disabled")),
+	};
+	struct ioc__nbd_export *e = find_node(ctl, node, err);
+	int r;
+
+	if (!e)
+		return NULL;
+	if (g && (o.granularity < IOC_BLK_DIRTY_GRAN_MIN ||
+		  o.granularity > IOC_BLK_DIRTY_GRAN_MAX ||
+		  (o.granularity & (o.granularity - 1)))) {
+		errf(err, "Granularity must be power of 2 between %u and %u",
+		     IOC_BLK_DIRTY_GRAN_MIN, IOC_BLK_DIRTY_GRAN_MAX);
+		return NULL;
+	}
+	r = ioc_blk_dirty_add(e->blk, &o, NULL);
+	switch (r) {
+	case 0:
+		return json_object();
+	case -EEXIST:
+		errf(err, "Bitmap already exists: %s", name);
+		return NULL;
+	case -EINVAL:
+		errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
+		     "bitmap (1 to 127 of A-Z a-z 0-9 _ - ., not starting with '.')" :
+		     "Bitmap name '%s' is not valid (1 to 127 bytes)", name);
+		return NULL;
+	case -ENOSPC:
+		errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
+		     IOC_BLK_DIRTY_MAX);
+		return NULL;
+	case -ENOTSUP:
+		errf(err, "Can't store persistent bitmaps to disk: %s", strerror(-r));
+		return NULL;
+	default:
+		errf(err, "Cannot add bitmap '%s': %s", name, strerror(-r));
+		return NULL;
+	}
+}
+
+static json_t *cmd_bitmap_remove(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_export *e;
+	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", &e, err);
+
+	if (!bm)
+		return NULL;
+	return bitmap_result(ioc_blk_dirty_remove(e->blk,
+			json_string_value(json_object_get(args, "name"))),
+			json_string_value(json_object_get(args, "name")), err);
+}
+
+static json_t *cmd_bitmap_clear(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", NULL, err);
+
+	return bm ? bitmap_result(ioc_blk_dirty_clear(bm),
+				  json_string_value(json_object_get(args, "name")), err)
+		  : NULL;
+}
+
+static json_t *set_recording(void *ctx, json_t *args, bool on, struct ioc__qmp_err *err)
+{
+	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", NULL, err);
+
+	return bm ? bitmap_result(ioc_blk_dirty_set_recording(bm, on),
+				  json_string_value(json_object_get(args, "name")), err)
+		  : NULL;
+}
+
+static json_t *cmd_bitmap_enable(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	return set_recording(ctx, args, true, err);
+}
+
+static json_t *cmd_bitmap_disable(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	return set_recording(ctx, args, false, err);
+}
+
+/* bitmaps: ["name", {"node": N, "name": B}, ...] (QEMU's BlockDirtyBitmapOrStr).
+ * Every source is found before anything is merged. */
+static json_t *cmd_bitmap_merge(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	struct ioc__nbd_export *e;
+	struct ioc_blk_dirty *dst = find_bitmap(ctl, args, "target", &e, err);
+	struct ioc_blk_dirty *src[64];
+	json_t *list = json_object_get(args, "bitmaps"), *v;
+	size_t i, n = json_array_size(list);
+
+	if (!dst)
+		return NULL;
+	if (n > IOC_ARRAY_SIZE(src)) {
+		errf(err, "Parameter 'bitmaps' has more than %zu elements",
+		     IOC_ARRAY_SIZE(src));
+		return NULL;
+	}
+	json_array_foreach(list, i, v) {
+		struct ioc__nbd_export *se = e;
+		const char *name;
+
+		if (json_is_string(v)) {
+			name = json_string_value(v);
+		} else if (json_is_object(v) &&
+			   json_is_string(json_object_get(v, "node")) &&
+			   json_is_string(json_object_get(v, "name")) &&
+			   json_object_size(v) == 2) {
+			se = find_node(ctl, json_string_value(json_object_get(v, "node")), err);
+			if (!se)
+				return NULL;
+			name = json_string_value(json_object_get(v, "name"));
+		} else {
+			errf(err, "Parameter 'bitmaps[%zu]' expects a bitmap name or "
+			     "{\"node\", \"name\"}", i);
+			return NULL;
+		}
+		src[i] = ioc_blk_dirty_find(se->blk, name);
+		if (!src[i]) {
+			errf(err, "Dirty bitmap '%s' not found", name);
+			return NULL;
+		}
+	}
+	for (i = 0; i < n; i++) {
+		int r = ioc_blk_dirty_merge(dst, src[i]);
+		struct ioc_blk_dirty_info di, si;
+
+		if (r == -EINVAL) {
+			errf(err, "Bitmaps are incompatible and can't be merged");
+			return NULL;
+		}
+		if (r < 0) {
+			ioc_blk_dirty_get_info(dst, &di);
+			ioc_blk_dirty_get_info(src[i], &si);
+			return bitmap_result(r, di.inconsistent ? di.name : si.name, err);
+		}
+	}
+	return json_object();
+}
+
+static json_t *bitmaps_json(struct ioc_blk *blk)
+{
+	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
+	int n = ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX);
+	json_t *a = json_array();
+
+	/* Newest first, as QEMU lists them. */
+	for (int i = n - 1; i >= 0 && a; i--) {
+		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info[i].name,
+				      "recording", info[i].recording,
+				      "persistent", info[i].persistent, "busy", 0,
+				      "granularity", (json_int_t)info[i].granularity,
+				      "count", (json_int_t)info[i].count);
+
+		if (b && info[i].inconsistent)
+			json_object_set_new(b, "inconsistent", json_true());
+		json_array_append_new(a, b);
+	}
+	return a;
+}
+
+static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
+					   struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	struct ioc_nbd_server *srv = ctl->srv;
+	json_t *list = json_array();
+
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
+		struct ioc__nbd_export *e = srv->exports[i];
+		struct ioc_blk_info bi;
+		struct stat st;
+		const char *file;
+		uint64_t actual = 0;
+
+		if (!e->blk)
+			continue;
+		ioc_blk_get_info(e->blk, &bi);
+		file = bi.path ? bi.path : "";
+		if (bi.path && stat(bi.path, &st) == 0)
+			actual = (uint64_t)st.st_blocks * 512;
+		json_array_append_new(list, json_pack(
+			"{s:s,s:s,s:s,s:b,s:b,s:s,s:i,"
+			"s:{s:I,s:s,s:s,s:I,s:b},"
+			"s:{s:b,s:b,s:b},"
+			"s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o}",
+			"node-name", e->name, "drv", bi.is_blockdev ? "host_device" : "file",
+			"file", file, "ro", e->read_only, "encrypted", 0,
+			"detect_zeroes", "off", "backing_file_depth", 0,
+			"image", "virtual-size", (json_int_t)e->size, "filename", file,
+			"format", bi.is_blockdev ? "host_device" : "file",
+			"actual-size", (json_int_t)actual, "dirty-flag", 0,
+			"cache", "no-flush", 0, "direct", bi.direct, "writeback", 1,
+			"bps", 0, "bps_rd", 0, "bps_wr", 0, "iops", 0, "iops_rd", 0,
+			"iops_wr", 0, "write_threshold", 0,
+			"dirty-bitmaps", bitmaps_json(e->blk)));
+	}
+	return list;
+}
+
+static json_t *cmd_query_block_exports(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	struct ioc_nbd_server *srv = ctl->srv;
+	bool down = atomic_load_explicit(&srv->stopping, memory_order_relaxed);
+	json_t *list = json_array();
+
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++)
+		json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}",
+			"id", srv->exports[i]->name, "type", "nbd",
+			"node-name", srv->exports[i]->name, "shutting-down", down));
+	return list;
+}
+
+static uint64_t rd(_Atomic uint64_t *p)
+{
+	return atomic_load_explicit(p, memory_order_relaxed);
+}
+
+/* Sum src into dst (plain snapshot). */
+static void stats_add(struct ioc__nbd_stats *dst, struct ioc__nbd_stats *src)
+{
+	for (int k = 0; k < IOC__NBD_ST_N; k++) {
+		atomic_init(&dst->op[k].ops, rd(&dst->op[k].ops) + rd(&src->op[k].ops));
+		atomic_init(&dst->op[k].bytes, rd(&dst->op[k].bytes) + rd(&src->op[k].bytes));
+		atomic_init(&dst->op[k].failed, rd(&dst->op[k].failed) + rd(&src->op[k].failed));
+		atomic_init(&dst->op[k].ns, rd(&dst->op[k].ns) + rd(&src->op[k].ns));
+	}
+	if (rd(&src->wr_highest) > rd(&dst->wr_highest))
+		atomic_init(&dst->wr_highest, rd(&src->wr_highest));
+}
+
+static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	struct ioc_nbd_server *srv = ctl->srv;
+	json_t *list = json_array();
+
+	/* Without query-nodes QEMU lists devices, and a storage daemon has none. */
+	if (!json_is_true(json_object_get(args, "query-nodes")))
+		return list;
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
+		struct ioc__nbd_stats s;
+		struct ioc__nbd_opstat *o = s.op;
+		uint64_t wr_ops, wr_bytes, wr_failed, wr_ns;
+
+		memset(&s, 0, sizeof(s));
+		for (unsigned t = 0; srv->threads && t < srv->opts.iothreads; t++)
+			if (srv->threads[t].xstats)
+				stats_add(&s, &srv->threads[t].xstats[i]);
+		/* QEMU counts write-zeroes as writes. */
+		wr_ops = rd(&o[IOC__NBD_ST_WRITE].ops) + rd(&o[IOC__NBD_ST_ZERO].ops);
+		wr_bytes = rd(&o[IOC__NBD_ST_WRITE].bytes) + rd(&o[IOC__NBD_ST_ZERO].bytes);
+		wr_failed = rd(&o[IOC__NBD_ST_WRITE].failed) + rd(&o[IOC__NBD_ST_ZERO].failed);
+		wr_ns = rd(&o[IOC__NBD_ST_WRITE].ns) + rd(&o[IOC__NBD_ST_ZERO].ns);
+		json_t *stats = json_pack(
+			"{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+			"s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:b,s:b,s:[]}",
+			"rd_bytes", (json_int_t)rd(&o[IOC__NBD_ST_READ].bytes),
+			"wr_bytes", (json_int_t)wr_bytes,
+			"unmap_bytes", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].bytes),
+			"rd_operations", (json_int_t)rd(&o[IOC__NBD_ST_READ].ops),
+			"wr_operations", (json_int_t)wr_ops,
+			"flush_operations", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].ops),
+			"unmap_operations", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].ops),
+			"failed_rd_operations", (json_int_t)rd(&o[IOC__NBD_ST_READ].failed),
+			"failed_wr_operations", (json_int_t)wr_failed,
+			"failed_flush_operations", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].failed),
+			"failed_unmap_operations", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].failed),
+			"rd_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_READ].ns),
+			"wr_total_time_ns", (json_int_t)wr_ns,
+			"flush_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].ns),
+			"unmap_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].ns),
+			"wr_highest_offset", (json_int_t)rd(&s.wr_highest),
+			"rd_merged", (json_int_t)0, "wr_merged", (json_int_t)0,
+			"unmap_merged", (json_int_t)0,
+			"invalid_rd_operations", 0, "invalid_wr_operations", 0,
+			"invalid_flush_operations", 0, "invalid_unmap_operations", 0,
+			"account_invalid", 0, "account_failed", 1, "timed_stats");
+		json_array_append_new(list, json_pack("{s:s,s:o}", "node-name",
+						      srv->exports[i]->name, "stats", stats));
+	}
+	return list;
+}
+
+struct conn_query {
+	struct nbd_thread *t;
+	struct ioc__nbd_conn_info *out;
+	unsigned max, n;
+};
+
+static int conn_query_fn(void *arg)
+{
+	struct conn_query *cq = arg;
+
+	cq->n = ioc__nbd_thread_conn_info(cq->t, cq->out, cq->max);
+	return 0;
+}
+
+static json_t *opstat_json(struct ioc__nbd_opstat *o)
+{
+	return json_pack("{s:I,s:I,s:I,s:I}", "operations", (json_int_t)rd(&o->ops),
+			 "bytes", (json_int_t)rd(&o->bytes), "failed", (json_int_t)rd(&o->failed),
+			 "total-time-ns", (json_int_t)rd(&o->ns));
+}
+
+static json_t *cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	struct ioc_nbd_server *srv = ctl->srv;
+	static const char *const names[IOC__NBD_ST_N] = {
+		"read", "write", "flush", "trim", "write-zeroes", "block-status", "cache",
+	};
+	enum { MAXC = 1024 };
+	struct ioc__nbd_conn_info *ci = calloc(MAXC, sizeof(*ci));
+	json_t *list = json_array();
+
+	if (!ci || !list) {
+		free(ci);
+		json_decref(list);
+		errf(err, "out of memory");
+		return NULL;
+	}
+	for (unsigned t = 0; t < srv->nthreads; t++) {
+		struct conn_query cq = { &srv->threads[t], ci, MAXC, 0 };
+
+		ioc_loop_call(srv->threads[t].loop, conn_query_fn, &cq);
+		for (unsigned i = 0; i < cq.n && i < MAXC; i++) {
+			json_t *req = json_object(), *c;
+			uint64_t errors = 0;
+
+			for (int k = 0; k < IOC__NBD_ST_N; k++) {
+				json_object_set_new(req, names[k], opstat_json(&ci[i].st.op[k]));
+				errors += rd(&ci[i].st.op[k].failed);
+			}
+			c = json_pack("{s:s,s:s,s:i,s:b,s:b,s:I,s:I,s:o}",
+				      "address", ci[i].peer, "export", ci[i].export_name,
+				      "thread", (int)ci[i].thread, "transmission",
+				      ci[i].transmission, "tls", ci[i].tls,
+				      "in-flight", (json_int_t)ci[i].inflight,
+				      "errors", (json_int_t)errors, "requests", req);
+			json_array_append_new(list, c);
+		}
+	}
+	free(ci);
+	return list;
+}
+
+/* ---- the table --------------------------------------------------------- */
+
+static const struct ioc__qmp_arg args_caps[] = {
+	{ "enable", IOC_QMP_ARRAY, true }, { NULL },
+};
+static const struct ioc__qmp_arg args_add[] = {
+	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false },
+	{ "granularity", IOC_QMP_UINT, true }, { "persistent", IOC_QMP_BOOL, true },
+	{ "disabled", IOC_QMP_BOOL, true }, { NULL },
+};
+static const struct ioc__qmp_arg args_bitmap[] = {
+	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false }, { NULL },
+};
+static const struct ioc__qmp_arg args_merge[] = {
+	{ "node", IOC_QMP_STR, false }, { "target", IOC_QMP_STR, false },
+	{ "bitmaps", IOC_QMP_ARRAY, false }, { NULL },
+};
+static const struct ioc__qmp_arg args_nodes[] = {
+	{ "flat", IOC_QMP_BOOL, true }, { NULL },
+};
+static const struct ioc__qmp_arg args_blockstats[] = {
+	{ "query-nodes", IOC_QMP_BOOL, true }, { NULL },
+};
+
+static const struct ioc__qmp_cmd commands[] = {
+	{ "qmp_capabilities", NULL, args_caps },
+	{ "query-version", cmd_query_version, NULL },
+	{ "query-commands", cmd_query_commands, NULL },
+	{ "quit", cmd_quit, NULL },
+	{ "block-dirty-bitmap-add", cmd_bitmap_add, args_add },
+	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, args_bitmap },
+	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, args_bitmap },
+	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, args_bitmap },
+	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, args_bitmap },
+	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, args_merge },
+	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
+	{ "query-block-exports", cmd_query_block_exports, NULL },
+	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
+	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
+};
+
+static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	json_t *list = json_array();
+
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(commands) && list; i++)
+		json_array_append_new(list, json_pack("{s:s}", "name", commands[i].name));
+	return list;
+}
+
+/* ---- life ---------------------------------------------------------------- */
+
+int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
+			       const struct ioc_nbd_control_opts *opts)
+{
+	struct ioc__nbd_control *ctl;
+	struct ioc__qmp_opts qo = {
+		.cmds = commands,
+		.ncmds = IOC_ARRAY_SIZE(commands),
+		.major = IOC_VERSION_MAJOR,
+		.minor = IOC_VERSION_MINOR,
+		.micro = 0,
+	};
+	int r;
+
+	if (!srv->started || srv->control)
+		return -EBUSY;
+	ctl = calloc(1, sizeof(*ctl));
+	if (!ctl)
+		return -ENOMEM;
+	ctl->srv = srv;
+	if (opts)
+		ctl->o = *opts;
+	snprintf(ctl->package, sizeof(ctl->package), "iocore-nbd %s", IOC_VERSION);
+	qo.ctx = ctl;
+	qo.package = ctl->package;
+	r = ioc__qmp_new(&ctl->qmp, srv->main_loop, fd, &qo);
+	if (r < 0) {
+		free(ctl);
+		return r;
+	}
+	srv->control = ctl;
+	return 0;
+}
+
+void ioc__nbd_control_stopping(struct ioc__nbd_control *ctl)
+{
+	struct ioc_nbd_server *srv = ctl->srv;
+
+	for (unsigned i = 0; i < srv->cfg.nexports; i++)
+		ioc__qmp_event(ctl->qmp, "BLOCK_EXPORT_DELETED",
+			       json_pack("{s:s}", "id", srv->exports[i]->name));
+	ioc__qmp_flush(ctl->qmp);
+}
+
+void ioc__nbd_control_free(struct ioc__nbd_control *ctl)
+{
+	if (!ctl)
+		return;
+	ioc__qmp_flush(ctl->qmp);
+	ioc__qmp_free(ctl->qmp);
+	free(ctl);
+}

@@ -1,0 +1,603 @@
+/*
+ * QMP, the protocol of QEMU's monitor, spoken as qemu-storage-daemon 7.2
+ * speaks it, so QMP tooling works unchanged against the control socket.
+ *
+ * Framing.  The input is a stream of JSON values with no delimiter: two
+ * commands may come in one read, one command across several.  A small
+ * scanner finds where each top-level value ends (brace and bracket depth
+ * outside strings, with escapes), and jansson parses exactly that span.
+ * Rejected: handing jansson the whole buffer with JSON_DISABLE_EOF_CHECK
+ * and reading where it stopped from the error position: an incomplete
+ * value and an invalid one are then told apart by the text of the error,
+ * and after an invalid one there is no telling where the next begins.
+ * The scanner resynchronises where QEMU's streamer does, at the end of the
+ * bad value.  Output is one value per line, ending in CRLF.
+ *
+ * Dispatch is one path: the request's members are checked (QEMU's
+ * messages: "QMP input member 'x' is unexpected"), negotiation is
+ * enforced, the command is looked up in the caller's const table, and its
+ * arguments are checked against the command's spec ("Parameter 'x' is
+ * missing", "... expects uint64", "... is unexpected") before the handler
+ * runs, so handlers never see a wrong type.  The reply echoes the id.
+ *
+ * Hostile clients.  A message larger than max_msg gets a GenericError
+ * and the connection is closed (there is no way to find the next message
+ * inside it).  A client that does not read its replies and events is
+ * closed once max_out bytes wait for it; nothing else waits for it, since
+ * every write is non-blocking.  The NBD clients live on other threads.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "qmp.h"
+
+struct ioc__qmp_client {
+	struct ioc__qmp *q;
+	struct ioc__qmp_client *next;
+	int fd;
+	bool negotiated;
+	bool dead;                 /* closing: drop input */
+	bool reg_write;
+	char *in;                  /* unparsed input */
+	size_t in_len, in_cap;
+	char *out;                 /* unsent output */
+	size_t out_off, out_len, out_cap;
+};
+
+struct ioc__qmp {
+	struct ioc_loop *loop;
+	int listen_fd;
+	struct ioc__qmp_opts o;
+	struct ioc__qmp_client *clients;
+	unsigned nclients;
+	int busy;                  /* inside a client callback */
+};
+
+static void client_close(struct ioc__qmp_client *c);
+
+/* ---- output ------------------------------------------------------------- */
+
+static void on_writable(void *opaque);
+static void on_readable(void *opaque);
+
+static void update_fd(struct ioc__qmp_client *c)
+{
+	bool w = c->out_len > c->out_off;
+
+	if (c->fd < 0 || w == c->reg_write)
+		return;
+	c->reg_write = w;
+	ioc_loop_set_fd(c->q->loop, c->fd, on_readable, w ? on_writable : NULL,
+			NULL, NULL, c);
+}
+
+static void flush_out(struct ioc__qmp_client *c)
+{
+	while (c->fd >= 0 && c->out_off < c->out_len) {
+		ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		if (n <= 0) {
+			c->dead = true;
+			return;
+		}
+		c->out_off += (size_t)n;
+	}
+	if (c->out_off == c->out_len)
+		c->out_off = c->out_len = 0;
+	update_fd(c);
+}
+
+/* Queue one value and CRLF.  Steals v. */
+static void send_json(struct ioc__qmp_client *c, json_t *v)
+{
+	char *s = json_dumps(v, JSON_PRESERVE_ORDER);
+	size_t n;
+
+	json_decref(v);
+	if (!s) {
+		c->dead = true;
+		return;
+	}
+	n = strlen(s);
+	if (c->out_len - c->out_off + n + 2 > c->q->o.max_out) {
+		/* A client that does not read: let it go. */
+		free(s);
+		c->dead = true;
+		return;
+	}
+	if (c->out_len + n + 2 > c->out_cap) {
+		size_t cap = c->out_cap ? c->out_cap : 4096;
+		char *p;
+
+		if (c->out_off) {
+			memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+			c->out_len -= c->out_off;
+			c->out_off = 0;
+		}
+		while (cap < c->out_len + n + 2)
+			cap *= 2;
+		p = realloc(c->out, cap);
+		if (!p) {
+			free(s);
+			c->dead = true;
+			return;
+		}
+		c->out = p;
+		c->out_cap = cap;
+	}
+	memcpy(c->out + c->out_len, s, n);
+	memcpy(c->out + c->out_len + n, "\r\n", 2);
+	c->out_len += n + 2;
+	free(s);
+	flush_out(c);
+}
+
+static void send_error(struct ioc__qmp_client *c, json_t *id, const char *cls,
+		       const char *desc)
+{
+	json_t *r = json_pack("{s:{s:s,s:s}}", "error", "class", cls, "desc", desc);
+
+	if (r && id)
+		json_object_set(r, "id", id);
+	send_json(c, r);
+}
+
+static void send_errorf(struct ioc__qmp_client *c, json_t *id, const char *cls,
+			const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void send_errorf(struct ioc__qmp_client *c, json_t *id, const char *cls,
+			const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	send_error(c, id, cls, buf);
+}
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+static const char *type_name(enum ioc__qmp_type t)
+{
+	switch (t) {
+	case IOC_QMP_STR: return "string";
+	case IOC_QMP_BOOL: return "boolean";
+	case IOC_QMP_UINT: return "uint64";
+	case IOC_QMP_ARRAY: return "array";
+	}
+	return "?";
+}
+
+static bool type_ok(enum ioc__qmp_type t, json_t *v)
+{
+	switch (t) {
+	case IOC_QMP_STR: return json_is_string(v);
+	case IOC_QMP_BOOL: return json_is_boolean(v);
+	case IOC_QMP_UINT: return json_is_integer(v) && json_integer_value(v) >= 0;
+	case IOC_QMP_ARRAY: return json_is_array(v);
+	}
+	return false;
+}
+
+/* The one place arguments are checked.  Returns false with desc set. */
+static bool check_args(const struct ioc__qmp_arg *spec, json_t *args, char *desc,
+		       size_t len)
+{
+	const char *key;
+	json_t *v;
+
+	for (const struct ioc__qmp_arg *a = spec; a && a->name; a++) {
+		v = json_object_get(args, a->name);
+		if (!v) {
+			if (a->optional)
+				continue;
+			snprintf(desc, len, "Parameter '%s' is missing", a->name);
+			return false;
+		}
+		if (!type_ok(a->type, v)) {
+			snprintf(desc, len, "Parameter '%s' expects %s", a->name,
+				 type_name(a->type));
+			return false;
+		}
+	}
+	json_object_foreach(args, key, v) {
+		bool known = false;
+
+		for (const struct ioc__qmp_arg *a = spec; a && a->name && !known; a++)
+			known = strcmp(a->name, key) == 0;
+		if (!known) {
+			snprintf(desc, len, "Parameter '%s' is unexpected", key);
+			return false;
+		}
+	}
+	return true;
+}
+
+static void dispatch(struct ioc__qmp_client *c, json_t *req)
+{
+	struct ioc__qmp *q = c->q;
+	json_t *id = NULL, *args = NULL, *exec = NULL, *v, *ret;
+	const struct ioc__qmp_cmd *cmd = NULL;
+	struct ioc__qmp_err err = { .cls = "GenericError" };
+	const char *key, *name;
+	json_t *empty = NULL;
+
+	if (!json_is_object(req)) {
+		send_error(c, NULL, "GenericError", "QMP input must be a JSON object");
+		return;
+	}
+	id = json_object_get(req, "id");
+	json_object_foreach(req, key, v) {
+		if (strcmp(key, "execute") == 0) {
+			if (!json_is_string(v)) {
+				send_error(c, id, "GenericError",
+					   "QMP input member 'execute' must be a string");
+				return;
+			}
+			exec = v;
+		} else if (strcmp(key, "arguments") == 0) {
+			if (!json_is_object(v)) {
+				send_error(c, id, "GenericError",
+					   "QMP input member 'arguments' must be an object");
+				return;
+			}
+			args = v;
+		} else if (strcmp(key, "id") != 0) {
+			send_errorf(c, id, "GenericError",
+				    "QMP input member '%s' is unexpected", key);
+			return;
+		}
+	}
+	if (!exec) {
+		send_error(c, id, "GenericError", "QMP input lacks member 'execute'");
+		return;
+	}
+	name = json_string_value(exec);
+	if (!c->negotiated && strcmp(name, "qmp_capabilities") != 0) {
+		send_error(c, id, "CommandNotFound",
+			   "Expecting capabilities negotiation with 'qmp_capabilities'");
+		return;
+	}
+	if (c->negotiated && strcmp(name, "qmp_capabilities") == 0) {
+		send_error(c, id, "CommandNotFound",
+			   "Capabilities negotiation is already complete, command ignored");
+		return;
+	}
+	for (size_t i = 0; i < q->o.ncmds; i++)
+		if (strcmp(q->o.cmds[i].name, name) == 0)
+			cmd = &q->o.cmds[i];
+	if (!cmd) {
+		send_errorf(c, id, "CommandNotFound", "The command %s has not been found",
+			    name);
+		return;
+	}
+	if (!args)
+		args = empty = json_object();
+	if (!args || !check_args(cmd->args, args, err.desc, sizeof(err.desc))) {
+		send_error(c, id, "GenericError", args ? err.desc : "out of memory");
+		json_decref(empty);
+		return;
+	}
+	if (strcmp(name, "qmp_capabilities") == 0) {
+		c->negotiated = true;
+		ret = json_object();
+	} else {
+		ret = cmd->fn(q->o.ctx, args, &err);
+	}
+	json_decref(empty);
+	if (!ret) {
+		send_error(c, id, err.cls ? err.cls : "GenericError",
+			   err.desc[0] ? err.desc : "failed");
+		return;
+	}
+	v = json_pack("{s:o}", "return", ret);
+	if (v && id)
+		json_object_set(v, "id", id);
+	send_json(c, v);
+}
+
+/* ---- input ------------------------------------------------------------------- */
+
+/*
+ * Where the top-level value starting at in[0] (not whitespace) ends:
+ * its length, or 0 when it is not complete yet.  A '{' or '[' value ends
+ * at its matching bracket (outside strings); anything else is a scalar
+ * or junk, which ends before the next whitespace or bracket.
+ */
+static size_t value_end(const char *in, size_t len)
+{
+	size_t depth = 0, i;
+	bool str = false, esc = false;
+
+	if (in[0] != '{' && in[0] != '[') {
+		if (in[0] == '}' || in[0] == ']')
+			return 1;
+		for (i = 0; i < len; i++)
+			if (strchr(" \t\r\n{}[]", in[i]))
+				return i;
+		return 0;
+	}
+	for (i = 0; i < len; i++) {
+		char ch = in[i];
+
+		if (str) {
+			if (esc)
+				esc = false;
+			else if (ch == '\\')
+				esc = true;
+			else if (ch == '"')
+				str = false;
+			continue;
+		}
+		if (ch == '"')
+			str = true;
+		else if (ch == '{' || ch == '[')
+			depth++;
+		else if ((ch == '}' || ch == ']') && --depth == 0)
+			return i + 1;
+	}
+	return 0;
+}
+
+static void process(struct ioc__qmp_client *c)
+{
+	size_t pos = 0;
+
+	while (!c->dead && pos < c->in_len) {
+		char *p = c->in + pos;
+		size_t left = c->in_len - pos, n;
+		json_error_t jerr;
+		json_t *v;
+
+		if (strchr(" \t\r\n", *p) && *p) {
+			pos++;
+			continue;
+		}
+		n = value_end(p, left);
+		if (!n) {
+			if (left > c->q->o.max_msg) {
+				send_error(c, NULL, "GenericError",
+					   "JSON message too large; closing the connection");
+				c->dead = true;
+			}
+			break;
+		}
+		v = json_loadb(p, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+		pos += n;
+		if (!v) {
+			send_errorf(c, NULL, "GenericError", "JSON parse error, %s", jerr.text);
+			continue;
+		}
+		dispatch(c, v);
+		json_decref(v);
+	}
+	memmove(c->in, c->in + pos, c->in_len - pos);
+	c->in_len -= pos;
+}
+
+static int append_input(struct ioc__qmp_client *c, const void *buf, size_t len)
+{
+	if (c->in_len + len > c->in_cap) {
+		size_t cap = c->in_cap ? c->in_cap : 4096;
+		char *p;
+
+		while (cap < c->in_len + len)
+			cap *= 2;
+		p = realloc(c->in, cap);
+		if (!p)
+			return -ENOMEM;
+		c->in = p;
+		c->in_cap = cap;
+	}
+	memcpy(c->in + c->in_len, buf, len);
+	c->in_len += len;
+	return 0;
+}
+
+int ioc__qmp_input(struct ioc__qmp_client *c, const void *buf, size_t len)
+{
+	if (!c->dead && append_input(c, buf, len) < 0)
+		c->dead = true;
+	if (!c->dead)
+		process(c);
+	if (c->dead) {
+		client_close(c);
+		return -EPIPE;
+	}
+	return 0;
+}
+
+static void on_readable(void *opaque)
+{
+	struct ioc__qmp_client *c = opaque;
+	char buf[16384];
+
+	for (int rounds = 0; rounds < 16; rounds++) {
+		ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (n <= 0) {
+			client_close(c);
+			return;
+		}
+		if (ioc__qmp_input(c, buf, (size_t)n) < 0)
+			return;
+	}
+}
+
+static void on_writable(void *opaque)
+{
+	struct ioc__qmp_client *c = opaque;
+
+	flush_out(c);
+	if (c->dead)
+		client_close(c);
+}
+
+/* ---- clients ----------------------------------------------------------------- */
+
+static void client_close(struct ioc__qmp_client *c)
+{
+	struct ioc__qmp *q = c->q;
+
+	for (struct ioc__qmp_client **pp = &q->clients; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	q->nclients--;
+	if (c->fd >= 0) {
+		ioc_loop_set_fd(q->loop, c->fd, NULL, NULL, NULL, NULL, NULL);
+		close(c->fd);
+	}
+	free(c->in);
+	free(c->out);
+	free(c);
+}
+
+int ioc__qmp_attach(struct ioc__qmp *q, int fd, struct ioc__qmp_client **out)
+{
+	struct ioc__qmp_client *c = calloc(1, sizeof(*c));
+	json_t *greeting;
+	int r;
+
+	if (out)
+		*out = NULL;
+	if (!c)
+		return -ENOMEM;
+	c->q = q;
+	c->fd = fd;
+	r = ioc_loop_set_fd(q->loop, fd, on_readable, NULL, NULL, NULL, c);
+	if (r < 0) {
+		free(c);
+		return r;
+	}
+	c->next = q->clients;
+	q->clients = c;
+	q->nclients++;
+	greeting = json_pack("{s:{s:{s:{s:i,s:i,s:i},s:s},s:[]}}", "QMP", "version", "qemu",
+			     "major", q->o.major, "minor", q->o.minor, "micro", q->o.micro,
+			     "package", q->o.package, "capabilities");
+	send_json(c, greeting);
+	if (c->dead) {
+		client_close(c);
+		return -EPIPE;
+	}
+	if (out)
+		*out = c;
+	return 0;
+}
+
+static void on_accept(void *opaque)
+{
+	struct ioc__qmp *q = opaque;
+
+	for (;;) {
+		int fd = accept4(q->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0)
+			return;
+		if (q->nclients >= q->o.max_clients) {
+			static const char msg[] = "{\"error\": {\"class\": \"GenericError\", "
+				"\"desc\": \"too many control clients\"}}\r\n";
+			ssize_t n = send(fd, msg, sizeof(msg) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+			(void)n;
+			close(fd);
+			continue;
+		}
+		int r = ioc__qmp_attach(q, fd, NULL);
+
+		if (r < 0 && r != -EPIPE)
+			close(fd); /* -EPIPE: attach closed it */
+	}
+}
+
+int ioc__qmp_new(struct ioc__qmp **out, struct ioc_loop *loop, int listen_fd,
+		 const struct ioc__qmp_opts *opts)
+{
+	struct ioc__qmp *q = calloc(1, sizeof(*q));
+	int r;
+
+	*out = NULL;
+	if (!q)
+		return -ENOMEM;
+	q->loop = loop;
+	q->listen_fd = listen_fd;
+	q->o = *opts;
+	if (!q->o.max_msg)
+		q->o.max_msg = 1u << 20;
+	if (!q->o.max_out)
+		q->o.max_out = 4u << 20;
+	if (!q->o.max_clients)
+		q->o.max_clients = 16;
+	if (listen_fd >= 0) {
+		r = ioc_loop_set_fd(loop, listen_fd, on_accept, NULL, NULL, NULL, q);
+		if (r < 0) {
+			free(q);
+			return r;
+		}
+	}
+	*out = q;
+	return 0;
+}
+
+void ioc__qmp_free(struct ioc__qmp *q)
+{
+	if (!q)
+		return;
+	while (q->clients)
+		client_close(q->clients);
+	if (q->listen_fd >= 0) {
+		ioc_loop_set_fd(q->loop, q->listen_fd, NULL, NULL, NULL, NULL, NULL);
+		close(q->listen_fd);
+	}
+	free(q);
+}
+
+void ioc__qmp_event(struct ioc__qmp *q, const char *name, json_t *data)
+{
+	struct timeval tv;
+	struct ioc__qmp_client *c, *next;
+
+	gettimeofday(&tv, NULL);
+	if (!data)
+		data = json_object();
+	for (c = q->clients; c; c = next) {
+		json_t *ev;
+
+		next = c->next;
+		if (!c->negotiated)
+			continue;
+		ev = json_pack("{s:s,s:O,s:{s:I,s:I}}", "event", name, "data", data,
+			       "timestamp",
+			       "seconds", (json_int_t)tv.tv_sec,
+			       "microseconds", (json_int_t)tv.tv_usec);
+		send_json(c, ev);
+		if (c->dead)
+			client_close(c);
+	}
+	json_decref(data);
+}
+
+void ioc__qmp_flush(struct ioc__qmp *q)
+{
+	for (struct ioc__qmp_client *c = q->clients; c; c = c->next)
+		flush_out(c);
+}
