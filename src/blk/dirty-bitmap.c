@@ -506,8 +506,10 @@ fail:
 struct ioc_blk_dirty *ioc_blk_dirty_find(struct ioc_blk *blk, const char *name)
 {
 	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++) {
+		/* Acquire: pairs with publish(); I/O threads look bitmaps up
+		 * for NBD block status while the control thread adds them. */
 		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_relaxed);
+								memory_order_acquire);
 
 		if (bm && strcmp(bm->name, name) == 0)
 			return bm;
@@ -634,8 +636,9 @@ int ioc_blk_dirty_list(struct ioc_blk *blk, struct ioc_blk_dirty_info *out, int 
 	int n = 0;
 
 	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++) {
+		/* Acquire: pairs with publish() (NBD's LIST from I/O threads). */
 		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_relaxed);
+								memory_order_acquire);
 		int j = n++;
 
 		if (!bm) {

@@ -9,7 +9,9 @@
  * a flush on one connection covers writes completed on all of them.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "iocore/blk.h"
 #include "nbd-int.h"
@@ -71,6 +73,38 @@ static int ioc_coroutine_fn be_block_status(void *be, uint64_t off, uint64_t len
 	       ((st & IOC_BLK_STATUS_ZERO) ? NBD_STATE_ZERO : 0);
 }
 
+/* Dirty bitmaps: only consistent ones are offered. */
+static int be_dirty_names(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max)
+{
+	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
+	int n = ioc_blk_dirty_list(be, info, IOC_BLK_DIRTY_MAX), k = 0;
+
+	for (int i = 0; i < n && i < IOC_BLK_DIRTY_MAX; i++) {
+		if (info[i].inconsistent)
+			continue;
+		if (k < max)
+			memcpy(names[k], info[i].name, IOC_NBD_BITMAP_NAME_MAX);
+		k++;
+	}
+	return k;
+}
+
+/* Looked up by name on every request: a bitmap removed meanwhile fails
+ * the request rather than reporting a stale state.  Removed bitmaps stay
+ * allocated until the image closes (dirty-bitmap.c), so the pointer
+ * found stays valid while it is used. */
+static int be_dirty_status(void *be, const char *name, uint64_t off, uint64_t len,
+			   uint64_t *pnum, uint32_t flags)
+{
+	struct ioc_blk_dirty *bm = ioc_blk_dirty_find(be, name);
+
+	if (!bm)
+		return -ENOENT;
+	return ioc_blk_dirty_extent(bm, off, len, pnum);
+}
+
+_Static_assert(IOC_NBD_BITMAP_NAME_MAX == IOC_BLK_DIRTY_NAME_MAX, "bitmap names");
+
 static const struct ioc__nbd_backend_ops blk_ops = {
 	.pread = be_pread,
 	.pwrite = be_pwrite,
@@ -79,6 +113,8 @@ static const struct ioc__nbd_backend_ops blk_ops = {
 	.zero = be_zero,
 	.block_status = be_block_status,
 	.cache = NULL, /* a hint: answered at once */
+	.dirty_names = be_dirty_names,
+	.dirty_status = be_dirty_status,
 };
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,

@@ -209,6 +209,10 @@ static void enter_transmission(struct ioc__nbd_conn *c,
 	    (c->meta_export != e ||
 	     !e->can_block_status))
 		c->meta_base_alloc = false;
+	if (c->meta_export != e) {
+		c->meta_depth = false;
+		c->meta_bitmap[0] = '\0';
+	}
 	c->phase = IOC_NBD_PHASE_TRANSMISSION;
 }
 
@@ -276,11 +280,62 @@ static int opt_info(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 }
 
 /* NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT. */
+
+static bool qeq(const char *q, uint32_t qlen, const char *s)
+{
+	return qlen == strlen(s) && memcmp(q, s, qlen) == 0;
+}
+
+/* What one query selects (SET: exact names) or lists (LIST: also the
+ * namespace "base:" or "qemu:" and the prefix "qemu:dirty-bitmap:"). */
+struct meta_sel {
+	bool base, depth;
+	bool all_bitmaps;
+	char bitmap[IOC_NBD_BITMAP_NAME_MAX]; /* one bitmap by name */
+};
+
+static void meta_query(const char *q, uint32_t qlen, bool list, struct meta_sel *m)
+{
+	size_t plen = strlen(NBD_META_QEMU_BITMAP);
+
+	if (qeq(q, qlen, NBD_META_BASE_ALLOCATION) || (list && qeq(q, qlen, "base:")))
+		m->base = true;
+	if (qeq(q, qlen, NBD_META_QEMU_DEPTH))
+		m->depth = true;
+	if (list && qeq(q, qlen, "qemu:")) {
+		m->depth = true;
+		m->all_bitmaps = true;
+	}
+	if (list && qeq(q, qlen, NBD_META_QEMU_BITMAP))
+		m->all_bitmaps = true;
+	if (qlen > plen && qlen - plen < IOC_NBD_BITMAP_NAME_MAX &&
+	    memcmp(q, NBD_META_QEMU_BITMAP, plen) == 0) {
+		memcpy(m->bitmap, q + plen, qlen - plen);
+		m->bitmap[qlen - plen] = '\0';
+	}
+}
+
+static int rep_context(struct ioc__nbd_conn *c, uint32_t opt, uint32_t id,
+		       const char *prefix, const char *name)
+{
+	char full[IOC_NBD_BITMAP_NAME_MAX + 32];
+	size_t pl = strlen(prefix), nl = strnlen(name, IOC_NBD_BITMAP_NAME_MAX - 1);
+	uint8_t idb[4];
+
+	/* prefix is one of the context names above (< 32 bytes). */
+	memcpy(full, prefix, pl);
+	memcpy(full + pl, name, nl);
+	full[pl + nl] = '\0';
+	ioc_nbd_st32(idb, id);
+	return rep2(c, opt, NBD_REP_META_CONTEXT, idb, 4, full, strlen(full));
+}
+
 static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 		    uint32_t len)
 {
 	char name[IOC_NBD_MAX_STRING + 1];
-	bool list = opt == NBD_OPT_LIST_META_CONTEXT, match = false;
+	bool list = opt == NBD_OPT_LIST_META_CONTEXT;
+	struct meta_sel m = { 0 };
 
 	if (!c->structured)
 		return rep_err(c, opt, NBD_REP_ERR_INVALID,
@@ -301,12 +356,7 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 		uint32_t qlen = ioc_nbd_ld32(d + pos);
 		if (qlen > IOC_NBD_MAX_STRING || pos + 4 + qlen > len)
 			return rep_err(c, opt, NBD_REP_ERR_INVALID, "bad query length");
-		const char *q = (const char *)d + pos + 4;
-		if (list && ((qlen == 5 && memcmp(q, "base:", 5) == 0) ||
-			     (qlen == 15 && memcmp(q, NBD_META_BASE_ALLOCATION, 15) == 0)))
-			match = true;
-		if (!list && qlen == 15 && memcmp(q, NBD_META_BASE_ALLOCATION, 15) == 0)
-			match = true;
+		meta_query((const char *)d + pos + 4, qlen, list, &m);
 		pos += 4 + qlen;
 	}
 	if (pos != len)
@@ -315,19 +365,40 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	if (!e)
 		return rep_err(c, opt, NBD_REP_ERR_UNKNOWN, "unknown export");
 	if (list && nq == 0)
-		match = true;
+		m.base = m.depth = m.all_bitmaps = true;
 	if (!e->can_block_status)
-		match = false;
-	if (match) {
-		uint8_t id[4];
-		ioc_nbd_st32(id, list ? 0 : NBD_META_ID_BASE_ALLOC);
-		if (rep2(c, opt, NBD_REP_META_CONTEXT, id, 4, NBD_META_BASE_ALLOCATION,
-			 strlen(NBD_META_BASE_ALLOCATION)) < 0)
-			return -ENOMEM;
+		m.base = false;
+	if (!e->ops->dirty_status)
+		m.depth = m.all_bitmaps = false, m.bitmap[0] = '\0';
+	if (m.base && rep_context(c, opt, list ? 0 : NBD_META_ID_BASE_ALLOC,
+				  NBD_META_BASE_ALLOCATION, "") < 0)
+		return -ENOMEM;
+	if (m.depth && rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_DEPTH,
+				   NBD_META_QEMU_DEPTH, "") < 0)
+		return -ENOMEM;
+	if (e->ops->dirty_names && (m.all_bitmaps || m.bitmap[0])) {
+		char names[16][IOC_NBD_BITMAP_NAME_MAX];
+		int n = e->ops->dirty_names(e->be, names, 16);
+		bool found = false;
+
+		for (int i = 0; i < n && i < 16; i++) {
+			bool want = m.all_bitmaps || strcmp(names[i], m.bitmap) == 0;
+
+			if (!want || (!list && found))
+				continue;
+			found = true;
+			if (rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_BITMAP,
+					NBD_META_QEMU_BITMAP, names[i]) < 0)
+				return -ENOMEM;
+		}
+		if (!found)
+			m.bitmap[0] = '\0';
 	}
 	if (!list) {
 		c->meta_export = e;
-		c->meta_base_alloc = match;
+		c->meta_base_alloc = m.base;
+		c->meta_depth = m.depth;
+		memcpy(c->meta_bitmap, m.bitmap, sizeof(m.bitmap));
 	}
 	return rep(c, opt, NBD_REP_ACK);
 }

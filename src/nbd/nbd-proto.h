@@ -124,6 +124,13 @@
 
 #define NBD_META_BASE_ALLOCATION  "base:allocation"
 #define NBD_META_ID_BASE_ALLOC    1u
+/* QEMU's contexts (QEMU's docs/interop/nbd.rst). */
+#define NBD_META_QEMU_DEPTH       "qemu:allocation-depth"
+#define NBD_META_QEMU_BITMAP      "qemu:dirty-bitmap:"
+#define NBD_META_ID_QEMU_DEPTH    2u
+#define NBD_META_ID_QEMU_BITMAP   3u
+#define NBD_STATE_DIRTY           (1u << 0)   /* qemu:dirty-bitmap:NAME */
+#define IOC_NBD_BITMAP_NAME_MAX   128         /* = IOC_BLK_DIRTY_NAME_MAX */
 
 /* Sizes of the fixed headers. */
 #define NBD_REQUEST_SIZE          28
@@ -212,6 +219,14 @@ struct ioc__nbd_backend_ops {
 	int (*block_status)(void *be, uint64_t offset, uint64_t len, uint64_t *pnum,
 			    uint32_t flags);
 	int (*cache)(void *be, uint64_t offset, uint64_t len, uint32_t flags);
+	/* Dirty bitmaps (NULL: none).  dirty_names stores up to max usable
+	 * names and returns how many there are; dirty_status returns 1
+	 * (dirty) or 0 for the run at offset, its length (<= len) in *pnum,
+	 * or -errno (-ENOENT: no such bitmap, -EUCLEAN: inconsistent).
+	 * dirty_status has no flags defined yet and is called with 0. */
+	int (*dirty_names)(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max);
+	int (*dirty_status)(void *be, const char *name, uint64_t offset, uint64_t len,
+			    uint64_t *pnum, uint32_t flags);
 };
 
 struct ioc__nbd_export {
@@ -295,6 +310,9 @@ struct ioc__nbd_conn {
 	/* Negotiated. */
 	bool fixed, no_zeroes, structured, extended;
 	bool meta_base_alloc;           /* base:allocation selected */
+	bool meta_depth;                /* qemu:allocation-depth selected */
+	char meta_bitmap[IOC_NBD_BITMAP_NAME_MAX]; /* qemu:dirty-bitmap:NAME
+					 * selected, or "" */
 	const struct ioc__nbd_export *meta_export; /* SET_META_CONTEXT's export */
 	bool enforce_block_size;        /* client asked for NBD_INFO_BLOCK_SIZE */
 	const struct ioc__nbd_export *exp;

@@ -84,7 +84,7 @@ static int check_request(const struct ioc__nbd_conn *c, uint16_t flags,
 			return NBD_EINVAL;
 		break;
 	case NBD_CMD_BLOCK_STATUS:
-		if (!c->meta_base_alloc)
+		if (!c->meta_base_alloc && !c->meta_depth && !c->meta_bitmap[0])
 			return NBD_EINVAL;
 		allowed |= NBD_CMD_FLAG_REQ_ONE;
 		sized = false; /* alignment of the tail is not required */
@@ -419,33 +419,45 @@ static void put_extent(const struct ioc__nbd_conn *c, uint8_t *q, uint64_t len,
 	}
 }
 
-static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
-					     struct ioc__nbd_req *r)
+/* The status of one context at pos: flags, the run length in *pnum. */
+static int ioc_coroutine_fn ctx_status(const struct ioc__nbd_conn *c, uint32_t id,
+				       uint64_t pos, uint64_t len, uint64_t *pnum)
 {
 	const struct ioc__nbd_export *e = c->exp;
-	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : IOC_NBD_MAX_EXTENTS;
-	size_t dsz = c->extended ? 16 : 8, base = c->extended ? 8 : 4;
+
+	switch (id) {
+	case NBD_META_ID_BASE_ALLOC:
+		return e->ops->block_status(e->be, pos, len, pnum, 0);
+	case NBD_META_ID_QEMU_DEPTH:
+		/* A raw image has no backing chain: depth 1 ("local") everywhere. */
+		*pnum = len;
+		return 1;
+	default: {
+		int st = e->ops->dirty_status(e->be, c->meta_bitmap, pos, len, pnum, 0);
+
+		return st < 0 ? st : st ? (int)NBD_STATE_DIRTY : 0;
+	}
+	}
+}
+
+/* One BLOCK_STATUS chunk for context id into d (room for max extents);
+ * returns the extent count or -errno. */
+static int ioc_coroutine_fn ctx_extents(const struct ioc__nbd_conn *c,
+					struct ioc__nbd_req *r, uint32_t id,
+					uint8_t *d, unsigned max)
+{
+	size_t dsz = c->extended ? 16 : 8;
 	uint64_t pos = r->offset, end = r->offset + r->len;
 	unsigned n = 0;
 	uint64_t last_len = 0;
 	uint32_t last_st = 0;
 
-	free(r->ext);
-	r->ext = malloc(base + dsz * max);
-	if (!r->ext) {
-		ioc__nbd_reply_error(c, r, NBD_ENOMEM, "out of memory");
-		return;
-	}
-	uint8_t *d = r->ext + base;
 	while (pos < end) {
 		uint64_t pnum = end - pos;
-		int st = e->ops->block_status(e->be, pos, end - pos, &pnum, 0);
+		int st = ctx_status(c, id, pos, end - pos, &pnum);
 		if (st < 0) {
-			if (n == 0) {
-				ioc__nbd_reply_error(c, r, ioc__nbd_errno_to_nbd(st),
-						     "block status failed");
-				return;
-			}
+			if (n == 0)
+				return st;
 			break;
 		}
 		if (pnum == 0 || pnum > end - pos)
@@ -465,17 +477,55 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 		pos += pnum;
 	}
 	put_extent(c, d + dsz * (n - 1), last_len, last_st);
-	ioc_nbd_st32(r->ext, NBD_META_ID_BASE_ALLOC);
-	if (c->extended)
-		ioc_nbd_st32(r->ext + 4, n);
-	size_t plen = base + dsz * n;
+	return (int)n;
+}
+
+/* One chunk per selected context, the last one flagged DONE. */
+static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
+					     struct ioc__nbd_req *r)
+{
+	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : IOC_NBD_MAX_EXTENTS;
+	size_t dsz = c->extended ? 16 : 8, base = c->extended ? 8 : 4;
+	size_t one = base + dsz * max;
+	uint32_t ids[3];
+	unsigned nids = 0;
+
+	if (c->meta_base_alloc)
+		ids[nids++] = NBD_META_ID_BASE_ALLOC;
+	if (c->meta_depth)
+		ids[nids++] = NBD_META_ID_QEMU_DEPTH;
+	if (c->meta_bitmap[0])
+		ids[nids++] = NBD_META_ID_QEMU_BITMAP;
+	free(r->ext);
+	r->ext = malloc(one * nids);
+	if (!r->ext) {
+		ioc__nbd_reply_error(c, r, NBD_ENOMEM, "out of memory");
+		return;
+	}
 	uint8_t *h = r->hdr;
-	uint8_t *p = chunk_hdr(c, h, r, NBD_REPLY_FLAG_DONE,
-			       c->extended ? NBD_REPLY_TYPE_BLOCK_STATUS_EXT
-					   : NBD_REPLY_TYPE_BLOCK_STATUS, plen);
 	r->iovcnt = 0;
-	add_iov(r, h, (size_t)(p - h));
-	add_iov(r, r->ext, plen);
+	for (unsigned k = 0; k < nids; k++) {
+		uint8_t *payload = r->ext + one * k;
+		int n = ctx_extents(c, r, ids[k], payload + base, max);
+
+		if (n < 0) {
+			ioc__nbd_reply_error(c, r, ioc__nbd_errno_to_nbd(n),
+					     n == -EUCLEAN ? "dirty bitmap inconsistent" :
+					     n == -ENOENT ? "dirty bitmap removed" :
+					     "block status failed");
+			return;
+		}
+		ioc_nbd_st32(payload, ids[k]);
+		if (c->extended)
+			ioc_nbd_st32(payload + 4, (uint32_t)n);
+		size_t plen = base + dsz * (size_t)n;
+		uint8_t *p = chunk_hdr(c, h, r, k + 1 == nids ? NBD_REPLY_FLAG_DONE : 0,
+				       c->extended ? NBD_REPLY_TYPE_BLOCK_STATUS_EXT
+						   : NBD_REPLY_TYPE_BLOCK_STATUS, plen);
+		add_iov(r, h, (size_t)(p - h));
+		add_iov(r, payload, plen);
+		h = p;
+	}
 }
 
 void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
