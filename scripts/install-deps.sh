@@ -20,7 +20,7 @@ BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
 # systemd-escape for the units).
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
       python3 xxd spin time gnutls-bin groff-base systemd
-      qemu-system-common socat"
+      qemu-system-common socat python3-libnbd"
 # On x86-64, a cross compiler and qemu's user mode run the AArch64
 # context switch (tests/co/test-co-switch-aarch64.sh), and with Debian's
 # :arm64 development packages (multiarch) the whole suite (make

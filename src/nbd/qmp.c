@@ -42,7 +42,10 @@ struct ioc__qmp_client {
 	struct ioc__qmp_client *next;
 	int fd;
 	bool negotiated;
-	bool dead;                 /* closing: drop input */
+	bool dead;                 /* close now */
+	bool draining;             /* told to go: input is dropped, output
+				    * shut down once sent, closed at EOF */
+	uint64_t drained;
 	bool reg_write;
 	char *in;                  /* unparsed input */
 	size_t in_len, in_cap;
@@ -93,8 +96,11 @@ static void flush_out(struct ioc__qmp_client *c)
 		}
 		c->out_off += (size_t)n;
 	}
-	if (c->out_off == c->out_len)
+	if (c->out_off == c->out_len) {
 		c->out_off = c->out_len = 0;
+		if (c->draining)
+			shutdown(c->fd, SHUT_WR);
+	}
 	update_fd(c);
 }
 
@@ -368,9 +374,14 @@ static void process(struct ioc__qmp_client *c)
 		n = value_end(p, left);
 		if (!n) {
 			if (left > c->q->o.max_msg) {
+				/* Closing at once would reset the connection
+				 * (unread input) and lose the error: drop the
+				 * input, send the error, shut down writing and
+				 * close when the client has gone. */
+				c->draining = true;
+				pos = c->in_len;
 				send_error(c, NULL, "GenericError",
 					   "JSON message too large; closing the connection");
-				c->dead = true;
 			}
 			break;
 		}
@@ -408,9 +419,16 @@ static int append_input(struct ioc__qmp_client *c, const void *buf, size_t len)
 
 int ioc__qmp_input(struct ioc__qmp_client *c, const void *buf, size_t len)
 {
-	if (!c->dead && append_input(c, buf, len) < 0)
+	if (c->draining) {
+		/* A client that keeps sending after being told to go. */
+		c->drained += len;
+		if (c->drained > 4 * c->q->o.max_msg)
+			c->dead = true;
+		len = 0;
+	}
+	if (!c->dead && len && append_input(c, buf, len) < 0)
 		c->dead = true;
-	if (!c->dead)
+	if (!c->dead && !c->draining)
 		process(c);
 	if (c->dead) {
 		client_close(c);

@@ -327,10 +327,14 @@ static void print_reply(const char *cmd, json_t *ret)
 	}
 }
 
-static int follow_events(void)
+static int follow_events(const char *path)
 {
 	json_t *m;
 
+	if (!opt_json) {
+		printf("# events from %s (interrupt to stop)\n", path);
+		fflush(stdout);
+	}
 	while ((m = next_message())) {
 		json_t *ts = json_object_get(m, "timestamp");
 
@@ -405,7 +409,7 @@ int main(int argc, char **argv)
 	json_decref(r);
 	if (strcmp(cmd, "events") == 0) {
 		json_decref(args);
-		return follow_events();
+		return follow_events(path);
 	}
 	r = execute(cmd, json_object_size(args) ? args : NULL);
 	json_decref(args);

@@ -1,0 +1,209 @@
+#!/bin/sh
+# Dirty bitmaps and the control socket with real clients: qemu-io writes,
+# nbdinfo --map and qemu-img map (x-dirty-bitmap) read them back exactly,
+# clear/remove/merge/disable through iocore-ctl, persistence across SIGTERM
+# and kill -9, a torn sidecar, hostile QMP input, and the same exchange
+# replayed against qemu-storage-daemon.  TAP output.
+set -u
+BUILD=${IOC_BUILD_ROOT:-build}
+SRCDIR=$(cd "$(dirname "$0")" && pwd)
+SRV="$BUILD/tools/nbd/iocore-nbd"
+CTL="$BUILD/tools/ctl/iocore-ctl"
+. "$SRCDIR/nbd-test-lib.sh"
+
+if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
+	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
+fi
+for t in qemu-io qemu-img nbdinfo python3; do
+	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
+done
+workdir ioc-nbd-dirty
+img="$dir/disk.img"
+truncate -s 64M "$img"
+
+start() {
+	"$SRV" --fork --pid-file "$dir/srv.pid" -U "$dir/nbd.sock" -x disk \
+		--control "$dir/ctl.sock" "$img"
+}
+U="nbd+unix:///disk?socket=$dir/nbd.sock"
+ctl() { "$CTL" -s "$dir/ctl.sock" "$@"; }
+# map BITMAP: the dirty extents as "start+length" lines, from nbdinfo.
+map() { nbdinfo --map="qemu:dirty-bitmap:$1" "$U" | awk '$3 == 1 { print $1 "+" $2 }'; }
+# qmap BITMAP: the same from QEMU's client (dirty = "data": false).
+qmap() {
+	qemu-img map --output=json --image-opts \
+		"driver=nbd,server.type=unix,server.path=$dir/nbd.sock,export=disk,x-dirty-bitmap=qemu:dirty-bitmap:$1" |
+	python3 -c 'import json,sys
+for e in json.load(sys.stdin):
+    if not e["data"]: print("%d+%d" % (e["start"], e["length"]))'
+}
+# expect NAME WANT GOT
+expect() {
+	if [ "$(echo $2)" = "$(echo $3)" ]; then ok "$1"; else
+		notok "$1"; printf '# want: %s\n# got:  %s\n' "$(echo $2)" "$(echo $3)"; fi
+}
+count() {
+	ctl --json query-named-block-nodes | python3 -c "import json,sys
+for b in json.load(sys.stdin)[0]['dirty-bitmaps']:
+    if b['name'] == '$1': print(b['count'], b['recording'], b['persistent'], b.get('inconsistent', False))"
+}
+
+start || { echo "Bail out! server did not start"; exit 1; }
+
+# 1: the socket is private.
+expect "control socket is mode 0600" "600" "$(stat -c %a "$dir/ctl.sock")"
+
+# 2-4: iocore-ctl adds bitmaps.
+check "iocore-ctl adds b0 (64 KiB)" ctl block-dirty-bitmap-add node=disk name=b0
+check "iocore-ctl adds f4k (4 KiB, persistent)" \
+	ctl block-dirty-bitmap-add node=disk name=f4k granularity=4096 persistent=true
+check "iocore-ctl adds off (disabled)" ctl block-dirty-bitmap-add node=disk name=off disabled=true
+# 5: errors go to stderr with a non-zero status.
+if out=$(ctl block-dirty-bitmap-add node=disk name=b0 2>&1); then notok "duplicate refused"
+else expect "duplicate refused with QEMU's message" \
+	"iocore-ctl: GenericError: Bitmap already exists: b0" "$out"; fi
+
+# 6: writes of every kind.
+check "qemu-io writes, write-zeroes and discards" qemu-io -f raw \
+	-c 'write 100k 4k' -c 'write 1M 130k' -c 'write -z 8M 64k' -c 'discard 20M 8k' \
+	-c 'write 67108352 512' "$U"
+
+# 7-10: the maps, rounded to each granularity, from both clients.
+want64="65536+65536 1048576+196608 8388608+65536 20971520+65536 67043328+65536"
+want4k="102400+4096 1048576+135168 8388608+65536 20971520+8192 67104768+4096"
+expect "nbdinfo map of b0 (64 KiB granules)" "$want64" "$(map b0)"
+expect "qemu-img map of b0" "$want64" "$(qmap b0)"
+expect "nbdinfo map of f4k (4 KiB granules)" "$want4k" "$(map f4k)"
+expect "qemu-img map of f4k" "$want4k" "$(qmap f4k)"
+# 11-12: count in bytes; the disabled bitmap recorded nothing.
+expect "count of b0" "458752 True False False" "$(count b0)"
+expect "disabled bitmap stays clean" "0 False False False" "$(count off)"
+
+# 13-14: LIST_META_CONTEXT, and qemu:allocation-depth as qemu-nbd -A reports it.
+expect "contexts listed" "base:allocation qemu:allocation-depth qemu:dirty-bitmap:b0 qemu:dirty-bitmap:f4k qemu:dirty-bitmap:off" \
+	"$(nbdinfo --json "$U" | python3 -c 'import json,sys; print(" ".join(sorted(json.load(sys.stdin)["exports"][0]["contexts"])))')"
+expect "qemu:allocation-depth is 1 (local) everywhere" "0 67108864 1 local" \
+	"$(nbdinfo --map=qemu:allocation-depth "$U" | awk '{print $1, $2, $3, $4}')"
+
+# 15-17: merge into the disabled bitmap, enable it, more writes.
+check "merge b0 and f4k into off" ctl block-dirty-bitmap-merge node=disk target=off \
+	'bitmaps:=["b0", {"node": "disk", "name": "f4k"}]'
+expect "merged map is the union at 64 KiB" "$want64" "$(map off)"
+check "enable off" ctl block-dirty-bitmap-enable node=disk name=off
+# 18-19: disable b0; a write is then in off and f4k but not b0.
+check "disable b0" ctl block-dirty-bitmap-disable node=disk name=b0
+qemu-io -f raw -c 'write 30M 4k' "$U" >/dev/null
+expect "disabled b0 did not see the write" "$want64" "$(map b0)"
+# 20-21
+expect "enabled off saw it" \
+	"65536+65536 1048576+196608 8388608+65536 20971520+65536 31457280+65536 67043328+65536" "$(map off)"
+expect "f4k saw it" \
+	"102400+4096 1048576+135168 8388608+65536 20971520+8192 31457280+4096 67104768+4096" "$(map f4k)"
+
+# 22-24: clear and remove.
+check "clear b0" ctl block-dirty-bitmap-clear node=disk name=b0
+expect "cleared map is empty" "" "$(map b0)"
+check "remove off" ctl block-dirty-bitmap-remove node=disk name=off
+# 25: a removed bitmap is gone from the contexts.
+if nbdinfo --map=qemu:dirty-bitmap:off "$U" >/dev/null 2>&1; then notok "removed context refused"
+else ok "removed context refused"; fi
+
+# 26-27: statistics and connections.
+expect "query-blockstats counts the writes" "5 1" "$(ctl --json query-blockstats query-nodes=true |
+	python3 -c 'import json,sys; s=json.load(sys.stdin)[0]["stats"]; print(s["wr_operations"] >= 5 and 5, s["unmap_operations"])')"
+python3 - "$dir/nbd.sock" "$dir/ctl.sock" "$CTL" > "$dir/conn.out" 2>&1 <<'EOF'
+import json, socket, struct, subprocess, sys
+# A raw NBD client parked in transmission, so there is a connection to see.
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+hdr = s.recv(18)
+s.sendall(struct.pack(">I", 1 | 2))                      # FIXED_NEWSTYLE, NO_ZEROES
+name = b"disk"
+s.sendall(struct.pack(">QII", 0x49484156454F5054, 1, len(name)) + name)  # EXPORT_NAME
+s.recv(10)
+out = subprocess.run([sys.argv[3], "-s", sys.argv[2], "--json",
+                      "__org.iocore_query-connections"], capture_output=True, text=True)
+c = json.loads(out.stdout)
+print(len(c), c[0]["export"], c[0]["transmission"], "read" in c[0]["requests"])
+EOF
+expect "__org.iocore_query-connections lists a client" "1 disk True True" "$(cat "$dir/conn.out")"
+
+# 28-30: persistence across SIGTERM: f4k (persistent) comes back exactly, b0 not.
+before=$(map f4k)
+stop srv
+start
+expect "persistent f4k survives SIGTERM exactly" "$before" "$(map f4k)"
+expect "it is listed persistent and recording" "$(echo "$before" | awk -F+ '{s+=$2} END {print s}') True True False" "$(count f4k)"
+expect "b0 (not persistent) is gone" "" "$(count b0)"
+
+# 31-35: kill -9 right after acknowledged writes.
+check "add persistent k9" ctl block-dirty-bitmap-add node=disk name=k9 persistent=true
+check "qemu-io writes (acknowledged) before the kill" qemu-io -f raw \
+	-c 'write 2M 4k' -c 'write 5M 1M' -c 'write -z 40M 4k' -c 'discard 50M 64k' -c 'write 63M 4k' "$U"
+f4k_before=$(map f4k)
+kill -9 "$(cat "$dir/srv.pid")"
+while kill -0 "$(cat "$dir/srv.pid")" 2>/dev/null; do sleep 0.02; done
+rm -f "$dir/srv.pid"
+start
+expect "after kill -9 every acknowledged write is marked" \
+	"2097152+65536 5242880+1048576 41943040+65536 52428800+65536 66060288+65536" "$(map k9)"
+expect "and the bitmap is consistent" "1310720 True True False" "$(count k9)"
+expect "f4k also survived the kill" "$f4k_before" "$(map f4k)"
+
+# 36-39: a torn sidecar (a bit flipped after a clean stop) loads inconsistent.
+stop srv
+printf '\377' | dd of="$img.k9.iocbm" bs=1 seek=4200 conv=notrunc 2>/dev/null
+start
+expect "torn sidecar: reported inconsistent, not recording" "0 False True True" "$(count k9)"
+if nbdinfo --map=qemu:dirty-bitmap:k9 "$U" >/dev/null 2>&1; then notok "inconsistent bitmap refused over NBD"
+else ok "inconsistent bitmap refused over NBD"; fi
+if ctl block-dirty-bitmap-clear node=disk name=k9 >/dev/null 2>&1; then notok "inconsistent bitmap refused by clear"
+else ok "inconsistent bitmap refused by clear"; fi
+check "an inconsistent bitmap can be removed" ctl block-dirty-bitmap-remove node=disk name=k9
+# 40
+if [ -e "$img.k9.iocbm" ]; then notok "its sidecar is deleted"; else ok "its sidecar is deleted"; fi
+
+# 41: iocore-ctl events follows events (quit's BLOCK_EXPORT_DELETED).
+# It prints a header once it has negotiated: from then on it gets events.
+ctl events > "$dir/events.out" 2>&1 &
+evpid=$!
+i=0
+while ! grep -q '^# events' "$dir/events.out" && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
+srvpid=$(cat "$dir/srv.pid")
+ctl quit > /dev/null
+wait $evpid
+while kill -0 "$srvpid" 2>/dev/null; do sleep 0.02; done
+rm -f "$dir/srv.pid"
+if grep -q 'BLOCK_EXPORT_DELETED {"id":"disk"}' "$dir/events.out"; then ok "iocore-ctl events prints BLOCK_EXPORT_DELETED at quit"
+else notok "iocore-ctl events prints BLOCK_EXPORT_DELETED at quit"; sed 's/^/# /' "$dir/events.out"; fi
+# 42: quit stopped the server cleanly and removed its sockets.
+if [ -e "$dir/ctl.sock" ]; then notok "quit removed the control socket"; else ok "quit removed the control socket"; fi
+
+# Hostile input (qmp-test.py hostile).
+start
+TAP_START=$n python3 "$SRCDIR/qmp-test.py" hostile "$dir/ctl.sock" > "$dir/hostile.out" 2>&1
+cat "$dir/hostile.out"
+n=$((n + $(grep -c '^\(not \)\?ok' "$dir/hostile.out")))
+# NBD clients unaffected by all that.
+check "NBD still serves after the hostile clients" qemu-io -f raw -c 'write -P 7 0 64k' -c 'read -P 7 0 64k' "$U"
+stop srv
+
+# The exchange replayed against qemu-storage-daemon.
+if have qemu-storage-daemon; then
+	truncate -s 16M "$dir/q.img"
+	rm -f "$img".*.iocbm
+	truncate -s 16M "$img"
+	qemu-storage-daemon --blockdev driver=file,filename="$dir/q.img",node-name=disk,discard=unmap \
+		--nbd-server addr.type=unix,addr.path="$dir/qnbd.sock" \
+		--export type=nbd,id=disk,node-name=disk,name=disk,writable=on \
+		--chardev socket,path="$dir/qmp.sock",server=on,wait=off,id=m --monitor chardev=m \
+		--pidfile "$dir/qsd.pid" --daemonize
+	start
+	TAP_START=$n python3 "$SRCDIR/qmp-test.py" compare "$dir/qmp.sock" "$dir/qnbd.sock" \
+		"$dir/ctl.sock" "$dir/nbd.sock" > "$dir/cmp.out"
+	cat "$dir/cmp.out"
+	n=$((n + $(grep -c '^\(not \)\?ok' "$dir/cmp.out")))
+	rm -f "$dir/srv.pid" "$dir/qsd.pid"
+else
+	skip "qemu-storage-daemon comparison" "qemu-storage-daemon missing"
+fi
+echo "1..$n"
