@@ -1,7 +1,8 @@
 /*
  * iocore NBD server: serves block-layer images over the NBD protocol
  * (NetworkBlockDevice/nbd doc/proto.md, fixed newstyle, structured replies,
- * extended headers, base:allocation).
+ * extended headers, base:allocation, and QEMU's qemu:dirty-bitmap:NAME and
+ * qemu:allocation-depth), with a QMP control socket.
  *
  * A server owns N I/O threads (each running one loop); listening sockets
  * are watched on the loop of the thread that starts the server, and each
