@@ -30,7 +30,7 @@ run() { # CASE
 	iops=$(fio --name=w --ioengine=nbd --uri="nbd+unix:///disk?socket=$dir/nbd.sock" \
 		--rw=randwrite --bs=4k --iodepth=64 --size=1G --time_based \
 		--runtime="$SECS" --ramp_time=1 --output-format=terse --terse-version=3 |
-		awk -F';' '{print $49}')
+		awk -F';' 'NF > 50 {print $49}')
 	kill "$(cat "$dir/pid")"
 	while [ -f "$dir/pid" ]; do sleep 0.05; done
 	echo "$1 $iops"
