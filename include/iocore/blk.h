@@ -140,8 +140,8 @@ void ioc_blk_write_zeroes(struct ioc_blk *blk, struct ioc_blk_req *req,
 
 /*
  * Named change-tracking bitmaps of an image: one bit per granule (a power
- * of two from 4 KiB to 64 MiB, default 64 KiB) that every successful
- * write, write-zeroes and discard sets before the request completes, from
+ * of two from 4 KiB to 64 MiB, default 64 KiB) that every write,
+ * write-zeroes and discard (failed ones too) sets before it completes, from
  * whichever thread completes it, without a lock.  A persistent bitmap is
  * kept in a sidecar file beside the image, "IMAGE.NAME.iocbm" (its format
  * and what survives a crash or a power loss: dirty-bitmap.c).  A bitmap

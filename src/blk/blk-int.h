@@ -256,8 +256,8 @@ void ioc__blk_iov_to_buf(const struct iovec *iov, int iovcnt, void *buf);
 void ioc__blk_iov_from_buf(const struct iovec *iov, int iovcnt, const void *buf);
 
 /* Dirty bitmaps: mark [offset, offset+len) in every recording bitmap
- * after a write, write-zeroes or discard succeeded and before it
- * completes.  0, or -errno when a persistent bitmap could not be made
+ * after a write, write-zeroes or discard ran (whatever its result) and
+ * before it completes.  0, or -errno when a persistent bitmap could not be made
  * durable (the request then fails with it).  Any thread. */
 int ioc__blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len);
 static inline int blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)

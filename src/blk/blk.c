@@ -821,8 +821,11 @@ int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
 
 		if ((uint64_t)n == len)
 			return blk_dirty_mark(blk, offset, len);
-		if (n < 0 && errno != EAGAIN && errno != EINTR)
-			return -errno;
+		if (n < 0 && errno != EAGAIN && errno != EINTR) {
+			ret = -errno;
+			blk_dirty_mark(blk, offset, len); /* as in ioc__blk_finish() */
+			return ret;
+		}
 		if (n > 0)
 			done = (uint64_t)n;
 	}

@@ -2,10 +2,11 @@
  * Dirty bitmaps: which granules of an image changed since a point in time,
  * for incremental backup (the NBD meta context qemu:dirty-bitmap:NAME).
  *
- * Marking.  Every write, write-zeroes and discard that succeeded sets the
- * bits of its granules with one atomic fetch_or per 64-bit word, on the
- * thread that completes it, before the request completes: no lock, no
- * shared line but the bitmap's own words.  With no bitmap the cost is one
+ * Marking.  Every write, write-zeroes and discard sets the bits of its
+ * granules (a failed one too: it may have changed part of its range)
+ * with one atomic fetch_or per 64-bit word, on the thread that completes
+ * it, before the request completes: no lock, no shared line but the
+ * bitmap's own words.  With no bitmap the cost is one
  * relaxed load of dirty_n (blk_dirty_mark()).
  *
  * The ordering rule.  A copier clears bits (ioc_blk_dirty_reset(), an

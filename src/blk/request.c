@@ -283,9 +283,15 @@ void ioc__blk_finish(struct blk_req *r, int64_t ret)
 	if (blk_may_punch(r->op))
 		ioc__blk_data_invalidate(r->blk);
 	/* Dirty bitmaps: marked after the data reached the image and before
-	 * the request completes (dirty-bitmap.c: the ordering rule). */
-	if (ret == 0 && (r->op == BLK_OP_WRITE || blk_may_punch(r->op)))
-		ret = blk_dirty_mark(r->blk, r->offset, r->len);
+	 * the request completes (dirty-bitmap.c: the ordering rule).  A
+	 * failed request is marked too: it may have changed part of its
+	 * range (a short write, then an error). */
+	if (r->op == BLK_OP_WRITE || blk_may_punch(r->op)) {
+		int m = blk_dirty_mark(r->blk, r->offset, r->len);
+
+		if (ret == 0)
+			ret = m;
+	}
 	if (r->tracked)
 		track_end(r);
 	ret = blk_note_sync(r, ret);

@@ -160,6 +160,36 @@ static void test_marking(void)
 	free(path);
 }
 
+
+static int64_t fail_writes(void *opaque, enum blk_op op, uint64_t offset, uint64_t len)
+{
+	return op == BLK_OP_WRITE || op == BLK_OP_ZEROES ? -EIO : 0;
+}
+
+/* A failed write may have changed part of its range: it is marked too. */
+static void test_failed_write_marked(void)
+{
+	char *path = bt_make_image(NULL, "fail.img", SIZE, false);
+	struct ioc_blk *blk = open_img(path);
+	struct ioc_blk_dirty *bm;
+	struct ioc_blk_dirty_info info;
+	struct wr w = { blk, 3 * GRAN, 4096, 0, 0 };
+
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "f" }, &bm));
+	ioc__blk_set_fault(blk, fail_writes, NULL);
+	bt_run_co_fn(do_write, &w);
+	ASSERT_EQ(w.ret, -EIO);
+	w = (struct wr){ blk, 9 * GRAN, GRAN, 1, 0 };
+	bt_run_co_fn(do_write, &w);
+	ASSERT_EQ(w.ret, -EIO);
+	ioc__blk_set_fault(blk, NULL, NULL);
+	ioc_blk_dirty_get_info(bm, &info);
+	ASSERT_UEQ(info.count, 2 * GRAN);
+	ioc_blk_close(blk);
+	unlink(path);
+	free(path);
+}
+
 static char *sidecar(const char *img, const char *name)
 {
 	char *p;
@@ -498,6 +528,7 @@ static void test_ordering_model(void)
 
 IOC_TEST_MAIN(
 	IOC_TEST(test_marking),
+	IOC_TEST(test_failed_write_marked),
 	IOC_TEST(test_persist_clean),
 	IOC_TEST(test_persist_kill),
 	IOC_TEST(test_torn),
