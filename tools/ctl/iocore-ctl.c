@@ -25,7 +25,7 @@ static void usage(FILE *f)
 	fprintf(f,
 "Usage: %s -s PATH [--json] COMMAND [KEY=VALUE | KEY:=JSON ...]\n"
 "       %s -s PATH [--json] events\n"
-"Send a QMP command to iocore-nbd's control socket (--control PATH) and\n"
+"Send a QMP command to the control socket iocore-nbd serves at PATH and\n"
 "print the reply.  KEY=VALUE passes true, false and integers as such and\n"
 "anything else as a string; KEY:=JSON passes any JSON value.\n"
 "\n"
