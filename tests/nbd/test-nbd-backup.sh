@@ -15,7 +15,17 @@ done
 echo "1..2"
 workdir ioc-nbd-backup
 mkdir "$dir/bin"
-ln -s "$BUILD/tools/nbd/iocore-nbd" "$BUILD/tools/ctl/iocore-ctl" "$dir/bin/"
+# Through the cross build's emulator when there is one (nbd-test-lib.sh's
+# srv does the same for the other tests).
+for t in "$BUILD/tools/nbd/iocore-nbd" "$BUILD/tools/ctl/iocore-ctl"; do
+	if [ -n "${MESON_EXE_WRAPPER:-}" ]; then
+		printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$MESON_EXE_WRAPPER" "$t" \
+			> "$dir/bin/${t##*/}"
+		chmod +x "$dir/bin/${t##*/}"
+	else
+		ln -s "$t" "$dir/bin/"
+	fi
+done
 ln -s "$SRC/scripts" "$dir/scripts"
 awk '/<!-- backup-walkthrough -->/ { on = 1; next }
      on && /^```sh/ { inblock = 1; next }

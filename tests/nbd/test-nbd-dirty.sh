@@ -22,11 +22,12 @@ img="$dir/disk.img"
 truncate -s 64M "$img"
 
 start() {
-	"$SRV" --fork --pid-file "$dir/srv.pid" -U "$dir/nbd.sock" -x disk \
+	srv --fork --pid-file "$dir/srv.pid" -U "$dir/nbd.sock" -x disk \
 		--control "$dir/ctl.sock" "$img"
 }
 U="nbd+unix:///disk?socket=$dir/nbd.sock"
-ctl() { "$CTL" -s "$dir/ctl.sock" "$@"; }
+# Through the cross build's emulator when there is one, like srv.
+ctl() { ${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/ctl.sock" "$@"; }
 # map BITMAP: the dirty extents as "start+length" lines, from nbdinfo.
 map() { nbdinfo --map="qemu:dirty-bitmap:$1" "$U" | awk '$3 == 1 { print $1 "+" $2 }'; }
 # qmap BITMAP: the same from QEMU's client (dirty = "data": false).
@@ -111,7 +112,7 @@ else ok "removed context refused"; fi
 # 26-27: statistics and connections.
 expect "query-blockstats counts the writes" "5 1" "$(ctl --json query-blockstats query-nodes=true |
 	python3 -c 'import json,sys; s=json.load(sys.stdin)[0]["stats"]; print(s["wr_operations"] >= 5 and 5, s["unmap_operations"])')"
-python3 - "$dir/nbd.sock" "$dir/ctl.sock" "$CTL" > "$dir/conn.out" 2>&1 <<'EOF'
+python3 - "$dir/nbd.sock" "$dir/ctl.sock" "$CTL" ${MESON_EXE_WRAPPER:-} > "$dir/conn.out" 2>&1 <<'EOF'
 import json, socket, struct, subprocess, sys
 # A raw NBD client parked in transmission, so there is a connection to see.
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
@@ -120,7 +121,7 @@ s.sendall(struct.pack(">I", 1 | 2))                      # FIXED_NEWSTYLE, NO_ZE
 name = b"disk"
 s.sendall(struct.pack(">QII", 0x49484156454F5054, 1, len(name)) + name)  # EXPORT_NAME
 s.recv(10)
-out = subprocess.run([sys.argv[3], "-s", sys.argv[2], "--json",
+out = subprocess.run(sys.argv[4:] + [sys.argv[3], "-s", sys.argv[2], "--json",
                       "__org.iocore_query-connections"], capture_output=True, text=True)
 c = json.loads(out.stdout)
 print(len(c), c[0]["export"], c[0]["transmission"], "read" in c[0]["requests"])
