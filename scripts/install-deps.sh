@@ -32,7 +32,7 @@ CROSS=""
 if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then
 	TEST="$TEST gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 	CROSS="liburing-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm64
-	       libdeflate-dev:arm64 libgnutls28-dev:arm64"
+	       libdeflate-dev:arm64 libgnutls28-dev:arm64 libjansson-dev:arm64"
 fi
 # Benchmarks: the peers iocore is measured against, and the plotter.
 BENCH="libuv1-dev libevent-dev libglib2.0-dev libboost-context-dev
