@@ -23,6 +23,7 @@ extern "C" {
 #endif
 
 struct ioc_nbd_server;
+struct ioc_zip_image;
 
 typedef void ioc_nbd_log_fn(void *opaque, const char *msg);
 
@@ -40,6 +41,9 @@ struct ioc_nbd_export_opts {
 	const char *name;             /* NULL or "" = the default export */
 	const char *description;      /* NULL = none */
 	struct ioc_blk *blk;          /* served; not owned by the server */
+	/* Or, instead of blk: a compressed image (iocore/zip.h), served
+	 * read-only; not owned by the server. */
+	struct ioc_zip_image *zip;
 	bool read_only;               /* refuse writes even if blk is writable */
 };
 

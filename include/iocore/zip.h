@@ -245,6 +245,65 @@ void ioc_zip_index_free(struct ioc_zip_index *ix);
 int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64_t len,
 		    const struct ioc_zip_opts *opts, char *msg, size_t msglen);
 
+
+/* ------------------------------------------------------------------ */
+/* Compressed images: random access to the decompressed bytes of a file in
+ * our formats (zstd frames with a seek table, gzip members with sizes) or
+ * of any stock zstd file (indexed at open by walking its frames), for
+ * coroutines on any number of loop threads at once.  Frames are decoded
+ * on the calling loop's thread pool and kept in a frame cache shared by
+ * all readers; see src/zip/image.c. */
+
+struct ioc_zip_image;
+
+struct ioc_zip_image_opts {
+	size_t frame_cache;         /* bytes of decoded frames kept; 0 = 256 MiB.
+				     * Frames above half of it are not cached
+				     * but decoded from their start per read. */
+	bool no_readahead;          /* do not decode the next frame when a read
+				     * ends on a frame's last byte */
+	/* Open-time notes and decode errors (naming the offsets); any
+	 * thread.  NULL = silent. */
+	void (*log)(void *opaque, const char *msg);
+	void *log_opaque;
+};
+
+/* 1 if the file open on fd starts like a zstd frame, a skippable frame or
+ * a gzip member, 0 if not, or -errno. */
+int ioc_zip_probe(int fd);
+
+/* Open path read-only and index it.  -errno, with a message in msg. */
+int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
+		       const struct ioc_zip_image_opts *opts, char *msg, size_t msglen);
+/* No read may be in flight.  Waits for readahead decodes still queued:
+ * call it after the loops that read have finished (or been freed).  Safe
+ * on NULL. */
+void ioc_zip_image_close(struct ioc_zip_image *img);
+
+/* Read [off, off + len) of the decompressed data; coroutine on a loop
+ * thread.  flags must be 0.  -EINVAL past the end; -EIO when a frame in
+ * the range is corrupt (logged with its offsets; other ranges still
+ * read); -ENOMEM. */
+int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t off,
+					    void *buf, size_t len, uint32_t flags);
+
+enum { IOC_ZIP_STATUS_ZERO = 1u << 0 };
+/* Status of the first extent of [off, off + len): IOC_ZIP_STATUS_ZERO for
+ * frames known to be all zero (recognised from their bytes at open, or
+ * after a decode), 0 for data; its length in *pnum.  Never blocks. */
+int ioc_zip_image_block_status(struct ioc_zip_image *img, uint64_t off, uint64_t len,
+			       uint64_t *pnum);
+
+struct ioc_zip_image_info {
+	uint64_t size;              /* decompressed bytes */
+	size_t frames, zero_frames;
+	const char *indexed_by;     /* how the index was found (valid while open) */
+	uint64_t cache_hits, cache_misses, cache_evictions, cache_bytes;
+	uint64_t decodes, readaheads, stream_reads, errors;
+};
+/* Any thread. */
+void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info);
+
 #ifdef __cplusplus
 }
 #endif

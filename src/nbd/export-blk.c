@@ -136,7 +136,7 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 	e->name = strdup(opts->name ? opts->name : "");
 	e->description = opts->description ? strdup(opts->description) : NULL;
 	if (!e->name || (opts->description && !e->description)) {
-		ioc__nbd_blk_export_free(e);
+		ioc__nbd_export_free(e);
 		return -ENOMEM;
 	}
 	e->size = info.size;
@@ -162,7 +162,7 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 	return 0;
 }
 
-void ioc__nbd_blk_export_free(struct ioc__nbd_export *e)
+void ioc__nbd_export_free(struct ioc__nbd_export *e)
 {
 	if (!e)
 		return;

@@ -1,6 +1,6 @@
 /*
  * Private interface between the NBD server's files (server.c, conn.c,
- * export-blk.c).
+ * export-blk.c, export-zip.c).
  */
 #ifndef IOC_NBD_INT_H
 #define IOC_NBD_INT_H
@@ -132,6 +132,10 @@ void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len);
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 			    const struct ioc_nbd_export_opts *opts);
-void ioc__nbd_blk_export_free(struct ioc__nbd_export *e);
+/* export-zip.c: an export of opts->zip (a compressed image, read-only). */
+int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
+			    const struct ioc_nbd_export_opts *opts);
+/* Frees an export of either backend (neither owns what it serves). */
+void ioc__nbd_export_free(struct ioc__nbd_export *e);
 
 #endif /* IOC_NBD_INT_H */

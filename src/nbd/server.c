@@ -151,7 +151,8 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
 		if (strcmp(srv->exports[i]->name, name) == 0)
 			return -EEXIST;
-	int r = ioc__nbd_blk_export_new(&e, opts);
+	int r = opts->zip ? ioc__nbd_zip_export_new(&e, opts)
+			  : ioc__nbd_blk_export_new(&e, opts);
 	if (r < 0)
 		return r;
 	e->index = srv->cfg.nexports;
@@ -365,7 +366,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 	for (unsigned i = 0; i < srv->nlisteners; i++)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		ioc__nbd_blk_export_free(srv->exports[i]);
+		ioc__nbd_export_free(srv->exports[i]);
 	ioc__nbd_tls_creds_free(srv->tls);
 	if (srv->threads)
 		for (unsigned i = 0; i < srv->opts.iothreads; i++)

@@ -23,6 +23,7 @@
 #include "iocore/loop.h"
 #include "iocore/nbd.h"
 #include "inject.h"
+#include "iocore/zip.h"
 
 #define MAX_LISTEN 16
 
@@ -33,6 +34,9 @@ static void usage(FILE *f)
 	fprintf(f,
 "Usage: %s [options] IMAGE\n"
 "Serve IMAGE (a raw file or block device) over the NBD protocol.\n"
+"An IMAGE that starts with a zstd frame or a gzip member is a compressed\n"
+"image (iocore-zip output, or any zstd file): its decompressed data is\n"
+"served read-only.\n"
 "\n"
 "  -U, --unix PATH            listen on a Unix socket (only) at PATH\n"
 "  -p, --port N               TCP port (default 10809)\n"
@@ -41,6 +45,8 @@ static void usage(FILE *f)
 "  -x, --export-name NAME     export name (default: the empty name)\n"
 "  -D, --description TEXT     export description\n"
 "      --iothreads N          I/O threads (default: number of CPUs)\n"
+"      --frame-cache SIZE     compressed image: decoded frames kept in memory,\n"
+"                             shared by all connections (default 256M; K, M, G)\n"
 "      --aio io_uring|threads block I/O engine (default: io_uring if available)\n"
 "      --cache writeback|none host page cache use (none = O_DIRECT)\n"
 "      --max-connections N    refuse connections beyond N (default: unlimited)\n"
@@ -106,6 +112,27 @@ static unsigned long parse_num(const char *s, const char *what, unsigned long ma
 	return v;
 }
 
+/* A byte count with an optional K, M or G suffix (powers of 1024). */
+static size_t parse_size(const char *s, const char *what)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	unsigned shift = 0;
+
+	if (*end == 'K' || *end == 'k')
+		shift = 10;
+	else if (*end == 'M' || *end == 'm')
+		shift = 20;
+	else if (*end == 'G' || *end == 'g')
+		shift = 30;
+	if (shift)
+		end++;
+	if (errno || end == s || *end || s[0] == '-' || v == 0 || v > (1ull << 40) >> shift)
+		die("invalid %s: %s", what, s);
+	return (size_t)(v << shift);
+}
+
 /* Systemd socket activation: fds 3.. when LISTEN_PID is us. */
 static int activation_fds(int *fds, int max)
 {
@@ -146,7 +173,7 @@ int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
-	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL };
+	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -168,6 +195,7 @@ int main(int argc, char **argv)
 		{ "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY },
 		{ "inject-faults", required_argument, NULL, OPT_INJECT },
 		{ "control", required_argument, NULL, OPT_CONTROL },
+		{ "frame-cache", required_argument, NULL, OPT_FRAME_CACHE },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -180,6 +208,7 @@ int main(int argc, char **argv)
 	struct ioc_nbd_server_opts so = { 0 };
 	struct ioc_blk_opts bo = { 0 };
 	struct ioc_nbd_tls_opts tls = { 0 };
+	struct ioc_zip_image_opts zo = { .log = log_stderr };
 	bool do_fork = false, verbose = false, tls_set = false;
 	int c, r;
 
@@ -249,6 +278,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case OPT_CONTROL: control_path = optarg; break;
+		case OPT_FRAME_CACHE: zo.frame_cache = parse_size(optarg, "--frame-cache"); break;
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -320,22 +350,41 @@ int main(int argc, char **argv)
 	struct ioc_loop *loop;
 	if ((r = ioc_loop_new(&loop, NULL)) < 0)
 		die("event loop: %s", strerror(-r));
-	struct ioc_blk *blk;
-	if ((r = ioc_blk_open(&blk, image, &bo)) < 0)
-		die("cannot open %s: %s", image, strerror(-r));
-	nbd_inject_install(blk);
-	eo.blk = blk;
-	/* Persistent dirty bitmaps beside the image. */
-	if ((r = ioc_blk_dirty_load(blk)) < 0)
-		die("dirty bitmaps of %s: %s", image, strerror(-r));
-	if (r > 0) {
-		struct ioc_blk_dirty_info bi[IOC_BLK_DIRTY_MAX];
-		int nb = ioc_blk_dirty_list(blk, bi, IOC_BLK_DIRTY_MAX);
-		for (int i = 0; i < nb && i < IOC_BLK_DIRTY_MAX; i++)
-			if (bi[i].inconsistent)
-				fprintf(stderr, "%s: dirty bitmap \"%s\" is inconsistent "
-					"(its sidecar is torn or stale); refusing to use it\n",
-					prog, bi[i].name);
+	/* A compressed image is recognised by its first bytes, not its name. */
+	struct ioc_blk *blk = NULL;
+	struct ioc_zip_image *zimg = NULL;
+	int probe_fd = open(image, O_RDONLY | O_CLOEXEC);
+	struct stat pst;
+	bool compressed = false;
+	if (probe_fd >= 0) {
+		compressed = fstat(probe_fd, &pst) == 0 && S_ISREG(pst.st_mode) &&
+			     ioc_zip_probe(probe_fd) == 1;
+		close(probe_fd);
+	}
+	if (compressed) {
+		char msg[512] = "";
+		if ((r = ioc_zip_image_open(&zimg, image, &zo, msg, sizeof(msg))) < 0)
+			die("cannot serve compressed image %s: %s", image,
+			    msg[0] ? msg : strerror(-r));
+		eo.zip = zimg;
+		eo.read_only = true;
+	} else {
+		if ((r = ioc_blk_open(&blk, image, &bo)) < 0)
+			die("cannot open %s: %s", image, strerror(-r));
+		nbd_inject_install(blk);
+		eo.blk = blk;
+		/* Persistent dirty bitmaps beside the image. */
+		if ((r = ioc_blk_dirty_load(blk)) < 0)
+			die("dirty bitmaps of %s: %s", image, strerror(-r));
+		if (r > 0) {
+			struct ioc_blk_dirty_info bi[IOC_BLK_DIRTY_MAX];
+			int nb = ioc_blk_dirty_list(blk, bi, IOC_BLK_DIRTY_MAX);
+			for (int i = 0; i < nb && i < IOC_BLK_DIRTY_MAX; i++)
+				if (bi[i].inconsistent)
+					fprintf(stderr, "%s: dirty bitmap \"%s\" is inconsistent "
+						"(its sidecar is torn or stale); refusing to use it\n",
+						prog, bi[i].name);
+		}
 	}
 	if (verbose)
 		so.log = log_stderr;
@@ -379,8 +428,14 @@ int main(int argc, char **argv)
 		fclose(f);
 	}
 	if (verbose) {
-		struct ioc_blk_info info;
-		ioc_blk_get_info(blk, &info);
+		struct ioc_blk_info info = { .aio = "zip" };
+		if (zimg) {
+			struct ioc_zip_image_info zi;
+			ioc_zip_image_get_info(zimg, &zi);
+			info.size = zi.size;
+		} else {
+			ioc_blk_get_info(blk, &info);
+		}
 		char where[300];
 		if (activated)
 			snprintf(where, sizeof(where), "%d activated socket(s)", nl);
@@ -428,7 +483,20 @@ int main(int argc, char **argv)
 	if (r < 0)
 		fprintf(stderr, "%s: flush at exit: %s\n", prog, strerror(-r));
 	ioc_nbd_server_free(srv);
-	ioc_blk_close(blk);
+	if (zimg && verbose) {
+		struct ioc_zip_image_info zi;
+		ioc_zip_image_get_info(zimg, &zi);
+		fprintf(stderr, "%s: frame cache: %llu hits, %llu misses, %llu evictions; "
+			"%llu decodes (%llu readahead), %llu streaming reads, %llu errors\n",
+			prog, (unsigned long long)zi.cache_hits,
+			(unsigned long long)zi.cache_misses,
+			(unsigned long long)zi.cache_evictions,
+			(unsigned long long)zi.decodes, (unsigned long long)zi.readaheads,
+			(unsigned long long)zi.stream_reads, (unsigned long long)zi.errors);
+	}
+	ioc_zip_image_close(zimg);
+	if (blk)
+		ioc_blk_close(blk);
 	ioc_loop_free(loop);
 	if (unix_path)
 		unlink(unix_path);

@@ -1,0 +1,97 @@
+/*
+ * The compressed-image backend of an export: reads come from an
+ * ioc_zip_image (src/zip/image.c), which decodes frames on the calling
+ * I/O thread's pool and keeps them in a frame cache shared by every
+ * connection and I/O thread.  The export is read-only.
+ *
+ * Block status reports the frames the image knows to be all zero as
+ * holes that read as zeroes, so structured reads send them as hole chunks
+ * and clients copying the export (nbdcopy, qemu-img convert) skip them.
+ *
+ * CAN_MULTI_CONN is advertised: nothing is written, so every connection
+ * sees the same bytes.  CACHE is answered at once (a hint).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "iocore/zip.h"
+#include "nbd-int.h"
+
+static int ioc_coroutine_fn zx_pread(void *be, uint64_t off, void *buf, size_t len,
+				     uint32_t flags)
+{
+	return ioc_zip_image_co_pread(be, off, buf, len, 0);
+}
+
+static int ioc_coroutine_fn zx_pwrite(void *be, uint64_t off, const void *buf,
+				      size_t len, uint32_t flags)
+{
+	return -EPERM;
+}
+
+static int ioc_coroutine_fn zx_flush(void *be, uint32_t flags)
+{
+	return 0;
+}
+
+static int ioc_coroutine_fn zx_zero(void *be, uint64_t off, uint64_t len, uint32_t flags)
+{
+	return -EPERM;
+}
+
+static int ioc_coroutine_fn zx_block_status(void *be, uint64_t off, uint64_t len,
+					    uint64_t *pnum, uint32_t flags)
+{
+	int st = ioc_zip_image_block_status(be, off, len, pnum);
+
+	if (st < 0)
+		return st;
+	return (st & IOC_ZIP_STATUS_ZERO) ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
+}
+
+static const struct ioc__nbd_backend_ops zip_ops = {
+	.pread = zx_pread,
+	.pwrite = zx_pwrite,
+	.flush = zx_flush,
+	.trim = NULL,
+	.zero = zx_zero,
+	.block_status = zx_block_status,
+	.cache = NULL,
+};
+
+int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
+			    const struct ioc_nbd_export_opts *opts)
+{
+	struct ioc_zip_image_info info;
+	struct ioc__nbd_export *e;
+
+	if (!opts->zip || opts->blk)
+		return -EINVAL;
+	if (opts->name && strlen(opts->name) > IOC_NBD_MAX_STRING)
+		return -ENAMETOOLONG;
+	if (opts->description && strlen(opts->description) > IOC_NBD_MAX_STRING)
+		return -ENAMETOOLONG;
+	ioc_zip_image_get_info(opts->zip, &info);
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->name = strdup(opts->name ? opts->name : "");
+	e->description = opts->description ? strdup(opts->description) : NULL;
+	if (!e->name || (opts->description && !e->description)) {
+		ioc__nbd_export_free(e);
+		return -ENOMEM;
+	}
+	e->size = info.size;
+	e->read_only = true;
+	e->can_cache = true;
+	e->can_block_status = true;
+	e->multi_conn = true;
+	e->min_block = 1;
+	e->pref_block = 4096;
+	e->max_block = IOC_NBD_MAX_PAYLOAD;
+	e->ops = &zip_ops;
+	e->be = opts->zip;
+	*out = e;
+	return 0;
+}

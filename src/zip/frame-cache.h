@@ -1,0 +1,87 @@
+/*
+ * Private to src/zip: a cache of decoded frames shared by every thread
+ * that reads a compressed image (see frame-cache.c for the design).
+ *
+ * An entry is found by key (the frame's number), holds one frame's
+ * decoded bytes and is reference counted: a reader holds a reference from
+ * ioc__zip_fcache_get() until ioc__zip_fcache_put(), and the data stays
+ * valid that long even if the entry is evicted meanwhile.
+ */
+#ifndef IOC_ZIP_FRAME_CACHE_H
+#define IOC_ZIP_FRAME_CACHE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "iocore/co.h"
+
+struct ioc__zip_fcache;
+
+enum {
+	IOC__ZIP_FC_BUSY = 0,   /* being decoded by the thread that created it */
+	IOC__ZIP_FC_READY,      /* data valid and immutable */
+	IOC__ZIP_FC_FAILED,     /* decode failed: error says why */
+};
+
+/* A reader waiting for a BUSY entry: lives on the reader's stack, queued
+ * under the entry's shard lock, woken by ioc__zip_fcache_publish(). */
+struct ioc__zip_fc_waiter {
+	struct ioc__zip_fc_waiter *next;
+	struct ioc_co_await aw;
+};
+
+struct ioc__zip_fentry {
+	/* All under the shard lock. */
+	struct ioc__zip_fentry *hnext;          /* hash chain */
+	struct ioc__zip_fentry *cnext, *cprev;  /* CLOCK ring */
+	struct ioc__zip_fc_waiter *waiters;
+	int state;
+	int error;
+	bool in_table;
+	bool used;                              /* CLOCK reference bit */
+	/* Immutable after creation. */
+	uint64_t key;
+	size_t len;
+	/* Written by the creator until publish, read-only after. */
+	uint8_t *data;
+	/* The table holds one reference while in_table; each reader one.
+	 * Incremented only under the shard lock (so an entry the table no
+	 * longer holds is never revived); the decrement that reaches zero
+	 * frees, and pairs (acq_rel) with every earlier decrement. */
+	_Atomic uint32_t refs;
+};
+
+struct ioc__zip_fcache_stats {
+	uint64_t hits, misses, evictions, bytes;
+};
+
+/* budget: bytes of decoded data kept (entries in use may push past it
+ * until they are put).  nkeys_hint sizes the hash tables. */
+int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint);
+/* No entry may be referenced any more. */
+void ioc__zip_fcache_free(struct ioc__zip_fcache *c);
+
+/* Find key, or create a BUSY entry of len bytes for it (*created = true:
+ * the caller decodes into e->data and calls publish).  Returns the entry
+ * with a reference for the caller, and in *state its state as seen then;
+ * NULL on -ENOMEM.  Any thread. */
+struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t key,
+					    size_t len, bool *created, int *state);
+/* Is key cached or being decoded?  (A hint: readahead skips it.) */
+bool ioc__zip_fcache_contains(struct ioc__zip_fcache *c, uint64_t key);
+/* If e is still BUSY, queue w (ioc_co_await_init done here) and return
+ * false: the caller then ioc_co_await(&w->aw)s.  Otherwise return true
+ * (nothing queued).  Either way e->state is final afterwards. */
+bool ioc__zip_fcache_wait_prepare(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
+				  struct ioc__zip_fc_waiter *w);
+/* The creator's decode finished (error 0 or -errno): make the entry
+ * READY (or FAILED, and drop it from the table so a later read tries
+ * again) and wake its waiters.  Any thread. */
+void ioc__zip_fcache_publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e, int error);
+/* Drop a reference.  Any thread. */
+void ioc__zip_fcache_put(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e);
+void ioc__zip_fcache_get_stats(struct ioc__zip_fcache *c, struct ioc__zip_fcache_stats *st);
+
+#endif /* IOC_ZIP_FRAME_CACHE_H */

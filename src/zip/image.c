@@ -1,0 +1,914 @@
+/*
+ * Compressed images with random access: serve the decompressed bytes of
+ * a file written by iocore-zip (independent zstd frames plus a seek table,
+ * or gzip members carrying their sizes) or by stock zstd, at any offset,
+ * to coroutines on many I/O threads at once.
+ *
+ * Problem: an NBD client reads 4 KiB here and 1 MiB there; decoding from
+ * the start of the file (or of one huge frame) for each read is hopeless,
+ * and decoding on an I/O thread stalls every other request on it.
+ *
+ * Design: at open, an index of frames (compressed and decompressed offsets
+ * and sizes), from the seek table when there is one, else by walking the
+ * frame headers once (zstd's frame header carries the content size; a frame
+ * without one is decoded once to learn it, and the log says so).  A read
+ * finds its frames by binary search, takes each from the frame cache
+ * (frame-cache.c), and a frame not there is decoded by a job on the
+ * calling loop's thread pool while the coroutine waits: the I/O thread
+ * keeps serving.  A second reader of a frame being decoded waits for that
+ * decode instead of starting its own.  All frames of one read are
+ * requested before the first wait, so a large read decodes in parallel.
+ * A read that ends on the last byte of a frame starts decoding the next
+ * one (sequential readahead) without waiting for it.
+ *
+ * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
+ * byte 0; such frames are recognised at open from their bytes (they are a
+ * few dozen bytes long: only small frames are read), and any frame found
+ * all-zero after decoding is remembered too.  Zero frames are never
+ * decoded or cached: reads fill zeroes, and block status reports them.
+ *
+ * Frames larger than half the cache (a stock single-frame file, say) are
+ * not cached: each read decodes the frame streaming from its start up to
+ * the range it wants, on the pool, with memory bounded by a 1 MiB window
+ * buffer.  Slow for random access, and the open logs it.
+ *
+ * Corruption: a frame that fails to decode (checksum, bad block, sizes
+ * that lie) fails the reads that touch it with -EIO and logs the frame's
+ * compressed and decompressed offsets; nothing else is affected, and the
+ * failure is not cached (see frame-cache.c), so each read tries again.
+ *
+ * Rejected: the zip pipeline of ioc_zip_extract() per read (a
+ * decompressor object, threads and a copy per request: ~10x the cost of
+ * one frame decode for a 4 KiB read); mmap of the compressed file for
+ * decoding (a truncated file would turn into SIGBUS on a pool thread;
+ * pread turns it into an error).  The open-time walk does use mmap.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "iocore/co.h"
+#include "iocore/pool.h"
+#include "iocore/zip.h"
+#include "codec.h"
+#include "frame-cache.h"
+
+#define DEFAULT_CACHE   (256u << 20)
+#define STREAM_CHUNK    (1u << 20)
+#define BATCH           16
+#define ZERO_FRAME_MAX  4096    /* an RLE frame of 64 MiB is ~2 KiB */
+
+struct zframe {
+	uint64_t coff, doff, csize, dsize;
+	enum ioc__zip_kind kind;
+};
+
+/* A decoder context and its compressed-input buffer; one per pool thread
+ * at most in use, kept on a free list. */
+struct dslot {
+	struct dslot *next;
+	struct ioc__zip_dctx d;
+	uint8_t *cbuf;
+	size_t ccap;
+};
+
+struct ioc_zip_image {
+	int fd;
+	struct zframe *frames;
+	size_t nframes;
+	uint64_t size;
+	_Atomic uint8_t *zero;          /* per frame: 1 = all zero (relaxed:
+					 * a hint; both values read correctly) */
+	struct ioc__zip_fcache *cache;
+	size_t max_cached;              /* larger frames decode streaming */
+	bool readahead;
+	struct ioc_zip_image_opts opts;
+	char how[160];
+
+	pthread_mutex_t lock;           /* free dslots, jobs */
+	pthread_cond_t idle;            /* jobs reached 0 */
+	struct dslot *dfree;
+	unsigned jobs;                  /* cache decodes in flight */
+
+	_Atomic uint64_t decodes, readaheads, stream_reads, errors;
+};
+
+static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+
+	if (!img->opts.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	img->opts.log(img->opts.log_opaque, buf);
+}
+
+static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (msg && msglen) {
+		va_start(ap, fmt);
+		vsnprintf(msg, msglen, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -ENODATA;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+int ioc_zip_probe(int fd)
+{
+	uint8_t m[4];
+	ssize_t n = pread(fd, m, sizeof(m), 0);
+
+	if (n < 0)
+		return -errno;
+	if (n >= 2 && m[0] == 0x1f && m[1] == 0x8b)
+		return 1;
+	if (n < 4)
+		return 0;
+	uint32_t magic = ioc__zip_le32(m);
+	return magic == IOC__ZIP_ZSTD_MAGIC ||
+	       (magic & IOC__ZIP_SKIP_MASK) == IOC__ZIP_SKIP_MAGIC;
+}
+
+/* ---- zero frames ---------------------------------------------------- */
+
+/* Is this whole zstd frame (csize bytes at p) RLE or raw blocks of zero
+ * bytes adding up to dsize?  Reads only the block headers. */
+static bool zstd_frame_is_zero(const uint8_t *p, size_t csize, uint64_t dsize)
+{
+	struct ioc__zip_frame f = { 0 };
+	const char *why;
+	uint64_t got = 0;
+	size_t pos;
+
+	if (ioc__zip_scan(&f, p, csize, &why) != 1 || f.kind != IOC__ZIP_K_ZSTD)
+		return false;
+	pos = f.hdr_len;
+	for (;;) {
+		uint32_t h, type, size;
+
+		if (pos + 3 > csize)
+			return false;
+		h = p[pos] | (uint32_t)p[pos + 1] << 8 | (uint32_t)p[pos + 2] << 16;
+		type = (h >> 1) & 3;
+		size = h >> 3;
+		pos += 3;
+		if (type == 1) {                /* RLE: one byte, size times */
+			if (pos >= csize || p[pos] != 0)
+				return false;
+			pos += 1;
+		} else if (type == 0) {         /* raw */
+			if (pos + size > csize || !ioc__zip_all_zero(p + pos, size))
+				return false;
+			pos += size;
+		} else {
+			return false;
+		}
+		got += size;
+		if (h & 1)
+			break;
+	}
+	return got == dsize;
+}
+
+/* Small zstd frames of an indexed file: read them and check. */
+static int find_zero_frames(struct ioc_zip_image *img)
+{
+	uint8_t *buf = malloc(ZERO_FRAME_MAX);
+	int r = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	for (size_t i = 0; i < img->nframes; i++) {
+		const struct zframe *f = &img->frames[i];
+
+		if (f->kind != IOC__ZIP_K_ZSTD || f->csize > ZERO_FRAME_MAX || !f->dsize)
+			continue;
+		r = pread_all(img->fd, buf, (size_t)f->csize, f->coff);
+		if (r < 0)
+			break;
+		if (zstd_frame_is_zero(buf, (size_t)f->csize, f->dsize))
+			atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
+	}
+	free(buf);
+	return r;
+}
+
+/* ---- decoder slots -------------------------------------------------- */
+
+static struct dslot *dslot_get(struct ioc_zip_image *img, size_t csize)
+{
+	struct dslot *s;
+
+	pthread_mutex_lock(&img->lock);
+	s = img->dfree;
+	if (s)
+		img->dfree = s->next;
+	pthread_mutex_unlock(&img->lock);
+	if (!s) {
+		s = calloc(1, sizeof(*s));
+		if (!s)
+			return NULL;
+		if (ioc__zip_dctx_init(&s->d, 31, IOC_ZIP_DEFLATE_DEFAULT) < 0) {
+			free(s);
+			return NULL;
+		}
+	}
+	if (s->ccap < csize) {
+		uint8_t *nb = realloc(s->cbuf, csize);
+
+		if (!nb) {
+			ioc__zip_dctx_fini(&s->d);
+			free(s->cbuf);
+			free(s);
+			return NULL;
+		}
+		s->cbuf = nb;
+		s->ccap = csize;
+	}
+	return s;
+}
+
+static void dslot_put(struct ioc_zip_image *img, struct dslot *s)
+{
+	pthread_mutex_lock(&img->lock);
+	s->next = img->dfree;
+	img->dfree = s;
+	pthread_mutex_unlock(&img->lock);
+}
+
+/* ---- decoding a frame into the cache (pool thread) ------------------ */
+
+struct djob {
+	struct ioc_pool_req req;
+	struct ioc_zip_image *img;
+	struct ioc__zip_fentry *e;
+	size_t idx;
+	bool readahead;
+};
+
+static void frame_failed(struct ioc_zip_image *img, size_t i, const char *why)
+{
+	const struct zframe *f = &img->frames[i];
+
+	atomic_fetch_add_explicit(&img->errors, 1, memory_order_relaxed);
+	ilog(img, "frame %zu (compressed offset %llu, %llu bytes; data offset %llu, %llu bytes): "
+	     "%s; reads of this range fail with EIO", i, (unsigned long long)f->coff,
+	     (unsigned long long)f->csize, (unsigned long long)f->doff,
+	     (unsigned long long)f->dsize, why);
+}
+
+static int decode_frame(struct ioc_zip_image *img, size_t i, uint8_t *dst)
+{
+	const struct zframe *f = &img->frames[i];
+	const char *why = NULL;
+	struct dslot *s = dslot_get(img, (size_t)f->csize);
+	int r;
+
+	if (!s)
+		return -ENOMEM;
+	r = pread_all(img->fd, s->cbuf, (size_t)f->csize, f->coff);
+	if (r < 0)
+		why = r == -ENODATA ? "file truncated" : ioc_strerror(r);
+	else
+		r = ioc__zip_decompress(&s->d, f->kind, dst, (size_t)f->dsize, s->cbuf,
+					(size_t)f->csize, &why);
+	dslot_put(img, s);
+	if (r < 0) {
+		frame_failed(img, i, why ? why : ioc_strerror(r));
+		return -EIO;
+	}
+	return 0;
+}
+
+static int64_t djob_run(void *arg)
+{
+	struct djob *j = arg;
+	struct ioc_zip_image *img = j->img;
+	int r = decode_frame(img, j->idx, j->e->data);
+
+	atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+	if (r == 0 && ioc__zip_all_zero(j->e->data, j->e->len))
+		atomic_store_explicit(&img->zero[j->idx], 1, memory_order_relaxed);
+	/* Wakes the waiters from this thread: they resume on their loops. */
+	ioc__zip_fcache_publish(img->cache, j->e, r);
+	return r;
+}
+
+static void djob_done(void *opaque, int64_t ret)
+{
+	struct djob *j = opaque;
+	struct ioc_zip_image *img = j->img;
+
+	if (ret == -ECANCELED)          /* never ran: nobody published */
+		ioc__zip_fcache_publish(img->cache, j->e, -ECANCELED);
+	ioc__zip_fcache_put(img->cache, j->e);
+	free(j);
+	pthread_mutex_lock(&img->lock);
+	if (--img->jobs == 0)
+		pthread_cond_broadcast(&img->idle);
+	pthread_mutex_unlock(&img->lock);
+}
+
+/* e was just created BUSY for frame i: decode it on the current loop's
+ * pool.  The job holds its own reference. */
+static void start_decode(struct ioc_zip_image *img, size_t i, struct ioc__zip_fentry *e,
+			 bool readahead)
+{
+	struct djob *j = calloc(1, sizeof(*j));
+
+	if (!j) {
+		ioc__zip_fcache_publish(img->cache, e, -ENOMEM);
+		return;
+	}
+	/* A second reference, for the job; under no lock, but the entry
+	 * cannot be freed: the caller holds one. */
+	atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+	j->img = img;
+	j->e = e;
+	j->idx = i;
+	j->readahead = readahead;
+	pthread_mutex_lock(&img->lock);
+	img->jobs++;
+	pthread_mutex_unlock(&img->lock);
+	if (readahead)
+		atomic_fetch_add_explicit(&img->readaheads, 1, memory_order_relaxed);
+	ioc_pool_submit(NULL, &j->req, djob_run, j, djob_done, j);
+}
+
+/* ---- streaming reads of frames too big to cache ---------------------- */
+
+struct sjob {
+	struct ioc_pool_req req;
+	struct ioc_zip_image *img;
+	size_t idx;
+	uint64_t skip;          /* decoded bytes to drop before the range */
+	uint8_t *dst;
+	size_t len;
+	struct ioc_co_await aw;
+};
+
+static int64_t sjob_run(void *arg)
+{
+	struct sjob *j = arg;
+	struct ioc_zip_image *img = j->img;
+	const struct zframe *f = &img->frames[j->idx];
+	struct dslot *s = dslot_get(img, STREAM_CHUNK);
+	uint8_t *out = malloc(STREAM_CHUNK);
+	uint64_t cpos = f->coff, cend = f->coff + f->csize, dpos = 0;
+	size_t have = 0, used_total = 0;
+	const char *why = NULL;
+	int r = 0;
+
+	atomic_fetch_add_explicit(&img->stream_reads, 1, memory_order_relaxed);
+	if (!s || !out) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = ioc__zip_stream_begin(&s->d, f->kind, &why);
+	while (r == 0 && dpos < j->skip + j->len) {
+		size_t used = 0, produced = 0;
+
+		if (used_total == have && cpos < cend) {
+			size_t n = cend - cpos < STREAM_CHUNK ? (size_t)(cend - cpos) : STREAM_CHUNK;
+
+			r = pread_all(img->fd, s->cbuf, n, cpos);
+			if (r < 0) {
+				why = ioc_strerror(r);
+				break;
+			}
+			cpos += n;
+			have = n;
+			used_total = 0;
+		}
+		r = ioc__zip_stream(&s->d, s->cbuf + used_total, have - used_total, &used,
+				    out, STREAM_CHUNK, &produced, &why);
+		used_total += used;
+		/* Copy the part of [dpos, dpos + produced) inside the range. */
+		uint64_t lo = dpos > j->skip ? dpos : j->skip;
+		uint64_t hi = dpos + produced;
+
+		if (hi > j->skip + j->len)
+			hi = j->skip + j->len;
+		if (hi > lo)
+			memcpy(j->dst + (lo - j->skip), out + (lo - dpos), (size_t)(hi - lo));
+		dpos += produced;
+		if (r == 1)
+			break;
+		if (r == 0 && !used && !produced && cpos >= cend) {
+			why = "frame ends early";
+			r = -EBADMSG;
+		}
+	}
+	if (r >= 0 && dpos < j->skip + j->len) {
+		why = "frame ends early";
+		r = -EBADMSG;
+	}
+	if (r < 0) {
+		frame_failed(img, j->idx, why ? why : ioc_strerror(r));
+		r = -EIO;
+	} else {
+		r = 0;
+	}
+out:
+	if (s) {
+		/* Leave no half-read stream behind in a reused context. */
+		s->d.streaming = false;
+		dslot_put(img, s);
+	}
+	free(out);
+	return r;
+}
+
+static void sjob_done(void *opaque, int64_t ret)
+{
+	struct sjob *j = opaque;
+
+	ioc_co_await_done(&j->aw, ret);
+}
+
+static int ioc_coroutine_fn stream_read(struct ioc_zip_image *img, size_t i, uint64_t skip,
+					uint8_t *dst, size_t len)
+{
+	struct sjob j = { .img = img, .idx = i, .skip = skip, .dst = dst, .len = len };
+
+	ioc_co_await_init(&j.aw);
+	ioc_pool_submit(NULL, &j.req, sjob_run, &j, sjob_done, &j);
+	return (int)ioc_co_await(&j.aw);
+}
+
+/* ---- reads ---------------------------------------------------------- */
+
+static size_t find_frame(const struct ioc_zip_image *img, uint64_t off)
+{
+	size_t lo = 0, hi = img->nframes;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (img->frames[mid].doff + img->frames[mid].dsize <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static bool is_zero(struct ioc_zip_image *img, size_t i)
+{
+	return atomic_load_explicit(&img->zero[i], memory_order_relaxed) != 0;
+}
+
+static void maybe_readahead(struct ioc_zip_image *img, size_t i)
+{
+	bool created;
+	int state;
+	struct ioc__zip_fentry *e;
+
+	if (!img->readahead || i >= img->nframes || is_zero(img, i) ||
+	    img->frames[i].dsize > img->max_cached ||
+	    ioc__zip_fcache_contains(img->cache, i))
+		return;
+	e = ioc__zip_fcache_get(img->cache, i, (size_t)img->frames[i].dsize, &created, &state);
+	if (!e)
+		return;
+	if (created)
+		start_decode(img, i, e, true);
+	ioc__zip_fcache_put(img->cache, e);
+}
+
+int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t off,
+					    void *buf, size_t len, uint32_t flags)
+{
+	struct {
+		struct ioc__zip_fentry *e;
+		size_t idx;
+		int state;
+	} batch[BATCH];
+	uint8_t *dst = buf;
+	uint64_t end = off + len;
+	size_t i;
+	int ret = 0;
+
+	if (flags || end < off || end > img->size)
+		return -EINVAL;
+	if (!len)
+		return 0;
+	i = find_frame(img, off);
+	while (off < end) {
+		unsigned n = 0;
+		uint64_t boff = off;
+
+		/* Pass 1: start every decode of this batch. */
+		for (size_t k = i; k < img->nframes && n < BATCH && img->frames[k].doff < end; k++) {
+			const struct zframe *f = &img->frames[k];
+			bool created;
+
+			if (is_zero(img, k) || f->dsize > img->max_cached || !f->dsize)
+				continue;
+			batch[n].idx = k;
+			batch[n].e = ioc__zip_fcache_get(img->cache, k, (size_t)f->dsize,
+							 &created, &batch[n].state);
+			if (!batch[n].e) {
+				ret = -ENOMEM;
+				break;
+			}
+			if (created)
+				start_decode(img, k, batch[n].e, false);
+			n++;
+		}
+		/* Pass 2: copy in order, waiting where needed. */
+		unsigned b = 0;
+		while (off < end && i < img->nframes) {
+			const struct zframe *f = &img->frames[i];
+			uint64_t lo = off - f->doff;
+			size_t part = (size_t)((f->doff + f->dsize < end ? f->doff + f->dsize : end) - off);
+
+			if (b < n && batch[b].idx == i) {
+				struct ioc__zip_fentry *e = batch[b].e;
+				struct ioc__zip_fc_waiter w;
+				int st = 0;
+
+				if (batch[b].state == IOC__ZIP_FC_BUSY &&
+				    !ioc__zip_fcache_wait_prepare(img->cache, e, &w))
+					st = (int)ioc_co_await(&w.aw);
+				/* Final now: ordered by the shard lock or the wake. */
+				if (st == 0 && e->state == IOC__ZIP_FC_READY)
+					memcpy(dst + (off - boff), e->data + lo, part);
+				else if (!ret)
+					ret = e->error == -ENOMEM ? -ENOMEM : -EIO;
+				ioc__zip_fcache_put(img->cache, e);
+				b++;
+			} else if (is_zero(img, i) || !f->dsize) {
+				memset(dst + (off - boff), 0, part);
+			} else if (f->dsize > img->max_cached) {
+				int r = stream_read(img, i, lo, dst + (off - boff), part);
+
+				if (r < 0 && !ret)
+					ret = r;
+			} else {
+				/* Not fetched in pass 1 (batch full or ENOMEM):
+				 * the next round takes it. */
+				break;
+			}
+			off += part;
+			if (lo + part == f->dsize)
+				i++;
+		}
+		/* Entries left over after an ENOMEM in pass 1. */
+		for (; b < n; b++) {
+			struct ioc__zip_fc_waiter w;
+
+			if (batch[b].state == IOC__ZIP_FC_BUSY &&
+			    !ioc__zip_fcache_wait_prepare(img->cache, batch[b].e, &w))
+				ioc_co_await(&w.aw);
+			ioc__zip_fcache_put(img->cache, batch[b].e);
+		}
+		dst += off - boff;
+		if (ret)
+			return ret;
+	}
+	/* A read that reached the end of a frame reads on, most likely. */
+	if (i < img->nframes && img->frames[i].doff == end)
+		maybe_readahead(img, i);
+	return 0;
+}
+
+int ioc_zip_image_block_status(struct ioc_zip_image *img, uint64_t off, uint64_t len,
+			       uint64_t *pnum)
+{
+	size_t i;
+	bool zero;
+	uint64_t pos;
+
+	if (off >= img->size)
+		return -EINVAL;
+	if (len > img->size - off)
+		len = img->size - off;
+	i = find_frame(img, off);
+	zero = is_zero(img, i);
+	pos = off;
+	while (i < img->nframes && pos < off + len && is_zero(img, i) == zero) {
+		pos = img->frames[i].doff + img->frames[i].dsize;
+		i++;
+	}
+	*pnum = (pos < off + len ? pos : off + len) - off;
+	return zero ? IOC_ZIP_STATUS_ZERO : 0;
+}
+
+/* ---- open ----------------------------------------------------------- */
+
+static int frames_from_index(struct ioc_zip_image *img, const struct ioc_zip_index *ix)
+{
+	img->frames = calloc(ix->nframes ? ix->nframes : 1, sizeof(*img->frames));
+	if (!img->frames)
+		return -ENOMEM;
+	for (size_t i = 0; i < ix->nframes; i++) {
+		img->frames[i] = (struct zframe){
+			.coff = ix->frames[i].coff, .doff = ix->frames[i].doff,
+			.csize = ix->frames[i].csize, .dsize = ix->frames[i].dsize,
+			.kind = ix->format == IOC_ZIP_GZIP ? IOC__ZIP_K_GZIP : IOC__ZIP_K_ZSTD,
+		};
+	}
+	img->nframes = ix->nframes;
+	img->size = ix->dsize;
+	return 0;
+}
+
+/* Learn the content size of a frame that does not record it. */
+static int measure_frame(const uint8_t *p, size_t csize, enum ioc__zip_kind kind,
+			 uint64_t *dsize, const char **why)
+{
+	struct ioc__zip_dctx d;
+	uint8_t *out = malloc(STREAM_CHUNK);
+	size_t pos = 0;
+	uint64_t total = 0;
+	int r;
+
+	if (!out)
+		return -ENOMEM;
+	r = ioc__zip_dctx_init(&d, 31, IOC_ZIP_DEFLATE_DEFAULT);
+	if (r < 0) {
+		free(out);
+		return r;
+	}
+	r = ioc__zip_stream_begin(&d, kind, why);
+	while (r == 0) {
+		size_t used = 0, produced = 0;
+
+		r = ioc__zip_stream(&d, p + pos, csize - pos, &used, out, STREAM_CHUNK,
+				    &produced, why);
+		pos += used;
+		total += produced;
+		if (r == 0 && !used && !produced) {
+			*why = "frame ends early";
+			r = -EBADMSG;
+		}
+	}
+	ioc__zip_dctx_fini(&d);
+	free(out);
+	*dsize = total;
+	return r < 0 ? r : 0;
+}
+
+/* No seek table: walk the frames one by one. */
+static int walk_frames(struct ioc_zip_image *img, uint64_t fsize, char *msg, size_t msglen)
+{
+	uint8_t *p;
+	uint64_t off = 0, doff = 0;
+	size_t cap = 0, measured = 0;
+	int r = 0;
+
+	if (fsize == 0)
+		return say(msg, msglen, -EBADMSG, "empty file");
+	p = mmap(NULL, (size_t)fsize, PROT_READ, MAP_PRIVATE, img->fd, 0);
+	if (p == MAP_FAILED)
+		return say(msg, msglen, -errno, "mmap: %s", strerror(errno));
+	while (off < fsize) {
+		struct ioc__zip_frame f = { 0 };
+		const char *why = "truncated frame";
+
+		r = ioc__zip_scan(&f, p + off, (size_t)(fsize - off), &why);
+		if (r == 0 && f.hdr_done && !f.sized) {
+			r = say(msg, msglen, -ENOTSUP,
+				"gzip member at offset %llu does not record its size "
+				"(not written by iocore-zip): decompress it first",
+				(unsigned long long)off);
+			goto out;
+		}
+		if (r <= 0) {
+			r = say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
+				(unsigned long long)off, why);
+			goto out;
+		}
+		if (f.kind == IOC__ZIP_K_SKIP) {
+			off += f.csize;
+			continue;
+		}
+		if (img->nframes == cap) {
+			size_t nc = cap ? 2 * cap : 64;
+			struct zframe *nf = realloc(img->frames, nc * sizeof(*nf));
+
+			if (!nf) {
+				r = -ENOMEM;
+				goto out;
+			}
+			img->frames = nf;
+			cap = nc;
+		}
+		if (f.dsize == UINT64_MAX) {
+			r = measure_frame(p + off, (size_t)f.csize, f.kind, &f.dsize, &why);
+			if (r < 0) {
+				r = say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
+					(unsigned long long)off, why);
+				goto out;
+			}
+			measured++;
+		}
+		img->frames[img->nframes++] = (struct zframe){
+			.coff = off, .doff = doff, .csize = f.csize, .dsize = f.dsize,
+			.kind = f.kind,
+		};
+		off += f.csize;
+		doff += f.dsize;
+	}
+	img->size = doff;
+	if (measured)
+		snprintf(img->how, sizeof(img->how),
+			 "no seek table: indexed %zu frame(s) by walking their headers "
+			 "(%zu without a content size decoded once to learn it)",
+			 img->nframes, measured);
+	else
+		snprintf(img->how, sizeof(img->how),
+			 "no seek table: indexed %zu frame(s) by walking their headers",
+			 img->nframes);
+	img->zero = calloc(img->nframes ? img->nframes : 1, sizeof(*img->zero));
+	if (!img->zero) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = 0;
+	/* Zero frames, straight from the mapping. */
+	for (size_t i = 0; i < img->nframes; i++) {
+		const struct zframe *fr = &img->frames[i];
+
+		if (fr->kind == IOC__ZIP_K_ZSTD && fr->csize <= ZERO_FRAME_MAX && fr->dsize &&
+		    zstd_frame_is_zero(p + fr->coff, (size_t)fr->csize, fr->dsize))
+			atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
+	}
+out:
+	munmap(p, (size_t)fsize);
+	return r;
+}
+
+int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
+		       const struct ioc_zip_image_opts *opts, char *msg, size_t msglen)
+{
+	struct ioc_zip_image *img;
+	struct ioc_zip_index *ix = NULL;
+	struct stat st;
+	int r;
+
+	*out = NULL;
+	img = calloc(1, sizeof(*img));
+	if (!img)
+		return -ENOMEM;
+	if (opts)
+		img->opts = *opts;
+	pthread_mutex_init(&img->lock, NULL);
+	pthread_cond_init(&img->idle, NULL);
+	img->readahead = !img->opts.no_readahead;
+	img->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (img->fd < 0) {
+		r = say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
+		img->fd = -1;
+		goto fail;
+	}
+	if (fstat(img->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		r = say(msg, msglen, -EINVAL, "%s: not a regular file", path);
+		goto fail;
+	}
+	r = ioc_zip_index_read(img->fd, &ix, msg, msglen);
+	if (r == 0) {
+		r = frames_from_index(img, ix);
+		snprintf(img->how, sizeof(img->how), "%s: %zu frame(s)",
+			 ix->format == IOC_ZIP_GZIP ? "gzip member sizes" : "seek table",
+			 ix->nframes);
+		ioc_zip_index_free(ix);
+		if (r < 0)
+			goto fail;
+		img->zero = calloc(img->nframes ? img->nframes : 1, sizeof(*img->zero));
+		if (!img->zero) {
+			r = -ENOMEM;
+			goto fail;
+		}
+		r = find_zero_frames(img);
+		if (r < 0) {
+			say(msg, msglen, r, "read: %s", ioc_strerror(r));
+			goto fail;
+		}
+	} else if (r == -ENOENT || r == -EBADMSG) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", msg ? msg : "");
+		r = walk_frames(img, (uint64_t)st.st_size, msg, msglen);
+		if (r < 0)
+			goto fail;
+		if (why[0] && strstr(why, "no seek table") == NULL)
+			ilog(img, "%s: ignoring a broken index (%s)", path, why);
+	} else {
+		goto fail;
+	}
+	for (size_t i = 0; i < img->nframes; i++)
+		if (img->frames[i].csize > UINT32_MAX - 1 || img->frames[i].dsize > (1ull << 40)) {
+			r = say(msg, msglen, -EFBIG, "frame %zu is too big", i);
+			goto fail;
+		}
+	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
+	img->max_cached = budget / 2;
+	r = ioc__zip_fcache_new(&img->cache, budget, img->nframes);
+	if (r < 0)
+		goto fail;
+	size_t big = 0;
+	for (size_t i = 0; i < img->nframes; i++)
+		if (img->frames[i].dsize > img->max_cached)
+			big++;
+	ilog(img, "%s: %llu bytes, %s", path, (unsigned long long)img->size, img->how);
+	if (big)
+		ilog(img, "%s: %zu frame(s) larger than half the frame cache: each read "
+		     "decodes them from their start (slow random access); recompress "
+		     "with iocore-zip --block-size 256K", path, big);
+	*out = img;
+	return 0;
+fail:
+	ioc_zip_image_close(img);
+	return r;
+}
+
+void ioc_zip_image_close(struct ioc_zip_image *img)
+{
+	if (!img)
+		return;
+	/* Readahead jobs nobody waits for may still run: their done
+	 * callbacks (on the loops that submitted them) count down. */
+	pthread_mutex_lock(&img->lock);
+	while (img->jobs)
+		pthread_cond_wait(&img->idle, &img->lock);
+	pthread_mutex_unlock(&img->lock);
+	ioc__zip_fcache_free(img->cache);
+	while (img->dfree) {
+		struct dslot *s = img->dfree;
+
+		img->dfree = s->next;
+		ioc__zip_dctx_fini(&s->d);
+		free(s->cbuf);
+		free(s);
+	}
+	if (img->fd >= 0)
+		close(img->fd);
+	free(img->frames);
+	free(img->zero);
+	pthread_cond_destroy(&img->idle);
+	pthread_mutex_destroy(&img->lock);
+	free(img);
+}
+
+void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info)
+{
+	struct ioc__zip_fcache_stats cs;
+	size_t zeros = 0;
+
+	memset(info, 0, sizeof(*info));
+	info->size = img->size;
+	info->frames = img->nframes;
+	for (size_t i = 0; i < img->nframes; i++)
+		zeros += is_zero(img, i);
+	info->zero_frames = zeros;
+	info->indexed_by = img->how;
+	ioc__zip_fcache_get_stats(img->cache, &cs);
+	info->cache_hits = cs.hits;
+	info->cache_misses = cs.misses;
+	info->cache_evictions = cs.evictions;
+	info->cache_bytes = cs.bytes;
+	info->decodes = atomic_load_explicit(&img->decodes, memory_order_relaxed);
+	info->readaheads = atomic_load_explicit(&img->readaheads, memory_order_relaxed);
+	info->stream_reads = atomic_load_explicit(&img->stream_reads, memory_order_relaxed);
+	info->errors = atomic_load_explicit(&img->errors, memory_order_relaxed);
+}
