@@ -635,6 +635,16 @@ int ioc_zip_image_block_status(struct ioc_zip_image *img, uint64_t off, uint64_t
 
 /* ---- open ----------------------------------------------------------- */
 
+/* Does the file end with the seekable format's footer magic?  Without it
+ * there is no seek table (stock zstd), as opposed to a broken one. */
+static bool has_seekable_footer(int fd, uint64_t size)
+{
+	uint8_t m[4];
+
+	return size >= 4 && pread_all(fd, m, 4, size - 4) == 0 &&
+	       ioc__zip_le32(m) == IOC__ZIP_SEEKABLE_MAGIC;
+}
+
 static int frames_from_index(struct ioc_zip_image *img, const struct ioc_zip_index *ix)
 {
 	img->frames = calloc(ix->nframes ? ix->nframes : 1, sizeof(*img->frames));
@@ -806,6 +816,12 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		goto fail;
 	}
 	r = ioc_zip_index_read(img->fd, &ix, msg, msglen);
+	if (r == -EBADMSG && !has_seekable_footer(img->fd, (uint64_t)st.st_size)) {
+		/* Not a broken seek table but none at all: stock zstd. */
+		r = -ENOENT;
+		if (msg && msglen)
+			msg[0] = 0;
+	}
 	if (r == 0) {
 		r = frames_from_index(img, ix);
 		snprintf(img->how, sizeof(img->how), "%s: %zu frame(s)",
@@ -825,13 +841,14 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 			goto fail;
 		}
 	} else if (r == -ENOENT || r == -EBADMSG) {
+		int r0 = r;
 		char why[256];
 
 		snprintf(why, sizeof(why), "%s", msg ? msg : "");
 		r = walk_frames(img, (uint64_t)st.st_size, msg, msglen);
 		if (r < 0)
 			goto fail;
-		if (why[0] && strstr(why, "no seek table") == NULL)
+		if (r0 == -EBADMSG)
 			ilog(img, "%s: ignoring a broken index (%s)", path, why);
 	} else {
 		goto fail;

@@ -1,0 +1,131 @@
+#!/bin/sh
+# iocore-nbd serving compressed images (iocore-zip output with a seek
+# table, gzip members with sizes, stock zstd without a seek table, one
+# big frame, a frame without a content size, a damaged frame) to real
+# clients: nbdcopy, qemu-img compare, qemu-io patterns, nbdinfo --map.
+# TAP output; skips when the clients are missing.
+set -u
+BUILD=${IOC_BUILD_ROOT:-build}
+SRV="$BUILD/tools/nbd/iocore-nbd"
+ZIP="$BUILD/tools/zip/iocore-zip"
+. "$(dirname "$0")/nbd-test-lib.sh"
+
+echo "1..17"
+if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
+	echo "# iocore-nbd or iocore-zip not built"; exit 77
+fi
+for p in nbdcopy nbdinfo qemu-io qemu-img zstd python3; do
+	have $p || { echo "# $p missing"; exit 77; }
+done
+workdir ioc-nbd-zip
+
+# start NAME [options] IMAGE: the server forks once it listens; -v keeps
+# its log in $dir/NAME.log.
+start() {
+	name=$1; shift
+	"$SRV" -v --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" "$@" \
+		2>"$dir/$name.log"
+}
+uri() { echo "nbd+unix:///?socket=$dir/$1.sock"; }
+# same NAME: nbdcopy of the export (4 connections) equals the raw image.
+same() { nbdcopy "$(uri "$1")" "$dir/out.raw" && cmp "$dir/raw" "$dir/out.raw"; }
+
+# A 24 MiB image (plus an odd tail): zeros, random data, text, and known
+# patterns at odd offsets for qemu-io to check.
+raw="$dir/raw"
+python3 - "$raw" <<'PY'
+import os, sys
+mib = 1 << 20
+with open(sys.argv[1], 'wb') as f:
+    for i in range(24):
+        k = i % 4
+        if k == 0:
+            f.write(bytes(mib))
+        elif k == 1:
+            f.write(os.urandom(mib))
+        else:
+            line = b'line %08d of a compressible text\n' % i
+            f.write((line * (mib // len(line) + 1))[:mib])
+    f.write(os.urandom(12345))
+PY
+qemu-io -f raw -c 'write -P 0x5a 4096 8k' -c 'write -P 0xa5 5000000 300000' \
+	-c 'write -P 0x11 17825792 262144' "$raw" >/dev/null
+# qemu-io checks: the patterns, zeros in the first MiB, and the tail.
+QIO_ARGS="-c 'read -P 0x5a 4096 8k' -c 'read -P 0xa5 5000000 300000' \
+ -c 'read -P 0x11 17825792 262144' -c 'read -P 0 16384 1M' -c 'read -P 0 16777216 1M' \
+ -c 'read 25165824 12345'"
+qio() { eval "qemu-io -r -f raw $QIO_ARGS '$(uri "$1")'" | grep -c '^read ' | grep -qx 6; }
+
+# 1-5: iocore-zip --block-size 256K, seek table
+"$ZIP" -q --block-size=256K -o "$dir/img.zst" "$raw"
+check "iocore-zip --block-size 256K -l lists frames" sh -c \
+	"'$ZIP' -lv '$dir/img.zst' | grep -c ' at ' | grep -qx 97"
+start zst "$dir/img.zst" || { echo "Bail out! server did not start"; exit 1; }
+check "seek table: nbdcopy equals the image" same zst
+check "seek table: qemu-img compare" qemu-img compare -f raw -F raw "$raw" "$(uri zst)"
+check "seek table: qemu-io patterns" qio zst
+check "zero frames are holes in base:allocation" sh -c \
+	"nbdinfo --map '$(uri zst)' | awk '\$1 == 262144 && \$2 == 786432 && \$4 == \"hole,zero\" { z = 1 }
+	     \$1 == 0 && \$2 == 262144 && \$4 == \"data\" { d = 1 } END { exit !(z && d) }'"
+stop zst
+
+# 6: the frame cache is shared and hit: two reads of one frame decode once
+start zc "$dir/img.zst"
+qemu-io -r -f raw -c 'read 1048576 4k' -c 'read 1052672 4k' "$(uri zc)" >/dev/null
+qemu-io -r -f raw -c 'read 1056768 4k' "$(uri zc)" >/dev/null
+stop zc
+check "one decode serves reads of one frame from two connections" \
+	grep -q 'frame cache: 2 hits, 1 misses.*1 decodes (0 readahead)' "$dir/zc.log"
+
+# 7: sequential readahead: a read ending on a frame's end decodes the next
+start ra "$dir/img.zst"
+qemu-io -r -f raw -c 'read 1048576 256k' "$(uri ra)" >/dev/null
+qemu-io -r -f raw -c 'read 1310720 4k' "$(uri ra)" >/dev/null
+stop ra
+check "readahead decodes the next frame" \
+	grep -q 'frame cache: 1 hits, 2 misses.*2 decodes (1 readahead)' "$dir/ra.log"
+
+# 8-9: gzip members written by iocore-zip --format=gzip
+"$ZIP" -q --format=gzip --block-size=256K -o "$dir/img.gz" "$raw"
+start gz "$dir/img.gz"
+check "gzip members: nbdcopy equals the image" same gz
+check "gzip members: qemu-io patterns" qio gz
+stop gz
+
+# 10-11: stock zstd -T0 --long (one frame) and concatenated stock frames
+zstd -q -T0 --long "$raw" -o "$dir/stock.zst"
+start stock "$dir/stock.zst"
+check "stock zstd -T0 --long: nbdcopy equals the image" same stock
+stop stock
+check "stock zstd: indexed by walking and the log says so" \
+	grep -q 'no seek table: indexed 1 frame(s) by walking' "$dir/stock.log"
+# 12: several stock frames, one without a content size (from a pipe), and
+# a cache too small for them (each read decodes streaming)
+head -c 10000000 "$raw" | zstd -q -c > "$dir/multi.zst"
+tail -c +10000001 "$raw" | zstd -q -c - >> "$dir/multi.zst"
+start multi --frame-cache 8M "$dir/multi.zst"
+same_and_qio() { same "$1" && qio "$1"; }
+check "stock frames, unsized, small cache: image and patterns" same_and_qio multi
+stop multi
+check "the unsized frame was measured and the slow path logged" sh -c \
+	"grep -q 'indexed 2 frame(s) by walking their headers (. without a content size' '$dir/multi.log' &&
+	 grep -q 'larger than half the frame cache' '$dir/multi.log'"
+
+# 14-16: a damaged frame fails its range with EIO and a logged offset;
+# the rest is still served
+cp "$dir/img.zst" "$dir/bad.zst"
+coff=$("$ZIP" -lv "$dir/img.zst" | awk '$1 == 5 { print $3 }')
+printf '\377\377\377\377\377\377\377\377' | dd of="$dir/bad.zst" bs=1 seek=$((coff + 5000)) \
+	conv=notrunc 2>/dev/null
+start bad "$dir/bad.zst"
+check "damaged frame: its range fails with EIO" sh -c \
+	"qemu-io -r -f raw -c 'read 1310720 4k' '$(uri bad)' 2>&1 | grep -q 'Input/output error'"
+check "damaged frame: other ranges still read" qio bad
+stop bad
+check "damaged frame: the log names its offsets" \
+	grep -q "frame 5 (compressed offset $coff,.*data offset 1310720" "$dir/bad.log"
+
+# 17: not compressed: still served as a raw image
+start plain -r "$raw"
+check "a raw image is still served as it is" same plain
+stop plain
