@@ -24,6 +24,7 @@ extern "C" {
 
 struct ioc_nbd_server;
 struct ioc_zip_image;
+struct ioc_zip_overlay;
 
 typedef void ioc_nbd_log_fn(void *opaque, const char *msg);
 
@@ -44,6 +45,9 @@ struct ioc_nbd_export_opts {
 	/* Or, instead of blk: a compressed image (iocore/zip.h), served
 	 * read-only; not owned by the server. */
 	struct ioc_zip_image *zip;
+	/* With zip, optional: its copy-on-write overlay; the export then
+	 * takes writes (unless read_only).  Not owned by the server. */
+	struct ioc_zip_overlay *zip_overlay;
 	bool read_only;               /* refuse writes even if blk is writable */
 };
 

@@ -287,7 +287,11 @@ void ioc_zip_image_close(struct ioc_zip_image *img);
 int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t off,
 					    void *buf, size_t len, uint32_t flags);
 
-enum { IOC_ZIP_STATUS_ZERO = 1u << 0 };
+enum {
+	IOC_ZIP_STATUS_ZERO = 1u << 0,      /* reads as zeroes (a hole) */
+	IOC_ZIP_STATUS_OVERLAY = 1u << 1,   /* overlay: comes from the overlay
+					     * file, not the base */
+};
 /* Status of the first extent of [off, off + len): IOC_ZIP_STATUS_ZERO for
  * frames known to be all zero (recognised from their bytes at open, or
  * after a decode), 0 for data; its length in *pnum.  Never blocks. */
@@ -303,6 +307,34 @@ struct ioc_zip_image_info {
 };
 /* Any thread. */
 void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info);
+
+/* Copy-on-write overlay over a compressed image (src/zip/overlay.c): one
+ * sparse file (header, allocation map of 64 KiB clusters, data) that makes
+ * the image writable while the compressed base stays untouched.  Created
+ * when path is missing or empty; refused when made for another base.
+ * Flush (and FUA) make every completed write durable; the map on disk
+ * never points at data that is not.  Coroutine calls on loop threads, any
+ * number at once; results 0 or -errno. */
+struct ioc_zip_overlay;
+enum { IOC_ZIP_OVERLAY_FUA = 1u << 0 };
+int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *base,
+			 const char *path, char *msg, size_t msglen);
+/* No request may be in flight; does not flush.  Safe on NULL. */
+void ioc_zip_overlay_close(struct ioc_zip_overlay *ov);
+uint64_t ioc_zip_overlay_size(struct ioc_zip_overlay *ov);
+int ioc_coroutine_fn ioc_zip_overlay_co_pread(struct ioc_zip_overlay *ov, uint64_t off,
+					      void *buf, size_t len, uint32_t flags);
+/* flags: 0 or IOC_ZIP_OVERLAY_FUA. */
+int ioc_coroutine_fn ioc_zip_overlay_co_pwrite(struct ioc_zip_overlay *ov, uint64_t off,
+					       const void *buf, size_t len, uint32_t flags);
+/* Zeroes that read back as zeroes over any base data (TRIM too). */
+int ioc_coroutine_fn ioc_zip_overlay_co_zero(struct ioc_zip_overlay *ov, uint64_t off,
+					     uint64_t len, uint32_t flags);
+int ioc_coroutine_fn ioc_zip_overlay_co_flush(struct ioc_zip_overlay *ov, uint32_t flags);
+/* IOC_ZIP_STATUS_* of the first extent (OVERLAY set where the overlay
+ * decides the bytes), its length in *pnum.  Never blocks. */
+int ioc_zip_overlay_block_status(struct ioc_zip_overlay *ov, uint64_t off, uint64_t len,
+				 uint64_t *pnum);
 
 #ifdef __cplusplus
 }

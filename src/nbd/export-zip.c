@@ -2,14 +2,18 @@
  * The compressed-image backend of an export: reads come from an
  * ioc_zip_image (src/zip/image.c), which decodes frames on the calling
  * I/O thread's pool and keeps them in a frame cache shared by every
- * connection and I/O thread.  The export is read-only.
+ * connection and I/O thread.  The export is read-only, unless it has a
+ * copy-on-write overlay (src/zip/overlay.c): then it takes writes, TRIM
+ * and WRITE_ZEROES (both read back as zeroes), FUA and flush, all kept in
+ * the overlay file, and the compressed base is never written.
  *
  * Block status reports the frames the image knows to be all zero as
  * holes that read as zeroes, so structured reads send them as hole chunks
  * and clients copying the export (nbdcopy, qemu-img convert) skip them.
  *
- * CAN_MULTI_CONN is advertised: nothing is written, so every connection
- * sees the same bytes.  CACHE is answered at once (a hint).
+ * CAN_MULTI_CONN is advertised: without an overlay nothing is written;
+ * with one, a flush makes every write completed on any connection durable
+ * (one file, one map).  CACHE is answered at once (a hint).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -50,6 +54,57 @@ static int ioc_coroutine_fn zx_block_status(void *be, uint64_t off, uint64_t len
 	return (st & IOC_ZIP_STATUS_ZERO) ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
 }
 
+/* ---- with an overlay ---- */
+
+static int ioc_coroutine_fn ov_pread(void *be, uint64_t off, void *buf, size_t len,
+				     uint32_t flags)
+{
+	return ioc_zip_overlay_co_pread(be, off, buf, len, 0);
+}
+
+static int ioc_coroutine_fn ov_pwrite(void *be, uint64_t off, const void *buf,
+				      size_t len, uint32_t flags)
+{
+	return ioc_zip_overlay_co_pwrite(be, off, buf, len,
+					 (flags & IOC_NBD_BE_FUA) ? IOC_ZIP_OVERLAY_FUA : 0);
+}
+
+static int ioc_coroutine_fn ov_flush(void *be, uint32_t flags)
+{
+	return ioc_zip_overlay_co_flush(be, 0);
+}
+
+static int ioc_coroutine_fn ov_zero(void *be, uint64_t off, uint64_t len, uint32_t flags)
+{
+	return ioc_zip_overlay_co_zero(be, off, len,
+				       (flags & IOC_NBD_BE_FUA) ? IOC_ZIP_OVERLAY_FUA : 0);
+}
+
+static int ioc_coroutine_fn ov_trim(void *be, uint64_t off, uint64_t len, uint32_t flags)
+{
+	return ov_zero(be, off, len, flags);
+}
+
+static int ioc_coroutine_fn ov_block_status(void *be, uint64_t off, uint64_t len,
+					    uint64_t *pnum, uint32_t flags)
+{
+	int st = ioc_zip_overlay_block_status(be, off, len, pnum);
+
+	if (st < 0)
+		return st;
+	return (st & IOC_ZIP_STATUS_ZERO) ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
+}
+
+static const struct ioc__nbd_backend_ops overlay_ops = {
+	.pread = ov_pread,
+	.pwrite = ov_pwrite,
+	.flush = ov_flush,
+	.trim = ov_trim,
+	.zero = ov_zero,
+	.block_status = ov_block_status,
+	.cache = NULL,
+};
+
 static const struct ioc__nbd_backend_ops zip_ops = {
 	.pread = zx_pread,
 	.pwrite = zx_pwrite,
@@ -84,14 +139,20 @@ int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
 	}
 	e->size = info.size;
 	e->read_only = true;
+	e->ops = &zip_ops;
+	e->be = opts->zip;
+	if (opts->zip_overlay) {
+		e->read_only = opts->read_only;
+		e->can_trim = e->can_zero = e->can_fast_zero = e->can_fua = true;
+		e->ops = &overlay_ops;
+		e->be = opts->zip_overlay;
+	}
 	e->can_cache = true;
 	e->can_block_status = true;
 	e->multi_conn = true;
 	e->min_block = 1;
 	e->pref_block = 4096;
 	e->max_block = IOC_NBD_MAX_PAYLOAD;
-	e->ops = &zip_ops;
-	e->be = opts->zip;
 	*out = e;
 	return 0;
 }

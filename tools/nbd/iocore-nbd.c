@@ -47,6 +47,9 @@ static void usage(FILE *f)
 "      --iothreads N          I/O threads (default: number of CPUs)\n"
 "      --frame-cache SIZE     compressed image: decoded frames kept in memory,\n"
 "                             shared by all connections (default 256M; K, M, G)\n"
+"      --overlay FILE         compressed image: make it writable, keeping every\n"
+"                             change in FILE (created if missing); the\n"
+"                             compressed file is never written\n"
 "      --aio io_uring|threads block I/O engine (default: io_uring if available)\n"
 "      --cache writeback|none host page cache use (none = O_DIRECT)\n"
 "      --max-connections N    refuse connections beyond N (default: unlimited)\n"
@@ -173,7 +176,7 @@ int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
-	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE };
+	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE, OPT_OVERLAY };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -196,6 +199,7 @@ int main(int argc, char **argv)
 		{ "inject-faults", required_argument, NULL, OPT_INJECT },
 		{ "control", required_argument, NULL, OPT_CONTROL },
 		{ "frame-cache", required_argument, NULL, OPT_FRAME_CACHE },
+		{ "overlay", required_argument, NULL, OPT_OVERLAY },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -203,7 +207,7 @@ int main(int argc, char **argv)
 	};
 	const char *control_path = NULL;
 	const char *unix_path = NULL, *port = "10809", *bind_addr = "127.0.0.1";
-	const char *pid_file = NULL;
+	const char *pid_file = NULL, *overlay = NULL;
 	struct ioc_nbd_export_opts eo = { .name = "" };
 	struct ioc_nbd_server_opts so = { 0 };
 	struct ioc_blk_opts bo = { 0 };
@@ -279,6 +283,7 @@ int main(int argc, char **argv)
 		}
 		case OPT_CONTROL: control_path = optarg; break;
 		case OPT_FRAME_CACHE: zo.frame_cache = parse_size(optarg, "--frame-cache"); break;
+		case OPT_OVERLAY: overlay = optarg; break;
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -353,6 +358,7 @@ int main(int argc, char **argv)
 	/* A compressed image is recognised by its first bytes, not its name. */
 	struct ioc_blk *blk = NULL;
 	struct ioc_zip_image *zimg = NULL;
+	struct ioc_zip_overlay *zov = NULL;
 	int probe_fd = open(image, O_RDONLY | O_CLOEXEC);
 	struct stat pst;
 	bool compressed = false;
@@ -367,8 +373,16 @@ int main(int argc, char **argv)
 			die("cannot serve compressed image %s: %s", image,
 			    msg[0] ? msg : strerror(-r));
 		eo.zip = zimg;
-		eo.read_only = true;
+		if (overlay) {
+			if ((r = ioc_zip_overlay_open(&zov, zimg, overlay, msg, sizeof(msg))) < 0)
+				die("overlay: %s", msg[0] ? msg : strerror(-r));
+			eo.zip_overlay = zov;
+		} else {
+			eo.read_only = true;
+		}
 	} else {
+		if (overlay)
+			die("--overlay needs a compressed image; %s is not one", image);
 		if ((r = ioc_blk_open(&blk, image, &bo)) < 0)
 			die("cannot open %s: %s", image, strerror(-r));
 		nbd_inject_install(blk);
@@ -494,6 +508,7 @@ int main(int argc, char **argv)
 			(unsigned long long)zi.decodes, (unsigned long long)zi.readaheads,
 			(unsigned long long)zi.stream_reads, (unsigned long long)zi.errors);
 	}
+	ioc_zip_overlay_close(zov);
 	ioc_zip_image_close(zimg);
 	if (blk)
 		ioc_blk_close(blk);
