@@ -10,7 +10,7 @@ SRV="$BUILD/tools/nbd/iocore-nbd"
 ZIP="$BUILD/tools/zip/iocore-zip"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-echo "1..17"
+echo "1..25"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -52,9 +52,17 @@ qemu-io -f raw -c 'write -P 0x5a 4096 8k' -c 'write -P 0xa5 5000000 300000' \
 	-c 'write -P 0x11 17825792 262144' "$raw" >/dev/null
 # qemu-io checks: the patterns, zeros in the first MiB, and the tail.
 QIO_ARGS="-c 'read -P 0x5a 4096 8k' -c 'read -P 0xa5 5000000 300000' \
- -c 'read -P 0x11 17825792 262144' -c 'read -P 0 16384 1M' -c 'read -P 0 16777216 1M' \
+ -c 'read -P 0x11 17825792 262144' -c 'read -P 0 16384 1032192' -c 'read -P 0 16777216 1M' \
  -c 'read 25165824 12345'"
-qio() { eval "qemu-io -r -f raw $QIO_ARGS '$(uri "$1")'" | grep -c '^read ' | grep -qx 6; }
+# qreads URI ARGS: qemu-io reads (-c ...) succeed and every pattern matches
+# (qemu-io exits 1 on a mismatch but still prints the read).
+qreads() {
+	qout=$(eval "qemu-io -r -f raw $2 '$1'" 2>&1)
+	rc=$?
+	echo "$qout" | grep -i 'failed\|error'
+	[ $rc -eq 0 ] && ! echo "$qout" | grep -qi 'failed\|error'
+}
+qio() { qreads "$(uri "$1")" "$QIO_ARGS"; }
 
 # 1-5: iocore-zip --block-size 256K, seek table
 "$ZIP" -q --block-size=256K -o "$dir/img.zst" "$raw"
@@ -129,3 +137,60 @@ check "damaged frame: the log names its offsets" \
 start plain -r "$raw"
 check "a raw image is still served as it is" same plain
 stop plain
+
+# 18-24: a copy-on-write overlay makes the compressed image writable
+cp "$raw" "$dir/expect"
+base_sum=$(cksum < "$dir/img.zst")
+start ov --overlay "$dir/ov" "$dir/img.zst"
+# Writes of whole and partial clusters, zeroes over base data (whole and
+# partial clusters), TRIM, two concurrent writes to halves of one base
+# cluster; the same applied to a raw copy is the expected image.
+OV_OPS="-c 'write -P 0x66 0 128k' -c 'write -P 0x77 1048576 4k' -c 'write -z 2097152 64k' \
+ -c 'write -z 1572864 1000' -c 'write -P 0x42 3145800 70000'"
+eval "qemu-io -f raw $OV_OPS -c 'discard 1310720 131072' '$(uri ov)'" >/dev/null
+eval "qemu-io -f raw $OV_OPS -c 'write -z 1310720 131072' '$dir/expect'" >/dev/null
+check "overlay: nbdcopy equals the image with the writes applied" sh -c \
+	"nbdcopy '$(uri ov)' '$dir/out.raw' && cmp '$dir/expect' '$dir/out.raw'"
+check "overlay: reads of written, zeroed, trimmed and base ranges" qreads "$(uri ov)" \
+	"-c 'read -P 0x66 0 128k' -c 'read -P 0x77 1048576 4k' \
+	 -c 'read -P 0 2097152 64k' -c 'read -P 0 1310720 128k' -c 'read -P 0 1572864 1000' \
+	 -c 'read -P 0x42 3145800 70000' -c 'read -P 0x11 17825792 262144'"
+check "overlay: zeroed clusters are holes over base data" sh -c \
+	"nbdinfo --map '$(uri ov)' | awk '\$1 == 1310720 && \$2 == 131072 && \$4 == \"hole,zero\" { ok = 1 } END { exit !ok }'"
+# A flushed write, then kill -9: it is there after a restart, and the
+# compressed base is unchanged.
+qemu-io -f raw -c 'write -P 0x99 8388608 64k' -c 'flush' "$(uri ov)" >/dev/null
+qemu-io -f raw -c 'write -P 0x99 8388608 64k' "$dir/expect" >/dev/null
+kill -9 "$(cat "$dir/ov.pid")"
+while kill -0 "$(cat "$dir/ov.pid")" 2>/dev/null; do
+	case $(cut -d' ' -f3 /proc/"$(cat "$dir/ov.pid")"/stat 2>/dev/null) in Z|X) break;; esac
+	sleep 0.02
+done
+rm -f "$dir/ov.pid" "$dir/ov.sock"
+start ov --overlay "$dir/ov" "$dir/img.zst"
+check "overlay after kill -9: flushed writes are there" sh -c \
+	"nbdcopy '$(uri ov)' '$dir/out.raw' && cmp '$dir/expect' '$dir/out.raw'"
+# Two writes at once to the halves of one base cluster whose frame is not
+# decoded yet (both wait for the decode, then both copy the cluster):
+# neither may lose the other's bytes.
+stop ov
+start ov --overlay "$dir/ov" "$dir/img.zst"
+qemu-io -f raw -c 'aio_write -P 0x31 5242880 4k' -c 'aio_write -P 0x32 5246976 4k' \
+	-c 'aio_flush' "$(uri ov)" >/dev/null
+qemu-io -f raw -c 'write -P 0x31 5242880 4k' -c 'write -P 0x32 5246976 4k' "$dir/expect" >/dev/null
+check "overlay: concurrent writes to one base cluster both land" qreads "$(uri ov)" \
+	"-c 'read -P 0x31 5242880 4k' -c 'read -P 0x32 5246976 4k'"
+check "overlay: the compressed base is unchanged" test "$(cksum < "$dir/img.zst")" = "$base_sum"
+# Commit: read the export through NBD into a new compressed image.
+check "overlay: commit into a new compressed image" sh -c \
+	"nbdcopy '$(uri ov)' - | '$ZIP' -q --block-size=256K -c > '$dir/new.zst' &&
+	 '$ZIP' -dc '$dir/new.zst' | cmp - '$dir/expect'"
+stop ov
+refused() {
+	if "$SRV" --fork --pid-file "$dir/x.pid" -U "$dir/x.sock" --overlay "$dir/ov" \
+		"$dir/multi.zst" 2>"$dir/x.log"; then
+		stop x; return 1
+	fi
+	grep -q 'another base' "$dir/x.log"
+}
+check "overlay: refused over another base" refused
