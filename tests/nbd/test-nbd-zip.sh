@@ -10,7 +10,7 @@ SRV="$BUILD/tools/nbd/iocore-nbd"
 ZIP="$BUILD/tools/zip/iocore-zip"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-echo "1..25"
+echo "1..26"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -194,3 +194,7 @@ refused() {
 	grep -q 'another base' "$dir/x.log"
 }
 check "overlay: refused over another base" refused
+
+# 26: the servers' logs hold no sanitizer report (ASan/UBSan/TSan builds)
+check "no sanitizer report in the server logs" sh -c \
+	"! grep -l 'Sanitizer\|runtime error' '$dir'/*.log"
