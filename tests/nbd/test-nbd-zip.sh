@@ -10,7 +10,7 @@ SRV="$BUILD/tools/nbd/iocore-nbd"
 ZIP="$BUILD/tools/zip/iocore-zip"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-echo "1..26"
+echo "1..28"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -92,6 +92,13 @@ qemu-io -r -f raw -c 'read 1310720 4k' "$(uri ra)" >/dev/null
 stop ra
 check "readahead decodes the next frame" \
 	grep -q 'frame cache: 1 hits, 2 misses.*2 decodes (1 readahead)' "$dir/ra.log"
+
+# 8a-b: a cache of four frames under four connections: constant eviction
+start small --frame-cache 1M "$dir/img.zst"
+check "tiny frame cache: nbdcopy equals the image" same small
+stop small
+check "tiny frame cache: frames were evicted" \
+	grep -q 'frame cache: .* [1-9][0-9]* evictions' "$dir/small.log"
 
 # 8-9: gzip members written by iocore-zip --format=gzip
 "$ZIP" -q --format=gzip --block-size=256K -o "$dir/img.gz" "$raw"
