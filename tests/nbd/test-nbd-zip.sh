@@ -10,7 +10,7 @@ SRV="$BUILD/tools/nbd/iocore-nbd"
 ZIP="$BUILD/tools/zip/iocore-zip"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-echo "1..28"
+echo "1..29"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -125,6 +125,16 @@ stop multi
 check "the unsized frame was measured and the slow path logged" sh -c \
 	"grep -q 'indexed 2 frame(s) by walking their headers (. without a content size' '$dir/multi.log' &&
 	 grep -q 'larger than half the frame cache' '$dir/multi.log'"
+
+# pzstd: several frames, each behind a skippable frame, no seek table
+if have pzstd; then
+	pzstd -q -p 2 "$raw" -o "$dir/p.zst"
+	start pz "$dir/p.zst"
+	check "pzstd output (skippable frames between frames): nbdcopy equals the image" same pz
+	stop pz
+else
+	skip "pzstd output" "pzstd missing"
+fi
 
 # 14-16: a damaged frame fails its range with EIO and a logged offset;
 # the rest is still served
