@@ -294,9 +294,10 @@ enum {
 };
 /* Status of the first extent of [off, off + len): IOC_ZIP_STATUS_ZERO for
  * frames known to be all zero (recognised from their bytes at open, or
- * after a decode), 0 for data; its length in *pnum.  Never blocks. */
+ * after a decode), 0 for data; its length in *pnum.  flags must be 0.
+ * Never blocks. */
 int ioc_zip_image_block_status(struct ioc_zip_image *img, uint64_t off, uint64_t len,
-			       uint64_t *pnum);
+			       uint64_t *pnum, uint32_t flags);
 
 struct ioc_zip_image_info {
 	uint64_t size;              /* decompressed bytes */
@@ -334,7 +335,7 @@ int ioc_coroutine_fn ioc_zip_overlay_co_flush(struct ioc_zip_overlay *ov, uint32
 /* IOC_ZIP_STATUS_* of the first extent (OVERLAY set where the overlay
  * decides the bytes), its length in *pnum.  Never blocks. */
 int ioc_zip_overlay_block_status(struct ioc_zip_overlay *ov, uint64_t off, uint64_t len,
-				 uint64_t *pnum);
+				 uint64_t *pnum, uint32_t flags);
 
 #ifdef __cplusplus
 }

@@ -47,7 +47,7 @@ static int ioc_coroutine_fn zx_zero(void *be, uint64_t off, uint64_t len, uint32
 static int ioc_coroutine_fn zx_block_status(void *be, uint64_t off, uint64_t len,
 					    uint64_t *pnum, uint32_t flags)
 {
-	int st = ioc_zip_image_block_status(be, off, len, pnum);
+	int st = ioc_zip_image_block_status(be, off, len, pnum, 0);
 
 	if (st < 0)
 		return st;
@@ -88,7 +88,7 @@ static int ioc_coroutine_fn ov_trim(void *be, uint64_t off, uint64_t len, uint32
 static int ioc_coroutine_fn ov_block_status(void *be, uint64_t off, uint64_t len,
 					    uint64_t *pnum, uint32_t flags)
 {
-	int st = ioc_zip_overlay_block_status(be, off, len, pnum);
+	int st = ioc_zip_overlay_block_status(be, off, len, pnum, 0);
 
 	if (st < 0)
 		return st;

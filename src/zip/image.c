@@ -612,13 +612,13 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 }
 
 int ioc_zip_image_block_status(struct ioc_zip_image *img, uint64_t off, uint64_t len,
-			       uint64_t *pnum)
+			       uint64_t *pnum, uint32_t flags)
 {
 	size_t i;
 	bool zero;
 	uint64_t pos;
 
-	if (off >= img->size)
+	if (flags || off >= img->size)
 		return -EINVAL;
 	if (len > img->size - off)
 		len = img->size - off;

@@ -454,12 +454,12 @@ int ioc_coroutine_fn ioc_zip_overlay_co_pread(struct ioc_zip_overlay *ov, uint64
 }
 
 int ioc_zip_overlay_block_status(struct ioc_zip_overlay *ov, uint64_t off, uint64_t len,
-				 uint64_t *pnum)
+				 uint64_t *pnum, uint32_t flags)
 {
 	uint64_t end, run_end;
 	int st;
 
-	if (off >= ov->size)
+	if (flags || off >= ov->size)
 		return -EINVAL;
 	if (len > ov->size - off)
 		len = ov->size - off;
@@ -475,5 +475,5 @@ int ioc_zip_overlay_block_status(struct ioc_zip_overlay *ov, uint64_t off, uint6
 		return IOC_ZIP_STATUS_OVERLAY;
 	if (st == C_ZERO)
 		return IOC_ZIP_STATUS_OVERLAY | IOC_ZIP_STATUS_ZERO;
-	return ioc_zip_image_block_status(ov->base, off, run_end - off, pnum);
+	return ioc_zip_image_block_status(ov->base, off, run_end - off, pnum, 0);
 }
