@@ -69,12 +69,12 @@ qio() { qreads "$(uri "$1")" "$QIO_ARGS"; }
 check "iocore-zip --block-size 256K -l lists frames" sh -c \
 	"'$ZIP' -lv '$dir/img.zst' | grep -c ' at ' | grep -qx 97"
 start zst "$dir/img.zst" || { echo "Bail out! server did not start"; exit 1; }
+check "zero frames are holes in base:allocation before any read" sh -c \
+	"nbdinfo --map '$(uri zst)' | awk '\$1 == 262144 && \$2 == 786432 && \$4 == \"hole,zero\" { z = 1 }
+	     \$1 == 0 && \$2 == 262144 && \$4 == \"data\" { d = 1 } END { exit !(z && d) }'"
 check "seek table: nbdcopy equals the image" same zst
 check "seek table: qemu-img compare" qemu-img compare -f raw -F raw "$raw" "$(uri zst)"
 check "seek table: qemu-io patterns" qio zst
-check "zero frames are holes in base:allocation" sh -c \
-	"nbdinfo --map '$(uri zst)' | awk '\$1 == 262144 && \$2 == 786432 && \$4 == \"hole,zero\" { z = 1 }
-	     \$1 == 0 && \$2 == 262144 && \$4 == \"data\" { d = 1 } END { exit !(z && d) }'"
 stop zst
 
 # 6: the frame cache is shared and hit: two reads of one frame decode once
