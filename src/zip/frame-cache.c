@@ -28,8 +28,8 @@
  * clears reference bits, and evicts the first idle entry whose bit is
  * clear; shards are tried in turn starting from the inserter's own, one
  * lock at a time (never two held together).  When every entry is in use
- * the cache overshoots until readers put them; evicted entries live until
- * their last reference is dropped.
+ * the cache overshoots, and each put evicts again until it is back under
+ * the budget; evicted entries live until their last reference is dropped.
  *
  * Rejected: one global LRU list under one lock (every hit writes the list
  * head: the lock line bounces between I/O threads); a lock-free hash with
@@ -359,8 +359,11 @@ void ioc__zip_fcache_publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *
 
 void ioc__zip_fcache_put(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e)
 {
-	(void)c;
 	unref(e);
+	/* An insert that found every entry in use left the cache over its
+	 * budget: the entry just put may be the one to evict. */
+	if (atomic_load_explicit(&c->bytes, memory_order_relaxed) > c->budget)
+		make_room(c);
 }
 
 void ioc__zip_fcache_get_stats(struct ioc__zip_fcache *c, struct ioc__zip_fcache_stats *st)

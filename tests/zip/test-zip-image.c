@@ -1,0 +1,247 @@
+/*
+ * Compressed images with random access (src/zip/image.c) and their frame
+ * cache, driven directly by coroutines on several I/O threads:
+ *   - many coroutines on two threads read random ranges through a cache of
+ *     eight frames (constant eviction, waits on frames another thread is
+ *     decoding) and every byte matches the original;
+ *   - sixteen coroutines reading one cold frame at once decode it once;
+ *   - all-zero frames are known at open, before any decode.
+ * The TSan suite runs this too: the cache's locking and the decode
+ * handoff between pool threads and loops are what it exercises.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "iocore/co.h"
+#include "iocore/loop.h"
+#include "iocore/zip.h"
+#include "tap.h"
+
+#define FRAME   (64u << 10)
+#define NFRAMES 128u
+#define SIZE    ((size_t)FRAME * NFRAMES + 777)   /* a short last frame */
+
+static uint8_t *raw;
+static char path[64];
+
+static int write_fd(void *opaque, const void *buf, size_t len)
+{
+	return write(*(int *)opaque, buf, len) == (ssize_t)len ? 0 : -EIO;
+}
+
+/* Frames of zeros (every 4th), random bytes and text. */
+static void make_image(void)
+{
+	struct ioc_zip_opts o = { .block_size = FRAME, .workers = 2, .write = write_fd };
+	struct ioc_zip *z;
+	unsigned seed = 12345;
+	int fd;
+
+	raw = malloc(SIZE);
+	ASSERT_NOT_NULL(raw);
+	for (size_t i = 0; i < SIZE; i++) {
+		size_t f = i / FRAME;
+
+		if (f % 4 == 0)
+			raw[i] = 0;
+		else if (f % 4 == 1)
+			raw[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+		else
+			raw[i] = (uint8_t)("frame cache "[i % 12] + f);
+	}
+	snprintf(path, sizeof(path), "/tmp/ioc-zip-image.XXXXXX");
+	fd = mkstemp(path);
+	ASSERT_GE(fd, 0);
+	o.opaque = &fd;
+	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
+	ASSERT_OK(ioc_zip_write(z, raw, SIZE, 0));
+	ASSERT_OK(ioc_zip_finish(z));
+	ioc_zip_free(z);
+	close(fd);
+}
+
+/* Completion count: the last reader signals the main thread. */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned left;
+	unsigned bad;
+} done = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void reader_done(bool ok)
+{
+	pthread_mutex_lock(&done.lock);
+	done.bad += !ok;
+	if (--done.left == 0)
+		pthread_cond_broadcast(&done.cond);
+	pthread_mutex_unlock(&done.lock);
+}
+
+static void wait_readers(void)
+{
+	pthread_mutex_lock(&done.lock);
+	while (done.left)
+		pthread_cond_wait(&done.cond, &done.lock);
+	pthread_mutex_unlock(&done.lock);
+}
+
+struct reader {
+	struct ioc_zip_image *img;
+	unsigned seed;
+	unsigned reads;
+	uint64_t off;           /* fixed offset when reads == 1 */
+	size_t len;
+};
+
+static void ioc_coroutine_fn reader_fn(void *opaque)
+{
+	struct reader *r = opaque;
+	uint8_t *buf = malloc(300000);
+	bool ok = buf != NULL;
+
+	for (unsigned i = 0; ok && i < r->reads; i++) {
+		uint64_t off = r->off;
+		size_t len = r->len;
+
+		if (r->reads > 1) {
+			r->seed = r->seed * 1103515245u + 12345u;
+			off = (r->seed >> 4) % SIZE;
+			r->seed = r->seed * 1103515245u + 12345u;
+			len = 1 + (r->seed >> 8) % 300000;
+			if (len > SIZE - off)
+				len = SIZE - off;
+		}
+		ok = ioc_zip_image_co_pread(r->img, off, buf, len, 0) == 0 &&
+		     memcmp(buf, raw + off, len) == 0;
+	}
+	free(buf);
+	reader_done(ok);
+}
+
+struct spawn {
+	struct reader *readers;
+	unsigned n;
+};
+
+static int spawn_fn(void *arg)
+{
+	struct spawn *s = arg;
+
+	for (unsigned i = 0; i < s->n; i++) {
+		struct ioc_co *co = ioc_co_create(reader_fn, &s->readers[i]);
+
+		if (!co)
+			return -ENOMEM;
+		ioc_co_enter(co);
+	}
+	return 0;
+}
+
+static void test_random_reads_small_cache(void)
+{
+	struct ioc_zip_image_opts zo = { .frame_cache = 8 * FRAME };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	struct ioc_iothread *th[2];
+	struct reader rd[2][16];
+	struct spawn sp[2];
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
+	done.left = 32;
+	done.bad = 0;
+	for (int t = 0; t < 2; t++) {
+		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
+		for (int i = 0; i < 16; i++)
+			rd[t][i] = (struct reader){ .img = img, .seed = (unsigned)(t * 16 + i + 1),
+						    .reads = 60 };
+		sp[t] = (struct spawn){ rd[t], 16 };
+	}
+	for (int t = 0; t < 2; t++)
+		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
+	wait_readers();
+	for (int t = 0; t < 2; t++)
+		ioc_iothread_stop(th[t]);
+	ASSERT_EQ(done.bad, 0);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.size, SIZE);
+	ASSERT_UGT(info.cache_hits, 0);
+	ASSERT_UGT(info.cache_evictions, 0);
+	ASSERT_ULE(info.cache_bytes, 8 * FRAME);
+	ASSERT_UEQ(info.errors, 0);
+	ioc_zip_image_close(img);
+}
+
+static void test_one_frame_decoded_once(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	struct ioc_iothread *th[2];
+	struct reader rd[2][8];
+	struct spawn sp[2];
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
+	done.left = 16;
+	done.bad = 0;
+	for (int t = 0; t < 2; t++) {
+		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
+		for (int i = 0; i < 8; i++)
+			rd[t][i] = (struct reader){ .img = img, .reads = 1,
+						    .off = 5 * FRAME + 1000 * (unsigned)i,
+						    .len = 4096 };
+		sp[t] = (struct spawn){ rd[t], 8 };
+	}
+	for (int t = 0; t < 2; t++)
+		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
+	wait_readers();
+	for (int t = 0; t < 2; t++)
+		ioc_iothread_stop(th[t]);
+	ASSERT_EQ(done.bad, 0);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.decodes, 1);
+	ASSERT_UEQ(info.cache_misses, 1);
+	ASSERT_UEQ(info.cache_hits, 15);
+	ioc_zip_image_close(img);
+}
+
+static void test_zero_frames_known_at_open(void)
+{
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	uint64_t pnum;
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, path, NULL, msg, sizeof(msg)));
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.frames, NFRAMES + 1);
+	ASSERT_UEQ(info.zero_frames, NFRAMES / 4 + 1); /* the short last one too */
+	ASSERT_EQ(ioc_zip_image_block_status(img, 0, SIZE, &pnum, 0), IOC_ZIP_STATUS_ZERO);
+	ASSERT_UEQ(pnum, FRAME);
+	ASSERT_EQ(ioc_zip_image_block_status(img, FRAME, SIZE - FRAME, &pnum, 0), 0);
+	ASSERT_UEQ(pnum, 3 * FRAME);
+	ASSERT_EQ(ioc_zip_image_block_status(img, SIZE, 1, &pnum, 0), -EINVAL);
+	ioc_zip_image_close(img);
+}
+
+static void setup(void)
+{
+	make_image();
+}
+
+static void cleanup(void)
+{
+	unlink(path);
+	free(raw);
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(setup),
+	IOC_TEST(test_zero_frames_known_at_open),
+	IOC_TEST(test_one_frame_decoded_once),
+	IOC_TEST(test_random_reads_small_cache),
+	IOC_TEST(cleanup),
+)
