@@ -9,6 +9,8 @@ BUILD=${IOC_BUILD_ROOT:-build}
 SRV="$BUILD/tools/nbd/iocore-nbd"
 ZIP="$BUILD/tools/zip/iocore-zip"
 . "$(dirname "$0")/nbd-test-lib.sh"
+# zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
+zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }
 
 echo "1..29"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
@@ -23,7 +25,7 @@ workdir ioc-nbd-zip
 # its log in $dir/NAME.log.
 start() {
 	name=$1; shift
-	"$SRV" -v --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" "$@" \
+	srv -v --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" "$@" \
 		2>"$dir/$name.log"
 }
 uri() { echo "nbd+unix:///?socket=$dir/$1.sock"; }
@@ -65,9 +67,9 @@ qreads() {
 qio() { qreads "$(uri "$1")" "$QIO_ARGS"; }
 
 # 1-5: iocore-zip --block-size 256K, seek table
-"$ZIP" -q --block-size=256K -o "$dir/img.zst" "$raw"
+zipt -q --block-size=256K -o "$dir/img.zst" "$raw"
 check "iocore-zip --block-size 256K -l lists frames" sh -c \
-	"'$ZIP' -lv '$dir/img.zst' | grep -c ' at ' | grep -qx 97"
+	"${MESON_EXE_WRAPPER:-} '$ZIP' -lv '$dir/img.zst' | grep -c ' at ' | grep -qx 97"
 start zst "$dir/img.zst" || { echo "Bail out! server did not start"; exit 1; }
 check "zero frames are holes in base:allocation before any read" sh -c \
 	"nbdinfo --map '$(uri zst)' | awk '\$1 == 262144 && \$2 == 786432 && \$4 == \"hole,zero\" { z = 1 }
@@ -101,7 +103,7 @@ check "tiny frame cache: frames were evicted" \
 	grep -q 'frame cache: .* [1-9][0-9]* evictions' "$dir/small.log"
 
 # 8-9: gzip members written by iocore-zip --format=gzip
-"$ZIP" -q --format=gzip --block-size=256K -o "$dir/img.gz" "$raw"
+zipt -q --format=gzip --block-size=256K -o "$dir/img.gz" "$raw"
 start gz "$dir/img.gz"
 check "gzip members: nbdcopy equals the image" same gz
 check "gzip members: qemu-io patterns" qio gz
@@ -139,7 +141,7 @@ fi
 # 14-16: a damaged frame fails its range with EIO and a logged offset;
 # the rest is still served
 cp "$dir/img.zst" "$dir/bad.zst"
-coff=$("$ZIP" -lv "$dir/img.zst" | awk '$1 == 5 { print $3 }')
+coff=$(zipt -lv "$dir/img.zst" | awk '$1 == 5 { print $3 }')
 printf '\377\377\377\377\377\377\377\377' | dd of="$dir/bad.zst" bs=1 seek=$((coff + 5000)) \
 	conv=notrunc 2>/dev/null
 start bad "$dir/bad.zst"
@@ -200,11 +202,11 @@ check "overlay: concurrent writes to one base cluster both land" qreads "$(uri o
 check "overlay: the compressed base is unchanged" test "$(cksum < "$dir/img.zst")" = "$base_sum"
 # Commit: read the export through NBD into a new compressed image.
 check "overlay: commit into a new compressed image" sh -c \
-	"nbdcopy '$(uri ov)' - | '$ZIP' -q --block-size=256K -c > '$dir/new.zst' &&
-	 '$ZIP' -dc '$dir/new.zst' | cmp - '$dir/expect'"
+	"nbdcopy '$(uri ov)' - | ${MESON_EXE_WRAPPER:-} '$ZIP' -q --block-size=256K -c > '$dir/new.zst' &&
+	 ${MESON_EXE_WRAPPER:-} '$ZIP' -dc '$dir/new.zst' | cmp - '$dir/expect'"
 stop ov
 refused() {
-	if "$SRV" --fork --pid-file "$dir/x.pid" -U "$dir/x.sock" --overlay "$dir/ov" \
+	if srv --fork --pid-file "$dir/x.pid" -U "$dir/x.sock" --overlay "$dir/ov" \
 		"$dir/multi.zst" 2>"$dir/x.log"; then
 		stop x; return 1
 	fi
