@@ -116,41 +116,6 @@ static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
 	img->opts.log(img->opts.log_opaque, buf);
 }
 
-static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (msg && msglen) {
-		va_start(ap, fmt);
-		vsnprintf(msg, msglen, fmt, ap);
-		va_end(ap);
-	}
-	return err;
-}
-
-static int pread_all(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -ENODATA;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
 int ioc_zip_probe(int fd)
 {
 	uint8_t m[4];
@@ -221,7 +186,7 @@ static int find_zero_frames(struct ioc_zip_image *img)
 
 		if (f->kind != IOC__ZIP_K_ZSTD || f->csize > ZERO_FRAME_MAX || !f->dsize)
 			continue;
-		r = pread_all(img->fd, buf, (size_t)f->csize, f->coff);
+		r = ioc__zip_pread_all(img->fd, buf, (size_t)f->csize, f->coff);
 		if (r < 0)
 			break;
 		if (zstd_frame_is_zero(buf, (size_t)f->csize, f->dsize))
@@ -304,7 +269,7 @@ static int decode_frame(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 
 	if (!s)
 		return -ENOMEM;
-	r = pread_all(img->fd, s->cbuf, (size_t)f->csize, f->coff);
+	r = ioc__zip_pread_all(img->fd, s->cbuf, (size_t)f->csize, f->coff);
 	if (r < 0)
 		why = r == -ENODATA ? "file truncated" : ioc_strerror(r);
 	else
@@ -409,7 +374,7 @@ static int64_t sjob_run(void *arg)
 		if (used_total == have && cpos < cend) {
 			size_t n = cend - cpos < STREAM_CHUNK ? (size_t)(cend - cpos) : STREAM_CHUNK;
 
-			r = pread_all(img->fd, s->cbuf, n, cpos);
+			r = ioc__zip_pread_all(img->fd, s->cbuf, n, cpos);
 			if (r < 0) {
 				why = ioc_strerror(r);
 				break;
@@ -641,7 +606,7 @@ static bool has_seekable_footer(int fd, uint64_t size)
 {
 	uint8_t m[4];
 
-	return size >= 4 && pread_all(fd, m, 4, size - 4) == 0 &&
+	return size >= 4 && ioc__zip_pread_all(fd, m, 4, size - 4) == 0 &&
 	       ioc__zip_le32(m) == IOC__ZIP_SEEKABLE_MAGIC;
 }
 
@@ -707,24 +672,24 @@ static int walk_frames(struct ioc_zip_image *img, uint64_t fsize, char *msg, siz
 	int r = 0;
 
 	if (fsize == 0)
-		return say(msg, msglen, -EBADMSG, "empty file");
+		return ioc__zip_say(msg, msglen, -EBADMSG, "empty file");
 	p = mmap(NULL, (size_t)fsize, PROT_READ, MAP_PRIVATE, img->fd, 0);
 	if (p == MAP_FAILED)
-		return say(msg, msglen, -errno, "mmap: %s", strerror(errno));
+		return ioc__zip_say(msg, msglen, -errno, "mmap: %s", strerror(errno));
 	while (off < fsize) {
 		struct ioc__zip_frame f = { 0 };
 		const char *why = "truncated frame";
 
 		r = ioc__zip_scan(&f, p + off, (size_t)(fsize - off), &why);
 		if (r == 0 && f.hdr_done && !f.sized) {
-			r = say(msg, msglen, -ENOTSUP,
+			r = ioc__zip_say(msg, msglen, -ENOTSUP,
 				"gzip member at offset %llu does not record its size "
 				"(not written by iocore-zip): decompress it first",
 				(unsigned long long)off);
 			goto out;
 		}
 		if (r <= 0) {
-			r = say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
+			r = ioc__zip_say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
 				(unsigned long long)off, why);
 			goto out;
 		}
@@ -746,7 +711,7 @@ static int walk_frames(struct ioc_zip_image *img, uint64_t fsize, char *msg, siz
 		if (f.dsize == UINT64_MAX) {
 			r = measure_frame(p + off, (size_t)f.csize, f.kind, &f.dsize, &why);
 			if (r < 0) {
-				r = say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
+				r = ioc__zip_say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
 					(unsigned long long)off, why);
 				goto out;
 			}
@@ -807,12 +772,12 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 	img->readahead = !img->opts.no_readahead;
 	img->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (img->fd < 0) {
-		r = say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
+		r = ioc__zip_say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
 		img->fd = -1;
 		goto fail;
 	}
 	if (fstat(img->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		r = say(msg, msglen, -EINVAL, "%s: not a regular file", path);
+		r = ioc__zip_say(msg, msglen, -EINVAL, "%s: not a regular file", path);
 		goto fail;
 	}
 	r = ioc_zip_index_read(img->fd, &ix, msg, msglen);
@@ -837,7 +802,7 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		}
 		r = find_zero_frames(img);
 		if (r < 0) {
-			say(msg, msglen, r, "read: %s", ioc_strerror(r));
+			ioc__zip_say(msg, msglen, r, "read: %s", ioc_strerror(r));
 			goto fail;
 		}
 	} else if (r == -ENOENT || r == -EBADMSG) {
@@ -855,7 +820,7 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 	}
 	for (size_t i = 0; i < img->nframes; i++)
 		if (img->frames[i].csize > UINT32_MAX - 1 || img->frames[i].dsize > (1ull << 40)) {
-			r = say(msg, msglen, -EFBIG, "frame %zu is too big", i);
+			r = ioc__zip_say(msg, msglen, -EFBIG, "frame %zu is too big", i);
 			goto fail;
 		}
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;

@@ -20,9 +20,7 @@
 #include "iocore/zip.h"
 #include "codec.h"
 
-static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
+int ioc__zip_say(char *msg, size_t msglen, int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -34,7 +32,7 @@ static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
 	return err;
 }
 
-static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+int ioc__zip_pread_all(int fd, void *buf, size_t len, uint64_t off)
 {
 	uint8_t *p = buf;
 
@@ -75,32 +73,32 @@ static int index_gzip(int fd, uint64_t size, struct ioc_zip_index *ix, char *msg
 		int r;
 
 		if (size - off < IOC__ZIP_GZ_HEADER + IOC__ZIP_GZ_TRAILER)
-			return say(msg, msglen, -EBADMSG, "member at offset %llu: truncated",
+			return ioc__zip_say(msg, msglen, -EBADMSG, "member at offset %llu: truncated",
 				   (unsigned long long)off);
-		r = pread_all(fd, h, sizeof(h), off);
+		r = ioc__zip_pread_all(fd, h, sizeof(h), off);
 		if (r < 0)
-			return say(msg, msglen, r, "read at offset %llu: %s",
+			return ioc__zip_say(msg, msglen, r, "read at offset %llu: %s",
 				   (unsigned long long)off, ioc_strerror(r));
 		r = ioc__zip_scan(&f, h, sizeof(h), &why);
 		if (r < 0)
-			return say(msg, msglen, r, "member at offset %llu: %s",
+			return ioc__zip_say(msg, msglen, r, "member at offset %llu: %s",
 				   (unsigned long long)off, why);
 		if (f.kind != IOC__ZIP_K_GZIP || !f.sized)
-			return say(msg, msglen, -ENOENT,
+			return ioc__zip_say(msg, msglen, -ENOENT,
 				   "member at offset %llu carries no size: no index",
 				   (unsigned long long)off);
 		if (f.csize > size - off)
-			return say(msg, msglen, -EBADMSG,
+			return ioc__zip_say(msg, msglen, -EBADMSG,
 				   "member at offset %llu: size field runs past the end",
 				   (unsigned long long)off);
-		r = pread_all(fd, t, sizeof(t), off + f.csize - 8);
+		r = ioc__zip_pread_all(fd, t, sizeof(t), off + f.csize - 8);
 		if (r < 0)
-			return say(msg, msglen, r, "read: %s", ioc_strerror(r));
+			return ioc__zip_say(msg, msglen, r, "read: %s", ioc_strerror(r));
 		if (ix->nframes == cap) {
 			void *p;
 
 			if (cap >= IOC__ZIP_SEEK_MAX_FRAMES)
-				return say(msg, msglen, -EFBIG, "more than %u members: no index",
+				return ioc__zip_say(msg, msglen, -EFBIG, "more than %u members: no index",
 					   IOC__ZIP_SEEK_MAX_FRAMES);
 			cap = cap ? cap * 2 : 64;
 			p = realloc(ix->frames, cap * sizeof(*ix->frames));
@@ -132,28 +130,28 @@ static int index_zstd(int fd, uint64_t size, struct ioc_zip_index *ix, char *msg
 	int r;
 
 	if (size < 8 + IOC__ZIP_SEEK_FOOTER)
-		return say(msg, msglen, -ENOENT, "no seek table");
-	r = pread_all(fd, foot, sizeof(foot), size - sizeof(foot));
+		return ioc__zip_say(msg, msglen, -ENOENT, "no seek table");
+	r = ioc__zip_pread_all(fd, foot, sizeof(foot), size - sizeof(foot));
 	if (r < 0)
-		return say(msg, msglen, r, "read: %s", ioc_strerror(r));
+		return ioc__zip_say(msg, msglen, r, "read: %s", ioc_strerror(r));
 	r = ioc__zip_seektable_footer(foot, &n, &with_sum, &why);
 	if (r < 0)
-		return say(msg, msglen, r, "seek table at offset %llu: %s",
+		return ioc__zip_say(msg, msglen, r, "seek table at offset %llu: %s",
 			   (unsigned long long)(size - sizeof(foot)), why);
 	len = ioc__zip_seektable_size(n, with_sum);
 	if (len > size)
-		return say(msg, msglen, -EBADMSG,
+		return ioc__zip_say(msg, msglen, -EBADMSG,
 			   "seek table at offset %llu: claims %u frames, more than the file holds",
 			   (unsigned long long)(size - sizeof(foot)), n);
 	buf = malloc(len);
 	if (!buf)
 		return -ENOMEM;
-	r = pread_all(fd, buf, len, size - len);
+	r = ioc__zip_pread_all(fd, buf, len, size - len);
 	if (r == 0)
 		r = ioc__zip_seektable_parse(buf, len, size, ix, &why);
 	free(buf);
 	if (r < 0)
-		return say(msg, msglen, r, "seek table at offset %llu: %s",
+		return ioc__zip_say(msg, msglen, r, "seek table at offset %llu: %s",
 			   (unsigned long long)(size - len), why ? why : ioc_strerror(r));
 	return 0;
 }
@@ -167,14 +165,14 @@ int ioc_zip_index_read(int fd, struct ioc_zip_index **out, char *msg, size_t msg
 
 	*out = NULL;
 	if (fstat(fd, &stb) < 0)
-		return say(msg, msglen, -errno, "stat: %s", strerror(errno));
+		return ioc__zip_say(msg, msglen, -errno, "stat: %s", strerror(errno));
 	if (!S_ISREG(stb.st_mode) && !S_ISBLK(stb.st_mode))
-		return say(msg, msglen, -ESPIPE, "not a seekable file");
+		return ioc__zip_say(msg, msglen, -ESPIPE, "not a seekable file");
 	if (stb.st_size < 4)
-		return say(msg, msglen, -ENOENT, "too short to hold an index");
-	r = pread_all(fd, magic, 2, 0);
+		return ioc__zip_say(msg, msglen, -ENOENT, "too short to hold an index");
+	r = ioc__zip_pread_all(fd, magic, 2, 0);
 	if (r < 0)
-		return say(msg, msglen, r, "read: %s", ioc_strerror(r));
+		return ioc__zip_say(msg, msglen, r, "read: %s", ioc_strerror(r));
 	ix = calloc(1, sizeof(*ix));
 	if (!ix)
 		return -ENOMEM;
@@ -230,27 +228,27 @@ static int check_frame(int fd, const struct ioc_zip_index *ix, size_t i, char *m
 
 	if (ix->format != IOC_ZIP_ZSTD)
 		return 0;
-	r = pread_all(fd, h, hl, f->coff);
+	r = ioc__zip_pread_all(fd, h, hl, f->coff);
 	if (r < 0)
-		return say(msg, msglen, r, "read at offset %llu: %s",
+		return ioc__zip_say(msg, msglen, r, "read at offset %llu: %s",
 			   (unsigned long long)f->coff, ioc_strerror(r));
 	r = ioc__zip_scan(&fr, h, hl, &why);
 	if (r < 0 || !fr.hdr_done || fr.kind != IOC__ZIP_K_ZSTD)
-		return say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
+		return ioc__zip_say(msg, msglen, -EBADMSG, "frame at offset %llu: %s",
 			   (unsigned long long)f->coff,
 			   why ? why : "seek table points at something that is not a zstd frame");
 	if (fr.dsize != f->dsize)
-		return say(msg, msglen, -EBADMSG,
+		return ioc__zip_say(msg, msglen, -EBADMSG,
 			   "frame at offset %llu: content size %llu, seek table says %u",
 			   (unsigned long long)f->coff, (unsigned long long)fr.dsize, f->dsize);
 	if (f->has_sum && fr.has_sum) {
 		uint8_t t[4];
 
-		r = pread_all(fd, t, 4, f->coff + f->csize - 4);
+		r = ioc__zip_pread_all(fd, t, 4, f->coff + f->csize - 4);
 		if (r < 0)
-			return say(msg, msglen, r, "read: %s", ioc_strerror(r));
+			return ioc__zip_say(msg, msglen, r, "read: %s", ioc_strerror(r));
 		if (ioc__zip_le32(t) != f->sum)
-			return say(msg, msglen, -EBADMSG,
+			return ioc__zip_say(msg, msglen, -EBADMSG,
 				   "frame at offset %llu: checksum differs from the seek table",
 				   (unsigned long long)f->coff);
 	}
@@ -302,7 +300,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 	o.format = IOC_ZIP_AUTO;
 	r = ioc_zip_decompressor_new(&z, &o);
 	if (r < 0)
-		return say(msg, msglen, r, "decompressor: %s", ioc_strerror(r));
+		return ioc__zip_say(msg, msglen, r, "decompressor: %s", ioc_strerror(r));
 	pos = ix->frames[first].coff;
 	ioc__zip_set_base(z, pos);
 	end = ix->frames[last].coff + ix->frames[last].csize;
@@ -315,9 +313,9 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 			goto out;
 		if (room > end - pos)
 			room = (size_t)(end - pos);
-		r = pread_all(fd, buf, room, pos);
+		r = ioc__zip_pread_all(fd, buf, room, pos);
 		if (r < 0) {
-			say(msg, msglen, r, "read at offset %llu: %s", (unsigned long long)pos,
+			ioc__zip_say(msg, msglen, r, "read at offset %llu: %s", (unsigned long long)pos,
 			    ioc_strerror(r));
 			goto out_nomsg;
 		}
@@ -330,7 +328,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 	if (r < 0)
 		goto out;
 	if (rs.seen != want || rs.left) {
-		r = say(msg, msglen, -EBADMSG,
+		r = ioc__zip_say(msg, msglen, -EBADMSG,
 			"frames at offsets %llu..%llu decode to %llu bytes, index says %llu",
 			(unsigned long long)ix->frames[first].coff,
 			(unsigned long long)ix->frames[last].coff, (unsigned long long)rs.seen,
@@ -340,7 +338,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 	ioc_zip_free(z);
 	return 0;
 out:
-	say(msg, msglen, r, "%s", ioc_zip_error(z));
+	ioc__zip_say(msg, msglen, r, "%s", ioc_zip_error(z));
 out_nomsg:
 	ioc_zip_free(z);
 	return r;
