@@ -249,6 +249,40 @@ static void test_persist_clean(void)
 
 /* A child marks through real writes and dies with SIGKILL, never closing:
  * every write it finished must be marked when the image is opened again. */
+/*
+ * The child of test_persist_kill(): a fresh process image (fork then exec of
+ * this test binary, so no thread or coroutine state of the parent is
+ * inherited, which ThreadSanitizer cannot follow across a bare fork).  It
+ * acknowledges each persistent write on fd 3, then kills itself.
+ */
+static void persist_kill_child(const char *path)
+{
+	struct ioc_blk *blk;
+	struct ioc_blk_opts o = { .aio = IOC_BLK_AIO_THREADS };
+
+	bt_get_loop();
+	if (ioc_blk_open(&blk, path, &o) ||
+	    ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){
+		    .name = "k", .persistent = true }, NULL))
+		_exit(1);
+	for (int i = 0; i < 64; i += 3) {
+		write_at(blk, 0, (uint64_t)i * GRAN + 17, 10);
+		/* Acknowledged: tell the parent. */
+		if (write(3, &i, sizeof(i)) != sizeof(i))
+			_exit(1);
+	}
+	raise(SIGKILL);
+	_exit(1);
+}
+
+__attribute__((constructor)) static void persist_kill_child_entry(void)
+{
+	const char *path = getenv("IOC_DIRTY_KILL_CHILD");
+
+	if (path)
+		persist_kill_child(path);
+}
+
 static void test_persist_kill(void)
 {
 	char *path = bt_make_image(NULL, "pk.img", SIZE, false);
@@ -260,23 +294,9 @@ static void test_persist_kill(void)
 	pid = fork();
 	ASSERT_GE(pid, 0);
 	if (pid == 0) {
-		struct ioc_blk *blk;
-		struct ioc_blk_opts o = { .aio = IOC_BLK_AIO_THREADS };
-
-		close(pfd[0]);
-		bt_loop = NULL;
-		bt_get_loop();
-		if (ioc_blk_open(&blk, path, &o) ||
-		    ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){
-			    .name = "k", .persistent = true }, NULL))
+		if (dup2(pfd[1], 3) < 0 || setenv("IOC_DIRTY_KILL_CHILD", path, 1))
 			_exit(1);
-		for (int i = 0; i < 64; i += 3) {
-			write_at(blk, 0, (uint64_t)i * GRAN + 17, 10);
-			/* Acknowledged: tell the parent. */
-			if (write(pfd[1], &i, sizeof(i)) != sizeof(i))
-				_exit(1);
-		}
-		raise(SIGKILL);
+		execl("/proc/self/exe", "test-blk-dirty", (char *)NULL);
 		_exit(1);
 	}
 	close(pfd[1]);
