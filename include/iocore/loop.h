@@ -87,9 +87,13 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking);
 /* Run until ioc_loop_stop().  Returns 0. */
 int ioc_loop_run(struct ioc_loop *loop);
 /* Make ioc_loop_run() return after its current iteration.  Any thread;
- * the loop may be freed as soon as it has stopped (see ioc_loop_free()). */
+ * the loop may be freed as soon as it has stopped, even while this call has
+ * not yet returned (ioc_loop_free() waits for it). */
 void ioc_loop_stop(struct ioc_loop *loop);
-/* Wake a sleeping loop (no-op cost when it is busy).  Any thread. */
+/* Wake a sleeping loop (no-op cost when it is busy).  Any thread.  The
+ * notify itself is the hand-off the lifetime rule covers: if the caller
+ * first sets a condition on which the owner may free the loop, the owner
+ * can see it before the notify starts, so post a task instead. */
 void ioc_loop_notify(struct ioc_loop *loop);
 /* True when called on the thread currently running loop. */
 bool ioc_loop_in_thread(struct ioc_loop *loop);

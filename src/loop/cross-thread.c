@@ -36,6 +36,11 @@
  *    matches the wakes the loop counted as owed.  The wait is short: it
  *    spans a write(2) on another thread, and happens only when such a
  *    producer was still inside it.
+ *  - ioc_loop_stop() publishes its request and then notifies, so a busy
+ *    loop can see the request, return from ioc_loop_run() and be freed
+ *    before the notify's exchange.  The stopper therefore counts itself in
+ *    the same word as the request, before setting it, and uncounts itself
+ *    as its last access; ioc__loop_quiesce() waits for the count to drain.
  *
  * Rejected.  A seq_cst "sleeping" flag read after the push (this loop's
  * earlier design, and QEMU's aio_notify): a second access to the loop after
@@ -172,6 +177,12 @@ void ioc__loop_quiesce(struct ioc_loop *loop)
 	while (atomic_load_explicit(&loop->wakes_done, memory_order_acquire) !=
 	       loop->wakes_owed)
 		sched_yield();
+	/* Acquire: pairs with the release fetch_sub in ioc_loop_stop().  A
+	 * stopper whose request the loop saw was counted before it (same
+	 * word), so the count read here includes it until it is done. */
+	while (atomic_load_explicit(&loop->stop, memory_order_acquire) >=
+	       IOC__LOOP_STOP_CALLER)
+		sched_yield();
 }
 
 uint64_t ioc__loop_wakes(struct ioc_loop *loop)
@@ -195,9 +206,19 @@ void ioc_loop_notify(struct ioc_loop *loop)
 
 void ioc_loop_stop(struct ioc_loop *loop)
 {
-	/* Release: pairs with the acquire load in ioc_loop_run(). */
-	atomic_store_explicit(&loop->stop, true, memory_order_release);
+	/* Relaxed: only counts this caller ahead of the request below in the
+	 * word's modification order; ioc__loop_quiesce() reads the count. */
+	atomic_fetch_add_explicit(&loop->stop, IOC__LOOP_STOP_CALLER,
+				  memory_order_relaxed);
+	/* Release: pairs with the acquire load in ioc_loop_run().  From here
+	 * the loop may stop and its owner start ioc_loop_free(). */
+	atomic_fetch_or_explicit(&loop->stop, IOC__LOOP_STOP_REQUESTED,
+				 memory_order_release);
 	ioc_loop_notify(loop);
+	/* Release: pairs with the acquire load in ioc__loop_quiesce(); the
+	 * notify above happens before the free.  The last access to *loop. */
+	atomic_fetch_sub_explicit(&loop->stop, IOC__LOOP_STOP_CALLER,
+				  memory_order_release);
 }
 
 void ioc_loop_post(struct ioc_loop *loop, struct ioc_task *task)

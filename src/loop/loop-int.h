@@ -114,7 +114,9 @@ struct ioc_loop {
 	_Atomic(struct ioc_bh *) bhs;                       /* likewise */
 	atomic_uint kicked;     /* ioc_loop_notify() since the last check, or
 				 * a sleep marker */
-	atomic_bool stop;       /* ioc_loop_stop() requested */
+	atomic_uint stop;       /* IOC__LOOP_STOP_REQUESTED, plus one
+				 * IOC__LOOP_STOP_CALLER per thread still
+				 * inside ioc_loop_stop() */
 	atomic_uintptr_t owner; /* pthread_self() of the running thread */
 	_Atomic uint64_t wakes_done; /* owed wakes delivered (eventfd writes) */
 	int wake_fd;            /* eventfd the backends watch */
@@ -190,6 +192,10 @@ static inline struct timespec *ioc__wait_timespec(int64_t timeout_ns,
 
 /* Push h on the ready queue with rev (loop thread; backends call this). */
 void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev);
+/* loop->stop: the request bit, and the count of callers still inside
+ * ioc_loop_stop() above it (ioc__loop_quiesce() waits for them). */
+#define IOC__LOOP_STOP_REQUESTED 1u
+#define IOC__LOOP_STOP_CALLER    2u
 /* The backend dropped its last reference to a deleted handler. */
 void ioc__loop_handler_released(struct ioc_loop *loop, struct ioc_handler *h);
 /* Cross-thread half (cross-thread.c), loop thread only. */

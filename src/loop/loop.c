@@ -541,7 +541,8 @@ static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 		flush_ring(loop);
 	/* Relaxed stop: a stopper also notifies, which the markers see. */
 	if (loop->ready_head ||
-	    atomic_load_explicit(&loop->stop, memory_order_relaxed))
+	    (atomic_load_explicit(&loop->stop, memory_order_relaxed) &
+	     IOC__LOOP_STOP_REQUESTED))
 		timeout = 0;
 	else if (deadline >= 0)
 		timeout = deadline > now ? deadline - now : 0;
@@ -577,7 +578,8 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 	ioc__timers_run(loop, &progress);
 
 	if (blocking && !progress &&
-	    !atomic_load_explicit(&loop->stop, memory_order_relaxed)) {
+	    !(atomic_load_explicit(&loop->stop, memory_order_relaxed) &
+	      IOC__LOOP_STOP_REQUESTED)) {
 		int64_t deadline = ioc__timers_deadline(loop);
 		bool pollable = poll_allowed(loop);
 		int64_t start = 0;
@@ -661,11 +663,15 @@ bool ioc_loop_poll(struct ioc_loop *loop, bool blocking)
 
 int ioc_loop_run(struct ioc_loop *loop)
 {
-	/* Acquire: pairs with the release store in ioc_loop_stop(). */
-	while (!atomic_load_explicit(&loop->stop, memory_order_acquire))
+	/* Acquire: pairs with the release fetch_or in ioc_loop_stop(). */
+	while (!(atomic_load_explicit(&loop->stop, memory_order_acquire) &
+		 IOC__LOOP_STOP_REQUESTED))
 		loop_iterate(loop, true, true);
 	flush_ring(loop);
-	atomic_store_explicit(&loop->stop, false, memory_order_relaxed);
+	/* Relaxed: the request is consumed by this thread alone; the callers
+	 * counted in the same word are left to ioc__loop_quiesce(). */
+	atomic_fetch_and_explicit(&loop->stop, ~IOC__LOOP_STOP_REQUESTED,
+				  memory_order_relaxed);
 	return 0;
 }
 
@@ -803,7 +809,7 @@ int ioc__loop_new_ablated(struct ioc_loop **out,
 	atomic_init(&loop->tasks, NULL);
 	atomic_init(&loop->bhs, NULL);
 	atomic_init(&loop->kicked, 0);
-	atomic_init(&loop->stop, false);
+	atomic_init(&loop->stop, 0);
 	atomic_init(&loop->owner, (uintptr_t)pthread_self());
 	atomic_init(&loop->wakes_done, 0);
 	loop->epfd = -1;

@@ -3,7 +3,13 @@
  * when an extension's free function releases the memory they live in (the
  * thread pool's completion ports do).  ASan turns a read of such a task into
  * a failure; the plain build checks that no dropped task ever runs.
+ *
+ * And a loop freed as soon as ioc_loop_run() returns, while the thread that
+ * called ioc_loop_stop() may still be inside it (the lifetime rule at
+ * ioc_loop_free()): ThreadSanitizer reports a stopper that touches the loop
+ * after its stop became visible.
  */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "iocore/loop.h"
@@ -69,7 +75,79 @@ static void test_pending_bh_not_run(void)
 	ASSERT_EQ(n, 0);
 }
 
+/* Round hand-off from the owner to the stopper. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static struct ioc_loop *round_loop;
+static unsigned round_no;
+static bool quit;
+
+static void *stopper_main(void *arg)
+{
+	unsigned seen = 0;
+
+	(void)arg;
+	for (;;) {
+		struct ioc_loop *loop;
+
+		pthread_mutex_lock(&lock);
+		while (round_no == seen && !quit)
+			pthread_cond_wait(&cond, &lock);
+		if (quit) {
+			pthread_mutex_unlock(&lock);
+			return NULL;
+		}
+		seen = round_no;
+		loop = round_loop;
+		pthread_mutex_unlock(&lock);
+		ioc_loop_stop(loop);
+	}
+}
+
+/* Keeps the loop busy, so that it sees the stop request on its own rather
+ * than being woken for it. */
+static void busy_cb(void *opaque)
+{
+	ioc_bh_schedule(*(struct ioc_bh **)opaque);
+}
+
+static void test_free_right_after_stop(void)
+{
+	unsigned rounds = (unsigned)ioc_test_scaled(1000);
+	pthread_t tid;
+
+	ASSERT_EQ(pthread_create(&tid, NULL, stopper_main, NULL), 0);
+	for (unsigned r = 0; r < rounds; r++) {
+		struct ioc_loop *loop;
+		struct ioc_bh *busy;
+
+		ASSERT_OK(ioc_loop_new(&loop, NULL));
+		ioc_loop_set_current(loop);
+		busy = ioc_bh_new(loop, busy_cb, &busy);
+		ASSERT_NOT_NULL(busy);
+		/* Every other round the loop is left idle, so that the
+		 * stop has to wake it. */
+		if (r & 1)
+			ioc_bh_schedule(busy);
+		pthread_mutex_lock(&lock);
+		round_loop = loop;
+		round_no++;
+		pthread_cond_broadcast(&cond);
+		pthread_mutex_unlock(&lock);
+		ASSERT_OK(ioc_loop_run(loop));
+		ioc_bh_delete(busy);
+		ioc_loop_free(loop);
+	}
+	pthread_mutex_lock(&lock);
+	quit = true;
+	pthread_cond_broadcast(&cond);
+	pthread_mutex_unlock(&lock);
+	pthread_join(tid, NULL);
+	ioc_test_diag("%u rounds", rounds);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_posted_tasks_in_ext_memory),
 	IOC_TEST(test_pending_bh_not_run),
+	IOC_TEST(test_free_right_after_stop),
 )
