@@ -10,6 +10,9 @@
  * Block status reports the frames the image knows to be all zero as
  * holes that read as zeroes, so structured reads send them as hole chunks
  * and clients copying the export (nbdcopy, qemu-img convert) skip them.
+ * qemu:allocation-depth is 1 everywhere for an image alone; with an
+ * overlay, 1 for what the overlay holds and 2 for the base beneath, the
+ * numbers QEMU gives a qcow2 file and its backing file.
  *
  * CAN_MULTI_CONN is advertised: without an overlay nothing is written;
  * with one, a flush makes every write completed on any connection durable
@@ -54,6 +57,14 @@ static int ioc_coroutine_fn zx_block_status(void *be, uint64_t off, uint64_t len
 	return (st & IOC_ZIP_STATUS_ZERO) ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
 }
 
+/* qemu:allocation-depth: the image is the only layer. */
+static int ioc_coroutine_fn zx_depth_status(void *be, uint64_t off, uint64_t len,
+					    uint64_t *pnum, uint32_t flags)
+{
+	*pnum = len;
+	return 1;
+}
+
 /* ---- with an overlay ---- */
 
 static int ioc_coroutine_fn ov_pread(void *be, uint64_t off, void *buf, size_t len,
@@ -95,6 +106,19 @@ static int ioc_coroutine_fn ov_block_status(void *be, uint64_t off, uint64_t len
 	return (st & IOC_ZIP_STATUS_ZERO) ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
 }
 
+/* qemu:allocation-depth as for a qcow2 file over a backing file: 1 where
+ * the overlay decides the bytes (written or zeroed), 2 where the base
+ * does. */
+static int ioc_coroutine_fn ov_depth_status(void *be, uint64_t off, uint64_t len,
+					    uint64_t *pnum, uint32_t flags)
+{
+	int st = ioc_zip_overlay_block_status(be, off, len, pnum, 0);
+
+	if (st < 0)
+		return st;
+	return (st & IOC_ZIP_STATUS_OVERLAY) ? 1 : 2;
+}
+
 static const struct ioc__nbd_backend_ops overlay_ops = {
 	.pread = ov_pread,
 	.pwrite = ov_pwrite,
@@ -103,6 +127,7 @@ static const struct ioc__nbd_backend_ops overlay_ops = {
 	.zero = ov_zero,
 	.block_status = ov_block_status,
 	.cache = NULL,
+	.depth_status = ov_depth_status,
 };
 
 static const struct ioc__nbd_backend_ops zip_ops = {
@@ -113,6 +138,7 @@ static const struct ioc__nbd_backend_ops zip_ops = {
 	.zero = zx_zero,
 	.block_status = zx_block_status,
 	.cache = NULL,
+	.depth_status = zx_depth_status,
 };
 
 int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,

@@ -369,7 +369,9 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	if (!e->can_block_status)
 		m.base = false;
 	if (!e->ops->dirty_status)
-		m.depth = m.all_bitmaps = false, m.bitmap[0] = '\0';
+		m.all_bitmaps = false, m.bitmap[0] = '\0';
+	if (!e->ops->dirty_status && !e->ops->depth_status)
+		m.depth = false;
 	if (m.base && rep_context(c, opt, list ? 0 : NBD_META_ID_BASE_ALLOC,
 				  NBD_META_BASE_ALLOCATION, "") < 0)
 		return -ENOMEM;

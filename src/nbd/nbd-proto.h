@@ -227,6 +227,12 @@ struct ioc__nbd_backend_ops {
 	int (*dirty_names)(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max);
 	int (*dirty_status)(void *be, const char *name, uint64_t offset, uint64_t len,
 			    uint64_t *pnum, uint32_t flags);
+	/* qemu:allocation-depth of the run at offset (0 unallocated, 1 this
+	 * layer, 2 its backing layer...), its length (<= len) in *pnum, or
+	 * -errno; flags 0.  NULL: the context is offered with depth 1
+	 * everywhere when dirty_status is set, else not at all. */
+	int (*depth_status)(void *be, uint64_t offset, uint64_t len, uint64_t *pnum,
+			    uint32_t flags);
 };
 
 struct ioc__nbd_export {

@@ -429,6 +429,8 @@ static int ioc_coroutine_fn ctx_status(const struct ioc__nbd_conn *c, uint32_t i
 	case NBD_META_ID_BASE_ALLOC:
 		return e->ops->block_status(e->be, pos, len, pnum, 0);
 	case NBD_META_ID_QEMU_DEPTH:
+		if (e->ops->depth_status)
+			return e->ops->depth_status(e->be, pos, len, pnum, 0);
 		/* A raw image has no backing chain: depth 1 ("local") everywhere. */
 		*pnum = len;
 		return 1;

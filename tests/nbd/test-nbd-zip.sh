@@ -12,7 +12,7 @@ ZIP="$BUILD/tools/zip/iocore-zip"
 # zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
 zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }
 
-echo "1..29"
+echo "1..31"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -77,6 +77,9 @@ check "zero frames are holes in base:allocation before any read" sh -c \
 check "seek table: nbdcopy equals the image" same zst
 check "seek table: qemu-img compare" qemu-img compare -f raw -F raw "$raw" "$(uri zst)"
 check "seek table: qemu-io patterns" qio zst
+check "an image alone is allocation depth 1 everywhere" sh -c \
+	"nbdinfo --map=qemu:allocation-depth '$(uri zst)' |
+	 awk '{ n++ } \$1 == 0 && \$2 == 25178169 && \$3 == 1 { ok = 1 } END { exit !(ok && n == 1) }'"
 stop zst
 
 # 6: the frame cache is shared and hit: two reads of one frame decode once
@@ -176,6 +179,18 @@ check "overlay: reads of written, zeroed, trimmed and base ranges" qreads "$(uri
 	 -c 'read -P 0x42 3145800 70000' -c 'read -P 0x11 17825792 262144'"
 check "overlay: zeroed clusters are holes over base data" sh -c \
 	"nbdinfo --map '$(uri ov)' | awk '\$1 == 1310720 && \$2 == 131072 && \$4 == \"hole,zero\" { ok = 1 } END { exit !ok }'"
+# Written, copied-before-write and zeroed clusters are the overlay's
+# (depth 1), the rest the base's (depth 2), as a qcow2 over its backing file.
+check "overlay: allocation depth 1 for the overlay, 2 for the base" sh -c \
+	"nbdinfo --map=qemu:allocation-depth '$(uri ov)' | awk '
+	 \$1 == 0 && \$2 == 131072 && \$3 == 1 { a = 1 }
+	 \$1 == 131072 && \$2 == 917504 && \$3 == 2 { b = 1 }
+	 \$1 == 1048576 && \$2 == 65536 && \$3 == 1 { c = 1 }
+	 \$1 == 1310720 && \$2 == 131072 && \$3 == 1 { d = 1 }
+	 \$1 == 1572864 && \$2 == 65536 && \$3 == 1 { e = 1 }
+	 \$1 == 3145728 && \$2 == 131072 && \$3 == 1 { f = 1 }
+	 \$1 == 3276800 && \$3 == 2 { g = 1 }
+	 END { exit !(a && b && c && d && e && f && g) }'"
 # A flushed write, then kill -9: it is there after a restart, and the
 # compressed base is unchanged.
 qemu-io -f raw -c 'write -P 0x99 8388608 64k' -c 'flush' "$(uri ov)" >/dev/null
