@@ -22,10 +22,13 @@
  * one (sequential readahead) without waiting for it.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
- * byte 0; such frames are recognised at open from their bytes (they are a
- * few dozen bytes long: only small frames are read), and any frame found
- * all-zero after decoding is remembered too.  Zero frames are never
- * decoded or cached: reads fill zeroes, and block status reports them.
+ * byte 0 (zstd) or as deflate's few hundred bytes for zeros (gzip); such
+ * frames are recognised at open from their bytes (only frames of at most
+ * 4 KiB are read: the RLE block headers of a zstd frame; the trailer of a
+ * gzip member, then, if its CRC-32 is that of zeros, a decode), and any
+ * frame found all-zero after decoding is remembered too.  Zero frames are
+ * not decoded by reads nor cached: reads fill zeroes, and block status
+ * reports them.
  *
  * Frames larger than half the cache (a stock single-frame file, say) are
  * not cached: each read decodes the frame streaming from its start up to
@@ -54,6 +57,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "iocore/co.h"
 #include "iocore/pool.h"
@@ -173,25 +177,92 @@ static bool zstd_frame_is_zero(const uint8_t *p, size_t csize, uint64_t dsize)
 	return got == dsize;
 }
 
-/* Small zstd frames of an indexed file: read them and check. */
+/* Is this gzip member (csize bytes at p) dsize zero bytes?  Its trailer
+ * must carry the CRC-32 of dsize zeros (*zcrc, for *zlen bytes, computed
+ * once per size) and its size; only then is it decoded, into out (dsize
+ * bytes), and checked -- so the answer is exact, and a member of text
+ * that merely compresses as well as zeros costs a trailer compare. */
+static bool gzip_member_is_zero(struct ioc__zip_dctx *d, const uint8_t *p, size_t csize,
+				uint64_t dsize, uint8_t *out, uint64_t *zlen, uint32_t *zcrc)
+{
+	const char *why;
+
+	if (csize < 18 || dsize > UINT32_MAX ||
+	    ioc__zip_le32(p + csize - 4) != (uint32_t)dsize)
+		return false;
+	if (*zlen != dsize) {
+		uLong crc = crc32(0, Z_NULL, 0);
+
+		memset(out, 0, (size_t)dsize);
+		for (uint64_t done = 0; done < dsize;) {
+			uInt n = dsize - done < (1u << 30) ? (uInt)(dsize - done) : (1u << 30);
+
+			crc = crc32(crc, out, n);
+			done += n;
+		}
+		*zcrc = (uint32_t)crc;
+		*zlen = dsize;
+	}
+	if (ioc__zip_le32(p + csize - 8) != *zcrc)
+		return false;
+	return ioc__zip_decompress(d, IOC__ZIP_K_GZIP, out, (size_t)dsize, p, csize, &why) >= 0 &&
+	       ioc__zip_all_zero(out, (size_t)dsize);
+}
+
+/* Small frames: read them and check.  A zero zstd frame is RLE blocks
+ * (read the block headers); a zero gzip member is whatever deflate made
+ * of zeros, ~1 byte per KiB (check its trailer, then decode it). */
 static int find_zero_frames(struct ioc_zip_image *img)
 {
-	uint8_t *buf = malloc(ZERO_FRAME_MAX);
+	uint8_t *buf = malloc(ZERO_FRAME_MAX), *out = NULL;
+	struct ioc__zip_dctx d;
+	bool have_d = false;
+	uint64_t zlen = UINT64_MAX, outcap = 0;
+	uint32_t zcrc = 0;
 	int r = 0;
 
 	if (!buf)
 		return -ENOMEM;
 	for (size_t i = 0; i < img->nframes; i++) {
 		const struct zframe *f = &img->frames[i];
+		bool zero;
 
-		if (f->kind != IOC__ZIP_K_ZSTD || f->csize > ZERO_FRAME_MAX || !f->dsize)
+		if (f->kind == IOC__ZIP_K_SKIP || f->csize > ZERO_FRAME_MAX || !f->dsize)
 			continue;
+		if (f->kind == IOC__ZIP_K_GZIP && !have_d) {
+			r = ioc__zip_dctx_init(&d, 31, IOC_ZIP_DEFLATE_DEFAULT);
+			if (r < 0)
+				break;
+			have_d = true;
+		}
+		if (f->kind == IOC__ZIP_K_GZIP && outcap < f->dsize) {
+			/* Deflate of zeros is ~1000:1: a member of at most
+			 * ZERO_FRAME_MAX bytes decodes to a few MiB at most. */
+			if (f->dsize > 1032u * ZERO_FRAME_MAX)
+				continue;
+			free(out);
+			out = malloc((size_t)f->dsize);
+			outcap = out ? f->dsize : 0;
+			zlen = UINT64_MAX;
+			if (!out) {
+				r = -ENOMEM;
+				break;
+			}
+		}
 		r = ioc__zip_pread_all(img->fd, buf, (size_t)f->csize, f->coff);
 		if (r < 0)
 			break;
-		if (zstd_frame_is_zero(buf, (size_t)f->csize, f->dsize))
+		if (f->kind == IOC__ZIP_K_ZSTD)
+			zero = zstd_frame_is_zero(buf, (size_t)f->csize, f->dsize);
+		else
+			zero = gzip_member_is_zero(&d, buf, (size_t)f->csize, f->dsize, out,
+						   &zlen, &zcrc);
+		if (zero)
 			atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
 	}
+	if (have_d)
+		ioc__zip_dctx_fini(&d);
+	free(out);
 	free(buf);
 	return r;
 }
@@ -740,14 +811,6 @@ static int walk_frames(struct ioc_zip_image *img, uint64_t fsize, char *msg, siz
 		goto out;
 	}
 	r = 0;
-	/* Zero frames, straight from the mapping. */
-	for (size_t i = 0; i < img->nframes; i++) {
-		const struct zframe *fr = &img->frames[i];
-
-		if (fr->kind == IOC__ZIP_K_ZSTD && fr->csize <= ZERO_FRAME_MAX && fr->dsize &&
-		    zstd_frame_is_zero(p + fr->coff, (size_t)fr->csize, fr->dsize))
-			atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
-	}
 out:
 	munmap(p, (size_t)fsize);
 	return r;
@@ -813,6 +876,11 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		r = walk_frames(img, (uint64_t)st.st_size, msg, msglen);
 		if (r < 0)
 			goto fail;
+		r = find_zero_frames(img);
+		if (r < 0) {
+			ioc__zip_say(msg, msglen, r, "read: %s", ioc_strerror(r));
+			goto fail;
+		}
 		if (r0 == -EBADMSG)
 			ilog(img, "%s: ignoring a broken index (%s)", path, why);
 	} else {

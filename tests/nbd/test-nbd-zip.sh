@@ -12,7 +12,7 @@ ZIP="$BUILD/tools/zip/iocore-zip"
 # zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
 zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }
 
-echo "1..31"
+echo "1..32"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -105,9 +105,12 @@ stop small
 check "tiny frame cache: frames were evicted" \
 	grep -q 'frame cache: .* [1-9][0-9]* evictions' "$dir/small.log"
 
-# 8-9: gzip members written by iocore-zip --format=gzip
+# gzip members written by iocore-zip --format=gzip
 zipt -q --format=gzip --block-size=256K -o "$dir/img.gz" "$raw"
 start gz "$dir/img.gz"
+check "gzip members: zero members are holes before any read" sh -c \
+	"nbdinfo --map '$(uri gz)' | awk '\$1 == 262144 && \$2 == 786432 && \$4 == \"hole,zero\" { z = 1 }
+	     \$1 == 0 && \$2 == 262144 && \$4 == \"data\" { d = 1 } END { exit !(z && d) }'"
 check "gzip members: nbdcopy equals the image" same gz
 check "gzip members: qemu-io patterns" qio gz
 stop gz
