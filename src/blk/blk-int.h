@@ -269,6 +269,19 @@ static inline int blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t 
 		return 0;
 	return ioc__blk_dirty_mark(blk, offset, len);
 }
+/* Write-ahead for persistent bitmaps: make the bits of [offset,
+ * offset+len) durable in every recording persistent bitmap before a
+ * write, write-zeroes or discard is issued (dirty-bitmap.c).  0, or
+ * -errno when the sidecar could not be written (the request then fails
+ * before touching the image).  Any thread. */
+int ioc__blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len);
+static inline int blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len)
+{
+	/* Relaxed: as in blk_dirty_mark(). */
+	if (ioc_likely(!atomic_load_explicit(&blk->dirty_n, memory_order_relaxed)))
+		return 0;
+	return ioc__blk_dirty_prepare(blk, offset, len);
+}
 /* Write persistent bitmaps out cleanly and free every bitmap (close). */
 void ioc__blk_dirty_close(struct ioc_blk *blk);
 

@@ -598,6 +598,16 @@ static void blk_submit(struct ioc_blk *blk, struct ioc_blk_req *req,
 		ioc__blk_finish(r, 0);
 		goto out;
 	}
+	if (op == BLK_OP_WRITE || blk_may_punch(op)) {
+		/* Persistent dirty bitmaps: their bits on disk before the
+		 * image changes (a no-op when the fast path did it).  On
+		 * failure nothing is issued. */
+		ret = blk_dirty_prepare(blk, offset, len);
+		if (ret < 0) {
+			ioc__blk_finish(r, ret);
+			goto out;
+		}
+	}
 	if (blk->o_direct && (op == BLK_OP_READ || op == BLK_OP_WRITE)) {
 		ret = setup_bounce(r);
 		if (ret < 0) {
@@ -817,8 +827,12 @@ int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
 	if (ret < 0)
 		return ret;
 	if (fast_write_ok(blk, flags) && len) {
-		ssize_t n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
+		ssize_t n;
 
+		ret = blk_dirty_prepare(blk, offset, len);
+		if (ret < 0)
+			return ret;
+		n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
 		if ((uint64_t)n == len)
 			return blk_dirty_mark(blk, offset, len);
 		if (n < 0 && errno != EAGAIN && errno != EINTR) {
@@ -1014,6 +1028,8 @@ void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offs
 	int ret = validate(blk, BLK_OP_WRITE, offset, len, iov, iovcnt, flags);
 	uint64_t done = 0;
 
+	if (ret == 0 && len && fast_write_ok(blk, flags))
+		ret = blk_dirty_prepare(blk, offset, len);
 	if (ret == 0 && len && fast_write_ok(blk, flags)) {
 		ssize_t n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
 

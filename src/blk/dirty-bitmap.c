@@ -26,24 +26,30 @@
  * granularity, word count, crc32 of the words, name length, name[128],
  * crc32 of the 176 bytes before it) then the words.  While the server
  * runs the header says IN_USE and the words' crc means nothing.  The rule
- * that makes kill -9 lose nothing: a write whose bit was not yet on disk
- * (ondisk[], the bits known durable) writes the sidecar pages that hold
- * its bits and fdatasyncs before it completes; writers queue on the
- * bitmap's lock, and one that finds its bits written by the writer ahead
- * of it returns without I/O, which batches concurrent first writes.  Bits
- * only go from 0 to 1 on disk except in clear, which resets ondisk[]
- * before the words (its release; a marker's acq_rel fetch_or that sees
- * the cleared word then sees the cleared ondisk[] and persists again).
- * A clean close writes the words, fdatasyncs, then a header without
- * IN_USE carrying the crc.  So a sidecar found IN_USE holds every
- * acknowledged write (plus perhaps some that were never acknowledged);
- * one whose header or clean crc does not check, whose size or image size
+ * that makes kill -9 lose nothing is write-ahead: before a write, write-
+ * zeroes or discard is issued, every granule of its range whose bit is not
+ * yet on disk (ondisk[], the bits known durable) is written into the
+ * sidecar pages that hold it, fdatasynced, then added to ondisk[]
+ * (ioc__blk_dirty_prepare()); only then may the image change.  The
+ * in-memory words are still marked after the write (the ordering rule),
+ * and that mark persists again if a clear reset ondisk[] meanwhile.
+ * Writers queue on the bitmap's lock, and one that finds its bits written
+ * by the writer ahead of it returns without I/O, which batches concurrent
+ * first writes.  Bits only go from 0 to 1 on disk except in clear, which
+ * resets ondisk[] before the words (its release; a marker's acq_rel
+ * fetch_or that sees the cleared word then sees the cleared ondisk[] and
+ * persists again).  A clean close writes the words, fdatasyncs, then a
+ * header without IN_USE carrying the crc.  So a sidecar found IN_USE
+ * marks every write that may have reached the image, acknowledged or not
+ * (plus perhaps some that never ran); the one exception is a write that
+ * raced a clear and had landed, not yet marked, when the process died.
+ * One whose header or clean crc does not check, whose size or image size
  * does not match, is torn or stale: it loads inconsistent and is refused
  * until removed.  After a power loss the same holds as long as the
  * device honours fdatasync: a bit reached the disk before its write was
- * acknowledged; the image data of a write without FUA may not have.
+ * issued; the image data of a write without FUA may not have.
  * Cost: the first write to each 64 KiB granule waits for one fdatasync of
- * the sidecar on the loop thread; later writes to it cost nothing.
+ * the sidecar on the submitting thread; later writes to it cost nothing.
  *
  * Removal.  Markers read bitmap pointers without a lock, so nothing tells
  * when the last one has left a removed bitmap: it waits on a retired list
@@ -259,13 +265,26 @@ static uint32_t run_flags(const struct ioc_blk_dirty *bm, bool in_use)
 	return f;
 }
 
+/* The bits of granules [first, last] that fall in word w. */
+static uint64_t word_mask(uint64_t w, uint64_t first, uint64_t last)
+{
+	unsigned lo = w == first / 64 ? first % 64 : 0;
+	unsigned hi = w == last / 64 ? last % 64 : 63;
+
+	return (hi == 63 ? ~UINT64_C(0) : (UINT64_C(1) << (hi + 1)) - 1) &
+		~((UINT64_C(1) << lo) - 1);
+}
+
 /*
- * Write words [w0, w1] (whole sidecar pages around them) and fdatasync,
- * then record what was written in ondisk[].  Caller holds bm->lock.
- * The relaxed loads of the words may miss a mark racing with us; that
- * marker finds its bit missing from ondisk[] and comes here after us.
+ * Write words [w0, w1] (whole sidecar pages around them), with the bits of
+ * granules [first, last] set in addition when extra (a write about to be
+ * issued), and fdatasync, then record what was written in ondisk[].
+ * Caller holds bm->lock.  The relaxed loads of the words may miss a mark
+ * racing with us; that marker finds its bit missing from ondisk[] and
+ * comes here after us.
  */
-static int persist_locked(struct ioc_blk_dirty *bm, uint64_t w0, uint64_t w1)
+static int persist_locked(struct ioc_blk_dirty *bm, uint64_t w0, uint64_t w1,
+			  bool extra, uint64_t first, uint64_t last)
 {
 	uint64_t p0 = w0 / PAGE_WORDS * PAGE_WORDS;
 	uint64_t p1 = w1 / PAGE_WORDS * PAGE_WORDS + PAGE_WORDS;
@@ -278,16 +297,20 @@ static int persist_locked(struct ioc_blk_dirty *bm, uint64_t w0, uint64_t w1)
 	snap = malloc(n * 8);
 	if (!snap)
 		return -ENOMEM;
-	for (uint64_t i = 0; i < n; i++)
+	for (uint64_t i = 0; i < n; i++) {
 		snap[i] = atomic_load_explicit(&bm->words[p0 + i], memory_order_relaxed);
+		if (extra && p0 + i >= first / 64 && p0 + i <= last / 64)
+			snap[i] |= word_mask(p0 + i, first, last);
+	}
 	for (uint64_t i = 0; i < n; i++)
 		snap[i] = htole64(snap[i]);
 	ret = pwrite_all(bm->fd, snap, n * 8, (off_t)(HDR_SIZE + p0 * 8));
 	if (ret == 0 && fdatasync(bm->fd) < 0)
 		ret = -errno;
 	if (ret == 0) {
-		/* Release: pairs with the acquire load in mark_one(); a marker
-		 * that sees the bit may acknowledge, and the bit is durable. */
+		/* Release: pairs with the acquire loads in mark_one() and
+		 * ioc__blk_dirty_prepare(); one that sees the bit may go on,
+		 * and the bit is durable. */
 		for (uint64_t i = 0; i < n; i++)
 			atomic_fetch_or_explicit(&bm->ondisk[p0 + i], le64toh(snap[i]),
 						 memory_order_release);
@@ -307,7 +330,27 @@ static int persist_range(struct ioc_blk_dirty *bm, uint64_t w0, uint64_t w1)
 		need = atomic_load_explicit(&bm->words[w], memory_order_relaxed) &
 			~atomic_load_explicit(&bm->ondisk[w], memory_order_relaxed);
 	if (need && bm->fd >= 0)
-		ret = persist_locked(bm, w0, w1);
+		ret = persist_locked(bm, w0, w1, false, 0, 0);
+	pthread_mutex_unlock(&bm->lock);
+	return ret;
+}
+
+/* Write-ahead: granules [first, last] durable before the write is issued. */
+static int persist_ahead(struct ioc_blk_dirty *bm, uint64_t first, uint64_t last)
+{
+	uint64_t w0 = first / 64, w1 = last / 64;
+	bool need = false;
+	int ret = 0;
+
+	pthread_mutex_lock(&bm->lock);
+	for (uint64_t w = w0; w <= w1 && !need; w++) {
+		uint64_t mask = word_mask(w, first, last);
+
+		need = (atomic_load_explicit(&bm->ondisk[w], memory_order_relaxed) & mask) != mask;
+	}
+	/* A bitmap removed meanwhile (fd closed) marks nothing. */
+	if (need && bm->fd >= 0)
+		ret = persist_locked(bm, w0, w1, true, first, last);
 	pthread_mutex_unlock(&bm->lock);
 	return ret;
 }
@@ -327,10 +370,7 @@ static int mark_one(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len)
 	w0 = first / 64;
 	w1 = last / 64;
 	for (uint64_t w = w0; w <= w1; w++) {
-		unsigned lo = w == w0 ? first % 64 : 0;
-		unsigned hi = w == w1 ? last % 64 : 63;
-		uint64_t mask = (hi == 63 ? ~UINT64_C(0) : (UINT64_C(1) << (hi + 1)) - 1) &
-			~((UINT64_C(1) << lo) - 1);
+		uint64_t mask = word_mask(w, first, last);
 
 		/* acq_rel: release pairs with the copier's acquire in
 		 * ioc_blk_dirty_reset() (the ordering rule above); acquire
@@ -358,6 +398,44 @@ int ioc__blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 		if (!bm || !atomic_load_explicit(&bm->recording, memory_order_relaxed))
 			continue;
 		r = mark_one(bm, offset, len);
+		if (r < 0)
+			ret = r;
+	}
+	return ret;
+}
+
+int ioc__blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len)
+{
+	unsigned n = atomic_load_explicit(&blk->dirty_n, memory_order_acquire);
+	int ret = 0;
+
+	for (unsigned i = 0; i < n && len; i++) {
+		/* Acquire: pairs with the release store in publish(). */
+		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
+								memory_order_acquire);
+		uint64_t first, last;
+		bool need = false;
+		int r;
+
+		if (!bm || !bm->persistent ||
+		    !atomic_load_explicit(&bm->recording, memory_order_relaxed))
+			continue;
+		first = offset >> bm->shift;
+		if (first >= bm->nbits)
+			continue;
+		last = (offset + len - 1) >> bm->shift;
+		if (last >= bm->nbits)
+			last = bm->nbits - 1;
+		for (uint64_t w = first / 64; w <= last / 64 && !need; w++) {
+			uint64_t mask = word_mask(w, first, last);
+
+			/* Acquire: pairs with persist_locked()'s release. */
+			need = (atomic_load_explicit(&bm->ondisk[w], memory_order_acquire) &
+				mask) != mask;
+		}
+		if (!need)
+			continue;
+		r = persist_ahead(bm, first, last);
 		if (r < 0)
 			ret = r;
 	}
@@ -562,7 +640,7 @@ int ioc_blk_dirty_clear(struct ioc_blk_dirty *bm)
 		atomic_exchange_explicit(&bm->words[w], 0, memory_order_acq_rel);
 	}
 	if (bm->persistent && bm->nwords && bm->fd >= 0)
-		ret = persist_locked(bm, 0, bm->nwords - 1);
+		ret = persist_locked(bm, 0, bm->nwords - 1, false, 0, 0);
 	pthread_mutex_unlock(&bm->lock);
 	return ret;
 }
@@ -710,10 +788,7 @@ int ioc_blk_dirty_reset(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len)
 	if (last >= bm->nbits)
 		last = bm->nbits - 1;
 	for (uint64_t w = first / 64; w <= last / 64; w++) {
-		unsigned lo = w == first / 64 ? first % 64 : 0;
-		unsigned hi = w == last / 64 ? last % 64 : 63;
-		uint64_t mask = (hi == 63 ? ~UINT64_C(0) : (UINT64_C(1) << (hi + 1)) - 1) &
-			~((UINT64_C(1) << lo) - 1);
+		uint64_t mask = word_mask(w, first, last);
 
 		/* acq_rel: the acquire pairs with mark_one()'s release (the
 		 * ordering rule).  ondisk[] keeps its bits: the sidecar still
