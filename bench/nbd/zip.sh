@@ -1,29 +1,53 @@
 #!/bin/sh
-# bench/nbd/zip.sh BUILD_DIR [--quick]
+# bench/nbd/zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]
 #
 # Compressed images served over NBD, same data for everyone: iocore-nbd on
 # iocore-zip --block-size 256K output, qemu-nbd on a qcow2 made by
 # qemu-img convert -c -o compression_type=zstd, nbdkit --filter=xz file on
-# xz -T0 --block-size=1MiB output.  The image mixes a tar of /usr, random
-# data and zeros.  fio's nbd engine: 4 KiB randread (iodepth 64, one
-# connection and four) and 1 MiB sequential read (iodepth 8), each run
-# twice on a freshly started server: "cold" (first touch: every frame
-# decoded) and "warm" (the same run again).  Rows: IOPS and p99 (us), and
-# the compressed size.  One JSON row per line on stdout; never part of
-# make test.  Numbers from a shared, busy machine are indicative only.
+# xz -T0 --block-size=1MiB output.  The image (2 GiB by default, 128 MiB
+# with --quick) mixes a tar of /usr, random data and zeros.  fio's nbd
+# engine: 4 KiB randread (iodepth 64, one connection and four) and 1 MiB
+# sequential read (iodepth 8), each on a freshly started server, twice:
+# "cold" is a first pass over untouched data (sequential: the whole image
+# once; random: one read per 256 KiB of image on average, so most reads
+# land on a frame nobody has read yet), capped at the run time; "warm" is
+# a time-based run right after it.  Rows: IOPS and p99 (us), the
+# compressed sizes, and iocore's ratio to the best peer on each (IOPS over
+# the highest peer's, p99 over the lowest peer's, size over the qcow2's)
+# with the target it must meet.  One JSON row per line on stdout, a
+# summary table on stderr; never part of make test.  Numbers from a
+# shared, busy machine are indicative only.
 exec python3 - "$@" <<'PY'
 import json, os, shutil, signal, subprocess, sys, tempfile, time
 
+USAGE = "usage: zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]"
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
-quick = "--quick" in sys.argv
-if not args:
-    sys.exit("usage: zip.sh BUILD_DIR [--quick]")
+opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:]
+            if a.startswith("--"))
+if len(args) != 1 or set(opts) - {"quick", "size", "runtime", "frame-cache"}:
+    sys.exit(USAGE)
+quick = "quick" in opts
 build = os.path.abspath(args[0])
 ours = os.path.join(build, "tools/nbd/iocore-nbd")
 zipper = os.path.join(build, "tools/zip/iocore-zip")
-size_mb = 128 if quick else 512
-runtime = 3 if quick else 8
-base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+try:
+    size_mb = int(opts.get("size", 128 if quick else 2048))
+    runtime = int(opts.get("runtime", 3 if quick else 10))
+except ValueError:
+    sys.exit(USAGE)
+if size_mb < 3 or runtime < 1:
+    sys.exit(USAGE)
+frame_cache = ["--frame-cache", opts["frame-cache"]] if opts.get("frame-cache") else []
+for tool in (ours, zipper):
+    if not os.access(tool, os.X_OK):
+        sys.exit("zip.sh: %s not built" % tool)
+# The images live in memory when there is room for the raw image and three
+# compressed copies, so the disk never decides a number.
+base = tempfile.gettempdir()
+if os.access("/dev/shm", os.W_OK):
+    st = os.statvfs("/dev/shm")
+    if st.f_bavail * st.f_frsize > 3 * size_mb * (1 << 20):
+        base = "/dev/shm"
 work = tempfile.mkdtemp(prefix="ioc-zip-bench.", dir=base)
 raw = os.path.join(work, "disk.img")
 sock = os.path.join(work, "sock")
@@ -69,11 +93,15 @@ if shutil.which("qemu-img"):
 if shutil.which("xz") and shutil.which("nbdkit"):
     subprocess.run(["xz", "-T0", "--block-size=1MiB", "-k", raw], check=True)
     images["nbdkit-xz"] = raw + ".xz"
+os.unlink(raw)          # the servers read only the compressed copies
+sizes = {}
 for impl, path in images.items():
-    row("size", "compressed bytes", impl, "bytes", os.path.getsize(path), "lower")
+    sizes[impl] = os.path.getsize(path)
+    row("size", "compressed bytes", impl, "bytes", sizes[impl], "lower")
 
 cmds = {
-    "iocore": [ours, "--fork", "--pid-file", pidf, "-U", sock, "-r", images["iocore"]],
+    "iocore": [ours, "--fork", "--pid-file", pidf, "-U", sock, "-r"] + frame_cache +
+              [images["iocore"]],
     "qemu-nbd": ["qemu-nbd", "-t", "-r", "-f", "qcow2", "-e", "8", "--fork",
                  "--pid-file", pidf, "-k", sock, images.get("qemu-nbd", "")],
     "nbdkit-xz": ["nbdkit", "--pidfile", pidf, "-U", sock, "--filter=xz", "file",
@@ -114,10 +142,14 @@ def stop(pid):
     os.kill(pid, signal.SIGKILL)
 
 
-def fio(extra):
+def fio(extra, cold):
     cmd = ["fio", "--name=b", "--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock,
-           "--group_reporting=1", "--time_based=1", "--runtime=%d" % runtime,
-           "--output-format=json"] + extra
+           "--group_reporting=1", "--runtime=%d" % runtime, "--output-format=json"]
+    # Cold: a first pass, as much as one read per 256 KiB frame (a whole
+    # pass for sequential reads), stopped at the run time; warm: the run
+    # time after it.
+    cmd += cold if cold else ["--time_based=1"]
+    cmd += extra
     r = subprocess.run(cmd, capture_output=True, timeout=runtime * 4 + 60)
     out = r.stdout.decode(errors="replace")
     if r.returncode != 0 or "{" not in out:
@@ -126,14 +158,20 @@ def fio(extra):
     return j["iops"], j["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
 
 
+frames = size_mb * 4             # 256 KiB frames in the image
+# (case, params, fio options, cold-pass options, IOPS target vs best peer)
 workloads = [
-    ("randread-4k", "1 conn, iodepth 64", ["--rw=randread", "--bs=4k", "--iodepth=64"]),
+    ("randread-4k", "1 conn, iodepth 64", ["--rw=randread", "--bs=4k", "--iodepth=64"],
+     ["--io_size=%dk" % (4 * frames)], 3.0),
     ("randread-4k", "4 conns, iodepth 64", ["--rw=randread", "--bs=4k", "--iodepth=64",
-                                            "--numjobs=4"]),
-    ("seqread-1m", "1 conn, iodepth 8", ["--rw=read", "--bs=1m", "--iodepth=8"]),
+                                            "--numjobs=4"],
+     ["--io_size=%dk" % (frames)], 3.0),
+    ("seqread-1m", "1 conn, iodepth 8", ["--rw=read", "--bs=1m", "--iodepth=8"],
+     ["--io_size=%dm" % size_mb], 2.0),
 ]
+results = {}    # (case, params, temp) -> {impl: (iops, p99)}
 try:
-    for case, params, extra in workloads:
+    for case, params, extra, cold, target in workloads:
         for impl in images:
             pid = start(cmds[impl])
             if pid is None:
@@ -141,7 +179,8 @@ try:
                 continue
             try:
                 for temp in ("cold", "warm"):
-                    iops, p99 = fio(extra)
+                    iops, p99 = fio(extra, cold if temp == "cold" else None)
+                    results.setdefault((case, params, temp), {})[impl] = (iops, p99)
                     row(case, params + ", " + temp, impl, "IOPS", round(iops), "higher")
                     row(case, params + ", " + temp, impl, "p99 us", round(p99, 1), "lower")
                     log(impl, case, params, temp, round(iops), "IOPS p99", round(p99, 1))
@@ -151,4 +190,33 @@ try:
                 stop(pid)
 finally:
     shutil.rmtree(work, ignore_errors=True)
+
+# iocore against the best peer on each row, and the targets.
+log("")
+log("%-40s %14s %14s %8s %8s  %s" % ("vs best peer", "IOPS ratio", "p99 ratio", "target",
+                                     "", "best peer"))
+targets = {(c, p): t for c, p, _, _, t in workloads}
+for (case, params, temp), got in results.items():
+    peers = {k: v for k, v in got.items() if k != "iocore"}
+    if "iocore" not in got or not peers:
+        continue
+    iops, p99 = got["iocore"]
+    best_iops = max(peers.items(), key=lambda kv: kv[1][0])
+    best_p99 = min(v[1] for v in peers.values() if v[1] > 0) if any(
+        v[1] > 0 for v in peers.values()) else 0
+    ri = iops / best_iops[1][0] if best_iops[1][0] else None
+    rp = p99 / best_p99 if best_p99 else None
+    target = targets[(case, params)]
+    ok = ri is not None and ri >= target and (rp is None or rp <= 1.0)
+    p = params + ", " + temp
+    row(case, p, "iocore", "IOPS x best peer", ri and round(ri, 2), "higher")
+    row(case, p, "iocore", "p99 x best peer", rp and round(rp, 2), "lower")
+    log("%-40s %14s %14s %7.1fx %8s  %s" % (
+        case + " " + p, "%.2fx" % ri if ri else "-", "%.2fx" % rp if rp else "-", target,
+        "PASS" if ok else "FAIL", best_iops[0]))
+if "iocore" in sizes and "qemu-nbd" in sizes:
+    rs = sizes["iocore"] / sizes["qemu-nbd"]
+    row("size", "compressed bytes", "iocore", "size x qcow2", round(rs, 3), "lower")
+    log("%-40s %14s %14s %8s %8s  %s" % ("compressed size", "%.3fx" % rs, "-", "<=1.0x",
+                                        "PASS" if rs <= 1.0 else "FAIL", "qemu-nbd"))
 PY
