@@ -30,6 +30,7 @@ struct ioc__nbd_control {
 	struct ioc__qmp *qmp;
 	struct ioc_nbd_control_opts o;
 	char package[64];
+	int version[3];            /* major, minor, micro of IOC_VERSION */
 };
 
 /* ---- helpers ---------------------------------------------------------- */
@@ -94,8 +95,9 @@ static json_t *cmd_query_version(void *ctx, json_t *args, struct ioc__qmp_err *e
 {
 	struct ioc__nbd_control *ctl = ctx;
 
-	return json_pack("{s:{s:i,s:i,s:i},s:s}", "qemu", "major", IOC_VERSION_MAJOR,
-			 "minor", IOC_VERSION_MINOR, "micro", 0, "package", ctl->package);
+	return json_pack("{s:{s:i,s:i,s:i},s:s}", "qemu", "major", ctl->version[0],
+			 "minor", ctl->version[1], "micro", ctl->version[2],
+			 "package", ctl->package);
 }
 
 static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err);
@@ -525,9 +527,6 @@ int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
 	struct ioc__qmp_opts qo = {
 		.cmds = commands,
 		.ncmds = IOC_ARRAY_SIZE(commands),
-		.major = IOC_VERSION_MAJOR,
-		.minor = IOC_VERSION_MINOR,
-		.micro = 0,
 	};
 	int r;
 
@@ -540,6 +539,15 @@ int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
 	if (opts)
 		ctl->o = *opts;
 	snprintf(ctl->package, sizeof(ctl->package), "iocore-nbd %s", IOC_VERSION);
+	/* The greeting's numbers are the package's ("X.Y.Z"). */
+	if (sscanf(IOC_VERSION, "%d.%d.%d", &ctl->version[0], &ctl->version[1],
+		   &ctl->version[2]) < 2) {
+		ctl->version[0] = IOC_VERSION_MAJOR;
+		ctl->version[1] = IOC_VERSION_MINOR;
+	}
+	qo.major = ctl->version[0];
+	qo.minor = ctl->version[1];
+	qo.micro = ctl->version[2];
 	qo.ctx = ctl;
 	qo.package = ctl->package;
 	r = ioc__qmp_new(&ctl->qmp, srv->main_loop, fd, &qo);

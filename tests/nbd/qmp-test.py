@@ -219,9 +219,12 @@ def compare(qsd_qmp, qsd_nbd, ioc_qmp, ioc_nbd):
 def hostile(path):
     q = Qmp(path)
     g = q.greeting
-    tap(g["QMP"]["capabilities"] == [] and g["QMP"]["version"]["package"].startswith("iocore-nbd ")
-        and set(g["QMP"]["version"]["qemu"]) == {"major", "minor", "micro"},
-        "greeting names iocore's version", g)
+    v = g["QMP"]["version"]
+    tap(g["QMP"]["capabilities"] == [] and v["package"].startswith("iocore-nbd ")
+        and set(v["qemu"]) == {"major", "minor", "micro"}
+        and v["package"].split()[1].split("-")[0] ==
+        "%d.%d.%d" % (v["qemu"]["major"], v["qemu"]["minor"], v["qemu"]["micro"]),
+        "greeting names iocore's version (numbers and package agree)", g)
     # No events before negotiation: a second client quits nothing, so just
     # check the first reply is the negotiation error and nothing precedes it.
     q.send('{"execute":"query-commands","id":{"deep":[1,{"x":null}]}}')
