@@ -169,14 +169,39 @@ ctl events > "$dir/events.out" 2>&1 &
 evpid=$!
 i=0
 while ! grep -q '^# events' "$dir/events.out" && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
+# A client that never negotiates is there too: it must get no event.
+python3 - "$dir/ctl.sock" > "$dir/silent.out" 2>&1 <<'EOF' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(60)
+buf = b""
+try:
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        buf += d
+        if buf.count(b"\r\n") == 1 and buf.endswith(b"\r\n"):
+            print("greeted", flush=True)
+except OSError as e:
+    print("error", e)
+print("after greeting:", buf.split(b"\r\n", 1)[1].decode())
+EOF
+silentpid=$!
+i=0
+while ! grep -q '^greeted' "$dir/silent.out" && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
 srvpid=$(cat "$dir/srv.pid")
 ctl quit > /dev/null
 wait $evpid
+wait $silentpid
 while kill -0 "$srvpid" 2>/dev/null; do sleep 0.02; done
 rm -f "$dir/srv.pid"
 if grep -q 'BLOCK_EXPORT_DELETED {"id":"disk"}' "$dir/events.out"; then ok "iocore-ctl events prints BLOCK_EXPORT_DELETED at quit"
 else notok "iocore-ctl events prints BLOCK_EXPORT_DELETED at quit"; sed 's/^/# /' "$dir/events.out"; fi
-# 42: quit stopped the server cleanly and removed its sockets.
+expect "no event before negotiation (a silent client at quit)" "greeted after greeting:" \
+	"$(cat "$dir/silent.out")"
+# 43: quit stopped the server cleanly and removed its sockets.
 if [ -e "$dir/ctl.sock" ]; then notok "quit removed the control socket"; else ok "quit removed the control socket"; fi
 
 # Hostile input (qmp-test.py hostile).
