@@ -63,7 +63,9 @@ struct ioc__zip_fcache {
 	/* Bytes of data held by the table: added at insert, subtracted at
 	 * removal; relaxed, it only steers eviction. */
 	_Atomic size_t bytes IOC_CACHE_ALIGNED;
-	_Atomic unsigned next_victim;   /* shard to start evicting from */
+	/* Shard to start evicting from: relaxed fetch_add, no pairing (any
+	 * value is a valid start; it only spreads evictions). */
+	_Atomic unsigned next_victim;
 };
 
 static uint64_t mix(uint64_t k)

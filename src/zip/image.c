@@ -102,6 +102,8 @@ struct ioc_zip_image {
 	struct dslot *dfree;
 	unsigned jobs;                  /* cache decodes in flight */
 
+	/* Statistics: relaxed increments, read by get_info; no pairing,
+	 * nothing is ordered by them. */
 	_Atomic uint64_t decodes, readaheads, stream_reads, errors;
 };
 

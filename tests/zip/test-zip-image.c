@@ -34,7 +34,7 @@ static int write_fd(void *opaque, const void *buf, size_t len)
 
 /* Frames of zeros (every 4th), random bytes and text; the image in path,
  * compressed as format. */
-static void make_image(char *path, enum ioc_zip_format format)
+static void make_image(char *out, enum ioc_zip_format format)
 {
 	struct ioc_zip_opts o = { .format = format, .block_size = FRAME, .workers = 2,
 				  .write = write_fd };
@@ -52,8 +52,8 @@ static void make_image(char *path, enum ioc_zip_format format)
 		else
 			raw[i] = (uint8_t)("frame cache "[i % 12] + f);
 	}
-	snprintf(path, 64, "/tmp/ioc-zip-image.XXXXXX");
-	fd = mkstemp(path);
+	snprintf(out, 64, "/tmp/ioc-zip-image.XXXXXX");
+	fd = mkstemp(out);
 	ASSERT_GE(fd, 0);
 	o.opaque = &fd;
 	ASSERT_OK(ioc_zip_compressor_new(&z, &o));
@@ -209,14 +209,14 @@ static void test_one_frame_decoded_once(void)
 	ioc_zip_image_close(img);
 }
 
-static void zero_frames_known_at_open(const char *path)
+static void zero_frames_known_at_open(const char *file)
 {
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
 	uint64_t pnum;
 	char msg[256];
 
-	ASSERT_OK(ioc_zip_image_open(&img, path, NULL, msg, sizeof(msg)));
+	ASSERT_OK(ioc_zip_image_open(&img, file, NULL, msg, sizeof(msg)));
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.frames, NFRAMES + 1);
 	ASSERT_UEQ(info.zero_frames, NFRAMES / 4 + 1); /* the short last one too */
