@@ -12,7 +12,7 @@ ZIP="$BUILD/tools/zip/iocore-zip"
 # zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
 zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }
 
-echo "1..32"
+echo "1..33"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -157,6 +157,13 @@ check "damaged frame: other ranges still read" qio bad
 stop bad
 check "damaged frame: the log names its offsets" \
 	grep -q "frame 5 (compressed offset $coff,.*data offset 1310720" "$dir/bad.log"
+
+# Detected by content: a compressed image named like a raw one is served
+# decompressed.
+cp "$dir/img.zst" "$dir/disk.img"
+start named "$dir/disk.img"
+check "a compressed image named disk.img is served decompressed" same named
+stop named
 
 # 17: not compressed: still served as a raw image
 start plain -r "$raw"
