@@ -287,11 +287,13 @@ static bool qeq(const char *q, uint32_t qlen, const char *s)
 }
 
 /* What one query selects (SET: exact names) or lists (LIST: also the
- * namespace "base:" or "qemu:" and the prefix "qemu:dirty-bitmap:"). */
+ * namespace "base:" or "qemu:" and the prefix "qemu:dirty-bitmap:").
+ * Bitmaps asked for by name are matched against the export's bitmaps
+ * afterwards (bitmap_asked()), so any number of them may be asked. */
 struct meta_sel {
 	bool base, depth;
 	bool all_bitmaps;
-	char bitmap[IOC_NBD_BITMAP_NAME_MAX]; /* one bitmap by name */
+	bool some_bitmap;          /* at least one qemu:dirty-bitmap:NAME */
 };
 
 static void meta_query(const char *q, uint32_t qlen, bool list, struct meta_sel *m)
@@ -309,10 +311,26 @@ static void meta_query(const char *q, uint32_t qlen, bool list, struct meta_sel 
 	if (list && qeq(q, qlen, NBD_META_QEMU_BITMAP))
 		m->all_bitmaps = true;
 	if (qlen > plen && qlen - plen < IOC_NBD_BITMAP_NAME_MAX &&
-	    memcmp(q, NBD_META_QEMU_BITMAP, plen) == 0) {
-		memcpy(m->bitmap, q + plen, qlen - plen);
-		m->bitmap[qlen - plen] = '\0';
+	    memcmp(q, NBD_META_QEMU_BITMAP, plen) == 0)
+		m->some_bitmap = true;
+}
+
+/* Whether the (already validated) nq queries from d name bitmap bname. */
+static bool bitmap_asked(const uint8_t *d, uint32_t nq, const char *bname)
+{
+	size_t plen = strlen(NBD_META_QEMU_BITMAP), blen = strlen(bname);
+	uint64_t pos = 0;
+
+	for (uint32_t i = 0; i < nq; i++) {
+		uint32_t qlen = ioc_nbd_ld32(d + pos);
+		const char *q = (const char *)d + pos + 4;
+
+		if (qlen == plen + blen && memcmp(q, NBD_META_QEMU_BITMAP, plen) == 0 &&
+		    memcmp(q + plen, bname, blen) == 0)
+			return true;
+		pos += 4 + qlen;
 	}
+	return false;
 }
 
 static int rep_context(struct ioc__nbd_conn *c, uint32_t opt, uint32_t id,
@@ -336,6 +354,7 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	char name[IOC_NBD_MAX_STRING + 1];
 	bool list = opt == NBD_OPT_LIST_META_CONTEXT;
 	struct meta_sel m = { 0 };
+	char selected[IOC_NBD_BITMAP_NAME_MAX] = "";
 
 	if (!c->structured)
 		return rep_err(c, opt, NBD_REP_ERR_INVALID,
@@ -369,7 +388,7 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	if (!e->can_block_status)
 		m.base = false;
 	if (!e->ops->dirty_status)
-		m.all_bitmaps = false, m.bitmap[0] = '\0';
+		m.all_bitmaps = m.some_bitmap = false;
 	if (!e->ops->dirty_status && !e->ops->depth_status)
 		m.depth = false;
 	if (m.base && rep_context(c, opt, list ? 0 : NBD_META_ID_BASE_ALLOC,
@@ -378,29 +397,31 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	if (m.depth && rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_DEPTH,
 				   NBD_META_QEMU_DEPTH, "") < 0)
 		return -ENOMEM;
-	if (e->ops->dirty_names && (m.all_bitmaps || m.bitmap[0])) {
+	if (e->ops->dirty_names && (m.all_bitmaps || m.some_bitmap)) {
 		char names[16][IOC_NBD_BITMAP_NAME_MAX];
 		int n = e->ops->dirty_names(e->be, names, 16);
-		bool found = false;
+		const uint8_t *queries = d + 8 + nlen;
 
+		/* LIST: every match.  SET: the first match in creation
+		 * order (one bitmap per connection; the others asked for
+		 * are not acknowledged, which the protocol allows). */
 		for (int i = 0; i < n && i < 16; i++) {
-			bool want = m.all_bitmaps || strcmp(names[i], m.bitmap) == 0;
-
-			if (!want || (!list && found))
+			if (!m.all_bitmaps && !bitmap_asked(queries, nq, names[i]))
 				continue;
-			found = true;
+			if (!list && selected[0])
+				continue;
+			if (!list)
+				memcpy(selected, names[i], sizeof(selected));
 			if (rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_BITMAP,
 					NBD_META_QEMU_BITMAP, names[i]) < 0)
 				return -ENOMEM;
 		}
-		if (!found)
-			m.bitmap[0] = '\0';
 	}
 	if (!list) {
 		c->meta_export = e;
 		c->meta_base_alloc = m.base;
 		c->meta_depth = m.depth;
-		memcpy(c->meta_bitmap, m.bitmap, sizeof(m.bitmap));
+		memcpy(c->meta_bitmap, selected, sizeof(selected));
 	}
 	return rep(c, opt, NBD_REP_ACK);
 }

@@ -85,6 +85,52 @@ expect "contexts listed" "base:allocation qemu:allocation-depth qemu:dirty-bitma
 	"$(nbdinfo --json "$U" | python3 -c 'import json,sys; print(" ".join(sorted(json.load(sys.stdin)["exports"][0]["contexts"])))')"
 expect "qemu:allocation-depth is 1 (local) everywhere" "0 67108864 1 local" \
 	"$(nbdinfo --map=qemu:allocation-depth "$U" | awk '{print $1, $2, $3, $4}')"
+# LIST queries by namespace and prefix, and a name that does not exist.
+# list QUERY...: what LIST_META_CONTEXT answers, sorted, space-separated.
+list() {
+	/usr/bin/python3 - "$U" "$@" <<'EOF'
+import sys
+import nbd
+h = nbd.NBD()
+h.set_opt_mode(True)
+h.connect_uri(sys.argv[1])
+for q in sys.argv[2:]:
+    h.add_meta_context(q)
+got = []
+h.opt_list_meta_context(lambda name: got.append(name) or 0)
+h.opt_abort()
+print(" ".join(sorted(got)))
+EOF
+}
+if /usr/bin/python3 -c 'import nbd' 2>/dev/null; then
+	expect "LIST qemu: lists every qemu: context" \
+		"qemu:allocation-depth qemu:dirty-bitmap:b0 qemu:dirty-bitmap:f4k qemu:dirty-bitmap:off" \
+		"$(list qemu:)"
+	expect "LIST qemu:dirty-bitmap: lists the bitmaps" \
+		"qemu:dirty-bitmap:b0 qemu:dirty-bitmap:f4k qemu:dirty-bitmap:off" \
+		"$(list qemu:dirty-bitmap:)"
+	expect "LIST of one bitmap, a missing one and base:" \
+		"base:allocation qemu:dirty-bitmap:f4k" \
+		"$(list qemu:dirty-bitmap:f4k qemu:dirty-bitmap:nope base:)"
+	# SET with a missing bitmap asked after an existing one selects it.
+	expect "SET of an existing and a missing bitmap selects the existing one" "True False" \
+		"$(/usr/bin/python3 - "$U" <<'EOF'
+import sys
+import nbd
+h = nbd.NBD()
+for q in ("qemu:dirty-bitmap:f4k", "qemu:dirty-bitmap:nope"):
+    h.add_meta_context(q)
+h.connect_uri(sys.argv[1])
+print(h.can_meta_context("qemu:dirty-bitmap:f4k"), h.can_meta_context("qemu:dirty-bitmap:nope"))
+h.shutdown()
+EOF
+)"
+else
+	skip "LIST queries by namespace" "libnbd's Python bindings missing"
+	skip "LIST qemu:dirty-bitmap:" "libnbd's Python bindings missing"
+	skip "LIST of one bitmap" "libnbd's Python bindings missing"
+	skip "SET of an existing and a missing bitmap" "libnbd's Python bindings missing"
+fi
 
 # 15-17: merge into the disabled bitmap, enable it, more writes.
 check "merge b0 and f4k into off" ctl block-dirty-bitmap-merge node=disk target=off \
