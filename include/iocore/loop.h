@@ -225,8 +225,10 @@ int ioc_loop_flush_sqes(struct ioc_loop *loop);
 /* ---- per-loop extensions (used by higher layers) ---------------------- */
 
 /* Higher layers hang per-loop state here (the pool of a loop, ...); free_fn
- * is called by ioc_loop_free().  Loop thread. */
+ * is called by ioc_loop_free(), from the last slot to the first, so the
+ * first slot's state is the last to go.  Loop thread. */
 enum ioc_loop_ext {
+	IOC_LOOP_EXT_POOL_PORTS,  /* this loop's ports of shared pools */
 	IOC_LOOP_EXT_POOL,
 	IOC_LOOP_EXT_BLK,
 	IOC_LOOP_EXT_USER,

@@ -68,7 +68,10 @@ int ioc_pool_new(struct ioc_pool **out, const struct ioc_pool_opts *opts);
  * thread.  Call from a thread that can still run the loops whose
  * requests are in flight (it runs their completions itself if needed).
  * Not from inside a done callback of this pool; not for the pool of
- * ioc_pool_for_loop(), which ioc_loop_free() frees. */
+ * ioc_pool_for_loop(), which ioc_loop_free() frees.  A shared pool may be
+ * freed before or after the loops that submitted to it, but not at the same
+ * time as ioc_loop_free() of one of them: the caller orders the two (for
+ * example by joining the loop's thread first). */
 void ioc_pool_free(struct ioc_pool *pool);
 /* The pool of loop, created on first use with default options; freed with
  * the loop.  NULL only on -ENOMEM. */

@@ -53,11 +53,13 @@
  *
  * Costs: a spinner burns a CPU for up to spin_max_ns (50 us) per idle spell;
  * a submission waits for the end of its loop iteration; growth past one
- * thread per CPU needs the submitting loop's timer to run; a shared pool
- * finds its port through a one-entry thread-local cache, else a list walk
- * under the lock.  Ports live as long as the pool; a task-kicked port whose
- * task or timer is pending at free is freed by that task or timer, and
- * leaks if its loop is freed first (requests still in flight: a caller bug).
+ * thread per CPU needs the submitting loop's timer to run.
+ *
+ * Port lifetime: a shared pool's port is held by the pool (LIVE_POOL), its
+ * loop's list (LIVE_LOOP), a posted task or an armed timer; who clears the
+ * last bit frees it.  ioc_loop_free() detaches its loop's ports, so a loop
+ * at a recycled address never finds an old port.  Frees of a pool and of a
+ * loop that used it are ordered by the caller (pool.h).
  */
 #include "ioc-config.h"
 
@@ -102,6 +104,7 @@ enum {
 	LIVE_DONE = 1u << 1,  /* done_task is posted and has not started */
 	LIVE_FLUSH = 1u << 2, /* flush_task is posted and has not started */
 	LIVE_TIMER = 1u << 3, /* spawn_timer is armed */
+	LIVE_LOOP = 1u << 4,  /* on its loop's IOC_LOOP_EXT_POOL_PORTS list */
 };
 
 struct ioc_pool_port {
@@ -109,6 +112,8 @@ struct ioc_pool_port {
 	struct ioc_pool *pool;
 	struct ioc_loop *loop;
 	struct ioc_pool_port *next;  /* pool->ports, under pool->lock */
+	struct ioc_pool_port *loop_next; /* the loop's list (shared pools) */
+	uint64_t pool_id;            /* pool->id, for the loop's list */
 	struct ioc_pool_req *pend_head, *pend_tail;
 	unsigned npend;
 	unsigned in_dispatch;        /* running done callbacks */
@@ -158,6 +163,8 @@ struct ioc_pool {
 	struct ioc_pool_port *ports;
 	uint64_t cancelled, wakeups, lag_yields;
 	uint64_t jobs_started;
+	/* Counters of ports detached by their loops' ioc_loop_free(). */
+	uint64_t gone_submitted, gone_completed, gone_batches;
 
 	/* Mirror of q_len for spinners, which read it without the lock.
 	 * Stored under the lock; see spin(). */
@@ -177,16 +184,9 @@ struct ioc_pool {
 	char name[11];
 };
 
+/* pool->id tells a new pool at a recycled address from an old one whose
+ * port is still on a loop's list. */
 static atomic_uint_fast64_t pool_ids = 1;
-
-/* One-entry cache of the last port used by this thread (shared pools).
- * pool->id tells a new pool at a recycled address from the old one. */
-static __thread struct {
-	struct ioc_pool *pool;
-	uint64_t id;
-	struct ioc_loop *loop;
-	struct ioc_pool_port *port;
-} tl_port;
 
 static void *worker_main(void *opaque);
 static void port_done_task(struct ioc_task *task);
@@ -777,34 +777,102 @@ static struct ioc_pool_port *port_new(struct ioc_pool *pool,
 	return port;
 }
 
+/*
+ * port leaves its loop's list, because the loop is being freed or because
+ * port's pool is gone.  In ioc_loop_free() or on the loop's thread, so the
+ * timer may be cancelled here.  A live pool is not being freed meanwhile
+ * (the caller orders the frees, pool.h), so its lock may be taken.
+ */
+static void port_leave_loop(struct ioc_pool_port *port)
+{
+	unsigned drop = LIVE_LOOP;
+	unsigned was;
+
+	if (ioc_timer_pending(&port->spawn_timer)) {
+		ioc_timer_cancel(&port->spawn_timer);
+		drop |= LIVE_TIMER;
+	}
+	/* Acquire: pairs with the release half of pool_destroy()'s fetch_and
+	 * of LIVE_POOL, so a pool seen gone is done with the port. */
+	if (atomic_load_explicit(&port->live, memory_order_acquire) & LIVE_POOL) {
+		struct ioc_pool *pool = port->pool;
+		struct ioc_pool_port **pp = &pool->ports;
+
+		pthread_mutex_lock(&pool->lock);
+		while (*pp != port)
+			pp = &(*pp)->next;
+		*pp = port->next;
+		/* Relaxed: single writer, this loop (see ioc_pool_get_stats()). */
+		pool->gone_submitted += atomic_load_explicit(&port->submitted,
+							     memory_order_relaxed);
+		pool->gone_completed += atomic_load_explicit(&port->completed,
+							     memory_order_relaxed);
+		pool->gone_batches += atomic_load_explicit(&port->batches,
+							   memory_order_relaxed);
+		pthread_mutex_unlock(&pool->lock);
+		drop |= LIVE_POOL;
+	}
+	/* Pairs with the fetch_and in the port tasks, port_spawn_timer() and
+	 * pool_destroy(): whoever clears the last bit frees the port.  A port
+	 * with a task still posted had requests in flight: its loop's free
+	 * drops that task and the port is leaked (a caller bug). */
+	was = atomic_fetch_and_explicit(&port->live, ~drop, memory_order_acq_rel);
+	if ((was & ~drop) == 0)
+		free(port);
+}
+
+/* IOC_LOOP_EXT_POOL_PORTS's free_fn: ioc_loop_free() detaches its ports. */
+static void loop_ports_free(void *ptr)
+{
+	struct ioc_pool_port *port = ptr, *next;
+
+	for (; port; port = next) {
+		next = port->loop_next;
+		port_leave_loop(port);
+	}
+}
+
+/*
+ * The port of (pool, loop).  Loop thread.  A loop's own pool has its home
+ * port; shared pools find theirs on the loop's list, matched by pool->id so
+ * that a new pool at a recycled address does not take an old pool's port.
+ */
 static struct ioc_pool_port *port_get(struct ioc_pool *pool,
 				      struct ioc_loop *loop)
 {
-	struct ioc_pool_port *port;
+	struct ioc_pool_port *head, *port, **pp;
 
 	if (loop == pool->home_loop)
 		return pool->home_port;
-	if (tl_port.pool == pool && tl_port.id == pool->id &&
-	    tl_port.loop == loop)
-		return tl_port.port;
-	pthread_mutex_lock(&pool->lock);
-	for (port = pool->ports; port; port = port->next)
-		if (port->loop == loop)
-			break;
-	if (!port) {
-		port = port_new(pool, loop, false);
-		if (port) {
-			port->next = pool->ports;
-			pool->ports = port;
+	head = ioc_loop_get_ext(loop, IOC_LOOP_EXT_POOL_PORTS);
+	for (port = head; port; port = port->loop_next)
+		if (port->pool == pool && port->pool_id == pool->id)
+			return port;
+	/* A miss (once per pool and loop): drop the ports of freed pools. */
+	for (pp = &head; (port = *pp);) {
+		/* Acquire: pairs with pool_destroy()'s fetch_and of LIVE_POOL. */
+		if (atomic_load_explicit(&port->live, memory_order_acquire) &
+		    LIVE_POOL) {
+			pp = &port->loop_next;
+			continue;
 		}
+		*pp = port->loop_next;
+		port_leave_loop(port);
 	}
-	pthread_mutex_unlock(&pool->lock);
+	port = port_new(pool, loop, false);
 	if (port) {
-		tl_port.pool = pool;
-		tl_port.id = pool->id;
-		tl_port.loop = loop;
-		tl_port.port = port;
+		port->pool_id = pool->id;
+		/* Not yet shared: published by the unlock below. */
+		atomic_store_explicit(&port->live, LIVE_POOL | LIVE_LOOP,
+				      memory_order_relaxed);
+		pthread_mutex_lock(&pool->lock);
+		port->next = pool->ports;
+		pool->ports = port;
+		pthread_mutex_unlock(&pool->lock);
+		port->loop_next = head;
+		head = port;
 	}
+	ioc_loop_set_ext(loop, IOC_LOOP_EXT_POOL_PORTS, head, loop_ports_free);
 	return port;
 }
 
@@ -1230,8 +1298,6 @@ static void pool_destroy(struct ioc_pool *pool, struct ioc_loop *dying)
 						memory_order_acq_rel);
 		port_free_if_orphan(port, was, LIVE_POOL);
 	}
-	if (tl_port.pool == pool)
-		tl_port.pool = NULL;
 	pthread_cond_destroy(&pool->worker_stopped);
 	pthread_cond_destroy(&pool->request_cond);
 	pthread_mutex_destroy(&pool->lock);
@@ -1305,6 +1371,9 @@ void ioc_pool_get_stats(struct ioc_pool *pool, struct ioc_pool_stats *st)
 	st->cancelled = pool->cancelled;
 	st->worker_wakeups = pool->wakeups;
 	st->lag_yields = pool->lag_yields;
+	st->submitted = pool->gone_submitted;
+	st->completed = pool->gone_completed;
+	st->completion_batches = pool->gone_batches;
 	for (struct ioc_pool_port *p = pool->ports; p; p = p->next) {
 		/* Pairs with the single-writer stores in port_dispatch(). */
 		st->submitted += atomic_load_explicit(&p->submitted,
