@@ -416,6 +416,23 @@ static void *limit_main(void *arg)
 
 /* ---- the server ------------------------------------------------------ */
 
+static int cmp_long(const void *a, const void *b)
+{
+	long x = *(const long *)a, y = *(const long *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median of five samples. */
+static long median5(const long *v)
+{
+	long w[5];
+
+	memcpy(w, v, sizeof(w));
+	qsort(w, 5, sizeof(w[0]), cmp_long);
+	return w[2];
+}
+
 static long rss_kib(pid_t pid)
 {
 	char path[64], line[256];
@@ -584,16 +601,15 @@ int main(int argc, char **argv)
 		free(v[i].buf);
 	}
 
-	/* RSS growth over the second half. */
+	/* RSS growth over the second half: the median of five samples around
+	 * the middle against the median of the last five.  A leak raises
+	 * every sample; a median ignores the one-second peaks of a handshake
+	 * flood or a burst of TLS sessions that a maximum would report. */
 	double growth = 0;
 	if (nsamp >= 10) {
-		long mid = 0, end = 0;
-		for (long i = nsamp / 2 - 2; i <= nsamp / 2 + 2; i++)
-			if (rss[i] > mid)
-				mid = rss[i];
-		for (long i = nsamp - 5; i < nsamp; i++)
-			if (rss[i] > end)
-				end = rss[i];
+		long mid = median5(&rss[nsamp / 2 - 2]);
+		long end = median5(&rss[nsamp - 5]);
+
 		growth = mid > 0 ? 100.0 * (double)(end - mid) / (double)mid : 0;
 	}
 	free(rss);
