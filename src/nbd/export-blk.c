@@ -122,23 +122,14 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 {
 	struct ioc_blk_info info;
 	struct ioc__nbd_export *e;
+	int ret;
 
 	if (!opts->blk)
 		return -EINVAL;
-	if (opts->name && strlen(opts->name) > IOC_NBD_MAX_STRING)
-		return -ENAMETOOLONG;
-	if (opts->description && strlen(opts->description) > IOC_NBD_MAX_STRING)
-		return -ENAMETOOLONG;
+	ret = ioc__nbd_export_alloc(&e, opts);
+	if (ret < 0)
+		return ret;
 	ioc_blk_get_info(opts->blk, &info);
-	e = calloc(1, sizeof(*e));
-	if (!e)
-		return -ENOMEM;
-	e->name = strdup(opts->name ? opts->name : "");
-	e->description = opts->description ? strdup(opts->description) : NULL;
-	if (!e->name || (opts->description && !e->description)) {
-		ioc__nbd_export_free(e);
-		return -ENOMEM;
-	}
 	e->size = info.size;
 	e->read_only = opts->read_only || info.read_only;
 	e->can_trim = info.can_discard;
@@ -158,6 +149,29 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 	e->ops = &blk_ops;
 	e->be = opts->blk;
 	e->blk = opts->blk;
+	*out = e;
+	return 0;
+}
+
+int ioc__nbd_export_alloc(struct ioc__nbd_export **out,
+			  const struct ioc_nbd_export_opts *opts)
+{
+	struct ioc__nbd_export *e;
+
+	*out = NULL;
+	if (opts->name && strlen(opts->name) > IOC_NBD_MAX_STRING)
+		return -ENAMETOOLONG;
+	if (opts->description && strlen(opts->description) > IOC_NBD_MAX_STRING)
+		return -ENAMETOOLONG;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->name = strdup(opts->name ? opts->name : "");
+	e->description = opts->description ? strdup(opts->description) : NULL;
+	if (!e->name || (opts->description && !e->description)) {
+		ioc__nbd_export_free(e);
+		return -ENOMEM;
+	}
 	*out = e;
 	return 0;
 }

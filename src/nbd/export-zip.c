@@ -146,23 +146,14 @@ int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
 {
 	struct ioc_zip_image_info info;
 	struct ioc__nbd_export *e;
+	int ret;
 
 	if (!opts->zip || opts->blk)
 		return -EINVAL;
-	if (opts->name && strlen(opts->name) > IOC_NBD_MAX_STRING)
-		return -ENAMETOOLONG;
-	if (opts->description && strlen(opts->description) > IOC_NBD_MAX_STRING)
-		return -ENAMETOOLONG;
+	ret = ioc__nbd_export_alloc(&e, opts);
+	if (ret < 0)
+		return ret;
 	ioc_zip_image_get_info(opts->zip, &info);
-	e = calloc(1, sizeof(*e));
-	if (!e)
-		return -ENOMEM;
-	e->name = strdup(opts->name ? opts->name : "");
-	e->description = opts->description ? strdup(opts->description) : NULL;
-	if (!e->name || (opts->description && !e->description)) {
-		ioc__nbd_export_free(e);
-		return -ENOMEM;
-	}
 	e->size = info.size;
 	e->read_only = true;
 	e->ops = &zip_ops;

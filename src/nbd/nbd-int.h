@@ -136,6 +136,10 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
 			    const struct ioc_nbd_export_opts *opts);
 /* Frees an export of either backend (neither owns what it serves). */
+/* An export with its name and description copied from opts (checked
+ * against the protocol's string limit) and everything else zero. */
+int ioc__nbd_export_alloc(struct ioc__nbd_export **out,
+			  const struct ioc_nbd_export_opts *opts);
 void ioc__nbd_export_free(struct ioc__nbd_export *e);
 
 #endif /* IOC_NBD_INT_H */
