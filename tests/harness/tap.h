@@ -154,21 +154,34 @@ ioc_test_fail(const char *file, int line, const char *fmt, ...)
 					ioc_a_[ioc_i_], ioc_b_[ioc_i_]);  \
 	} while (0)
 
+static char ioc_test_tmpdir_path[256];
+static pid_t ioc_test_tmpdir_owner;
+
+/* At exit of the process that made it: the directory goes if it is empty
+ * (a forked child that exits leaves it to its parent). */
+static inline void ioc_test_tmpdir_rmdir(void)
+{
+	if (getpid() == ioc_test_tmpdir_owner)
+		rmdir(ioc_test_tmpdir_path);
+}
+
 /* A directory for scratch files: $IOC_TEST_TMPDIR, else /dev/shm when it
  * exists (tmpfs), else /tmp.  Returns a new directory; the caller removes
- * what it creates in it. */
+ * what it creates in it, and the directory itself is removed at exit. */
 static inline const char *ioc_test_tmpdir(void)
 {
-	static char dir[256];
+	char *dir = ioc_test_tmpdir_path;
 	const char *base = getenv("IOC_TEST_TMPDIR");
 
 	if (dir[0])
 		return dir;
 	if (!base)
 		base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-	snprintf(dir, sizeof(dir), "%s/ioc-test-XXXXXX", base);
+	snprintf(dir, sizeof(ioc_test_tmpdir_path), "%s/ioc-test-XXXXXX", base);
 	if (!mkdtemp(dir))
 		ioc_test_fail(__FILE__, __LINE__, "mkdtemp(%s): %s", dir, strerror(errno));
+	ioc_test_tmpdir_owner = getpid();
+	atexit(ioc_test_tmpdir_rmdir);
 	return dir;
 }
 
