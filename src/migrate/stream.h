@@ -50,13 +50,20 @@
 				  * payload_len 4, data_crc 4, hdr_crc 4 */
 #define IOC_MIG_MIN_BLOCK  4096u
 #define IOC_MIG_MAX_BLOCK  (64u << 20)
-#define IOC_MIG_MAX_CHUNK  (64u << 20) /* largest decoded record */
+#define IOC_MIG_MAX_CHUNK  (64u << 20) /* largest decoded DATA record */
+/* Most blocks in an image (so the per-block CRC array is bounded: 1 GiB at
+ * most): a sender picks a block size of at least image_size / 2^28 (4 KiB
+ * blocks up to 1 TiB, 64 KiB up to 16 TiB). */
+#define IOC_MIG_MAX_BLOCKS (UINT64_C(1) << 28)
 
 enum ioc_mig_type {
 	IOC_MIG_DATA_RAW = 1,   /* payload: length bytes */
 	IOC_MIG_DATA_ZSTD = 2,  /* payload: one zstd frame of length bytes */
-	IOC_MIG_ZERO = 3,       /* no payload: length bytes of zeros */
-	IOC_MIG_PASS = 4,       /* offset: pass number (1, 2, ...); length 0 */
+	IOC_MIG_ZERO = 3,       /* no payload: length bytes of zeros (not
+				 * limited by MAX_CHUNK); data_crc ignored */
+	IOC_MIG_PASS = 4,       /* offset: pass number (1, 2, ...: the
+				 * receiver wants them consecutive); length 0;
+				 * data_crc ignored */
 	IOC_MIG_END = 5,        /* offset: image size; data_crc: image checksum */
 	IOC_MIG_ACK = 6,        /* receiver to sender; offset: 0 or an errno;
 				 * data_crc: the receiver's image checksum */
@@ -85,12 +92,14 @@ void ioc_mig_rec_encode(const struct ioc_mig_rec *r, uint8_t *buf);
 
 /*
  * Decode and check.  Header: magic, version, flags, header CRC, block size
- * a power of two in [MIN_BLOCK, MAX_BLOCK], image size > 0.  Record: header
- * CRC, a known type and flags 0, and against the stream's header: data
- * records inside the image, block-aligned offset, a length that is a
- * multiple of the block size (or ends at the image end) and at most
- * MAX_CHUNK, payload_len == length for RAW, <= zstd's bound for ZSTD, 0
- * for the others; END's offset equal to the image size.  Returns 0 or
+ * a power of two in [MIN_BLOCK, MAX_BLOCK], image size > 0 and at most
+ * MAX_BLOCKS blocks.  Record: header CRC, a known type and flags 0, and
+ * against the stream's header: DATA and ZERO records non-empty, inside the
+ * image, block-aligned offset, a length that is a multiple of the block
+ * size (or ends at the image end), DATA at most MAX_CHUNK, payload_len ==
+ * length for RAW, in [1, zstd's bound] for ZSTD, 0 for the others; PASS,
+ * END and ACK of length 0, PASS numbered from 1, END's offset equal to the
+ * image size.  Returns 0 or
  * -EPROTO (malformed), -EPROTONOSUPPORT (magic or version), with a
  * human-readable reason in why (may be NULL) naming the field.
  */
