@@ -215,15 +215,16 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 {
 	uint64_t end;
 
-	memset(r, 0, sizeof(*r));
-	if (get32(buf + 28) != ioc_mig_crc(buf, 28))
-		return reject(why, "record: header CRC mismatch", -EPROTO);
+	/* The fields first, so a caller's message can show what a corrupted
+	 * record claimed. */
 	r->type = get32(buf);
 	r->flags = get32(buf + 4);
 	r->offset = get64(buf + 8);
 	r->length = get32(buf + 16);
 	r->payload_len = get32(buf + 20);
 	r->data_crc = get32(buf + 24);
+	if (get32(buf + 28) != ioc_mig_crc(buf, 28))
+		return reject(why, "record: header CRC mismatch", -EPROTO);
 	if (r->type < IOC_MIG_DATA_RAW || r->type > IOC_MIG_ACK)
 		return reject(why, "record: unknown type", -EPROTO);
 	if (r->flags != 0)
