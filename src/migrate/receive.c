@@ -139,36 +139,41 @@ static bool cancelled(struct recv *rv)
 	return rv->o->cancel && atomic_load_explicit(rv->o->cancel, memory_order_acquire);
 }
 
-/* Read exactly n bytes; EOF part-way is a truncated stream. */
+/* Read exactly n bytes of what (the stream header when recno is 0, else
+ * record recno's "header" or "payload"); EOF part-way is a truncated
+ * stream, EOF before a record header a stream that stopped before END. */
 static int read_full(struct recv *rv, void *buf, size_t n, const char *what,
 		     uint64_t recno)
 {
 	uint8_t *p = buf;
 	size_t got = 0;
+	char part[64];
 
+	if (recno == 0)
+		snprintf(part, sizeof(part), "the stream %s", what);
+	else
+		snprintf(part, sizeof(part), "record %llu's %s", (unsigned long long)recno,
+			 what);
 	while (got < n) {
 		ssize_t r = read(rv->o->fd, p + got, n - got);
 
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0 && cancelled(rv))
-			return fail(rv, -ECANCELED, "cancelled while reading %s of record %llu",
-				    what, (unsigned long long)recno);
+			return fail(rv, -ECANCELED, "cancelled while reading %s", part);
 		if (r < 0)
-			return fail(rv, -errno, "reading %s of record %llu at stream byte %llu: %s",
-				    what, (unsigned long long)recno,
+			return fail(rv, -errno, "reading %s at stream byte %llu: %s", part,
 				    (unsigned long long)rv->st->wire_bytes, strerror(errno));
 		if (r == 0) {
-			if (got == 0 && recno > 0 && strcmp(what, "record header") == 0)
+			if (got == 0 && recno > 0 && strcmp(what, "header") == 0)
 				return fail(rv, -EPROTO,
 					    "stream truncated: EOF before END, after %llu records "
 					    "(stream byte %llu)",
 					    (unsigned long long)(recno - 1),
 					    (unsigned long long)rv->st->wire_bytes);
 			return fail(rv, -EPROTO,
-				    "stream truncated: EOF after %zu of %zu bytes of %s of "
-				    "record %llu (stream byte %llu)",
-				    got, n, what, (unsigned long long)recno,
+				    "stream truncated: EOF after %zu of %zu bytes of %s "
+				    "(stream byte %llu)", got, n, part,
 				    (unsigned long long)rv->st->wire_bytes);
 		}
 		got += (size_t)r;
@@ -546,7 +551,7 @@ static int run(struct recv *rv)
 	uint64_t recno;
 	int ret;
 
-	ret = read_full(rv, buf, IOC_MIG_HDR_SIZE, "stream header", 0);
+	ret = read_full(rv, buf, IOC_MIG_HDR_SIZE, "header", 0);
 	if (ret < 0)
 		return ret;
 	ret = ioc_mig_hdr_decode(buf, &rv->hdr, &why);
@@ -577,7 +582,7 @@ static int run(struct recv *rv)
 				    (unsigned long long)recno);
 		if (reap(rv, false) < 0)
 			return rv->err;
-		ret = read_full(rv, buf, IOC_MIG_REC_SIZE, "record header", recno);
+		ret = read_full(rv, buf, IOC_MIG_REC_SIZE, "header", recno);
 		if (ret < 0)
 			return ret;
 		ret = ioc_mig_rec_decode(buf, &rv->hdr, &r, &why);
