@@ -649,6 +649,11 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 			return ret;
 		off += n;
 		len -= n;
+		if (s->pass == 1) {
+			pthread_mutex_lock(&s->m->lock);
+			s->m->st.pass1_pos = off;
+			pthread_mutex_unlock(&s->m->lock);
+		}
 	}
 	return 0;
 }
