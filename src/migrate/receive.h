@@ -22,8 +22,9 @@ struct ioc_mig_recv_stats {
 
 struct ioc_mig_recv_opts {
 	int fd;                  /* the connected stream */
-	int image_fd;            /* opened O_RDWR; resized to the sender's
-				  * image size (extended or created) */
+	int image_fd;            /* opened O_RDWR; a regular file is resized
+				  * (ftruncate) to the sender's image size,
+				  * a block device must be at least as large */
 	unsigned threads;        /* decompression workers; 0 = online CPUs */
 	/* Set by another thread to give up: the receiver returns -ECANCELED
 	 * at its next record (the socket may also be shut down to wake it). */
@@ -37,7 +38,10 @@ struct ioc_mig_recv_opts {
 /*
  * Receive until END, apply every record, fdatasync the image, compare the
  * image checksum with END's and answer ACK (0, or the errno of a failure
- * when the socket still works).  Returns 0 only when the image is complete,
+ * when the socket takes it without blocking).  Beyond stream.h's checks it
+ * rejects two records of one pass that share a block and PASS numbers that
+ * do not follow 1, 2, ...; it keeps at most 64 MiB of payload and decoded
+ * data in flight (plus one record).  Returns 0 only when the image is complete,
  * durable and equal to the sender's; otherwise -errno with a reason in
  * why (a record's offset and field where there is one).  The image's
  * content is then undefined: the caller must not serve it.

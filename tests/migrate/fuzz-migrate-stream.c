@@ -16,8 +16,8 @@
  * -Dfuzz=true and clang, and always an ordinary test (IOC_FUZZ_STANDALONE)
  * running valid streams (which must be accepted), their truncations,
  * byte flips, and field changes with the record's CRC fixed up (so they
- * reach the checks behind the CRC), then the checked-in seeds in
- * tests/migrate/corpus/stream/.  --write-seeds DIR writes those seeds.
+ * reach the checks behind the CRC), then the checked-in corpus in
+ * tests/migrate/corpus/stream/.  --write-corpus DIR writes that corpus.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -172,7 +172,7 @@ static int run(const uint8_t *p, size_t n)
 }
 
 /* The valid streams: small, every record type, two passes. */
-static void seed_stream(int which, struct mt_stream *s)
+static void sample_stream(int which, struct mt_stream *s)
 {
 	uint8_t buf[3 * 4096];
 
@@ -203,7 +203,7 @@ static void seed_stream(int which, struct mt_stream *s)
 	mt_end(s, mt_checksum(s));
 }
 
-#define NSEEDS 3
+#define NSAMPLES 3
 
 static void put_be32(uint8_t *p, uint32_t v)
 {
@@ -221,11 +221,11 @@ static uint64_t xorshift(uint64_t *x)
 	return *x;
 }
 
-static void mutate_all(const struct mt_stream *s, uint64_t seed)
+static void mutate_all(const struct mt_stream *s, uint64_t salt)
 {
 	size_t recs[64], nrec = 0, n = s->len;
 	uint8_t *m = malloc(n);
-	uint64_t x = seed | 1;
+	uint64_t x = salt | 1;
 
 	ASSERT_OK(run(s->p, n));
 	for (int i = 0; i < 9; i++)
@@ -262,10 +262,10 @@ static void mutate_all(const struct mt_stream *s, uint64_t seed)
 
 static void test_generated(void)
 {
-	for (int i = 0; i < NSEEDS; i++) {
+	for (int i = 0; i < NSAMPLES; i++) {
 		struct mt_stream s;
 
-		seed_stream(i, &s);
+		sample_stream(i, &s);
 		mutate_all(&s, 1000 + (uint64_t)i);
 		mt_free(&s);
 	}
@@ -292,7 +292,7 @@ static void test_generated(void)
 
 static const char *extra_dir;
 
-/* The checked-in seeds (or the directory given as the argument): files
+/* The checked-in corpus (or the directory given as the argument): files
  * named valid-* must be accepted, the others rejected.  Missing or empty
  * is a failure: a corpus test that runs nothing proves nothing. */
 static void test_saved_corpus(void)
@@ -359,14 +359,14 @@ static void write_file(const char *dir, const char *name, const uint8_t *p, size
 }
 
 /* The valid streams, one cut short and one with a corrupted payload. */
-static void write_seeds(const char *dir)
+static void write_corpus(const char *dir)
 {
 	char name[64];
 
-	for (int i = 0; i < NSEEDS; i++) {
+	for (int i = 0; i < NSAMPLES; i++) {
 		struct mt_stream s;
 
-		seed_stream(i, &s);
+		sample_stream(i, &s);
 		snprintf(name, sizeof(name), "valid-%d.bin", i);
 		write_file(dir, name, s.p, s.len);
 		if (i == 0) {
@@ -384,8 +384,8 @@ int main(int argc, char **argv)
 		IOC_TEST(test_generated), IOC_TEST(test_saved_corpus),
 	};
 
-	if (argc == 3 && strcmp(argv[1], "--write-seeds") == 0) {
-		write_seeds(argv[2]);
+	if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) {
+		write_corpus(argv[2]);
 		return 0;
 	}
 	if (argc > 1)

@@ -38,15 +38,15 @@ static inline void mt_put(struct mt_stream *s, const void *buf, size_t n)
 }
 
 /* Deterministic bytes: compressible when text is set, else noise. */
-static inline void mt_fill(uint8_t *p, size_t n, uint64_t seed, int text)
+static inline void mt_fill(uint8_t *p, size_t n, uint64_t salt, int text)
 {
-	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+	uint64_t x = salt * 0x9e3779b97f4a7c15ull + 1;
 
 	for (size_t i = 0; i < n; i++) {
 		x ^= x << 13;
 		x ^= x >> 7;
 		x ^= x << 17;
-		p[i] = text ? (uint8_t)("migrate the image "[(i + seed) % 18]) ^
+		p[i] = text ? (uint8_t)("migrate the image "[(i + salt) % 18]) ^
 			      (uint8_t)((x % 64) == 0)
 			    : (uint8_t)(x >> 24);
 	}
