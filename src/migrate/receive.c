@@ -32,7 +32,8 @@
  *    record of at most MAX_CHUNK (and zstd's bound) whatever the sender
  *    says.  zstd contexts are pooled, one per worker at most.
  *  - Sleeps and wakes: the reader sleeps in read() (woken by data, EOF, or
- *    a shutdown(2) of the socket by whoever sets the cancel flag) and in
+ *    a shutdown(2) of the socket by whoever sets the cancel flag; poll()
+ *    stands in for a non-blocking socket, with the same wakes) and in
  *    ioc_wq_wait_done() (woken by a worker handing a job back: the
  *    workqueue's own handshake, wq.c).  Workers sleep only inside the
  *    workqueue.  The dctx pool's mutex is held for a push or a pop only.
@@ -50,6 +51,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -139,6 +141,19 @@ static bool cancelled(struct recv *rv)
 	return rv->o->cancel && atomic_load_explicit(rv->o->cancel, memory_order_acquire);
 }
 
+/* Sleep until fd is ready for events (woken by the kernel: data, room,
+ * hang-up or error).  Only for a non-blocking fd, where read() and send()
+ * would not sleep themselves. */
+static int wait_fd(int fd, short events)
+{
+	struct pollfd pfd = { .fd = fd, .events = events };
+
+	while (poll(&pfd, 1, -1) < 0)
+		if (errno != EINTR)
+			return -errno;
+	return 0;
+}
+
 /* Read exactly n bytes of what (the stream header when recno is 0, else
  * record recno's "header" or "payload"); EOF part-way is a truncated
  * stream, EOF before a record header a stream that stopped before END. */
@@ -159,6 +174,9 @@ static int read_full(struct recv *rv, void *buf, size_t n, const char *what,
 
 		if (r < 0 && errno == EINTR)
 			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+		    wait_fd(rv->o->fd, POLLIN) == 0)
+			continue; /* a non-blocking socket: wait as read() would */
 		if (r <= 0 && cancelled(rv))
 			return fail(rv, -ECANCELED, "cancelled while reading %s", part);
 		if (r < 0)
@@ -192,6 +210,9 @@ static int send_all(int fd, const void *buf, size_t n, int flags)
 		if (r < 0 && errno == ENOTSOCK)
 			r = write(fd, p, n);
 		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+		    !(flags & MSG_DONTWAIT) && wait_fd(fd, POLLOUT) == 0)
 			continue;
 		if (r < 0)
 			return -errno;

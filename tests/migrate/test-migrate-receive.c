@@ -85,6 +85,7 @@ static void on_progress(void *opaque, const struct ioc_mig_recv_stats *st)
 }
 
 static char image_path[512];
+static bool nonblocking_receiver; /* the receiver's end O_NONBLOCK */
 
 static int open_image(size_t prefill)
 {
@@ -117,6 +118,8 @@ static void receive(const uint8_t *p, size_t len, int image_fd, unsigned threads
 
 	memset(res, 0, sizeof(*res));
 	ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+	if (nonblocking_receiver)
+		ASSERT_OK(fcntl(sv[0], F_SETFL, O_NONBLOCK));
 	o.fd = f.peer_fd = sv[0];
 	f.fd = sv[1];
 	ASSERT_EQ(pthread_create(&f.thread, NULL, feed, &f), 0);
@@ -214,7 +217,10 @@ static void test_receive_passes(void)
 		/* Prefilled longer than the image: resized down, junk replaced. */
 		int fd = open_image((size_t)s.image_size + 12345);
 
+		/* The last round on a non-blocking socket. */
+		nonblocking_receiver = threads == 3;
 		receive(s.p, s.len, fd, threads, NULL, &res);
+		nonblocking_receiver = false;
 		ASSERT_OK(res.ret);
 		ASSERT_STR_EQ(res.why, "");
 		ASSERT_TRUE(res.have_ack);
