@@ -1326,8 +1326,9 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		     "There's a migration process in progress");
 		return NULL;
 	}
-	if (!srv->serving) {
-		errf(err, "The server does not serve an export");
+	if (!srv->serving ||
+	    atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_SHUT) {
+		errf(err, "The server does not serve an export (migrated already?)");
 		return NULL;
 	}
 	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
@@ -1506,21 +1507,21 @@ json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
 {
 	struct ioc__nbd_mig *m = srv->mig;
 	const char *state = json_string_value(json_object_get(args, "state"));
-	int st = m ? m->status : IOC_MIG_ST_NONE;
+	int st;
 
 	if (strcmp(state, "pre-switchover") != 0) {
 		errf(err, "Parameter 'state' does not accept value '%s'", state);
 		return NULL;
 	}
-	if (m)
-		pthread_mutex_lock(&m->lock);
-	if (m)
-		st = m->status;
+	if (!m) {
+		errf(err, "Migration not in expected state: none");
+		return NULL;
+	}
+	pthread_mutex_lock(&m->lock);
+	st = m->status;
 	if (st != IOC_MIG_ST_PRE_SWITCHOVER) {
-		if (m)
-			pthread_mutex_unlock(&m->lock);
-		errf(err, "Migration not in expected state: %s",
-		     status_names[st]);
+		pthread_mutex_unlock(&m->lock);
+		errf(err, "Migration not in expected state: %s", status_names[st]);
 		return NULL;
 	}
 	m->cont = true;
