@@ -25,6 +25,12 @@ for exe in $(find $dir/tests -type f -perm -u+x -name 'fuzz-*' | sort); do
 	if [ "${name#fuzz-zip-}" != "$name" ] && [ -d "$seeds" ]; then
 		cp "$seeds"/* "$corpus"/
 	fi
+	# The migration stream's checked-in corpus (tests/migrate/corpus/<target>/,
+	# written by test-migrate-fuzz-stream --write-corpus).
+	start=tests/migrate/corpus/${name#fuzz-migrate-}
+	if [ "${name#fuzz-migrate-}" != "$name" ] && [ -d "$start" ]; then
+		cp "$start"/* "$corpus"/
+	fi
 	echo "=== $name: ${secs}s"
 	log=$dir/corpus/$name.log
 	if ! "$exe" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 \

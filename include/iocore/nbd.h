@@ -36,6 +36,12 @@ struct ioc_nbd_server_opts {
 	ioc_nbd_log_fn *log;          /* per-connection logs; NULL = silent */
 	void *log_opaque;
 	struct ioc_loop_opts loop;    /* options of each I/O thread's loop */
+	/* Start the I/O threads (and allow the control socket) without
+	 * serving: exports and listeners may still be added after
+	 * ioc_nbd_server_start(), until ioc_nbd_server_serve() starts
+	 * accepting.  For a destination of a migration, which must not serve
+	 * before its image is complete (iocore-nbd --incoming). */
+	bool defer_serving;
 };
 
 struct ioc_nbd_export_opts {
@@ -91,6 +97,9 @@ int ioc_nbd_server_add_listener(struct ioc_nbd_server *srv, int fd);
 /* Start the I/O threads and watch the listeners on the calling thread's
  * current loop (which the caller then runs). */
 int ioc_nbd_server_start(struct ioc_nbd_server *srv);
+/* With opts.defer_serving: start accepting on the listeners (at least
+ * one export needed).  -EBUSY without defer_serving or when serving. */
+int ioc_nbd_server_serve(struct ioc_nbd_server *srv);
 /*
  * Graceful stop: stop accepting; let every connection finish the requests
  * it has received (connections still in the handshake are closed), send
@@ -115,6 +124,28 @@ struct ioc_nbd_control_opts {
 };
 int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
 			       const struct ioc_nbd_control_opts *opts);
+
+/*
+ * Incoming live migration (the destination side; the source side is the
+ * control socket's "migrate" command).  On a server started with
+ * opts.defer_serving: listen on uri ("tcp:ADDR:PORT", or "defer" to wait
+ * for migrate-incoming on the control socket), accept one connection and
+ * receive the source's image into the file image (created, or resized to
+ * the source's size).  done runs once on the main loop: result 0 when the
+ * image is complete, durable and verified (the caller then opens it, adds
+ * the export and calls ioc_nbd_server_serve()), otherwise -errno with the
+ * reason; the image must then not be served.  query-migrate on the control
+ * socket reports the progress.  Returns 0 or -errno (err says why).
+ */
+struct ioc_nbd_incoming_opts {
+	const char *uri;
+	const char *image;
+	void (*done)(void *opaque, int result, const char *why);
+	void *opaque;
+};
+int ioc_nbd_server_incoming(struct ioc_nbd_server *srv,
+			    const struct ioc_nbd_incoming_opts *opts,
+			    char *err, size_t errlen);
 
 struct ioc_nbd_server_stats {
 	uint64_t accepted;      /* connections accepted */

@@ -438,14 +438,147 @@ unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_in
 	return n;
 }
 
+/* ---- the serving gate ------------------------------------------------------
+ *
+ * Problem: a live migration's switch-over must stop the image changing
+ * while it sends the last dirty blocks, without failing the clients:
+ * requests that arrive must wait, requests already running must finish
+ * (their writes must reach the image and its dirty bitmap), and once the
+ * destination has taken over every waiting request must be answered
+ * NBD_ESHUTDOWN.  The request path of every I/O thread pays for this on
+ * every request, so it must cost next to nothing while the gate is open.
+ *
+ * Design: srv->gate (OPEN, HOLD, SHUT) is loaded relaxed once per request
+ * in req_co(); while it is OPEN that load is the whole cost, plus a plain
+ * per-thread count of requests past the gate (t->executing).  A change is
+ * made by ioc__nbd_gate_set(): it stores the new state, then posts
+ * t->gate_task to every I/O thread and waits until each has applied it.
+ * Why one relaxed load suffices: the task is posted after the store and
+ * runs on the I/O thread after the post's release/acquire, so every gate
+ * load the thread makes after the task runs reads the new state; a
+ * request that loaded OPEN before the task ran has already incremented
+ * t->executing (no yield between the load and the increment), so the
+ * task sees it.  HOLD: the task reports the thread done when executing
+ * is 0, else sets gate_draining and the last finishing request reports
+ * it.  Requests that find the gate shut wait in t->held (a coroutine
+ * queue of this thread), and OPEN or SHUT wakes them; they load the gate
+ * again (after the waking task, so they read its state).
+ *
+ * Sleep/wake handshake of the changer: it sets gate_pending to the number
+ * of threads under gate_lock, posts, then waits on gate_cond while
+ * gate_pending > 0; each thread decrements under gate_lock and broadcasts
+ * when it reaches 0.  The mutex orders both sides, so no wakeup is lost.
+ *
+ * Rejected: a reader count or rwlock taken by every request (a shared
+ * line written by every I/O thread on every request); failing requests
+ * during the switch-over (clients would see errors for a move they should
+ * not notice); holding at the socket (stop reading) instead of at
+ * execution: requests already parsed would still run, and a client's
+ * pipeline would stall without bound in the kernel instead of here. */
+
+static void gate_report(struct ioc_nbd_server *srv)
+{
+	pthread_mutex_lock(&srv->gate_lock);
+	if (--srv->gate_pending == 0)
+		pthread_cond_broadcast(&srv->gate_cond);
+	pthread_mutex_unlock(&srv->gate_lock);
+}
+
+static void gate_apply(struct ioc_task *task)
+{
+	struct nbd_thread *t = ioc_container_of(task, struct nbd_thread, gate_task);
+	struct ioc_nbd_server *srv = t->srv;
+	/* relaxed: ordered after the changer's store by the task's post. */
+	int state = atomic_load_explicit(&srv->gate, memory_order_relaxed);
+
+	if (state == IOC__NBD_GATE_HOLD) {
+		if (t->executing) {
+			t->gate_draining = true; /* the last request reports */
+			return;
+		}
+		gate_report(srv);
+		return;
+	}
+	t->gate_draining = false;
+	ioc_co_queue_restart_all(&t->held);
+	if (state == IOC__NBD_GATE_SHUT) {
+		/* As at a server stop: connections still in the handshake
+		 * close, the others answer what they received and close. */
+		for (struct conn *c = t->conns, *next; c; c = next) {
+			next = c->next;
+			if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
+				conn_kill(c);
+				update_handlers(c);
+				conn_maybe_reap(c);
+				continue;
+			}
+			c->draining = true;
+			conn_process(c);
+		}
+	}
+	gate_report(srv);
+}
+
+void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state)
+{
+	if (!srv->nthreads) {
+		atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
+		return;
+	}
+	pthread_mutex_lock(&srv->gate_lock);
+	srv->gate_pending = srv->nthreads;
+	pthread_mutex_unlock(&srv->gate_lock);
+	/* relaxed: published to each I/O thread by the post below. */
+	atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
+	for (unsigned i = 0; i < srv->nthreads; i++) {
+		srv->threads[i].gate_task.fn = gate_apply;
+		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].gate_task);
+	}
+	pthread_mutex_lock(&srv->gate_lock);
+	while (srv->gate_pending > 0)
+		pthread_cond_wait(&srv->gate_cond, &srv->gate_lock);
+	pthread_mutex_unlock(&srv->gate_lock);
+}
+
+/* The gate is not open: wait while it holds.  True when the request may
+ * run, false when it must be answered NBD_ESHUTDOWN. */
+static bool ioc_coroutine_fn gate_wait(struct nbd_thread *t)
+{
+	for (;;) {
+		/* relaxed: after a wake, ordered by the waking task (above). */
+		int state = atomic_load_explicit(&t->srv->gate, memory_order_relaxed);
+
+		if (state == IOC__NBD_GATE_OPEN)
+			return true;
+		if (state == IOC__NBD_GATE_SHUT)
+			return false;
+		ioc_co_queue_wait(&t->held, NULL);
+	}
+}
+
 static void ioc_coroutine_fn req_co(void *opaque)
 {
 	struct ioc__nbd_req *r = opaque;
 	struct conn *c = r->transport;
-	int64_t t0 = ioc_now_ns();
+	struct nbd_thread *t = c->t;
+	int64_t t0;
 
+	/* The hot path's one gate check (see "the serving gate" above). */
+	if (atomic_load_explicit(&t->srv->gate, memory_order_relaxed) !=
+	    IOC__NBD_GATE_OPEN && !gate_wait(t)) {
+		ioc__nbd_reply_error(&c->core, r, NBD_ESHUTDOWN, "server is shutting down");
+		account(c, r, 0);
+		queue_reply(c, r);
+		return;
+	}
+	t->executing++;
+	t0 = ioc_now_ns();
 	ioc__nbd_execute(&c->core, r);
 	account(c, r, ioc_now_ns() - t0);
+	if (--t->executing == 0 && t->gate_draining) {
+		t->gate_draining = false;
+		gate_report(t->srv);
+	}
 	queue_reply(c, r);
 }
 

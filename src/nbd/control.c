@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "ioc-config.h"
+#include "migrate-int.h"
 #include "nbd-int.h"
 #include "qmp.h"
 
@@ -69,7 +70,8 @@ static struct ioc_blk_dirty *find_bitmap(struct ioc__nbd_control *ctl, json_t *a
 
 	if (!e)
 		return NULL;
-	bm = ioc_blk_dirty_find(e->blk, name);
+	/* A migration's own bitmap is not the user's to touch. */
+	bm = strcmp(name, IOC_MIG_BITMAP) == 0 ? NULL : ioc_blk_dirty_find(e->blk, name);
 	if (!bm)
 		errf(err, "Dirty bitmap '%s' not found", name);
 	if (pe)
@@ -268,6 +270,8 @@ static json_t *bitmaps_json(struct ioc_blk *blk)
 
 	/* Newest first, as QEMU lists them. */
 	for (int i = n - 1; i >= 0 && a; i--) {
+		if (strcmp(info[i].name, IOC_MIG_BITMAP) == 0)
+			continue; /* a migration's, hidden */
 		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info[i].name,
 				      "recording", info[i].recording,
 				      "persistent", info[i].persistent, "busy", 0,
@@ -468,6 +472,32 @@ static json_t *cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_er
 	return list;
 }
 
+/* Migration (migrate-source.c, migrate-dest.c): the handlers take the
+ * server. */
+#define MIG_CMD(fn, impl) \
+	static json_t *fn(void *ctx, json_t *args, struct ioc__qmp_err *err) \
+	{ return impl(((struct ioc__nbd_control *)ctx)->srv, args, err); }
+MIG_CMD(cmd_mig_set_caps, ioc__nbd_mig_set_caps)
+MIG_CMD(cmd_mig_query_caps, ioc__nbd_mig_query_caps)
+MIG_CMD(cmd_mig_set_params, ioc__nbd_mig_set_params)
+MIG_CMD(cmd_mig_query_params, ioc__nbd_mig_query_params)
+MIG_CMD(cmd_mig_migrate, ioc__nbd_mig_migrate)
+MIG_CMD(cmd_mig_query, ioc__nbd_mig_query)
+MIG_CMD(cmd_mig_continue, ioc__nbd_mig_continue)
+MIG_CMD(cmd_mig_cancel, ioc__nbd_mig_cancel)
+MIG_CMD(cmd_mig_incoming, ioc__nbd_mig_incoming)
+#undef MIG_CMD
+
+void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
+			    json_t *data)
+{
+	if (!ctl) {
+		json_decref(data);
+		return;
+	}
+	ioc__qmp_event(ctl->qmp, name, data);
+}
+
 /* ---- the table --------------------------------------------------------- */
 
 static const struct ioc__qmp_arg args_caps[] = {
@@ -492,6 +522,31 @@ static const struct ioc__qmp_arg args_blockstats[] = {
 	{ "query-nodes", IOC_QMP_BOOL, true }, { NULL },
 };
 
+static const struct ioc__qmp_arg args_mig_caps[] = {
+	{ "capabilities", IOC_QMP_ARRAY, false }, { NULL },
+};
+static const struct ioc__qmp_arg args_mig_params[] = {
+	{ "compress-level", IOC_QMP_UINT, true },
+	{ "compress-threads", IOC_QMP_UINT, true },
+	{ "compress-wait-thread", IOC_QMP_BOOL, true },
+	{ "decompress-threads", IOC_QMP_UINT, true },
+	{ "max-bandwidth", IOC_QMP_UINT, true },
+	{ "downtime-limit", IOC_QMP_UINT, true },
+	{ "__org.iocore_granularity", IOC_QMP_UINT, true },
+	{ NULL },
+};
+static const struct ioc__qmp_arg args_migrate[] = {
+	{ "uri", IOC_QMP_STR, false }, { "blk", IOC_QMP_BOOL, true },
+	{ "inc", IOC_QMP_BOOL, true }, { "detach", IOC_QMP_BOOL, true },
+	{ "resume", IOC_QMP_BOOL, true }, { NULL },
+};
+static const struct ioc__qmp_arg args_mig_continue[] = {
+	{ "state", IOC_QMP_STR, false }, { NULL },
+};
+static const struct ioc__qmp_arg args_mig_incoming[] = {
+	{ "uri", IOC_QMP_STR, false }, { NULL },
+};
+
 static const struct ioc__qmp_cmd commands[] = {
 	{ "qmp_capabilities", NULL, args_caps },
 	{ "query-version", cmd_query_version, NULL },
@@ -507,6 +562,15 @@ static const struct ioc__qmp_cmd commands[] = {
 	{ "query-block-exports", cmd_query_block_exports, NULL },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
 	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
+	{ "migrate-set-capabilities", cmd_mig_set_caps, args_mig_caps },
+	{ "query-migrate-capabilities", cmd_mig_query_caps, NULL },
+	{ "migrate-set-parameters", cmd_mig_set_params, args_mig_params },
+	{ "query-migrate-parameters", cmd_mig_query_params, NULL },
+	{ "migrate", cmd_mig_migrate, args_migrate },
+	{ "query-migrate", cmd_mig_query, NULL },
+	{ "migrate-continue", cmd_mig_continue, args_mig_continue },
+	{ "migrate_cancel", cmd_mig_cancel, NULL },
+	{ "migrate-incoming", cmd_mig_incoming, args_mig_incoming },
 };
 
 static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err)

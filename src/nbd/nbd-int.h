@@ -5,8 +5,11 @@
 #ifndef IOC_NBD_INT_H
 #define IOC_NBD_INT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
+
+#include "iocore/co.h"
 
 #include "iocore/nbd.h"
 #include "nbd-proto.h"
@@ -41,6 +44,11 @@ struct nbd_thread {
 	_Atomic uint64_t requests;      /* written by this thread only */
 	struct ioc__nbd_stats *xstats;  /* [IOC_NBD_MAX_EXPORTS], this thread's
 					 * share of each export's counters */
+	/* The serving gate (conn.c), loop thread only but for the tasks. */
+	unsigned executing;             /* requests past the gate, not done */
+	bool gate_draining;             /* a hold waits for executing == 0 */
+	struct ioc_co_queue held;       /* requests waiting at the gate */
+	struct ioc_task gate_task;      /* a gate change to apply here */
 } IOC_CACHE_ALIGNED;
 
 
@@ -68,8 +76,40 @@ struct ioc_nbd_server {
 	_Atomic uint64_t accepted, refused;
 	_Atomic int stopping;
 	bool started;
+	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */
+	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
+
+	/* The serving gate (conn.c): OPEN lets requests run; HOLD parks new
+	 * ones at the gate until it opens again; SHUT answers them with
+	 * NBD_ESHUTDOWN.  The I/O threads load it relaxed on every request
+	 * (one load: see ioc__nbd_gate_set() for why that is enough). */
+	_Atomic int gate;
+	pthread_mutex_t gate_lock;      /* guards gate_pending, with gate_cond */
+	pthread_cond_t gate_cond;
+	unsigned gate_pending;          /* threads yet to apply the change */
 };
+
+enum { IOC__NBD_GATE_OPEN = 0, IOC__NBD_GATE_HOLD, IOC__NBD_GATE_SHUT };
+
+/*
+ * conn.c: move the serving gate to state (IOC__NBD_GATE_*) and return once
+ * every I/O thread has applied it: for HOLD, once no request is executing
+ * on any thread (requests already running finish; new ones wait); for
+ * OPEN, once the waiting requests have been released; for SHUT, once they
+ * have been answered with NBD_ESHUTDOWN and every connection has been told
+ * to finish what it has received and close.  Blocks the caller: not from
+ * an I/O thread.  Any other thread, one change at a time.
+ */
+void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state);
+/* server.c: stop accepting (close the listeners).  Main loop. */
+void ioc__nbd_close_listeners(struct ioc_nbd_server *srv);
+
+/* migrate-source.c / migrate-dest.c: the migration state of a server. */
+struct ioc__nbd_mig;
+/* Stop a migration in progress (cancel and join its thread, open the
+ * gate again) before the server stops; free the state.  Main loop. */
+void ioc__nbd_mig_free(struct ioc_nbd_server *srv);
 
 /* A snapshot of one connection for the control socket (conn.c fills it
  * on the connection's thread). */

@@ -134,6 +134,8 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 	if (!srv->opts.handshake_timeout_ns)
 		srv->opts.handshake_timeout_ns = 10ll * 1000000000;
 	srv->cfg.exports = srv->exports;
+	pthread_mutex_init(&srv->gate_lock, NULL);
+	pthread_cond_init(&srv->gate_cond, NULL);
 	*out = srv;
 	return 0;
 }
@@ -144,7 +146,7 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 	struct ioc__nbd_export *e;
 	const char *name = opts->name ? opts->name : "";
 
-	if (srv->started)
+	if (srv->serving || (srv->started && !srv->opts.defer_serving))
 		return -EBUSY;
 	if (srv->cfg.nexports == IOC_NBD_MAX_EXPORTS)
 		return -ENOSPC;
@@ -199,7 +201,7 @@ int ioc_nbd_server_set_tls(struct ioc_nbd_server *srv,
 
 int ioc_nbd_server_add_listener(struct ioc_nbd_server *srv, int fd)
 {
-	if (srv->started)
+	if (srv->serving || (srv->started && !srv->opts.defer_serving))
 		return -EBUSY;
 	if (srv->nlisteners == IOC_NBD_MAX_LISTENERS)
 		return -ENOSPC;
@@ -212,13 +214,53 @@ int ioc_nbd_server_add_listener(struct ioc_nbd_server *srv, int fd)
 	return 0;
 }
 
+static int watch_listeners(struct ioc_nbd_server *srv)
+{
+	for (unsigned i = 0; i < srv->nlisteners; i++) {
+		ioc_timer_init(&srv->listeners[i].backoff, srv->main_loop,
+			       listener_resume, &srv->listeners[i]);
+		int r = ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd, on_accept,
+					NULL, NULL, NULL, &srv->listeners[i]);
+		if (r < 0) {
+			while (i-- > 0)
+				ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd,
+						NULL, NULL, NULL, NULL, NULL);
+			return r;
+		}
+	}
+	srv->serving = true;
+	return 0;
+}
+
+int ioc_nbd_server_serve(struct ioc_nbd_server *srv)
+{
+	if (!srv->started || srv->serving || !srv->opts.defer_serving)
+		return -EBUSY;
+	if (!srv->cfg.nexports)
+		return -EINVAL;
+	return watch_listeners(srv);
+}
+
+void ioc__nbd_close_listeners(struct ioc_nbd_server *srv)
+{
+	for (unsigned i = 0; i < srv->nlisteners; i++) {
+		if (srv->serving) {
+			ioc_timer_cancel(&srv->listeners[i].backoff);
+			ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd, NULL, NULL,
+					NULL, NULL, NULL);
+		}
+		close(srv->listeners[i].fd);
+	}
+	srv->nlisteners = 0;
+}
+
 int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 {
 	int r;
 
 	if (srv->started)
 		return -EBUSY;
-	if (!srv->cfg.nexports)
+	if (!srv->cfg.nexports && !srv->opts.defer_serving)
 		return -EINVAL;
 	srv->main_loop = ioc_loop_current();
 	if (!srv->main_loop)
@@ -247,11 +289,8 @@ int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 		t->loop = ioc_iothread_loop(t->th);
 		srv->nthreads++;
 	}
-	for (unsigned i = 0; i < srv->nlisteners; i++) {
-		ioc_timer_init(&srv->listeners[i].backoff, srv->main_loop,
-			       listener_resume, &srv->listeners[i]);
-		r = ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd, on_accept,
-				    NULL, NULL, NULL, &srv->listeners[i]);
+	if (!srv->opts.defer_serving) {
+		r = watch_listeners(srv);
 		if (r < 0)
 			goto fail;
 	}
@@ -305,6 +344,10 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 
 	if (!srv->started)
 		return 0;
+	/* A migration first: it may hold requests at the gate. */
+	ioc__nbd_mig_free(srv);
+	if (atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_HOLD)
+		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
 	if (srv->control)
 		ioc__nbd_control_stopping(srv->control);
 	/* seq_cst: pairs with conn_destroy() (see there). */
@@ -312,13 +355,7 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 	/* relaxed: handshakes only read it as a hint (handshake.c). */
 	atomic_store_explicit(&srv->cfg.shutting_down, 1,
 			      memory_order_relaxed);
-	for (unsigned i = 0; i < srv->nlisteners; i++) {
-		ioc_timer_cancel(&srv->listeners[i].backoff);
-		ioc_loop_set_fd(srv->main_loop, srv->listeners[i].fd, NULL, NULL,
-				NULL, NULL, NULL);
-		close(srv->listeners[i].fd);
-	}
-	srv->nlisteners = 0;
+	ioc__nbd_close_listeners(srv);
 	for (unsigned i = 0; i < srv->nthreads; i++) {
 		srv->threads[i].stop_task.fn = ioc__nbd_thread_stop;
 		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].stop_task);
@@ -354,6 +391,7 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 		ioc_iothread_stop(srv->threads[i].th);
 	srv->nthreads = 0;
 	srv->started = false;
+	srv->serving = false;
 	return job.ret;
 }
 
@@ -363,6 +401,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		return;
 	if (srv->started)
 		ioc_nbd_server_stop(srv);
+	ioc__nbd_mig_free(srv);
 	for (unsigned i = 0; i < srv->nlisteners; i++)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
@@ -373,6 +412,8 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 			free(srv->threads[i].xstats);
 	ioc__nbd_control_free(srv->control);
 	free(srv->threads);
+	pthread_mutex_destroy(&srv->gate_lock);
+	pthread_cond_destroy(&srv->gate_cond);
 	free(srv);
 }
 

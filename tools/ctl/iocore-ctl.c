@@ -25,6 +25,7 @@ static void usage(FILE *f)
 	fprintf(f,
 "Usage: %s -s PATH [--json] COMMAND [KEY=VALUE | KEY:=JSON ...]\n"
 "       %s -s PATH [--json] events\n"
+"       %s -s PATH migrate tcp:HOST:PORT [--wait] [KEY=VALUE ...]\n"
 "Send a QMP command to the control socket iocore-nbd serves at PATH and\n"
 "print the reply.  KEY=VALUE passes true, false and integers as such and\n"
 "anything else as a string; KEY:=JSON passes any JSON value.\n"
@@ -37,8 +38,12 @@ static void usage(FILE *f)
 "  %s -s ctl.sock block-dirty-bitmap-add node=disk name=b0 persistent=true\n"
 "  %s -s ctl.sock query-named-block-nodes\n"
 "  %s -s ctl.sock block-dirty-bitmap-merge node=disk target=b0 bitmaps:='[\"b1\"]'\n"
-"  %s -s ctl.sock events\n",
-		prog, prog, prog, prog, prog, prog);
+"  %s -s ctl.sock events\n"
+"  %s -s ctl.sock migrate tcp:192.0.2.7:4444 --wait\n"
+"\n"
+"migrate with --wait follows the migration (copied, rate, remaining, dirty\n"
+"rate) until it ends, prints the totals, and exits 0 only if it completed.\n",
+		prog, prog, prog, prog, prog, prog, prog, prog);
 }
 
 /* ---- the connection ---------------------------------------------------- */
@@ -327,6 +332,97 @@ static void print_reply(const char *cmd, json_t *ret)
 	}
 }
 
+/* ---- migrate --wait ---------------------------------------------------- */
+
+static double num(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+
+	return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+static void print_progress(json_t *q, bool tty)
+{
+	json_t *d = json_object_get(q, "disk");
+	uint64_t total = u64(d, "total"), rem = u64(d, "remaining");
+	uint64_t copied = total > rem ? total - rem : 0;
+	char h1[32], h2[32], h3[32], h4[32], h5[32];
+
+	printf("%s%-14s copied %s of %s (%.0f%%), %s/s, remaining %s, dirty %s/s, "
+	       "pass %" PRIu64 "%s", tty ? "\r" : "", str(q, "status"),
+	       human(copied, h1, sizeof(h1)), human(total, h2, sizeof(h2)),
+	       total ? 100.0 * (double)copied / (double)total : 0.0,
+	       human((uint64_t)(num(d, "mbps") * 1e6 / 8), h3, sizeof(h3)),
+	       human(rem, h4, sizeof(h4)),
+	       human(u64(d, "dirty-pages-rate") * u64(d, "page-size"), h5, sizeof(h5)),
+	       u64(d, "dirty-sync-count"), tty ? "\033[K" : "\n");
+	fflush(stdout);
+}
+
+static void print_totals(json_t *q)
+{
+	json_t *d = json_object_get(q, "disk"), *c = json_object_get(q, "compression");
+	char h1[32], h2[32], h3[32];
+
+	printf("migration %s in %" PRIu64 " ms", str(q, "status"), u64(q, "total-time"));
+	if (json_object_get(q, "downtime"))
+		printf(", downtime %" PRIu64 " ms", u64(q, "downtime"));
+	printf("\n  image %s: %s on the wire, %" PRIu64 " zero and %" PRIu64
+	       " data blocks of %s, %" PRIu64 " passes, %.1f Mbit/s\n",
+	       human(u64(d, "total"), h1, sizeof(h1)),
+	       human(u64(d, "transferred"), h2, sizeof(h2)), u64(d, "duplicate"),
+	       u64(d, "normal"), human(u64(d, "page-size"), h3, sizeof(h3)),
+	       u64(d, "dirty-sync-count"), num(d, "mbps"));
+	if (c)
+		printf("  compression: %" PRIu64 " blocks to %s (ratio %.2f), workers busy "
+		       "%" PRIu64 " times\n", u64(c, "pages"),
+		       human(u64(c, "compressed-size"), h1, sizeof(h1)),
+		       num(c, "compression-rate"), u64(c, "busy"));
+	if (json_object_get(q, "__org.iocore_amplification"))
+		printf("  copy amplification %.2f\n", num(q, "__org.iocore_amplification"));
+	if (json_object_get(q, "error-desc"))
+		printf("  error: %s\n", str(q, "error-desc"));
+}
+
+/* Poll query-migrate until the migration ends; 0 if it completed. */
+static int migrate_wait(void)
+{
+	bool tty = isatty(STDOUT_FILENO) && !opt_json;
+
+	for (;;) {
+		json_t *r = execute("query-migrate", NULL), *q;
+		const char *st;
+		int rc;
+
+		if (!r || !(q = json_object_get(r, "return"))) {
+			fprintf(stderr, "%s: query-migrate failed\n", prog);
+			json_decref(r);
+			return 1;
+		}
+		st = str(q, "status");
+		if (!strcmp(st, "completed") || !strcmp(st, "failed") ||
+		    !strcmp(st, "cancelled") || !st[0]) {
+			if (tty)
+				printf("\n");
+			if (opt_json) {
+				char *s = json_dumps(q, JSON_COMPACT);
+				printf("%s\n", s ? s : "");
+				free(s);
+			} else {
+				print_totals(q);
+			}
+			rc = strcmp(st, "completed") == 0 ? 0 : 1;
+			json_decref(r);
+			return rc;
+		}
+		if (!opt_json)
+			print_progress(q, tty);
+		json_decref(r);
+		struct timespec ts = { 0, 250 * 1000000 };
+		nanosleep(&ts, NULL);
+	}
+}
+
 static int follow_events(const char *path)
 {
 	json_t *m;
@@ -391,7 +487,27 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	cmd = argv[optind];
-	args = parse_args(argc - optind - 1, argv + optind + 1);
+	bool wait = false;
+	if (strcmp(cmd, "migrate") == 0) {
+		/* migrate URI [--wait] [KEY=VALUE...]: the URI and --wait are
+		 * taken out before the KEY=VALUE parsing. */
+		int k = optind + 1;
+		const char *uri = NULL;
+
+		for (int i = optind + 1; i < argc; i++) {
+			if (strcmp(argv[i], "--wait") == 0 || strcmp(argv[i], "-w") == 0)
+				wait = true;
+			else if (!uri && !strchr(argv[i], '='))
+				uri = argv[i];
+			else
+				argv[k++] = argv[i];
+		}
+		args = parse_args(k - optind - 1, argv + optind + 1);
+		if (uri)
+			json_object_set_new(args, "uri", json_string(uri));
+	} else {
+		args = parse_args(argc - optind - 1, argv + optind + 1);
+	}
 	sock = connect_unix(path);
 	if (sock < 0)
 		return 1;
@@ -428,6 +544,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "%s: %s: %s\n", prog, str(e, "class"), str(e, "desc"));
 		}
 		rc = 1;
+	} else if (wait) {
+		rc = migrate_wait();
 	} else {
 		print_reply(cmd, json_object_get(r, "return"));
 	}

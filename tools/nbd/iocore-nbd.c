@@ -65,7 +65,11 @@ static void usage(FILE *f)
 "      --tls-psk FILE         pre-shared keys, \"username:hexkey\" lines (psktool)\n"
 "      --tls-verify-peer      X.509: require a client certificate from the CA\n"
 "      --control PATH         QMP control socket at PATH (mode 0600): dirty\n"
-"                             bitmaps, statistics; see iocore-ctl(1)\n"
+"                             bitmaps, statistics, migration; see iocore-ctl(1)\n"
+"      --incoming tcp:ADDR:PORT|defer\n"
+"                             receive IMAGE from a migrating iocore-nbd first\n"
+"                             (defer: wait for migrate-incoming on --control);\n"
+"                             serve it only once it is complete and verified\n"
 "  -v, --verbose              log connections to stderr\n"
 "      --inject-faults OPS=ERR[@OFF+LEN][/N][#COUNT]\n"
 "                             testing: fail OPS (read,write,flush,trim,zero,all)\n"
@@ -166,6 +170,76 @@ static void on_signal(void *opaque)
 	ioc_loop_stop(ioc_loop_current());
 }
 
+/* --incoming: what the end of the migration needs to start serving. */
+struct incoming {
+	struct ioc_loop *loop;
+	struct ioc_nbd_server *srv;
+	struct ioc_nbd_export_opts eo;
+	struct ioc_blk_opts bo;
+	struct ioc_blk *blk;
+	const char *image, *unix_path, *bind_addr, *port;
+	bool verbose;
+	int exit_code;
+};
+
+static void incoming_fail(struct incoming *in, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void incoming_fail(struct incoming *in, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "%s: ", prog);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	in->exit_code = 1;
+	ioc_loop_stop(in->loop);
+}
+
+/* The migration ended (main loop): serve the image only if it arrived whole. */
+static void incoming_done(void *opaque, int result, const char *why)
+{
+	struct incoming *in = opaque;
+	int r, fd;
+
+	if (result < 0) {
+		incoming_fail(in, "incoming migration failed, not serving %s: %s",
+			      in->image, why && why[0] ? why : strerror(-result));
+		return;
+	}
+	if ((r = ioc_blk_open(&in->blk, in->image, &in->bo)) < 0) {
+		incoming_fail(in, "cannot open %s: %s", in->image, strerror(-r));
+		return;
+	}
+	nbd_inject_install(in->blk);
+	in->eo.blk = in->blk;
+	if ((r = ioc_nbd_server_add_export(in->srv, &in->eo)) < 0) {
+		incoming_fail(in, "export: %s", strerror(-r));
+		return;
+	}
+	fd = in->unix_path ? ioc_nbd_listen_unix(in->unix_path)
+			   : ioc_nbd_listen_tcp(in->bind_addr, in->port);
+	if (fd < 0) {
+		incoming_fail(in, "cannot listen on %s: %s",
+			      in->unix_path ? in->unix_path : in->bind_addr, strerror(-fd));
+		return;
+	}
+	if ((r = ioc_nbd_server_add_listener(in->srv, fd)) < 0 ||
+	    (r = ioc_nbd_server_serve(in->srv)) < 0) {
+		incoming_fail(in, "serve: %s", strerror(-r));
+		return;
+	}
+	if (in->verbose) {
+		struct ioc_blk_info info;
+
+		ioc_blk_get_info(in->blk, &info);
+		fprintf(stderr, "%s: incoming migration completed; serving %s (%llu bytes) "
+			"on %s\n", prog, in->image, (unsigned long long)info.size,
+			in->unix_path ? in->unix_path : in->bind_addr);
+	}
+}
+
 /* The control socket's quit: stop as on SIGTERM. */
 static void on_quit(void *opaque)
 {
@@ -176,7 +250,8 @@ int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
-	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE, OPT_OVERLAY };
+	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE, OPT_OVERLAY,
+	       OPT_INCOMING };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -200,6 +275,7 @@ int main(int argc, char **argv)
 		{ "control", required_argument, NULL, OPT_CONTROL },
 		{ "frame-cache", required_argument, NULL, OPT_FRAME_CACHE },
 		{ "overlay", required_argument, NULL, OPT_OVERLAY },
+		{ "incoming", required_argument, NULL, OPT_INCOMING },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -207,7 +283,7 @@ int main(int argc, char **argv)
 	};
 	const char *control_path = NULL;
 	const char *unix_path = NULL, *port = "10809", *bind_addr = "127.0.0.1";
-	const char *pid_file = NULL, *overlay = NULL;
+	const char *pid_file = NULL, *overlay = NULL, *incoming_uri = NULL;
 	struct ioc_nbd_export_opts eo = { .name = "" };
 	struct ioc_nbd_server_opts so = { 0 };
 	struct ioc_blk_opts bo = { 0 };
@@ -284,6 +360,7 @@ int main(int argc, char **argv)
 		case OPT_CONTROL: control_path = optarg; break;
 		case OPT_FRAME_CACHE: zo.frame_cache = parse_size(optarg, "--frame-cache"); break;
 		case OPT_OVERLAY: overlay = optarg; break;
+		case OPT_INCOMING: incoming_uri = optarg; break;
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -321,10 +398,20 @@ int main(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	/* Listen first, so clients can connect as soon as we report ready. */
-	int lfds[MAX_LISTEN], nl = activation_fds(lfds, MAX_LISTEN);
+	if (incoming_uri) {
+		if (overlay)
+			die("--incoming cannot receive into a compressed image (--overlay)");
+		if (strcmp(incoming_uri, "defer") == 0 && !control_path)
+			die("--incoming defer needs --control (for migrate-incoming)");
+		if (getenv("LISTEN_FDS"))
+			die("--incoming cannot take activated sockets");
+	}
+
+	/* Listen first, so clients can connect as soon as we report ready
+	 * (an incoming migration listens once its image is complete). */
+	int lfds[MAX_LISTEN], nl = incoming_uri ? 0 : activation_fds(lfds, MAX_LISTEN);
 	bool activated = nl > 0;
-	if (nl == 0) {
+	if (nl == 0 && !incoming_uri) {
 		if (unix_path)
 			lfds[0] = ioc_nbd_listen_unix(unix_path);
 		else
@@ -355,6 +442,9 @@ int main(int argc, char **argv)
 	struct ioc_loop *loop;
 	if ((r = ioc_loop_new(&loop, NULL)) < 0)
 		die("event loop: %s", strerror(-r));
+	struct incoming in = { .loop = loop, .bo = bo, .image = image,
+			       .unix_path = unix_path, .bind_addr = bind_addr,
+			       .port = port, .verbose = verbose };
 	/* A compressed image is recognised by its first bytes, not its name. */
 	struct ioc_blk *blk = NULL;
 	struct ioc_zip_image *zimg = NULL;
@@ -362,7 +452,7 @@ int main(int argc, char **argv)
 	int probe_fd = open(image, O_RDONLY | O_CLOEXEC);
 	struct stat pst;
 	bool compressed = false;
-	if (probe_fd >= 0) {
+	if (probe_fd >= 0 && !incoming_uri) {
 		compressed = fstat(probe_fd, &pst) == 0 && S_ISREG(pst.st_mode) &&
 			     ioc_zip_probe(probe_fd) == 1;
 		close(probe_fd);
@@ -380,6 +470,9 @@ int main(int argc, char **argv)
 		} else {
 			eo.read_only = true;
 		}
+	} else if (incoming_uri) {
+		/* Opened once received (incoming_done). */
+		so.defer_serving = true;
 	} else {
 		if (overlay)
 			die("--overlay needs a compressed image; %s is not one", image);
@@ -404,8 +497,10 @@ int main(int argc, char **argv)
 		so.log = log_stderr;
 	struct ioc_nbd_server *srv;
 	if ((r = ioc_nbd_server_new(&srv, &so)) < 0 ||
-	    (r = ioc_nbd_server_add_export(srv, &eo)) < 0)
+	    (!incoming_uri && (r = ioc_nbd_server_add_export(srv, &eo)) < 0))
 		die("server: %s", strerror(-r));
+	in.srv = srv;
+	in.eo = eo;
 	if (tls.mode != IOC_NBD_TLS_OFF) {
 		char err[512];
 		if ((r = ioc_nbd_server_set_tls(srv, &tls, err, sizeof(err))) < 0)
@@ -429,6 +524,15 @@ int main(int argc, char **argv)
 		if ((r = ioc_nbd_server_add_control(srv, cfd, &co)) < 0)
 			die("control socket: %s", strerror(-r));
 	}
+	if (incoming_uri) {
+		char err[512];
+		struct ioc_nbd_incoming_opts io = {
+			.uri = incoming_uri, .image = image,
+			.done = incoming_done, .opaque = &in,
+		};
+		if ((r = ioc_nbd_server_incoming(srv, &io, err, sizeof(err))) < 0)
+			die("--incoming: %s", err);
+	}
 
 	int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (sfd < 0 || ioc_loop_set_fd(loop, sfd, on_signal, NULL, NULL, NULL, &sfd) < 0)
@@ -441,7 +545,10 @@ int main(int argc, char **argv)
 		fprintf(f, "%d\n", (int)getpid());
 		fclose(f);
 	}
-	if (verbose) {
+	if (verbose && incoming_uri) {
+		fprintf(stderr, "%s: waiting for an incoming migration on %s into %s\n",
+			prog, incoming_uri, image);
+	} else if (verbose) {
 		struct ioc_blk_info info = { .aio = "zip" };
 		if (zimg) {
 			struct ioc_zip_image_info zi;
@@ -512,6 +619,8 @@ int main(int argc, char **argv)
 	ioc_zip_image_close(zimg);
 	if (blk)
 		ioc_blk_close(blk);
+	if (in.blk)
+		ioc_blk_close(in.blk);
 	ioc_loop_free(loop);
 	if (unix_path)
 		unlink(unix_path);
@@ -519,5 +628,5 @@ int main(int argc, char **argv)
 		unlink(control_path);
 	if (pid_file)
 		unlink(pid_file);
-	return r < 0 ? 1 : 0;
+	return r < 0 || in.exit_code ? 1 : 0;
 }

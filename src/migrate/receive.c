@@ -1,0 +1,692 @@
+/*
+ * The migration receiver (receive.h): a blocking loop that reads the
+ * stream, has workqueue workers decode and write its data, and answers
+ * the sender's END with an ACK once the image is durable and verified.
+ *
+ * Problem.  Decompression is the receiver's CPU cost and must use every
+ * core, yet the stream is one ordered byte sequence from one socket, and
+ * its records have an order that matters across passes: pass 2 may
+ * rewrite a block of pass 1, and the older write must not land last.  The
+ * peer is not trusted: memory must stay bounded whatever lengths it
+ * claims, a record must not write outside the image, and a failure at any
+ * point must be reported with where and why.
+ *
+ * Design.
+ *  - One thread (the caller's) reads: header, then record headers and
+ *    payloads, each read in full before it is used.  A DATA record becomes
+ *    a job that owns its payload; a worker decodes it, computes the CRCs
+ *    of its blocks, checks the record's CRC (combined from the block
+ *    CRCs, so each byte is read once) and pwrites the block range itself.
+ *    Nothing serialises the writes within a pass: its records never
+ *    overlap, and the reader enforces that with a per-pass bitmap of the
+ *    blocks it has seen, so a lying sender cannot make two workers race
+ *    on a block.
+ *  - Ordering between passes is a drain: at PASS (and at END) the reader
+ *    collects every job in flight before reading on.  ZERO records are
+ *    applied by the reader itself (fallocate: punch a hole, else zero the
+ *    range, else write zeros), never concurrently with a job on the same
+ *    block, since the pass's records do not overlap.
+ *  - Memory: the payload and decoded bytes of the jobs in flight are
+ *    counted, and the reader collects jobs before reading a payload that
+ *    would take the count above 64 MiB, so memory is that plus one
+ *    record of at most MAX_CHUNK (and zstd's bound) whatever the sender
+ *    says.  zstd contexts are pooled, one per worker at most.
+ *  - Sleeps and wakes: the reader sleeps in read() (woken by data, EOF, or
+ *    a shutdown(2) of the socket by whoever sets the cancel flag; poll()
+ *    stands in for a non-blocking socket, with the same wakes) and in
+ *    ioc_wq_wait_done() (woken by a worker handing a job back: the
+ *    workqueue's own handshake, wq.c).  Workers sleep only inside the
+ *    workqueue.  The dctx pool's mutex is held for a push or a pop only.
+ *  - END: drain, fdatasync, image checksum from the block CRCs, compare,
+ *    ACK.  A failure anywhere drains the jobs (they own memory and may be
+ *    writing), then sends an ACK carrying the errno if the socket takes it
+ *    without blocking.
+ *
+ * Rejected.  Decoding in order through an in-order workqueue and writing
+ * on the reader (one thread would write everything; the zip decoder's
+ * notes measured that as the bottleneck); mmap of the image (a fault per
+ * page, and SIGBUS on a full file system instead of an errno); a lock per
+ * block (the pass drain gives the only ordering the format needs).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "iocore/common.h"
+#include "iocore/wq.h"
+#include "stream-int.h"
+#include "receive.h"
+
+#define RECV_MAX_IN_FLIGHT (64u << 20)  /* payload + decoded bytes of jobs */
+#define ZERO_BUF (1u << 20)
+
+enum zero_mode { Z_PUNCH, Z_ZERO_RANGE, Z_WRITE };
+
+struct recv;
+
+struct job {
+	struct ioc_wq_job wj;
+	struct recv *rv;
+	struct ioc_mig_rec rec;
+	uint64_t recno;
+	uint8_t *payload;
+	uint8_t *out;           /* payload itself for DATA_RAW */
+	size_t bytes;           /* counted in rv->in_flight_bytes */
+	/* Written by the worker, read by the reader after it collects the
+	 * job (ordered by the workqueue's done-ring handoff). */
+	int err;
+	const char *what;
+	uint32_t got_crc;
+};
+
+struct recv {
+	const struct ioc_mig_recv_opts *o;
+	struct ioc_mig_recv_stats *st;
+	struct ioc_mig_hdr hdr;
+	struct ioc_mig_crcs *crcs;
+	struct ioc_wq *wq;
+	uint64_t in_flight_bytes;
+	uint64_t *seen;         /* blocks written in the current pass */
+	enum zero_mode zmode;
+	uint8_t *zbuf;
+	pthread_mutex_t dctx_lock;
+	ZSTD_DCtx **dctx;       /* free contexts */
+	unsigned ndctx, dctx_cap;
+	int err;                /* the first error; why holds its reason */
+	char *why;
+	size_t whylen;
+};
+
+static const char *type_name(uint32_t t)
+{
+	static const char *const names[] = {
+		"?", "DATA_RAW", "DATA_ZSTD", "ZERO", "PASS", "END", "ACK",
+	};
+
+	return t < IOC_ARRAY_SIZE(names) ? names[t] : "?";
+}
+
+static int fail(struct recv *rv, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int fail(struct recv *rv, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (rv->err)
+		return rv->err;
+	rv->err = err;
+	if (rv->why && rv->whylen) {
+		va_start(ap, fmt);
+		vsnprintf(rv->why, rv->whylen, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+static bool cancelled(struct recv *rv)
+{
+	/* Acquire: pairs with the store of whoever cancels (a relaxed store
+	 * would do too; the flag publishes nothing else). */
+	return rv->o->cancel && atomic_load_explicit(rv->o->cancel, memory_order_acquire);
+}
+
+/* Sleep until fd is ready for events (woken by the kernel: data, room,
+ * hang-up or error).  Only for a non-blocking fd, where read() and send()
+ * would not sleep themselves. */
+static int wait_fd(int fd, short events)
+{
+	struct pollfd pfd = { .fd = fd, .events = events };
+
+	while (poll(&pfd, 1, -1) < 0)
+		if (errno != EINTR)
+			return -errno;
+	return 0;
+}
+
+/* Read exactly n bytes of what (the stream header when recno is 0, else
+ * record recno's "header" or "payload"); EOF part-way is a truncated
+ * stream, EOF before a record header a stream that stopped before END. */
+static int read_full(struct recv *rv, void *buf, size_t n, const char *what,
+		     uint64_t recno)
+{
+	uint8_t *p = buf;
+	size_t got = 0;
+	char part[64];
+
+	if (recno == 0)
+		snprintf(part, sizeof(part), "the stream %s", what);
+	else
+		snprintf(part, sizeof(part), "record %llu's %s", (unsigned long long)recno,
+			 what);
+	while (got < n) {
+		ssize_t r = read(rv->o->fd, p + got, n - got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+		    wait_fd(rv->o->fd, POLLIN) == 0)
+			continue; /* a non-blocking socket: wait as read() would */
+		if (r <= 0 && cancelled(rv))
+			return fail(rv, -ECANCELED, "cancelled while reading %s", part);
+		if (r < 0)
+			return fail(rv, -errno, "reading %s at stream byte %llu: %s", part,
+				    (unsigned long long)rv->st->wire_bytes, strerror(errno));
+		if (r == 0) {
+			if (got == 0 && recno > 0 && strcmp(what, "header") == 0)
+				return fail(rv, -EPROTO,
+					    "stream truncated: EOF before END, after %llu records "
+					    "(stream byte %llu)",
+					    (unsigned long long)(recno - 1),
+					    (unsigned long long)rv->st->wire_bytes);
+			return fail(rv, -EPROTO,
+				    "stream truncated: EOF after %zu of %zu bytes of %s "
+				    "(stream byte %llu)", got, n, part,
+				    (unsigned long long)rv->st->wire_bytes);
+		}
+		got += (size_t)r;
+		rv->st->wire_bytes += (uint64_t)r;
+	}
+	return 0;
+}
+
+static int send_all(int fd, const void *buf, size_t n, int flags)
+{
+	const uint8_t *p = buf;
+
+	while (n) {
+		ssize_t r = send(fd, p, n, flags | MSG_NOSIGNAL);
+
+		if (r < 0 && errno == ENOTSOCK)
+			r = write(fd, p, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+		    !(flags & MSG_DONTWAIT) && wait_fd(fd, POLLOUT) == 0)
+			continue;
+		if (r < 0)
+			return -errno;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+static int send_ack(struct recv *rv, int err, uint32_t sum, int flags)
+{
+	struct ioc_mig_rec a = {
+		.type = IOC_MIG_ACK, .offset = (uint64_t)(err < 0 ? -err : err),
+		.data_crc = sum,
+	};
+	uint8_t buf[IOC_MIG_REC_SIZE];
+
+	ioc_mig_rec_encode(&a, buf);
+	return send_all(rv->o->fd, buf, sizeof(buf), flags);
+}
+
+/* ---- zstd contexts ------------------------------------------------- */
+
+static ZSTD_DCtx *dctx_get(struct recv *rv)
+{
+	ZSTD_DCtx *d = NULL;
+
+	pthread_mutex_lock(&rv->dctx_lock);
+	if (rv->ndctx)
+		d = rv->dctx[--rv->ndctx];
+	pthread_mutex_unlock(&rv->dctx_lock);
+	return d ? d : ZSTD_createDCtx();
+}
+
+static void dctx_put(struct recv *rv, ZSTD_DCtx *d)
+{
+	if (!d)
+		return;
+	pthread_mutex_lock(&rv->dctx_lock);
+	if (rv->ndctx < rv->dctx_cap) {
+		rv->dctx[rv->ndctx++] = d;
+		d = NULL;
+	}
+	pthread_mutex_unlock(&rv->dctx_lock);
+	ZSTD_freeDCtx(d);
+}
+
+/* ---- writing ------------------------------------------------------- */
+
+static int pwrite_full(int fd, const uint8_t *p, uint64_t n, uint64_t off)
+{
+	while (n) {
+		ssize_t r = pwrite(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n, (off_t)off);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			return -EIO;
+		p += r;
+		n -= (uint64_t)r;
+		off += (uint64_t)r;
+	}
+	return 0;
+}
+
+/* Runs on a worker: decode, check, write. */
+static void data_job(struct ioc_wq_job *wj)
+{
+	struct job *j = ioc_container_of(wj, struct job, wj);
+	struct recv *rv = j->rv;
+	ZSTD_DCtx *d = NULL;
+	uint32_t crc;
+	int r;
+
+	if (j->rec.type == IOC_MIG_DATA_ZSTD) {
+		d = dctx_get(rv); /* NULL: ZSTD_decompress makes its own */
+		j->out = malloc(j->rec.length);
+		if (!j->out) {
+			dctx_put(rv, d);
+			j->err = -ENOMEM;
+			j->what = "cannot allocate the decoded buffer";
+			return;
+		}
+	}
+	r = ioc__mig_payload_decode(&j->rec, j->payload, j->out, d, &j->what);
+	dctx_put(rv, d);
+	if (r < 0) {
+		j->err = r;
+		return;
+	}
+	crc = ioc__mig_crcs_set_data(rv->crcs, j->rec.offset, j->rec.length, j->out);
+	if (crc != j->rec.data_crc) {
+		j->err = -EBADMSG;
+		j->what = "data CRC mismatch";
+		j->got_crc = crc;
+		return;
+	}
+	r = pwrite_full(rv->o->image_fd, j->out, j->rec.length, j->rec.offset);
+	if (r < 0) {
+		j->err = r;
+		j->what = "cannot write to the image";
+	}
+}
+
+static void job_free(struct job *j)
+{
+	if (j->out != j->payload)
+		free(j->out);
+	free(j->payload);
+	free(j);
+}
+
+/* Collect finished jobs, waiting for at least one when block is set and
+ * something is in flight.  A job's failure goes to rv->err (the first one
+ * wins); returns the count collected, or the workqueue's -errno. */
+static int collect(struct recv *rv, bool block)
+{
+	struct ioc_wq_job *done[32];
+	int n;
+
+	if (!rv->wq)
+		return 0;
+	n = block ? ioc_wq_wait_done(rv->wq, done, IOC_ARRAY_SIZE(done), -1)
+		  : ioc_wq_poll_done(rv->wq, done, IOC_ARRAY_SIZE(done));
+	if (n < 0)
+		return fail(rv, n, "workqueue: %s", strerror(-n));
+	for (int i = 0; i < n; i++) {
+		struct job *j = ioc_container_of(done[i], struct job, wj);
+
+		rv->in_flight_bytes -= j->bytes;
+		if (j->err == -EBADMSG && j->got_crc)
+			fail(rv, j->err, "record %llu (%s) at image offset %llu: %s "
+			     "(computed 0x%08x, record says 0x%08x)",
+			     (unsigned long long)j->recno, type_name(j->rec.type),
+			     (unsigned long long)j->rec.offset, j->what,
+			     (unsigned)j->got_crc, (unsigned)j->rec.data_crc);
+		else if (j->err)
+			fail(rv, j->err, "record %llu (%s) at image offset %llu, "
+			     "length %u: %s (%s)",
+			     (unsigned long long)j->recno, type_name(j->rec.type),
+			     (unsigned long long)j->rec.offset, (unsigned)j->rec.length,
+			     j->what, strerror(-j->err));
+		else
+			rv->st->data_bytes += j->rec.length;
+		job_free(j);
+	}
+	return n;
+}
+
+/* Collect one or more jobs; returns rv->err (0 while all is well). */
+static int reap(struct recv *rv, bool block)
+{
+	int n = collect(rv, block);
+
+	return n < 0 ? n : rv->err;
+}
+
+/* Collect every job in flight, failed or not. */
+static void drain(struct recv *rv)
+{
+	while (rv->wq && ioc_wq_in_flight(rv->wq))
+		if (collect(rv, true) < 0)
+			break; /* the workqueue itself failed */
+}
+
+static int write_zeros(struct recv *rv, uint64_t off, uint64_t len)
+{
+	int fd = rv->o->image_fd;
+
+	if (rv->zmode == Z_PUNCH) {
+		if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      (off_t)off, (off_t)len) == 0)
+			return 0;
+		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
+		    errno != ENODEV)
+			return -errno;
+		rv->zmode = Z_ZERO_RANGE;
+	}
+	if (rv->zmode == Z_ZERO_RANGE) {
+		if (fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+			      (off_t)off, (off_t)len) == 0)
+			return 0;
+		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
+		    errno != ENODEV)
+			return -errno;
+		rv->zmode = Z_WRITE;
+	}
+	if (!rv->zbuf && !(rv->zbuf = calloc(1, ZERO_BUF)))
+		return -ENOMEM;
+	while (len) {
+		uint64_t n = len < ZERO_BUF ? len : ZERO_BUF;
+		int r = pwrite_full(fd, rv->zbuf, n, off);
+
+		if (r < 0)
+			return r;
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+/* The image takes the sender's size: a regular file is resized, a block
+ * device must be large enough. */
+static int size_image(struct recv *rv)
+{
+	int fd = rv->o->image_fd;
+	uint64_t size = rv->hdr.image_size;
+	struct stat sb;
+
+	if (fstat(fd, &sb) < 0)
+		return fail(rv, -errno, "image: fstat: %s", strerror(errno));
+	if (S_ISBLK(sb.st_mode)) {
+		uint64_t dev = 0;
+
+		if (ioctl(fd, BLKGETSIZE64, &dev) < 0)
+			return fail(rv, -errno, "image: BLKGETSIZE64: %s", strerror(errno));
+		if (dev < size)
+			return fail(rv, -ENOSPC, "image: block device of %llu bytes is "
+				    "smaller than the sender's image (%llu bytes)",
+				    (unsigned long long)dev, (unsigned long long)size);
+		return 0;
+	}
+	if (ftruncate(fd, (off_t)size) < 0)
+		return fail(rv, -errno, "image: cannot resize to %llu bytes: %s",
+			    (unsigned long long)size, strerror(errno));
+	return 0;
+}
+
+/* Mark the blocks of a DATA or ZERO record as seen in this pass; a block
+ * already seen means two records of one pass overlap. */
+static int claim_blocks(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
+{
+	uint32_t bs = rv->hdr.block_size;
+	uint64_t first = r->offset / bs;
+	uint64_t last = (r->offset + r->length - 1) / bs;
+
+	for (uint64_t b = first; b <= last; b++) {
+		uint64_t bit = UINT64_C(1) << (b % 64);
+
+		if (rv->seen[b / 64] & bit)
+			return fail(rv, -EPROTO, "record %llu (%s) at image offset %llu: "
+				    "block %llu already written in this pass",
+				    (unsigned long long)recno, type_name(r->type),
+				    (unsigned long long)r->offset, (unsigned long long)b);
+		rv->seen[b / 64] |= bit;
+	}
+	return 0;
+}
+
+static int start_data(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
+{
+	size_t need = sizeof(struct job) + r->payload_len +
+		      (r->type == IOC_MIG_DATA_ZSTD ? r->length : 0);
+	struct job *j;
+	int ret;
+
+	/* Memory bound: collect jobs until this one fits (or is alone). */
+	while (rv->in_flight_bytes && rv->in_flight_bytes + need > RECV_MAX_IN_FLIGHT)
+		if (reap(rv, true) < 0)
+			return rv->err;
+	if (!rv->wq) {
+		struct ioc_wq_opts wo = {
+			.workers = rv->o->threads, .policy = IOC_WQ_LEAST_LOADED,
+			.name = "ioc-migrecv",
+		};
+
+		ret = ioc_wq_new(&rv->wq, &wo);
+		if (ret < 0)
+			return fail(rv, ret, "cannot start the decompression workers: %s",
+				    strerror(-ret));
+		rv->dctx_cap = ioc_wq_workers(rv->wq);
+		rv->dctx = calloc(rv->dctx_cap, sizeof(*rv->dctx));
+		if (!rv->dctx)
+			return fail(rv, -ENOMEM, "out of memory");
+	}
+	j = calloc(1, sizeof(*j));
+	if (j)
+		j->payload = malloc(r->payload_len);
+	if (!j || !j->payload) {
+		free(j);
+		return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
+			    (unsigned long long)recno, (unsigned)r->payload_len);
+	}
+	j->wj.fn = data_job;
+	j->rv = rv;
+	j->rec = *r;
+	j->recno = recno;
+	j->bytes = need;
+	if (r->type == IOC_MIG_DATA_RAW)
+		j->out = j->payload;
+	ret = read_full(rv, j->payload, r->payload_len, "payload", recno);
+	if (ret < 0) {
+		job_free(j);
+		return ret;
+	}
+	while ((ret = ioc_wq_submit(rv->wq, &j->wj)) == -EAGAIN)
+		if (reap(rv, true) < 0)
+			break;
+	if (ret < 0) {
+		job_free(j);
+		return fail(rv, ret, "workqueue: %s", strerror(-ret));
+	}
+	rv->in_flight_bytes += need;
+	return 0;
+}
+
+static int apply_zero(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
+{
+	int ret = write_zeros(rv, r->offset, r->length);
+
+	if (ret < 0)
+		return fail(rv, ret, "record %llu (ZERO) at image offset %llu, length %u: "
+			    "cannot zero the image: %s", (unsigned long long)recno,
+			    (unsigned long long)r->offset, (unsigned)r->length,
+			    strerror(-ret));
+	ioc_mig_crcs_set(rv->crcs, r->offset, r->length, NULL);
+	rv->st->zero_bytes += r->length;
+	return 0;
+}
+
+static int finish(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
+{
+	uint64_t missing = 0;
+	uint32_t sum = 0;
+	int ret;
+
+	drain(rv);
+	if (rv->err)
+		return rv->err;
+	if (fdatasync(rv->o->image_fd) < 0)
+		return fail(rv, -errno, "END: fdatasync of the image: %s", strerror(errno));
+	ret = ioc_mig_crcs_checksum(rv->crcs, &sum, &missing);
+	if (ret == -ENODATA)
+		return fail(rv, ret, "END (record %llu): block %llu (image offset %llu) "
+			    "was never sent", (unsigned long long)recno,
+			    (unsigned long long)missing,
+			    (unsigned long long)(missing * rv->hdr.block_size));
+	if (ret < 0)
+		return fail(rv, ret, "END: image checksum: %s", strerror(-ret));
+	if (sum != r->data_crc)
+		return fail(rv, -EBADMSG, "END (record %llu): image checksum mismatch: "
+			    "received image 0x%08x, sender's 0x%08x",
+			    (unsigned long long)recno, (unsigned)sum, (unsigned)r->data_crc);
+	ret = send_ack(rv, 0, sum, 0);
+	if (ret < 0)
+		return fail(rv, ret, "END: cannot send ACK: %s", strerror(-ret));
+	return 0;
+}
+
+static int run(struct recv *rv)
+{
+	const struct ioc_mig_recv_opts *o = rv->o;
+	uint8_t buf[IOC_MIG_REC_SIZE];
+	const char *why = NULL;
+	uint64_t recno;
+	int ret;
+
+	ret = read_full(rv, buf, IOC_MIG_HDR_SIZE, "header", 0);
+	if (ret < 0)
+		return ret;
+	ret = ioc_mig_hdr_decode(buf, &rv->hdr, &why);
+	if (ret < 0)
+		return fail(rv, ret, "%s", why);
+	ret = ioc_mig_crcs_new(&rv->crcs, rv->hdr.image_size, rv->hdr.block_size);
+	if (ret < 0)
+		return fail(rv, ret, "header: cannot track %llu blocks: %s",
+			    (unsigned long long)ioc__mig_nblocks(rv->hdr.image_size,
+								 rv->hdr.block_size),
+			    strerror(-ret));
+	rv->seen = calloc((size_t)(ioc__mig_nblocks(rv->hdr.image_size,
+						    rv->hdr.block_size) + 63) / 64,
+			  sizeof(*rv->seen));
+	if (!rv->seen)
+		return fail(rv, -ENOMEM, "header: out of memory");
+	ret = size_image(rv);
+	if (ret < 0)
+		return ret;
+	rv->st->image_size = rv->hdr.image_size;
+
+	for (recno = 1;; recno++) {
+		uint64_t pos = rv->st->wire_bytes;
+		struct ioc_mig_rec r;
+
+		if (cancelled(rv))
+			return fail(rv, -ECANCELED, "cancelled before record %llu",
+				    (unsigned long long)recno);
+		if (reap(rv, false) < 0)
+			return rv->err;
+		ret = read_full(rv, buf, IOC_MIG_REC_SIZE, "header", recno);
+		if (ret < 0)
+			return ret;
+		ret = ioc_mig_rec_decode(buf, &rv->hdr, &r, &why);
+		if (ret < 0)
+			return fail(rv, ret, "record %llu at stream byte %llu (type %u, "
+				    "offset %llu, length %u, payload_len %u): %s",
+				    (unsigned long long)recno, (unsigned long long)pos,
+				    (unsigned)r.type, (unsigned long long)r.offset,
+				    (unsigned)r.length, (unsigned)r.payload_len, why);
+		rv->st->records++;
+		switch (r.type) {
+		case IOC_MIG_DATA_RAW:
+		case IOC_MIG_DATA_ZSTD:
+			ret = claim_blocks(rv, &r, recno);
+			if (ret == 0)
+				ret = start_data(rv, &r, recno);
+			break;
+		case IOC_MIG_ZERO:
+			ret = claim_blocks(rv, &r, recno);
+			if (ret == 0)
+				ret = apply_zero(rv, &r, recno);
+			break;
+		case IOC_MIG_PASS:
+			/* Every write of the previous pass lands first. */
+			drain(rv);
+			if (rv->err)
+				return rv->err;
+			if (r.offset != rv->st->passes + 1)
+				return fail(rv, -EPROTO, "record %llu (PASS) at stream byte %llu: "
+					    "pass %llu after pass %llu",
+					    (unsigned long long)recno, (unsigned long long)pos,
+					    (unsigned long long)r.offset,
+					    (unsigned long long)rv->st->passes);
+			rv->st->passes++;
+			memset(rv->seen, 0, (size_t)(ioc__mig_nblocks(rv->hdr.image_size,
+						     rv->hdr.block_size) + 63) / 64 * 8);
+			break;
+		case IOC_MIG_END:
+			ret = finish(rv, &r, recno);
+			if (ret == 0 && o->progress)
+				o->progress(o->opaque, rv->st);
+			return ret;
+		default:
+			return fail(rv, -EPROTO, "record %llu at stream byte %llu: "
+				    "%s from the sender", (unsigned long long)recno,
+				    (unsigned long long)pos, type_name(r.type));
+		}
+		if (ret < 0)
+			return ret;
+		if (o->progress)
+			o->progress(o->opaque, rv->st);
+	}
+}
+
+int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
+		    struct ioc_mig_recv_stats *st, char *why, size_t whylen)
+{
+	struct ioc_mig_recv_stats local;
+	struct recv rv = {
+		.o = o, .st = st ? st : &local, .why = why, .whylen = whylen,
+		.zmode = Z_PUNCH,
+	};
+	int ret;
+
+	memset(rv.st, 0, sizeof(*rv.st));
+	if (why && whylen)
+		why[0] = '\0';
+	pthread_mutex_init(&rv.dctx_lock, NULL);
+	ret = run(&rv);
+	if (ret < 0) {
+		/* The jobs own memory and may be writing: collect them all. */
+		drain(&rv);
+		/* Best effort: tell the sender, unless that would block. */
+		(void)send_ack(&rv, ret, 0, MSG_DONTWAIT);
+	}
+	if (rv.wq)
+		ioc_wq_free(rv.wq);
+	for (unsigned i = 0; i < rv.ndctx; i++)
+		ZSTD_freeDCtx(rv.dctx[i]);
+	free(rv.dctx);
+	pthread_mutex_destroy(&rv.dctx_lock);
+	free(rv.zbuf);
+	free(rv.seen);
+	ioc_mig_crcs_free(rv.crcs);
+	return ret;
+}

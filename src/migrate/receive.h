@@ -1,0 +1,52 @@
+/*
+ * The receiving end of a migration stream (stream.h): read it from a
+ * connected socket, apply it to an image file with decompression on a
+ * workqueue, check the image checksum and answer ACK.  Blocking: it runs
+ * on a thread of its own (iocore-nbd --incoming), so the server's loops
+ * are not involved until the image is complete and verified.
+ */
+#ifndef IOCORE_MIGRATE_RECEIVE_H
+#define IOCORE_MIGRATE_RECEIVE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+struct ioc_mig_recv_stats {
+	uint64_t wire_bytes;     /* bytes read from the socket */
+	uint64_t data_bytes;     /* decoded bytes written (DATA records) */
+	uint64_t zero_bytes;     /* bytes of ZERO records */
+	uint64_t records;
+	uint64_t passes;         /* PASS records seen */
+	uint64_t image_size;     /* from the header, 0 before it */
+};
+
+struct ioc_mig_recv_opts {
+	int fd;                  /* the connected stream */
+	int image_fd;            /* opened O_RDWR; a regular file is resized
+				  * (ftruncate) to the sender's image size,
+				  * a block device must be at least as large */
+	unsigned threads;        /* decompression workers; 0 = online CPUs */
+	/* Set by another thread to give up: the receiver returns -ECANCELED
+	 * at its next record (the socket may also be shut down to wake it). */
+	atomic_bool *cancel;
+	/* Optional, called on the receiving thread after each record with
+	 * the running totals. */
+	void (*progress)(void *opaque, const struct ioc_mig_recv_stats *st);
+	void *opaque;
+};
+
+/*
+ * Receive until END, apply every record, fdatasync the image, compare the
+ * image checksum with END's and answer ACK (0, or the errno of a failure
+ * when the socket takes it without blocking).  Beyond stream.h's checks it
+ * rejects two records of one pass that share a block and PASS numbers that
+ * do not follow 1, 2, ...; it keeps at most 64 MiB of payload and decoded
+ * data in flight (plus one record).  Returns 0 only when the image is complete,
+ * durable and equal to the sender's; otherwise -errno with a reason in
+ * why (a record's offset and field where there is one).  The image's
+ * content is then undefined: the caller must not serve it.
+ */
+int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
+		    struct ioc_mig_recv_stats *st, char *why, size_t whylen);
+
+#endif

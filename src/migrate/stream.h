@@ -1,0 +1,138 @@
+/*
+ * The iocore migration stream: how one iocore-nbd sends the image it
+ * serves to another while clients keep writing (migrate-source.c,
+ * migrate-dest.c), and nothing else: encoding, decoding and checks, with
+ * no I/O, so the fuzzer and the unit tests drive it on byte buffers.
+ *
+ * Problem: the stream crosses a network between two processes that must
+ * agree on every byte of a disk image, and the receiving side must never
+ * serve an image that is not exactly the sender's.  A lost, repeated,
+ * reordered, truncated or corrupted record must be detected, and a
+ * hostile stream must not make the receiver write outside the image or
+ * allocate without bound.
+ *
+ * Design: a fixed header, then records, all integers big-endian (as NBD).
+ *  - Header (IOC_MIG_HDR_SIZE bytes): magic, version, flags (0), the
+ *    image size, the block size (the granularity of the image checksum
+ *    and of dirty tracking, a power of two), then a CRC-32 of the header.
+ *  - Record header (IOC_MIG_REC_SIZE bytes): type, flags, offset, length
+ *    (decoded bytes), payload length (bytes on the wire that follow),
+ *    CRC-32 of the decoded data, CRC-32 of the record header itself.
+ *    DATA records carry raw or zstd-compressed data; ZERO records carry
+ *    none; every data record covers whole blocks (the last block of the
+ *    image may be short).  PASS starts a pass over the dirty set: records
+ *    of one pass never overlap, so a receiver may apply a pass's records
+ *    in any order, but must finish a pass before applying the next one.
+ *    END carries the image checksum; the receiver answers with ACK.
+ *  - The image checksum is computed from per-block CRCs, not from a
+ *    rereading of the image: CRC-32 over the big-endian array of every
+ *    block's CRC-32, in block order.  The sender knows each block's CRC
+ *    from the last time it sent it; the receiver from the data it checked
+ *    and wrote.  So the final check costs no I/O during the switch-over.
+ *
+ * Rejected: a checksum of the reread image at the end (seconds of reads
+ * while clients wait); one record per block (a 32-byte header per 4 KiB
+ * and no room to compress); QEMU's RAM migration format (page-oriented,
+ * no per-record checksums, tied to QEMU's device state).
+ */
+#ifndef IOCORE_MIGRATE_STREAM_H
+#define IOCORE_MIGRATE_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IOC_MIG_MAGIC      UINT64_C(0x494f434d49470d0a) /* "IOCMIG\r\n" */
+#define IOC_MIG_VERSION    1u
+#define IOC_MIG_HDR_SIZE   32u   /* magic 8, version 4, flags 4, size 8,
+				  * block_size 4, crc 4 */
+#define IOC_MIG_REC_SIZE   32u   /* type 4, flags 4, offset 8, length 4,
+				  * payload_len 4, data_crc 4, hdr_crc 4 */
+#define IOC_MIG_MIN_BLOCK  4096u
+#define IOC_MIG_MAX_BLOCK  (64u << 20)
+#define IOC_MIG_MAX_CHUNK  (64u << 20) /* largest decoded DATA record */
+/* Most blocks in an image (so the per-block CRC array is bounded: 1 GiB at
+ * most): a sender picks a block size of at least image_size / 2^28 (4 KiB
+ * blocks up to 1 TiB, 64 KiB up to 16 TiB). */
+#define IOC_MIG_MAX_BLOCKS (UINT64_C(1) << 28)
+
+enum ioc_mig_type {
+	IOC_MIG_DATA_RAW = 1,   /* payload: length bytes */
+	IOC_MIG_DATA_ZSTD = 2,  /* payload: one zstd frame of length bytes */
+	IOC_MIG_ZERO = 3,       /* no payload: length bytes of zeros (not
+				 * limited by MAX_CHUNK); data_crc ignored */
+	IOC_MIG_PASS = 4,       /* offset: pass number (1, 2, ...: the
+				 * receiver wants them consecutive); length 0;
+				 * data_crc ignored */
+	IOC_MIG_END = 5,        /* offset: image size; data_crc: image checksum */
+	IOC_MIG_ACK = 6,        /* receiver to sender; offset: 0 or an errno;
+				 * data_crc: the receiver's image checksum */
+};
+
+struct ioc_mig_hdr {
+	uint32_t version;
+	uint32_t flags;
+	uint64_t image_size;
+	uint32_t block_size;
+};
+
+struct ioc_mig_rec {
+	uint32_t type;          /* enum ioc_mig_type */
+	uint32_t flags;         /* 0 */
+	uint64_t offset;
+	uint32_t length;
+	uint32_t payload_len;
+	uint32_t data_crc;      /* CRC-32 of the decoded data (DATA), else
+				 * as the type says */
+};
+
+/* Encode into buf (IOC_MIG_HDR_SIZE / IOC_MIG_REC_SIZE bytes). */
+void ioc_mig_hdr_encode(const struct ioc_mig_hdr *h, uint8_t *buf);
+void ioc_mig_rec_encode(const struct ioc_mig_rec *r, uint8_t *buf);
+
+/*
+ * Decode and check.  Header: magic, version, flags, header CRC, block size
+ * a power of two in [MIN_BLOCK, MAX_BLOCK], image size > 0 and at most
+ * MAX_BLOCKS blocks.  Record: header CRC, a known type and flags 0, and
+ * against the stream's header: DATA and ZERO records non-empty, inside the
+ * image, block-aligned offset, a length that is a multiple of the block
+ * size (or ends at the image end), DATA at most MAX_CHUNK, payload_len ==
+ * length for RAW, in [1, zstd's bound] for ZSTD, 0 for the others; PASS,
+ * END and ACK of length 0, PASS numbered from 1, END's offset equal to the
+ * image size.  Returns 0 or
+ * -EPROTO (malformed), -EPROTONOSUPPORT (magic or version), with a
+ * human-readable reason in why (may be NULL) naming the field.
+ */
+int ioc_mig_hdr_decode(const uint8_t *buf, struct ioc_mig_hdr *h,
+		       const char **why);
+int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
+		       struct ioc_mig_rec *r, const char **why);
+
+/* Decode a DATA record's payload into out (r->length bytes) and check its
+ * CRC.  Returns 0, -EBADMSG (bad CRC or zstd error) or -EPROTO. */
+int ioc_mig_payload_decode(const struct ioc_mig_rec *r, const void *payload,
+			   void *out, const char **why);
+
+/* CRC-32 (zlib's) of len bytes, and of len zero bytes (cached per length). */
+uint32_t ioc_mig_crc(const void *buf, size_t len);
+uint32_t ioc_mig_crc_zero(size_t len);
+
+/*
+ * Per-block CRCs of one side and the image checksum over them.  Blocks
+ * start as never written; ioc_mig_crcs_set() records a block's CRC (a
+ * block's CRC is of its bytes; the last block may be short).  The checksum
+ * is defined only when every block has been set; otherwise it returns
+ * -ENODATA and the first unset block in *missing.
+ */
+struct ioc_mig_crcs;
+int ioc_mig_crcs_new(struct ioc_mig_crcs **out, uint64_t image_size,
+		     uint32_t block_size);
+void ioc_mig_crcs_free(struct ioc_mig_crcs *c);
+/* Record the CRCs of the blocks of [offset, offset + len), whose data is
+ * buf (NULL: zeros).  offset block-aligned; len whole blocks or to the end. */
+void ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset, uint64_t len,
+		      const void *buf);
+int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
+			  uint64_t *missing);
+
+#endif

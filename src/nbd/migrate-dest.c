@@ -1,0 +1,256 @@
+/*
+ * Live migration, the destination: iocore-nbd --incoming.
+ *
+ * Problem.  The destination must take a whole image from a source that
+ * keeps changing it, and must never serve anything but exactly the
+ * source's final image: not a partial one after the source died, not a
+ * corrupted one, and not at all before the source has stopped serving.
+ *
+ * Design.  The server runs with opts.defer_serving: I/O threads and the
+ * control socket, no NBD listener watched and no export.  This file
+ * listens on the migration URI (on the main loop), accepts one connection,
+ * closes the listener, and runs ioc_mig_receive() (src/migrate: records
+ * applied with decompress-threads workers, the whole-image checksum, the
+ * ACK) on a thread of its own, publishing its progress for query-migrate.
+ * When the thread ends the main loop reports completed or failed and
+ * calls the owner's done callback, which opens the image and starts
+ * serving only on success (iocore-nbd exits non-zero otherwise).  The
+ * source stops serving only after it read the ACK, which the receiver
+ * sends only once the image is durable and verified.
+ *
+ * Rejected: serving a read-only view during the transfer (clients would
+ * see a mix of old and new blocks); accepting several streams (one
+ * source, one image).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "migrate-int.h"
+#include "receive.h"
+
+struct dest_args {
+	struct ioc__nbd_mig *m;
+	int fd;
+	unsigned threads;
+	char image[4096];
+};
+
+static void progress(void *opaque, const struct ioc_mig_recv_stats *rs)
+{
+	struct ioc__nbd_mig *m = opaque;
+
+	pthread_mutex_lock(&m->lock);
+	if (m->status == IOC_MIG_ST_SETUP && rs->image_size) {
+		m->st.total = rs->image_size;
+		m->t_setup = ioc__nbd_mig_now_ms();
+		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	}
+	m->st.transferred = rs->wire_bytes;
+	m->st.normal_bytes = rs->data_bytes;
+	m->st.read_bytes = rs->data_bytes + rs->zero_bytes;
+	if (rs->passes > m->st.dirty_sync_count) {
+		m->st.dirty_sync_count = rs->passes;
+		ioc__nbd_mig_event_locked(m, "MIGRATION_PASS", (int64_t)rs->passes);
+	}
+	pthread_mutex_unlock(&m->lock);
+}
+
+static void *dest_thread(void *opaque)
+{
+	struct dest_args *a = opaque;
+	struct ioc__nbd_mig *m = a->m;
+	struct ioc_mig_recv_stats st = { 0 };
+	char why[512] = "";
+	int ret, img;
+
+	img = open(a->image, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (img < 0) {
+		ret = -errno;
+		snprintf(why, sizeof(why), "Cannot open %.400s: %s", a->image, strerror(errno));
+	} else {
+		struct ioc_mig_recv_opts o = {
+			.fd = a->fd, .image_fd = img, .threads = a->threads,
+			.cancel = &m->cancel, .progress = progress, .opaque = m,
+		};
+
+		ret = ioc_mig_receive(&o, &st, why, sizeof(why));
+		close(img);
+	}
+	pthread_mutex_lock(&m->lock);
+	m->sock = -1;
+	close(a->fd);
+	m->result = ret;
+	if (ret < 0)
+		snprintf(m->error, sizeof(m->error), "%s", why[0] ? why : strerror(-ret));
+	m->thread_done = true;
+	ioc_bh_schedule(m->bh);
+	pthread_mutex_unlock(&m->lock);
+	free(a);
+	return NULL;
+}
+
+static void finish_failed(struct ioc__nbd_mig *m, int r, const char *why)
+{
+	pthread_mutex_lock(&m->lock);
+	m->result = r;
+	snprintf(m->error, sizeof(m->error), "%s", why);
+	m->t_end = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+	pthread_mutex_unlock(&m->lock);
+	ioc_bh_schedule(m->bh);
+	if (m->in_done)
+		m->in_done(m->in_opaque, r, why);
+}
+
+/* Main loop: the source connected. */
+static void on_incoming(void *opaque)
+{
+	struct ioc__nbd_mig *m = opaque;
+	struct ioc_loop *loop = m->srv->main_loop;
+	struct dest_args *a;
+	int fd, r;
+
+	fd = accept4(m->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd < 0)
+		return; /* EAGAIN and friends: wait for the next */
+	ioc_loop_set_fd(loop, m->listen_fd, NULL, NULL, NULL, NULL, NULL);
+	close(m->listen_fd);
+	m->listen_fd = -1;
+	int one = 1, buf = 4 << 20;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		close(fd);
+		finish_failed(m, -ENOMEM, "out of memory");
+		return;
+	}
+	a->m = m;
+	a->fd = fd;
+	snprintf(a->image, sizeof(a->image), "%s", m->image);
+	pthread_mutex_lock(&m->lock);
+	a->threads = m->p.decompress_threads;
+	m->sock = fd;
+	m->thread_done = false;
+	pthread_mutex_unlock(&m->lock);
+	r = pthread_create(&m->thread, NULL, dest_thread, a);
+	if (r != 0) {
+		free(a);
+		close(fd);
+		pthread_mutex_lock(&m->lock);
+		m->sock = -1;
+		pthread_mutex_unlock(&m->lock);
+		finish_failed(m, -r, "Cannot start the receiving thread");
+		return;
+	}
+	m->thread_running = true;
+	ioc__nbd_log(m->srv, "incoming migration: connected");
+}
+
+void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)
+{
+	int result;
+	char why[256];
+
+	pthread_mutex_lock(&m->lock);
+	result = m->result;
+	snprintf(why, sizeof(why), "%s", m->error);
+	m->t_end = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, result == 0 ? IOC_MIG_ST_COMPLETED :
+				       IOC_MIG_ST_FAILED);
+	pthread_mutex_unlock(&m->lock);
+	if (m->in_done)
+		m->in_done(m->in_opaque, result, result == 0 ? "" : why);
+}
+
+int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
+				char *err, size_t errlen)
+{
+	char host[256], port[16];
+	int fd, r;
+
+	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
+		snprintf(err, errlen, "Invalid migration URI '%s' (tcp:ADDR:PORT)", uri);
+		return -EINVAL;
+	}
+	fd = ioc_nbd_listen_tcp(host[0] ? host : NULL, port);
+	if (fd < 0) {
+		snprintf(err, errlen, "Cannot listen on %s: %s", uri, strerror(-fd));
+		return fd;
+	}
+	r = ioc_loop_set_fd(m->srv->main_loop, fd, on_incoming, NULL, NULL, NULL, m);
+	if (r < 0) {
+		close(fd);
+		snprintf(err, errlen, "Cannot watch %s: %s", uri, strerror(-r));
+		return r;
+	}
+	m->listen_fd = fd;
+	pthread_mutex_lock(&m->lock);
+	memset(&m->st, 0, sizeof(m->st));
+	m->t_start = ioc__nbd_mig_now_ms();
+	snprintf(m->uri, sizeof(m->uri), "%s", uri);
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_SETUP);
+	pthread_mutex_unlock(&m->lock);
+	ioc__nbd_log(m->srv, "incoming migration: listening on %s", uri);
+	return 0;
+}
+
+int ioc_nbd_server_incoming(struct ioc_nbd_server *srv,
+			    const struct ioc_nbd_incoming_opts *o,
+			    char *err, size_t errlen)
+{
+	struct ioc__nbd_mig *m;
+
+	if (!srv->started || srv->serving || !srv->opts.defer_serving) {
+		snprintf(err, errlen, "the server must be started with defer_serving");
+		return -EBUSY;
+	}
+	m = ioc__nbd_mig_get(srv);
+	if (!m) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	if (m->incoming) {
+		snprintf(err, errlen, "an incoming migration is already set up");
+		return -EBUSY;
+	}
+	m->incoming = true;
+	snprintf(m->image, sizeof(m->image), "%s", o->image);
+	m->in_done = o->done;
+	m->in_opaque = o->opaque;
+	if (!o->uri || strcmp(o->uri, "defer") == 0)
+		return 0;
+	return ioc__nbd_mig_incoming_start(m, o->uri, err, errlen);
+}
+
+json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = srv->mig;
+	const char *uri = json_string_value(json_object_get(args, "uri"));
+	int status;
+
+	if (!m || !m->incoming) {
+		snprintf(err->desc, sizeof(err->desc),
+			 "'-incoming' was not specified on the command line");
+		return NULL;
+	}
+	pthread_mutex_lock(&m->lock);
+	status = m->status;
+	pthread_mutex_unlock(&m->lock);
+	if (status != IOC_MIG_ST_NONE || m->listen_fd >= 0) {
+		snprintf(err->desc, sizeof(err->desc),
+			 "The incoming migration has already been started");
+		return NULL;
+	}
+	if (ioc__nbd_mig_incoming_start(m, uri, err->desc, sizeof(err->desc)) < 0)
+		return NULL;
+	return json_object();
+}

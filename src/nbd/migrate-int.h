@@ -1,0 +1,148 @@
+/*
+ * Live migration of an export between two iocore-nbd servers: the state
+ * shared by the source engine (migrate-source.c), the destination
+ * (migrate-dest.c) and the control socket (control.c).  The stream itself
+ * is src/migrate (stream.h, receive.h).
+ *
+ * Threads.  The control socket and every status change run on the
+ * server's main loop; the source's copy and the destination's receive run
+ * on a thread of their own.  Everything in struct ioc__nbd_mig below
+ * "shared" is guarded by lock; the migration thread reports status
+ * changes and its end through an event queue drained by a bottom half on
+ * the main loop (mig_bh), which alone emits QMP events, touches the
+ * bitmaps, the gate's final states and the listeners.
+ */
+#ifndef IOC_NBD_MIGRATE_INT_H
+#define IOC_NBD_MIGRATE_INT_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nbd-int.h"
+#include "qmp.h"
+
+/* QEMU's MigrationStatus values that iocore uses. */
+enum ioc__mig_status {
+	IOC_MIG_ST_NONE = 0,
+	IOC_MIG_ST_SETUP,
+	IOC_MIG_ST_ACTIVE,
+	IOC_MIG_ST_PRE_SWITCHOVER,
+	IOC_MIG_ST_DEVICE,
+	IOC_MIG_ST_COMPLETED,
+	IOC_MIG_ST_FAILED,
+	IOC_MIG_ST_CANCELLING,
+	IOC_MIG_ST_CANCELLED,
+};
+
+/* The hidden dirty bitmap of a migration (not listed by the control
+ * socket, not addressable by its bitmap commands). */
+#define IOC_MIG_BITMAP "__org.iocore_migration"
+
+struct ioc__mig_params {
+	bool events, pause_before_switchover, compress, zero_blocks;
+	unsigned compress_level;        /* 0-9, QEMU's scale */
+	unsigned compress_threads, decompress_threads;
+	bool compress_wait_thread;
+	uint64_t max_bandwidth;         /* bytes/s, 0 = unlimited */
+	uint64_t downtime_limit;        /* ms */
+	uint64_t granularity;           /* bytes: dirty tracking and block size */
+};
+
+/* What query-migrate shows (a snapshot under lock). */
+struct ioc__mig_stats {
+	uint64_t transferred, total, duplicate, normal, normal_bytes;
+	uint64_t page_size, dirty_rate, dirty_sync_count;
+	uint64_t pass1_pos;             /* pass 1: copied up to here */
+	uint64_t read_bytes;            /* bytes read and sent (amplification) */
+	uint64_t bandwidth;             /* measured, bytes/s */
+	/* compression */
+	uint64_t comp_pages, comp_busy, comp_jobs, comp_size, comp_in;
+	unsigned nworkers;
+	uint64_t worker_busy_ns[64];
+	uint64_t worker_jobs[64];
+};
+
+#define IOC_MIG_EVQ 64
+
+struct ioc__nbd_mig {
+	struct ioc_nbd_server *srv;
+	struct ioc_bh *bh;              /* main loop: events, the end */
+	struct ioc__mig_params p;       /* main loop; copied at start */
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;            /* migrate-continue and cancel, to
+					 * the thread waiting in pre-switchover */
+	/* ---- shared (lock) ---- */
+	int status;
+	bool incoming;
+	char error[256];
+	int64_t t_start, t_setup, t_end, downtime_ns;
+	struct ioc__mig_stats st;
+	bool cont;                      /* migrate-continue given */
+	bool thread_done;               /* the thread's last word: join it */
+	int result;                     /* the thread's outcome */
+	int sock;                       /* the stream, -1: shut it to cancel */
+	bool end_sent;                  /* END is out: cancel no longer applies */
+	struct { const char *name; int64_t v; } evq[IOC_MIG_EVQ];
+	unsigned nev;
+	/* ---- main loop ---- */
+	atomic_bool cancel;             /* set by migrate_cancel: read relaxed
+					 * by the thread at each step (it only
+					 * makes it stop; the lock orders the rest) */
+	pthread_t thread;
+	bool thread_running;
+	struct ioc__nbd_export *exp;
+	struct ioc_blk_dirty *bm;       /* source: the hidden bitmap */
+	char uri[256];
+	/* destination */
+	int listen_fd;                  /* --incoming: waiting for the source */
+	char image[4096];
+	void (*in_done)(void *opaque, int result, const char *why);
+	void *in_opaque;
+};
+
+/* Get (create on first use, main loop) the migration state of srv. */
+struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv);
+/* Under m->lock: change the status and queue the MIGRATION event. */
+void ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status);
+/* Under m->lock: queue an event for the main loop (name static). */
+void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t v);
+int64_t ioc__nbd_mig_now_ms(void);
+/* "tcp:HOST:PORT" into host and port; -EINVAL. */
+int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
+			   size_t pl);
+
+/* migrate-dest.c: the destination's thread ended (main loop, from mig_bh). */
+void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m);
+/* migrate-dest.c: begin receiving on uri (migrate-incoming).  Main loop. */
+int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
+				char *err, size_t errlen);
+
+/* control.c: emit an event to the control clients (steals data). */
+void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
+			    json_t *data);
+
+/* The QMP commands (migrate-source.c), ctx being the server. */
+json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
+				struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
+				struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
+				  struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
+			     struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
+			   struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
+			    struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err);
+
+#endif

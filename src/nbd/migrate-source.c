@@ -1,0 +1,1552 @@
+/*
+ * Live migration, the source: send the image an export serves to another
+ * iocore-nbd (iocore-nbd --incoming) while clients keep reading and
+ * writing it, then hand the clients over, with QEMU's migration commands
+ * on the control socket (qapi/migration.json of QEMU 7.2).
+ *
+ * Problem.  The image changes while it moves.  A copy that just reads it
+ * front to back ends with a destination image that matches no moment of
+ * the source; a copy that stops the clients for the whole transfer is no
+ * live migration.  And compression, which would make the transfer
+ * shorter, costs more CPU per byte than the link does per byte unless it
+ * runs on several cores at once.
+ *
+ * Design (QEMU's pre-copy).
+ * - A hidden dirty bitmap (granularity __org.iocore_granularity, default
+ *   4 KiB, so a 4 KiB write resends 4 KiB, not 64) is created on the
+ *   export before the first read.  Pass 1 reads the whole image; later
+ *   passes read what the bitmap says changed.  Every chunk is cleared in
+ *   the bitmap and then read (the block layer's ordering rule: a write
+ *   that completes after the clear marks again, one before it is seen by
+ *   the read), so nothing written is ever missed.
+ * - The migration thread reads the image file with pread() on an fd of
+ *   its own (the NBD I/O threads are not involved) and finds holes with
+ *   SEEK_DATA/SEEK_HOLE: they go as ZERO records without being read.
+ *   Chunks (at most 256 KiB) go to an ioc_wq in in_order mode with
+ *   compress-threads workers: each job detects an all-zero chunk (a ZERO
+ *   record, no compression), computes the data CRC and compresses with
+ *   zstd (compress-level 1-9 used as zstd's level; level 0 or capability
+ *   compress off send DATA_RAW).  Completions come back in submission
+ *   order and go to the socket from the migration thread, which keeps the
+ *   per-block CRCs of what it sent (ioc_mig_crcs) for the checksum at END.
+ *   The job slots are a fixed pool (2 per worker): when none is free the
+ *   thread waits for the oldest (counted as "busy"), or with
+ *   compress-wait-thread off sends that chunk uncompressed itself.
+ * - Convergence: after each pass, what remains dirty divided by the
+ *   measured bandwidth is the expected downtime; once it is within
+ *   downtime-limit the source switches over by itself.  max-bandwidth caps
+ *   the send rate (a sleep per window of one second).
+ * - Switch-over: the serving gate holds new NBD requests and waits for
+ *   the running ones (conn.c); with pause-before-switchover the status is
+ *   pre-switchover until migrate-continue; then status device, the last
+ *   dirty pass, END with the image checksum, and the destination's ACK.
+ *   Only then does the main loop shut the gate (NBD_ESHUTDOWN to held and
+ *   new requests), close the connections and listeners, and report
+ *   completed.  downtime is the time from the hold to the ACK.
+ * - Failure anywhere (destination gone, link down, migrate_cancel before
+ *   END): the gate opens again, the bitmap is dropped, the source goes on
+ *   serving what it always had, status failed (error-desc) or cancelled.
+ *   Once END is out a cancel no longer applies: the destination may
+ *   already serve, so the source waits for its answer.
+ *
+ * Rejected.  Reading through the block layer from a coroutine on an I/O
+ * thread: the copy would compete with client requests on their loops,
+ * and the reads need no asynchrony (one thread reads ahead of the
+ * compressors).  One record per block (a 32-byte header per 4 KiB, no
+ * room to compress).  Checksumming the image at the end by rereading it
+ * (seconds of reads while the clients wait).  Active mirroring of client
+ * writes for writers faster than the link is not done here: such a
+ * migration keeps making passes until it is cancelled.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "iocore/wq.h"
+#include "migrate-int.h"
+#include "stream.h"
+
+#define CHUNK_MAX        (256u << 10)
+#define ACK_TIMEOUT_MS   120000
+#define CONNECT_TIMEOUT_MS 30000
+
+static const char *const status_names[] = {
+	[IOC_MIG_ST_NONE] = "none", [IOC_MIG_ST_SETUP] = "setup",
+	[IOC_MIG_ST_ACTIVE] = "active", [IOC_MIG_ST_PRE_SWITCHOVER] = "pre-switchover",
+	[IOC_MIG_ST_DEVICE] = "device", [IOC_MIG_ST_COMPLETED] = "completed",
+	[IOC_MIG_ST_FAILED] = "failed", [IOC_MIG_ST_CANCELLING] = "cancelling",
+	[IOC_MIG_ST_CANCELLED] = "cancelled",
+};
+
+int64_t ioc__nbd_mig_now_ms(void)
+{
+	return ioc_now_ns() / 1000000;
+}
+
+/* ---- state shared with the main loop ------------------------------------ */
+
+void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t v)
+{
+	/* Only with capability events; a full queue drops pass events (the
+	 * status events are few and never come that fast). */
+	if (!m->p.events || m->nev == IOC_MIG_EVQ)
+		return;
+	m->evq[m->nev].name = name;
+	m->evq[m->nev].v = v;
+	m->nev++;
+	ioc_bh_schedule(m->bh);
+}
+
+void ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status)
+{
+	if (m->status == status)
+		return;
+	m->status = status;
+	ioc__nbd_mig_event_locked(m, "MIGRATION", status);
+}
+
+static void set_status(struct ioc__nbd_mig *m, int status)
+{
+	pthread_mutex_lock(&m->lock);
+	ioc__nbd_mig_set_status_locked(m, status);
+	pthread_mutex_unlock(&m->lock);
+}
+
+static void source_finish(struct ioc__nbd_mig *m);
+
+/* Main loop: emit queued events in order; join a thread that ended. */
+static void mig_bh(void *opaque)
+{
+	struct ioc__nbd_mig *m = opaque;
+	struct ioc_nbd_server *srv = m->srv;
+	bool done;
+
+	for (;;) {
+		const char *name;
+		int64_t v;
+
+		pthread_mutex_lock(&m->lock);
+		if (!m->nev) {
+			done = m->thread_done;
+			pthread_mutex_unlock(&m->lock);
+			break;
+		}
+		name = m->evq[0].name;
+		v = m->evq[0].v;
+		memmove(&m->evq[0], &m->evq[1], (m->nev - 1) * sizeof(m->evq[0]));
+		m->nev--;
+		pthread_mutex_unlock(&m->lock);
+		if (!srv->control)
+			continue;
+		if (strcmp(name, "MIGRATION") == 0)
+			ioc__nbd_control_event(srv->control, name,
+					       json_pack("{s:s}", "status", status_names[v]));
+		else
+			ioc__nbd_control_event(srv->control, name,
+					       json_pack("{s:I}", "pass", (json_int_t)v));
+	}
+	if (done && m->thread_running) {
+		pthread_join(m->thread, NULL);
+		m->thread_running = false;
+		if (m->incoming)
+			ioc__nbd_mig_incoming_finish(m);
+		else
+			source_finish(m);
+		/* The final status events. */
+		ioc_bh_schedule(m->bh);
+	}
+}
+
+struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
+{
+	struct ioc__nbd_mig *m = srv->mig;
+
+	if (m)
+		return m;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return NULL;
+	m->srv = srv;
+	m->bh = ioc_bh_new(srv->main_loop, mig_bh, m);
+	if (!m->bh) {
+		free(m);
+		return NULL;
+	}
+	pthread_mutex_init(&m->lock, NULL);
+	pthread_cond_init(&m->cond, NULL);
+	m->sock = -1;
+	m->listen_fd = -1;
+	/* QEMU 7.2's defaults, but zero-blocks (on: storage is mostly holes)
+	 * and max-bandwidth (unlimited: QEMU's 128 MiB/s is a guest's RAM
+	 * budget, not a disk's). */
+	m->p.zero_blocks = true;
+	m->p.compress_level = 1;
+	m->p.compress_threads = 8;
+	m->p.decompress_threads = 2;
+	m->p.compress_wait_thread = true;
+	m->p.downtime_limit = 300;
+	m->p.granularity = 4096;
+	srv->mig = m;
+	return m;
+}
+
+void ioc__nbd_mig_free(struct ioc_nbd_server *srv)
+{
+	struct ioc__nbd_mig *m = srv->mig;
+
+	if (!m)
+		return;
+	m->in_done = NULL; /* the owner is going away too */
+	if (m->thread_running) {
+		pthread_mutex_lock(&m->lock);
+		/* relaxed: the lock and the shutdown below order the rest. */
+		atomic_store_explicit(&m->cancel, true, memory_order_relaxed);
+		if (m->sock >= 0)
+			shutdown(m->sock, SHUT_RDWR);
+		pthread_cond_broadcast(&m->cond);
+		pthread_mutex_unlock(&m->lock);
+		pthread_join(m->thread, NULL);
+		m->thread_running = false;
+		if (m->incoming)
+			ioc__nbd_mig_incoming_finish(m);
+		else
+			source_finish(m);
+	}
+	if (m->listen_fd >= 0)
+		close(m->listen_fd);
+	ioc_bh_delete(m->bh);
+	pthread_mutex_destroy(&m->lock);
+	pthread_cond_destroy(&m->cond);
+	free(m);
+	srv->mig = NULL;
+}
+
+int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port, size_t pl)
+{
+	const char *h, *colon;
+	size_t n;
+
+	if (strncmp(uri, "tcp:", 4) != 0)
+		return -EINVAL;
+	h = uri + 4;
+	colon = strrchr(h, ':');
+	if (!colon || !colon[1] || strlen(colon + 1) >= pl)
+		return -EINVAL;
+	n = (size_t)(colon - h);
+	if (n && h[0] == '[' && h[n - 1] == ']') { /* [v6]:port */
+		h++;
+		n -= 2;
+	}
+	if (n >= hl)
+		return -EINVAL;
+	memcpy(host, h, n);
+	host[n] = '\0';
+	strcpy(port, colon + 1);
+	for (const char *p = port; *p; p++)
+		if (*p < '0' || *p > '9')
+			return -EINVAL;
+	return 0;
+}
+
+/* ---- the copy (migration thread) ----------------------------------------- */
+
+struct slot {
+	struct ioc_wq_job job;
+	struct src *s;
+	uint64_t off;
+	uint32_t len;
+	uint8_t *buf, *out;
+	size_t out_cap, out_len;
+	ZSTD_CCtx *cctx;
+	int level;                      /* 0: raw */
+	bool zero_detect;
+	uint32_t type, crc;
+	struct slot *next_free;
+};
+
+struct src {
+	struct ioc__nbd_mig *m;
+	struct ioc__mig_params p;
+	int fd, sock;
+	uint64_t size;
+	uint32_t block;
+	struct ioc_blk_dirty *bm;
+	struct ioc_mig_crcs *crcs;
+	struct ioc_wq *wq;
+	struct slot *slots, *free_slots;
+	unsigned nslots;
+	unsigned pass;
+	/* bandwidth */
+	int64_t win_start;
+	uint64_t win_bytes;
+	int64_t pass_start;
+	uint64_t pass_wire;
+	uint64_t bw;                    /* measured bytes/s */
+	char why[256];
+};
+
+static bool cancelled(struct src *s)
+{
+	/* relaxed: a request to stop; see struct ioc__nbd_mig. */
+	return atomic_load_explicit(&s->m->cancel, memory_order_relaxed);
+}
+
+static int fail(struct src *s, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int fail(struct src *s, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!s->why[0]) {
+		va_start(ap, fmt);
+		vsnprintf(s->why, sizeof(s->why), fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/* A worker: zero detection, CRC, compression. */
+static void slot_job(struct ioc_wq_job *job)
+{
+	struct slot *sl = ioc_container_of(job, struct slot, job);
+
+	sl->out_len = 0;
+	if (sl->zero_detect && all_zero(sl->buf, sl->len)) {
+		sl->type = IOC_MIG_ZERO;
+		sl->crc = 0;
+		return;
+	}
+	sl->crc = ioc_mig_crc(sl->buf, sl->len);
+	sl->type = IOC_MIG_DATA_RAW;
+	if (sl->level > 0) {
+		size_t n = ZSTD_compressCCtx(sl->cctx, sl->out, sl->out_cap, sl->buf,
+					     sl->len, sl->level);
+
+		if (!ZSTD_isError(n) && n > 0 && n < sl->len) {
+			sl->type = IOC_MIG_DATA_ZSTD;
+			sl->out_len = n;
+		}
+	}
+}
+
+static int send_all(struct src *s, struct iovec *iov, int iovcnt)
+{
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
+	size_t total = 0;
+
+	for (int i = 0; i < iovcnt; i++)
+		total += iov[i].iov_len;
+	while (total) {
+		ssize_t n = sendmsg(s->sock, &mh, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+
+			if (cancelled(s))
+				return -ECANCELED;
+			return fail(s, -e, "Unable to write to the destination: %s",
+				    strerror(e));
+		}
+		if (n == 0)
+			return fail(s, -EPIPE, "Unable to write to the destination: closed");
+		total -= (size_t)n;
+		while (n > 0 && mh.msg_iovlen) {
+			if ((size_t)n >= mh.msg_iov->iov_len) {
+				n -= (ssize_t)mh.msg_iov->iov_len;
+				mh.msg_iov++;
+				mh.msg_iovlen--;
+			} else {
+				mh.msg_iov->iov_base = (uint8_t *)mh.msg_iov->iov_base + n;
+				mh.msg_iov->iov_len -= (size_t)n;
+				n = 0;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Sleep in slices, so a cancel is seen within 50 ms. */
+static void nap_ns(struct src *s, int64_t ns)
+{
+	while (ns > 0 && !cancelled(s)) {
+		int64_t d = ns > 50000000 ? 50000000 : ns;
+		struct timespec ts = { d / 1000000000, d % 1000000000 };
+
+		nanosleep(&ts, NULL);
+		ns -= d;
+	}
+}
+
+/* max-bandwidth: once a window of a second has sent its share, wait. */
+static void throttle(struct src *s, uint64_t bytes)
+{
+	int64_t now = ioc_now_ns();
+	uint64_t cap = s->p.max_bandwidth;
+
+	if (!cap)
+		return;
+	if (now - s->win_start >= 1000000000) {
+		s->win_start = now;
+		s->win_bytes = 0;
+	}
+	s->win_bytes += bytes;
+	int64_t due = s->win_start + (int64_t)((double)s->win_bytes * 1e9 / (double)cap);
+	if (due > now)
+		nap_ns(s, due - now);
+}
+
+static int send_rec(struct src *s, const struct ioc_mig_rec *r, const void *payload)
+{
+	uint8_t hdr[IOC_MIG_REC_SIZE];
+	struct iovec iov[2] = {
+		{ hdr, sizeof(hdr) }, { (void *)payload, r->payload_len },
+	};
+	int ret;
+
+	ioc_mig_rec_encode(r, hdr);
+	ret = send_all(s, iov, r->payload_len ? 2 : 1);
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.transferred += sizeof(hdr) + r->payload_len;
+	s->p.max_bandwidth = s->m->p.max_bandwidth; /* may change on the way */
+	pthread_mutex_unlock(&s->m->lock);
+	s->pass_wire += sizeof(hdr) + r->payload_len;
+	throttle(s, sizeof(hdr) + r->payload_len);
+	return 0;
+}
+
+static int send_zero(struct src *s, uint64_t off, uint64_t len)
+{
+	struct ioc_mig_rec r = { .type = IOC_MIG_ZERO, .offset = off };
+	uint64_t blocks;
+
+	while (len) {
+		/* ZERO records have no size limit but a 32-bit length. */
+		uint64_t n = len > (1u << 30) ? (1u << 30) : len;
+		int ret;
+
+		r.offset = off;
+		r.length = (uint32_t)n;
+		ret = send_rec(s, &r, NULL);
+		if (ret < 0)
+			return ret;
+		ioc_mig_crcs_set(s->crcs, off, n, NULL);
+		blocks = (n + s->block - 1) / s->block;
+		pthread_mutex_lock(&s->m->lock);
+		s->m->st.duplicate += blocks;
+		s->m->st.read_bytes += n;
+		pthread_mutex_unlock(&s->m->lock);
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+/* A job came back (in order): its record goes out. */
+static int send_slot(struct src *s, struct slot *sl)
+{
+	struct ioc_mig_rec r = {
+		.type = sl->type, .offset = sl->off, .length = sl->len, .data_crc = sl->crc,
+	};
+	const void *payload = NULL;
+	uint64_t blocks = (sl->len + s->block - 1) / s->block;
+	int ret;
+
+	if (sl->type == IOC_MIG_ZERO)
+		return send_zero(s, sl->off, sl->len);
+	if (sl->type == IOC_MIG_DATA_ZSTD) {
+		r.payload_len = (uint32_t)sl->out_len;
+		payload = sl->out;
+	} else {
+		r.payload_len = sl->len;
+		payload = sl->buf;
+	}
+	ret = send_rec(s, &r, payload);
+	if (ret < 0)
+		return ret;
+	ioc_mig_crcs_set(s->crcs, sl->off, sl->len, sl->buf);
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.normal += blocks;
+	s->m->st.normal_bytes += sl->len;
+	s->m->st.read_bytes += sl->len;
+	if (sl->type == IOC_MIG_DATA_ZSTD) {
+		s->m->st.comp_pages += blocks;
+		s->m->st.comp_size += sl->out_len;
+		s->m->st.comp_in += sl->len;
+	}
+	pthread_mutex_unlock(&s->m->lock);
+	return 0;
+}
+
+static void slot_put(struct src *s, struct slot *sl)
+{
+	sl->next_free = s->free_slots;
+	s->free_slots = sl;
+}
+
+/* Collect finished jobs (waiting for at least one when wait) and send them. */
+static int collect(struct src *s, bool wait)
+{
+	struct ioc_wq_job *jobs[16];
+	int n = wait ? ioc_wq_wait_done(s->wq, jobs, 16, -1)
+		     : ioc_wq_poll_done(s->wq, jobs, 16);
+	int ret = 0;
+
+	if (n < 0)
+		return fail(s, n, "compression workers: %s", strerror(-n));
+	for (int i = 0; i < n; i++) {
+		struct slot *sl = ioc_container_of(jobs[i], struct slot, job);
+
+		if (ret == 0)
+			ret = send_slot(s, sl);
+		slot_put(s, sl);
+	}
+	return ret;
+}
+
+/* Wait until every job handed out has been sent. */
+static int drain(struct src *s)
+{
+	while (ioc_wq_in_flight(s->wq) > 0) {
+		int ret = collect(s, true);
+
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+static void snapshot_workers(struct src *s)
+{
+	struct ioc_wq_worker_stats ws[64];
+	int n = ioc_wq_get_stats(s->wq, ws, 64);
+
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.nworkers = n > 64 ? 64 : (unsigned)n;
+	for (unsigned i = 0; i < s->m->st.nworkers; i++) {
+		s->m->st.worker_busy_ns[i] = ws[i].busy_ns;
+		s->m->st.worker_jobs[i] = ws[i].jobs;
+	}
+	pthread_mutex_unlock(&s->m->lock);
+}
+
+static int read_full(struct src *s, uint8_t *buf, uint32_t len, uint64_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pread(s->fd, buf + done, len - done, (off_t)(off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return fail(s, -errno, "Unable to read the image at %llu: %s",
+				    (unsigned long long)(off + done), strerror(errno));
+		if (n == 0) { /* shrunk under us: what is not there reads as zeros */
+			memset(buf + done, 0, len - done);
+			break;
+		}
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+/* One chunk: clear its bits, read it, hand it to a worker. */
+static int copy_chunk(struct src *s, uint64_t off, uint32_t len)
+{
+	struct slot *sl;
+	bool busy = false;
+	int ret;
+
+	while (!s->free_slots) {
+		if (!busy) {
+			busy = true;
+			pthread_mutex_lock(&s->m->lock);
+			s->m->st.comp_busy++;
+			pthread_mutex_unlock(&s->m->lock);
+			if (!s->p.compress_wait_thread && s->p.compress) {
+				/* QEMU's compress-wait-thread off: send this one
+				 * uncompressed rather than wait.  Ordering: records
+				 * of one pass may go in any order. */
+				struct slot tmp = { .s = s, .off = off, .len = len,
+						    .zero_detect = s->p.zero_blocks };
+
+				tmp.buf = malloc(len);
+				if (!tmp.buf)
+					return fail(s, -ENOMEM, "out of memory");
+				ioc_blk_dirty_reset(s->bm, off, len);
+				ret = read_full(s, tmp.buf, len, off);
+				if (ret == 0) {
+					slot_job(&tmp.job);
+					ret = send_slot(s, &tmp);
+				}
+				free(tmp.buf);
+				return ret;
+			}
+		}
+		ret = collect(s, true);
+		if (ret < 0)
+			return ret;
+	}
+	sl = s->free_slots;
+	s->free_slots = sl->next_free;
+	sl->off = off;
+	sl->len = len;
+	/* The ordering rule: clear, then read (blk.h). */
+	ioc_blk_dirty_reset(s->bm, off, len);
+	ret = read_full(s, sl->buf, len, off);
+	if (ret < 0) {
+		slot_put(s, sl);
+		return ret;
+	}
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.comp_jobs++;
+	pthread_mutex_unlock(&s->m->lock);
+	while ((ret = ioc_wq_submit(s->wq, &sl->job)) == -EAGAIN) {
+		ret = collect(s, true);
+		if (ret < 0) {
+			slot_put(s, sl);
+			return ret;
+		}
+	}
+	if (ret < 0) {
+		slot_put(s, sl);
+		return fail(s, ret, "compression workers: %s", strerror(-ret));
+	}
+	return collect(s, false);
+}
+
+/* Copy [off, off + len) in chunks (block-aligned; the last may be short). */
+static int copy_range(struct src *s, uint64_t off, uint64_t len)
+{
+	while (len) {
+		uint32_t n = len > CHUNK_MAX ? CHUNK_MAX : (uint32_t)len;
+		int ret;
+
+		if (cancelled(s))
+			return -ECANCELED;
+		ret = copy_chunk(s, off, n);
+		if (ret < 0)
+			return ret;
+		off += n;
+		len -= n;
+		if (s->pass == 1) {
+			pthread_mutex_lock(&s->m->lock);
+			s->m->st.pass1_pos = off;
+			pthread_mutex_unlock(&s->m->lock);
+		}
+	}
+	return 0;
+}
+
+static int send_pass(struct src *s)
+{
+	struct ioc_mig_rec r = { .type = IOC_MIG_PASS };
+	int ret = drain(s); /* a pass's records before the next PASS */
+
+	if (ret < 0)
+		return ret;
+	s->pass++;
+	r.offset = s->pass;
+	ret = send_rec(s, &r, NULL);
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.dirty_sync_count = s->pass;
+	ioc__nbd_mig_event_locked(s->m, "MIGRATION_PASS", s->pass);
+	pthread_mutex_unlock(&s->m->lock);
+	return 0;
+}
+
+static uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* Pass 1: every block; holes (whole blocks of them) without reading. */
+static int pass_full(struct src *s)
+{
+	uint64_t off = 0;
+	int ret = send_pass(s);
+
+	if (ret < 0)
+		return ret;
+	while (off < s->size) {
+		uint64_t data = off, hole = s->size;
+		off_t d = lseek(s->fd, (off_t)off, SEEK_DATA);
+
+		if (cancelled(s))
+			return -ECANCELED;
+		if (d < 0 && errno == ENXIO) {
+			data = s->size; /* a hole to the end */
+		} else if (d >= 0) {
+			off_t h = lseek(s->fd, d, SEEK_HOLE);
+
+			data = (uint64_t)d;
+			hole = h > d ? (uint64_t)h : s->size;
+		}
+		/* Only whole blocks of a hole go as ZERO. */
+		data = align_down(data, s->block);
+		if (data > off) {
+			if (s->p.zero_blocks) {
+				ioc_blk_dirty_reset(s->bm, off, data - off);
+				ret = send_zero(s, off, data - off);
+			} else {
+				ret = copy_range(s, off, data - off);
+			}
+			if (ret < 0)
+				return ret;
+			off = data;
+		}
+		if (off >= s->size)
+			break;
+		hole = hole >= s->size ? s->size : align_up(hole, s->block);
+		if (hole <= off)
+			hole = off + s->block < s->size ? off + s->block : s->size;
+		ret = copy_range(s, off, hole - off);
+		if (ret < 0)
+			return ret;
+		off = hole;
+		pthread_mutex_lock(&s->m->lock);
+		s->m->st.pass1_pos = off;
+		pthread_mutex_unlock(&s->m->lock);
+	}
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.pass1_pos = s->size;
+	pthread_mutex_unlock(&s->m->lock);
+	return drain(s);
+}
+
+static uint64_t dirty_bytes(struct src *s)
+{
+	struct ioc_blk_dirty_info di;
+
+	ioc_blk_dirty_get_info(s->bm, &di);
+	return di.count;
+}
+
+/* A pass over what the bitmap says changed. */
+static int pass_dirty(struct src *s)
+{
+	uint64_t off = 0;
+	int ret = send_pass(s);
+
+	if (ret < 0)
+		return ret;
+	while (off < s->size) {
+		uint64_t len;
+		int d = ioc_blk_dirty_extent(s->bm, off, s->size - off, &len);
+
+		if (d < 0)
+			return fail(s, d, "dirty bitmap: %s", strerror(-d));
+		if (d == 1) {
+			ret = copy_range(s, off, len);
+			if (ret < 0)
+				return ret;
+		}
+		off += len;
+	}
+	return drain(s);
+}
+
+/* Measure the bandwidth of the pass that just ended. */
+static void pass_end(struct src *s)
+{
+	int64_t now = ioc_now_ns(), dt = now - s->pass_start;
+
+	if (dt > 1000000 && s->pass_wire > 0) {
+		uint64_t bw = (uint64_t)((double)s->pass_wire * 1e9 / (double)dt);
+
+		s->bw = s->bw ? (s->bw + bw) / 2 : bw;
+	}
+	s->pass_start = now;
+	s->pass_wire = 0;
+	snapshot_workers(s);
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.bandwidth = s->bw;
+	pthread_mutex_unlock(&s->m->lock);
+}
+
+static int connect_to(struct src *s, const char *uri)
+{
+	char host[256], port[16];
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_NUMERICSERV };
+	struct addrinfo *res, *ai;
+	int fd = -1, err = -EHOSTUNREACH;
+
+	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0)
+		return fail(s, -EINVAL, "Invalid URI '%s' (tcp:HOST:PORT)", uri);
+	if (getaddrinfo(host, port, &hints, &res) != 0)
+		return fail(s, -EHOSTUNREACH, "Cannot resolve '%s'", host);
+	for (ai = res; ai && fd < 0; ai = ai->ai_next) {
+		int64_t deadline = ioc__nbd_mig_now_ms() + CONNECT_TIMEOUT_MS;
+
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			    ai->ai_protocol);
+		if (fd < 0) {
+			err = -errno;
+			continue;
+		}
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS) {
+			err = -errno;
+			close(fd);
+			fd = -1;
+			continue;
+		}
+		for (;;) {
+			struct pollfd pf = { fd, POLLOUT, 0 };
+			int so = 0;
+			socklen_t sl = sizeof(so);
+
+			if (cancelled(s)) {
+				err = -ECANCELED;
+				break;
+			}
+			if (poll(&pf, 1, 50) == 0) {
+				if (ioc__nbd_mig_now_ms() > deadline) {
+					err = -ETIMEDOUT;
+					break;
+				}
+				continue;
+			}
+			getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+			err = -so;
+			break;
+		}
+		if (err < 0) {
+			close(fd);
+			fd = -1;
+			if (err == -ECANCELED)
+				break;
+		}
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return err == -ECANCELED ? err :
+		       fail(s, err, "Failed to connect to '%s': %s", uri, strerror(-err));
+	/* Blocking from here: the thread waits in send(); a cancel shuts the
+	 * socket down to wake it. */
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+	int one = 1, buf = 4 << 20;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+	pthread_mutex_lock(&s->m->lock);
+	s->m->sock = fd;
+	pthread_mutex_unlock(&s->m->lock);
+	s->sock = fd;
+	if (cancelled(s))
+		return -ECANCELED;
+	return 0;
+}
+
+/* Wait for the destination's ACK (not cancellable: END is out). */
+static int wait_ack(struct src *s, uint32_t sum)
+{
+	struct ioc_mig_hdr h = { .image_size = s->size, .block_size = s->block };
+	uint8_t buf[IOC_MIG_REC_SIZE];
+	size_t got = 0;
+	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+	struct ioc_mig_rec r;
+	const char *why = NULL;
+
+	while (got < sizeof(buf)) {
+		struct pollfd pf = { s->sock, POLLIN, 0 };
+		int pr = poll(&pf, 1, 100);
+		ssize_t n;
+
+		if (pr == 0) {
+			if (ioc__nbd_mig_now_ms() > deadline)
+				return fail(s, -ETIMEDOUT, "No answer from the destination");
+			continue;
+		}
+		n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return fail(s, n < 0 ? -errno : -EPIPE,
+				    "The destination closed the stream before its answer");
+		got += (size_t)n;
+	}
+	if (ioc_mig_rec_decode(buf, &h, &r, &why) < 0 || r.type != IOC_MIG_ACK)
+		return fail(s, -EPROTO, "Bad answer from the destination: %s",
+			    why ? why : "not an ACK");
+	if (r.offset != 0)
+		return fail(s, -(int)(r.offset > 4095 ? EPROTO : r.offset),
+			    "The destination failed: %s", strerror((int)(r.offset > 4095 ? EPROTO : r.offset)));
+	if (r.data_crc != sum)
+		return fail(s, -EBADMSG, "Image checksum mismatch (source %08x, "
+			    "destination %08x)", sum, r.data_crc);
+	return 0;
+}
+
+static int run(struct src *s, const char *uri)
+{
+	struct ioc__nbd_mig *m = s->m;
+	struct ioc_wq_opts wo = {
+		.workers = s->p.compress_threads ? s->p.compress_threads : 1,
+		.ring_size = 4,
+		.in_order = true,
+		.name = "ioc-mig-z",
+	};
+	struct ioc_mig_hdr h = { .version = IOC_MIG_VERSION, .image_size = s->size,
+				 .block_size = s->block };
+	uint8_t hb[IOC_MIG_HDR_SIZE];
+	struct iovec iov = { hb, sizeof(hb) };
+	int level = s->p.compress ? (int)s->p.compress_level : 0;
+	uint32_t sum;
+	uint64_t missing;
+	int ret;
+
+	ret = ioc_mig_crcs_new(&s->crcs, s->size, s->block);
+	if (ret < 0)
+		return fail(s, ret, "Cannot track %llu blocks: %s",
+			    (unsigned long long)(s->size / s->block), strerror(-ret));
+	ret = ioc_wq_new(&s->wq, &wo);
+	if (ret < 0)
+		return fail(s, ret, "Cannot start the compression threads: %s", strerror(-ret));
+	s->nslots = 2 * wo.workers;
+	s->slots = calloc(s->nslots, sizeof(*s->slots));
+	if (!s->slots)
+		return fail(s, -ENOMEM, "out of memory");
+	for (unsigned i = 0; i < s->nslots; i++) {
+		struct slot *sl = &s->slots[i];
+
+		sl->s = s;
+		sl->job.fn = slot_job;
+		sl->level = level;
+		sl->zero_detect = s->p.zero_blocks;
+		sl->buf = malloc(CHUNK_MAX);
+		if (level > 0) {
+			sl->out_cap = ZSTD_compressBound(CHUNK_MAX);
+			sl->out = malloc(sl->out_cap);
+			sl->cctx = ZSTD_createCCtx();
+		}
+		if (!sl->buf || (level > 0 && (!sl->out || !sl->cctx)))
+			return fail(s, -ENOMEM, "out of memory");
+		slot_put(s, sl);
+	}
+	ret = connect_to(s, uri);
+	if (ret < 0)
+		return ret;
+	ioc_mig_hdr_encode(&h, hb);
+	ret = send_all(s, &iov, 1);
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&m->lock);
+	m->st.transferred += sizeof(hb);
+	m->t_setup = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	pthread_mutex_unlock(&m->lock);
+
+	s->win_start = s->pass_start = ioc_now_ns();
+	ret = pass_full(s);
+	if (ret < 0)
+		return ret;
+	pass_end(s);
+	/* Dirty passes until what remains fits in downtime-limit. */
+	for (;;) {
+		uint64_t left = dirty_bytes(s);
+		int64_t pass_ns = ioc_now_ns();
+		double expect_ms = s->bw ? (double)left * 1000.0 / (double)s->bw : 1e9;
+
+		if (left == 0 || expect_ms <= (double)s->p.downtime_limit)
+			break;
+		if (cancelled(s))
+			return -ECANCELED;
+		ret = pass_dirty(s);
+		if (ret < 0)
+			return ret;
+		pass_end(s);
+		pass_ns = ioc_now_ns() - pass_ns;
+		pthread_mutex_lock(&m->lock);
+		m->st.dirty_rate = pass_ns > 0 ? (uint64_t)((double)dirty_bytes(s) / s->block *
+							   1e9 / (double)pass_ns) : 0;
+		pthread_mutex_unlock(&m->lock);
+	}
+
+	/* Switch-over: hold the clients, wait for the running requests. */
+	int64_t t_hold = ioc_now_ns();
+	ioc__nbd_gate_set(m->srv, IOC__NBD_GATE_HOLD);
+	if (s->p.pause_before_switchover) {
+		pthread_mutex_lock(&m->lock);
+		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_PRE_SWITCHOVER);
+		/* Woken by migrate-continue or migrate_cancel (both broadcast
+		 * under the lock after setting cont / cancel). */
+		while (!m->cont && !cancelled(s))
+			pthread_cond_wait(&m->cond, &m->lock);
+		pthread_mutex_unlock(&m->lock);
+		if (cancelled(s))
+			return -ECANCELED;
+	}
+	set_status(m, IOC_MIG_ST_DEVICE);
+	ret = pass_dirty(s);
+	if (ret < 0)
+		return ret;
+	pass_end(s);
+	ret = ioc_mig_crcs_checksum(s->crcs, &sum, &missing);
+	if (ret < 0)
+		return fail(s, -EIO, "Internal error: block %llu was never sent",
+			    (unsigned long long)missing);
+	{
+		struct ioc_mig_rec end = { .type = IOC_MIG_END, .offset = s->size,
+					   .data_crc = sum };
+
+		pthread_mutex_lock(&m->lock);
+		if (cancelled(s)) {
+			pthread_mutex_unlock(&m->lock);
+			return -ECANCELED;
+		}
+		m->end_sent = true; /* from here a cancel no longer applies */
+		pthread_mutex_unlock(&m->lock);
+		ret = send_rec(s, &end, NULL);
+		if (ret < 0)
+			return ret;
+	}
+	ret = wait_ack(s, sum);
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&m->lock);
+	m->downtime_ns = ioc_now_ns() - t_hold;
+	pthread_mutex_unlock(&m->lock);
+	return 0;
+}
+
+struct start_args {
+	struct ioc__nbd_mig *m;
+	struct ioc__mig_params p;
+	char uri[256];
+	char path[4096];
+	uint64_t size;
+};
+
+static void *source_thread(void *opaque)
+{
+	struct start_args *a = opaque;
+	struct src s = { .m = a->m, .p = a->p, .fd = -1, .sock = -1, .size = a->size,
+			 .block = (uint32_t)a->p.granularity, .bm = a->m->bm };
+	int ret;
+
+	s.fd = open(a->path, O_RDONLY | O_CLOEXEC);
+	if (s.fd < 0)
+		ret = fail(&s, -errno, "Cannot open %s: %s", a->path, strerror(errno));
+	else
+		ret = run(&s, a->uri);
+	if (s.wq) {
+		snapshot_workers(&s);
+		ioc_wq_free(s.wq);
+	}
+	for (unsigned i = 0; s.slots && i < s.nslots; i++) {
+		free(s.slots[i].buf);
+		free(s.slots[i].out);
+		ZSTD_freeCCtx(s.slots[i].cctx);
+	}
+	free(s.slots);
+	ioc_mig_crcs_free(s.crcs);
+	if (s.fd >= 0)
+		close(s.fd);
+	if (ret < 0 && cancelled(&s))
+		ret = -ECANCELED;
+	pthread_mutex_lock(&a->m->lock);
+	if (a->m->sock >= 0) {
+		close(a->m->sock);
+		a->m->sock = -1;
+	}
+	a->m->result = ret;
+	if (ret < 0 && ret != -ECANCELED)
+		snprintf(a->m->error, sizeof(a->m->error), "%s",
+			 s.why[0] ? s.why : strerror(-ret));
+	a->m->thread_done = true;
+	ioc_bh_schedule(a->m->bh);
+	pthread_mutex_unlock(&a->m->lock);
+	free(a);
+	return NULL;
+}
+
+/* Main loop, after the thread was joined: the end of a migration. */
+static void source_finish(struct ioc__nbd_mig *m)
+{
+	struct ioc_nbd_server *srv = m->srv;
+	int result;
+
+	pthread_mutex_lock(&m->lock);
+	result = m->result;
+	pthread_mutex_unlock(&m->lock);
+	if (result == 0) {
+		/* The destination has the image: NBD_ESHUTDOWN to held and
+		 * new requests, connections finish and close, no listener. */
+		ioc__nbd_gate_set(srv, IOC__NBD_GATE_SHUT);
+		ioc__nbd_close_listeners(srv);
+		ioc__nbd_log(srv, "migration completed: no longer serving");
+	} else if (atomic_load_explicit(&srv->gate, memory_order_relaxed) != IOC__NBD_GATE_OPEN) {
+		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
+	}
+	if (m->exp && m->exp->blk)
+		ioc_blk_dirty_remove(m->exp->blk, IOC_MIG_BITMAP);
+	m->bm = NULL;
+	pthread_mutex_lock(&m->lock);
+	m->t_end = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, result == 0 ? IOC_MIG_ST_COMPLETED :
+				       result == -ECANCELED ? IOC_MIG_ST_CANCELLED :
+				       IOC_MIG_ST_FAILED);
+	pthread_mutex_unlock(&m->lock);
+	if (result < 0 && result != -ECANCELED)
+		ioc__nbd_log(srv, "migration failed: %s", m->error);
+}
+
+/* ---- QMP ------------------------------------------------------------------------ */
+
+static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
+	va_end(ap);
+}
+
+static bool busy(struct ioc__nbd_mig *m)
+{
+	int st;
+
+	pthread_mutex_lock(&m->lock);
+	st = m->status;
+	pthread_mutex_unlock(&m->lock);
+	return m->thread_running || st == IOC_MIG_ST_SETUP || st == IOC_MIG_ST_ACTIVE ||
+	       st == IOC_MIG_ST_PRE_SWITCHOVER || st == IOC_MIG_ST_DEVICE ||
+	       st == IOC_MIG_ST_CANCELLING;
+}
+
+static struct ioc__nbd_mig *get(struct ioc_nbd_server *srv, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = ioc__nbd_mig_get(srv);
+
+	if (!m)
+		errf(err, "out of memory");
+	return m;
+}
+
+static const struct { const char *name; size_t off; } caps[] = {
+	{ "zero-blocks", offsetof(struct ioc__mig_params, zero_blocks) },
+	{ "compress", offsetof(struct ioc__mig_params, compress) },
+	{ "events", offsetof(struct ioc__mig_params, events) },
+	{ "pause-before-switchover", offsetof(struct ioc__mig_params, pause_before_switchover) },
+};
+
+json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = get(srv, err);
+	json_t *list = json_object_get(args, "capabilities"), *v;
+	struct ioc__mig_params p;
+	size_t i;
+
+	if (!m)
+		return NULL;
+	if (busy(m)) {
+		errf(err, "There's a migration process in progress");
+		return NULL;
+	}
+	p = m->p;
+	json_array_foreach(list, i, v) {
+		const char *name = json_string_value(json_object_get(v, "capability"));
+		json_t *state = json_object_get(v, "state");
+		size_t k;
+
+		if (!json_is_object(v) || !name || !json_is_boolean(state) ||
+		    json_object_size(v) != 2) {
+			errf(err, "Parameter 'capabilities[%zu]' expects "
+			     "{\"capability\": str, \"state\": bool}", i);
+			return NULL;
+		}
+		for (k = 0; k < IOC_ARRAY_SIZE(caps); k++)
+			if (strcmp(caps[k].name, name) == 0)
+				break;
+		if (k == IOC_ARRAY_SIZE(caps)) {
+			errf(err, "Parameter 'capability' does not accept value '%s'", name);
+			return NULL;
+		}
+		*(bool *)((char *)&p + caps[k].off) = json_is_true(state);
+	}
+	pthread_mutex_lock(&m->lock);
+	m->p = p;
+	pthread_mutex_unlock(&m->lock);
+	return json_object();
+}
+
+json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
+				struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = get(srv, err);
+	json_t *list;
+
+	if (!m)
+		return NULL;
+	list = json_array();
+	for (size_t k = 0; k < IOC_ARRAY_SIZE(caps) && list; k++)
+		json_array_append_new(list, json_pack("{s:s,s:b}", "capability", caps[k].name,
+			"state", *(bool *)((char *)&m->p + caps[k].off)));
+	return list;
+}
+
+json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
+				struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = get(srv, err);
+	struct ioc__mig_params p;
+	json_t *v;
+
+	if (!m)
+		return NULL;
+	p = m->p;
+#define U(key) ((v = json_object_get(args, key)) != NULL)
+	if (U("compress-level")) {
+		if (json_integer_value(v) > 9) {
+			errf(err, "Parameter 'compress_level' expects a value between 0 and 9");
+			return NULL;
+		}
+		p.compress_level = (unsigned)json_integer_value(v);
+	}
+	if (U("compress-threads")) {
+		if (json_integer_value(v) < 1 || json_integer_value(v) > 255) {
+			errf(err, "Parameter 'compress_threads' expects a value between 1 and 255");
+			return NULL;
+		}
+		p.compress_threads = (unsigned)json_integer_value(v);
+	}
+	if (U("decompress-threads")) {
+		if (json_integer_value(v) < 1 || json_integer_value(v) > 255) {
+			errf(err, "Parameter 'decompress_threads' expects a value between 1 and 255");
+			return NULL;
+		}
+		p.decompress_threads = (unsigned)json_integer_value(v);
+	}
+	if (U("compress-wait-thread"))
+		p.compress_wait_thread = json_is_true(v);
+	if (U("max-bandwidth"))
+		p.max_bandwidth = (uint64_t)json_integer_value(v);
+	if (U("downtime-limit")) {
+		if (json_integer_value(v) > 2000000) {
+			errf(err, "Parameter 'downtime_limit' expects a value between 0 and 2000000");
+			return NULL;
+		}
+		p.downtime_limit = (uint64_t)json_integer_value(v);
+	}
+	if (U("__org.iocore_granularity")) {
+		uint64_t g = (uint64_t)json_integer_value(v);
+
+		if (g < IOC_MIG_MIN_BLOCK || g > IOC_BLK_DIRTY_GRAN_MAX || (g & (g - 1))) {
+			errf(err, "Parameter '__org.iocore_granularity' expects a power of 2 "
+			     "between %u and %u", IOC_MIG_MIN_BLOCK, IOC_BLK_DIRTY_GRAN_MAX);
+			return NULL;
+		}
+		p.granularity = g;
+	}
+#undef U
+	/* QEMU applies max-bandwidth to a running migration; the others are
+	 * taken at its start. */
+	if (busy(m) && memcmp(&p, &m->p, sizeof(p)) != 0) {
+		struct ioc__mig_params q = m->p;
+
+		q.max_bandwidth = p.max_bandwidth;
+		if (memcmp(&p, &q, sizeof(p)) != 0) {
+			errf(err, "There's a migration process in progress");
+			return NULL;
+		}
+	}
+	pthread_mutex_lock(&m->lock);
+	m->p = p;
+	pthread_mutex_unlock(&m->lock);
+	return json_object();
+}
+
+json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
+				  struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = get(srv, err);
+
+	if (!m)
+		return NULL;
+	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I}",
+			 "compress-level", (int)m->p.compress_level,
+			 "compress-threads", (int)m->p.compress_threads,
+			 "compress-wait-thread", m->p.compress_wait_thread,
+			 "decompress-threads", (int)m->p.decompress_threads,
+			 "max-bandwidth", (json_int_t)m->p.max_bandwidth,
+			 "downtime-limit", (json_int_t)m->p.downtime_limit,
+			 "__org.iocore_granularity", (json_int_t)m->p.granularity);
+}
+
+json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
+			     struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = get(srv, err);
+	const char *uri = json_string_value(json_object_get(args, "uri"));
+	struct ioc__nbd_export *e = NULL;
+	struct ioc_blk_info bi;
+	struct start_args *a;
+	char host[256], port[16];
+	uint64_t gran;
+	int r;
+
+	if (!m)
+		return NULL;
+	if (json_object_get(args, "blk") || json_object_get(args, "inc")) {
+		if (json_is_true(json_object_get(args, "blk")) ||
+		    json_is_true(json_object_get(args, "inc"))) {
+			errf(err, "Parameter 'blk' is not supported: the export is always migrated");
+			return NULL;
+		}
+	}
+	if (json_is_true(json_object_get(args, "resume"))) {
+		errf(err, "Parameter 'resume' is not supported: there is no postcopy");
+		return NULL;
+	}
+	if (busy(m) || m->incoming) {
+		errf(err, m->incoming ? "Guest is waiting for an incoming migration" :
+		     "There's a migration process in progress");
+		return NULL;
+	}
+	if (!srv->serving ||
+	    atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_SHUT) {
+		errf(err, "The server does not serve an export (migrated already?)");
+		return NULL;
+	}
+	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
+		errf(err, "Invalid migration URI '%s' (iocore-nbd supports tcp:HOST:PORT)", uri);
+		return NULL;
+	}
+	for (unsigned i = 0; i < srv->cfg.nexports; i++)
+		if (srv->exports[i]->blk) {
+			if (e) {
+				errf(err, "Migration of more than one export is not supported");
+				return NULL;
+			}
+			e = srv->exports[i];
+		}
+	if (!e) {
+		errf(err, "No export of an image file to migrate");
+		return NULL;
+	}
+	ioc_blk_get_info(e->blk, &bi);
+	if (!bi.path || !e->size) {
+		errf(err, "The export's image cannot be migrated (no file, or empty)");
+		return NULL;
+	}
+	gran = m->p.granularity;
+	/* Keep the per-block CRC array bounded (stream.h). */
+	while (e->size / gran >= IOC_MIG_MAX_BLOCKS && gran < IOC_BLK_DIRTY_GRAN_MAX)
+		gran *= 2;
+	/* A persistent bitmap of that name can only be stale. */
+	ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+	struct ioc_blk_dirty_opts bo = { .name = IOC_MIG_BITMAP, .granularity = gran };
+	r = ioc_blk_dirty_add(e->blk, &bo, &m->bm);
+	if (r < 0) {
+		errf(err, "Cannot track writes for the migration: %s", strerror(-r));
+		return NULL;
+	}
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+		errf(err, "out of memory");
+		return NULL;
+	}
+	a->m = m;
+	a->p = m->p;
+	a->p.granularity = gran;
+	a->size = e->size;
+	snprintf(a->uri, sizeof(a->uri), "%s", uri);
+	snprintf(a->path, sizeof(a->path), "%s", bi.path);
+	m->exp = e;
+	pthread_mutex_lock(&m->lock);
+	memset(&m->st, 0, sizeof(m->st));
+	m->st.total = e->size;
+	m->st.page_size = gran;
+	m->error[0] = '\0';
+	m->t_start = ioc__nbd_mig_now_ms();
+	m->t_setup = m->t_end = 0;
+	m->downtime_ns = 0;
+	m->cont = false;
+	m->end_sent = false;
+	m->thread_done = false;
+	m->result = 0;
+	/* relaxed: no thread runs yet (pthread_create orders it). */
+	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
+	snprintf(m->uri, sizeof(m->uri), "%s", uri);
+	m->status = IOC_MIG_ST_NONE;
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_SETUP);
+	pthread_mutex_unlock(&m->lock);
+	r = pthread_create(&m->thread, NULL, source_thread, a);
+	if (r != 0) {
+		free(a);
+		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+		m->bm = NULL;
+		pthread_mutex_lock(&m->lock);
+		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
+			 strerror(r));
+		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+		pthread_mutex_unlock(&m->lock);
+		errf(err, "Cannot start the migration thread: %s", strerror(r));
+		return NULL;
+	}
+	m->thread_running = true;
+	return json_object();
+}
+
+json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
+			   struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = srv->mig;
+	struct ioc__mig_stats st;
+	json_t *ret, *disk, *busy_ns;
+	int status;
+	int64_t now = ioc__nbd_mig_now_ms(), total_ms, setup_ms;
+	uint64_t remaining = 0, elapsed_ms;
+	char error[256];
+	double mbps;
+
+	if (!m)
+		return json_object();
+	pthread_mutex_lock(&m->lock);
+	status = m->status;
+	st = m->st;
+	snprintf(error, sizeof(error), "%s", m->error);
+	total_ms = (m->t_end ? m->t_end : now) - m->t_start;
+	setup_ms = (m->t_setup ? m->t_setup : now) - m->t_start;
+	int64_t downtime_ms = m->downtime_ns / 1000000;
+	pthread_mutex_unlock(&m->lock);
+	if (status == IOC_MIG_ST_NONE)
+		return json_object();
+	if (m->bm && !m->incoming) {
+		struct ioc_blk_dirty_info di;
+
+		ioc_blk_dirty_get_info(m->bm, &di);
+		remaining = di.count + (st.total > st.pass1_pos ? st.total - st.pass1_pos : 0);
+	} else if (m->incoming) {
+		remaining = st.total > st.read_bytes ? st.total - st.read_bytes : 0;
+	}
+	ret = json_pack("{s:s}", "status", status_names[status]);
+	if (!ret)
+		return NULL;
+	if (status == IOC_MIG_ST_SETUP) {
+		json_object_set_new(ret, "total-time", json_integer(total_ms));
+		return ret;
+	}
+	elapsed_ms = total_ms > 0 ? (uint64_t)total_ms : 1;
+	mbps = (double)st.transferred * 8.0 / 1e6 / ((double)elapsed_ms / 1000.0);
+	json_object_set_new(ret, "total-time", json_integer(total_ms));
+	json_object_set_new(ret, "setup-time", json_integer(setup_ms));
+	if (status == IOC_MIG_ST_ACTIVE || status == IOC_MIG_ST_PRE_SWITCHOVER ||
+	    status == IOC_MIG_ST_DEVICE) {
+		uint64_t bw = st.bandwidth ? st.bandwidth :
+			      st.transferred * 1000 / elapsed_ms;
+
+		json_object_set_new(ret, "expected-downtime",
+				    json_integer(bw ? (json_int_t)(remaining * 1000 / bw)
+						    : (json_int_t)m->p.downtime_limit));
+	}
+	if (status == IOC_MIG_ST_COMPLETED && !m->incoming)
+		json_object_set_new(ret, "downtime", json_integer(downtime_ms));
+	disk = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:I,s:I}",
+			 "transferred", (json_int_t)st.transferred,
+			 "remaining", (json_int_t)remaining,
+			 "total", (json_int_t)st.total,
+			 "duplicate", (json_int_t)st.duplicate,
+			 "normal", (json_int_t)st.normal,
+			 "normal-bytes", (json_int_t)st.normal_bytes,
+			 "dirty-pages-rate", (json_int_t)st.dirty_rate,
+			 "mbps", mbps,
+			 "dirty-sync-count", (json_int_t)st.dirty_sync_count,
+			 "page-size", (json_int_t)st.page_size);
+	json_object_set_new(ret, "disk", disk);
+	if (!m->incoming && m->p.compress) {
+		json_object_set_new(ret, "compression", json_pack(
+			"{s:I,s:I,s:f,s:I,s:f}",
+			"pages", (json_int_t)st.comp_pages,
+			"busy", (json_int_t)st.comp_busy,
+			"busy-rate", st.comp_jobs ? (double)st.comp_busy / (double)st.comp_jobs : 0.0,
+			"compressed-size", (json_int_t)st.comp_size,
+			"compression-rate", st.comp_size ? (double)st.comp_in / (double)st.comp_size
+							 : 0.0));
+	}
+	if (!m->incoming) {
+		busy_ns = json_array();
+		for (unsigned i = 0; i < st.nworkers; i++)
+			json_array_append_new(busy_ns, json_integer((json_int_t)st.worker_busy_ns[i]));
+		json_object_set_new(ret, "__org.iocore_worker-busy-ns", busy_ns);
+		json_object_set_new(ret, "__org.iocore_amplification",
+				    json_real(st.total ? (double)st.read_bytes / (double)st.total
+						       : 0.0));
+	}
+	if (status == IOC_MIG_ST_FAILED && error[0])
+		json_object_set_new(ret, "error-desc", json_string(error));
+	return ret;
+}
+
+json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = srv->mig;
+	const char *state = json_string_value(json_object_get(args, "state"));
+	int st;
+
+	if (strcmp(state, "pre-switchover") != 0) {
+		errf(err, "Parameter 'state' does not accept value '%s'", state);
+		return NULL;
+	}
+	if (!m) {
+		errf(err, "Migration not in expected state: none");
+		return NULL;
+	}
+	pthread_mutex_lock(&m->lock);
+	st = m->status;
+	if (st != IOC_MIG_ST_PRE_SWITCHOVER) {
+		pthread_mutex_unlock(&m->lock);
+		errf(err, "Migration not in expected state: %s", status_names[st]);
+		return NULL;
+	}
+	m->cont = true;
+	pthread_cond_broadcast(&m->cond);
+	pthread_mutex_unlock(&m->lock);
+	return json_object();
+}
+
+json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
+			    struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_mig *m = srv->mig;
+
+	if (!m || !m->thread_running)
+		return json_object(); /* QEMU: nothing to cancel is no error */
+	pthread_mutex_lock(&m->lock);
+	if (!m->end_sent && !m->thread_done) {
+		/* relaxed: the thread polls it; the broadcast (pre-switchover
+		 * waits) and the shutdown (a blocked send) wake it. */
+		atomic_store_explicit(&m->cancel, true, memory_order_relaxed);
+		if (m->sock >= 0)
+			shutdown(m->sock, SHUT_RDWR);
+		pthread_cond_broadcast(&m->cond);
+		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_CANCELLING);
+	}
+	pthread_mutex_unlock(&m->lock);
+	return json_object();
+}

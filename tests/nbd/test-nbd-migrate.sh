@@ -1,0 +1,397 @@
+#!/bin/sh
+# Live migration of an export between two iocore-nbd: an idle migration
+# (cmp, reads through the destination), one while a client writes through
+# the source until the switch-over, pause-before-switchover with no request
+# answered while paused, the QMP status sequence and MIGRATION events,
+# migrate_cancel and kill -9 of the destination mid-way (the source keeps
+# serving), a truncated and a corrupted stream (never served), and
+# iocore-ctl migrate --wait.  Loopback only; waits poll query-migrate (or a
+# process, a file) with a deadline; nothing asserts on timing.  TAP output.
+set -u
+BUILD=${IOC_BUILD_ROOT:-build}
+SRCDIR=$(cd "$(dirname "$0")" && pwd)
+SRV="$BUILD/tools/nbd/iocore-nbd"
+CTL="$BUILD/tools/ctl/iocore-ctl"
+. "$SRCDIR/nbd-test-lib.sh"
+
+if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
+	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
+fi
+for t in qemu-io qemu-img python3; do
+	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
+done
+workdir ioc-nbd-migrate
+echo "1..46"
+
+ctl() { s=$1; shift; ${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/$s.ctl" "$@"; }
+# free_port: a TCP port nobody listens on now (the kernel picks it).
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# qfield CTL EXPR: a Python expression over q = query-migrate's return.
+qfield() {
+	ctl "$1" --json query-migrate | python3 -c "import json,sys; q=json.load(sys.stdin); print($2)"
+}
+# wait_status CTL STATUS...: poll query-migrate until its status is one of
+# STATUS (60 s at most); prints the status reached.
+wait_status() {
+	c=$1; shift
+	i=0
+	while [ $i -lt 1200 ]; do
+		st=$(qfield "$c" 'q.get("status", "none")' 2>/dev/null)
+		for w in "$@"; do [ "$st" = "$w" ] && { echo "$st"; return 0; }; done
+		i=$((i + 1)); sleep 0.05
+	done
+	echo "$st"; return 1
+}
+# wait_gone PID: until the process has exited (30 s at most).
+wait_gone() {
+	i=0
+	while kill -0 "$1" 2>/dev/null && [ $i -lt 600 ]; do
+		case $(cut -d' ' -f3 /proc/$1/stat 2>/dev/null) in Z|X) break;; esac
+		i=$((i + 1)); sleep 0.05
+	done
+}
+expect() {
+	if [ "$(echo $2)" = "$(echo $3)" ]; then ok "$1"; else
+		notok "$1"; printf '# want: %s\n# got:  %s\n' "$(echo $2)" "$(echo $3)"; fi
+}
+# source NAME IMAGE: an iocore-nbd serving IMAGE with a control socket.
+source_start() {
+	srv --fork --pid-file "$dir/$1.pid" -U "$dir/$1.sock" --control "$dir/$1.ctl" \
+		--iothreads 2 "$2"
+}
+# dest NAME IMAGE URI: a destination in the background (no --fork, so its
+# exit status can be had: $dpid); returns once it waits for the stream.
+dest_start() {
+	: >"$dir/$1.log"
+	# Not through srv(): a function in the background would be a subshell,
+	# and $! must be the server (kill -9, its exit status).
+	${MESON_EXE_WRAPPER:-} "$SRV" -v -U "$dir/$1.sock" --control "$dir/$1.ctl" \
+		--iothreads 2 --incoming "$3" "$2" 2>"$dir/$1.log" &
+	dpid=$!
+	echo $dpid >"$dir/$1.pid"
+	i=0
+	until grep -q "waiting for an incoming migration" "$dir/$1.log"; do
+		i=$((i + 1))
+		[ $i -gt 600 ] && return 1
+		kill -0 $dpid 2>/dev/null || return 1
+		sleep 0.05
+	done
+}
+# events CTL FILE: follow the control socket's events into FILE until a
+# migration ends; FILE.ready appears once negotiated.  $evpid.
+events() {
+	python3 - "$dir/$1.ctl" "$2" <<'EOF' &
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.settimeout(60); s.connect(sys.argv[1])
+f = s.makefile("rwb")
+json.loads(f.readline())
+f.write(b'{"execute": "qmp_capabilities"}'); f.flush()
+json.loads(f.readline())
+open(sys.argv[2] + ".ready", "w").close()
+out = open(sys.argv[2], "w")
+deadline = time.time() + 60
+while time.time() < deadline:
+    m = json.loads(f.readline())
+    if "event" not in m:
+        continue
+    if m["event"] == "MIGRATION":
+        out.write("MIGRATION %s\n" % m["data"]["status"])
+    elif m["event"] == "MIGRATION_PASS":
+        out.write("MIGRATION_PASS %d\n" % m["data"]["pass"])
+    out.flush()
+    if m["event"] == "MIGRATION" and m["data"]["status"] in ("completed", "failed", "cancelled"):
+        break
+EOF
+	evpid=$!
+	i=0
+	while [ ! -f "$2.ready" ] && [ $i -lt 600 ]; do i=$((i + 1)); sleep 0.05; done
+}
+caps() { # CTL NAME=BOOL...
+	c=$1; shift
+	list=$(for a in "$@"; do printf '{"capability":"%s","state":%s},' "${a%%=*}" "${a#*=}"; done)
+	ctl "$c" migrate-set-capabilities "capabilities:=[${list%,}]" >/dev/null
+}
+
+# An image: 8 MiB of compressible text, 4 MiB of random data, zeros
+# written as data, the rest holes.
+img="$dir/a.img"
+truncate -s 48M "$img"
+python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
+	dd of="$img" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
+dd if=/dev/urandom of="$img" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
+dd if=/dev/zero of="$img" bs=1M count=2 seek=24 conv=notrunc 2>/dev/null
+cp "$img" "$dir/a.ref"
+
+# ---- an idle migration to a deferred destination, with events ----
+source_start s1 "$img" || { echo "Bail out! source did not start"; exit 1; }
+expect "query-migrate is {} before any migration" "{}" "$(ctl s1 --json query-migrate)"
+expect "capabilities listed (QEMU's names)" \
+	"zero-blocks=True compress=False events=False pause-before-switchover=False" \
+	"$(ctl s1 --json query-migrate-capabilities | python3 -c 'import json,sys
+print(" ".join("%s=%s" % (c["capability"], c["state"]) for c in json.load(sys.stdin)))')"
+check "migrate-set-parameters" ctl s1 migrate-set-parameters compress-level=3 \
+	compress-threads=2 downtime-limit=300 __org.iocore_granularity=4096
+expect "query-migrate-parameters" "3 2 True 2 0 300 4096" \
+	"$(ctl s1 --json query-migrate-parameters | python3 -c 'import json,sys; p=json.load(sys.stdin)
+print(p["compress-level"], p["compress-threads"], p["compress-wait-thread"], p["decompress-threads"], p["max-bandwidth"], p["downtime-limit"], p["__org.iocore_granularity"])')"
+caps s1 events=true compress=true
+port=$(free_port)
+dest_start d1 "$dir/b.img" defer || { echo "Bail out! destination did not start"; exit 1; }
+check "migrate-incoming on the deferred destination" ctl d1 migrate-incoming uri=tcp:127.0.0.1:$port
+expect "the destination does not serve NBD before the migration" "no" \
+	"$([ -S "$dir/d1.sock" ] && echo yes || echo no)"
+events s1 "$dir/ev1"
+check "migrate" ctl s1 migrate uri=tcp:127.0.0.1:$port
+expect "source completes" completed "$(wait_status s1 completed failed cancelled)"
+expect "destination completes" completed "$(wait_status d1 completed failed)"
+wait $evpid
+# Idle: pass 1 copies everything, nothing is dirty, the switch-over's
+# final pass (2) runs in status device.
+expect "MIGRATION events: setup, active, pass 1, device, pass 2, completed" \
+	"MIGRATION setup|MIGRATION active|MIGRATION_PASS 1|MIGRATION device|MIGRATION_PASS 2|MIGRATION completed" \
+	"$(paste -sd'|' "$dir/ev1")"
+check "the two images are equal (cmp)" cmp "$img" "$dir/b.img"
+check "query-migrate when completed: QEMU's fields" python3 -c "
+import json, subprocess, sys
+q = json.loads(sys.argv[1])
+assert q['status'] == 'completed', q
+for k in ('total-time', 'setup-time', 'downtime'): assert isinstance(q[k], int), k
+d = q['disk']
+for k in ('transferred', 'remaining', 'total', 'duplicate', 'normal', 'normal-bytes',
+          'dirty-pages-rate', 'dirty-sync-count', 'page-size'): assert isinstance(d[k], int), k
+assert isinstance(d['mbps'], float)
+assert d['total'] == 48 << 20 and d['remaining'] == 0 and d['page-size'] == 4096, d
+assert d['duplicate'] > 0 and d['normal'] > 0, d
+c = q['compression']
+for k in ('pages', 'busy', 'compressed-size'): assert isinstance(c[k], int), k
+for k in ('busy-rate', 'compression-rate'): assert isinstance(c[k], float), k
+assert c['pages'] > 0 and c['compression-rate'] > 1, c
+assert d['transferred'] < 16 << 20, d  # holes and text do not go whole
+assert len(q['__org.iocore_worker-busy-ns']) == 2
+" "$(ctl s1 --json query-migrate)"
+if have nbdinfo; then
+	expect "nbdinfo through the destination" 50331648 \
+		"$(nbdinfo --size "nbd+unix:///?socket=$dir/d1.sock")"
+else
+	skip "nbdinfo through the destination" "nbdinfo missing"
+fi
+check "qemu-img compare through the destination's NBD socket" \
+	qemu-img compare -f raw -F raw "$dir/a.ref" "nbd+unix:///?socket=$dir/d1.sock"
+if qemu-io -f raw -c 'read 0 4k' "nbd+unix:///?socket=$dir/s1.sock" >/dev/null 2>&1; then
+	notok "the source no longer serves"
+else
+	ok "the source no longer serves"
+fi
+check "the source stays up with its control socket" ctl s1 query-version
+stop s1
+stop d1
+
+# ---- a migration while qemu-io writes through the source ----
+cp "$dir/a.ref" "$img"
+rm -f "$dir/b.img"
+source_start s2 "$img" || { echo "Bail out! source did not start"; exit 1; }
+caps s2 compress=true
+ctl s2 migrate-set-parameters max-bandwidth=8000000 compress-threads=2 >/dev/null
+port=$(free_port)
+dest_start d2 "$dir/b.img" tcp:127.0.0.1:$port || { echo "Bail out! destination did not start"; exit 1; }
+# The writer: rounds of 4 KiB writes over 1 MiB at 40 MiB, until the
+# source stops answering (bounded).
+(
+	r=0
+	while [ $r -lt 400 ] && [ ! -f "$dir/stopw" ]; do
+		set -- ; k=0
+		while [ $k -lt 64 ]; do
+			set -- "$@" -c "write -P $(( (r + k) % 250 + 1 )) $((41943040 + ((r * 7 + k * 13) % 256) * 4096)) 4k"
+			k=$((k + 1))
+		done
+		qemu-io -f raw "$@" "nbd+unix:///?socket=$dir/s2.sock" >"$dir/w.out" 2>&1 || break
+		grep -q "failed" "$dir/w.out" && break
+		r=$((r + 1))
+	done
+	echo "$r" >"$dir/w.rounds"
+) &
+wpid=$!
+# Let the writer get going before the migration (bounded).
+i=0; while [ ! -s "$dir/w.out" ] && [ $i -lt 200 ]; do i=$((i + 1)); sleep 0.05; done
+check "migrate while the writer runs" ctl s2 migrate uri=tcp:127.0.0.1:$port
+expect "completes while written" completed "$(wait_status s2 completed failed cancelled)"
+touch "$dir/stopw"
+wait $wpid
+expect "destination completes" completed "$(wait_status d2 completed failed)"
+check "the two images are equal after the writes (cmp)" cmp "$img" "$dir/b.img"
+check "verify pass through the destination's NBD socket" \
+	qemu-img compare -f raw -F raw "$img" "nbd+unix:///?socket=$dir/d2.sock"
+expect "the writer wrote during the migration" yes \
+	"$([ "$(cat "$dir/w.rounds")" -gt 0 ] && ! cmp -s "$img" "$dir/a.ref" && echo yes || echo no)"
+if have fio; then
+	# fio writing until the switch-over, on a fresh pair.
+	cp "$dir/a.ref" "$dir/f.img"; rm -f "$dir/fb.img"
+	source_start s3 "$dir/f.img"
+	ctl s3 migrate-set-parameters max-bandwidth=16000000 >/dev/null
+	port=$(free_port)
+	dest_start d3 "$dir/fb.img" tcp:127.0.0.1:$port
+	fio --name=w --ioengine=nbd --uri="nbd+unix:///?socket=$dir/s3.sock" --rw=randwrite \
+		--bs=4k --offset=32M --size=2M --time_based --runtime=30 --iodepth=4 \
+		--continue_on_error=none >"$dir/fio.out" 2>&1 &
+	fpid=$!
+	ctl s3 migrate uri=tcp:127.0.0.1:$port >/dev/null
+	st=$(wait_status s3 completed failed cancelled)
+	wait $fpid
+	expect "fio: completes, images equal" "completed same" \
+		"$st $(cmp -s "$dir/f.img" "$dir/fb.img" && echo same || echo differ)"
+	stop s3; stop d3
+else
+	skip "fio: completes, images equal" "fio missing"
+fi
+stop s2
+stop d2
+
+# ---- pause-before-switchover, no request answered while paused ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s4 "$img"
+caps s4 events=true pause-before-switchover=true
+port=$(free_port)
+dest_start d4 "$dir/b.img" tcp:127.0.0.1:$port
+events s4 "$dir/ev4"
+check "migrate with pause-before-switchover" ctl s4 migrate uri=tcp:127.0.0.1:$port
+expect "pauses in pre-switchover" pre-switchover "$(wait_status s4 pre-switchover completed failed)"
+qemu-io -f raw -c 'read -P 0 40M 4k' "nbd+unix:///?socket=$dir/s4.sock" >"$dir/r.out" 2>&1 &
+rpid=$!
+# Wait until the server holds the read (a connection with one in flight).
+i=0
+until [ "$(ctl s4 --json __org.iocore_query-connections | python3 -c 'import json,sys
+print(sum(c["in-flight"] for c in json.load(sys.stdin)))')" = 1 ] || [ $i -gt 600 ]; do
+	i=$((i + 1)); sleep 0.05
+done
+expect "the read waits at the gate, unanswered" "1 running" \
+	"$(ctl s4 --json __org.iocore_query-connections | python3 -c 'import json,sys
+print(sum(c["in-flight"] for c in json.load(sys.stdin)))') $(kill -0 $rpid 2>/dev/null && echo running || echo done)"
+expect "still pre-switchover" pre-switchover "$(qfield s4 'q["status"]')"
+check "migrate-continue" ctl s4 migrate-continue state=pre-switchover
+expect "completes after migrate-continue" completed "$(wait_status s4 completed failed)"
+wait $rpid
+expect "the held read is answered with an error (ESHUTDOWN), not data" "failed" \
+	"$(grep -q 'failed' "$dir/r.out" && echo failed || cat "$dir/r.out")"
+wait $evpid
+expect "events with pause-before-switchover" \
+	"MIGRATION setup|MIGRATION active|MIGRATION pre-switchover|MIGRATION device|MIGRATION completed" \
+	"$(grep '^MIGRATION ' "$dir/ev4" | paste -sd'|')"
+wait_status d4 completed failed >/dev/null
+check "images equal after the paused switch-over" cmp "$img" "$dir/b.img"
+stop s4; stop d4
+
+# ---- migrate_cancel mid-way ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s5 "$img"
+ctl s5 migrate-set-parameters max-bandwidth=1000000 >/dev/null
+port=$(free_port)
+dest_start d5 "$dir/b.img" tcp:127.0.0.1:$port
+ctl s5 migrate uri=tcp:127.0.0.1:$port >/dev/null
+wait_status s5 active >/dev/null
+check "migrate_cancel" ctl s5 migrate_cancel
+expect "status cancelled" cancelled "$(wait_status s5 cancelled failed completed)"
+check "the source keeps serving (write and read back)" qemu-io -f raw \
+	-c 'write -P 0x5a 44M 64k' -c 'read -P 0x5a 44M 64k' -c 'read -P 0 46M 4k' \
+	"nbd+unix:///?socket=$dir/s5.sock"
+wait $dpid; drc=$?
+expect "the destination never serves, exits 1" "1 no" \
+	"$drc $([ -S "$dir/d5.sock" ] && echo yes || echo no)"
+check "the source's other data intact" cmp -n 44M "$img" "$dir/a.ref"
+stop s5
+
+# ---- kill -9 of the destination mid-way ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s6 "$img"
+ctl s6 migrate-set-parameters max-bandwidth=1000000 >/dev/null
+port=$(free_port)
+dest_start d6 "$dir/b.img" tcp:127.0.0.1:$port
+ctl s6 migrate uri=tcp:127.0.0.1:$port >/dev/null
+wait_status s6 active >/dev/null
+kill -9 $dpid; wait $dpid 2>/dev/null
+expect "source reports failed" failed "$(wait_status s6 failed completed cancelled)"
+check "with an error-desc" python3 -c "import json,sys; q=json.loads(sys.argv[1]); assert q['error-desc'], q" \
+	"$(ctl s6 --json query-migrate)"
+check "the source keeps serving, data intact" qemu-img compare -f raw -F raw \
+	"$dir/a.ref" "nbd+unix:///?socket=$dir/s6.sock"
+stop s6
+
+# ---- a truncated and a corrupted stream ----
+# Capture a real stream: a listener stands in for the destination and
+# keeps everything up to END (the source then fails: no ACK).
+cp "$dir/a.ref" "$img"
+source_start s7 "$img"
+caps s7 compress=true
+port=$(free_port)
+python3 - "$port" "$dir/stream" <<'EOF' &
+import socket, struct, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(1)
+open(sys.argv[2] + ".ready", "w").close()
+ls.settimeout(60)
+c, _ = ls.accept(); c.settimeout(60)
+buf = b""
+def need(n):
+    global buf
+    while len(buf) < n:
+        d = c.recv(1 << 20)
+        if not d: raise SystemExit("short")
+        buf += d
+need(32); pos = 32
+while True:
+    need(pos + 32)
+    typ, = struct.unpack(">I", buf[pos:pos + 4])
+    plen, = struct.unpack(">I", buf[pos + 20:pos + 24])
+    need(pos + 32 + plen); pos += 32 + plen
+    if typ == 5: break
+open(sys.argv[2], "wb").write(buf[:pos])
+c.close()
+EOF
+cpid=$!
+i=0; while [ ! -f "$dir/stream.ready" ] && [ $i -lt 600 ]; do i=$((i + 1)); sleep 0.05; done
+ctl s7 migrate uri=tcp:127.0.0.1:$port >/dev/null
+wait $cpid
+wait_status s7 failed completed >/dev/null
+stop s7
+# feed FILE: send FILE to a fresh destination; prints its exit status and
+# whether it ever listened for NBD.
+feed() {
+	rm -f "$dir/c.img"
+	port=$(free_port)
+	dest_start d7 "$dir/c.img" tcp:127.0.0.1:$port || { echo "no-start"; return; }
+	python3 -c 'import socket,sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(open(sys.argv[2], "rb").read()); s.shutdown(socket.SHUT_WR)
+try:
+    s.settimeout(30); s.recv(64)
+except OSError: pass' "$port" "$1"
+	wait $dpid; rc=$?
+	echo "$rc $([ -S "$dir/d7.sock" ] && echo serves || echo never)"
+}
+size=$(stat -c %s "$dir/stream")
+expect "captured a whole stream" yes "$([ "$size" -gt 1000 ] && echo yes || echo no)"
+head -c $((size / 2)) "$dir/stream" >"$dir/stream.trunc"
+expect "a truncated stream is rejected, never served" "1 never" "$(feed "$dir/stream.trunc")"
+python3 -c 'import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+b[len(b) // 2] ^= 0x40
+open(sys.argv[2], "wb").write(b)' "$dir/stream" "$dir/stream.bad"
+expect "a corrupted stream is rejected, never served" "1 never" "$(feed "$dir/stream.bad")"
+grep -q "incoming migration failed" "$dir/d7.log" && ok "with the reason logged" ||
+	{ notok "with the reason logged"; sed 's/^/# /' "$dir/d7.log" | tail -5; }
+
+# ---- iocore-ctl migrate --wait ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s8 "$img"
+port=$(free_port)
+dest_start d8 "$dir/b.img" tcp:127.0.0.1:$port
+if out=$(ctl s8 migrate tcp:127.0.0.1:$port --wait 2>&1); then
+	case $out in *"migration completed in"*"on the wire"*) ok "iocore-ctl migrate --wait";;
+	*) notok "iocore-ctl migrate --wait"; echo "$out" | sed 's/^/# /';; esac
+else
+	notok "iocore-ctl migrate --wait"; echo "$out" | sed 's/^/# /'
+fi
+wait_status d8 completed failed >/dev/null
+check "images equal after iocore-ctl migrate" cmp "$img" "$dir/b.img"
+stop s8; stop d8
