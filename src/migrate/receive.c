@@ -305,7 +305,7 @@ static void data_job(struct ioc_wq_job *wj)
 		j->err = r;
 		return;
 	}
-	crc = ioc__mig_crcs_set_data(rv->crcs, j->rec.offset, j->rec.length, j->out);
+	crc = ioc_mig_crcs_set(rv->crcs, j->rec.offset, j->rec.length, j->out);
 	if (crc != j->rec.data_crc) {
 		j->err = -EBADMSG;
 		j->what = "data CRC mismatch";

@@ -17,9 +17,4 @@ uint64_t ioc__mig_nblocks(uint64_t image_size, uint32_t block_size);
 int ioc__mig_payload_decode(const struct ioc_mig_rec *r, const void *payload,
 			    void *out, ZSTD_DCtx *dctx, const char **why);
 
-/* ioc_mig_crcs_set(), returning the CRC-32 of the whole range, combined
- * from the block CRCs (so the data is read once). */
-uint32_t ioc__mig_crcs_set_data(struct ioc_mig_crcs *c, uint64_t offset,
-				uint64_t len, const void *buf);
-
 #endif

@@ -31,7 +31,7 @@
  *    a small table of single 64-bit words, so a reader never sees half of
  *    an entry.
  *  - A record's data CRC is not recomputed over the whole record when its
- *    blocks' CRCs are known: ioc__mig_crcs_set_data() combines the block
+ *    blocks' CRCs are known: ioc_mig_crcs_set() combines the block
  *    CRCs, so the receiver reads each decoded byte once for checking.
  *
  * Rejected.  A bitmap of bytes instead of bits (no atomics, but 8x the
@@ -395,8 +395,8 @@ static void mark(struct ioc_mig_crcs *c, uint64_t b, uint32_t crc)
 				 memory_order_relaxed);
 }
 
-uint32_t ioc__mig_crcs_set_data(struct ioc_mig_crcs *c, uint64_t offset,
-				uint64_t len, const void *buf)
+uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
+			  uint64_t len, const void *buf)
 {
 	const uint8_t *p = buf;
 	uint32_t whole = 0, zfull = 0;
@@ -429,11 +429,6 @@ uint32_t ioc__mig_crcs_set_data(struct ioc_mig_crcs *c, uint64_t offset,
 	return whole;
 }
 
-void ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset, uint64_t len,
-		      const void *buf)
-{
-	(void)ioc__mig_crcs_set_data(c, offset, len, buf);
-}
 
 int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
 			  uint64_t *missing)

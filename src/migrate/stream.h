@@ -129,9 +129,13 @@ int ioc_mig_crcs_new(struct ioc_mig_crcs **out, uint64_t image_size,
 		     uint32_t block_size);
 void ioc_mig_crcs_free(struct ioc_mig_crcs *c);
 /* Record the CRCs of the blocks of [offset, offset + len), whose data is
- * buf (NULL: zeros).  offset block-aligned; len whole blocks or to the end. */
-void ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset, uint64_t len,
-		      const void *buf);
+ * buf (NULL: zeros), and return the CRC-32 of the whole range (combined
+ * from the block CRCs, so the data is read once).  offset block-aligned;
+ * len whole blocks or to the end.  Threads may set distinct blocks at the
+ * same time; the checksum's reader synchronises with them by whatever
+ * handed their work back (a workqueue's completion, a join). */
+uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
+			  uint64_t len, const void *buf);
 int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
 			  uint64_t *missing);
 

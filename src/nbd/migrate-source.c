@@ -332,7 +332,11 @@ static void slot_job(struct ioc_wq_job *job)
 		sl->crc = 0;
 		return;
 	}
-	sl->crc = ioc_mig_crc(sl->buf, sl->len);
+	/* The block CRCs for the image checksum and the record's CRC, in one
+	 * read of the data.  Safe before the record is sent: passes do not
+	 * overlap in flight (drain() between them), and a record that is not
+	 * sent fails the migration. */
+	sl->crc = ioc_mig_crcs_set(sl->s->crcs, sl->off, sl->len, sl->buf);
 	sl->type = IOC_MIG_DATA_RAW;
 	if (sl->level > 0) {
 		size_t n = ZSTD_compressCCtx(sl->cctx, sl->out, sl->out_cap, sl->buf,
@@ -483,7 +487,6 @@ static int send_slot(struct src *s, struct slot *sl)
 	ret = send_rec(s, &r, payload);
 	if (ret < 0)
 		return ret;
-	ioc_mig_crcs_set(s->crcs, sl->off, sl->len, sl->buf);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->st.normal += blocks;
 	s->m->st.normal_bytes += sl->len;
