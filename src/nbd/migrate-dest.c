@@ -88,7 +88,8 @@ static void *dest_thread(void *opaque)
 	close(a->fd);
 	m->result = ret;
 	if (ret < 0)
-		snprintf(m->error, sizeof(m->error), "%s", why[0] ? why : strerror(-ret));
+		snprintf(m->error, sizeof(m->error), "%.*s", (int)sizeof(m->error) - 1,
+			 why[0] ? why : strerror(-ret));
 	m->thread_done = true;
 	ioc_bh_schedule(m->bh);
 	pthread_mutex_unlock(&m->lock);
