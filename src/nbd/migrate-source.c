@@ -709,7 +709,10 @@ static int pass_full(struct src *s)
 		data = align_down(data, s->block);
 		if (data > off) {
 			if (s->p.zero_blocks) {
-				ioc_blk_dirty_reset(s->bm, off, data - off);
+				/* No reset here: the ordering rule is clear, then
+				 * read, and the lseek() that found this hole came
+				 * before any clear.  A write into the hole since
+				 * then keeps its bits and goes in the next pass. */
 				ret = send_zero(s, off, data - off);
 			} else {
 				ret = copy_range(s, off, data - off);
