@@ -41,6 +41,10 @@
  *    ACK.  A failure anywhere drains the jobs (they own memory and may be
  *    writing), then sends an ACK carrying the errno if the socket takes it
  *    without blocking.
+ *  - Transport: the plain socket (read(), send()), or the caller's
+ *    blocking hooks (TLS) for the same reads and the ACK.  Over the hooks a
+ *    failure's ACK is not sent (it could block); the sender sees the
+ *    stream close instead.
  *
  * Rejected.  Decoding in order through an in-order workqueue and writing
  * on the reader (one thread would write everything; the zip decoder's
@@ -170,7 +174,17 @@ static int read_full(struct recv *rv, void *buf, size_t n, const char *what,
 		snprintf(part, sizeof(part), "record %llu's %s", (unsigned long long)recno,
 			 what);
 	while (got < n) {
-		ssize_t r = read(rv->o->fd, p + got, n - got);
+		ssize_t r;
+
+		if (rv->o->tr) {
+			r = rv->o->tr->recv(rv->o->tr->t, p + got, n - got);
+			if (r < 0) {
+				errno = (int)-r;
+				r = -1;
+			}
+		} else {
+			r = read(rv->o->fd, p + got, n - got);
+		}
 
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -231,6 +245,23 @@ static int send_ack(struct recv *rv, int err, uint32_t sum, int flags)
 	uint8_t buf[IOC_MIG_REC_SIZE];
 
 	ioc_mig_rec_encode(&a, buf);
+	if (rv->o->tr) {
+		/* A blocking transport: only the success ACK is sent through
+		 * it (one that might block after a failure is skipped, as a
+		 * full plain socket skips it). */
+		size_t done = 0;
+
+		if (flags & MSG_DONTWAIT)
+			return -EAGAIN;
+		while (done < sizeof(buf)) {
+			ssize_t r = rv->o->tr->send(rv->o->tr->t, buf + done, sizeof(buf) - done);
+
+			if (r < 0)
+				return (int)r;
+			done += (size_t)r;
+		}
+		return 0;
+	}
 	return send_all(rv->o->fd, buf, sizeof(buf), flags);
 }
 

@@ -10,6 +10,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 struct ioc_mig_recv_stats {
 	uint64_t wire_bytes;     /* bytes read from the socket */
@@ -20,8 +21,21 @@ struct ioc_mig_recv_stats {
 	uint64_t image_size;     /* from the header, 0 before it */
 };
 
+/*
+ * How the receiver reads and writes the stream when it is not the plain
+ * socket (TLS): blocking calls returning bytes (at least one), 0 at EOF
+ * (recv) or -errno.  A cancel must still wake recv: shutting the socket
+ * down does for a transport over it.
+ */
+struct ioc_mig_transport {
+	ssize_t (*recv)(void *t, void *buf, size_t n);
+	ssize_t (*send)(void *t, const void *buf, size_t n);
+	void *t;
+};
+
 struct ioc_mig_recv_opts {
 	int fd;                  /* the connected stream */
+	const struct ioc_mig_transport *tr; /* NULL: read and write fd */
 	int image_fd;            /* opened O_RDWR; a regular file is resized
 				  * (ftruncate) to the sender's image size,
 				  * a block device must be at least as large */

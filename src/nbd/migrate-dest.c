@@ -18,6 +18,12 @@
  * source stops serving only after it read the ACK, which the receiver
  * sends only once the image is durable and verified.
  *
+ * TLS.  When the server has TLS credentials (--tls on or require) the
+ * stream must be TLS: the receiving thread does a blocking server
+ * handshake with the same credentials (client certificates required with
+ * --tls-verify-peer) before anything else, and a source speaking plain
+ * text fails it, so the destination reports failed and never serves.
+ *
  * Rejected: serving a read-only view during the transfer (clients would
  * see a mix of old and new blocks); accepting several streams (one
  * source, one image).
@@ -68,8 +74,22 @@ static void *dest_thread(void *opaque)
 	struct ioc__nbd_mig *m = a->m;
 	struct ioc_mig_recv_stats st = { 0 };
 	char why[512] = "";
-	int ret, img;
+	struct ioc__nbd_tls *tls = NULL;
+	struct ioc_mig_transport tr = { ioc__nbd_tls_mig_recv, ioc__nbd_tls_mig_send, NULL };
+	int ret, img = -1;
 
+	if (m->srv->tls) {
+		char e[384] = "";
+
+		ret = ioc__nbd_tls_mig_accept(&tls, m->srv->tls, a->fd, e, sizeof(e));
+		if (ret < 0) {
+			snprintf(why, sizeof(why), "TLS handshake with the source failed "
+				 "(this destination requires TLS: set tls-creds on the "
+				 "source): %s", e);
+			goto out;
+		}
+		tr.t = tls;
+	}
 	img = open(a->image, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	if (img < 0) {
 		ret = -errno;
@@ -78,10 +98,17 @@ static void *dest_thread(void *opaque)
 		struct ioc_mig_recv_opts o = {
 			.fd = a->fd, .image_fd = img, .threads = a->threads,
 			.cancel = &m->cancel, .progress = progress, .opaque = m,
+			.tr = tls ? &tr : NULL,
 		};
 
 		ret = ioc_mig_receive(&o, &st, why, sizeof(why));
 		close(img);
+	}
+out:
+	if (tls) {
+		if (ret == 0)
+			ioc__nbd_tls_bye(tls);
+		ioc__nbd_tls_free(tls);
 	}
 	pthread_mutex_lock(&m->lock);
 	m->sock = -1;
@@ -152,7 +179,7 @@ static void on_incoming(void *opaque)
 		return;
 	}
 	m->thread_running = true;
-	ioc__nbd_log(m->srv, "incoming migration: connected");
+	ioc__nbd_log(m->srv, "incoming migration: connected%s", m->srv->tls ? " (TLS)" : "");
 }
 
 void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)

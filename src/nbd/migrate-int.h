@@ -49,6 +49,12 @@ struct ioc__mig_params {
 	uint64_t max_bandwidth;         /* bytes/s, 0 = unlimited */
 	uint64_t downtime_limit;        /* ms */
 	uint64_t granularity;           /* bytes: dirty tracking and block size */
+	/* tls-creds: non-empty = TLS with this server's own --tls credentials
+	 * (QEMU names an object; iocore has one set); tls-hostname: the name
+	 * the destination's certificate must carry ("" = the URI's host).
+	 * Zero-filled past the string (the params are compared with memcmp). */
+	char tls_creds[128];
+	char tls_hostname[256];
 };
 
 /* What query-migrate shows (a snapshot under lock). */

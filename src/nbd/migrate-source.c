@@ -48,6 +48,12 @@
  *   serving what it always had, status failed (error-desc) or cancelled.
  *   Once END is out a cancel no longer applies: the destination may
  *   already serve, so the source waits for its answer.
+ * - TLS (tls-creds set): after connecting, a blocking GnuTLS client
+ *   handshake with client credentials made from this server's --tls-*
+ *   files (tls.c), verifying the destination against tls-hostname or the
+ *   URI's host; records then go through the session instead of sendmsg,
+ *   and the ACK is read through it.  A cancel still shuts the socket
+ *   down, which fails the session's pending send or receive.
  *
  * Rejected.  Reading through the block layer from a coroutine on an I/O
  * thread: the copy would compete with client requests on their loops,
@@ -282,6 +288,7 @@ struct src {
 	struct ioc__nbd_mig *m;
 	struct ioc__mig_params p;
 	int fd, sock;
+	struct ioc__nbd_tls *tls;       /* tls-creds set: the stream's session */
 	uint64_t size;
 	uint32_t block;
 	struct ioc_blk_dirty *bm;
@@ -352,6 +359,28 @@ static void slot_job(struct ioc_wq_job *job)
 	}
 }
 
+static int send_tls(struct src *s, const struct iovec *iov, int iovcnt)
+{
+	for (int i = 0; i < iovcnt; i++) {
+		const uint8_t *p = iov[i].iov_base;
+		size_t left = iov[i].iov_len;
+
+		while (left) {
+			ssize_t n = ioc__nbd_tls_mig_send(s->tls, p, left);
+
+			if (n < 0) {
+				if (cancelled(s))
+					return -ECANCELED;
+				return fail(s, (int)n, "Unable to write to the destination "
+					    "(TLS): %s", strerror((int)-n));
+			}
+			p += n;
+			left -= (size_t)n;
+		}
+	}
+	return 0;
+}
+
 static int send_all(struct src *s, struct iovec *iov, int iovcnt)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
@@ -359,6 +388,8 @@ static int send_all(struct src *s, struct iovec *iov, int iovcnt)
 
 	for (int i = 0; i < iovcnt; i++)
 		total += iov[i].iov_len;
+	if (s->tls)
+		return send_tls(s, iov, iovcnt);
 	while (total) {
 		ssize_t n = sendmsg(s->sock, &mh, MSG_NOSIGNAL);
 
@@ -863,6 +894,19 @@ static int connect_to(struct src *s, const char *uri)
 	s->sock = fd;
 	if (cancelled(s))
 		return -ECANCELED;
+	if (s->p.tls_creds[0]) {
+		const char *name = s->p.tls_hostname[0] ? s->p.tls_hostname : host;
+		char e[200] = "";
+		int r;
+
+		if (!s->m->srv->tls)
+			return fail(s, -EINVAL, "tls-creds is set but this server has no TLS "
+				    "credentials (--tls-certificates or --tls-psk)");
+		r = ioc__nbd_tls_mig_connect(&s->tls, s->m->srv->tls, fd, name, e, sizeof(e));
+		if (r < 0)
+			return cancelled(s) ? -ECANCELED :
+			       fail(s, r, "TLS handshake with the destination failed: %s", e);
+	}
 	return 0;
 }
 
@@ -907,7 +951,7 @@ static int wait_ack(struct src *s, uint32_t sum)
 
 	while (got < sizeof(buf)) {
 		struct pollfd pf = { s->sock, POLLIN, 0 };
-		int pr = poll(&pf, 1, 100);
+		int pr = s->tls && ioc__nbd_tls_pending(s->tls) ? 1 : poll(&pf, 1, 100);
 		ssize_t n;
 
 		if (pr == 0) {
@@ -915,7 +959,15 @@ static int wait_ack(struct src *s, uint32_t sum)
 				return fail(s, -ETIMEDOUT, "No answer from the destination");
 			continue;
 		}
-		n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
+		if (s->tls) {
+			n = ioc__nbd_tls_mig_recv(s->tls, buf + got, sizeof(buf) - got);
+			if (n < 0) {
+				errno = (int)-n;
+				n = -1;
+			}
+		} else {
+			n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
+		}
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
@@ -1109,6 +1161,11 @@ static void *source_thread(void *opaque)
 	}
 	free(s.slots);
 	ioc_mig_crcs_free(s.crcs);
+	if (s.tls) {
+		if (ret == 0)
+			ioc__nbd_tls_bye(s.tls);
+		ioc__nbd_tls_free(s.tls);
+	}
 	if (s.fd >= 0)
 		close(s.fd);
 	if (ret < 0 && cancelled(&s))
@@ -1257,6 +1314,26 @@ json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
 	return list;
 }
 
+/* A string parameter (null: empty, as QEMU's StrOrNull) into buf, zero
+ * filled; false with err set when it is not a string or too long. */
+static bool str_param(struct ioc__qmp_err *err, const char *name, json_t *v,
+		      char *buf, size_t len)
+{
+	const char *str = json_is_null(v) ? "" : json_string_value(v);
+
+	if (!str) {
+		errf(err, "Parameter '%s' expects a string", name);
+		return false;
+	}
+	if (strlen(str) >= len) {
+		errf(err, "Parameter '%s' is longer than %zu bytes", name, len - 1);
+		return false;
+	}
+	memset(buf, 0, len);
+	memcpy(buf, str, strlen(str));
+	return true;
+}
+
 json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 				struct ioc__qmp_err *err)
 {
@@ -1310,6 +1387,11 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 		}
 		p.granularity = g;
 	}
+	if (U("tls-creds") && !str_param(err, "tls-creds", v, p.tls_creds, sizeof(p.tls_creds)))
+		return NULL;
+	if (U("tls-hostname") &&
+	    !str_param(err, "tls-hostname", v, p.tls_hostname, sizeof(p.tls_hostname)))
+		return NULL;
 #undef U
 	/* QEMU applies max-bandwidth to a running migration; the others are
 	 * taken at its start. */
@@ -1335,14 +1417,15 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 
 	if (!m)
 		return NULL;
-	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I}",
+	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:s}",
 			 "compress-level", (int)m->p.compress_level,
 			 "compress-threads", (int)m->p.compress_threads,
 			 "compress-wait-thread", m->p.compress_wait_thread,
 			 "decompress-threads", (int)m->p.decompress_threads,
 			 "max-bandwidth", (json_int_t)m->p.max_bandwidth,
 			 "downtime-limit", (json_int_t)m->p.downtime_limit,
-			 "__org.iocore_granularity", (json_int_t)m->p.granularity);
+			 "__org.iocore_granularity", (json_int_t)m->p.granularity,
+			 "tls-creds", m->p.tls_creds, "tls-hostname", m->p.tls_hostname);
 }
 
 json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,

@@ -169,6 +169,19 @@ ssize_t ioc__nbd_tls_send(struct ioc__nbd_tls *t, const void *buf, size_t len,
 size_t ioc__nbd_tls_pending(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_bye(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len);
+/* Blocking sessions for the migration stream (its own threads).  accept:
+ * a server handshake with the server's credentials; connect: a client
+ * handshake with client credentials made from the same files (X.509:
+ * ca-cert.pem verifies the peer against hostname, client-cert.pem and
+ * client-key.pem are presented if present; PSK: the file's first line).
+ * -errno with the reason in err.  recv and send (opaque: the session)
+ * return bytes, 0 at EOF (recv), or -errno; free with ioc__nbd_tls_free. */
+int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			    int fd, char *err, size_t errlen);
+int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			     int fd, const char *hostname, char *err, size_t errlen);
+ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len);
+ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len);
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 			    const struct ioc_nbd_export_opts *opts);

@@ -28,6 +28,15 @@
  * - Decrypted bytes may wait inside GnuTLS while the socket is empty;
  *   ioc__nbd_tls_pending() tells conn.c not to wait for readability then.
  *
+ * - The migration stream (migrate-source.c, migrate-dest.c) uses the same
+ *   credentials through blocking sessions on its own threads: the
+ *   destination handshakes as a server with them; the source builds
+ *   client credentials per migration from the same files (ca-cert.pem to
+ *   verify the destination against the host name, client-cert.pem and
+ *   client-key.pem if present, the first PSK line).  Those sessions sleep
+ *   in recv()/send() like the plain stream; a cancel shuts the socket
+ *   down, which makes the pending GnuTLS call fail.
+ *
  * Alternatives rejected.  kTLS (the kernel encrypting after a user-space
  * handshake) would keep the data path's sendmsg, but needs the session
  * keys exported into setsockopt per cipher and falls back to this path
@@ -58,11 +67,15 @@ struct ioc__nbd_tls_creds {
 	gnutls_psk_server_credentials_t psk;
 	gnutls_priority_t prio;
 	bool verify_peer;
+	char *dir, *psk_file;           /* for the migration client */
 };
 
 struct ioc__nbd_tls {
 	gnutls_session_t s;
 	bool psk;
+	/* migration client only: owned by the session */
+	gnutls_certificate_credentials_t cx509;
+	gnutls_psk_client_credentials_t cpsk;
 };
 
 static int gnutls_errno(int r)
@@ -179,6 +192,8 @@ void ioc__nbd_tls_creds_free(struct ioc__nbd_tls_creds *cr)
 		gnutls_psk_free_server_credentials(cr->psk);
 	if (cr->prio)
 		gnutls_priority_deinit(cr->prio);
+	free(cr->dir);
+	free(cr->psk_file);
 	free(cr);
 }
 
@@ -203,6 +218,12 @@ int ioc__nbd_tls_creds_new(struct ioc__nbd_tls_creds **out,
 		return -ENOMEM;
 	}
 	cr->verify_peer = o->verify_peer;
+	if ((o->certificates && !(cr->dir = strdup(o->certificates))) ||
+	    (o->psk_file && !(cr->psk_file = strdup(o->psk_file)))) {
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
+		goto fail;
+	}
 	if (o->certificates && (r = load_x509(cr, o->certificates, err, errlen)) < 0)
 		goto fail;
 	if (o->psk_file) {
@@ -235,8 +256,8 @@ fail:
 	return r;
 }
 
-int ioc__nbd_tls_new(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
-		     int fd, const char **msg)
+static int server_session(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			  int fd, unsigned flags, const char **msg)
 {
 	struct ioc__nbd_tls *t = calloc(1, sizeof(*t));
 	int r;
@@ -245,7 +266,7 @@ int ioc__nbd_tls_new(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds 
 		*msg = "out of memory";
 		return -ENOMEM;
 	}
-	r = gnutls_init(&t->s, GNUTLS_SERVER | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL);
+	r = gnutls_init(&t->s, GNUTLS_SERVER | GNUTLS_NO_SIGNAL | flags);
 	if (r < 0) {
 		free(t);
 		*msg = gnutls_strerror(r);
@@ -269,18 +290,265 @@ int ioc__nbd_tls_new(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds 
 		 * signed (and the CRL does not revoke) is let in. */
 		gnutls_session_set_verify_cert(t->s, NULL, 0);
 	}
-	/* The connection's handshake timer bounds the handshake. */
-	gnutls_handshake_set_timeout(t->s, 0);
+	/* Non-blocking: the connection's handshake timer bounds the
+	 * handshake; blocking: GnuTLS's default timeout. */
+	gnutls_handshake_set_timeout(t->s, (flags & GNUTLS_NONBLOCK) ? 0 :
+				     GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
 	gnutls_transport_set_int(t->s, fd);
 	*out = t;
 	return 0;
+}
+
+int ioc__nbd_tls_new(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+		     int fd, const char **msg)
+{
+	return server_session(out, cr, fd, GNUTLS_NONBLOCK, msg);
+}
+
+/* ---- blocking sessions for the migration stream ---------------------- */
+
+/* A blocking handshake; on failure the reason (with the certificate
+ * verification status when that is what failed) in err. */
+static int handshake_blocking(struct ioc__nbd_tls *t, char *err, size_t errlen)
+{
+	int r;
+
+	do
+		r = gnutls_handshake(t->s);
+	while (r < 0 && !gnutls_error_is_fatal(r));
+	if (r == GNUTLS_E_SUCCESS)
+		return 0;
+	if (r == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR) {
+		gnutls_datum_t d = { NULL, 0 };
+		unsigned st = gnutls_session_get_verify_cert_status(t->s);
+
+		if (gnutls_certificate_verification_status_print(
+			    st, gnutls_certificate_type_get(t->s), &d, 0) == 0) {
+			snprintf(err, errlen, "%s: %s", gnutls_strerror(r), (char *)d.data);
+			gnutls_free(d.data);
+			return -EPROTO;
+		}
+	}
+	if (r == GNUTLS_E_FATAL_ALERT_RECEIVED) {
+		const char *a = gnutls_alert_get_name(gnutls_alert_get(t->s));
+
+		snprintf(err, errlen, "%s: %s", gnutls_strerror(r), a ? a : "?");
+		return -EPROTO;
+	}
+	snprintf(err, errlen, "%s%s", gnutls_strerror(r),
+		 r == GNUTLS_E_PREMATURE_TERMINATION ?
+		 " (the peer hung up: a wrong key or certificate, or no TLS there)" : "");
+	return -EPROTO;
+}
+
+int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			    int fd, char *err, size_t errlen)
+{
+	const char *msg = NULL;
+	int r = server_session(out, cr, fd, 0, &msg);
+
+	if (r < 0) {
+		snprintf(err, errlen, "%s", msg);
+		return r;
+	}
+	r = handshake_blocking(*out, err, errlen);
+	if (r < 0) {
+		ioc__nbd_tls_free(*out);
+		*out = NULL;
+	}
+	return r;
+}
+
+/* The first "username:hexkey" line of path into user and key. */
+static int first_psk(const char *path, char *user, size_t ul, char *key, size_t kl,
+		     char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	char line[1024];
+	int e;
+
+	if (!f) {
+		e = errno;
+		snprintf(err, errlen, "%s: %s", path, strerror(e));
+		return -e;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *colon = strchr(line, ':');
+		size_t hex;
+
+		if (!colon || colon == line)
+			continue;
+		hex = strspn(colon + 1, "0123456789abcdefABCDEF");
+		if (hex == 0 || hex % 2 || (colon[1 + hex] != '\n' && colon[1 + hex] != '\0') ||
+		    (size_t)(colon - line) >= ul || hex >= kl)
+			continue;
+		memcpy(user, line, (size_t)(colon - line));
+		user[colon - line] = '\0';
+		memcpy(key, colon + 1, hex);
+		key[hex] = '\0';
+		fclose(f);
+		return 0;
+	}
+	fclose(f);
+	snprintf(err, errlen, "%s: no \"username:hexkey\" line", path);
+	return -EINVAL;
+}
+
+static int client_creds(struct ioc__nbd_tls *t, const struct ioc__nbd_tls_creds *cr,
+			const char *hostname, char *err, size_t errlen)
+{
+	char ca[4096], cert[4096], key[4096];
+	int r;
+
+	if (cr->dir) {
+		snprintf(ca, sizeof(ca), "%s/ca-cert.pem", cr->dir);
+		snprintf(cert, sizeof(cert), "%s/client-cert.pem", cr->dir);
+		snprintf(key, sizeof(key), "%s/client-key.pem", cr->dir);
+		if ((r = need_file(ca, err, errlen)) < 0)
+			return r;
+		r = gnutls_certificate_allocate_credentials(&t->cx509);
+		if (r < 0) {
+			snprintf(err, errlen, "X.509 credentials: %s", gnutls_strerror(r));
+			return gnutls_errno(r);
+		}
+		r = gnutls_certificate_set_x509_trust_file(t->cx509, ca, GNUTLS_X509_FMT_PEM);
+		if (r < 0) {
+			snprintf(err, errlen, "%s: %s", ca, gnutls_strerror(r));
+			return gnutls_errno(r);
+		}
+		if (readable(cert) && readable(key)) {
+			r = gnutls_certificate_set_x509_key_file(t->cx509, cert, key,
+								 GNUTLS_X509_FMT_PEM);
+			if (r < 0) {
+				snprintf(err, errlen, "%s, %s: %s", cert, key, gnutls_strerror(r));
+				return gnutls_errno(r);
+			}
+		}
+		r = gnutls_credentials_set(t->s, GNUTLS_CRD_CERTIFICATE, t->cx509);
+		if (r < 0) {
+			snprintf(err, errlen, "X.509 credentials: %s", gnutls_strerror(r));
+			return gnutls_errno(r);
+		}
+		/* Verify the chain to ca-cert.pem and the name (a DNS name or
+		 * an IP address in the certificate). */
+		gnutls_session_set_verify_cert(t->s, hostname, 0);
+		if (hostname[0] && strspn(hostname, "0123456789.:abcdefABCDEF") != strlen(hostname))
+			(void)gnutls_server_name_set(t->s, GNUTLS_NAME_DNS, hostname,
+						     strlen(hostname));
+	}
+	if (cr->psk_file) {
+		char user[256], hex[1024];
+		gnutls_datum_t k;
+
+		if ((r = first_psk(cr->psk_file, user, sizeof(user), hex, sizeof(hex),
+				   err, errlen)) < 0)
+			return r;
+		k.data = (unsigned char *)hex;
+		k.size = (unsigned)strlen(hex);
+		r = gnutls_psk_allocate_client_credentials(&t->cpsk);
+		if (r >= 0)
+			r = gnutls_psk_set_client_credentials(t->cpsk, user, &k, GNUTLS_PSK_KEY_HEX);
+		if (r >= 0)
+			r = gnutls_credentials_set(t->s, GNUTLS_CRD_PSK, t->cpsk);
+		explicit_bzero(hex, sizeof(hex));
+		if (r < 0) {
+			snprintf(err, errlen, "%s: %s", cr->psk_file, gnutls_strerror(r));
+			return gnutls_errno(r);
+		}
+		t->psk = true;
+	}
+	return 0;
+}
+
+int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			     int fd, const char *hostname, char *err, size_t errlen)
+{
+	struct ioc__nbd_tls *t = calloc(1, sizeof(*t));
+	int r;
+
+	*out = NULL;
+	if (!t) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	r = gnutls_init(&t->s, GNUTLS_CLIENT | GNUTLS_NO_SIGNAL);
+	if (r < 0) {
+		t->s = NULL;
+		snprintf(err, errlen, "%s", gnutls_strerror(r));
+		r = gnutls_errno(r);
+		goto fail;
+	}
+	r = gnutls_priority_set(t->s, cr->prio);
+	if (r < 0) {
+		snprintf(err, errlen, "%s", gnutls_strerror(r));
+		r = gnutls_errno(r);
+		goto fail;
+	}
+	if ((r = client_creds(t, cr, hostname, err, errlen)) < 0)
+		goto fail;
+	gnutls_handshake_set_timeout(t->s, GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
+	gnutls_transport_set_int(t->s, fd);
+	if ((r = handshake_blocking(t, err, errlen)) < 0)
+		goto fail;
+	*out = t;
+	return 0;
+fail:
+	ioc__nbd_tls_free(t);
+	return r;
+}
+
+static int io_errno(ssize_t r)
+{
+	if (r == GNUTLS_E_PUSH_ERROR || r == GNUTLS_E_PULL_ERROR)
+		return -ECONNRESET;
+	return r == GNUTLS_E_MEMORY_ERROR ? -ENOMEM : -EPROTO;
+}
+
+ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len)
+{
+	struct ioc__nbd_tls *t = opaque;
+
+	for (;;) {
+		ssize_t r = gnutls_record_recv(t->s, buf, len);
+
+		if (r >= 0)
+			return r;
+		if (r == GNUTLS_E_INTERRUPTED || r == GNUTLS_E_AGAIN)
+			continue;
+		/* The stream's framing says whether anything was cut short. */
+		if (r == GNUTLS_E_PREMATURE_TERMINATION)
+			return 0;
+		if (r != GNUTLS_E_REHANDSHAKE && !gnutls_error_is_fatal((int)r))
+			continue;
+		return io_errno(r);
+	}
+}
+
+ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len)
+{
+	struct ioc__nbd_tls *t = opaque;
+
+	for (;;) {
+		ssize_t r = gnutls_record_send(t->s, buf, len);
+
+		if (r >= 0)
+			return r;
+		if (r == GNUTLS_E_INTERRUPTED || r == GNUTLS_E_AGAIN)
+			continue;
+		return io_errno(r);
+	}
 }
 
 void ioc__nbd_tls_free(struct ioc__nbd_tls *t)
 {
 	if (!t)
 		return;
-	gnutls_deinit(t->s);
+	if (t->s)
+		gnutls_deinit(t->s);
+	if (t->cx509)
+		gnutls_certificate_free_credentials(t->cx509);
+	if (t->cpsk)
+		gnutls_psk_free_client_credentials(t->cpsk);
 	free(t);
 }
 
@@ -444,6 +712,43 @@ void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len)
 {
 	(void)t;
 	snprintf(buf, len, "TLS");
+}
+
+int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			    int fd, char *err, size_t errlen)
+{
+	(void)out;
+	(void)cr;
+	(void)fd;
+	snprintf(err, errlen, "built without GnuTLS");
+	return -ENOTSUP;
+}
+
+int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
+			     int fd, const char *hostname, char *err, size_t errlen)
+{
+	(void)out;
+	(void)cr;
+	(void)fd;
+	(void)hostname;
+	snprintf(err, errlen, "built without GnuTLS");
+	return -ENOTSUP;
+}
+
+ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len)
+{
+	(void)opaque;
+	(void)buf;
+	(void)len;
+	return -ENOTSUP;
+}
+
+ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len)
+{
+	(void)opaque;
+	(void)buf;
+	(void)len;
+	return -ENOTSUP;
 }
 
 #endif /* IOC_HAVE_GNUTLS */

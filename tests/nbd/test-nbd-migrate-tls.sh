@@ -1,0 +1,200 @@
+#!/bin/sh
+# Live migration over TLS with the servers' own --tls-* credentials: a PSK
+# migration and an X.509 one (certificates made here with certtool, the
+# destination verifying the source's client certificate) complete with
+# equal images; a plain source, a wrong PSK and a wrong tls-hostname are
+# refused (the destination never serves, the source keeps serving).
+# Waits poll query-migrate with a deadline; nothing asserts on timing.
+# TAP output; skipped without psktool and certtool (gnutls-bin).
+set -u
+BUILD=${IOC_BUILD_ROOT:-build}
+SRCDIR=$(cd "$(dirname "$0")" && pwd)
+SRV="$BUILD/tools/nbd/iocore-nbd"
+CTL="$BUILD/tools/ctl/iocore-ctl"
+. "$SRCDIR/nbd-test-lib.sh"
+
+if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
+	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
+fi
+for t in psktool certtool qemu-io python3; do
+	have $t || { echo "1..0 # SKIP $t missing (gnutls-bin, qemu-utils, python3)"; exit 0; }
+done
+if srv --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
+	echo "1..0 # SKIP iocore-nbd built without GnuTLS"; exit 0
+fi
+workdir ioc-nbd-migrate-tls
+echo "1..25"
+
+ctl() { s=$1; shift; ${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/$s.ctl" "$@"; }
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+qfield() {
+	ctl "$1" --json query-migrate | python3 -c "import json,sys; q=json.load(sys.stdin); print($2)"
+}
+# wait_status CTL STATUS...: poll until one of STATUS (60 s at most).
+wait_status() {
+	c=$1; shift
+	i=0
+	while [ $i -lt 1200 ]; do
+		st=$(qfield "$c" 'q.get("status", "none")' 2>/dev/null)
+		for w in "$@"; do [ "$st" = "$w" ] && { echo "$st"; return 0; }; done
+		i=$((i + 1)); sleep 0.05
+	done
+	echo "$st"; return 1
+}
+expect() {
+	if [ "$(echo $2)" = "$(echo $3)" ]; then ok "$1"; else
+		notok "$1"; printf '# want: %s\n# got:  %s\n' "$(echo $2)" "$(echo $3)"; fi
+}
+# source_start NAME IMAGE TLS-OPTIONS...: serving IMAGE (TLS offered, so
+# plain qemu-io can still check it) with a control socket.
+source_start() {
+	name=$1; image=$2; shift 2
+	srv --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" --control "$dir/$name.ctl" \
+		--iothreads 2 "$@" "$image" 2>"$dir/$name.log"
+}
+# dest_start NAME IMAGE URI TLS-OPTIONS...: in the background ($dpid, for
+# its exit status); returns once it waits for the stream.
+dest_start() {
+	name=$1; image=$2; uri=$3; shift 3
+	: >"$dir/$name.log"
+	${MESON_EXE_WRAPPER:-} "$SRV" -v -U "$dir/$name.sock" --control "$dir/$name.ctl" \
+		--iothreads 2 "$@" --incoming "$uri" "$image" 2>"$dir/$name.log" &
+	dpid=$!
+	echo $dpid >"$dir/$name.pid"
+	i=0
+	until grep -q "waiting for an incoming migration" "$dir/$name.log"; do
+		i=$((i + 1))
+		[ $i -gt 600 ] && return 1
+		kill -0 $dpid 2>/dev/null || return 1
+		sleep 0.05
+	done
+}
+# refused_dest NAME: the destination exited 1 and never served.
+refused_dest() {
+	wait $dpid; drc=$?
+	expect "the destination exits 1 and never serves" "1 no" \
+		"$drc $([ -S "$dir/$1.sock" ] && echo yes || echo no)"
+}
+# error_has CTL TEXT: query-migrate's error-desc contains TEXT.
+error_has() {
+	d=$(qfield "$1" 'q.get("error-desc", "")')
+	case $d in *"$2"*) ok "error-desc says: $2"; echo "# error-desc: $d";;
+	*) notok "error-desc says: $2"; echo "# error-desc: $d";; esac
+}
+serves() { # NAME: the source still answers reads and writes
+	check "the source keeps serving" qemu-io -f raw -c 'write -P 0x5a 44M 64k' \
+		-c 'read -P 0x5a 44M 64k' "nbd+unix:///?socket=$dir/$1.sock"
+}
+
+# Keys and certificates.
+psktool -u alice -p "$dir/keys.psk" >/dev/null 2>&1
+psktool -u alice -p "$dir/wrong.psk" >/dev/null 2>&1
+pki="$dir/pki"; spki="$dir/spki"; mkdir -p "$pki" "$spki"
+printf 'cn = iocore test CA\nca\ncert_signing_key\nexpiration_days = 2\n' > "$dir/ca.info"
+printf 'cn = localhost\ndns_name = localhost\nip_address = 127.0.0.1\ntls_www_server\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' > "$dir/srv.info"
+printf 'cn = iocore test client\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' > "$dir/cli.info"
+if certtool --generate-privkey --key-type=ecdsa --outfile "$dir/ca-key.pem" 2>/dev/null &&
+	certtool --generate-self-signed --load-privkey "$dir/ca-key.pem" --template "$dir/ca.info" \
+		--outfile "$pki/ca-cert.pem" 2>/dev/null &&
+	certtool --generate-privkey --key-type=ecdsa --outfile "$pki/server-key.pem" 2>/dev/null &&
+	certtool --generate-certificate --load-privkey "$pki/server-key.pem" \
+		--load-ca-certificate "$pki/ca-cert.pem" --load-ca-privkey "$dir/ca-key.pem" \
+		--template "$dir/srv.info" --outfile "$pki/server-cert.pem" 2>/dev/null &&
+	certtool --generate-privkey --key-type=ecdsa --outfile "$spki/client-key.pem" 2>/dev/null &&
+	certtool --generate-certificate --load-privkey "$spki/client-key.pem" \
+		--load-ca-certificate "$pki/ca-cert.pem" --load-ca-privkey "$dir/ca-key.pem" \
+		--template "$dir/cli.info" --outfile "$spki/client-cert.pem" 2>/dev/null &&
+	cp "$pki/ca-cert.pem" "$pki/server-cert.pem" "$pki/server-key.pem" "$spki/"; then :
+else
+	echo "Bail out! certtool could not make the certificates"; exit 1
+fi
+
+img="$dir/a.img"
+truncate -s 48M "$img"
+python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
+	dd of="$img" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
+dd if=/dev/urandom of="$img" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
+cp "$img" "$dir/a.ref"
+
+# ---- PSK ----
+source_start s1 "$img" --tls on --tls-psk "$dir/keys.psk" ||
+	{ echo "Bail out! source did not start"; exit 1; }
+expect "tls-creds and tls-hostname default to empty" "'' ''" \
+	"$(ctl s1 --json query-migrate-parameters | python3 -c 'import json,sys; p=json.load(sys.stdin)
+print(repr(p["tls-creds"]), repr(p["tls-hostname"]))')"
+check "migrate-set-parameters tls-creds" ctl s1 migrate-set-parameters tls-creds=tls0
+expect "query-migrate-parameters reports tls-creds" "tls0" \
+	"$(ctl s1 --json query-migrate-parameters | python3 -c 'import json,sys; print(json.load(sys.stdin)["tls-creds"])')"
+ctl s1 migrate-set-capabilities 'capabilities:=[{"capability":"compress","state":true}]' >/dev/null
+port=$(free_port)
+dest_start d1 "$dir/b.img" tcp:127.0.0.1:$port --tls on --tls-psk "$dir/keys.psk" ||
+	{ echo "Bail out! destination did not start"; exit 1; }
+check "migrate (PSK)" ctl s1 migrate uri=tcp:127.0.0.1:$port
+expect "PSK: source completes" completed "$(wait_status s1 completed failed cancelled)"
+expect "PSK: destination completes" completed "$(wait_status d1 completed failed)"
+check "PSK: images equal" cmp "$dir/a.ref" "$dir/b.img"
+grep -q "incoming migration: connected (TLS)" "$dir/d1.log" && ok "PSK: the destination logged TLS" ||
+	{ notok "PSK: the destination logged TLS"; sed 's/^/# /' "$dir/d1.log" | tail -5; }
+stop s1; stop d1; wait $dpid 2>/dev/null
+
+# ---- X.509, the destination verifying the source's client certificate ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s2 "$img" --tls on --tls-certificates "$spki"
+ctl s2 migrate-set-parameters tls-creds=tls0 >/dev/null
+port=$(free_port)
+dest_start d2 "$dir/b.img" tcp:127.0.0.1:$port --tls on --tls-certificates "$pki" --tls-verify-peer
+check "migrate (X.509)" ctl s2 migrate uri=tcp:127.0.0.1:$port
+expect "X.509: source completes" completed "$(wait_status s2 completed failed cancelled)"
+expect "X.509: destination completes" completed "$(wait_status d2 completed failed)"
+check "X.509: images equal" cmp "$dir/a.ref" "$dir/b.img"
+stop s2; stop d2; wait $dpid 2>/dev/null
+
+# ---- X.509 with a tls-hostname the certificate does not carry ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s3 "$img" --tls on --tls-certificates "$spki"
+ctl s3 migrate-set-parameters tls-creds=tls0 tls-hostname=not-this-host.example >/dev/null
+port=$(free_port)
+dest_start d3 "$dir/b.img" tcp:127.0.0.1:$port --tls on --tls-certificates "$pki"
+ctl s3 migrate uri=tcp:127.0.0.1:$port >/dev/null
+expect "wrong tls-hostname: source fails" failed "$(wait_status s3 failed completed cancelled)"
+error_has s3 "TLS handshake with the destination failed"
+serves s3
+refused_dest d3
+stop s3
+
+# ---- a plain source against a TLS destination ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s4 "$img"
+port=$(free_port)
+dest_start d4 "$dir/b.img" tcp:127.0.0.1:$port --tls on --tls-psk "$dir/keys.psk"
+ctl s4 migrate uri=tcp:127.0.0.1:$port >/dev/null
+expect "plain source: fails" failed "$(wait_status s4 failed completed cancelled)"
+refused_dest d4
+grep -q "TLS handshake with the source failed" "$dir/d4.log" &&
+	ok "the destination logs why (TLS required)" ||
+	{ notok "the destination logs why (TLS required)"; sed 's/^/# /' "$dir/d4.log" | tail -5; }
+serves s4
+stop s4
+
+# ---- a wrong PSK ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s5 "$img" --tls on --tls-psk "$dir/wrong.psk"
+ctl s5 migrate-set-parameters tls-creds=tls0 >/dev/null
+port=$(free_port)
+dest_start d5 "$dir/b.img" tcp:127.0.0.1:$port --tls on --tls-psk "$dir/keys.psk"
+ctl s5 migrate uri=tcp:127.0.0.1:$port >/dev/null
+expect "wrong PSK: source fails" failed "$(wait_status s5 failed completed cancelled)"
+error_has s5 "TLS handshake with the destination failed"
+serves s5
+refused_dest d5
+stop s5
+
+# ---- tls-creds on a source without TLS credentials ----
+source_start s6 "$img"
+ctl s6 migrate-set-parameters tls-creds=tls0 >/dev/null
+port=$(free_port)
+ctl s6 migrate uri=tcp:127.0.0.1:$port >/dev/null
+expect "tls-creds without credentials: fails" failed "$(wait_status s6 failed completed cancelled)"
+stop s6
