@@ -108,6 +108,23 @@ static int need_file(const char *path, char *err, size_t errlen)
 	return -e;
 }
 
+/* A well-formed psktool line, "username:hexkey": true with the lengths of
+ * the name and of the key's hex digits. */
+static bool psk_line(const char *line, size_t *ulen, size_t *hexlen)
+{
+	const char *colon = strchr(line, ':');
+	size_t hex;
+
+	if (!colon || colon == line)
+		return false;
+	hex = strspn(colon + 1, "0123456789abcdefABCDEF");
+	if (hex == 0 || hex % 2 || (colon[1 + hex] != '\n' && colon[1 + hex] != '\0'))
+		return false;
+	*ulen = (size_t)(colon - line);
+	*hexlen = hex;
+	return true;
+}
+
 /* A PSK file GnuTLS reads at every handshake: check now that it is there
  * and holds at least one well-formed "username:hexkey" line, so a typo
  * fails at start-up instead of at each client. */
@@ -116,23 +133,16 @@ static int check_psk_file(const char *path, char *err, size_t errlen)
 	FILE *f = fopen(path, "r");
 	char line[1024];
 	int good = 0, e;
+	size_t ulen, hex;
 
 	if (!f) {
 		e = errno;
 		snprintf(err, errlen, "%s: %s", path, strerror(e));
 		return -e;
 	}
-	while (fgets(line, sizeof(line), f)) {
-		char *colon = strchr(line, ':');
-		size_t hex;
-
-		if (!colon || colon == line)
-			continue;
-		hex = strspn(colon + 1, "0123456789abcdefABCDEF");
-		if (hex > 0 && hex % 2 == 0 &&
-		    (colon[1 + hex] == '\n' || colon[1 + hex] == '\0'))
+	while (fgets(line, sizeof(line), f))
+		if (psk_line(line, &ulen, &hex))
 			good++;
-	}
 	fclose(f);
 	if (!good) {
 		snprintf(err, errlen, "%s: no \"username:hexkey\" line (psktool -u NAME -p %s)",
@@ -373,18 +383,13 @@ static int first_psk(const char *path, char *user, size_t ul, char *key, size_t 
 		return -e;
 	}
 	while (fgets(line, sizeof(line), f)) {
-		char *colon = strchr(line, ':');
-		size_t hex;
+		size_t ulen, hex;
 
-		if (!colon || colon == line)
+		if (!psk_line(line, &ulen, &hex) || ulen >= ul || hex >= kl)
 			continue;
-		hex = strspn(colon + 1, "0123456789abcdefABCDEF");
-		if (hex == 0 || hex % 2 || (colon[1 + hex] != '\n' && colon[1 + hex] != '\0') ||
-		    (size_t)(colon - line) >= ul || hex >= kl)
-			continue;
-		memcpy(user, line, (size_t)(colon - line));
-		user[colon - line] = '\0';
-		memcpy(key, colon + 1, hex);
+		memcpy(user, line, ulen);
+		user[ulen] = '\0';
+		memcpy(key, line + ulen + 1, hex);
 		key[hex] = '\0';
 		fclose(f);
 		return 0;
