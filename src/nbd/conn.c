@@ -438,6 +438,23 @@ unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_in
 	return n;
 }
 
+/* Connections still in the handshake are closed; the others read what
+ * is already there, answer it, and close.  I/O thread. */
+static void thread_drain_conns(struct nbd_thread *t)
+{
+	for (struct conn *c = t->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
+			conn_kill(c);
+			update_handlers(c);
+			conn_maybe_reap(c);
+			continue;
+		}
+		c->draining = true;
+		conn_process(c);
+	}
+}
+
 /* ---- the serving gate ------------------------------------------------------
  *
  * Problem: a live migration's switch-over must stop the image changing
@@ -501,21 +518,8 @@ static void gate_apply(struct ioc_task *task)
 	}
 	t->gate_draining = false;
 	ioc_co_queue_restart_all(&t->held);
-	if (state == IOC__NBD_GATE_SHUT) {
-		/* As at a server stop: connections still in the handshake
-		 * close, the others answer what they received and close. */
-		for (struct conn *c = t->conns, *next; c; c = next) {
-			next = c->next;
-			if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
-				conn_kill(c);
-				update_handlers(c);
-				conn_maybe_reap(c);
-				continue;
-			}
-			c->draining = true;
-			conn_process(c);
-		}
-	}
+	if (state == IOC__NBD_GATE_SHUT)
+		thread_drain_conns(t); /* as at a server stop */
 	gate_report(srv);
 }
 
@@ -1025,24 +1029,10 @@ static void conn_start(struct ioc_task *task)
 	conn_process(c);
 }
 
-/* Shutdown on one I/O thread: connections in the handshake are closed;
- * the others read what is already there, answer it, and close. */
+/* Shutdown on one I/O thread. */
 void ioc__nbd_thread_stop(struct ioc_task *task)
 {
-	struct nbd_thread *t = ioc_container_of(task, struct nbd_thread, stop_task);
-	struct conn *c = t->conns, *next;
-
-	for (; c; c = next) {
-		next = c->next;
-		if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
-			conn_kill(c);
-			update_handlers(c);
-			conn_maybe_reap(c);
-			continue;
-		}
-		c->draining = true;
-		conn_process(c);
-	}
+	thread_drain_conns(ioc_container_of(task, struct nbd_thread, stop_task));
 }
 
 /* The grace period is over: close whatever is left. */
