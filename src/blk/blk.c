@@ -53,11 +53,9 @@
  * (QEMU's tracked requests): only cache=none writes need it.  Retrying a
  * failed sync, or forgetting its error after one good flush: both lie.
  *
- * Cost notes.  A fast-path hit is one preadv2 and no allocation, about half
- * the CPU of a request through io_uring or the pool, and it copies on the
- * loop's own thread: it wins in requests per CPU-second (bench/blk/NOTES.md;
- * off with iocore-bench --fast-path off).  The fault hook costs a branch
- * when unset.  cache=none tracking: a mutex round trip and an O(queue depth)
+ * Cost notes.  A fast-path hit is one preadv2, no allocation, about half
+ * the CPU of a request through io_uring or the pool (bench/blk/NOTES.md).
+ * The fault hook costs a branch when unset.  cache=none tracking: a mutex round trip and an O(queue depth)
  * scan per write.
  */
 #include <assert.h>

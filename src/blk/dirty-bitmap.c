@@ -56,8 +56,7 @@
  * until the image closes (2 MiB per TiB at 64 KiB).  Rejected: a reader
  * count or rwlock on the hot path (a shared line written by every I/O
  * thread on every write), and epochs (the block layer does not know the
- * threads that use it).  A truncate does not resize bitmaps: bits past
- * the size they were made for are not tracked.
+ * threads that use it).  A truncate does not resize bitmaps.
  */
 #include <assert.h>
 #include <dirent.h>

@@ -50,9 +50,8 @@
  * sleeps.  Cross-loop wakeups by IORING_OP_MSG_RING: the sender's ring
  * names the target by fd number and completes the message later, on some
  * kernels only when the target's thread runs, so freeing a loop would have
- * to wait for another loop's progress.  A mutex-protected BH list (QEMU
- * before 2019): a lock per schedule.  An eventfd write per post (libuv's
- * uv_async_send): a syscall while the loop is awake anyway.
+ * to wait for another loop's progress.  A locked BH list (older QEMU) or
+ * an eventfd write per post (libuv): a lock, or a syscall, per post.
  *
  * Weak memory.  The producer's CAS is a release (the loop's acquire
  * exchange must see task->next and what the poster wrote before posting);

@@ -4,12 +4,10 @@
  * writing it, then hand the clients over, with QEMU's migration commands
  * on the control socket (qapi/migration.json of QEMU 7.2).
  *
- * Problem.  The image changes while it moves.  A copy that just reads it
- * front to back ends with a destination image that matches no moment of
- * the source; a copy that stops the clients for the whole transfer is no
- * live migration.  And compression, which would make the transfer
- * shorter, costs more CPU per byte than the link does per byte unless it
- * runs on several cores at once.
+ * Problem.  The image changes while it moves: a plain front-to-back copy
+ * matches no moment of the source, and stopping the clients for the whole
+ * transfer is no live migration.  Compression shortens the transfer only
+ * if it runs on several cores at once.
  *
  * Design (QEMU's pre-copy).
  * - A hidden dirty bitmap (granularity __org.iocore_granularity, default
@@ -22,16 +20,15 @@
  * - The migration thread reads the image file with pread() on an fd of
  *   its own (the NBD I/O threads are not involved) and finds holes with
  *   SEEK_DATA/SEEK_HOLE: they go as ZERO records without being read.
- *   Chunks (at most 256 KiB) go to an ioc_wq in in_order mode with
- *   compress-threads workers: each job detects an all-zero chunk (a ZERO
- *   record, no compression), computes the data CRC and compresses with
- *   zstd (compress-level 1-9 used as zstd's level; level 0 or capability
- *   compress off send DATA_RAW).  Completions come back in submission
- *   order and go to the socket from the migration thread, which keeps the
- *   per-block CRCs of what it sent (ioc_mig_crcs) for the checksum at END.
- *   The job slots are a fixed pool (2 per worker): when none is free the
- *   thread waits for the oldest (counted as "busy"), or with
- *   compress-wait-thread off sends that chunk uncompressed itself.
+ *   Chunks (at most 256 KiB) go round robin to an in-order ioc_wq of
+ *   compress-threads workers: a job detects an all-zero chunk (ZERO, no
+ *   compression), records the block CRCs and the data CRC (ioc_mig_crcs,
+ *   for the checksum at END) and compresses with zstd (compress-level as
+ *   zstd's level; 0 or compress off send DATA_RAW).  Records leave in
+ *   submission order from the migration thread.  The job slots are a
+ *   fixed pool (2 per worker): when none is free the thread waits for the
+ *   oldest ("busy"), or with compress-wait-thread off sends that chunk
+ *   uncompressed itself.
  * - Convergence: after each pass, what remains dirty divided by the
  *   measured bandwidth is the expected downtime; once it is within
  *   downtime-limit the source switches over by itself.  max-bandwidth caps
@@ -48,21 +45,17 @@
  *   serving what it always had, status failed (error-desc) or cancelled.
  *   Once END is out a cancel no longer applies: the destination may
  *   already serve, so the source waits for its answer.
- * - TLS (tls-creds set): after connecting, a blocking GnuTLS client
- *   handshake with client credentials made from this server's --tls-*
- *   files (tls.c), verifying the destination against tls-hostname or the
- *   URI's host; records then go through the session instead of sendmsg,
- *   and the ACK is read through it.  A cancel still shuts the socket
- *   down, which fails the session's pending send or receive.
+ * - TLS (tls-creds set): a blocking GnuTLS client session with this
+ *   server's --tls-* credentials (tls.c), checking the destination against
+ *   tls-hostname or the URI's host; a cancel shuts the socket down, which
+ *   fails the session's pending send or receive.
  *
  * Rejected.  Reading through the block layer from a coroutine on an I/O
  * thread: the copy would compete with client requests on their loops,
  * and the reads need no asynchrony (one thread reads ahead of the
  * compressors).  One record per block (a 32-byte header per 4 KiB, no
- * room to compress).  Checksumming the image at the end by rereading it
- * (seconds of reads while the clients wait).  Active mirroring of client
- * writes for writers faster than the link is not done here: such a
- * migration keeps making passes until it is cancelled.
+ * room to compress).  Rereading the image for the final checksum.  Not
+ * done: active mirroring (a writer faster than the link keeps passes going).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -53,13 +53,8 @@
  *
  * Costs: a spinner burns a CPU for up to spin_max_ns (50 us) per idle spell;
  * a submission waits for the end of its loop iteration; growth past one
- * thread per CPU needs the submitting loop's timer to run.
- *
- * Port lifetime: a shared pool's port is held by the pool (LIVE_POOL), its
- * loop's list (LIVE_LOOP), a posted task or an armed timer; who clears the
- * last bit frees it.  ioc_loop_free() detaches its loop's ports, so a loop
- * at a recycled address never finds an old port.  Frees of a pool and of a
- * loop that used it are ordered by the caller (pool.h).
+ * thread per CPU needs the submitting loop's timer to run.  Port lifetime:
+ * see the LIVE_* bits; ioc_loop_free() detaches its loop's ports.
  */
 #include "ioc-config.h"
 
@@ -98,7 +93,11 @@ enum {
 	REQ_DONE,      /* cancelled or failed, completion pending */
 };
 
-/* port->live bits: who still references a port whose pool may be gone. */
+/* port->live bits: who still references a port whose pool may be gone;
+ * whoever clears the last one frees it.  ioc_loop_free() detaches its
+ * loop's ports (port_leave_loop()), so a loop at a recycled address never
+ * finds an old port.  The caller orders the frees of a pool and of a loop
+ * that used it (pool.h). */
 enum {
 	LIVE_POOL = 1u << 0,  /* the pool exists */
 	LIVE_DONE = 1u << 1,  /* done_task is posted and has not started */
