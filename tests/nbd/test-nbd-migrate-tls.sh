@@ -25,28 +25,6 @@ fi
 workdir ioc-nbd-migrate-tls
 echo "1..25"
 
-ctl() { s=$1; shift; ${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/$s.ctl" "$@"; }
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-qfield() {
-	ctl "$1" --json query-migrate | python3 -c "import json,sys; q=json.load(sys.stdin); print($2)"
-}
-# wait_status CTL STATUS...: poll until one of STATUS (60 s at most).
-wait_status() {
-	c=$1; shift
-	i=0
-	while [ $i -lt 1200 ]; do
-		st=$(qfield "$c" 'q.get("status", "none")' 2>/dev/null)
-		for w in "$@"; do [ "$st" = "$w" ] && { echo "$st"; return 0; }; done
-		i=$((i + 1)); sleep 0.05
-	done
-	echo "$st"; return 1
-}
-expect() {
-	if [ "$(echo $2)" = "$(echo $3)" ]; then ok "$1"; else
-		notok "$1"; printf '# want: %s\n# got:  %s\n' "$(echo $2)" "$(echo $3)"; fi
-}
 # source_start NAME IMAGE TLS-OPTIONS...: serving IMAGE (TLS offered, so
 # plain qemu-io can still check it) with a control socket.
 source_start() {

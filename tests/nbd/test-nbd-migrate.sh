@@ -23,27 +23,6 @@ done
 workdir ioc-nbd-migrate
 echo "1..46"
 
-ctl() { s=$1; shift; ${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/$s.ctl" "$@"; }
-# free_port: a TCP port nobody listens on now (the kernel picks it).
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-# qfield CTL EXPR: a Python expression over q = query-migrate's return.
-qfield() {
-	ctl "$1" --json query-migrate | python3 -c "import json,sys; q=json.load(sys.stdin); print($2)"
-}
-# wait_status CTL STATUS...: poll query-migrate until its status is one of
-# STATUS (60 s at most); prints the status reached.
-wait_status() {
-	c=$1; shift
-	i=0
-	while [ $i -lt 1200 ]; do
-		st=$(qfield "$c" 'q.get("status", "none")' 2>/dev/null)
-		for w in "$@"; do [ "$st" = "$w" ] && { echo "$st"; return 0; }; done
-		i=$((i + 1)); sleep 0.05
-	done
-	echo "$st"; return 1
-}
 # wait_gone PID: until the process has exited (30 s at most).
 wait_gone() {
 	i=0
@@ -51,10 +30,6 @@ wait_gone() {
 		case $(cut -d' ' -f3 /proc/$1/stat 2>/dev/null) in Z|X) break;; esac
 		i=$((i + 1)); sleep 0.05
 	done
-}
-expect() {
-	if [ "$(echo $2)" = "$(echo $3)" ]; then ok "$1"; else
-		notok "$1"; printf '# want: %s\n# got:  %s\n' "$(echo $2)" "$(echo $3)"; fi
 }
 # source NAME IMAGE: an iocore-nbd serving IMAGE with a control socket.
 source_start() {
