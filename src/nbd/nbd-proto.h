@@ -145,7 +145,7 @@
 #define IOC_NBD_MAX_OPT_SKIP      (1u << 20)      /* larger than this: disconnect */
 #define IOC_NBD_MAX_OPTIONS       4096            /* options per handshake */
 #define IOC_NBD_MAX_PAYLOAD       (32u << 20)     /* NBD_INFO_BLOCK_SIZE maximum */
-#define IOC_NBD_MAX_EXTENTS       512             /* block status descriptors per reply */
+#define IOC_NBD_MAX_EXTENTS       (1u << 17)      /* block status descriptors per chunk */
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
 #define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16

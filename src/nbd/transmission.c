@@ -442,15 +442,44 @@ static int ioc_coroutine_fn ctx_status(const struct ioc__nbd_conn *c, uint32_t i
 	}
 }
 
-/* One BLOCK_STATUS chunk for context id into d (room for max extents);
- * returns the extent count or -errno. */
+/*
+ * The descriptors of the BLOCK_STATUS chunks, context after context, in
+ * one buffer that grows as extents come (from room for EXT_FIRST of them
+ * up to max): a 4 KiB request costs a small allocation, a walk of a
+ * fragmented dirty bitmap over a terabyte gets few large replies instead
+ * of one round trip per EXT_FIRST extents.
+ */
+#define EXT_FIRST 64u
+
+struct ext_buf {
+	uint8_t *p;
+	size_t cap, used;       /* bytes */
+};
+
+static bool ext_reserve(struct ext_buf *b, size_t need)
+{
+	if (b->cap - b->used >= need)
+		return true;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap - b->used < need)
+		cap *= 2;
+	uint8_t *p = realloc(b->p, cap);
+	if (!p)
+		return false;
+	b->p = p;
+	b->cap = cap;
+	return true;
+}
+
+/* One BLOCK_STATUS chunk for context id: appends its descriptors (at most
+ * max) to b; returns the extent count or -errno. */
 static int ioc_coroutine_fn ctx_extents(const struct ioc__nbd_conn *c,
 					struct ioc__nbd_req *r, uint32_t id,
-					uint8_t *d, unsigned max)
+					struct ext_buf *b, unsigned max)
 {
 	size_t dsz = c->extended ? 16 : 8;
 	uint64_t pos = r->offset, end = r->offset + r->len;
-	unsigned n = 0;
+	unsigned n = 0, room = 0;
 	uint64_t last_len = 0;
 	uint32_t last_st = 0;
 
@@ -470,15 +499,24 @@ static int ioc_coroutine_fn ctx_extents(const struct ioc__nbd_conn *c,
 		} else {
 			if (n == max)
 				break;
+			if (n == room) {
+				unsigned more = room ? room : (max < EXT_FIRST ? max : EXT_FIRST);
+				if (more > max - room)
+					more = max - room;
+				if (!ext_reserve(b, dsz * (size_t)(n + more)))
+					return n ? (int)n : -ENOMEM;
+				room += more;
+			}
 			if (n > 0)
-				put_extent(c, d + dsz * (n - 1), last_len, last_st);
+				put_extent(c, b->p + b->used + dsz * (n - 1), last_len, last_st);
 			n++;
 			last_len = pnum;
 			last_st = (uint32_t)st;
 		}
 		pos += pnum;
 	}
-	put_extent(c, d + dsz * (n - 1), last_len, last_st);
+	put_extent(c, b->p + b->used + dsz * (n - 1), last_len, last_st);
+	b->used += dsz * n;
 	return (int)n;
 }
 
@@ -488,8 +526,10 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 {
 	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : IOC_NBD_MAX_EXTENTS;
 	size_t dsz = c->extended ? 16 : 8, base = c->extended ? 8 : 4;
-	size_t one = base + dsz * max;
+	struct ext_buf b = { NULL, 0, 0 };
 	uint32_t ids[3];
+	size_t at[3];
+	int cnt[3];
 	unsigned nids = 0;
 
 	if (c->meta_base_alloc)
@@ -499,28 +539,38 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 	if (c->meta_bitmap[0])
 		ids[nids++] = NBD_META_ID_QEMU_BITMAP;
 	free(r->ext);
-	r->ext = malloc(one * nids);
-	if (!r->ext) {
-		ioc__nbd_reply_error(c, r, NBD_ENOMEM, "out of memory");
-		return;
-	}
-	uint8_t *h = r->hdr;
-	r->iovcnt = 0;
+	r->ext = NULL;
 	for (unsigned k = 0; k < nids; k++) {
-		uint8_t *payload = r->ext + one * k;
-		int n = ctx_extents(c, r, ids[k], payload + base, max);
+		int n = -ENOMEM;
 
+		/* The chunk's own header (context id, count) goes first. */
+		if (ext_reserve(&b, base)) {
+			at[k] = b.used;
+			b.used += base;
+			n = ctx_extents(c, r, ids[k], &b, max);
+		}
 		if (n < 0) {
+			free(b.p);
 			ioc__nbd_reply_error(c, r, ioc__nbd_errno_to_nbd(n),
 					     n == -EUCLEAN ? "dirty bitmap inconsistent" :
 					     n == -ENOENT ? "dirty bitmap removed" :
+					     n == -ENOMEM ? "out of memory" :
 					     "block status failed");
 			return;
 		}
+		cnt[k] = n;
+	}
+	/* Only now, with the buffer at its final address, the iovecs. */
+	r->ext = b.p;
+	uint8_t *h = r->hdr;
+	r->iovcnt = 0;
+	for (unsigned k = 0; k < nids; k++) {
+		uint8_t *payload = r->ext + at[k];
+		size_t plen = base + dsz * (size_t)cnt[k];
+
 		ioc_nbd_st32(payload, ids[k]);
 		if (c->extended)
-			ioc_nbd_st32(payload + 4, (uint32_t)n);
-		size_t plen = base + dsz * (size_t)n;
+			ioc_nbd_st32(payload + 4, (uint32_t)cnt[k]);
 		uint8_t *p = chunk_hdr(c, h, r, k + 1 == nids ? NBD_REPLY_FLAG_DONE : 0,
 				       c->extended ? NBD_REPLY_TYPE_BLOCK_STATUS_EXT
 						   : NBD_REPLY_TYPE_BLOCK_STATUS, plen);
