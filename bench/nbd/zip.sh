@@ -1,10 +1,12 @@
 #!/bin/sh
 # bench/nbd/zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]
+#                  [--block-size=SIZE]
 #
 # Compressed images served over NBD, same data for everyone: iocore-nbd on
-# iocore-zip --block-size 256K output, qemu-nbd on a qcow2 made by
-# qemu-img convert -c -o compression_type=zstd, nbdkit --filter=xz file on
-# xz -T0 --block-size=1MiB output.  The image (2 GiB by default, 128 MiB
+# iocore-zip --block-size 256K output (--block-size=SIZE to try another
+# frame size), qemu-nbd on a qcow2 made by qemu-img convert -c -o
+# compression_type=zstd, nbdkit --filter=xz file on xz -T0
+# --block-size=1MiB output.  The image (2 GiB by default, 128 MiB
 # with --quick) mixes a tar of /usr, random data and zeros.  fio's nbd
 # engine: 4 KiB randread (iodepth 64, one connection and four) and 1 MiB
 # sequential read (iodepth 8), each on a freshly started server, twice:
@@ -20,11 +22,12 @@
 exec python3 - "$@" <<'PY'
 import json, os, shutil, signal, subprocess, sys, tempfile, time
 
-USAGE = "usage: zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]"
+USAGE = ("usage: zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]"
+         " [--block-size=SIZE]")
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:]
             if a.startswith("--"))
-if len(args) != 1 or set(opts) - {"quick", "size", "runtime", "frame-cache"}:
+if len(args) != 1 or set(opts) - {"quick", "size", "runtime", "frame-cache", "block-size"}:
     sys.exit(USAGE)
 quick = "quick" in opts
 build = os.path.abspath(args[0])
@@ -38,6 +41,7 @@ except ValueError:
 if size_mb < 3 or runtime < 1:
     sys.exit(USAGE)
 frame_cache = ["--frame-cache", opts["frame-cache"]] if opts.get("frame-cache") else []
+block_size = opts.get("block-size") or "256K"
 for tool in (ours, zipper):
     if not os.access(tool, os.X_OK):
         sys.exit("zip.sh: %s not built" % tool)
@@ -84,7 +88,7 @@ with open(raw, "wb") as f:
     tar.wait()
 
 images = {}
-subprocess.run([zipper, "-q", "--block-size=256K", "-o", raw + ".zst", raw], check=True)
+subprocess.run([zipper, "-q", "--block-size=" + block_size, "-o", raw + ".zst", raw], check=True)
 images["iocore"] = raw + ".zst"
 if shutil.which("qemu-img"):
     subprocess.run(["qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2",
