@@ -160,9 +160,12 @@ static void blk_usage(FILE *f)
 		"           [-o offset] [-w] [-i io_uring|threads] [-t writeback|none]\n"
 		"           [-f raw] [--pattern N] [--flush-interval N [--no-drain]]\n"
 		"           [--driver file|null] [--null-size SIZE]\n"
-		"           [--fast-path on|off] [--json] [--poll-max-ns N] [-q] [FILE]\n"
+		"           [--fast-path on|off] [--json] [--poll-max-ns N]\n"
+		"           [--dirty-bitmaps N] [-q] [FILE]\n"
 		"  --poll-max-ns N   the loop's adaptive polling cap (0 = default,\n"
-		"                    negative = no polling)\n");
+		"                    negative = no polling)\n"
+		"  --dirty-bitmaps N N recording in-memory dirty bitmaps (64 KiB\n"
+		"                    granules) on the image: the cost of change tracking\n");
 }
 
 static int cmd_blk(int argc, char **argv)
@@ -177,11 +180,12 @@ static int cmd_blk(int argc, char **argv)
 		{ "poll-max-ns", required_argument, NULL, 'L' },
 		{ "flush-interval", required_argument, NULL, 'I' },
 		{ "no-drain", no_argument, NULL, 'R' },
+		{ "dirty-bitmaps", required_argument, NULL, 'B' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct ioc_blk_opts opts = { .aio = IOC_BLK_AIO_THREADS, .null_size = 1ull << 30 };
 	uint64_t count = 75000, depth = 64, bufsize = 4096, step = 0, offset = 0;
-	uint64_t v;
+	uint64_t v, nbitmaps = 0;
 	int pattern = 0, c, ret;
 	bool json = false, quiet = false, no_drain = false;
 	const char *path = NULL, *aio_name = "threads", *cache_name = "writeback";
@@ -280,6 +284,12 @@ static int cmd_blk(int argc, char **argv)
 		case 'R':
 			no_drain = true;
 			break;
+		case 'B':
+			if (ioc_tool_parse_size(optarg, &nbitmaps) < 0 || nbitmaps > 64) {
+				fprintf(stderr, "iocore-bench: --dirty-bitmaps 0..64\n");
+				return 1;
+			}
+			break;
 		case 'n':
 		case 'U':
 			break; /* qemu-img's native AIO and force-share: no meaning here */
@@ -326,6 +336,17 @@ static int cmd_blk(int argc, char **argv)
 			ioc_strerror(ret));
 		ioc_loop_free(B.loop);
 		return 1;
+	}
+	for (uint64_t i = 0; i < nbitmaps; i++) {
+		char name[16];
+		struct ioc_blk_dirty_opts dopts = { .name = name };
+
+		snprintf(name, sizeof(name), "b%u", (unsigned)i);
+		ret = ioc_blk_dirty_add(B.blk, &dopts, NULL);
+		if (ret < 0) {
+			fprintf(stderr, "iocore-bench: dirty bitmap: %s\n", ioc_strerror(ret));
+			return 1;
+		}
 	}
 	ioc_blk_get_info(B.blk, &info);
 	if (opts.driver == IOC_BLK_DRIVER_FILE && opts.aio == IOC_BLK_AIO_IO_URING &&
