@@ -12,7 +12,8 @@
 # so neither image allocates data.  Two measurements per server: the
 # wall time of nbdinfo --map (what the user sees, nbdinfo's own formatting
 # included), and of the same walk made with libnbd's block_status in 2 GiB
-# requests that only count the extents (the servers' share).  Rounds
+# requests that only count the extents, and the CPU time nbdinfo and the
+# server each used during nbdinfo --map (who the time belongs to).  Rounds
 # alternate the two servers; it prints each run's times, the medians and
 # their ratios, and checks that the two maps are identical.  Images and sockets live in /dev/shm and are
 # removed at exit.  Not part of make test.
@@ -75,12 +76,27 @@ print("%d of %d granules of 64 KiB dirty" % (n // 100, n), flush=True)
 EOF
 
 now() { date +%s%N; }
-# timed NAME URI: one nbdinfo --map, its wall time in ms on stdout.
+# srv_ns PIDFILE: CPU time (ns) the server's threads have run so far, from
+# /proc/PID/task/*/schedstat (its first field), finer than utime/stime.
+srv_ns() {
+	cat /proc/"$(cat "$1")"/task/*/schedstat 2>/dev/null |
+		awk '{s += $1} END {printf "%d", s}'
+}
+# timed NAME URI PIDFILE: one nbdinfo --map; prints its wall time, the
+# CPU time nbdinfo itself used and the server's CPU time, all in ms.
 timed() {
+	s0=$(srv_ns "$3")
 	t0=$(now)
-	nbdinfo --map=qemu:dirty-bitmap:b0 "$2" > "$dir/$1.map"
+	c=$(/usr/bin/python3 -c '
+import resource, subprocess, sys
+with open(sys.argv[2], "wb") as out:
+    subprocess.run(["nbdinfo", "--map=qemu:dirty-bitmap:b0", sys.argv[1]],
+                   stdout=out, check=True)
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(int((u.ru_utime + u.ru_stime) * 1000))' "$2" "$dir/$1.map")
 	t1=$(now)
-	echo $(( (t1 - t0) / 1000000 ))
+	s1=$(srv_ns "$3")
+	echo "$(( (t1 - t0) / 1000000 )) client $c server $(( (s1 - s0) / 1000000 ))"
 }
 
 # walk URI: the block-status walk alone, its wall time in ms.
@@ -116,8 +132,8 @@ EOF
 }
 
 for r in $(seq "$ROUNDS"); do
-	echo "iocore-nbd nbdinfo $(timed ioc "$IOC") walk $(walk "$IOC")"
-	echo "qemu-nbd nbdinfo $(timed qemu "$QEMU") walk $(walk "$QEMU")"
+	echo "iocore-nbd nbdinfo $(timed ioc "$IOC" "$dir/ioc.pid") walk $(walk "$IOC")"
+	echo "qemu-nbd nbdinfo $(timed qemu "$QEMU" "$dir/qemu.pid") walk $(walk "$QEMU")"
 done | tee "$dir/rows"
 if cmp -s "$dir/ioc.map" "$dir/qemu.map"; then
 	echo "maps identical ($(awk '$3 == 1' "$dir/ioc.map" | wc -l) dirty extents)"
@@ -129,7 +145,7 @@ med() { # SERVER COLUMN
 	awk -v c="$1" -v k="$2" '$1 == c {print $k}' "$dir/rows" | sort -n |
 		awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'
 }
-for m in "nbdinfo 3" "walk 5"; do
+for m in "nbdinfo 3" "nbdinfo-client-cpu 5" "nbdinfo-server-cpu 7" "walk 9"; do
 	set -- $m
 	mi=$(med iocore-nbd "$2")
 	mq=$(med qemu-nbd "$2")
