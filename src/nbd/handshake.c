@@ -211,7 +211,7 @@ static void enter_transmission(struct ioc__nbd_conn *c,
 		c->meta_base_alloc = false;
 	if (c->meta_export != e) {
 		c->meta_depth = false;
-		c->meta_bitmap[0] = '\0';
+		c->meta_nbitmaps = 0;
 	}
 	c->phase = IOC_NBD_PHASE_TRANSMISSION;
 }
@@ -354,7 +354,8 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	char name[IOC_NBD_MAX_STRING + 1];
 	bool list = opt == NBD_OPT_LIST_META_CONTEXT;
 	struct meta_sel m = { 0 };
-	char selected[IOC_NBD_BITMAP_NAME_MAX] = "";
+	char selected[IOC_NBD_META_BITMAPS][IOC_NBD_BITMAP_NAME_MAX];
+	unsigned nsel = 0;
 
 	if (!c->structured)
 		return rep_err(c, opt, NBD_REP_ERR_INVALID,
@@ -402,26 +403,30 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 		int n = e->ops->dirty_names(e->be, names, 16);
 		const uint8_t *queries = d + 8 + nlen;
 
-		/* LIST: every match.  SET: the first match in creation
-		 * order (one bitmap per connection; the others asked for
-		 * are not acknowledged, which the protocol allows). */
+		/* LIST: every match.  SET: the matches in creation order,
+		 * up to IOC_NBD_META_BITMAPS of them (as QEMU serves several
+		 * bitmaps of one export); any beyond are not acknowledged,
+		 * which the protocol allows. */
 		for (int i = 0; i < n && i < 16; i++) {
 			if (!m.all_bitmaps && !bitmap_asked(queries, nq, names[i]))
 				continue;
-			if (!list && selected[0])
+			if (!list && nsel == IOC_NBD_META_BITMAPS)
 				continue;
 			if (!list)
-				memcpy(selected, names[i], sizeof(selected));
-			if (rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_BITMAP,
+				memcpy(selected[nsel], names[i], sizeof(selected[0]));
+			if (rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_BITMAP + nsel,
 					NBD_META_QEMU_BITMAP, names[i]) < 0)
 				return -ENOMEM;
+			if (!list)
+				nsel++;
 		}
 	}
 	if (!list) {
 		c->meta_export = e;
 		c->meta_base_alloc = m.base;
 		c->meta_depth = m.depth;
-		memcpy(c->meta_bitmap, selected, sizeof(selected));
+		memcpy(c->meta_bitmap, selected, nsel * sizeof(selected[0]));
+		c->meta_nbitmaps = nsel;
 	}
 	return rep(c, opt, NBD_REP_ACK);
 }

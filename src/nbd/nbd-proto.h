@@ -128,7 +128,8 @@
 #define NBD_META_QEMU_DEPTH       "qemu:allocation-depth"
 #define NBD_META_QEMU_BITMAP      "qemu:dirty-bitmap:"
 #define NBD_META_ID_QEMU_DEPTH    2u
-#define NBD_META_ID_QEMU_BITMAP   3u
+#define NBD_META_ID_QEMU_BITMAP   3u          /* and up, one per bitmap */
+#define IOC_NBD_META_BITMAPS      8u          /* bitmaps one connection selects */
 #define NBD_STATE_DIRTY           (1u << 0)   /* qemu:dirty-bitmap:NAME */
 #define IOC_NBD_BITMAP_NAME_MAX   128         /* = IOC_BLK_DIRTY_NAME_MAX */
 
@@ -317,8 +318,10 @@ struct ioc__nbd_conn {
 	bool fixed, no_zeroes, structured, extended;
 	bool meta_base_alloc;           /* base:allocation selected */
 	bool meta_depth;                /* qemu:allocation-depth selected */
-	char meta_bitmap[IOC_NBD_BITMAP_NAME_MAX]; /* qemu:dirty-bitmap:NAME
-					 * selected, or "" */
+	/* qemu:dirty-bitmap:NAME contexts selected, in creation order of the
+	 * bitmaps; bitmap k has context id NBD_META_ID_QEMU_BITMAP + k. */
+	char meta_bitmap[IOC_NBD_META_BITMAPS][IOC_NBD_BITMAP_NAME_MAX];
+	unsigned meta_nbitmaps;
 	const struct ioc__nbd_export *meta_export; /* SET_META_CONTEXT's export */
 	bool enforce_block_size;        /* client asked for NBD_INFO_BLOCK_SIZE */
 	const struct ioc__nbd_export *exp;

@@ -84,7 +84,7 @@ static int check_request(const struct ioc__nbd_conn *c, uint16_t flags,
 			return NBD_EINVAL;
 		break;
 	case NBD_CMD_BLOCK_STATUS:
-		if (!c->meta_base_alloc && !c->meta_depth && !c->meta_bitmap[0])
+		if (!c->meta_base_alloc && !c->meta_depth && !c->meta_nbitmaps)
 			return NBD_EINVAL;
 		allowed |= NBD_CMD_FLAG_REQ_ONE;
 		sized = false; /* alignment of the tail is not required */
@@ -435,7 +435,8 @@ static int ioc_coroutine_fn ctx_status(const struct ioc__nbd_conn *c, uint32_t i
 		*pnum = len;
 		return 1;
 	default: {
-		int st = e->ops->dirty_status(e->be, c->meta_bitmap, pos, len, pnum, 0);
+		int st = e->ops->dirty_status(e->be, c->meta_bitmap[id - NBD_META_ID_QEMU_BITMAP],
+					      pos, len, pnum, 0);
 
 		return st < 0 ? st : st ? (int)NBD_STATE_DIRTY : 0;
 	}
@@ -527,17 +528,17 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : IOC_NBD_MAX_EXTENTS;
 	size_t dsz = c->extended ? 16 : 8, base = c->extended ? 8 : 4;
 	struct ext_buf b = { NULL, 0, 0 };
-	uint32_t ids[3];
-	size_t at[3];
-	int cnt[3];
+	uint32_t ids[2 + IOC_NBD_META_BITMAPS];
+	size_t at[2 + IOC_NBD_META_BITMAPS];
+	int cnt[2 + IOC_NBD_META_BITMAPS];
 	unsigned nids = 0;
 
 	if (c->meta_base_alloc)
 		ids[nids++] = NBD_META_ID_BASE_ALLOC;
 	if (c->meta_depth)
 		ids[nids++] = NBD_META_ID_QEMU_DEPTH;
-	if (c->meta_bitmap[0])
-		ids[nids++] = NBD_META_ID_QEMU_BITMAP;
+	for (unsigned k = 0; k < c->meta_nbitmaps; k++)
+		ids[nids++] = NBD_META_ID_QEMU_BITMAP + k;
 	free(r->ext);
 	r->ext = NULL;
 	for (unsigned k = 0; k < nids; k++) {
