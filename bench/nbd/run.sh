@@ -1,15 +1,41 @@
 #!/bin/sh
 # bench/nbd/run.sh BUILD_DIR [--quick]
 #
-# fio's nbd engine against iocore-nbd and its peers, same image
-# (raw, in /dev/shm), same jobs: 4 KiB randread and randrw 80/20 at
-# iodepth 64, one connection and four (numjobs=4, one connection each).
-# Peers: qemu-nbd --aio=io_uring, qemu-nbd --aio=threads, nbdkit file.
-# Rows: IOPS (read+write, higher is better) and p99 completion latency
-# (all completions, lower is better).  Then whole-image reads with nbdcopy,
-# in the clear and over TLS (PSK): MB/s.  One JSON row per line on stdout.
+# iocore-nbd against its peers (qemu-nbd --aio=io_uring, qemu-nbd
+# --aio=threads, nbdkit file), same raw image in /dev/shm, same clients:
+#
+# - fio's nbd engine (--thread: one thread per job, one connection each),
+#   1 and 4 connections: 4 KiB randread and randrw 80/20 at iodepth 64
+#   (IOPS), 64 KiB sequential read and write at iodepth 32 and 1 MiB at
+#   iodepth 16 (MB/s; each of 4 jobs streams its own quarter of the image);
+# - qemu-img bench (QEMU's own NBD client, one connection; it only steps
+#   through the image sequentially, there is no random mode): 4 KiB reads
+#   and writes at depth 64 (IOPS), 1 MiB at depth 16 (MB/s);
+# - nbdcopy reading the whole image, in the clear and over TLS (PSK): MB/s.
+#
+# For every fio and qemu-img row, besides the rate: p99 completion latency
+# (fio only), the server's CPU per I/O (utime+stime of the whole process,
+# every thread, polling included), the client's CPU per I/O, and the
+# utilisation of the busiest client thread in % of one core.  A row whose
+# busiest client thread is at 95% or more carries "client_bound": true: the
+# client cannot go faster whatever the server does, and the report holds
+# such IOPS rows to 1.0x the best peer instead of 1.5x.
+#
+# CPU is sampled from /proc every 50 ms while the client runs, and only the
+# measured interval counts: fio's interval starts when its job threads
+# appear plus the ramp time and lasts the run time (fio's IOPS cover the
+# same interval); qemu-img bench has no ramp, so its interval starts 100 ms
+# after launch (open and connect) and ends at the last sample before it
+# exits.  I/Os in the interval = the client's rate x its length.  Rejected:
+# rusage of the whole client (the fio parent parses and forks for ~0.15 s
+# of CPU before any I/O, and the ramp would count), and per-thread times
+# read only at exit (the threads are gone by then).
+#
+# --quick: 1 s runs after a 0.5 s ramp, a 256 MiB image, one nbdcopy
+# round, and no qemu-nbd --aio=threads (the module stays under about two
+# minutes on two CPUs).  One JSON row per line on stdout, progress on stderr.
 exec python3 - "$@" <<'EOF'
-import json, os, shutil, signal, subprocess, sys, tempfile, time
+import json, os, shutil, signal, subprocess, sys, tempfile, threading, time
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 quick = "--quick" in sys.argv
@@ -17,18 +43,24 @@ if not args:
     sys.exit("usage: run.sh BUILD_DIR [--quick]")
 build = os.path.abspath(args[0])
 ours = os.path.join(build, "tools/nbd/iocore-nbd")
-runtime, ramp = (2, 0.5) if quick else (8, 1)
+runtime, ramp = (1.0, 0.5) if quick else (5.0, 1.0)
 size_mb = 256 if quick else 1024
+# qemu-img bench runs a request count, not a time: about 1 s (quick) or
+# 4 s at the rates seen here.
+qi_count = {"4k": 25000 if quick else 120000, "1m": 1000 if quick else 5000}
+BOUND_PCT = 95.0
+CLK = os.sysconf("SC_CLK_TCK")
 
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def row(case, params, impl, peer, metric, value, better, cmd, error=None):
+def row(case, params, impl, peer, metric, value, better, cmd, error=None, **extra):
     r = {"suite": "nbd", "case": case, "params": params, "impl": impl,
          "peer": peer, "metric": metric, "value": value, "better": better,
          "cmd": cmd}
+    r.update(extra)
     if error:
         r["error"] = error
     print(json.dumps(r), flush=True)
@@ -61,15 +93,29 @@ servers = [
     ("qemu-nbd-io_uring", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
                                  "--aio=io_uring", "-e", "8", "--fork",
                                  "--pid-file", pidf, "-k", sock, img]),
+] + ([] if quick else [
     ("qemu-nbd-threads", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
                                 "--aio=threads", "-e", "8", "--fork",
                                 "--pid-file", pidf, "-k", sock, img]),
+]) + [
     ("nbdkit-file", True, ["nbdkit", "--pidfile", pidf, "-U", sock, "file", img]),
 ]
 
+# (case, fio options, bs, iodepth, rate metric)
 workloads = [
-    ("randread", ["--rw=randread"]),
-    ("randrw", ["--rw=randrw", "--rwmixread=80"]),
+    ("randread", ["--rw=randread"], "4k", 64, "IOPS"),
+    ("randrw", ["--rw=randrw", "--rwmixread=80"], "4k", 64, "IOPS"),
+    ("seqread", ["--rw=read"], "64k", 32, "MB/s"),
+    ("seqwrite", ["--rw=write"], "64k", 32, "MB/s"),
+    ("seqread", ["--rw=read"], "1m", 16, "MB/s"),
+    ("seqwrite", ["--rw=write"], "1m", 16, "MB/s"),
+]
+# (case, bs, depth, rate metric, qemu-img bench options)
+qi_workloads = [
+    ("seqread", "4k", 64, "IOPS", []),
+    ("seqwrite", "4k", 64, "IOPS", ["-w"]),
+    ("seqread", "1m", 16, "MB/s", []),
+    ("seqwrite", "1m", 16, "MB/s", ["-w"]),
 ]
 
 
@@ -117,49 +163,160 @@ def stop(pid):
     except ProcessLookupError:
         pass
 
-
-def proc_cpu_s(pid):
-    """CPU seconds (user + system, all threads) of a live process."""
+def proc_cpu_s(path):
+    """CPU seconds (user + system) from a /proc stat file, None if gone."""
     try:
-        with open("/proc/%d/stat" % pid) as f:
+        with open(path) as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / CLK
     except (OSError, ValueError, IndexError):
         return None
 
 
-def fio(extra, jobs, server_pid):
-    """Run fio; returns IOPS, p99 us, the command, and the CPU time per
-    I/O of the server and of the client (fio and its job processes), in us.
-    Both CPU figures cover the whole run, ramp included, and are divided by
-    the I/Os of the whole run (IOPS x (runtime + ramp)): an estimate, the
-    same for every server.  On 2 CPUs they tell who the bottleneck is: a
-    client near one CPU per connection cannot go faster whatever the
-    server does."""
-    cmd = ["fio", "--name=b", "--ioengine=nbd",
-           "--uri=nbd+unix:///?socket=" + sock, "--bs=4k", "--iodepth=64",
-           "--numjobs=%d" % jobs, "--group_reporting=1",
+class Sampler(threading.Thread):
+    """Every 50 ms: the time, the server's CPU seconds (the process: all
+    threads) and each client thread's.  Only reads /proc; the samples are
+    read after join()."""
+
+    def __init__(self, server_pid, client_pid):
+        super().__init__(daemon=True)
+        self.server, self.client = server_pid, client_pid
+        self.samples = []   # (t, server s, {tid: client thread s})
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            t = time.monotonic()
+            srv = proc_cpu_s("/proc/%d/stat" % self.server)
+            threads = {}
+            try:
+                tids = os.listdir("/proc/%d/task" % self.client)
+            except OSError:
+                tids = []
+            for tid in tids:
+                v = proc_cpu_s("/proc/%d/task/%s/stat" % (self.client, tid))
+                if v is not None:
+                    threads[tid] = v
+            if threads:
+                self.samples.append((t, srv, threads))
+            self.done.wait(0.05)
+
+    def stop(self):
+        self.done.set()
+        self.join()
+
+
+def cpu_window(samples, t0, t1):
+    """Server CPU s, client CPU s and the busiest client thread's share
+    (% of one core) between the first sample at or after t0 and the last
+    at or before t1; the interval's length.  None if it holds < 2 samples."""
+    win = [s for s in samples if t0 <= s[0] <= t1]
+    if len(win) < 2:
+        return None
+    (ta, sa, ca), (tb, sb, cb) = win[0], win[-1]
+    dt = tb - ta
+    per = [cb[tid] - ca.get(tid, 0.0) for tid in cb]
+    server = None if sa is None or sb is None else sb - sa
+    return server, sum(per), 100.0 * max(per) / dt, dt
+
+
+def measure(name, rate_ios, win):
+    """Per-I/O CPU in us from a cpu_window() result and the I/Os per second."""
+    if win is None or not rate_ios:
+        return dict(server=None, client=None, pct=None, bound=None)
+    server, client, pct, dt = win
+    ios = rate_ios * dt
+    return dict(server=None if server is None else round(server * 1e6 / ios, 2),
+                client=round(client * 1e6 / ios, 2), pct=round(pct, 1),
+                bound=pct >= BOUND_PCT)
+
+
+def fio(extra, bs, depth, jobs, server_pid):
+    """fio --thread: the main thread parses and starts a helper and one
+    thread per job; the ramp starts when the job threads appear.
+    -> IOPS, MB/s, p99 us, command, measure()."""
+    cmd = ["fio", "--name=b", "--ioengine=nbd", "--thread",
+           "--uri=nbd+unix:///?socket=" + sock, "--bs=" + bs,
+           "--iodepth=%d" % depth, "--numjobs=%d" % jobs, "--group_reporting=1",
            "--unified_rw_reporting=1", "--time_based=1",
-           "--runtime=%g" % runtime, "--ramp_time=%g" % ramp,
+           # fio reads "0.5" as 0 s: milliseconds.
+           "--runtime=%dms" % (runtime * 1000), "--ramp_time=%dms" % (ramp * 1000),
            "--output-format=json"] + extra
-    import resource
-    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    s0 = proc_cpu_s(server_pid)
-    r = subprocess.run(cmd, capture_output=True, timeout=runtime * 3 + 60)
-    s1 = proc_cpu_s(server_pid)
-    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = r.stdout.decode(errors="replace")
-    if r.returncode != 0 or "{" not in out:
-        raise RuntimeError("fio failed: " + r.stderr.decode(errors="replace")[-300:])
+    if jobs > 1 and ("--rw=read" in extra or "--rw=write" in extra):
+        # Each job streams its own part of the image.
+        part = size_mb // jobs
+        cmd += ["--size=%dm" % part, "--offset_increment=%dm" % part]
+    errf = os.path.join(work, "fio.err")
+    with open(errf, "wb") as ef:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=ef)
+        smp = Sampler(server_pid, p.pid)
+        smp.start()
+        try:
+            out = p.communicate(timeout=runtime * 3 + 60)[0].decode(errors="replace")
+        finally:
+            smp.stop()
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if p.returncode != 0 or "{" not in out:
+        with open(errf, "rb") as ef:
+            raise RuntimeError("fio failed: " + ef.read().decode(errors="replace")[-300:])
     j = json.loads(out[out.index("{"):])
     m = j["jobs"][0]["mixed"]
     iops = m["iops"]
+    mbs = m["bw_bytes"] / 1e6
     p99 = m["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
-    ios = iops * (runtime + ramp)
-    client = ((c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime))
-    server = None if s0 is None or s1 is None else s1 - s0
-    per_io = lambda t: None if t is None or ios <= 0 else round(t * 1e6 / ios, 2)
-    return iops, p99, " ".join(cmd), per_io(server), per_io(client)
+    started = next((s[0] for s in smp.samples if len(s[2]) >= jobs + 1), None)
+    win = None
+    if started is not None:
+        win = cpu_window(smp.samples, started + ramp, started + ramp + runtime)
+    return iops, mbs, p99, " ".join(cmd), measure("fio", iops, win)
+
+
+def qemu_img(extra, bs, depth, server_pid):
+    """qemu-img bench: -> IOPS, MB/s, command, measure()."""
+    count = qi_count[bs]
+    cmd = ["qemu-img", "bench", "-f", "raw", "-t", "none", "-c", str(count),
+           "-d", str(depth), "-s", bs] + extra + ["nbd+unix:///?socket=" + sock]
+    t_launch = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    smp = Sampler(server_pid, p.pid)
+    smp.start()
+    try:
+        out = p.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        smp.stop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    secs = None
+    for ln in out.splitlines():
+        if ln.startswith("Run completed in"):
+            secs = float(ln.split()[3])
+    if p.returncode != 0 or not secs:
+        raise RuntimeError("qemu-img bench failed: " + out[-300:])
+    iops = count / secs
+    mbs = iops * (4096 if bs == "4k" else 1 << 20) / 1e6
+    win = cpu_window(smp.samples, t_launch + 0.1, t_launch + 1e9)
+    return iops, mbs, " ".join(cmd), measure("qemu-img", iops, win)
+
+
+def emit(case, params, impl, peer, cmd, metric, rate, p99, m):
+    """The rows of one measurement; every row says whether the client was
+    the limit."""
+    kw = dict(client_bound=m["bound"], client_thread_pct=m["pct"])
+    row(case, params, impl, peer, metric, round(rate, 1), "higher", cmd, **kw)
+    if p99 is not None:
+        row(case, params, impl, peer, "p99 us", round(p99, 1), "lower", cmd, **kw)
+    for metric_, key in (("server CPU us/IO", "server"), ("client CPU us/IO", "client"),
+                         ("client busiest thread %", "pct")):
+        row(case, params, impl, peer, metric_, m[key], "lower", cmd,
+            None if m[key] is not None else "no CPU samples in the measured interval", **kw)
+
+
+def failed(case, params, impl, peer, cmd, metrics, err):
+    for metric, better in metrics:
+        row(case, params, impl, peer, metric, None, better, cmd, err)
 
 
 def bulk():
@@ -194,7 +351,7 @@ def bulk():
         ("nbdkit-file", True, ["nbdkit", "--pidfile", "{pid}", "-U", "{sock}",
                                "--tls=require", "--tls-psk=" + psk, "file", img]),
     ]
-    rounds = 3 if quick else 5
+    rounds = 1 if quick else 5
     for case, servers_, scheme in (("bulk-read", plain, "nbd+unix:///?socket={sock}"),
                                    ("bulk-read-tls", tls if have_psk else [],
                                     "nbds+unix://alice@/?socket={sock}&tls-psk-file=" + psk)):
@@ -245,48 +402,54 @@ def bulk():
             stop(pid)
 
 
-if not shutil.which("fio"):
-    for wl, _ in workloads:
-        for jobs in (1, 4):
-            for impl, peer, cmd in servers:
-                for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
-                    row(wl, "bs=4k,iodepth=64,conns=%d" % jobs, impl, peer, metric,
-                        None, better, "fio", "fio not installed")
-    cleanup()
-    sys.exit(0)
-
+t_begin = time.monotonic()
 try:
+    have_fio = shutil.which("fio") is not None
+    have_qi = shutil.which("qemu-img") is not None
     for impl, peer, scmd in servers:
         pid, err = start(scmd)
-        for wl, extra in workloads:
+        scmd_s = " ".join(scmd)
+        for wl, extra, bs, depth, metric in workloads:
             for jobs in (1, 4):
-                params = "bs=4k,iodepth=64,conns=%d" % jobs
-                if pid is None:
-                    for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
-                        row(wl, params, impl, peer, metric, None, better,
-                            " ".join(scmd), err)
+                params = "bs=%s,iodepth=%d,conns=%d" % (bs, depth, jobs)
+                mets = [(metric, "higher"), ("p99 us", "lower"), ("server CPU us/IO", "lower")]
+                if pid is None or not have_fio:
+                    failed(wl, params, impl, peer, scmd_s, mets,
+                           err if pid is None else "fio not installed")
                     continue
                 try:
-                    iops, p99, fcmd, scpu, ccpu = fio(extra, jobs, pid)
-                    log("%-18s %-8s conns=%d  %9.0f IOPS  p99 %7.0f us  "
-                        "CPU us/IO server %s client %s" %
-                        (impl, wl, jobs, iops, p99, scpu, ccpu))
-                    row(wl, params, impl, peer, "IOPS", round(iops, 1), "higher",
-                        " ".join(scmd) + " ; " + fcmd)
-                    row(wl, params, impl, peer, "p99 us", round(p99, 1), "lower",
-                        " ".join(scmd) + " ; " + fcmd)
-                    row(wl, params, impl, peer, "server CPU us/IO", scpu, "lower",
-                        " ".join(scmd) + " ; " + fcmd,
-                        None if scpu is not None else "no /proc stat")
-                    row(wl, params, impl, peer, "client CPU us/IO", ccpu, "lower",
-                        " ".join(scmd) + " ; " + fcmd)
+                    iops, mbs, p99, fcmd, m = fio(extra, bs, depth, jobs, pid)
                 except Exception as e:
-                    for metric, better in (("IOPS", "higher"), ("p99 us", "lower")):
-                        row(wl, params, impl, peer, metric, None, better,
-                            " ".join(scmd), str(e)[:200])
+                    failed(wl, params, impl, peer, scmd_s, mets, str(e)[:200])
+                    continue
+                rate = iops if metric == "IOPS" else mbs
+                log("%-18s fio %-8s %-24s %9.0f %-4s p99 %7.0f us  CPU us/IO server %s "
+                    "client %s  client thread %s%%%s" %
+                    (impl, wl, params, rate, metric, p99, m["server"], m["client"], m["pct"],
+                     " CLIENT-BOUND" if m["bound"] else ""))
+                emit(wl, params, impl, peer, scmd_s + " ; " + fcmd, metric, rate, p99, m)
+        for wl, bs, depth, metric, extra in qi_workloads:
+            params = "client=qemu-img,bs=%s,iodepth=%d,conns=1" % (bs, depth)
+            mets = [(metric, "higher"), ("server CPU us/IO", "lower")]
+            if pid is None or not have_qi:
+                failed(wl, params, impl, peer, scmd_s, mets,
+                       err if pid is None else "qemu-img not installed")
+                continue
+            try:
+                iops, mbs, qcmd, m = qemu_img(extra, bs, depth, pid)
+            except Exception as e:
+                failed(wl, params, impl, peer, scmd_s, mets, str(e)[:200])
+                continue
+            rate = iops if metric == "IOPS" else mbs
+            log("%-18s qemu-img %-8s %-32s %9.0f %-4s CPU us/IO server %s client %s  "
+                "client thread %s%%%s" %
+                (impl, wl, params, rate, metric, m["server"], m["client"], m["pct"],
+                 " CLIENT-BOUND" if m["bound"] else ""))
+            emit(wl, params, impl, peer, scmd_s + " ; " + qcmd, metric, rate, None, m)
         if pid is not None:
             stop(pid)
     bulk()
+    log("nbd: %.0f s" % (time.monotonic() - t_begin))
 finally:
     cleanup()
 EOF
