@@ -65,6 +65,8 @@ def load_targets(path):
         for k in ("case", "params", "metric", "ours", "peers", "exclude"):
             if k in t:
                 re.compile(t[k])
+        if "client_bound" in t and not isinstance(t["client_bound"], bool):
+            raise ValueError(f"{where}: client_bound must be true or false")
     return targets
 
 
@@ -80,7 +82,7 @@ PLOTS = [
          title="workqueue vs workers"),
     dict(name="loop", kind="line", suite="loop", x=("idle", "idle_handlers", "handlers", "n"),
          title="event loop events/s vs idle handlers"),
-    dict(name="nbd", kind="bar", suite="nbd", metrics=(r"iops", r"p99|lat"),
+    dict(name="nbd", kind="bar", suite="nbd", metrics=(r"iops", r"p99|lat", r"^server cpu"),
          title="NBD servers (fio)"),
     dict(name="zip", kind="line", suite="zip", x=("level", "l"),
          metric=r"MB/s|speed|throughput|rate", title="compression speed vs level"),
@@ -255,6 +257,21 @@ class Impl:
     def __init__(self, name, peer, better):
         self.name, self.peer, self.better = name, peer, better
         self.values, self.errors, self.cmds = [], [], []
+        self.bound = []   # per row that says: was the client the limit?
+
+    @property
+    def client_bound(self):
+        """True when most of the repeats' rows say the client was the limit
+        ("client_bound": true, bench/nbd/run.sh), None when no row says."""
+        if not self.bound:
+            return None
+        return sum(self.bound) * 2 > len(self.bound)
+
+    def bound_note(self):
+        n = sum(self.bound)
+        if not n:
+            return ""
+        return " (client-bound)" if n == len(self.bound) else f" (client-bound {n}/{len(self.bound)})"
 
     @property
     def median(self):
@@ -286,6 +303,8 @@ class Group:
             im = self.impls[row["impl"]] = Impl(row["impl"], row["peer"], row["better"])
         if row["value"] is not None:
             im.values.append(float(row["value"]))
+            if row.get("client_bound") is not None:
+                im.bound.append(bool(row["client_bound"]))
         if row.get("error"):
             im.errors.append(str(row["error"]))
         if row["cmd"] not in im.cmds:
@@ -293,6 +312,11 @@ class Group:
 
     def ours(self):
         return [i for i in self.impls.values() if not i.peer]
+
+    def plain_ours(self):
+        """The default iocore of this comparison (not a variant), or None."""
+        o = self.ours()
+        return next((i for i in o if i.name == "iocore"), o[0] if len(o) == 1 else None)
 
     def peers(self):
         return [i for i in self.impls.values() if i.peer]
@@ -340,6 +364,12 @@ def matches(t, g):
     ex = rx(t.get("exclude"))
     if ex and ex.search(f"{g.case} {g.params}"):
         return False
+    # client_bound true/false: only comparisons whose iocore rows were (not)
+    # limited by the client; rows that do not say count as not limited.
+    if "client_bound" in t:
+        o = g.plain_ours()
+        if bool(o is not None and o.client_bound) != t["client_bound"]:
+            return False
     return True
 
 
@@ -390,6 +420,7 @@ def check_targets(groups, target_list):
                     where = f"{g.case} {g.params} [{g.metric}]".strip()
                     if len(ours) > 1:
                         where += f" ({o.name})"
+                    where += o.bound_note()
                     ent = dict(where=where, ours=o.median,
                                peer=(bp.name if bp else ", ".join(p.name for p in peers)),
                                peerval=bp.median if bp else None)
@@ -967,7 +998,64 @@ def report_runs(rep, runs):
     w("")
 
 
-def report_results(rep, groups, plots, notes):
+def report_workloads(rep, gs, target_list):
+    """For a suite whose rows say whether the client was the limit (nbd): one
+    line per workload with iocore's advantage over the best peer in the rate,
+    p99 and server CPU per I/O, the targets that apply, and who was
+    client-bound."""
+    w = rep.w
+    by = {}
+    for g in gs:
+        by.setdefault((g.case, g.params), {})[g.metric] = g
+    kinds = (("rate", lambda m: m.lower() in ("iops", "mb/s")), ("p99", lambda m: m.startswith("p99")),
+             ("server CPU/IO", lambda m: m.lower().startswith("server cpu")))
+    w("Per workload: iocore's advantage over the best peer in each metric (> 1 is better "
+      "for iocore; for p99 and CPU per I/O, the best peer's value over iocore's), the target "
+      "that applies to it, and the busiest client thread in iocore's and the best peer's runs "
+      "(% of one core; client-bound at 95% or more, where the IOPS target is 1.0x instead of "
+      "1.5x).\n")
+    w("| case | params | rate | rate target | p99 | p99 target | server CPU/IO | CPU target | "
+      "client thread: iocore / best peer |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    for (case, params), ms in by.items():
+        cells = []
+        rate_peer = None
+        for _, pick in kinds:
+            g = next((g for m, g in ms.items() if pick(m)), None)
+            o = g.plain_ours() if g else None
+            bp = g.best(g.peers()) if g else None
+            if g is None or o is None:
+                cells += ["-", "-"]
+                continue
+            if g.metric.lower() in ("iops", "mb/s"):
+                rate_peer = bp
+            a = advantage(o.median, bp.median, g.better) if bp else None
+            cell = fmt_ratio(a) + (f" ({g.metric} {fmt(o.median)} vs {bp.name} {fmt(bp.median)})"
+                                   if bp else " (no peer)")
+            need = [t for t in target_list if t["kind"] == "peer" and matches(t, g)]
+            if need:
+                mins = min(t["min"] for t in need)
+                res = "PASS" if a is not None and a >= mins - 1e-12 else "FAIL"
+                tc = f">= {mins:.3g}x {res}"
+            else:
+                tc = "-"
+            cells += [cell, tc]
+        pct = ms.get("client busiest thread %")
+        if pct is not None:
+            o = pct.plain_ours()
+            peer = pct.impls.get(rate_peer.name) if rate_peer else None
+            ct = (f"{fmt(o.median) if o else 'n/a'}%{o.bound_note() if o else ''} / "
+                  f"{fmt(peer.median) + '%' + peer.bound_note() if peer else 'n/a'}")
+        else:
+            ct = "-"
+        if all(c == "-" for c in cells):
+            continue
+        w(f"| {md_escape(case)} | {md_escape(params)} | " + " | ".join(md_escape(c) for c in cells)
+          + f" | {md_escape(ct)} |")
+    w("")
+
+
+def report_results(rep, groups, plots, notes, target_list=()):
     """Per suite: iocore against the best peer, all rows, the plots."""
     w = rep.w
     suites = []
@@ -980,6 +1068,8 @@ def report_results(rep, groups, plots, notes):
     for s in suites:
         gs = [g for g in groups.values() if g.suite == s]
         w(f"### {s}\n")
+        if any(im.bound for g in gs for im in g.impls.values()):
+            report_workloads(rep, gs, target_list)
         if any(g.peers() for g in gs):
             w("Summary: iocore against the best peer of each comparison.\n")
             w("| case | params | metric | iocore | best peer | peer value | advantage |")
@@ -1000,10 +1090,11 @@ def report_results(rep, groups, plots, notes):
                     bpn = "(no peer ran: " + ", ".join(p.name for p in g.peers()) + ")"
                     bpv, adv = "", "n/a"
                 else:
-                    bpn, bpv = bp.name, fmt(bp.median)
+                    bpn, bpv = bp.name + bp.bound_note(), fmt(bp.median)
                     adv = fmt_ratio(advantage(ov, bp.median, g.better))
+                ovs = fmt(ov) + (o.bound_note() if o else "")
                 w(f"| {md_escape(g.case)}{md_escape(oname)} | {md_escape(g.params)} | "
-                  f"{md_escape(g.metric)} ({g.better} is better) | {fmt(ov)} | {md_escape(bpn)} | "
+                  f"{md_escape(g.metric)} ({g.better} is better) | {ovs} | {md_escape(bpn)} | "
                   f"{bpv} | {adv} |")
         if alone:
             w(f"\n{alone} measurement(s) of this suite have no peer (iocore alone, e.g. a "
@@ -1034,7 +1125,7 @@ def report_results(rep, groups, plots, notes):
                     med = "**not run**"
                 n = f"{len(vals)}" + (f" (+{len(im.errors)} failed)" if im.errors else "")
                 cmds = ", ".join(rep.cid(c) for c in im.cmds)
-                name = im.name + (" (peer)" if im.peer else "")
+                name = im.name + (" (peer)" if im.peer else "") + im.bound_note()
                 w(f"| {md_escape(g.case)} | {md_escape(g.params)} | {md_escape(g.metric)} | "
                   f"{md_escape(name)} | {med} | {mm} | {spt} | {n} | {md_escape(adv)} | {cmds} |")
             for warn in g.warnings:
@@ -1152,13 +1243,13 @@ def write_headline(a, headline):
         f.write("\n".join(headline) + "\n")
 
 
-def write_report(a, runs, rows, invalid, groups, targets, plots, notes):
+def write_report(a, runs, rows, invalid, groups, targets, plots, notes, target_list=()):
     rep = Report()
     report_intro(rep, a)
     headline = report_targets(rep, targets)
     report_machine(rep, a)
     report_runs(rep, runs)
-    report_results(rep, groups, plots, notes)
+    report_results(rep, groups, plots, notes, target_list)
     report_problems(rep, a.out, runs, rows, invalid)
     report_commands(rep, notes)
     with open(os.path.join(a.out, "report.md"), "w") as f:
@@ -1175,10 +1266,11 @@ def main_report(a):
         for iv in invalid:
             f.write(f"{iv['module']}.{iv['repeat']}:{iv['line']}: {iv['why']}: {iv['text']}\n")
     groups = aggregate(rows)
-    targets = check_targets(groups, load_targets(a.targets))
+    target_list = load_targets(a.targets)
+    targets = check_targets(groups, target_list)
     notes = []
     plots = make_plots(groups, os.path.join(a.out, "plots"), notes)
-    write_report(a, runs, rows, invalid, groups, targets, plots, notes)
+    write_report(a, runs, rows, invalid, groups, targets, plots, notes, target_list)
     print(f"bench-report: {len(rows)} rows, {len(invalid)} invalid lines, "
           f"{sum(len(v) for v in plots.values())} plots -> {os.path.join(a.out, 'report.md')}",
           file=sys.stderr)
@@ -1229,6 +1321,19 @@ def sample_rows():
             row("nbd", "fio", p, "iocore-nbd", False, "p99 us", 900, "lower")
             row("nbd", "fio", p, "qemu-nbd-io_uring", True, "p99 us", 1200, "lower")
             row("nbd", "fio", p, "nbdkit", True, "p99 us", 1000, "lower")
+    # Client-bound marking (bench/nbd/run.sh): one connection saturates the
+    # client's thread, so its IOPS target is 1.0x; four do not (1.5x).
+    for c, pct in ((1, 97.0), (4, 40.0)):
+        p = f"bs=4k,iodepth=64,conns={c}"
+        for impl, peer, iops, cpu, pc in (("iocore", False, 150000, 5.0, pct),
+                                          ("nbdkit-file", True, 120000, 12.0, 60.0)):
+            kw = dict(client_bound=pc >= 95, client_thread_pct=pc)
+            row("nbd", "randread", p, impl, peer, "IOPS", iops, "higher", **kw)
+            row("nbd", "randread", p, impl, peer, "server CPU us/IO", cpu, "lower", **kw)
+            row("nbd", "randread", p, impl, peer, "client busiest thread %", pc, "lower", **kw)
+    for impl, peer, mbs in (("iocore", False, 3000), ("nbdkit-file", True, 1500)):
+        row("nbd", "seqread", "bs=1m,iodepth=16,conns=1", impl, peer, "MB/s", mbs, "higher",
+            client_bound=False, client_thread_pct=30.0)
     for lv in (1, 3, 9):
         p = f"corpus=usr,level={lv}"
         row("zip", "compress", p, "iocore-zip", False, "MB/s", 300 / lv, "higher")
@@ -1303,6 +1408,18 @@ def self_test():
         check(re.search(r"3200 idle.*io_uring.*\| 0\.97x \|.*PASS", rep), "idle self target")
         check(re.search(r"p99.*\| 1\.11x \|.*PASS", rep), "p99 vs best peer (nbdkit 1000 vs 900)")
         check(re.search(r"IOPS in each workload.*\| 0\.90x \|.*FAIL", rep), "IOPS 0.90x FAIL")
+        check(re.search(r"not saturated.*randread bs=4k,iodepth=64,conns=4 \[IOPS\] \|.*"
+                        r"\| 1\.25x \|.*FAIL", rep), "IOPS not client-bound: 1.5x target, FAIL")
+        check(re.search(r"\(client-bound\) \| .*randread bs=4k,iodepth=64,conns=1 \[IOPS\] "
+                        r"\(client-bound\).*\| 1\.25x \|.*PASS", rep),
+              "IOPS client-bound: 1.0x target, PASS")
+        check(not re.search(r"not saturated.*conns=1 \[IOPS\]", rep),
+              "a client-bound row is not held to 1.5x")
+        check(re.search(r"server CPU per I/O.*\| 2\.40x \|.*PASS", rep), "server CPU/IO 2.40x PASS")
+        check(re.search(r"sequential reads and writes.*\| 2\.00x \|.*PASS", rep), "seq MB/s 2x PASS")
+        check(re.search(r"\| randread \| bs=4k,iodepth=64,conns=1 \| 1\.25x .*\| >= 1x PASS \| - \| - "
+                        r"\| 2\.40x .*\| >= 2x PASS \| 97\.00% \(client-bound\) / 60\.00% \|", rep),
+              "per-workload line: ratios, targets, client-bound")
         check(re.search(r"at most 3% larger.*\| 0\.99x \|.*PASS", rep), "size within 3%")
         check(re.search(r"tiny jobs.*\| 4\.00x \|.*PASS", rep), "wq tiny 4x")
         check("MISSING: no matching rows" in rep, "unmeasured targets say so")
