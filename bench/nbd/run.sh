@@ -215,7 +215,10 @@ def cpu_window(samples, t0, t1):
         return None
     (ta, sa, ca), (tb, sb, cb) = win[0], win[-1]
     dt = tb - ta
-    per = [cb[tid] - ca.get(tid, 0.0) for tid in cb]
+    # Every thread alive at the last sample; one that started after the
+    # first counts from zero.  A thread that ended inside the window would
+    # be lost: the callers end their windows while the client's threads live.
+    per = [cb[tid] - ca.get(tid, 0.0) for tid in cb] or [0.0]
     server = None if sa is None or sb is None else sb - sa
     return server, sum(per), 100.0 * max(per) / dt, dt
 
@@ -266,10 +269,13 @@ def fio(extra, bs, depth, jobs, server_pid):
     iops = m["iops"]
     mbs = m["bw_bytes"] / 1e6
     p99 = m["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
+    # The job threads started between the sample before this one and this
+    # one (50 ms apart): the window begins no earlier than the end of the
+    # ramp and ends 100 ms before the jobs do, while every thread lives.
     started = next((s[0] for s in smp.samples if len(s[2]) >= jobs + 1), None)
     win = None
     if started is not None:
-        win = cpu_window(smp.samples, started + ramp, started + ramp + runtime)
+        win = cpu_window(smp.samples, started + ramp, started + ramp + runtime - 0.1)
     return iops, mbs, p99, " ".join(cmd), measure("fio", iops, win)
 
 
