@@ -477,6 +477,11 @@ def check_targets(groups, target_list):
                                       status="MISSING" if v is None else "PASS" if ok else "FAIL"))
         if not found:
             note = "no matching rows (not measured yet)"
+            if "client_bound" in t:
+                t2 = {k: v for k, v in t.items() if k != "client_bound"}
+                if any(matches(t2, g) for g in groups.values()):
+                    note = ("no matching rows: no comparison was " +
+                            ("" if t["client_bound"] else "un") + "bound by the client in this run")
             if near:
                 note = "; ".join(near[:3]) + (f"; ... ({len(near)} in all)" if len(near) > 3 else "")
             found.append(dict(where="", ours=None, peer="", peerval=None, achieved=None,
@@ -1423,6 +1428,11 @@ def self_test():
         check(re.search(r"at most 3% larger.*\| 0\.99x \|.*PASS", rep), "size within 3%")
         check(re.search(r"tiny jobs.*\| 4\.00x \|.*PASS", rep), "wq tiny 4x")
         check("MISSING: no matching rows" in rep, "unmeasured targets say so")
+        t_cb = [dict(suite="nbd", kind="peer", metric="^MB/s$", client_bound=True, min=1.0,
+                     text="x")]
+        check("no comparison was bound by the client" in
+              check_targets(aggregate(sample_rows()), t_cb)[0]["note"],
+              "a client-bound target without client-bound rows says why")
         check(re.search(r"\| libevent \| loop \| 3 \| 3 \| ran, but not everywhere", rep),
               "peer coverage: libevent ran 3 times, failed 3 times")
         check(re.search(r"\| pigz \| - \| 0 \| 0 \| \*\*no rows", rep), "peer coverage: pigz absent")
