@@ -43,11 +43,12 @@ if not args:
     sys.exit("usage: run.sh BUILD_DIR [--quick]")
 build = os.path.abspath(args[0])
 ours = os.path.join(build, "tools/nbd/iocore-nbd")
-runtime, ramp = (1.0, 0.5) if quick else (5.0, 1.0)
+runtime, ramp = (1.0, 0.5) if quick else (3.0, 1.0)
 size_mb = 256 if quick else 1024
 # qemu-img bench runs a request count, not a time: about 1 s (quick) or
-# 4 s at the rates seen here.
-qi_count = {"4k": 25000 if quick else 120000, "1m": 1000 if quick else 5000}
+# 3 s at the rates seen here.  A full run (five servers) took 10 minutes
+# with 5 s fio runs on the loaded 2-CPU machine; 3 s keeps it near 7.
+qi_count = {"4k": 25000 if quick else 80000, "1m": 1000 if quick else 3000}
 BOUND_PCT = 95.0
 CLK = os.sysconf("SC_CLK_TCK")
 
