@@ -224,7 +224,7 @@ def cpu_window(samples, t0, t1):
     return server, sum(per), 100.0 * max(per) / dt, dt
 
 
-def measure(name, rate_ios, win):
+def measure(rate_ios, win):
     """Per-I/O CPU in us from a cpu_window() result and the I/Os per second."""
     if win is None or not rate_ios:
         return dict(server=None, client=None, pct=None, bound=None)
@@ -277,7 +277,7 @@ def fio(extra, bs, depth, jobs, server_pid):
     win = None
     if started is not None:
         win = cpu_window(smp.samples, started + ramp, started + ramp + runtime - 0.1)
-    return iops, mbs, p99, " ".join(cmd), measure("fio", iops, win)
+    return iops, mbs, p99, " ".join(cmd), measure(iops, win)
 
 
 def qemu_img(extra, bs, depth, server_pid):
@@ -305,7 +305,7 @@ def qemu_img(extra, bs, depth, server_pid):
     iops = count / secs
     mbs = iops * (4096 if bs == "4k" else 1 << 20) / 1e6
     win = cpu_window(smp.samples, t_launch + 0.1, t_launch + 1e9)
-    return iops, mbs, " ".join(cmd), measure("qemu-img", iops, win)
+    return iops, mbs, " ".join(cmd), measure(iops, win)
 
 
 def emit(case, params, impl, peer, cmd, metric, rate, p99, m):
