@@ -72,6 +72,10 @@
 #define FD_CHECK_EVERY       8          /* busy iterations per fd check */
 #define POLL_SCORE_MAX       8          /* memory of adjust_poll_ns() */
 #define POLL_CHECK_MAX_FDS   64         /* poll(2) fd check while polling */
+#define POLL_WAKE_COST_NS    6000       /* default cost of a sleep and wake */
+#define POLL_WINDOW          64         /* polls per cost/benefit verdict */
+#define BACKOFF_MIN_NS       100000000  /* first back-off: 100 ms */
+#define BACKOFF_MAX_NS       1000000000 /* longest: 1 s */
 
 static __thread struct ioc_loop *current_loop;
 
@@ -498,6 +502,91 @@ static void adjust_poll_ns(struct ioc_loop *loop, int64_t block_ns)
 	loop->poll_ns = p;
 }
 
+/* ---- back-off: polling that does not pay --------------------------------- */
+
+/* The polling counters have one writer, the loop thread: a relaxed load
+ * and store, no read-modify-write.  Pairs with the relaxed loads in
+ * ioc_loop_get_poll_stats(). */
+static inline void pst_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
+
+static inline void publish_poll_ns(struct ioc_loop *loop)
+{
+	/* Relaxed load of our own store, relaxed store: pairs with the
+	 * relaxed load in ioc_loop_get_poll_stats(). */
+	if (atomic_load_explicit(&loop->pst.poll_ns, memory_order_relaxed) !=
+	    loop->poll_ns)
+		atomic_store_explicit(&loop->pst.poll_ns, loop->poll_ns,
+				      memory_order_relaxed);
+}
+
+/* Relaxed store: pairs with the relaxed load in ioc_loop_get_poll_stats(). */
+static inline void publish_backing_off(struct ioc_loop *loop, bool on)
+{
+	atomic_store_explicit(&loop->pst.backing_off, on, memory_order_relaxed);
+}
+
+/*
+ * A poll window that began cost_ns ago ended at now, with work found or
+ * not.  Every POLL_WINDOW polls, compare what polling cost (ns spent in
+ * it) with what it saved (one sleep and wake per poll that found work).
+ * A bad window turns polling off for a back-off period, which doubles
+ * while the probe after it is bad again; a good window resets it.
+ */
+static void poll_account(struct ioc_loop *loop, int64_t cost_ns, bool hit,
+			 int64_t now)
+{
+	bool bad;
+
+	if (cost_ns < 0)
+		cost_ns = 0;
+	pst_add(&loop->pst.ns_total, (uint64_t)cost_ns);
+	pst_add(&loop->pst.polls, 1);
+	pst_add(hit ? &loop->pst.hits : &loop->pst.empty, 1);
+	if (loop->poll_wake_cost_ns < 0)
+		return;
+	loop->win_cost_ns += (uint64_t)cost_ns;
+	loop->win_hits += hit;
+	if (++loop->win_polls < POLL_WINDOW)
+		return;
+	bad = loop->win_cost_ns >
+	      (uint64_t)loop->win_hits * (uint64_t)loop->poll_wake_cost_ns;
+	loop->win_cost_ns = 0;
+	loop->win_polls = loop->win_hits = 0;
+	if (!bad) {
+		loop->backoff_ns = 0;
+		return;
+	}
+	loop->backoff_ns = loop->backoff_ns ? loop->backoff_ns * 2 :
+			   loop->backoff_min_ns;
+	if (loop->backoff_ns > loop->backoff_max_ns)
+		loop->backoff_ns = loop->backoff_max_ns;
+	loop->backoff_until = now + loop->backoff_ns;
+	loop->poll_ns_saved = loop->poll_ns;
+	loop->poll_ns = 0;
+	pst_add(&loop->pst.backoffs, 1);
+	publish_backing_off(loop, true);
+}
+
+/* Inside a back-off period?  When it has just expired, probe: poll again
+ * with the window the loop had, judged like any other. */
+static bool backing_off(struct ioc_loop *loop, int64_t now)
+{
+	if (now < loop->backoff_until)
+		return true;
+	loop->backoff_until = 0;
+	loop->poll_ns = loop->poll_ns_saved > POLL_START_NS ?
+			loop->poll_ns_saved : POLL_START_NS;
+	if (loop->poll_ns > loop->poll_max_ns)
+		loop->poll_ns = loop->poll_max_ns;
+	loop->poll_score = 0;
+	publish_backing_off(loop, false);
+	return false;
+}
+
 /* ---- the iteration -------------------------------------------------------- */
 
 struct ioc_loop *ioc_loop_current(void)
@@ -555,6 +644,7 @@ static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 		return;
 	}
 	loop->blocking_waits++;
+	pst_add(&loop->pst.sleeps, 1);
 	loop->ops->wait(loop, timeout);
 	ioc__loop_sleep_finish(loop);
 }
@@ -589,19 +679,30 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		now = 0;
 		if (pollable || deadline >= 0 || loop->npolled)
 			start = now = ioc_now_ns();
+		if (pollable && loop->backoff_until && backing_off(loop, now))
+			pollable = false;
 		if (pollable && loop->poll_ns > 0) {
-			int64_t end = start + loop->poll_ns;
+			int64_t end = start + loop->poll_ns, t0 = start;
 
-			/* Do not hold this iteration's I/O back while spinning. */
+			/* Do not hold this iteration's I/O back while spinning
+			 * (nor count the submit as polling). */
 			if (loop->has_ring && loop->ring_enabled &&
 			    (loop->flush_deferred ||
-			     io_uring_sq_ready(&loop->ring)))
+			     io_uring_sq_ready(&loop->ring))) {
 				flush_ring(loop);
+				t0 = ioc_now_ns();
+			}
 
 			if (deadline >= 0 && deadline < end)
 				end = deadline;
 			found = run_poll_handlers(loop, &now, end,
 						  &fds_checked);
+			if (found)
+				now = ioc_now_ns();
+			/* At most the window: a thread preempted while it
+			 * yielded was not spinning meanwhile. */
+			poll_account(loop, (now < end ? now : end) - t0, found,
+				     now);
 			if (found) {
 				loop->poll_hits++;
 				if (loop->poll_score < POLL_SCORE_MAX)
@@ -626,9 +727,10 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		} else {
 			loop_wait(loop, deadline, now);
 			now = 0;
-			if (pollable)
+			if (pollable && !loop->backoff_until)
 				adjust_poll_ns(loop, clock_once(&now) - start);
 		}
+		publish_poll_ns(loop);
 	} else {
 		if (!blocking || want_fd_check(loop))
 			loop->ops->wait(loop, 0);
@@ -812,6 +914,14 @@ int ioc__loop_new_ablated(struct ioc_loop **out,
 	atomic_init(&loop->stop, 0);
 	atomic_init(&loop->owner, (uintptr_t)pthread_self());
 	atomic_init(&loop->wakes_done, 0);
+	atomic_init(&loop->pst.ns_total, 0);
+	atomic_init(&loop->pst.polls, 0);
+	atomic_init(&loop->pst.hits, 0);
+	atomic_init(&loop->pst.empty, 0);
+	atomic_init(&loop->pst.backoffs, 0);
+	atomic_init(&loop->pst.sleeps, 0);
+	atomic_init(&loop->pst.poll_ns, 0);
+	atomic_init(&loop->pst.backing_off, false);
 	loop->epfd = -1;
 	if (opts)
 		loop->opts = *opts;
@@ -824,6 +934,14 @@ int ioc__loop_new_ablated(struct ioc_loop **out,
 		loop->opts.uring_entries = 256;
 	loop->poll_max_ns = loop->opts.poll_max_ns == 0 ? POLL_DEFAULT_MAX_NS :
 			    loop->opts.poll_max_ns < 0 ? 0 : loop->opts.poll_max_ns;
+	loop->poll_wake_cost_ns = loop->opts.poll_wake_cost_ns ?
+				  loop->opts.poll_wake_cost_ns : POLL_WAKE_COST_NS;
+	loop->backoff_min_ns = loop->opts.poll_backoff_min_ns > 0 ?
+			       loop->opts.poll_backoff_min_ns : BACKOFF_MIN_NS;
+	loop->backoff_max_ns = loop->opts.poll_backoff_max_ns > 0 ?
+			       loop->opts.poll_backoff_max_ns : BACKOFF_MAX_NS;
+	if (loop->backoff_max_ns < loop->backoff_min_ns)
+		loop->backoff_max_ns = loop->backoff_min_ns;
 	loop->poll_idle_ns = loop->opts.poll_idle_ns > 0 ?
 			     loop->opts.poll_idle_ns : POLL_IDLE_DEFAULT_NS;
 
@@ -943,4 +1061,27 @@ void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st)
 	st->has_uring = loop->has_ring;
 	st->uring_private = loop->has_ring && loop->ring_private;
 	st->uring_setup_flags = loop->has_ring ? loop->ring_setup_flags : 0;
+}
+
+void ioc_loop_get_poll_stats(struct ioc_loop *loop,
+			     struct ioc_loop_poll_stats *st)
+{
+	/* Relaxed loads, each pairing with the loop thread's relaxed store
+	 * (pst_add(), publish_poll_ns(), publish_backing_off()): statistics,
+	 * nothing is ordered by them. */
+	st->poll_ns_total = atomic_load_explicit(&loop->pst.ns_total,
+						 memory_order_relaxed);
+	st->polls = atomic_load_explicit(&loop->pst.polls, memory_order_relaxed);
+	st->polls_hit = atomic_load_explicit(&loop->pst.hits,
+					     memory_order_relaxed);
+	st->polls_empty = atomic_load_explicit(&loop->pst.empty,
+					       memory_order_relaxed);
+	st->backoffs = atomic_load_explicit(&loop->pst.backoffs,
+					    memory_order_relaxed);
+	st->sleeps = atomic_load_explicit(&loop->pst.sleeps,
+					  memory_order_relaxed);
+	st->poll_ns = atomic_load_explicit(&loop->pst.poll_ns,
+					   memory_order_relaxed);
+	st->backing_off = atomic_load_explicit(&loop->pst.backing_off,
+					       memory_order_relaxed);
 }
