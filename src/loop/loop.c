@@ -10,50 +10,48 @@
  * Design.
  *  - fd handlers live in an fd-indexed table; fd monitoring is a const
  *    struct ioc_fdmon_ops chosen at run time (io_uring -> epoll -> poll).
- *    Backends push ready handlers on one loop-wide FIFO (loop->ready) that
- *    dispatch pops one at a time, so a nested ioc_loop_poll() from inside a
- *    callback keeps dispatching what the outer level left.  Removal marks a
- *    handler deleted and defers its free to the end of the outermost
- *    iteration, which makes removal from any callback (its own included)
- *    safe without reference counts.
- *  - Cross-thread work (tasks, bottom halves, notify) and the sleep/wake
- *    handshake live in cross-thread.c; this file calls it before and after
- *    each blocking wait and at the start and end of every iteration.
- *  - Timers are an intrusive pairing heap (timer.c).
- *  - Adaptive polling (QEMU's, made scalable as QEMU's fdmon split
- *    proposed: poll only the recently active handlers): before
- *    sleeping, spin for up to poll_ns calling io_poll of the handlers in
- *    the polled set only, peeking at the incoming stacks and, with
- *    io_uring, at the completion queue.  A handler enters the polled set
- *    when fd monitoring finds it ready and leaves it after poll_idle_ns
- *    without progress, so an iteration costs O(active), not O(handlers).
- *    poll_ns grows and shrinks as in QEMU (aio_poll's block_ns rule),
- *    plus a hit/miss score that stops growth while polls keep missing.
- *    Between poll rounds the thread yields the CPU (sched_yield) unless
- *    opts.poll_spin: on a machine with more runnable threads than CPUs
- *    the producer of the awaited event is often waiting for our CPU.
+ *    Backends push ready handlers on one FIFO (loop->ready) that dispatch
+ *    pops one at a time, so a nested ioc_loop_poll() goes on where the
+ *    outer level stopped.  Removal marks a handler deleted and frees it at
+ *    the end of the outermost iteration: safe from any callback.
+ *  - Cross-thread work and the sleep/wake handshake: cross-thread.c.
+ *    Timers: an intrusive pairing heap (timer.c).
+ *  - Adaptive polling, QEMU's, over the recently active handlers only (as
+ *    QEMU's fdmon split proposed): before sleeping, spin up to poll_ns on
+ *    the polled set's io_poll, the incoming stacks and the io_uring CQ.  A
+ *    handler joins the set when found ready and leaves it after
+ *    poll_idle_ns idle: a round costs O(active).  poll_ns follows QEMU's
+ *    block_ns rule plus a hit/miss score.  Rounds are separated by
+ *    sched_yield() (not with opts.poll_spin): on a loaded machine the
+ *    producer we wait for may be waiting for our CPU.  Handlers without
+ *    io_poll: where it is cheap (epoll; poll(2) up to POLL_CHECK_MAX_FDS
+ *    fds) each round also does a non-blocking wait(0); io_uring needs none.
+ *    QEMU stops polling instead, and every round trip pays a wakeup.
+ *  - Back-off, for when the peer is the bottleneck (a saturated client
+ *    answers late and the spin burns a CPU to save little): every
+ *    POLL_WINDOW polls, their cost (ns spent polling, less sched_yield()s
+ *    that ran another thread, each capped at its window) is set against
+ *    their saving (poll_wake_cost_ns, a sleep and wake, per poll that found
+ *    work).  Cost above saving: no polling for 100 ms, doubling while the
+ *    probe after it is bad again, up to 1 s.  Per loop, not per handler:
+ *    one spin serves every handler and the CQ, which finds most work (an
+ *    NBD socket's poll completion, a read's) and belongs to no handler.
+ *    Counters: ioc_loop_get_poll_stats(); details in bench/loop/NOTES.md.
+ *  - The NBD connection is not a polled handler.  With io_uring its
+ *    socket's poll completion shows up in the CQ peek without a syscall;
+ *    an io_poll doing recv(MSG_PEEK) would add one syscall per connection
+ *    per round to find the same thing.  With epoll the round's wait(0)
+ *    covers every fd in one syscall.
  *
- * Rejected alternatives.  RCU-protected handler lists are unnecessary
- * because handlers are only touched by the loop thread; polling every
- * handler (QEMU before its fdmon split) costs O(handlers) per round.
+ * Rejected alternatives.  RCU-protected handler lists: only the loop thread
+ * touches handlers.  Polling every handler (QEMU before its fdmon split):
+ * O(handlers) a round.  Thread CPU time as the cost of a poll: a syscall
+ * per reading (no vDSO), as dear as the wakeup it is meant to price.
  *
- * Costs.  An iteration that finds nothing costs: two loads of the
- * incoming stacks, one timer-root read, one clock read, the backend wait.
- * On epoll/poll a busy loop (progress every iteration) checks fds without
- * blocking only on every 8th iteration: fd readiness then waits at most 8
- * iterations behind BHs.
- *
- * Polling handlers without io_poll.  QEMU polls with epoll/poll only while
- * every fd handler has an io_poll callback (otherwise readiness of the
- * others would wait up to poll_ns); a pipe or socket handler then makes
- * every round trip sleep in the kernel and pay a cross-thread wakeup
- * (~30 us on a VM).  Here, when such handlers exist, each poll round also
- * asks the kernel with a non-blocking wait(0) and dispatches what it finds
- * as usual; the window stays adaptive (hit/miss score, grow/shrink), so an
- * idle loop still sleeps.  Cost per round: one syscall, O(ready fds) with
- * epoll; poll(2) walks every registered fd, so the poll backend does this
- * only up to POLL_CHECK_MAX_FDS fds and otherwise does not poll (as
- * before).  With io_uring the CQ is already visible from userspace.
+ * Costs.  An iteration that finds nothing: two loads of the incoming
+ * stacks, one timer-root read, one clock read, the backend wait; a poll
+ * adds a clock read at its end and one per yield.  On epoll/poll a busy
+ * loop checks fds without blocking on every 8th iteration only.
  */
 #include <assert.h>
 #include <errno.h>
@@ -62,6 +60,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <stdio.h>
 
 #include "ablation.h"
 #include "loop-int.h"
@@ -74,6 +73,7 @@
 #define POLL_CHECK_MAX_FDS   64         /* poll(2) fd check while polling */
 #define POLL_WAKE_COST_NS    6000       /* default cost of a sleep and wake */
 #define POLL_WINDOW          64         /* polls per cost/benefit verdict */
+#define YIELD_GAVE_CPU_NS    3000       /* a sched_yield() this long switched */
 #define BACKOFF_MIN_NS       100000000  /* first back-off: 100 ms */
 #define BACKOFF_MAX_NS       1000000000 /* longest: 1 s */
 
@@ -414,7 +414,7 @@ static inline bool userspace_ready(struct ioc_loop *loop)
  * Cost per round: O(polled set), independent of idle handlers.
  */
 static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end,
-			      bool *fds_checked)
+			      bool *fds_checked, int64_t *given_ns)
 {
 	for (;;) {
 		bool found = false;
@@ -451,10 +451,19 @@ static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end,
 		 * Yielding only every 8 or 32 rounds (pauses between): no
 		 * different on bench/pool preadv (1785, 1700 vs 1710 ns/job).
 		 */
-		if (loop->opts.poll_spin)
+		if (loop->opts.poll_spin) {
 			cpu_relax();
-		else
+		} else {
+			int64_t t = *now;
+
 			sched_yield();
+			/* A yield that took long ran another thread: time
+			 * given away, not spent spinning (the back-off's cost
+			 * leaves it out).  A bare sched_yield() is < 1 us. */
+			*now = ioc_now_ns();
+			if (*now - t > YIELD_GAVE_CPU_NS)
+				*given_ns += *now - t;
+		}
 	}
 }
 
@@ -554,6 +563,7 @@ static void poll_account(struct ioc_loop *loop, int64_t cost_ns, bool hit,
 		return;
 	bad = loop->win_cost_ns >
 	      (uint64_t)loop->win_hits * (uint64_t)loop->poll_wake_cost_ns;
+	if (getenv("IOC_DBG")) fprintf(stderr, "win cost %llu hits %u bad %d\n", (unsigned long long)loop->win_cost_ns, loop->win_hits, bad);
 	loop->win_cost_ns = 0;
 	loop->win_polls = loop->win_hits = 0;
 	if (!bad) {
@@ -578,10 +588,7 @@ static bool backing_off(struct ioc_loop *loop, int64_t now)
 	if (now < loop->backoff_until)
 		return true;
 	loop->backoff_until = 0;
-	loop->poll_ns = loop->poll_ns_saved > POLL_START_NS ?
-			loop->poll_ns_saved : POLL_START_NS;
-	if (loop->poll_ns > loop->poll_max_ns)
-		loop->poll_ns = loop->poll_max_ns;
+	loop->poll_ns = loop->poll_max_ns;
 	loop->poll_score = 0;
 	publish_backing_off(loop, false);
 	return false;
@@ -683,6 +690,7 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 			pollable = false;
 		if (pollable && loop->poll_ns > 0) {
 			int64_t end = start + loop->poll_ns, t0 = start;
+			int64_t given = 0, cost;
 
 			/* Do not hold this iteration's I/O back while spinning
 			 * (nor count the submit as polling). */
@@ -696,13 +704,15 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 			if (deadline >= 0 && deadline < end)
 				end = deadline;
 			found = run_poll_handlers(loop, &now, end,
-						  &fds_checked);
+						  &fds_checked, &given);
 			if (found)
 				now = ioc_now_ns();
-			/* At most the window: a thread preempted while it
-			 * yielded was not spinning meanwhile. */
-			poll_account(loop, (now < end ? now : end) - t0, found,
-				     now);
+			/* Less the time other threads ran, and at most the
+			 * window: a thread preempted was not spinning. */
+			cost = now - t0 - given;
+			if (cost > end - t0)
+				cost = end - t0;
+			poll_account(loop, cost, found, now);
 			if (found) {
 				loop->poll_hits++;
 				if (loop->poll_score < POLL_SCORE_MAX)
