@@ -54,6 +54,15 @@ struct ioc_loop_opts {
 	 * instead of yielding the CPU (sched_yield) to other threads: for
 	 * loops that own a CPU. */
 	bool poll_spin;
+	/* What one sleep and wake costs the loop's thread, against which
+	 * polling is judged: over a window of polls, when the ns spent
+	 * polling exceed the polls that found work times this, polling
+	 * backs off (0 = default, 6000; negative: never back off). */
+	int64_t poll_wake_cost_ns;
+	/* The first back-off lasts poll_backoff_min_ns and doubles while the
+	 * probe after it is still bad, up to poll_backoff_max_ns (0 =
+	 * defaults 100 ms and 1 s). */
+	int64_t poll_backoff_min_ns, poll_backoff_max_ns;
 };
 
 /* Create a loop.  opts may be NULL for defaults.  Returns 0 or -errno. */
@@ -258,6 +267,23 @@ struct ioc_loop_stats {
 };
 /* Loop thread (from elsewhere, through ioc_loop_call()). */
 void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st);
+
+/* Adaptive polling counters since the loop was created. */
+struct ioc_loop_poll_stats {
+	uint64_t poll_ns_total;    /* time spent polling (wall clock) */
+	uint64_t polls;            /* poll windows started */
+	uint64_t polls_hit;        /* ... that found work */
+	uint64_t polls_empty;      /* ... that ended empty (the loop slept) */
+	uint64_t backoffs;         /* back-offs entered (polling did not pay) */
+	uint64_t sleeps;           /* waits that could block in the kernel */
+	int64_t poll_ns;           /* current poll window, 0 when not polling */
+	bool backing_off;          /* inside a back-off period */
+};
+/* Any thread, no lock: each counter is read with a relaxed load (the loop
+ * thread, their only writer, stores them relaxed), so a snapshot from
+ * another thread is not one instant; every counter only grows. */
+void ioc_loop_get_poll_stats(struct ioc_loop *loop,
+			     struct ioc_loop_poll_stats *st);
 
 /* ---- I/O threads ----------------------------------------------------- */
 

@@ -146,6 +146,13 @@ struct ioc_loop {
 	unsigned ntimers;
 
 	int64_t poll_ns;             /* adaptive poll time */
+	int64_t poll_wake_cost_ns;   /* back-off: a sleep's cost (<0: never) */
+	int64_t backoff_min_ns, backoff_max_ns;
+	int64_t backoff_ns;          /* last back-off period, 0 after a good window */
+	int64_t backoff_until;       /* polling off until then, 0: not backing off */
+	int64_t poll_ns_saved;       /* poll_ns when the back-off began */
+	uint64_t win_cost_ns;        /* this window: ns spent polling */
+	unsigned win_polls, win_hits;
 	int poll_score;              /* recent poll hits minus misses */
 	int64_t poll_max_ns;
 	int64_t poll_idle_ns;
@@ -171,6 +178,15 @@ struct ioc_loop {
 	struct pollfd *pfds;
 	struct ioc_handler **pfd_h;
 	unsigned npfds, pfds_cap;
+
+	/* Polling counters: written by the loop thread only, read by any
+	 * thread (ioc_loop_get_poll_stats()).  Own cache line so that a
+	 * reader does not disturb the loop-thread state above. */
+	struct {
+		_Atomic uint64_t ns_total, polls, hits, empty, backoffs, sleeps;
+		_Atomic int64_t poll_ns;
+		atomic_bool backing_off;
+	} pst IOC_CACHE_ALIGNED;
 
 	/* stats */
 	bool uring_denied;

@@ -10,50 +10,48 @@
  * Design.
  *  - fd handlers live in an fd-indexed table; fd monitoring is a const
  *    struct ioc_fdmon_ops chosen at run time (io_uring -> epoll -> poll).
- *    Backends push ready handlers on one loop-wide FIFO (loop->ready) that
- *    dispatch pops one at a time, so a nested ioc_loop_poll() from inside a
- *    callback keeps dispatching what the outer level left.  Removal marks a
- *    handler deleted and defers its free to the end of the outermost
- *    iteration, which makes removal from any callback (its own included)
- *    safe without reference counts.
- *  - Cross-thread work (tasks, bottom halves, notify) and the sleep/wake
- *    handshake live in cross-thread.c; this file calls it before and after
- *    each blocking wait and at the start and end of every iteration.
- *  - Timers are an intrusive pairing heap (timer.c).
- *  - Adaptive polling (QEMU's, made scalable as QEMU's fdmon split
- *    proposed: poll only the recently active handlers): before
- *    sleeping, spin for up to poll_ns calling io_poll of the handlers in
- *    the polled set only, peeking at the incoming stacks and, with
- *    io_uring, at the completion queue.  A handler enters the polled set
- *    when fd monitoring finds it ready and leaves it after poll_idle_ns
- *    without progress, so an iteration costs O(active), not O(handlers).
- *    poll_ns grows and shrinks as in QEMU (aio_poll's block_ns rule),
- *    plus a hit/miss score that stops growth while polls keep missing.
- *    Between poll rounds the thread yields the CPU (sched_yield) unless
- *    opts.poll_spin: on a machine with more runnable threads than CPUs
- *    the producer of the awaited event is often waiting for our CPU.
+ *    Backends push ready handlers on one FIFO (loop->ready) that dispatch
+ *    pops one at a time, so a nested ioc_loop_poll() goes on where the
+ *    outer level stopped.  Removal marks a handler deleted and frees it at
+ *    the end of the outermost iteration: safe from any callback.
+ *  - Cross-thread work and the sleep/wake handshake: cross-thread.c.
+ *    Timers: an intrusive pairing heap (timer.c).
+ *  - Adaptive polling, QEMU's, over the recently active handlers only (as
+ *    QEMU's fdmon split proposed): before sleeping, spin up to poll_ns on
+ *    the polled set's io_poll, the incoming stacks and the io_uring CQ.  A
+ *    handler joins the set when found ready and leaves it after
+ *    poll_idle_ns idle: a round costs O(active).  poll_ns follows QEMU's
+ *    block_ns rule plus a hit/miss score.  Rounds are separated by
+ *    sched_yield() (not with opts.poll_spin): on a loaded machine the
+ *    producer we wait for may be waiting for our CPU.  Handlers without
+ *    io_poll: where it is cheap (epoll; poll(2) up to POLL_CHECK_MAX_FDS
+ *    fds) each round also does a non-blocking wait(0); io_uring needs none.
+ *    QEMU stops polling instead, and every round trip pays a wakeup.
+ *  - Back-off, for when the peer is the bottleneck (a saturated client
+ *    answers late and the spin burns a CPU to save little): every
+ *    POLL_WINDOW polls, their cost (ns spent polling, less sched_yield()s
+ *    that ran another thread, each capped at its window) is set against
+ *    their saving (poll_wake_cost_ns, a sleep and wake, per poll that found
+ *    work).  Cost above saving: no polling for 100 ms, doubling while the
+ *    probe after it is bad again, up to 1 s.  Per loop, not per handler:
+ *    one spin serves every handler and the CQ, which finds most work (an
+ *    NBD socket's poll completion, a read's) and belongs to no handler.
+ *    Counters: ioc_loop_get_poll_stats(); details in bench/loop/NOTES.md.
+ *  - The NBD connection is not a polled handler.  With io_uring its
+ *    socket's poll completion shows up in the CQ peek without a syscall;
+ *    an io_poll doing recv(MSG_PEEK) would add one syscall per connection
+ *    per round to find the same thing.  With epoll the round's wait(0)
+ *    covers every fd in one syscall.
  *
- * Rejected alternatives.  RCU-protected handler lists are unnecessary
- * because handlers are only touched by the loop thread; polling every
- * handler (QEMU before its fdmon split) costs O(handlers) per round.
+ * Rejected alternatives.  RCU-protected handler lists: only the loop thread
+ * touches handlers.  Polling every handler (QEMU before its fdmon split):
+ * O(handlers) a round.  Thread CPU time as the cost of a poll: a syscall
+ * per reading (no vDSO), as dear as the wakeup it is meant to price.
  *
- * Costs.  An iteration that finds nothing costs: two loads of the
- * incoming stacks, one timer-root read, one clock read, the backend wait.
- * On epoll/poll a busy loop (progress every iteration) checks fds without
- * blocking only on every 8th iteration: fd readiness then waits at most 8
- * iterations behind BHs.
- *
- * Polling handlers without io_poll.  QEMU polls with epoll/poll only while
- * every fd handler has an io_poll callback (otherwise readiness of the
- * others would wait up to poll_ns); a pipe or socket handler then makes
- * every round trip sleep in the kernel and pay a cross-thread wakeup
- * (~30 us on a VM).  Here, when such handlers exist, each poll round also
- * asks the kernel with a non-blocking wait(0) and dispatches what it finds
- * as usual; the window stays adaptive (hit/miss score, grow/shrink), so an
- * idle loop still sleeps.  Cost per round: one syscall, O(ready fds) with
- * epoll; poll(2) walks every registered fd, so the poll backend does this
- * only up to POLL_CHECK_MAX_FDS fds and otherwise does not poll (as
- * before).  With io_uring the CQ is already visible from userspace.
+ * Costs.  An iteration that finds nothing: two loads of the incoming
+ * stacks, one timer-root read, one clock read, the backend wait; a poll
+ * adds a clock read at its end and one per yield.  On epoll/poll a busy
+ * loop checks fds without blocking on every 8th iteration only.
  */
 #include <assert.h>
 #include <errno.h>
@@ -62,6 +60,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <stdio.h>
 
 #include "ablation.h"
 #include "loop-int.h"
@@ -72,6 +71,11 @@
 #define FD_CHECK_EVERY       8          /* busy iterations per fd check */
 #define POLL_SCORE_MAX       8          /* memory of adjust_poll_ns() */
 #define POLL_CHECK_MAX_FDS   64         /* poll(2) fd check while polling */
+#define POLL_WAKE_COST_NS    6000       /* default cost of a sleep and wake */
+#define POLL_WINDOW          64         /* polls per cost/benefit verdict */
+#define YIELD_GAVE_CPU_NS    3000       /* a sched_yield() this long switched */
+#define BACKOFF_MIN_NS       100000000  /* first back-off: 100 ms */
+#define BACKOFF_MAX_NS       1000000000 /* longest: 1 s */
 
 static __thread struct ioc_loop *current_loop;
 
@@ -410,7 +414,7 @@ static inline bool userspace_ready(struct ioc_loop *loop)
  * Cost per round: O(polled set), independent of idle handlers.
  */
 static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end,
-			      bool *fds_checked)
+			      bool *fds_checked, int64_t *given_ns)
 {
 	for (;;) {
 		bool found = false;
@@ -447,10 +451,19 @@ static bool run_poll_handlers(struct ioc_loop *loop, int64_t *now, int64_t end,
 		 * Yielding only every 8 or 32 rounds (pauses between): no
 		 * different on bench/pool preadv (1785, 1700 vs 1710 ns/job).
 		 */
-		if (loop->opts.poll_spin)
+		if (loop->opts.poll_spin) {
 			cpu_relax();
-		else
+		} else {
+			int64_t t = *now;
+
 			sched_yield();
+			/* A yield that took long ran another thread: time
+			 * given away, not spent spinning (the back-off's cost
+			 * leaves it out).  A bare sched_yield() is < 1 us. */
+			*now = ioc_now_ns();
+			if (*now - t > YIELD_GAVE_CPU_NS)
+				*given_ns += *now - t;
+		}
 	}
 }
 
@@ -496,6 +509,89 @@ static void adjust_poll_ns(struct ioc_loop *loop, int64_t block_ns)
 			p = loop->poll_max_ns;
 	}
 	loop->poll_ns = p;
+}
+
+/* ---- back-off: polling that does not pay --------------------------------- */
+
+/* The polling counters have one writer, the loop thread: a relaxed load
+ * and store, no read-modify-write.  Pairs with the relaxed loads in
+ * ioc_loop_get_poll_stats(). */
+static inline void pst_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
+
+static inline void publish_poll_ns(struct ioc_loop *loop)
+{
+	/* Relaxed load of our own store, relaxed store: pairs with the
+	 * relaxed load in ioc_loop_get_poll_stats(). */
+	if (atomic_load_explicit(&loop->pst.poll_ns, memory_order_relaxed) !=
+	    loop->poll_ns)
+		atomic_store_explicit(&loop->pst.poll_ns, loop->poll_ns,
+				      memory_order_relaxed);
+}
+
+/* Relaxed store: pairs with the relaxed load in ioc_loop_get_poll_stats(). */
+static inline void publish_backing_off(struct ioc_loop *loop, bool on)
+{
+	atomic_store_explicit(&loop->pst.backing_off, on, memory_order_relaxed);
+}
+
+/*
+ * A poll window that began cost_ns ago ended at now, with work found or
+ * not.  Every POLL_WINDOW polls, compare what polling cost (ns spent in
+ * it) with what it saved (one sleep and wake per poll that found work).
+ * A bad window turns polling off for a back-off period, which doubles
+ * while the probe after it is bad again; a good window resets it.
+ */
+static void poll_account(struct ioc_loop *loop, int64_t cost_ns, bool hit,
+			 int64_t now)
+{
+	bool bad;
+
+	if (cost_ns < 0)
+		cost_ns = 0;
+	pst_add(&loop->pst.ns_total, (uint64_t)cost_ns);
+	pst_add(&loop->pst.polls, 1);
+	pst_add(hit ? &loop->pst.hits : &loop->pst.empty, 1);
+	if (loop->poll_wake_cost_ns < 0)
+		return;
+	loop->win_cost_ns += (uint64_t)cost_ns;
+	loop->win_hits += hit;
+	if (++loop->win_polls < POLL_WINDOW)
+		return;
+	bad = loop->win_cost_ns >
+	      (uint64_t)loop->win_hits * (uint64_t)loop->poll_wake_cost_ns;
+	if (getenv("IOC_DBG")) fprintf(stderr, "win cost %llu hits %u bad %d\n", (unsigned long long)loop->win_cost_ns, loop->win_hits, bad);
+	loop->win_cost_ns = 0;
+	loop->win_polls = loop->win_hits = 0;
+	if (!bad) {
+		loop->backoff_ns = 0;
+		return;
+	}
+	loop->backoff_ns = loop->backoff_ns ? loop->backoff_ns * 2 :
+			   loop->backoff_min_ns;
+	if (loop->backoff_ns > loop->backoff_max_ns)
+		loop->backoff_ns = loop->backoff_max_ns;
+	loop->backoff_until = now + loop->backoff_ns;
+	loop->poll_ns_saved = loop->poll_ns;
+	loop->poll_ns = 0;
+	pst_add(&loop->pst.backoffs, 1);
+	publish_backing_off(loop, true);
+}
+
+/* Inside a back-off period?  When it has just expired, probe: poll again
+ * with the window the loop had, judged like any other. */
+static bool backing_off(struct ioc_loop *loop, int64_t now)
+{
+	if (now < loop->backoff_until)
+		return true;
+	loop->backoff_until = 0;
+	loop->poll_ns = loop->poll_max_ns;
+	loop->poll_score = 0;
+	publish_backing_off(loop, false);
+	return false;
 }
 
 /* ---- the iteration -------------------------------------------------------- */
@@ -555,6 +651,7 @@ static void loop_wait(struct ioc_loop *loop, int64_t deadline, int64_t now)
 		return;
 	}
 	loop->blocking_waits++;
+	pst_add(&loop->pst.sleeps, 1);
 	loop->ops->wait(loop, timeout);
 	ioc__loop_sleep_finish(loop);
 }
@@ -589,19 +686,33 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		now = 0;
 		if (pollable || deadline >= 0 || loop->npolled)
 			start = now = ioc_now_ns();
+		if (pollable && loop->backoff_until && backing_off(loop, now))
+			pollable = false;
 		if (pollable && loop->poll_ns > 0) {
-			int64_t end = start + loop->poll_ns;
+			int64_t end = start + loop->poll_ns, t0 = start;
+			int64_t given = 0, cost;
 
-			/* Do not hold this iteration's I/O back while spinning. */
+			/* Do not hold this iteration's I/O back while spinning
+			 * (nor count the submit as polling). */
 			if (loop->has_ring && loop->ring_enabled &&
 			    (loop->flush_deferred ||
-			     io_uring_sq_ready(&loop->ring)))
+			     io_uring_sq_ready(&loop->ring))) {
 				flush_ring(loop);
+				t0 = ioc_now_ns();
+			}
 
 			if (deadline >= 0 && deadline < end)
 				end = deadline;
 			found = run_poll_handlers(loop, &now, end,
-						  &fds_checked);
+						  &fds_checked, &given);
+			if (found)
+				now = ioc_now_ns();
+			/* Less the time other threads ran, and at most the
+			 * window: a thread preempted was not spinning. */
+			cost = now - t0 - given;
+			if (cost > end - t0)
+				cost = end - t0;
+			poll_account(loop, cost, found, now);
 			if (found) {
 				loop->poll_hits++;
 				if (loop->poll_score < POLL_SCORE_MAX)
@@ -626,9 +737,10 @@ static bool loop_iterate(struct ioc_loop *loop, bool blocking, bool in_run)
 		} else {
 			loop_wait(loop, deadline, now);
 			now = 0;
-			if (pollable)
+			if (pollable && !loop->backoff_until)
 				adjust_poll_ns(loop, clock_once(&now) - start);
 		}
+		publish_poll_ns(loop);
 	} else {
 		if (!blocking || want_fd_check(loop))
 			loop->ops->wait(loop, 0);
@@ -812,6 +924,14 @@ int ioc__loop_new_ablated(struct ioc_loop **out,
 	atomic_init(&loop->stop, 0);
 	atomic_init(&loop->owner, (uintptr_t)pthread_self());
 	atomic_init(&loop->wakes_done, 0);
+	atomic_init(&loop->pst.ns_total, 0);
+	atomic_init(&loop->pst.polls, 0);
+	atomic_init(&loop->pst.hits, 0);
+	atomic_init(&loop->pst.empty, 0);
+	atomic_init(&loop->pst.backoffs, 0);
+	atomic_init(&loop->pst.sleeps, 0);
+	atomic_init(&loop->pst.poll_ns, 0);
+	atomic_init(&loop->pst.backing_off, false);
 	loop->epfd = -1;
 	if (opts)
 		loop->opts = *opts;
@@ -824,6 +944,14 @@ int ioc__loop_new_ablated(struct ioc_loop **out,
 		loop->opts.uring_entries = 256;
 	loop->poll_max_ns = loop->opts.poll_max_ns == 0 ? POLL_DEFAULT_MAX_NS :
 			    loop->opts.poll_max_ns < 0 ? 0 : loop->opts.poll_max_ns;
+	loop->poll_wake_cost_ns = loop->opts.poll_wake_cost_ns ?
+				  loop->opts.poll_wake_cost_ns : POLL_WAKE_COST_NS;
+	loop->backoff_min_ns = loop->opts.poll_backoff_min_ns > 0 ?
+			       loop->opts.poll_backoff_min_ns : BACKOFF_MIN_NS;
+	loop->backoff_max_ns = loop->opts.poll_backoff_max_ns > 0 ?
+			       loop->opts.poll_backoff_max_ns : BACKOFF_MAX_NS;
+	if (loop->backoff_max_ns < loop->backoff_min_ns)
+		loop->backoff_max_ns = loop->backoff_min_ns;
 	loop->poll_idle_ns = loop->opts.poll_idle_ns > 0 ?
 			     loop->opts.poll_idle_ns : POLL_IDLE_DEFAULT_NS;
 
@@ -943,4 +1071,27 @@ void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st)
 	st->has_uring = loop->has_ring;
 	st->uring_private = loop->has_ring && loop->ring_private;
 	st->uring_setup_flags = loop->has_ring ? loop->ring_setup_flags : 0;
+}
+
+void ioc_loop_get_poll_stats(struct ioc_loop *loop,
+			     struct ioc_loop_poll_stats *st)
+{
+	/* Relaxed loads, each pairing with the loop thread's relaxed store
+	 * (pst_add(), publish_poll_ns(), publish_backing_off()): statistics,
+	 * nothing is ordered by them. */
+	st->poll_ns_total = atomic_load_explicit(&loop->pst.ns_total,
+						 memory_order_relaxed);
+	st->polls = atomic_load_explicit(&loop->pst.polls, memory_order_relaxed);
+	st->polls_hit = atomic_load_explicit(&loop->pst.hits,
+					     memory_order_relaxed);
+	st->polls_empty = atomic_load_explicit(&loop->pst.empty,
+					       memory_order_relaxed);
+	st->backoffs = atomic_load_explicit(&loop->pst.backoffs,
+					    memory_order_relaxed);
+	st->sleeps = atomic_load_explicit(&loop->pst.sleeps,
+					  memory_order_relaxed);
+	st->poll_ns = atomic_load_explicit(&loop->pst.poll_ns,
+					   memory_order_relaxed);
+	st->backing_off = atomic_load_explicit(&loop->pst.backing_off,
+					       memory_order_relaxed);
 }

@@ -472,6 +472,37 @@ static json_t *cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_er
 	return list;
 }
 
+/* The I/O threads' adaptive polling counters (relaxed reads, any thread:
+ * no round trip to the threads). */
+static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc__nbd_control *ctl = ctx;
+	struct ioc_nbd_server *srv = ctl->srv;
+	json_t *list = json_array();
+
+	if (!list) {
+		errf(err, "out of memory");
+		return NULL;
+	}
+	for (unsigned t = 0; t < srv->nthreads; t++) {
+		struct ioc_loop_poll_stats ps;
+
+		ioc_loop_get_poll_stats(srv->threads[t].loop, &ps);
+		json_array_append_new(list, json_pack(
+			"{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b}",
+			"thread", (int)t,
+			"poll-ns-total", (json_int_t)ps.poll_ns_total,
+			"polls", (json_int_t)ps.polls,
+			"polls-hit", (json_int_t)ps.polls_hit,
+			"polls-empty", (json_int_t)ps.polls_empty,
+			"backoffs", (json_int_t)ps.backoffs,
+			"sleeps", (json_int_t)ps.sleeps,
+			"poll-ns-current", (json_int_t)ps.poll_ns,
+			"backing-off", ps.backing_off));
+	}
+	return list;
+}
+
 /* Migration (migrate-source.c, migrate-dest.c): the handlers take the
  * server. */
 #define MIG_CMD(fn, impl) \
@@ -564,6 +595,7 @@ static const struct ioc__qmp_cmd commands[] = {
 	{ "query-block-exports", cmd_query_block_exports, NULL },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
 	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
+	{ "__org.iocore_query-polling", cmd_query_polling, NULL },
 	{ "migrate-set-capabilities", cmd_mig_set_caps, args_mig_caps },
 	{ "query-migrate-capabilities", cmd_mig_query_caps, NULL },
 	{ "migrate-set-parameters", cmd_mig_set_params, args_mig_params },

@@ -235,6 +235,29 @@ c = json.loads(out.stdout)
 print(len(c), c[0]["export"], c[0]["transmission"], "read" in c[0]["requests"])
 EOF
 expect "__org.iocore_query-connections lists a client" "1 disk True True" "$(cat "$dir/conn.out")"
+# Polling counters after NBD I/O: one entry per I/O thread, counters
+# consistent with each other, growing between two queries, and listed by
+# query-commands.
+pollq() {
+	ctl --json __org.iocore_query-polling | python3 -c 'import json,sys
+p = json.load(sys.stdin)
+ok = [e["thread"] for e in p] == list(range(len(p))) and len(p) >= 1
+for e in p:
+    ok = ok and e["polls"] == e["polls-hit"] + e["polls-empty"]
+    ok = ok and 0 <= e["poll-ns-total"] <= e["polls"] * 32000
+    ok = ok and e["backoffs"] * 64 <= e["polls"]
+    ok = ok and 0 <= e["poll-ns-current"] <= 32000
+    ok = ok and (e["poll-ns-current"] == 0 or not e["backing-off"])
+print(ok, sum(e["sleeps"] + e["polls"] for e in p))'
+}
+qemu-img bench -f raw -c 2000 -d 1 -s 4096 "$U" >/dev/null 2>&1
+set -- $(pollq)
+qemu-img bench -f raw -c 2000 -d 4 -s 4096 "$U" >/dev/null 2>&1
+set -- "$@" $(pollq)
+expect "__org.iocore_query-polling: sane counters that grow with I/O" "True True True" \
+	"$1 $3 $([ "${4:-0}" -gt "${2:-0}" ] && echo True)"
+expect "query-commands lists __org.iocore_query-polling" "True" \
+	"$(ctl --json query-commands | python3 -c 'import json,sys; print(any(c["name"] == "__org.iocore_query-polling" for c in json.load(sys.stdin)))')"
 
 # 28-30: persistence across SIGTERM: f4k (persistent) comes back exactly, b0 not.
 before=$(map f4k)
