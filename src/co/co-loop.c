@@ -215,7 +215,8 @@ int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw)
 						    memory_order_acquire)) {
 		ioc__co_check_home(aw->co);
 		ioc_co_yield();
-		/* Woken by done(); the wake task's post/pop already orders
+		/* Woken by done(); the wake task's post/pop (or program
+		 * order, when done() entered us directly) already orders
 		 * this, the acquire load states it. */
 		expected = atomic_load_explicit(&aw->state, memory_order_acquire);
 		assert(expected == AW_DONE);
