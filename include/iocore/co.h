@@ -55,12 +55,15 @@ bool ioc_co_entered(struct ioc_co *co);
 /* The guard page below co's stack (for tests and debuggers). */
 void ioc_co_get_guard(struct ioc_co *co, void **lo, size_t *len);
 
-/* Schedule co to be entered on its home loop (always through the loop,
- * never directly, even from the home thread).  Lock-free, allocates
- * nothing, any thread.  co must be yielded (or about to yield on the home
- * loop's thread, see above) and must not be woken twice for one yield.
- * A coroutine may wake itself and then yield: it continues after whatever
- * the loop has queued (a "yield to the loop"). */
+/* Resume co on its home loop.  Called on the thread running that loop
+ * and outside any coroutine (a loop callback), it enters co at once and
+ * returns when co yields or terminates -- so the caller must not touch
+ * anything co may free once it runs.  Otherwise (another thread, or
+ * inside a coroutine) it schedules co through the loop.  Lock-free,
+ * allocates nothing, any thread.  co must be yielded (or about to yield
+ * on the home loop's thread, see above) and must not be woken twice for
+ * one yield.  A coroutine may wake itself and then yield: it continues
+ * after whatever the loop has queued (a "yield to the loop"). */
 void ioc_co_wake(struct ioc_co *co);
 struct ioc_loop *ioc_co_home(struct ioc_co *co);
 /* Set co's home loop (co not running). */
@@ -83,12 +86,12 @@ int ioc_coroutine_fn ioc_co_wait_fd(int fd, int events);
  *     submit(..., my_cb, &aw);          // my_cb calls ioc_co_await_done(&aw, res)
  *     res = ioc_co_await(&aw);          // yields unless already done
  * ioc_co_await_done() may run on any thread, before or after the yield;
- * the coroutine resumes exactly once, on its home loop, and always through
- * the loop (never inside ioc_co_await_done() itself).  So when done()
- * runs on the home loop's thread, its caller may keep using the
- * operation's memory -- even memory on the coroutine's stack -- until it
- * returns to the loop; from any other thread, done() must be the caller's
- * last touch of that memory.  aw itself is never touched after done().  A
+ * the coroutine resumes exactly once, on its home loop.  done() wakes it
+ * with ioc_co_wake(), so from a callback on the home loop's thread the
+ * coroutine runs inside done() itself: on every thread, done() must be
+ * the caller's last touch of the operation's memory (which may be on the
+ * coroutine's stack), and the callback must not hold a lock the
+ * coroutine may take.  aw itself is never touched after done().  A
  * coroutine that yields here needs a home loop and must be on its thread
  * (the home-thread rule above).
  */
@@ -124,7 +127,9 @@ void ioc_coroutine_fn ioc_co_mutex_unlock(struct ioc_co_mutex *m);
 /* A queue of waiting coroutines.  With a mutex, wait() drops it while
  * waiting and retakes it before returning (a condition variable).  Not
  * thread-safe by itself: callers serialise on that mutex (or use the queue
- * from one thread only).  next/restart_all wake through ioc_co_wake(). */
+ * from one thread only).  next/restart_all wake through ioc_co_wake();
+ * restart_all wakes the waiters queued when it was called, not those that
+ * a directly entered waiter queues again. */
 struct ioc_co_queue {
 	struct ioc_co_waiter *head, *tail; /* private */
 };

@@ -4,7 +4,9 @@
  *
  * Problem: a coroutine waits for things that finish on other threads (a
  * worker's completion, a mutex released on another loop) and must resume on
- * its own loop, exactly once, without locks or allocation on the way.
+ * its own loop, exactly once, without locks or allocation on the way.  Most
+ * completions, though, arrive on that very loop (an io_uring CQE), and
+ * should cost no more than a call.
  *
  * Design.  Every coroutine embeds an ioc_task; ioc_co_wake() posts it to
  * the coroutine's home loop (a lock-free Treiber push in the loop) and the
@@ -13,8 +15,23 @@
  * home loop's thread, so the loop cannot run the wake task before the
  * coroutine has finished yielding -- the thread is busy running it.  A
  * waker on another thread may therefore wake a coroutine that has published
- * itself as a waiter but not yet switched out (the gap every sleep/wake
- * handshake here has).
+ * itself as a waiter but not yet switched out.
+ *
+ * Direct path (QEMU's aio_co_wake): a waker on the thread running the home
+ * loop, outside every coroutine (a loop callback, a task, the loop's
+ * owner between polls), enters the coroutine at once.  Safe by the same
+ * invariant: the coroutine can only be mid-yield on this thread, and this
+ * thread is running no coroutine, so it has finished yielding.  Depth is
+ * bounded: only non-coroutine code enters directly, so a chain of wakes
+ * nests at most one coroutine deep.  The price is re-entrancy: the waker's
+ * caller must not touch what the coroutine may free once it runs (co.h).
+ * A waker *inside* a coroutine still posts: entering from there would nest
+ * coroutines (unbounded, and a self-wake before a yield would re-enter a
+ * running coroutine), and "wake myself, yield" must still yield to the
+ * loop.  Rejected for that case: QEMU's co_queue_wakeup (a list drained
+ * when the waker yields) -- it runs the woken coroutines inside whatever
+ * code entered the waker, widening re-entrancy to every ioc_co_enter()
+ * caller, and starves the loop on a self-wake; the post costs one CAS.
  *
  * ioc_co_move_to() keeps the invariant across a move: it must not post to
  * the new loop while still running on the old one (the new thread could
@@ -29,9 +46,8 @@
  * the coroutine resumes exactly once, on its home loop, whichever order
  * they run in and on whatever thread done() runs.
  *
- * Rejected: entering the coroutine directly from the waker (wrong thread,
- * and it may still be running); a mutex+condvar per wait (allocates or
- * blocks the loop).
+ * Rejected: entering directly from any other thread (it may still be
+ * running); a mutex+condvar per wait (allocates or blocks the loop).
  */
 #include "co-int.h"
 
@@ -48,11 +64,23 @@ static void wake_task_fn(struct ioc_task *t)
 
 void ioc_co_wake(struct ioc_co *co)
 {
-	assert(co->home && "ioc_co_wake() needs a home loop");
+	struct ioc_loop *home = co->home;
+
+	assert(home && "ioc_co_wake() needs a home loop");
+	/* The direct path (see above): this thread runs home and is outside
+	 * every coroutine, so co has finished yielding.  Both loop checks:
+	 * ioc_loop_new() makes a loop current on a thread that may never run
+	 * it; the owner is the thread that last iterated it. */
+	if (ioc_loop_current() == home && !ioc_in_coroutine() &&
+	    ioc_loop_in_thread(home)) {
+		assert(!co->entered && "woken coroutine still running");
+		ioc_co_enter(co);
+		return;
+	}
 	co->wake_task.fn = wake_task_fn;
 	/* The post is a release push; the loop's pop is its acquire, so
 	 * everything the waker wrote before is visible to the coroutine. */
-	ioc_loop_post(co->home, &co->wake_task);
+	ioc_loop_post(home, &co->wake_task);
 }
 
 struct ioc_loop *ioc_co_home(struct ioc_co *co)
@@ -187,7 +215,8 @@ int64_t ioc_coroutine_fn ioc_co_await(struct ioc_co_await *aw)
 						    memory_order_acquire)) {
 		ioc__co_check_home(aw->co);
 		ioc_co_yield();
-		/* Woken by done(); the wake task's post/pop already orders
+		/* Woken by done(); the wake task's post/pop (or program
+		 * order, when done() entered us directly) already orders
 		 * this, the acquire load states it. */
 		expected = atomic_load_explicit(&aw->state, memory_order_acquire);
 		assert(expected == AW_DONE);

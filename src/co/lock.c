@@ -213,10 +213,21 @@ bool ioc_co_queue_next(struct ioc_co_queue *q)
 	return true;
 }
 
+/* Detach the list first: a waiter woken directly (ioc_co_wake() from
+ * outside a coroutine) runs before grant() returns and may queue itself
+ * again, and must not be woken a second time by this call.  Read next
+ * before each grant: the node is on the waiter's stack. */
 void ioc_co_queue_restart_all(struct ioc_co_queue *q)
 {
-	while (ioc_co_queue_next(q))
-		;
+	struct ioc_co_waiter *w = q->head;
+
+	q->head = q->tail = NULL;
+	while (w) {
+		struct ioc_co_waiter *next = w->next;
+
+		grant(w);
+		w = next;
+	}
 }
 
 bool ioc_co_queue_empty(const struct ioc_co_queue *q)

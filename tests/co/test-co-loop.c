@@ -1,7 +1,10 @@
 /*
  * Coroutines on loops: wake from another thread, move between loops
  * (iothreads), sleep, wait for an fd, and the await protocol with the
- * callback racing the yield from another thread.
+ * callback racing the yield from another thread.  The wake's direct path:
+ * entered at once on the home thread outside a coroutine, deferred to the
+ * loop from inside one, posted from other threads, and all three mixed
+ * under load (run it under TSan and ASan).
  */
 #include "iocore/co.h"
 #include "tap.h"
@@ -297,6 +300,316 @@ static void test_edges(void)
 	ASSERT_PTR_EQ(edge_seen, other);
 }
 
+/* ---- direct wake on the home thread ------------------------------------- */
+
+static void ioc_coroutine_fn count_after_yield(void *opaque)
+{
+	int *runs = opaque;
+
+	ioc_co_yield();
+	(*runs)++;
+}
+
+struct wake_job {
+	struct ioc_task task;
+	struct ioc_co *co;
+	int *runs;
+	int seen;	/* *runs right after the wake returned */
+	bool done;
+};
+
+static void wake_job_fn(struct ioc_task *t)
+{
+	struct wake_job *j = ioc_container_of(t, struct wake_job, task);
+
+	ioc_co_wake(j->co);
+	j->seen = *j->runs;
+	j->done = true;
+}
+
+static void test_wake_direct(void)
+{
+	struct ioc_loop *l = main_loop();
+	int runs = 0;
+	struct ioc_co *co;
+	struct wake_job j = { .runs = &runs };
+
+	/* This thread runs l (an iteration makes it the owner). */
+	ioc_loop_poll(l, false);
+	ASSERT_TRUE(ioc_loop_in_thread(l));
+
+	/* From the loop's owner between polls: co has run when wake returns. */
+	co = ioc_co_create(count_after_yield, &runs);
+	ioc_co_enter(co);
+	ASSERT_EQ(runs, 0);
+	ioc_co_wake(co);
+	ASSERT_EQ(runs, 1);
+
+	/* From a task the loop runs: the same. */
+	j.co = ioc_co_create(count_after_yield, &runs);
+	ioc_co_enter(j.co);
+	j.task.fn = wake_job_fn;
+	ioc_loop_post(l, &j.task);
+	while (!j.done)
+		ioc_loop_poll(l, true);
+	ASSERT_EQ(j.seen, 2);
+	ASSERT_EQ(runs, 2);
+}
+
+/* A wake from inside a coroutine on the home thread goes through the
+ * loop: the woken coroutine has not run when wake returns, runs once,
+ * and a self-wake still yields to the loop (the other wake runs first). */
+struct nest {
+	struct ioc_co *sleeper;
+	int runs;
+	int seen_after_wake;
+	int seen_after_self_wake;
+	bool done;
+};
+
+static void ioc_coroutine_fn nest_waker(void *opaque)
+{
+	struct nest *n = opaque;
+
+	ioc_co_wake(n->sleeper);
+	n->seen_after_wake = n->runs;
+	ioc_co_wake(ioc_co_self());
+	ioc_co_yield();
+	n->seen_after_self_wake = n->runs;
+	n->done = true;
+}
+
+static void test_wake_nested_deferred(void)
+{
+	struct ioc_loop *l = main_loop();
+	struct nest n = { 0 };
+
+	ioc_loop_poll(l, false);
+	n.sleeper = ioc_co_create(count_after_yield, &n.runs);
+	ioc_co_enter(n.sleeper);
+	ioc_co_enter(ioc_co_create(nest_waker, &n));
+	ASSERT_EQ(n.seen_after_wake, 0);
+	ASSERT_EQ(n.runs, 0);		/* not drained when the waker yields */
+	while (!n.done)
+		ioc_loop_poll(l, true);
+	ASSERT_EQ(n.seen_after_self_wake, 1);
+	while (ioc_loop_poll(l, false))
+		;
+	ASSERT_EQ(n.runs, 1);
+}
+
+/* restart_all() from outside a coroutine enters the waiters directly; one
+ * that queues itself again is not woken again by the same call. */
+static struct ioc_co_queue rq;
+static int rq_runs;
+static bool rq_go;
+
+static void ioc_coroutine_fn requeue_fn(void *opaque)
+{
+	(void)opaque;
+	while (!rq_go) {
+		ioc_co_queue_wait(&rq, NULL);
+		rq_runs++;
+	}
+}
+
+static void test_restart_all_direct(void)
+{
+	struct ioc_loop *l = main_loop();
+
+	ioc_loop_poll(l, false);
+	ioc_co_queue_init(&rq);
+	ioc_co_enter(ioc_co_create(requeue_fn, NULL));
+	ioc_co_enter(ioc_co_create(requeue_fn, NULL));
+	ioc_co_queue_restart_all(&rq);
+	ASSERT_EQ(rq_runs, 2);
+	ASSERT_FALSE(ioc_co_queue_empty(&rq));
+	rq_go = true;
+	ioc_co_queue_restart_all(&rq);
+	ASSERT_EQ(rq_runs, 4);
+	ASSERT_TRUE(ioc_co_queue_empty(&rq));
+}
+
+/* A thread whose *current* loop is another thread's loop (ioc_loop_new()
+ * or set_current() can do that) does not own it: its wake posts. */
+static struct ioc_co *_Atomic far_co;
+static _Atomic int far_done;
+static pthread_t far_thread;	/* the iothread, written before far_co */
+static bool far_same_thread;
+
+static void ioc_coroutine_fn far_fn(void *opaque)
+{
+	(void)opaque;
+	ioc_co_yield();
+	far_same_thread = pthread_equal(pthread_self(), far_thread);
+	/* Release pairs with the acquire loads in test_wake_not_owner(). */
+	atomic_fetch_add_explicit(&far_done, 1, memory_order_release);
+}
+
+static void far_start(struct ioc_task *t)
+{
+	(void)t;
+	struct ioc_co *co = ioc_co_create(far_fn, NULL);
+
+	far_thread = pthread_self();
+	ioc_co_enter(co);
+	/* Release pairs with the acquire load in test_wake_not_owner(). */
+	atomic_store_explicit(&far_co, co, memory_order_release);
+}
+
+static void test_wake_not_owner(void)
+{
+	struct ioc_loop *l = main_loop(), *other;
+	struct ioc_iothread *t;
+	struct ioc_task task = { .fn = far_start };
+	struct ioc_co *co;
+
+	ASSERT_OK(ioc_iothread_start(&t, &(struct ioc_iothread_opts){ .name = "co-far", .cpu = -1 }));
+	other = ioc_iothread_loop(t);
+	ioc_loop_post(other, &task);
+	while (!(co = atomic_load_explicit(&far_co, memory_order_acquire)))
+		sched_yield();
+	ioc_loop_set_current(other);
+	ioc_co_wake(co);
+	ioc_loop_set_current(l);
+	while (atomic_load_explicit(&far_done, memory_order_acquire) < 1)
+		sched_yield();
+	ASSERT_TRUE(far_same_thread);
+	ioc_iothread_stop(t);
+}
+
+/* ---- mixed wakes under load ---------------------------------------------- */
+
+/* Each round a coroutine awaits a completion delivered one of three ways:
+ * by a worker thread (posted), by a task on the home loop (direct), or by
+ * whichever home-thread code runs next -- another coroutine (deferred) or
+ * the main loop between polls (direct). */
+enum { MIX_CO = 8 };
+
+struct mix_req {
+	struct ioc_task task;
+	struct ioc_co_await *aw;
+	int64_t val;
+	struct mix_req *next;
+};
+
+static pthread_mutex_t mix_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mix_req *mix_remote;	/* under mix_lock */
+static struct mix_req *mix_local;	/* home thread only */
+static _Atomic bool mix_stop;
+static int mix_finished, mix_bad, mix_resumes;
+static pthread_t mix_home;
+
+static void mix_complete(struct mix_req *r)
+{
+	/* r is on the awaiting coroutine's stack: done() is the last touch. */
+	ioc_co_await_done(r->aw, r->val);
+}
+
+static void *mix_worker(void *arg)
+{
+	(void)arg;
+	while (!atomic_load_explicit(&mix_stop, memory_order_acquire)) {
+		struct mix_req *r;
+
+		pthread_mutex_lock(&mix_lock);
+		r = mix_remote;
+		mix_remote = NULL;
+		pthread_mutex_unlock(&mix_lock);
+		if (!r)
+			sched_yield();
+		while (r) {
+			struct mix_req *next = r->next;
+
+			mix_complete(r);
+			r = next;
+		}
+	}
+	return NULL;
+}
+
+static void mix_task(struct ioc_task *t)
+{
+	mix_complete(ioc_container_of(t, struct mix_req, task));
+}
+
+static void mix_drain_local(void)
+{
+	while (mix_local) {
+		struct mix_req *r = mix_local;
+
+		mix_local = r->next;
+		mix_complete(r);
+	}
+}
+
+struct mix_co {
+	int id;
+	int rounds;
+	struct ioc_loop *home;
+};
+
+static void ioc_coroutine_fn mix_fn(void *opaque)
+{
+	struct mix_co *m = opaque;
+
+	for (int i = 0; i < m->rounds; i++) {
+		struct ioc_co_await aw;
+		struct mix_req r = { .aw = &aw, .val = (int64_t)i * 31 + m->id };
+
+		ioc_co_await_init(&aw);
+		mix_drain_local();	/* others' completions, from a coroutine */
+		switch ((i + m->id) % 3) {
+		case 0:
+			pthread_mutex_lock(&mix_lock);
+			r.next = mix_remote;
+			mix_remote = &r;
+			pthread_mutex_unlock(&mix_lock);
+			break;
+		case 1:
+			r.task.fn = mix_task;
+			ioc_loop_post(m->home, &r.task);
+			break;
+		default:
+			r.next = mix_local;
+			mix_local = &r;
+			break;
+		}
+		if (ioc_co_await(&aw) != r.val)
+			mix_bad++;
+		if (!pthread_equal(pthread_self(), mix_home) ||
+		    ioc_loop_current() != m->home)
+			mix_bad++;
+		mix_resumes++;
+	}
+	mix_finished++;
+}
+
+static void test_wake_mixed_stress(void)
+{
+	struct ioc_loop *l = main_loop();
+	struct mix_co m[MIX_CO];
+	int rounds = (int)ioc_test_scaled(3000);
+	pthread_t w;
+
+	mix_home = pthread_self();
+	ioc_loop_poll(l, false);
+	ASSERT_EQ(pthread_create(&w, NULL, mix_worker, NULL), 0);
+	for (int i = 0; i < MIX_CO; i++) {
+		m[i] = (struct mix_co){ .id = i, .rounds = rounds, .home = l };
+		ioc_co_enter(ioc_co_create(mix_fn, &m[i]));
+	}
+	while (mix_finished < MIX_CO) {
+		mix_drain_local();	/* from outside any coroutine: direct */
+		ioc_loop_poll(l, false);
+	}
+	atomic_store_explicit(&mix_stop, true, memory_order_release);
+	pthread_join(w, NULL);
+	ASSERT_EQ(mix_bad, 0);
+	ASSERT_EQ(mix_resumes, MIX_CO * rounds);
+	ASSERT_TRUE(mix_local == NULL && mix_remote == NULL);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_wake_from_thread),
 	IOC_TEST(test_edges),
@@ -304,4 +617,9 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_sleep),
 	IOC_TEST(test_wait_fd),
 	IOC_TEST(test_await_races),
+	IOC_TEST(test_wake_direct),
+	IOC_TEST(test_wake_nested_deferred),
+	IOC_TEST(test_restart_all_direct),
+	IOC_TEST(test_wake_not_owner),
+	IOC_TEST(test_wake_mixed_stress),
 )

@@ -123,9 +123,10 @@ static bool blk_bench_flush_point(void)
 	return B.drain;
 }
 
-/* Keep depth requests in flight: each gets a fresh coroutine, started on
- * the loop (not entered from here, which would nest without bound when
- * requests complete at once). */
+/* Keep depth requests in flight: each gets a fresh coroutine, started by
+ * ioc_co_wake(): from a finishing request that posts it to the loop
+ * (entering it there would nest without bound when requests complete at
+ * once); from outside a coroutine it enters at once. */
 static void blk_bench_issue(void)
 {
 	while (B.to_submit && B.in_flight < B.depth && !B.in_flush) {
