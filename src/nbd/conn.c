@@ -15,7 +15,8 @@
  *   and parses every complete request in it (transmission.c), so one recv
  *   carries many requests.  A short recv means the socket is empty: no
  *   second recv just to see EAGAIN.  A large WRITE payload still arriving
- *   is received straight into its request buffer.
+ *   is received straight into its request buffer; after one, the next
+ *   header is received alone, so the next payload is too (no memcpy).
  * - One coroutine per request, from the coroutine pool, runs it against
  *   the block layer (a cached read on the inline fast path never yields)
  *   and queues the reply.  Handshake output travels in the same queue.
@@ -105,6 +106,8 @@ struct conn {
 	bool draining;                  /* server stopping: read until empty */
 	bool dead;                      /* socket unusable: drop replies */
 	bool started;                   /* registered with the loop */
+	bool hdr_first;                 /* a large WRITE just arrived: receive
+					 * the next request's header alone */
 
 	/* TLS (tls.c).  STARTTLS queues its ACK in the clear (ACKED); once
 	 * the ACK is out, the handshake (HANDSHAKE); then every byte goes
@@ -945,7 +948,7 @@ static void tx_process(struct conn *c)
 			}
 			break; /* need more input */
 		}
-		if (c->eof || ++reads > 4)
+		if (c->eof || (!c->hdr_first && ++reads > 4))
 			return;
 		/* A short read emptied the socket: stop here rather than pay a
 		 * recv that returns EAGAIN (the fd handler fires again when
@@ -967,13 +970,25 @@ static void tx_process(struct conn *c)
 				drained = (size_t)n < want && !tls_pending(c);
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, (size_t)n);
-				if (done)
+				if (done) {
 					start_request(c, done);
+					c->hdr_first = c->tls_state == TLS_NONE;
+				}
 				continue;
 			}
 		} else {
 			ioc__nbd_conn_compact(core);
 			want = core->in_cap - core->in_end;
+			/* After a large WRITE, another may follow: take its
+			 * header alone, so that its payload goes straight
+			 * into its buffer rather than through in[]. */
+			if (c->hdr_first && core->in_start == core->in_end) {
+				size_t hsz = core->extended ? NBD_EXT_REQUEST_SIZE
+							    : NBD_REQUEST_SIZE;
+				if (want > hsz)
+					want = hsz;
+			}
+			c->hdr_first = false;
 			n = conn_recv(c, core->in + core->in_end, want);
 			if (n > 0) {
 				drained = (size_t)n < want && !tls_pending(c);
