@@ -820,6 +820,54 @@ ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
 	return done ? (ssize_t)done : -EAGAIN;
 }
 
+/*
+ * Zero-copy writes' other half: the pipe's pages (a socket's, spliced in
+ * without a copy) are written to the file with one copy, into the page
+ * cache.  Only where a write cannot wait (tmpfs without swap, the rule of
+ * inline writes above) and never FUA: anything else is -ENOTSUP with the
+ * pipe untouched, for the caller to write the ordinary way.
+ */
+int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
+			 int pipe_fd, uint32_t flags)
+{
+	size_t done = 0;
+	int ret;
+
+	if (flags & ~IOC_BLK_FUA)
+		return -EINVAL;
+	if (blk->read_only)
+		return -EPERM;
+	if (offset > blk_size(blk) || len > blk_size(blk) - offset)
+		return -EINVAL;
+	if (!fast_write_ok(blk, flags) || blk->driver != IOC_BLK_DRIVER_FILE ||
+	    !(blk_caps(blk) & BLK_CAP_SPLICE))
+		return -ENOTSUP;
+	if (len == 0)
+		return 0;
+	ret = blk_dirty_prepare(blk, offset, len);
+	if (ret < 0)
+		return ret;
+	while (done < len) {
+		loff_t off = (loff_t)(offset + done);
+		ssize_t n = splice(pipe_fd, NULL, blk->fd, &off, len - done, 0);
+
+		if (n > 0) {
+			done += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		ret = n == 0 ? -EIO : -errno; /* n == 0: the pipe had less */
+		if (done == 0 && (ret == -EINVAL || ret == -EOPNOTSUPP)) {
+			blk_cap_clear(blk, BLK_CAP_SPLICE);
+			return -ENOTSUP;
+		}
+		blk_dirty_mark(blk, offset, len); /* as in ioc__blk_finish() */
+		return ret;
+	}
+	return blk_dirty_mark(blk, offset, len);
+}
+
 /* ---- coroutine API --------------------------------------------------- */
 
 struct co_call {

@@ -666,8 +666,40 @@ static void test_splice_read(void)
 	ASSERT_EQ(splice_check(blk, fd, 500 << 10, 100 << 10), 12 << 10);
 	ioc_blk_close(blk);
 
+	/* Writes from a pipe: the pipe's bytes land in the file. */
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	if (blk->never_waits) {
+		int p[2];
+		uint8_t *w = malloc(200000), *r = malloc(200000);
+
+		ASSERT_NOT_NULL(w);
+		ASSERT_NOT_NULL(r);
+		for (size_t i = 0; i < 200000; i++)
+			w[i] = (uint8_t)(i * 13 + 1);
+		ASSERT_OK(pipe2(p, O_CLOEXEC | O_NONBLOCK));
+		ASSERT_GE(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 1 << 20);
+		ASSERT_EQ(write(p[1], w, 200000), 200000);
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), 0); /* the probe */
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, 4096, p[0], IOC_BLK_FUA), -ENOTSUP);
+		ASSERT_EQ(ioc_blk_splice_write(blk, 1000, 200000, p[0], 0), 0);
+		ASSERT_EQ(pread(fd, r, 200000, 1000), 200000);
+		ASSERT_OK(memcmp(r, w, 200000));
+		/* A pipe holding less than len: an error, not a hang. */
+		ASSERT_EQ(write(p[1], w, 100), 100);
+		ASSERT_LT(ioc_blk_splice_write(blk, 0, 4096, p[0], 0), 0);
+		close(p[0]);
+		close(p[1]);
+		free(w);
+		free(r);
+	} else {
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP);
+	}
+	ASSERT_EQ(ioc_blk_splice_write(blk, (1 << 20) - 10, 20, -1, 0), -EINVAL);
+	ioc_blk_close(blk);
+
 	/* Where it can never be done. */
 	ASSERT_OK(ioc_blk_open(&blk, path, &nofast));
+	ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP);
 	ASSERT_EQ(splice_check(blk, fd, 0, 4096), -ENOTSUP);
 	ioc_blk_close(blk);
 	ASSERT_OK(ioc_blk_open(&blk, NULL, &null));
@@ -691,6 +723,7 @@ static void test_splice_read(void)
 	fd = open(path, O_RDONLY);
 	ASSERT_GE(fd, 0);
 	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP); /* may wait */
 	if (fast_way_works(path, BLK_FAST_CACHESTAT) && evict(fd, 0, 8192))
 		ASSERT_EQ(splice_check(blk, fd, 0, 8192), -EAGAIN);
 	ASSERT_EQ(pread(fd, (char[8192]){0}, 8192, 0), 8192); /* cache it */
