@@ -25,10 +25,10 @@
  *   per loop iteration, so a burst of completions costs one syscall.  A
  *   long batch is sent every IOC_NBD_FLUSH_EVERY replies, so the client
  *   works on the first replies while we parse on.  READ data is read
- *   straight into the buffer the reply iovec points at, or (in the clear,
- *   IOC_NBD_ZC_READ_MIN and up, cached) spliced into a pipe of this
- *   connection before its header is queued, then spliced to the socket:
- *   no copy in user space.  A socket refusing splice: copied, for good.
+ *   straight into the buffer the reply iovec points at, or (zc_read_min,
+ *   off by default: the client pays more than we save) spliced into a
+ *   pipe before its header is queued, then on to the socket.  A large
+ *   WRITE payload is spliced socket -> pipe -> file: one copy, not two.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
  *   reading until replies drain, so a client that never reads stalls only
@@ -51,8 +51,8 @@
  * - Edge-triggered sockets: no gain, and multishot polls post a CQE per
  *   client send where one-shot polls coalesce them.
  * - Reads through io_uring instead of the inline fast path, no adaptive
- *   polling, one I/O thread: each clearly slower.  MSG_ZEROCOPY from the
- *   read buffer: the read still copies, Unix and loopback sockets too.
+ *   polling, one I/O thread: each clearly slower.  MSG_ZEROCOPY: Unix
+ *   sockets refuse it, loopback TCP copies anyway and costs more.
  *
  * Cost notes.  Per connection ~1 KiB of state, a 128 KiB input buffer
  * (untouched pages are not resident), up to 16 pipes.  Per in-flight
@@ -66,6 +66,7 @@
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -108,6 +109,7 @@ struct conn {
 	bool started;                   /* registered with the loop */
 	bool hdr_first;                 /* a large WRITE just arrived: receive
 					 * the next request's header alone */
+	bool zc_wr_off;                 /* the socket refused to splice out */
 
 	/* TLS (tls.c).  STARTTLS queues its ACK in the clear (ACKED); once
 	 * the ACK is out, the handshake (HANDSHAKE); then every byte goes
@@ -212,16 +214,17 @@ static struct ioc__nbd_pipe *zc_get(struct ioc__nbd_req *r)
 	p->rfd = fds[0];
 	p->wfd = fds[1];
 	p->cap = (size_t)got;
+	p->fill = 0;
 	c->npipes++;
 	return p;
 }
 
 /* A pipe back from a request; one still holding data is closed. */
-static void zc_put(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p, bool empty)
+static void zc_put(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p)
 {
 	struct conn *c = r->transport;
 
-	if (!empty || c->nfree_pipes >= IOC_NBD_KEEP_PIPES) {
+	if (p->fill || c->nfree_pipes >= IOC_NBD_KEEP_PIPES) {
 		pipe_close(c, p);
 		return;
 	}
@@ -249,7 +252,7 @@ static void req_release(struct conn *c, struct ioc__nbd_req *r)
 	c->inflight--;
 	c->inflight_bytes -= req_bytes(r);
 	if (r->pipe) {
-		zc_put(r, r->pipe, r->iov_done >= r->iovcnt);
+		zc_put(r, r->pipe);
 		r->pipe = NULL;
 	}
 	free(r->ext);
@@ -395,9 +398,10 @@ static ssize_t pipe_to_buf(struct conn *c, struct ioc__nbd_req *r, const char **
 	}
 	ioc__nbd_log(c->t->srv, "%s: splice to the socket refused: copying", c->core.peer);
 	v->iov_base = r->buf;
-	zc_put(r, r->pipe, true);
+	r->pipe->fill = 0;
+	zc_put(r, r->pipe);
 	r->pipe = NULL;
-	c->core.zc_min = 0;
+	c->core.zc_read_min = 0;
 	return 0;
 }
 
@@ -416,8 +420,10 @@ static ssize_t send_pipe(struct conn *c, struct ioc__nbd_req *r, const char **ms
 		} else {
 			s = splice(r->pipe->rfd, NULL, c->fd, NULL, left, fl);
 		}
-		if (s > 0)
+		if (s > 0) {
+			r->pipe->fill -= (size_t)s;
 			return s;
+		}
 		if (s < 0 && errno == EINTR)
 			continue;
 		if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -903,6 +909,78 @@ static void hs_process(struct conn *c)
 	}
 }
 
+/* A large WRITE's payload may be spliced from the socket into a pipe
+ * (page references, no copy) and written from there with one copy. */
+static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
+{
+	const struct ioc__nbd_export *e = c->core.exp;
+
+	/* A zero length asks the backend whether it would write this. */
+	return p->type == NBD_CMD_WRITE && c->core.zc_write_min && p->len >= c->core.zc_write_min &&
+	       c->tls_state == TLS_NONE && !c->zc_wr_off && e->ops->splice_write &&
+	       e->ops->splice_write(e->be, p->offset, 0, -1,
+				    (p->flags & NBD_CMD_FLAG_FUA) ? IOC_NBD_BE_FUA : 0) == 0;
+}
+
+/* Move what p's pipe holds (all of the payload received so far) into
+ * p->buf and give the pipe back: the payload goes on the ordinary way. */
+static ssize_t pipe_back_to_buf(struct conn *c, struct ioc__nbd_req *p)
+{
+	size_t got = 0, want = (size_t)c->core.partial_got;
+
+	while (got < want) {
+		ssize_t n = read(p->pipe->rfd, p->buf + got, want - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -EIO;
+		got += (size_t)n;
+	}
+	p->pipe->fill = 0;
+	zc_put(p, p->pipe);
+	p->pipe = NULL;
+	return -ENOTSUP;
+}
+
+/* Splice up to want bytes of p's payload from the socket into its pipe.
+ * Bytes, 0 at EOF, -EAGAIN, -ENOTSUP (the payload so far moved to p->buf:
+ * go on with recv), or -errno. */
+static ssize_t recv_to_pipe(struct conn *c, struct ioc__nbd_req *p, size_t want)
+{
+	for (;;) {
+		ssize_t n;
+
+		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
+			n = -1;
+			errno = EINVAL;
+		} else {
+			n = splice(c->fd, NULL, p->pipe->wfd, NULL, want, SPLICE_F_NONBLOCK);
+		}
+		if (n > 0)
+			p->pipe->fill += (size_t)n;
+		if (n >= 0)
+			return n;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN) {
+			int avail = 0;
+
+			/* Many small segments can fill the pipe's slots
+			 * before the payload is in: the socket still has
+			 * bytes then, and this payload takes the copy. */
+			if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0)
+				return pipe_back_to_buf(c, p);
+			return -EAGAIN;
+		}
+		if (errno == EINVAL || errno == EOPNOTSUPP) {
+			c->zc_wr_off = true;
+			return pipe_back_to_buf(c, p);
+		}
+		return -errno;
+	}
+}
+
 /* Decrypted input waits inside GnuTLS: the socket may be empty, so do
  * not wait for it to become readable. */
 static bool tls_pending(struct conn *c)
@@ -958,11 +1036,29 @@ static void tx_process(struct conn *c)
 				c->eof = true;
 			return;
 		}
-		/* A big payload still arriving goes straight into its buffer. */
+		/* A big payload still arriving goes straight into its pipe
+		 * (see recv_to_pipe()) or into its buffer. */
 		struct ioc__nbd_req *p = core->partial;
 		ssize_t n;
 		size_t want;
 		if (p && !p->error && core->in_start == core->in_end &&
+		    (p->pipe || (core->partial_got == 0 && zc_write_ok(c, p) &&
+				 (p->pipe = zc_get(p))))) {
+			want = (size_t)(p->len - core->partial_got);
+			n = recv_to_pipe(c, p, want);
+			if (n == -ENOTSUP)
+				continue; /* now in buf: on the ordinary way */
+			if (n > 0) {
+				drained = (size_t)n < want;
+				struct ioc__nbd_req *done =
+					ioc__nbd_payload_arrived(core, (size_t)n);
+				if (done) {
+					start_request(c, done);
+					c->hdr_first = true;
+				}
+				continue;
+			}
+		} else if (p && !p->error && core->in_start == core->in_end &&
 		    p->len - core->partial_got >= 65536) {
 			want = (size_t)(p->len - core->partial_got);
 			n = conn_recv(c, p->buf + core->partial_got, want);
@@ -1099,14 +1195,16 @@ static void conn_destroy(struct conn *c)
 	}
 	free(c->tls_out);
 	close(c->fd);
+	if (c->core.partial) {
+		if (c->core.partial->pipe)
+			zc_put(c->core.partial, c->core.partial->pipe);
+		req_free(c->core.partial);
+		c->core.partial = NULL;
+	}
 	while (c->pipes) {
 		struct ioc__nbd_pipe *p = c->pipes;
 		c->pipes = p->next;
 		pipe_close(c, p);
-	}
-	if (c->core.partial) {
-		req_free(c->core.partial);
-		c->core.partial = NULL;
 	}
 	while (c->free_reqs) {
 		struct ioc__nbd_req *r = c->free_reqs;
@@ -1175,7 +1273,8 @@ static void conn_start(struct ioc_task *task)
 	if (srv->opts.log)
 		format_peer(c->core.peer, sizeof(c->core.peer), c->fd);
 	c->page = (size_t)sysconf(_SC_PAGESIZE);
-	c->core.zc_min = srv->zc_min;
+	c->core.zc_read_min = srv->zc_read_min;
+	c->core.zc_write_min = srv->zc_write_min;
 	c->core.zc_get = zc_get;
 	c->core.zc_put = zc_put;
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);

@@ -39,6 +39,13 @@ static ssize_t be_splice_read(void *be, uint64_t off, size_t len, int pipe_fd,
 	return ioc_blk_splice_read(be, off, len, pipe_fd, 0);
 }
 
+static int be_splice_write(void *be, uint64_t off, size_t len, int pipe_fd,
+			   uint32_t flags)
+{
+	return ioc_blk_splice_write(be, off, len, pipe_fd,
+				    (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
+}
+
 static int ioc_coroutine_fn be_flush(void *be, uint32_t flags)
 {
 	return ioc_blk_co_flush(be, 0);
@@ -122,6 +129,7 @@ static const struct ioc__nbd_backend_ops blk_ops = {
 	.dirty_names = be_dirty_names,
 	.dirty_status = be_dirty_status,
 	.splice_read = be_splice_read,
+	.splice_write = be_splice_write,
 };
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,

@@ -149,7 +149,7 @@
 #define IOC_NBD_MAX_EXTENTS       (1u << 17)      /* block status descriptors per chunk */
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
 #define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
-#define IOC_NBD_ZC_READ_MIN       (64u << 10)     /* reads this large are spliced (conn.c) */
+#define IOC_NBD_ZC_WRITE_MIN      (64u << 10)     /* writes this large are spliced (conn.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16
 
 /* ---- big-endian access to unaligned bytes ------------------------------ */
@@ -242,6 +242,12 @@ struct ioc__nbd_backend_ops {
 	 * caller then reads the ordinary way.  Flags 0. */
 	ssize_t (*splice_read)(void *be, uint64_t offset, size_t len, int pipe_fd,
 			       uint32_t flags);
+	/* Zero-copy writes (NULL: none): write len bytes taken from the pipe
+	 * pipe_fd at offset; 0, -ENOTSUP with the pipe untouched (write the
+	 * ordinary way), or -errno.  IOC_NBD_BE_FUA allowed.  len 0 asks
+	 * whether it would be done: 0 or -ENOTSUP. */
+	int (*splice_write)(void *be, uint64_t offset, size_t len, int pipe_fd,
+			    uint32_t flags);
 };
 
 struct ioc__nbd_export {
@@ -280,6 +286,7 @@ struct ioc__nbd_cfg {
 struct ioc__nbd_pipe {
 	int rfd, wfd;
 	size_t cap;                     /* bytes it holds at most */
+	size_t fill;                    /* bytes in it (SIZE_MAX: unknown) */
 	struct ioc__nbd_pipe *next;     /* the transport's free list */
 };
 
@@ -305,7 +312,8 @@ struct ioc__nbd_req {
 
 	void *transport;                /* the transport's per-request object */
 	/* READ data spliced into a pipe instead of buf: the reply iovec
-	 * with a NULL base stands for the pipe's contents. */
+	 * with a NULL base stands for the pipe's contents.  WRITE: the
+	 * payload, spliced in from the socket by the transport. */
 	struct ioc__nbd_pipe *pipe;
 };
 
@@ -359,13 +367,15 @@ struct ioc__nbd_conn {
 	char peer[64];                  /* for logs */
 
 	/* Zero-copy READs, set by a transport that can send from a pipe
-	 * (0 / NULL: never).  A READ of at least zc_min bytes in the clear
+	 * (0 / NULL: never).  A READ of at least zc_read_min bytes in the clear
 	 * asks zc_get() for a pipe able to hold its data (NULL: none free),
-	 * splices the data into it, and gives it back with zc_put() (empty
-	 * says whether it holds nothing) when that fell short. */
-	size_t zc_min;
+	 * splices the data into it, and gives it back with zc_put() when
+	 * that fell short.  A WRITE whose payload the transport spliced into
+	 * a pipe (the transport's choice, from zc_write_min up) gives it
+	 * back once written. */
+	size_t zc_read_min, zc_write_min;
 	struct ioc__nbd_pipe *(*zc_get)(struct ioc__nbd_req *r);
-	void (*zc_put)(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p, bool empty);
+	void (*zc_put)(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p);
 };
 
 /* Input bytes received and not yet consumed. */

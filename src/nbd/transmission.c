@@ -10,7 +10,7 @@
  *   is a hard disconnect, since draining gigabytes would be a DoS vector.
  * - READ data is read by the backend straight into req->buf, which the
  *   reply iovec then points at: no copy between block layer and socket.
- *   A transport that sets zc_min offers a pipe instead for large reads in
+ *   A transport that sets zc_read_min offers a pipe instead for large reads in
  *   the clear; the backend splices the data into it (page references, no
  *   copy) and the iovec with a NULL base stands for the pipe.  All the
  *   data is in the pipe before the reply is built, or the read is done
@@ -34,6 +34,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "nbd-proto.h"
 
@@ -329,12 +330,13 @@ static bool read_to_pipe(const struct ioc__nbd_conn *c, struct ioc__nbd_req *r)
 	const struct ioc__nbd_export *e = c->exp;
 	struct ioc__nbd_pipe *p;
 
-	if (!c->zc_min || r->len < c->zc_min || c->tls || !e->ops->splice_read ||
+	if (!c->zc_read_min || r->len < c->zc_read_min || c->tls || !e->ops->splice_read ||
 	    !(p = c->zc_get(r)))
 		return false;
 	ssize_t n = e->ops->splice_read(e->be, r->offset, (size_t)r->len, p->wfd, 0);
+	p->fill = n > 0 ? (size_t)n : 0;
 	if (n != (ssize_t)r->len) {
-		c->zc_put(r, p, n <= 0);
+		c->zc_put(r, p);
 		return false;
 	}
 	r->pipe = p;
@@ -608,6 +610,40 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 	}
 }
 
+/* A WRITE whose payload the transport spliced into a pipe: written from
+ * there (one copy, in the kernel), else read out into buf and written the
+ * ordinary way.  The pipe goes back to the transport either way. */
+static int ioc_coroutine_fn write_from_pipe(const struct ioc__nbd_conn *c,
+					    struct ioc__nbd_req *r, uint32_t f)
+{
+	const struct ioc__nbd_export *e = c->exp;
+	struct ioc__nbd_pipe *p = r->pipe;
+	int ret = e->ops->splice_write ?
+		  e->ops->splice_write(e->be, r->offset, (size_t)r->len, p->rfd, f) : -ENOTSUP;
+
+	if (ret != -ENOTSUP) {
+		p->fill = ret == 0 ? 0 : SIZE_MAX;
+	} else {
+		size_t got = 0;
+
+		while (got < r->len) {
+			ssize_t n = read(p->rfd, r->buf + got, (size_t)r->len - got);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+		}
+		p->fill = 0;
+		ret = got == r->len ? e->ops->pwrite(e->be, r->offset, r->buf, r->len, f)
+				    : -EIO;
+	}
+	r->pipe = NULL;
+	c->zc_put(r, p);
+	return ret;
+}
+
 void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 				       struct ioc__nbd_req *r)
 {
@@ -633,7 +669,10 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 			read_plain(c, r);
 		return;
 	case NBD_CMD_WRITE:
-		ret = e->ops->pwrite(e->be, r->offset, r->buf, r->len, f);
+		if (r->pipe)
+			ret = write_from_pipe(c, r, f);
+		else
+			ret = e->ops->pwrite(e->be, r->offset, r->buf, r->len, f);
 		reply_status(c, r, ret, "write failed");
 		return;
 	case NBD_CMD_FLUSH:
