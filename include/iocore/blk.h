@@ -107,6 +107,30 @@ int ioc_coroutine_fn ioc_blk_co_write_zeroes(struct ioc_blk *blk, uint64_t offse
 int ioc_coroutine_fn ioc_blk_co_block_status(struct ioc_blk *blk, uint64_t offset,
 					     uint64_t len, uint64_t *pnum, uint32_t flags);
 
+/*
+ * Splice up to len bytes at offset into the pipe pipe_fd without copying
+ * them (the pipe holds page-cache pages), inline, never waiting for I/O.
+ * Returns the bytes spliced (short at the end of file or when the pipe is
+ * full), -EAGAIN when the range is not all cached (read it the ordinary
+ * way), -ENOTSUP when this image can never do it (cache=none, the null
+ * driver, a file system without splice, the fast path off, a fault hook),
+ * -EINVAL for a range outside the image or unknown flags, or another
+ * -errno.  Thread-safe like the other calls.
+ */
+ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
+			    int pipe_fd, uint32_t flags);
+
+/*
+ * Write len bytes taken from the pipe pipe_fd at offset (one copy, into
+ * the page cache), inline.  Returns 0; -ENOTSUP with the pipe untouched
+ * where it cannot be done without waiting (all but tmpfs without swap,
+ * FUA, cache=none, the null driver, a fault hook; write the ordinary way
+ * then); or -errno, the pipe then in an unknown state (a non-blocking
+ * pipe holding less than len: -EAGAIN; a blocking one would wait).
+ */
+int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
+			 int pipe_fd, uint32_t flags);
+
 /* Callback API.  The embedded request is valid from submit until cb
  * returns; cb runs on the submitting loop with 0 or -errno. */
 struct ioc_blk_req;

@@ -31,6 +31,7 @@ enum {
 	BLK_CAP_NOWAIT     = 1u << 3, /* preadv2 RWF_NOWAIT */
 	BLK_CAP_ALLOC      = 1u << 4, /* fallocate mode 0 (KEEP_SIZE) */
 	BLK_CAP_CACHESTAT  = 1u << 5, /* cachestat(2), fast path without NOWAIT */
+	BLK_CAP_SPLICE     = 1u << 6, /* splice(2) from the image to a pipe */
 };
 
 /*

@@ -9,20 +9,20 @@
  * cache in a microsecond, pays a coroutine switch and a loop round trip.
  *
  * The design.  A request is a struct blk_req embedded in the caller's
- * struct ioc_blk_req (or on the coroutine's stack), so nothing is
- * allocated on the hot path.  Its life is:
+ * struct ioc_blk_req (or on the coroutine's stack): no allocation.  Life:
  *
  *   validate -> [fast path] -> [track] -> [bounce] -> backend attempt(s)
  *            -> finish (copy-out, untrack) -> caller's callback
  *
  * This file validates, tracks, bounces and dispatches; the backends
- * (blk-uring.c, blk-threads.c) run attempts; request.c, below both, holds
- * what every backend shares (short transfers, completion).
+ * (blk-uring.c, blk-threads.c) run attempts; request.c, below both, what
+ * every backend shares (short transfers, completion).
  * - Fast path (reads, cache=writeback): preadv2(RWF_NOWAIT) inline; a short
  *   hit continues asynchronously.  A per-image credit stops a workload that
  *   never hits from paying for the syscall (probing one request in 32).
  *   Without RWF_NOWAIT (tmpfs) cachestat(2) says whether the range is
- *   cached; tmpfs without swap needs neither, for reads or writes.
+ *   cached; tmpfs without swap needs neither, for reads or writes.  Under
+ *   the same rules ioc_blk_splice_read() hands cached pages to a pipe.
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (one io_uring_enter per loop iteration), else the loop's thread pool,
  *   which also takes what io_uring cannot express cheaply (ioctls, the
@@ -55,8 +55,8 @@
  *
  * Cost notes.  A fast-path hit is one preadv2, no allocation, about half
  * the CPU of a request through io_uring or the pool (bench/blk/NOTES.md).
- * The fault hook costs a branch when unset.  cache=none tracking: a mutex round trip and an O(queue depth)
- * scan per write.
+ * Fault hook: a branch when unset.  cache=none tracking: a mutex round trip
+ * and an O(queue depth) scan per write.
  */
 #include <assert.h>
 #include <errno.h>
@@ -188,7 +188,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 	blk->null_read_zeroes = opts->null_read_zeroes;
 	atomic_init(&blk->caps, BLK_CAP_PUNCH | BLK_CAP_ZERO_RANGE |
 		    BLK_CAP_DSYNC | BLK_CAP_NOWAIT | BLK_CAP_ALLOC |
-		    BLK_CAP_CACHESTAT);
+		    BLK_CAP_CACHESTAT | BLK_CAP_SPLICE);
 	atomic_init(&blk->fp_credit, FP_CREDIT_MAX);
 	atomic_init(&blk->data_seq, 0);
 	atomic_init(&blk->data_start, 0);
@@ -671,8 +671,7 @@ struct blk_cachestat {
  * for the time of a page-in: a bounded, rare cost accepted for a fast path
  * on such file systems.  Returns what preadv returned, or -EAGAIN.
  */
-static ssize_t cached_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
-			   const struct iovec *iov, int iovcnt)
+static bool range_cached(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 {
 	static long page_size;
 	struct blk_cachestat_range range;
@@ -688,9 +687,15 @@ static ssize_t cached_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
 	if (syscall(__NR_cachestat, blk->fd, &range, &cs, 0) < 0) {
 		if (errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF)
 			blk_cap_clear(blk, BLK_CAP_CACHESTAT);
-		return -EAGAIN;
+		return false;
 	}
-	if (cs.nr_cache < last - first + 1)
+	return cs.nr_cache >= last - first + 1;
+}
+
+static ssize_t cached_read(struct ioc_blk *blk, uint64_t offset, uint64_t len,
+			   const struct iovec *iov, int iovcnt)
+{
+	if (!range_cached(blk, offset, len))
 		return -EAGAIN;
 	return preadv(blk->fd, iov, iovcnt, (off_t)offset);
 }
@@ -761,6 +766,106 @@ static inline bool fast_write_ok(struct ioc_blk *blk, uint32_t flags)
 {
 	return blk->never_waits && blk->fast_path && !blk->fault &&
 		!(flags & IOC_BLK_FUA);
+}
+
+/*
+ * Zero-copy reads: the pipe takes references to the page-cache pages, so
+ * the caller can splice them on to a socket without the data ever being
+ * copied through user space.  Inline like the fast path and under the
+ * same rules (buffered file, no fault hook, fast path on); a range not
+ * wholly cached is refused rather than read, since splice(2) has no
+ * RWF_NOWAIT and would block the loop on the disk.  Reads nothing past
+ * the end of file (a short count, where preadv would zero-fill).  The
+ * data is what the file holds at the time of the call: a later write to
+ * the range changes what the pipe's pages show, as it would for a read
+ * still in flight.
+ */
+ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
+			    int pipe_fd, uint32_t flags)
+{
+	size_t done = 0;
+
+	if (flags || offset > blk_size(blk) || len > blk_size(blk) - offset)
+		return -EINVAL;
+	if (blk->fault || blk->o_direct || blk->driver != IOC_BLK_DRIVER_FILE ||
+	    !blk->fast_path || !(blk_caps(blk) & BLK_CAP_SPLICE))
+		return -ENOTSUP;
+	if (len == 0)
+		return 0;
+	if (!blk->never_waits &&
+	    (!(blk_caps(blk) & BLK_CAP_CACHESTAT) || !range_cached(blk, offset, len)))
+		return -EAGAIN;
+	while (done < len) {
+		loff_t off = (loff_t)(offset + done);
+		ssize_t n = splice(blk->fd, &off, pipe_fd, NULL, len - done,
+				   SPLICE_F_NONBLOCK);
+
+		if (n > 0) {
+			done += (size_t)n;
+			continue;
+		}
+		if (n == 0)
+			break; /* end of file */
+		if (errno == EINTR)
+			continue;
+		if (done > 0 || errno == EAGAIN)
+			break; /* the pipe is full */
+		if (errno == EINVAL || errno == EOPNOTSUPP) {
+			/* This file system cannot splice: never again. */
+			blk_cap_clear(blk, BLK_CAP_SPLICE);
+			return -ENOTSUP;
+		}
+		return -errno;
+	}
+	return done ? (ssize_t)done : -EAGAIN;
+}
+
+/*
+ * Zero-copy writes' other half: the pipe's pages (a socket's, spliced in
+ * without a copy) are written to the file with one copy, into the page
+ * cache.  Only where a write cannot wait (tmpfs without swap, the rule of
+ * inline writes above) and never FUA: anything else is -ENOTSUP with the
+ * pipe untouched, for the caller to write the ordinary way.
+ */
+int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
+			 int pipe_fd, uint32_t flags)
+{
+	size_t done = 0;
+	int ret;
+
+	if (flags & ~IOC_BLK_FUA)
+		return -EINVAL;
+	if (blk->read_only)
+		return -EPERM;
+	if (offset > blk_size(blk) || len > blk_size(blk) - offset)
+		return -EINVAL;
+	if (!fast_write_ok(blk, flags) || blk->driver != IOC_BLK_DRIVER_FILE ||
+	    !(blk_caps(blk) & BLK_CAP_SPLICE))
+		return -ENOTSUP;
+	if (len == 0)
+		return 0;
+	ret = blk_dirty_prepare(blk, offset, len);
+	if (ret < 0)
+		return ret;
+	while (done < len) {
+		loff_t off = (loff_t)(offset + done);
+		ssize_t n = splice(pipe_fd, NULL, blk->fd, &off, len - done, 0);
+
+		if (n > 0) {
+			done += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		ret = n == 0 ? -EIO : -errno; /* n == 0: the pipe had less */
+		if (done == 0 && (ret == -EINVAL || ret == -EOPNOTSUPP)) {
+			blk_cap_clear(blk, BLK_CAP_SPLICE);
+			return -ENOTSUP;
+		}
+		blk_dirty_mark(blk, offset, len); /* as in ioc__blk_finish() */
+		return ret;
+	}
+	return blk_dirty_mark(blk, offset, len);
 }
 
 /* ---- coroutine API --------------------------------------------------- */

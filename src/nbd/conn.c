@@ -2,32 +2,33 @@
  * One NBD connection on its I/O thread: reading and parsing, a coroutine
  * per request, gathered replies, bounds, and the end of the connection.
  *
- * Problem.  A client pipelines many small requests; a hostile one sends
- * garbage, never reads, or stalls mid-message.  Per request the server
- * must spend as little CPU as possible (the client competes for the same
- * cores), and no client may hurt another.
+ * Problem.  A client pipelines many requests; a hostile one sends garbage,
+ * never reads, or stalls mid-message.  Per request the server must spend
+ * as little CPU as possible (the client competes for the same cores), and
+ * no client may hurt another.
  *
  * Design.
  * - A connection belongs to one I/O thread for its whole life (server.c
- *   hands the socket over with an embedded task).  Everything here runs on
- *   that thread, in fd handlers, a bottom half and request coroutines: no
- *   lock on the data path.
+ *   hands it over with a task); all here runs on that thread, in fd
+ *   handlers, a bottom half and request coroutines: no lock.
  * - Reading: the fd handler recv()s as much as fits into the input buffer
  *   and parses every complete request in it (transmission.c), so one recv
  *   carries many requests.  A short recv means the socket is empty: no
  *   second recv just to see EAGAIN.  A large WRITE payload still arriving
- *   is received straight into its request buffer.
- * - One coroutine per request, from the coroutine pool.  It runs the
- *   request against the block layer (a cached read on the block layer's
- *   inline fast path never yields) and queues the reply.  Handshake output
- *   travels in the same queue.
+ *   is received straight into its request buffer; after one, the next
+ *   header is received alone, so the next payload is too (no memcpy).
+ * - One coroutine per request, from the coroutine pool, runs it against
+ *   the block layer (a cached read on the inline fast path never yields)
+ *   and queues the reply.  Handshake output travels in the same queue.
  * - Writing: queued replies go out together in one sendmsg() of up to 64
  *   iovecs, right after a parse batch or from a bottom half that runs once
  *   per loop iteration, so a burst of completions costs one syscall.  A
  *   long batch is sent every IOC_NBD_FLUSH_EVERY replies, so the client
  *   works on the first replies while we parse on.  READ data is read
- *   straight into the buffer the reply iovec points at.  Socket buffers
- *   are enlarged so 64 replies fit.
+ *   straight into the buffer the reply iovec points at, or (zc_read_min,
+ *   off by default: the client pays more than we save) spliced into a
+ *   pipe before its header is queued, then on to the socket.  A large
+ *   WRITE payload is spliced socket -> pipe -> file: one copy, not two.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
  *   reading until replies drain, so a client that never reads stalls only
@@ -39,9 +40,9 @@
  *   GnuTLS already decrypted raise no readiness event, so the short-read
  *   shortcut is off while GnuTLS holds input and the bottom half returns.
  * - The end: EOF or NBD_CMD_DISC stop reading; the connection is freed
- *   once every request it started has been answered (or dropped, when the
- *   socket is dead).  On server shutdown it first reads until the socket
- *   is empty once, so everything the client already sent is answered.
+ *   once every request it started is answered (or dropped: dead socket).
+ *   On server shutdown it first reads until the socket is empty once, so
+ *   everything the client already sent is answered.
  *
  * Alternatives rejected (measurements in bench/nbd/NOTES.md).
  * - A coroutine per connection reading requests in a loop (QEMU): a
@@ -50,20 +51,22 @@
  * - Edge-triggered sockets: no gain, and multishot polls post a CQE per
  *   client send where one-shot polls coalesce them.
  * - Reads through io_uring instead of the inline fast path, no adaptive
- *   polling, one I/O thread: each clearly slower.
+ *   polling, one I/O thread: each clearly slower.  MSG_ZEROCOPY: Unix
+ *   sockets refuse it, loopback TCP copies anyway and costs more.
  *
- * Cost notes.  Per connection ~1 KiB of state plus a 128 KiB input buffer
- * (untouched pages are not resident).  Per in-flight request the request
- * object (~1.5 KiB, recycled through a per-connection free list) and its
- * data buffer.  What is left per request is kernel work: two copies and
- * a page-cache lookup.
+ * Cost notes.  Per connection ~1 KiB of state, a 128 KiB input buffer
+ * (untouched pages are not resident), up to 16 pipes.  Per in-flight
+ * request the request object (~1.5 KiB, recycled) and its data buffer.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,6 +82,8 @@
 #define IOC_NBD_KEEP_BUF        (1u << 20)
 #define IOC_NBD_REQ_HS          0xffff /* a request carrying handshake output */
 #define IOC_NBD_TLS_RECORD      16384  /* TLS's largest record payload */
+#define IOC_NBD_PIPES           16     /* zero-copy pipes per connection */
+#define IOC_NBD_KEEP_PIPES      8      /* of which kept idle */
 
 struct conn {
 	struct ioc__nbd_conn core;
@@ -102,6 +107,9 @@ struct conn {
 	bool draining;                  /* server stopping: read until empty */
 	bool dead;                      /* socket unusable: drop replies */
 	bool started;                   /* registered with the loop */
+	bool hdr_first;                 /* a large WRITE just arrived: receive
+					 * the next request's header alone */
+	bool zc_wr_off;                 /* the socket refused to splice out */
 
 	/* TLS (tls.c).  STARTTLS queues its ACK in the clear (ACKED); once
 	 * the ACK is out, the handshake (HANDSHAKE); then every byte goes
@@ -111,6 +119,12 @@ struct conn {
 	bool tls_want_write;            /* GnuTLS waits to write */
 	uint8_t *tls_out;               /* plaintext handed to GnuTLS: one record */
 	size_t tls_out_off, tls_out_len;
+
+	/* Zero-copy reads: idle pipes, and how many are open in all. */
+	struct ioc__nbd_pipe *pipes;
+	unsigned npipes, nfree_pipes;
+	size_t pipe_refused;            /* a pipe size the kernel refused, or 0 */
+	size_t page;
 
 	struct ioc__nbd_stats st;       /* this connection's requests */
 };
@@ -153,6 +167,72 @@ static struct ioc__nbd_req *req_alloc(void *opaque, size_t len)
 	return r;
 }
 
+/* ---- zero-copy pipes ----------------------------------------------------------- */
+
+static void pipe_close(struct conn *c, struct ioc__nbd_pipe *p)
+{
+	close(p->rfd);
+	close(p->wfd);
+	free(p);
+	c->npipes--;
+}
+
+/* A pipe for r's data: every page the read touches takes one slot. */
+static struct ioc__nbd_pipe *zc_get(struct ioc__nbd_req *r)
+{
+	struct conn *c = r->transport;
+	size_t need = (size_t)((r->offset & (c->page - 1)) + r->len + c->page - 1) &
+		      ~(c->page - 1);
+	struct ioc__nbd_pipe **pp, *p;
+	int fds[2];
+
+	for (pp = &c->pipes; (p = *pp); pp = &p->next) {
+		if (p->cap >= need) {
+			*pp = p->next;
+			c->nfree_pipes--;
+			return p;
+		}
+	}
+	if (c->npipes >= IOC_NBD_PIPES || (c->pipe_refused && need >= c->pipe_refused))
+		return NULL;
+	if (!(p = malloc(sizeof(*p))))
+		return NULL;
+	if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) < 0) {
+		free(p);
+		return NULL;
+	}
+	/* Beyond fs.pipe-max-size, or the user's pipe pages, the kernel
+	 * refuses: such reads (and larger ones) are copied from then on. */
+	int got = need > INT_MAX ? -1 : fcntl(fds[1], F_SETPIPE_SZ, (int)need);
+	if (got < 0 || (size_t)got < need) {
+		c->pipe_refused = need;
+		close(fds[0]);
+		close(fds[1]);
+		free(p);
+		return NULL;
+	}
+	p->rfd = fds[0];
+	p->wfd = fds[1];
+	p->cap = (size_t)got;
+	p->fill = 0;
+	c->npipes++;
+	return p;
+}
+
+/* A pipe back from a request; one still holding data is closed. */
+static void zc_put(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p)
+{
+	struct conn *c = r->transport;
+
+	if (p->fill || c->nfree_pipes >= IOC_NBD_KEEP_PIPES) {
+		pipe_close(c, p);
+		return;
+	}
+	p->next = c->pipes;
+	c->pipes = p;
+	c->nfree_pipes++;
+}
+
 static void req_free(struct ioc__nbd_req *r)
 {
 	free(r->buf);
@@ -171,6 +251,10 @@ static void req_release(struct conn *c, struct ioc__nbd_req *r)
 {
 	c->inflight--;
 	c->inflight_bytes -= req_bytes(r);
+	if (r->pipe) {
+		zc_put(r, r->pipe);
+		r->pipe = NULL;
+	}
 	free(r->ext);
 	r->ext = NULL;
 	if (c->nfree >= IOC_NBD_FREE_REQS || r->buf_cap > IOC_NBD_KEEP_BUF) {
@@ -292,15 +376,83 @@ static ssize_t send_tls(struct conn *c, const char **msg)
 	return s;
 }
 
-/* In the clear: as many queued replies as one sendmsg takes. */
+/* The socket refused splice(2) (EINVAL, EOPNOTSUPP): read what is left
+ * of r's pipe into r->buf, where the reply iovec then points, and copy
+ * from now on on this connection.  Returns 0 (nothing sent) or -errno. */
+static ssize_t pipe_to_buf(struct conn *c, struct ioc__nbd_req *r, const char **msg)
+{
+	struct iovec *v = &r->iov[r->iov_done];
+	size_t at = r->iov_off, left = v->iov_len - at;
+
+	while (left) {
+		ssize_t n = read(r->pipe->rfd, r->buf + at, left);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			*msg = "reply data lost from its pipe";
+			return -EIO;
+		}
+		at += (size_t)n;
+		left -= (size_t)n;
+	}
+	ioc__nbd_log(c->t->srv, "%s: splice to the socket refused: copying", c->core.peer);
+	v->iov_base = r->buf;
+	r->pipe->fill = 0;
+	zc_put(r, r->pipe);
+	r->pipe = NULL;
+	c->core.zc_read_min = 0;
+	return 0;
+}
+
+/* The head request's data, from its pipe to the socket. */
+static ssize_t send_pipe(struct conn *c, struct ioc__nbd_req *r, const char **msg)
+{
+	size_t left = r->iov[r->iov_done].iov_len - r->iov_off;
+	unsigned fl = SPLICE_F_NONBLOCK | (r->next ? SPLICE_F_MORE : 0);
+
+	for (;;) {
+		ssize_t s;
+
+		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
+			s = -1;
+			errno = EINVAL;
+		} else {
+			s = splice(r->pipe->rfd, NULL, c->fd, NULL, left, fl);
+		}
+		if (s > 0) {
+			r->pipe->fill -= (size_t)s;
+			return s;
+		}
+		if (s < 0 && errno == EINTR)
+			continue;
+		if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return -EAGAIN;
+		if (s < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
+			return pipe_to_buf(c, r, msg);
+		*msg = s == 0 ? "reply data lost from its pipe" : strerror(errno);
+		return s == 0 ? -EIO : -errno;
+	}
+}
+
+/* In the clear: as many queued replies as one sendmsg takes, up to the
+ * first whose data waits in a pipe; that data then goes by splice(2). */
 static ssize_t send_plain(struct conn *c, const char **msg)
 {
 	struct iovec iov[IOC_NBD_SEND_IOV];
-	int n = ioc__nbd_gather(c->sq_head, iov, IOC_NBD_SEND_IOV);
+	bool at_pipe;
+
+	if (ioc__nbd_at_pipe(c->sq_head))
+		return send_pipe(c, c->sq_head, msg);
+
+	int n = ioc__nbd_gather_upto_pipe(c->sq_head, iov, IOC_NBD_SEND_IOV, &at_pipe);
 	struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
 
 	for (;;) {
-		ssize_t s = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+		/* MSG_MORE: a header whose data follows by splice is not
+		 * pushed out alone (TCP). */
+		ssize_t s = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT |
+				    (at_pipe ? MSG_MORE : 0));
 
 		if (s >= 0)
 			return s;
@@ -757,6 +909,78 @@ static void hs_process(struct conn *c)
 	}
 }
 
+/* A large WRITE's payload may be spliced from the socket into a pipe
+ * (page references, no copy) and written from there with one copy. */
+static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
+{
+	const struct ioc__nbd_export *e = c->core.exp;
+
+	/* A zero length asks the backend whether it would write this. */
+	return p->type == NBD_CMD_WRITE && c->core.zc_write_min && p->len >= c->core.zc_write_min &&
+	       c->tls_state == TLS_NONE && !c->zc_wr_off && e->ops->splice_write &&
+	       e->ops->splice_write(e->be, p->offset, 0, -1,
+				    (p->flags & NBD_CMD_FLAG_FUA) ? IOC_NBD_BE_FUA : 0) == 0;
+}
+
+/* Move what p's pipe holds (all of the payload received so far) into
+ * p->buf and give the pipe back: the payload goes on the ordinary way. */
+static ssize_t pipe_back_to_buf(struct conn *c, struct ioc__nbd_req *p)
+{
+	size_t got = 0, want = (size_t)c->core.partial_got;
+
+	while (got < want) {
+		ssize_t n = read(p->pipe->rfd, p->buf + got, want - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -EIO;
+		got += (size_t)n;
+	}
+	p->pipe->fill = 0;
+	zc_put(p, p->pipe);
+	p->pipe = NULL;
+	return -ENOTSUP;
+}
+
+/* Splice up to want bytes of p's payload from the socket into its pipe.
+ * Bytes, 0 at EOF, -EAGAIN, -ENOTSUP (the payload so far moved to p->buf:
+ * go on with recv), or -errno. */
+static ssize_t recv_to_pipe(struct conn *c, struct ioc__nbd_req *p, size_t want)
+{
+	for (;;) {
+		ssize_t n;
+
+		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
+			n = -1;
+			errno = EINVAL;
+		} else {
+			n = splice(c->fd, NULL, p->pipe->wfd, NULL, want, SPLICE_F_NONBLOCK);
+		}
+		if (n > 0)
+			p->pipe->fill += (size_t)n;
+		if (n >= 0)
+			return n;
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN) {
+			int avail = 0;
+
+			/* Many small segments can fill the pipe's slots
+			 * before the payload is in: the socket still has
+			 * bytes then, and this payload takes the copy. */
+			if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0)
+				return pipe_back_to_buf(c, p);
+			return -EAGAIN;
+		}
+		if (errno == EINVAL || errno == EOPNOTSUPP) {
+			c->zc_wr_off = true;
+			return pipe_back_to_buf(c, p);
+		}
+		return -errno;
+	}
+}
+
 /* Decrypted input waits inside GnuTLS: the socket may be empty, so do
  * not wait for it to become readable. */
 static bool tls_pending(struct conn *c)
@@ -802,7 +1026,7 @@ static void tx_process(struct conn *c)
 			}
 			break; /* need more input */
 		}
-		if (c->eof || ++reads > 4)
+		if (c->eof || (!c->hdr_first && ++reads > 4))
 			return;
 		/* A short read emptied the socket: stop here rather than pay a
 		 * recv that returns EAGAIN (the fd handler fires again when
@@ -812,11 +1036,29 @@ static void tx_process(struct conn *c)
 				c->eof = true;
 			return;
 		}
-		/* A big payload still arriving goes straight into its buffer. */
+		/* A big payload still arriving goes straight into its pipe
+		 * (see recv_to_pipe()) or into its buffer. */
 		struct ioc__nbd_req *p = core->partial;
 		ssize_t n;
 		size_t want;
 		if (p && !p->error && core->in_start == core->in_end &&
+		    (p->pipe || (core->partial_got == 0 && zc_write_ok(c, p) &&
+				 (p->pipe = zc_get(p))))) {
+			want = (size_t)(p->len - core->partial_got);
+			n = recv_to_pipe(c, p, want);
+			if (n == -ENOTSUP)
+				continue; /* now in buf: on the ordinary way */
+			if (n > 0) {
+				drained = (size_t)n < want;
+				struct ioc__nbd_req *done =
+					ioc__nbd_payload_arrived(core, (size_t)n);
+				if (done) {
+					start_request(c, done);
+					c->hdr_first = true;
+				}
+				continue;
+			}
+		} else if (p && !p->error && core->in_start == core->in_end &&
 		    p->len - core->partial_got >= 65536) {
 			want = (size_t)(p->len - core->partial_got);
 			n = conn_recv(c, p->buf + core->partial_got, want);
@@ -824,13 +1066,25 @@ static void tx_process(struct conn *c)
 				drained = (size_t)n < want && !tls_pending(c);
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, (size_t)n);
-				if (done)
+				if (done) {
 					start_request(c, done);
+					c->hdr_first = c->tls_state == TLS_NONE;
+				}
 				continue;
 			}
 		} else {
 			ioc__nbd_conn_compact(core);
 			want = core->in_cap - core->in_end;
+			/* After a large WRITE, another may follow: take its
+			 * header alone, so that its payload goes straight
+			 * into its buffer rather than through in[]. */
+			if (c->hdr_first && core->in_start == core->in_end) {
+				size_t hsz = core->extended ? NBD_EXT_REQUEST_SIZE
+							    : NBD_REQUEST_SIZE;
+				if (want > hsz)
+					want = hsz;
+			}
+			c->hdr_first = false;
 			n = conn_recv(c, core->in + core->in_end, want);
 			if (n > 0) {
 				drained = (size_t)n < want && !tls_pending(c);
@@ -942,8 +1196,15 @@ static void conn_destroy(struct conn *c)
 	free(c->tls_out);
 	close(c->fd);
 	if (c->core.partial) {
+		if (c->core.partial->pipe)
+			zc_put(c->core.partial, c->core.partial->pipe);
 		req_free(c->core.partial);
 		c->core.partial = NULL;
+	}
+	while (c->pipes) {
+		struct ioc__nbd_pipe *p = c->pipes;
+		c->pipes = p->next;
+		pipe_close(c, p);
 	}
 	while (c->free_reqs) {
 		struct ioc__nbd_req *r = c->free_reqs;
@@ -1011,6 +1272,11 @@ static void conn_start(struct ioc_task *task)
 	}
 	if (srv->opts.log)
 		format_peer(c->core.peer, sizeof(c->core.peer), c->fd);
+	c->page = (size_t)sysconf(_SC_PAGESIZE);
+	c->core.zc_read_min = srv->zc_read_min;
+	c->core.zc_write_min = srv->zc_write_min;
+	c->core.zc_get = zc_get;
+	c->core.zc_put = zc_put;
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);
 	c->started = true;
 	/* relaxed: the stop flag is re-checked by every stop task too. */

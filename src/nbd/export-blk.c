@@ -33,6 +33,19 @@ static int ioc_coroutine_fn be_pwrite(void *be, uint64_t off, const void *buf,
 				  (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
 }
 
+static ssize_t be_splice_read(void *be, uint64_t off, size_t len, int pipe_fd,
+			      uint32_t flags)
+{
+	return ioc_blk_splice_read(be, off, len, pipe_fd, 0);
+}
+
+static int be_splice_write(void *be, uint64_t off, size_t len, int pipe_fd,
+			   uint32_t flags)
+{
+	return ioc_blk_splice_write(be, off, len, pipe_fd,
+				    (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
+}
+
 static int ioc_coroutine_fn be_flush(void *be, uint32_t flags)
 {
 	return ioc_blk_co_flush(be, 0);
@@ -115,6 +128,8 @@ static const struct ioc__nbd_backend_ops blk_ops = {
 	.cache = NULL, /* a hint: answered at once */
 	.dirty_names = be_dirty_names,
 	.dirty_status = be_dirty_status,
+	.splice_read = be_splice_read,
+	.splice_write = be_splice_write,
 };
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,

@@ -75,6 +75,10 @@ struct ioc_nbd_server {
 	_Atomic uint64_t nconns;        /* open connections */
 	_Atomic uint64_t accepted, refused;
 	_Atomic int stopping;
+	/* Spliced READs and WRITEs from these sizes up (0: off; conn.c);
+	 * zc_refuse, for tests, makes every socket refuse splice(2). */
+	size_t zc_read_min, zc_write_min;
+	bool zc_refuse;
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */

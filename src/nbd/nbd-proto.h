@@ -149,6 +149,7 @@
 #define IOC_NBD_MAX_EXTENTS       (1u << 17)      /* block status descriptors per chunk */
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
 #define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
+#define IOC_NBD_ZC_WRITE_MIN      (64u << 10)     /* writes this large are spliced (conn.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16
 
 /* ---- big-endian access to unaligned bytes ------------------------------ */
@@ -234,6 +235,19 @@ struct ioc__nbd_backend_ops {
 	 * everywhere when dirty_status is set, else not at all. */
 	int (*depth_status)(void *be, uint64_t offset, uint64_t len, uint64_t *pnum,
 			    uint32_t flags);
+	/* Zero-copy reads (NULL: none): put up to len bytes at offset into
+	 * the pipe pipe_fd without waiting for I/O; returns the bytes put
+	 * there (short at the end of the data or when the pipe is full),
+	 * or -errno (-EAGAIN: not now, -ENOTSUP: not on this export).  The
+	 * caller then reads the ordinary way.  Flags 0. */
+	ssize_t (*splice_read)(void *be, uint64_t offset, size_t len, int pipe_fd,
+			       uint32_t flags);
+	/* Zero-copy writes (NULL: none): write len bytes taken from the pipe
+	 * pipe_fd at offset; 0, -ENOTSUP with the pipe untouched (write the
+	 * ordinary way), or -errno.  IOC_NBD_BE_FUA allowed.  len 0 asks
+	 * whether it would be done: 0 or -ENOTSUP. */
+	int (*splice_write)(void *be, uint64_t offset, size_t len, int pipe_fd,
+			    uint32_t flags);
 };
 
 struct ioc__nbd_export {
@@ -268,6 +282,14 @@ struct ioc__nbd_cfg {
 
 /* ---- per-request state -------------------------------------------------- */
 
+/* A pipe holding a READ's data on its way to the socket (conn.c). */
+struct ioc__nbd_pipe {
+	int rfd, wfd;
+	size_t cap;                     /* bytes it holds at most */
+	size_t fill;                    /* bytes in it (SIZE_MAX: unknown) */
+	struct ioc__nbd_pipe *next;     /* the transport's free list */
+};
+
 struct ioc__nbd_req {
 	struct ioc__nbd_req *next;      /* in the send queue / free list */
 	uint16_t flags, type;
@@ -289,6 +311,10 @@ struct ioc__nbd_req {
 	bool failed;                    /* the reply is an error */
 
 	void *transport;                /* the transport's per-request object */
+	/* READ data spliced into a pipe instead of buf: the reply iovec
+	 * with a NULL base stands for the pipe's contents.  WRITE: the
+	 * payload, spliced in from the socket by the transport. */
+	struct ioc__nbd_pipe *pipe;
 };
 
 /* ---- per-connection protocol state ------------------------------------- */
@@ -339,6 +365,17 @@ struct ioc__nbd_conn {
 	bool disc;                      /* NBD_CMD_DISC seen */
 
 	char peer[64];                  /* for logs */
+
+	/* Zero-copy READs, set by a transport that can send from a pipe
+	 * (0 / NULL: never).  A READ of at least zc_read_min bytes in the clear
+	 * asks zc_get() for a pipe able to hold its data (NULL: none free),
+	 * splices the data into it, and gives it back with zc_put() when
+	 * that fell short.  A WRITE whose payload the transport spliced into
+	 * a pipe (the transport's choice, from zc_write_min up) gives it
+	 * back once written. */
+	size_t zc_read_min, zc_write_min;
+	struct ioc__nbd_pipe *(*zc_get)(struct ioc__nbd_req *r);
+	void (*zc_put)(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p);
 };
 
 /* Input bytes received and not yet consumed. */
@@ -407,6 +444,15 @@ int ioc__nbd_errno_to_nbd(int err);
  * advances the chain by n bytes and returns how many requests were fully
  * sent (the caller pops that many). */
 int ioc__nbd_gather(struct ioc__nbd_req *req, struct iovec *iov, int max);
+/* The same, stopping before an iovec whose data is in a pipe (req->pipe)
+ * and saying so in *at_pipe. */
+int ioc__nbd_gather_upto_pipe(struct ioc__nbd_req *req, struct iovec *iov, int max,
+			      bool *at_pipe);
+/* The next unsent bytes of req come from its pipe. */
+static inline bool ioc__nbd_at_pipe(const struct ioc__nbd_req *r)
+{
+	return r->pipe && r->iov_done < r->iovcnt && !r->iov[r->iov_done].iov_base;
+}
 unsigned ioc__nbd_sent(struct ioc__nbd_req *req, size_t n);
 
 #endif /* IOC_NBD_PROTO_H */

@@ -10,6 +10,11 @@
  *   is a hard disconnect, since draining gigabytes would be a DoS vector.
  * - READ data is read by the backend straight into req->buf, which the
  *   reply iovec then points at: no copy between block layer and socket.
+ *   A transport that sets zc_read_min offers a pipe instead for large reads in
+ *   the clear; the backend splices the data into it (page references, no
+ *   copy) and the iovec with a NULL base stands for the pipe.  All the
+ *   data is in the pipe before the reply is built, or the read is done
+ *   the ordinary way: an error can never follow a header already sent.
  *   Reads of at least IOC_NBD_SPARSE_READ_MIN bytes (a page over TLS) ask
  *   the backend for block status first and send OFFSET_HOLE chunks for
  *   zero extents.
@@ -29,6 +34,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "nbd-proto.h"
 
@@ -190,6 +196,7 @@ int ioc__nbd_parse_request(struct ioc__nbd_conn *c, ioc__nbd_req_alloc *alloc,
 	r->iovcnt = r->iov_done = 0;
 	r->iov_off = 0;
 	r->no_reply = false;
+	r->pipe = NULL;
 	if (type == NBD_CMD_DISC)
 		c->disc = true;
 	if (payload) {
@@ -315,12 +322,34 @@ static const char *error_text(int err)
 	}
 }
 
+/* Splice a large read's data into a pipe from the transport.  All of it
+ * or nothing: the reply header goes out only for data known good (a
+ * simple reply cannot report an error after its header). */
+static bool read_to_pipe(const struct ioc__nbd_conn *c, struct ioc__nbd_req *r)
+{
+	const struct ioc__nbd_export *e = c->exp;
+	struct ioc__nbd_pipe *p;
+
+	if (!c->zc_read_min || r->len < c->zc_read_min || c->tls || !e->ops->splice_read ||
+	    !(p = c->zc_get(r)))
+		return false;
+	ssize_t n = e->ops->splice_read(e->be, r->offset, (size_t)r->len, p->wfd, 0);
+	p->fill = n > 0 ? (size_t)n : 0;
+	if (n != (ssize_t)r->len) {
+		c->zc_put(r, p);
+		return false;
+	}
+	r->pipe = p;
+	return true;
+}
+
 /* A read without hole detection: one data chunk (or the simple reply). */
 static void ioc_coroutine_fn read_plain(const struct ioc__nbd_conn *c,
 					struct ioc__nbd_req *r)
 {
 	const struct ioc__nbd_export *e = c->exp;
-	int ret = e->ops->pread(e->be, r->offset, r->buf, r->len, 0);
+	bool piped = read_to_pipe(c, r);
+	int ret = piped ? 0 : e->ops->pread(e->be, r->offset, r->buf, r->len, 0);
 	uint8_t *p = r->hdr, *end;
 
 	if (ret < 0) {
@@ -338,7 +367,7 @@ static void ioc_coroutine_fn read_plain(const struct ioc__nbd_conn *c,
 		end = ioc_nbd_st64(end, r->cookie);
 	}
 	add_iov(r, p, (size_t)(end - p));
-	add_iov(r, r->buf, r->len);
+	add_iov(r, piped ? NULL : r->buf, r->len);
 }
 
 /* A large structured read: OFFSET_HOLE chunks for zero extents. */
@@ -581,6 +610,40 @@ static void ioc_coroutine_fn do_block_status(const struct ioc__nbd_conn *c,
 	}
 }
 
+/* A WRITE whose payload the transport spliced into a pipe: written from
+ * there (one copy, in the kernel), else read out into buf and written the
+ * ordinary way.  The pipe goes back to the transport either way. */
+static int ioc_coroutine_fn write_from_pipe(const struct ioc__nbd_conn *c,
+					    struct ioc__nbd_req *r, uint32_t f)
+{
+	const struct ioc__nbd_export *e = c->exp;
+	struct ioc__nbd_pipe *p = r->pipe;
+	int ret = e->ops->splice_write ?
+		  e->ops->splice_write(e->be, r->offset, (size_t)r->len, p->rfd, f) : -ENOTSUP;
+
+	if (ret != -ENOTSUP) {
+		p->fill = ret == 0 ? 0 : SIZE_MAX;
+	} else {
+		size_t got = 0;
+
+		while (got < r->len) {
+			ssize_t n = read(p->rfd, r->buf + got, (size_t)r->len - got);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+		}
+		p->fill = 0;
+		ret = got == r->len ? e->ops->pwrite(e->be, r->offset, r->buf, r->len, f)
+				    : -EIO;
+	}
+	r->pipe = NULL;
+	c->zc_put(r, p);
+	return ret;
+}
+
 void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 				       struct ioc__nbd_req *r)
 {
@@ -606,7 +669,10 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 			read_plain(c, r);
 		return;
 	case NBD_CMD_WRITE:
-		ret = e->ops->pwrite(e->be, r->offset, r->buf, r->len, f);
+		if (r->pipe)
+			ret = write_from_pipe(c, r, f);
+		else
+			ret = e->ops->pwrite(e->be, r->offset, r->buf, r->len, f);
 		reply_status(c, r, ret, "write failed");
 		return;
 	case NBD_CMD_FLUSH:
@@ -647,19 +713,32 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 
 /* ---- gathered sends ------------------------------------------------------------ */
 
-int ioc__nbd_gather(struct ioc__nbd_req *r, struct iovec *iov, int max)
+int ioc__nbd_gather_upto_pipe(struct ioc__nbd_req *r, struct iovec *iov, int max,
+			      bool *at_pipe)
 {
 	int n = 0;
 
+	*at_pipe = false;
 	for (; r && n < max; r = r->next) {
 		for (int i = r->iov_done; i < r->iovcnt && n < max; i++) {
 			size_t skip = i == r->iov_done ? r->iov_off : 0;
+			if (r->pipe && !r->iov[i].iov_base) {
+				*at_pipe = true;
+				return n;
+			}
 			iov[n].iov_base = (uint8_t *)r->iov[i].iov_base + skip;
 			iov[n].iov_len = r->iov[i].iov_len - skip;
 			n++;
 		}
 	}
 	return n;
+}
+
+int ioc__nbd_gather(struct ioc__nbd_req *r, struct iovec *iov, int max)
+{
+	bool at_pipe;
+
+	return ioc__nbd_gather_upto_pipe(r, iov, max, &at_pipe);
 }
 
 unsigned ioc__nbd_sent(struct ioc__nbd_req *r, size_t n)

@@ -619,6 +619,122 @@ static void test_fast_path_ways(void)
 		rmdir(disk);
 }
 
+/* ---- zero-copy reads into a pipe ------------------------------------ */
+
+/* Splice [off, off + len) of blk into a fresh pipe and compare what comes
+ * out with the file's bytes.  Returns what ioc_blk_splice_read() did. */
+static ssize_t splice_check(struct ioc_blk *blk, int fd, uint64_t off, size_t len)
+{
+	int p[2];
+	uint8_t *got = malloc(len + 1), *want = malloc(len + 1);
+
+	ASSERT_NOT_NULL(got);
+	ASSERT_NOT_NULL(want);
+	ASSERT_OK(pipe2(p, O_CLOEXEC | O_NONBLOCK));
+	ASSERT_GE(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 1 << 20);
+	ssize_t n = ioc_blk_splice_read(blk, off, len, p[1], 0);
+	if (n > 0) {
+		ASSERT_EQ(read(p[0], got, len + 1), n);
+		ASSERT_EQ(pread(fd, want, (size_t)n, (off_t)off), n);
+		ASSERT_OK(memcmp(got, want, (size_t)n));
+	}
+	close(p[0]);
+	close(p[1]);
+	free(got);
+	free(want);
+	return n;
+}
+
+static void test_splice_read(void)
+{
+	char *path = bt_make_image(NULL, "splice.img", 1 << 20, true);
+	struct ioc_blk_opts nofast = { .no_fast_path = true };
+	struct ioc_blk_opts null = { .driver = IOC_BLK_DRIVER_NULL, .null_size = 1 << 20 };
+	struct ioc_blk *blk;
+	int fd = open(path, O_RDONLY);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	ASSERT_EQ(splice_check(blk, fd, 0, 1 << 20), 1 << 20);
+	ASSERT_EQ(splice_check(blk, fd, 5000, 300000), 300000);
+	ASSERT_EQ(splice_check(blk, fd, (1 << 20) - 1, 1), 1);
+	ASSERT_EQ(splice_check(blk, fd, 0, 0), 0);
+	ASSERT_EQ(splice_check(blk, fd, (1 << 20) - 10, 20), -EINVAL);
+	ASSERT_EQ(ioc_blk_splice_read(blk, 0, 4096, -1, 1), -EINVAL);
+	/* Past the end of a file cut short underneath: short, not zeroes. */
+	ASSERT_OK(truncate(path, 512 << 10));
+	ASSERT_EQ(splice_check(blk, fd, 500 << 10, 100 << 10), 12 << 10);
+	ioc_blk_close(blk);
+
+	/* Writes from a pipe: the pipe's bytes land in the file. */
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	if (blk->never_waits) {
+		int p[2];
+		uint8_t *w = malloc(200000), *r = malloc(200000);
+
+		ASSERT_NOT_NULL(w);
+		ASSERT_NOT_NULL(r);
+		for (size_t i = 0; i < 200000; i++)
+			w[i] = (uint8_t)(i * 13 + 1);
+		ASSERT_OK(pipe2(p, O_CLOEXEC | O_NONBLOCK));
+		ASSERT_GE(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 1 << 20);
+		ASSERT_EQ(write(p[1], w, 200000), 200000);
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), 0); /* the probe */
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, 4096, p[0], IOC_BLK_FUA), -ENOTSUP);
+		ASSERT_EQ(ioc_blk_splice_write(blk, 1000, 200000, p[0], 0), 0);
+		ASSERT_EQ(pread(fd, r, 200000, 1000), 200000);
+		ASSERT_OK(memcmp(r, w, 200000));
+		/* A pipe holding less than len: an error, not a hang. */
+		ASSERT_EQ(write(p[1], w, 100), 100);
+		ASSERT_LT(ioc_blk_splice_write(blk, 0, 4096, p[0], 0), 0);
+		close(p[0]);
+		close(p[1]);
+		free(w);
+		free(r);
+	} else {
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP);
+	}
+	ASSERT_EQ(ioc_blk_splice_write(blk, (1 << 20) - 10, 20, -1, 0), -EINVAL);
+	ioc_blk_close(blk);
+
+	/* Where it can never be done. */
+	ASSERT_OK(ioc_blk_open(&blk, path, &nofast));
+	ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP);
+	ASSERT_EQ(splice_check(blk, fd, 0, 4096), -ENOTSUP);
+	ioc_blk_close(blk);
+	ASSERT_OK(ioc_blk_open(&blk, NULL, &null));
+	ASSERT_EQ(ioc_blk_splice_read(blk, 0, 4096, -1, 0), -ENOTSUP);
+	ioc_blk_close(blk);
+	close(fd);
+	unlink(path);
+	free(path);
+
+	/* On a disk: cache=none refuses; a range out of the page cache is
+	 * not read (-EAGAIN) where cachestat(2) exists. */
+	const char *disk = bt_disk_dir();
+	if (!disk)
+		return;
+	path = bt_make_image(disk, "splice.img", 1 << 20, true);
+	struct ioc_blk_opts direct = { .cache = IOC_BLK_CACHE_NONE };
+	if (ioc_blk_open(&blk, path, &direct) == 0) {
+		ASSERT_EQ(ioc_blk_splice_read(blk, 0, 4096, -1, 0), -ENOTSUP);
+		ioc_blk_close(blk);
+	}
+	fd = open(path, O_RDONLY);
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP); /* may wait */
+	if (fast_way_works(path, BLK_FAST_CACHESTAT) && evict(fd, 0, 8192))
+		ASSERT_EQ(splice_check(blk, fd, 0, 8192), -EAGAIN);
+	ASSERT_EQ(pread(fd, (char[8192]){0}, 8192, 0), 8192); /* cache it */
+	ASSERT_EQ(splice_check(blk, fd, 0, 8192), 8192);
+	ioc_blk_close(blk);
+	close(fd);
+	unlink(path);
+	free(path);
+	rmdir(disk);
+}
+
 /* ---- one image, several I/O threads --------------------------------- */
 
 #define MT_THREADS 2
@@ -724,5 +840,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_truncate_checks),
 	IOC_TEST(test_multi_loop),
 	IOC_TEST(test_fast_path_ways),
+	IOC_TEST(test_splice_read),
 	IOC_TEST(test_cleanup),
 )
