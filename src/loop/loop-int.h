@@ -150,7 +150,6 @@ struct ioc_loop {
 	int64_t backoff_min_ns, backoff_max_ns;
 	int64_t backoff_ns;          /* last back-off period, 0 after a good window */
 	int64_t backoff_until;       /* polling off until then, 0: not backing off */
-	int64_t poll_ns_saved;       /* poll_ns when the back-off began */
 	uint64_t win_cost_ns;        /* this window: ns spent polling */
 	unsigned win_polls, win_hits;
 	int poll_score;              /* recent poll hits minus misses */

@@ -60,7 +60,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
-#include <stdio.h>
 
 #include "ablation.h"
 #include "loop-int.h"
@@ -563,7 +562,6 @@ static void poll_account(struct ioc_loop *loop, int64_t cost_ns, bool hit,
 		return;
 	bad = loop->win_cost_ns >
 	      (uint64_t)loop->win_hits * (uint64_t)loop->poll_wake_cost_ns;
-	if (getenv("IOC_DBG")) fprintf(stderr, "win cost %llu hits %u bad %d\n", (unsigned long long)loop->win_cost_ns, loop->win_hits, bad);
 	loop->win_cost_ns = 0;
 	loop->win_polls = loop->win_hits = 0;
 	if (!bad) {
@@ -575,14 +573,14 @@ static void poll_account(struct ioc_loop *loop, int64_t cost_ns, bool hit,
 	if (loop->backoff_ns > loop->backoff_max_ns)
 		loop->backoff_ns = loop->backoff_max_ns;
 	loop->backoff_until = now + loop->backoff_ns;
-	loop->poll_ns_saved = loop->poll_ns;
 	loop->poll_ns = 0;
 	pst_add(&loop->pst.backoffs, 1);
 	publish_backing_off(loop, true);
 }
 
 /* Inside a back-off period?  When it has just expired, probe: poll again
- * with the window the loop had, judged like any other. */
+ * at the full window (poll_max_ns; from the old, often tiny, window the
+ * probe would only measure the window growing), judged like any other. */
 static bool backing_off(struct ioc_loop *loop, int64_t now)
 {
 	if (now < loop->backoff_until)
