@@ -187,6 +187,8 @@ struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
 	}
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
+	pthread_mutex_init(&m->mir_lock, NULL);
+	pthread_cond_init(&m->mir_cond, NULL);
 	m->sock = -1;
 	m->listen_fd = -1;
 	/* QEMU 7.2's defaults, but zero-blocks (on: storage is mostly holes)
@@ -230,6 +232,8 @@ void ioc__nbd_mig_free(struct ioc_nbd_server *srv)
 	ioc_bh_delete(m->bh);
 	pthread_mutex_destroy(&m->lock);
 	pthread_cond_destroy(&m->cond);
+	pthread_mutex_destroy(&m->mir_lock);
+	pthread_cond_destroy(&m->mir_cond);
 	free(m);
 	srv->mig = NULL;
 }
@@ -274,6 +278,8 @@ struct slot {
 	int level;                      /* 0: raw */
 	bool zero_detect;
 	uint32_t type, crc;
+	bool mirror;                    /* a MIRROR record: raw, no zero test */
+	uint32_t bcrc[CHUNK_MAX / IOC_MIG_MIN_BLOCK]; /* recorded when sent */
 	struct slot *next_free;
 };
 
@@ -296,6 +302,11 @@ struct src {
 	int64_t pass_start;
 	uint64_t pass_wire;
 	uint64_t bw;                    /* measured bytes/s */
+	/* active mirroring */
+	bool active;
+	uint64_t mir_next;              /* MIRROR records submitted */
+	pthread_t reader;
+	bool reader_running;
 	char why[256];
 };
 
@@ -330,18 +341,17 @@ static void slot_job(struct ioc_wq_job *job)
 	struct slot *sl = ioc_container_of(job, struct slot, job);
 
 	sl->out_len = 0;
-	if (sl->zero_detect && all_zero(sl->buf, sl->len)) {
+	if (!sl->mirror && sl->zero_detect && all_zero(sl->buf, sl->len)) {
 		sl->type = IOC_MIG_ZERO;
 		sl->crc = 0;
 		return;
 	}
 	/* The block CRCs for the image checksum and the record's CRC, in one
-	 * read of the data.  Safe before the record is sent: passes do not
-	 * overlap in flight (drain() between them), and a record that is not
-	 * sent fails the migration. */
-	sl->crc = ioc_mig_crcs_set(sl->s->crcs, sl->off, sl->len, sl->buf);
-	sl->type = IOC_MIG_DATA_RAW;
-	if (sl->level > 0) {
+	 * read of the data.  They are recorded when the record is sent, in
+	 * stream order: a MIRROR and a chunk in flight may share blocks. */
+	sl->crc = ioc_mig_block_crcs(sl->s->block, sl->buf, sl->len, sl->bcrc);
+	sl->type = sl->mirror ? IOC_MIG_MIRROR : IOC_MIG_DATA_RAW;
+	if (sl->level > 0 && !sl->mirror) {
 		size_t n = ZSTD_compressCCtx(sl->cctx, sl->out, sl->out_cap, sl->buf,
 					     sl->len, sl->level);
 
@@ -504,6 +514,7 @@ static int send_slot(struct src *s, struct slot *sl)
 
 	if (sl->type == IOC_MIG_ZERO)
 		return send_zero(s, sl->off, sl->len);
+	ioc_mig_crcs_put(s->crcs, sl->off, sl->len, sl->bcrc);
 	if (sl->type == IOC_MIG_DATA_ZSTD) {
 		r.payload_len = (uint32_t)sl->out_len;
 		payload = sl->out;
@@ -518,6 +529,8 @@ static int send_slot(struct src *s, struct slot *sl)
 	s->m->st.normal += blocks;
 	s->m->st.normal_bytes += sl->len;
 	s->m->st.read_bytes += sl->len;
+	if (sl->type == IOC_MIG_MIRROR)
+		s->m->st.mirrored_bytes += sl->len;
 	if (sl->type == IOC_MIG_DATA_ZSTD) {
 		s->m->st.comp_pages += blocks;
 		s->m->st.comp_size += sl->out_len;
@@ -601,7 +614,7 @@ static int read_full(struct src *s, uint8_t *buf, uint32_t len, uint64_t off)
 }
 
 /* One chunk: clear its bits, read it, hand it to a worker. */
-static int copy_chunk(struct src *s, uint64_t off, uint32_t len)
+static int copy_chunk(struct src *s, uint64_t off, uint32_t len, bool mirror)
 {
 	struct slot *sl;
 	bool busy = false;
@@ -613,10 +626,11 @@ static int copy_chunk(struct src *s, uint64_t off, uint32_t len)
 			pthread_mutex_lock(&s->m->lock);
 			s->m->st.comp_busy++;
 			pthread_mutex_unlock(&s->m->lock);
-			if (!s->p.compress_wait_thread && s->p.compress) {
+			if (!s->p.compress_wait_thread && s->p.compress && !s->active) {
 				/* QEMU's compress-wait-thread off: send this one
 				 * uncompressed rather than wait.  Ordering: records
-				 * of one pass may go in any order. */
+				 * of one pass may go in any order (not so with
+				 * MIRROR records in flight: not when active). */
 				struct slot tmp = { .s = s, .off = off, .len = len,
 						    .zero_detect = s->p.zero_blocks };
 
@@ -641,6 +655,7 @@ static int copy_chunk(struct src *s, uint64_t off, uint32_t len)
 	s->free_slots = sl->next_free;
 	sl->off = off;
 	sl->len = len;
+	sl->mirror = mirror;
 	/* The ordering rule: clear, then read (blk.h). */
 	ioc_blk_dirty_reset(s->bm, off, len);
 	ret = read_full(s, sl->buf, len, off);
@@ -665,6 +680,235 @@ static int copy_chunk(struct src *s, uint64_t off, uint32_t len)
 	return collect(s, false);
 }
 
+/* ---- active mirroring -------------------------------------------------- */
+
+#define MIRROR_MAX (64u << 20) /* larger writes are left to the passes */
+
+static uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* Under mir_lock: a request is answered (any thread; the last touch of q:
+ * it lives on the stack of the coroutine this resumes). */
+static void mirror_done_locked(struct ioc__nbd_mirror_req *q)
+{
+	ioc_co_await_done(&q->aw, 0);
+}
+
+/* Under mir_lock: answer the sent requests the destination has applied. */
+static void mirror_acked_locked(struct ioc__nbd_mig *m)
+{
+	while (m->mir_sent && m->mir_sent->seq <= m->mir_acked) {
+		struct ioc__nbd_mirror_req *q = m->mir_sent;
+
+		m->mir_sent = q->next;
+		if (!m->mir_sent)
+			m->mir_sent_tail = &m->mir_sent;
+		mirror_done_locked(q);
+	}
+}
+
+static void mirror_start(struct src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+
+	pthread_mutex_lock(&m->mir_lock);
+	m->mir_exp = m->exp;
+	m->mir_open = true;
+	pthread_mutex_unlock(&m->mir_lock);
+	/* Release: pairs with the write hook's acquire load (conn.c), which
+	 * then sees the state initialised here and in ioc__nbd_mig_get(). */
+	atomic_store_explicit(&m->srv->mirror, m, memory_order_release);
+	s->active = true;
+	pthread_mutex_lock(&m->lock);
+	m->st.active_mirror = true;
+	pthread_mutex_unlock(&m->lock);
+}
+
+/* The migration ended (any outcome): no more requests, and every waiting
+ * one is answered -- its data is on the source, and after a success on
+ * the destination too (the last pass sent every block still dirty). */
+static void mirror_stop(struct src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+
+	/* Release: pairs with the hook's acquire load; a hook that still saw
+	 * m finds mir_open false under the lock. */
+	atomic_store_explicit(&m->srv->mirror, NULL, memory_order_release);
+	pthread_mutex_lock(&m->mir_lock);
+	m->mir_open = false;
+	m->mir_acked = UINT64_MAX;
+	mirror_acked_locked(m);
+	while (m->mir_wait) {
+		struct ioc__nbd_mirror_req *q = m->mir_wait;
+
+		m->mir_wait = q->next;
+		mirror_done_locked(q);
+	}
+	m->mir_wait_tail = &m->mir_wait;
+	pthread_mutex_unlock(&m->mir_lock);
+}
+
+void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_export *e,
+			 int type, uint64_t off, uint64_t len)
+{
+	/* Acquire: pairs with the release stores in mirror_start() and
+	 * mirror_stop().  m lives until the server is freed (after its
+	 * I/O threads stopped). */
+	struct ioc__nbd_mig *m = atomic_load_explicit(&srv->mirror, memory_order_acquire);
+	struct ioc__nbd_mirror_req q = { .offset = off, .len = len };
+
+	if (!m || (type != NBD_CMD_WRITE && type != NBD_CMD_WRITE_ZEROES &&
+		   type != NBD_CMD_TRIM) || len == 0 || len > MIRROR_MAX)
+		return; /* a large one stays dirty for the passes */
+	ioc_co_await_init(&q.aw);
+	pthread_mutex_lock(&m->mir_lock);
+	if (!m->mir_open || m->mir_exp != e) {
+		pthread_mutex_unlock(&m->mir_lock);
+		return;
+	}
+	*m->mir_wait_tail = &q;
+	m->mir_wait_tail = &q.next;
+	/* The migration thread looks at mir_wait between chunks, and waits
+	 * on mir_cond only when it has nothing else to do. */
+	pthread_cond_signal(&m->mir_cond);
+	pthread_mutex_unlock(&m->mir_lock);
+	ioc_co_await(&q.aw);
+}
+
+/*
+ * Send what the waiting requests wrote: for each, its whole blocks are
+ * cleared in the bitmap, read back from the image and submitted as
+ * MIRROR jobs to the same in-order workqueue as the chunks, so records
+ * leave in the order their data was read (the property that makes the
+ * destination's last record of a block the newest; see the top).
+ */
+static int mirror_service(struct src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+	struct ioc__nbd_mirror_req *list, *q;
+	int ret = 0;
+
+	if (!s->active)
+		return 0;
+	pthread_mutex_lock(&m->mir_lock);
+	list = m->mir_wait;
+	m->mir_wait = NULL;
+	m->mir_wait_tail = &m->mir_wait;
+	pthread_mutex_unlock(&m->mir_lock);
+	while ((q = list)) {
+		uint64_t off = align_down(q->offset, s->block);
+		uint64_t end = align_up(q->offset + q->len, s->block);
+		uint64_t n = 0;
+
+		if (end > s->size)
+			end = s->size;
+		for (; ret == 0 && off < end; off += n) {
+			n = end - off > CHUNK_MAX ? CHUNK_MAX : end - off;
+			ret = copy_chunk(s, off, (uint32_t)n, true);
+			if (ret == 0)
+				s->mir_next++;
+		}
+		list = q->next; /* before q is answered */
+		q->seq = s->mir_next;
+		pthread_mutex_lock(&m->mir_lock);
+		if (ret < 0 || q->seq <= m->mir_acked) {
+			mirror_done_locked(q);
+		} else {
+			q->next = NULL;
+			*m->mir_sent_tail = q;
+			m->mir_sent_tail = &q->next;
+		}
+		pthread_mutex_unlock(&m->mir_lock);
+		pthread_mutex_lock(&m->lock);
+		m->st.mirrored_writes++;
+		pthread_mutex_unlock(&m->lock);
+	}
+	return ret;
+}
+
+/*
+ * The answer reader: a thread that reads the destination's records (MACK
+ * while the copy runs, then ACK) while the migration thread sends; with
+ * TLS, GnuTLS allows one thread receiving while another sends on a
+ * session.  MACK answers the mirrored writes; ACK, EOF or an error ends
+ * it, recorded in ans_* for wait_ack() -- woken by the broadcast on
+ * mir_cond, made under mir_lock after ans_done is set.  An error also
+ * stops mirroring (the waiting writes are answered: the data is on the
+ * source).  A cancel or a failure shuts the socket down, which ends a
+ * pending read.
+ */
+static void *ack_reader(void *opaque)
+{
+	struct src *s = opaque;
+	struct ioc__nbd_mig *m = s->m;
+	struct ioc_mig_hdr h = { .image_size = s->size, .block_size = s->block };
+	uint8_t buf[IOC_MIG_REC_SIZE];
+	struct ioc_mig_rec r = { 0 };
+	const char *why = NULL;
+	int ret = 0;
+
+	for (;;) {
+		size_t got = 0;
+
+		while (got < sizeof(buf)) {
+			ssize_t n;
+
+			if (s->tls) {
+				n = ioc__nbd_tls_mig_recv(s->tls, buf + got, sizeof(buf) - got);
+			} else {
+				n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
+				if (n < 0 && errno == EINTR)
+					continue;
+				if (n < 0)
+					n = -errno;
+			}
+			if (n <= 0) {
+				ret = n < 0 ? (int)n : -EPIPE;
+				why = "The destination closed the stream before its answer";
+				goto out;
+			}
+			got += (size_t)n;
+		}
+		if (ioc_mig_rec_decode(buf, &h, &r, &why) < 0 ||
+		    (r.type != IOC_MIG_MACK && r.type != IOC_MIG_ACK)) {
+			ret = -EPROTO;
+			why = "Bad answer from the destination";
+			goto out;
+		}
+		if (r.type == IOC_MIG_ACK)
+			break;
+		pthread_mutex_lock(&m->mir_lock);
+		if (r.offset > m->mir_acked)
+			m->mir_acked = r.offset;
+		mirror_acked_locked(m);
+		pthread_mutex_unlock(&m->mir_lock);
+	}
+out:
+	pthread_mutex_lock(&m->mir_lock);
+	m->ans_done = true;
+	m->ans_ret = ret;
+	m->ans_type = r.type;
+	m->ans_off = r.offset;
+	m->ans_crc = r.data_crc;
+	snprintf(m->ans_why, sizeof(m->ans_why), "%s", why ? why : "");
+	if (ret < 0) {
+		/* No MACK will come: answer the writes, take no more. */
+		m->mir_open = false;
+		m->mir_acked = UINT64_MAX;
+		mirror_acked_locked(m);
+		while (m->mir_wait) {
+			struct ioc__nbd_mirror_req *q = m->mir_wait;
+
+			m->mir_wait = q->next;
+			mirror_done_locked(q);
+		}
+		m->mir_wait_tail = &m->mir_wait;
+	}
+	pthread_cond_broadcast(&m->mir_cond);
+	pthread_mutex_unlock(&m->mir_lock);
+	return NULL;
+}
+
 /* Copy [off, off + len) in chunks (block-aligned; the last may be short). */
 static int copy_range(struct src *s, uint64_t off, uint64_t len)
 {
@@ -674,7 +918,9 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 
 		if (cancelled(s))
 			return -ECANCELED;
-		ret = copy_chunk(s, off, n);
+		ret = mirror_service(s);
+		if (ret == 0)
+			ret = copy_chunk(s, off, n, false);
 		if (ret < 0)
 			return ret;
 		off += n;
@@ -706,9 +952,6 @@ static int send_pass(struct src *s)
 	pthread_mutex_unlock(&s->m->lock);
 	return 0;
 }
-
-static uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
-static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 /* Pass 1: every block; holes (whole blocks of them) without reading. */
 static int pass_full(struct src *s)
@@ -932,52 +1175,32 @@ static int wait_sent(struct src *s)
 	}
 }
 
-/* Wait for the destination's ACK (not cancellable: END is out). */
+/* Wait for the destination's ACK (not cancellable: END is out), read by
+ * ack_reader(). */
 static int wait_ack(struct src *s, uint32_t sum)
 {
-	struct ioc_mig_hdr h = { .image_size = s->size, .block_size = s->block };
-	uint8_t buf[IOC_MIG_REC_SIZE];
-	size_t got = 0;
-	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
-	struct ioc_mig_rec r;
-	const char *why = NULL;
+	struct ioc__nbd_mig *m = s->m;
+	struct timespec ts;
+	int ret = 0, rc = 0;
 
-	while (got < sizeof(buf)) {
-		struct pollfd pf = { s->sock, POLLIN, 0 };
-		int pr = s->tls && ioc__nbd_tls_pending(s->tls) ? 1 : poll(&pf, 1, 100);
-		ssize_t n;
-
-		if (pr == 0) {
-			if (ioc__nbd_mig_now_ms() > deadline)
-				return fail(s, -ETIMEDOUT, "No answer from the destination");
-			continue;
-		}
-		if (s->tls) {
-			n = ioc__nbd_tls_mig_recv(s->tls, buf + got, sizeof(buf) - got);
-			if (n < 0) {
-				errno = (int)-n;
-				n = -1;
-			}
-		} else {
-			n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return fail(s, n < 0 ? -errno : -EPIPE,
-				    "The destination closed the stream before its answer");
-		got += (size_t)n;
-	}
-	if (ioc_mig_rec_decode(buf, &h, &r, &why) < 0 || r.type != IOC_MIG_ACK)
-		return fail(s, -EPROTO, "Bad answer from the destination: %s",
-			    why ? why : "not an ACK");
-	if (r.offset != 0)
-		return fail(s, -(int)(r.offset > 4095 ? EPROTO : r.offset),
-			    "The destination failed: %s", strerror((int)(r.offset > 4095 ? EPROTO : r.offset)));
-	if (r.data_crc != sum)
-		return fail(s, -EBADMSG, "Image checksum mismatch (source %08x, "
-			    "destination %08x)", sum, r.data_crc);
-	return 0;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ACK_TIMEOUT_MS / 1000;
+	pthread_mutex_lock(&m->mir_lock);
+	while (!m->ans_done && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&m->mir_cond, &m->mir_lock, &ts);
+	if (!m->ans_done)
+		ret = fail(s, -ETIMEDOUT, "No answer from the destination");
+	else if (m->ans_ret < 0)
+		ret = fail(s, m->ans_ret, "%s: %s", m->ans_why, strerror(-m->ans_ret));
+	else if (m->ans_off != 0)
+		ret = fail(s, -(int)(m->ans_off > 4095 ? EPROTO : m->ans_off),
+			   "The destination failed: %s",
+			   strerror((int)(m->ans_off > 4095 ? EPROTO : m->ans_off)));
+	else if (m->ans_crc != sum)
+		ret = fail(s, -EBADMSG, "Image checksum mismatch (source %08x, "
+			   "destination %08x)", sum, m->ans_crc);
+	pthread_mutex_unlock(&m->mir_lock);
+	return ret;
 }
 
 static int run(struct src *s, const char *uri)
@@ -1037,6 +1260,18 @@ static int run(struct src *s, const char *uri)
 	ret = send_all(s, &iov, 1);
 	if (ret < 0)
 		return ret;
+	pthread_mutex_lock(&m->mir_lock);
+	m->ans_done = false;
+	m->ans_ret = 0;
+	m->mir_acked = 0;
+	m->mir_wait = m->mir_sent = NULL;
+	m->mir_wait_tail = &m->mir_wait;
+	m->mir_sent_tail = &m->mir_sent;
+	pthread_mutex_unlock(&m->mir_lock);
+	ret = pthread_create(&s->reader, NULL, ack_reader, s);
+	if (ret != 0)
+		return fail(s, -ret, "Cannot start the answer reader: %s", strerror(ret));
+	s->reader_running = true;
 	pthread_mutex_lock(&m->lock);
 	m->st.transferred += sizeof(hb);
 	m->t_setup = ioc__nbd_mig_now_ms();
@@ -1044,6 +1279,8 @@ static int run(struct src *s, const char *uri)
 	pthread_mutex_unlock(&m->lock);
 
 	s->win_start = s->pass_start = ioc_now_ns();
+	if (s->p.active_mirror == IOC_MIG_MIRROR_ON)
+		mirror_start(s);
 	ret = pass_full(s);
 	if (ret < 0)
 		return ret;
@@ -1058,6 +1295,10 @@ static int run(struct src *s, const char *uri)
 			break;
 		if (cancelled(s))
 			return -ECANCELED;
+		/* auto: a dirty pass is needed, so writes are mirrored from
+		 * now on (see the top for why not later). */
+		if (!s->active && s->p.active_mirror == IOC_MIG_MIRROR_AUTO)
+			mirror_start(s);
 		ret = pass_dirty(s);
 		if (ret < 0)
 			return ret;
@@ -1143,6 +1384,14 @@ static void *source_thread(void *opaque)
 		ret = fail(&s, -errno, "Cannot open %s: %s", a->path, strerror(errno));
 	else
 		ret = run(&s, a->uri);
+	mirror_stop(&s);
+	if (s.reader_running) {
+		pthread_mutex_lock(&a->m->mir_lock);
+		if (!a->m->ans_done)
+			shutdown(s.sock, SHUT_RDWR); /* ends its read */
+		pthread_mutex_unlock(&a->m->mir_lock);
+		pthread_join(s.reader, NULL);
+	}
 	if (s.wq) {
 		snapshot_workers(&s);
 		ioc_wq_free(s.wq);
@@ -1380,6 +1629,21 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 		}
 		p.granularity = g;
 	}
+	if (U("__org.iocore_active-mirror")) {
+		const char *am = json_string_value(v);
+
+		if (am && strcmp(am, "auto") == 0)
+			p.active_mirror = IOC_MIG_MIRROR_AUTO;
+		else if (am && strcmp(am, "on") == 0)
+			p.active_mirror = IOC_MIG_MIRROR_ON;
+		else if (am && strcmp(am, "off") == 0)
+			p.active_mirror = IOC_MIG_MIRROR_OFF;
+		else {
+			errf(err, "Parameter '__org.iocore_active-mirror' expects "
+			     "'auto', 'on' or 'off'");
+			return NULL;
+		}
+	}
 	if (U("tls-creds") && !str_param(err, "tls-creds", v, p.tls_creds, sizeof(p.tls_creds)))
 		return NULL;
 	if (U("tls-hostname") &&
@@ -1410,7 +1674,12 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 
 	if (!m)
 		return NULL;
-	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:s}",
+	static const char *const am[] = {
+		[IOC_MIG_MIRROR_AUTO] = "auto", [IOC_MIG_MIRROR_ON] = "on",
+		[IOC_MIG_MIRROR_OFF] = "off",
+	};
+
+	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:s,s:s}",
 			 "compress-level", (int)m->p.compress_level,
 			 "compress-threads", (int)m->p.compress_threads,
 			 "compress-wait-thread", m->p.compress_wait_thread,
@@ -1418,6 +1687,7 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 			 "max-bandwidth", (json_int_t)m->p.max_bandwidth,
 			 "downtime-limit", (json_int_t)m->p.downtime_limit,
 			 "__org.iocore_granularity", (json_int_t)m->p.granularity,
+			 "__org.iocore_active-mirror", am[m->p.active_mirror],
 			 "tls-creds", m->p.tls_creds, "tls-hostname", m->p.tls_hostname);
 }
 
@@ -1618,6 +1888,10 @@ json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
 		for (unsigned i = 0; i < st.nworkers; i++)
 			json_array_append_new(busy_ns, json_integer((json_int_t)st.worker_busy_ns[i]));
 		json_object_set_new(ret, "__org.iocore_worker-busy-ns", busy_ns);
+		json_object_set_new(ret, "__org.iocore_active-mirror",
+				    json_boolean(st.active_mirror));
+		json_object_set_new(ret, "__org.iocore_mirrored-writes",
+				    json_integer((json_int_t)st.mirrored_writes));
 		json_object_set_new(ret, "__org.iocore_amplification",
 				    json_real(st.total ? (double)st.read_bytes / (double)st.total
 						       : 0.0));
