@@ -24,7 +24,7 @@ for t in fio qemu-io python3; do
 done
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "1..0 # SKIP fio without the nbd engine"; exit 77; }
 workdir ioc-nbd-migrate-mirror
-echo "1..18"
+echo "1..19"
 
 source_start() {
 	srv --fork --pid-file "$dir/$1.pid" -U "$dir/$1.sock" --control "$dir/$1.ctl" \
