@@ -122,6 +122,10 @@ struct ioc__nbd_mig {
 	pthread_cond_t mir_cond;        /* the stream's answers, to the
 					 * migration thread (see ack_reader) */
 	bool mir_open;                  /* the hook may queue requests */
+	/* Pass 1 has read everything below (UINT64_MAX after pass 1): a
+	 * write at or above it is left to pass 1.  Release store by the
+	 * migration thread after each read, acquire load in the hook. */
+	_Atomic uint64_t mir_cursor;
 	const struct ioc__nbd_export *mir_exp;
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */

@@ -760,6 +760,12 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	if (!m || (type != NBD_CMD_WRITE && type != NBD_CMD_WRITE_ZEROES &&
 		   type != NBD_CMD_TRIM) || len == 0 || len > MIRROR_MAX)
 		return; /* a large one stays dirty for the passes */
+	/* Acquire: pairs with the release stores in copy_range() and run():
+	 * a write ahead of pass 1 keeps its dirty bits, and pass 1 clears
+	 * and reads it later (a stale cursor only means a write is left to
+	 * the bitmap: correct either way). */
+	if (off >= atomic_load_explicit(&m->mir_cursor, memory_order_acquire))
+		return;
 	ioc_co_await_init(&q.aw);
 	pthread_mutex_lock(&m->mir_lock);
 	if (!m->mir_open || m->mir_exp != e) {
@@ -768,9 +774,8 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	}
 	*m->mir_wait_tail = &q;
 	m->mir_wait_tail = &q.next;
-	/* The migration thread looks at mir_wait between chunks, and waits
-	 * on mir_cond only when it has nothing else to do. */
-	pthread_cond_signal(&m->mir_cond);
+	/* The migration thread takes mir_wait between chunks (it is never
+	 * idle while mirroring: a pass runs until the switch-over). */
 	pthread_mutex_unlock(&m->mir_lock);
 	ioc_co_await(&q.aw);
 }
@@ -909,6 +914,28 @@ out:
 	return NULL;
 }
 
+static uint64_t dirty_bytes(struct src *s)
+{
+	struct ioc_blk_dirty_info di;
+
+	ioc_blk_dirty_get_info(s->bm, &di);
+	return di.count;
+}
+
+/* auto, during pass 1: mirror once what was written behind the pass could
+ * no longer be sent within downtime-limit at the rate pass 1 sends. */
+static void auto_start(struct src *s)
+{
+	int64_t dt = ioc_now_ns() - s->pass_start;
+	double bw;
+
+	if (dt < 100000000 || !s->pass_wire)
+		return;
+	bw = (double)s->pass_wire * 1e9 / (double)dt;
+	if ((double)dirty_bytes(s) * 1000.0 > (double)s->p.downtime_limit * bw)
+		mirror_start(s);
+}
+
 /* Copy [off, off + len) in chunks (block-aligned; the last may be short). */
 static int copy_range(struct src *s, uint64_t off, uint64_t len)
 {
@@ -926,9 +953,14 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 		off += n;
 		len -= n;
 		if (s->pass == 1) {
+			/* Release: pairs with the hook's acquire load. */
+			atomic_store_explicit(&s->m->mir_cursor, off, memory_order_release);
 			pthread_mutex_lock(&s->m->lock);
 			s->m->st.pass1_pos = off;
 			pthread_mutex_unlock(&s->m->lock);
+			if (!s->active && s->p.active_mirror == IOC_MIG_MIRROR_AUTO &&
+			    (off / CHUNK_MAX) % 16 == 0)
+				auto_start(s);
 		}
 	}
 	return 0;
@@ -1010,13 +1042,6 @@ static int pass_full(struct src *s)
 	return drain(s);
 }
 
-static uint64_t dirty_bytes(struct src *s)
-{
-	struct ioc_blk_dirty_info di;
-
-	ioc_blk_dirty_get_info(s->bm, &di);
-	return di.count;
-}
 
 /* A pass over what the bitmap says changed. */
 static int pass_dirty(struct src *s)
@@ -1279,11 +1304,16 @@ static int run(struct src *s, const char *uri)
 	pthread_mutex_unlock(&m->lock);
 
 	s->win_start = s->pass_start = ioc_now_ns();
+	/* Relaxed: mirror_start()'s release store publishes it. */
+	atomic_store_explicit(&m->mir_cursor, 0, memory_order_relaxed);
 	if (s->p.active_mirror == IOC_MIG_MIRROR_ON)
 		mirror_start(s);
 	ret = pass_full(s);
 	if (ret < 0)
 		return ret;
+	/* Release: pairs with the hook's acquire load; every write is
+	 * mirrored from now on (while active). */
+	atomic_store_explicit(&m->mir_cursor, UINT64_MAX, memory_order_release);
 	pass_end(s);
 	/* Dirty passes until what remains fits in downtime-limit. */
 	for (;;) {
