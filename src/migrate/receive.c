@@ -26,6 +26,11 @@
  *    applied by the reader itself (fallocate: punch a hole, else zero the
  *    range, else write zeros), never concurrently with a job on the same
  *    block, since the pass's records do not overlap.
+ *  - MIRROR records (a client write the sender waits for) may overlap
+ *    anything: the reader collects the jobs in flight on their blocks (a
+ *    bitmap of blocks busy in jobs), writes the record itself and answers
+ *    MACK with the count applied, so each lands after every earlier record
+ *    and before any later one.  They claim no blocks of the pass.
  *  - Memory: the payload and decoded bytes of the jobs in flight are
  *    counted, and the reader collects jobs before reading a payload that
  *    would take the count above 64 MiB, so memory is that plus one
