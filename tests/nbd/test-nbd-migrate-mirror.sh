@@ -122,7 +122,7 @@ port=$(free_port)
 dest_start d2 "$dir/b.img" tcp:127.0.0.1:$port
 # Every block of the first 4 MiB written once, then read back and
 # checked, twice (pass 1 reaches them first: writes behind it are mirrored).
-fio_start s2 --size=4M --loops=2 --verify=crc32c --do_verify=1
+fio_start s2 --size=4M --loops=2 --verify=crc32c --do_verify=1 --verify_state_save=0
 ctl s2 migrate uri=tcp:127.0.0.1:$port >/dev/null
 wait_mirrored s2
 check "migrate_cancel with writes being mirrored" ctl s2 migrate_cancel
@@ -142,7 +142,7 @@ source_start s3 "$dir/a.img"
 ctl s3 migrate-set-parameters max-bandwidth=1000000 __org.iocore_active-mirror=on >/dev/null
 port=$(free_port)
 dest_start d3 "$dir/b.img" tcp:127.0.0.1:$port
-fio_start s3 --size=4M --loops=2 --verify=crc32c --do_verify=1
+fio_start s3 --size=4M --loops=2 --verify=crc32c --do_verify=1 --verify_state_save=0
 ctl s3 migrate uri=tcp:127.0.0.1:$port >/dev/null
 wait_mirrored s3
 kill -9 $dpid; wait $dpid 2>/dev/null
