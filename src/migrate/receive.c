@@ -26,6 +26,11 @@
  *    applied by the reader itself (fallocate: punch a hole, else zero the
  *    range, else write zeros), never concurrently with a job on the same
  *    block, since the pass's records do not overlap.
+ *  - MIRROR records (a client write the sender waits for) may overlap
+ *    anything: the reader collects the jobs in flight on their blocks (a
+ *    bitmap of blocks busy in jobs), writes the record itself and answers
+ *    MACK with the count applied, so each lands after every earlier record
+ *    and before any later one.  They claim no blocks of the pass.
  *  - Memory: the payload and decoded bytes of the jobs in flight are
  *    counted, and the reader collects jobs before reading a payload that
  *    would take the count above 64 MiB, so memory is that plus one
@@ -102,6 +107,8 @@ struct recv {
 	struct ioc_wq *wq;
 	uint64_t in_flight_bytes;
 	uint64_t *seen;         /* blocks written in the current pass */
+	uint64_t *busy;         /* blocks of DATA jobs in flight */
+	uint64_t mirrors;       /* MIRROR records applied (MACK's count) */
 	enum zero_mode zmode;
 	uint8_t *zbuf;
 	pthread_mutex_t dctx_lock;
@@ -115,7 +122,8 @@ struct recv {
 static const char *type_name(uint32_t t)
 {
 	static const char *const names[] = {
-		"?", "DATA_RAW", "DATA_ZSTD", "ZERO", "PASS", "END", "ACK",
+		"?", "DATA_RAW", "DATA_ZSTD", "ZERO", "PASS", "END", "ACK", "MIRROR",
+		"MACK",
 	};
 
 	return t < IOC_ARRAY_SIZE(names) ? names[t] : "?";
@@ -236,12 +244,11 @@ static int send_all(int fd, const void *buf, size_t n, int flags)
 	return 0;
 }
 
-static int send_ack(struct recv *rv, int err, uint32_t sum, int flags)
+/* An answer to the sender: ACK or MACK. */
+static int send_rec(struct recv *rv, uint32_t type, uint64_t offset, uint32_t sum,
+		    int flags)
 {
-	struct ioc_mig_rec a = {
-		.type = IOC_MIG_ACK, .offset = (uint64_t)(err < 0 ? -err : err),
-		.data_crc = sum,
-	};
+	struct ioc_mig_rec a = { .type = type, .offset = offset, .data_crc = sum };
 	uint8_t buf[IOC_MIG_REC_SIZE];
 
 	ioc_mig_rec_encode(&a, buf);
@@ -263,6 +270,11 @@ static int send_ack(struct recv *rv, int err, uint32_t sum, int flags)
 		return 0;
 	}
 	return send_all(rv->o->fd, buf, sizeof(buf), flags);
+}
+
+static int send_ack(struct recv *rv, int err, uint32_t sum, int flags)
+{
+	return send_rec(rv, IOC_MIG_ACK, (uint64_t)(err < 0 ? -err : err), sum, flags);
 }
 
 /* ---- zstd contexts ------------------------------------------------- */
@@ -358,6 +370,29 @@ static void job_free(struct job *j)
 	free(j);
 }
 
+/* Set or clear the busy bits of the blocks of a DATA record (reader). */
+static void mark_busy(struct recv *rv, const struct ioc_mig_rec *r, bool on)
+{
+	uint32_t bs = rv->hdr.block_size;
+
+	for (uint64_t b = r->offset / bs; b <= (r->offset + r->length - 1) / bs; b++) {
+		if (on)
+			rv->busy[b / 64] |= UINT64_C(1) << (b % 64);
+		else
+			rv->busy[b / 64] &= ~(UINT64_C(1) << (b % 64));
+	}
+}
+
+static bool any_busy(struct recv *rv, const struct ioc_mig_rec *r)
+{
+	uint32_t bs = rv->hdr.block_size;
+
+	for (uint64_t b = r->offset / bs; b <= (r->offset + r->length - 1) / bs; b++)
+		if (rv->busy[b / 64] & UINT64_C(1) << (b % 64))
+			return true;
+	return false;
+}
+
 /* Collect finished jobs, waiting for at least one when block is set and
  * something is in flight.  A job's failure goes to rv->err (the first one
  * wins); returns the count collected, or the workqueue's -errno. */
@@ -376,6 +411,7 @@ static int collect(struct recv *rv, bool block)
 		struct job *j = ioc_container_of(done[i], struct job, wj);
 
 		rv->in_flight_bytes -= j->bytes;
+		mark_busy(rv, &j->rec, false);
 		if (j->err == -EBADMSG && j->got_crc)
 			fail(rv, j->err, "record %llu (%s) at image offset %llu: %s "
 			     "(computed 0x%08x, record says 0x%08x)",
@@ -549,6 +585,53 @@ static int start_data(struct recv *rv, const struct ioc_mig_rec *r, uint64_t rec
 		return fail(rv, ret, "workqueue: %s", strerror(-ret));
 	}
 	rv->in_flight_bytes += need;
+	mark_busy(rv, r, true);
+	return 0;
+}
+
+/* A MIRROR record: after every earlier record on its blocks (the DATA jobs
+ * in flight on them are collected first; ZERO and MIRROR records were
+ * applied by this thread already), before any later one (applied here,
+ * before the next record is read).  Then MACK. */
+static int apply_mirror(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
+{
+	uint8_t *buf = malloc(r->length);
+	const char *what = NULL;
+	uint32_t crc;
+	int ret;
+
+	if (!buf)
+		return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
+			    (unsigned long long)recno, (unsigned)r->length);
+	ret = read_full(rv, buf, r->payload_len, "payload", recno);
+	while (ret == 0 && any_busy(rv, r))
+		ret = reap(rv, true);
+	if (ret < 0) {
+		free(buf);
+		return ret;
+	}
+	ret = ioc__mig_payload_decode(r, buf, buf, NULL, &what);
+	crc = ioc_mig_crcs_set(rv->crcs, r->offset, r->length, buf);
+	if (ret == 0 && crc != r->data_crc)
+		ret = fail(rv, -EBADMSG, "record %llu (MIRROR) at image offset %llu: data "
+			   "CRC mismatch (computed 0x%08x, record says 0x%08x)",
+			   (unsigned long long)recno, (unsigned long long)r->offset,
+			   (unsigned)crc, (unsigned)r->data_crc);
+	else if (ret < 0)
+		ret = fail(rv, ret, "record %llu (MIRROR): %s", (unsigned long long)recno, what);
+	if (ret == 0 && (ret = pwrite_full(rv->o->image_fd, buf, r->length, r->offset)) < 0)
+		ret = fail(rv, ret, "record %llu (MIRROR) at image offset %llu: cannot "
+			   "write to the image: %s", (unsigned long long)recno,
+			   (unsigned long long)r->offset, strerror(-ret));
+	free(buf);
+	if (ret < 0)
+		return ret;
+	rv->st->data_bytes += r->length;
+	rv->mirrors++;
+	ret = send_rec(rv, IOC_MIG_MACK, rv->mirrors, 0, 0);
+	if (ret < 0)
+		return fail(rv, ret, "record %llu (MIRROR): cannot send MACK: %s",
+			    (unsigned long long)recno, strerror(-ret));
 	return 0;
 }
 
@@ -618,7 +701,10 @@ static int run(struct recv *rv)
 	rv->seen = calloc((size_t)(ioc__mig_nblocks(rv->hdr.image_size,
 						    rv->hdr.block_size) + 63) / 64,
 			  sizeof(*rv->seen));
-	if (!rv->seen)
+	rv->busy = calloc((size_t)(ioc__mig_nblocks(rv->hdr.image_size,
+						    rv->hdr.block_size) + 63) / 64,
+			  sizeof(*rv->busy));
+	if (!rv->seen || !rv->busy)
 		return fail(rv, -ENOMEM, "header: out of memory");
 	ret = size_image(rv);
 	if (ret < 0)
@@ -656,6 +742,9 @@ static int run(struct recv *rv)
 			ret = claim_blocks(rv, &r, recno);
 			if (ret == 0)
 				ret = apply_zero(rv, &r, recno);
+			break;
+		case IOC_MIG_MIRROR:
+			ret = apply_mirror(rv, &r, recno);
 			break;
 		case IOC_MIG_PASS:
 			/* Every write of the previous pass lands first. */
@@ -718,6 +807,7 @@ int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
 	pthread_mutex_destroy(&rv.dctx_lock);
 	free(rv.zbuf);
 	free(rv.seen);
+	free(rv.busy);
 	ioc_mig_crcs_free(rv.crcs);
 	return ret;
 }

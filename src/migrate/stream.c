@@ -225,7 +225,7 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 	r->data_crc = get32(buf + 24);
 	if (get32(buf + 28) != ioc_mig_crc(buf, 28))
 		return reject(why, "record: header CRC mismatch", -EPROTO);
-	if (r->type < IOC_MIG_DATA_RAW || r->type > IOC_MIG_ACK)
+	if (r->type < IOC_MIG_DATA_RAW || r->type > IOC_MIG_MACK)
 		return reject(why, "record: unknown type", -EPROTO);
 	if (r->flags != 0)
 		return reject(why, "record: unknown flags", -EPROTO);
@@ -233,6 +233,7 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 	case IOC_MIG_DATA_RAW:
 	case IOC_MIG_DATA_ZSTD:
 	case IOC_MIG_ZERO:
+	case IOC_MIG_MIRROR:
 		if (r->length == 0)
 			return reject(why, "record: length 0", -EPROTO);
 		if (r->offset >= h->image_size)
@@ -254,8 +255,9 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 		if (r->length > IOC_MIG_MAX_CHUNK)
 			return reject(why, "record: length above the 64 MiB chunk limit",
 				      -EPROTO);
-		if (r->type == IOC_MIG_DATA_RAW && r->payload_len != r->length)
-			return reject(why, "record: payload_len != length for DATA_RAW",
+		if ((r->type == IOC_MIG_DATA_RAW || r->type == IOC_MIG_MIRROR) &&
+		    r->payload_len != r->length)
+			return reject(why, "record: payload_len != length for DATA_RAW/MIRROR",
 				      -EPROTO);
 		if (r->type == IOC_MIG_DATA_ZSTD &&
 		    (r->payload_len == 0 || r->payload_len > ZSTD_compressBound(r->length)))
@@ -268,10 +270,11 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 		/* fallthrough */
 	case IOC_MIG_END:
 	case IOC_MIG_ACK:
+	case IOC_MIG_MACK:
 		if (r->length != 0)
-			return reject(why, "record: length not 0 for PASS/END/ACK", -EPROTO);
+			return reject(why, "record: length not 0 for PASS/END/ACK/MACK", -EPROTO);
 		if (r->payload_len != 0)
-			return reject(why, "record: payload_len not 0 for PASS/END/ACK",
+			return reject(why, "record: payload_len not 0 for PASS/END/ACK/MACK",
 				      -EPROTO);
 		if (r->type == IOC_MIG_END && r->offset != h->image_size)
 			return reject(why, "record: END offset is not the image size",
@@ -289,6 +292,7 @@ int ioc__mig_payload_decode(const struct ioc_mig_rec *r, const void *payload,
 
 	switch (r->type) {
 	case IOC_MIG_DATA_RAW:
+	case IOC_MIG_MIRROR:
 		if (r->payload_len != r->length)
 			return reject(why, "payload: payload_len != length for DATA_RAW",
 				      -EPROTO);
@@ -429,6 +433,34 @@ uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
 	return whole;
 }
 
+uint32_t ioc_mig_block_crcs(uint32_t block_size, const void *buf, uint64_t len,
+			    uint32_t *out)
+{
+	const uint8_t *p = buf;
+	uint32_t whole = 0;
+
+	for (uint64_t i = 0; len; i++) {
+		uint64_t n = len < block_size ? len : block_size;
+
+		out[i] = ioc_mig_crc(p, (size_t)n);
+		whole = crc_combine(whole, out[i], n);
+		p += n;
+		len -= n;
+	}
+	return whole;
+}
+
+void ioc_mig_crcs_put(struct ioc_mig_crcs *c, uint64_t offset, uint64_t len,
+		      const uint32_t *crcs)
+{
+	if (offset >= c->image_size || len == 0)
+		return;
+	if (len > c->image_size - offset)
+		len = c->image_size - offset;
+	for (uint64_t b = offset / c->block_size, i = 0;
+	     b <= (offset + len - 1) / c->block_size; b++, i++)
+		mark(c, b, crcs[i]);
+}
 
 int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
 			  uint64_t *missing)

@@ -24,6 +24,11 @@
  *    of one pass never overlap, so a receiver may apply a pass's records
  *    in any order, but must finish a pass before applying the next one.
  *    END carries the image checksum; the receiver answers with ACK.
+ *    MIRROR (version 2) is a client write mirrored while the source waits:
+ *    raw data that may overlap any earlier record, so the receiver applies
+ *    it after every earlier record touching its blocks and before any
+ *    later one, then answers MACK with the count of MIRROR records applied
+ *    so far (cumulative: one MACK may answer several).
  *  - The image checksum is computed from per-block CRCs, not from a
  *    rereading of the image: CRC-32 over the big-endian array of every
  *    block's CRC-32, in block order.  The sender knows each block's CRC
@@ -43,7 +48,7 @@
 #include <stdint.h>
 
 #define IOC_MIG_MAGIC      UINT64_C(0x494f434d49470d0a) /* "IOCMIG\r\n" */
-#define IOC_MIG_VERSION    1u
+#define IOC_MIG_VERSION    2u
 #define IOC_MIG_HDR_SIZE   32u   /* magic 8, version 4, flags 4, size 8,
 				  * block_size 4, crc 4 */
 #define IOC_MIG_REC_SIZE   32u   /* type 4, flags 4, offset 8, length 4,
@@ -67,6 +72,10 @@ enum ioc_mig_type {
 	IOC_MIG_END = 5,        /* offset: image size; data_crc: image checksum */
 	IOC_MIG_ACK = 6,        /* receiver to sender; offset: 0 or an errno;
 				 * data_crc: the receiver's image checksum */
+	IOC_MIG_MIRROR = 7,     /* payload: length raw bytes, as DATA_RAW, but
+				 * ordered against every other record */
+	IOC_MIG_MACK = 8,       /* receiver to sender; offset: MIRROR records
+				 * applied so far; length 0 */
 };
 
 struct ioc_mig_hdr {
@@ -99,7 +108,8 @@ void ioc_mig_rec_encode(const struct ioc_mig_rec *r, uint8_t *buf);
  * size (or ends at the image end), DATA at most MAX_CHUNK, payload_len ==
  * length for RAW, in [1, zstd's bound] for ZSTD, 0 for the others; PASS,
  * END and ACK of length 0, PASS numbered from 1, END's offset equal to the
- * image size.  Returns 0 or
+ * image size; MIRROR as DATA_RAW; MACK of length 0 and no payload.
+ * Returns 0 or
  * -EPROTO (malformed), -EPROTONOSUPPORT (magic or version), with a
  * human-readable reason in why (may be NULL) naming the field.
  */
@@ -138,5 +148,14 @@ uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
 			  uint64_t len, const void *buf);
 int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
 			  uint64_t *missing);
+/* The CRCs of the blocks of buf (len bytes from a block-aligned offset;
+ * the last block may be short) into out[], one per block, and the CRC of
+ * the whole range; nothing is recorded.  ioc_mig_crcs_put() records them
+ * later, so a sender whose workers finish out of order can record CRCs in
+ * the order its records leave. */
+uint32_t ioc_mig_block_crcs(uint32_t block_size, const void *buf, uint64_t len,
+			    uint32_t *out);
+void ioc_mig_crcs_put(struct ioc_mig_crcs *c, uint64_t offset, uint64_t len,
+		      const uint32_t *crcs);
 
 #endif

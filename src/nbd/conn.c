@@ -735,6 +735,10 @@ static void ioc_coroutine_fn req_co(void *opaque)
 		t->gate_draining = false;
 		gate_report(t->srv);
 	}
+	/* Active mirroring: acquire pairs with the migration thread's release
+	 * store of srv->mirror (migrate-source.c, mirror_start). */
+	if (!r->failed && atomic_load_explicit(&t->srv->mirror, memory_order_acquire))
+		ioc__nbd_mig_mirror(t->srv, c->core.exp, r->type, r->offset, r->len);
 	queue_reply(c, r);
 }
 

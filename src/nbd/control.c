@@ -564,6 +564,7 @@ static const struct ioc__qmp_arg args_mig_params[] = {
 	{ "max-bandwidth", IOC_QMP_UINT, true },
 	{ "downtime-limit", IOC_QMP_UINT, true },
 	{ "__org.iocore_granularity", IOC_QMP_UINT, true },
+	{ "__org.iocore_active-mirror", IOC_QMP_STR, true },
 	{ "tls-creds", IOC_QMP_STR, true },
 	{ "tls-hostname", IOC_QMP_STR, true },
 	{ NULL },

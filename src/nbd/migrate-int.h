@@ -41,6 +41,8 @@ enum ioc__mig_status {
  * socket, not addressable by its bitmap commands). */
 #define IOC_MIG_BITMAP "__org.iocore_migration"
 
+enum { IOC_MIG_MIRROR_AUTO = 0, IOC_MIG_MIRROR_ON, IOC_MIG_MIRROR_OFF };
+
 struct ioc__mig_params {
 	bool events, pause_before_switchover, compress, zero_blocks;
 	unsigned compress_level;        /* 0-9, QEMU's scale */
@@ -53,6 +55,7 @@ struct ioc__mig_params {
 	 * (QEMU names an object; iocore has one set); tls-hostname: the name
 	 * the destination's certificate must carry ("" = the URI's host).
 	 * Zero-filled past the string (the params are compared with memcmp). */
+	int active_mirror;              /* IOC_MIG_MIRROR_AUTO, _ON, _OFF */
 	char tls_creds[128];
 	char tls_hostname[256];
 };
@@ -64,6 +67,8 @@ struct ioc__mig_stats {
 	uint64_t pass1_pos;             /* pass 1: copied up to here */
 	uint64_t read_bytes;            /* bytes read and sent (amplification) */
 	uint64_t bandwidth;             /* measured, bytes/s */
+	bool active_mirror;             /* client writes are mirrored */
+	uint64_t mirrored_writes, mirrored_bytes;
 	/* compression */
 	uint64_t comp_pages, comp_busy, comp_jobs, comp_size, comp_in;
 	unsigned nworkers;
@@ -72,6 +77,15 @@ struct ioc__mig_stats {
 };
 
 #define IOC_MIG_EVQ 64
+
+/* A client write waiting for its blocks to reach the destination (on the
+ * stack of the request's coroutine, migrate-source.c). */
+struct ioc__nbd_mirror_req {
+	struct ioc__nbd_mirror_req *next;
+	uint64_t offset, len;
+	uint64_t seq;                   /* its last MIRROR record */
+	struct ioc_co_await aw;
+};
 
 struct ioc__nbd_mig {
 	struct ioc_nbd_server *srv;
@@ -103,6 +117,24 @@ struct ioc__nbd_mig {
 	struct ioc__nbd_export *exp;
 	struct ioc_blk_dirty *bm;       /* source: the hidden bitmap */
 	char uri[256];
+	/* ---- active mirroring, guarded by mir_lock (migrate-source.c) ---- */
+	pthread_mutex_t mir_lock;
+	pthread_cond_t mir_cond;        /* the stream's answers, to the
+					 * migration thread (see ack_reader) */
+	bool mir_open;                  /* the hook may queue requests */
+	/* Pass 1 has read everything below (UINT64_MAX after pass 1): a
+	 * write at or above it is left to pass 1.  Release store by the
+	 * migration thread after each read, acquire load in the hook. */
+	_Atomic uint64_t mir_cursor;
+	const struct ioc__nbd_export *mir_exp;
+	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
+	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
+	uint64_t mir_acked;             /* MIRROR records the destination applied */
+	bool ans_done;                  /* the answer reader ended: */
+	int ans_ret;                    /* 0: ans holds the ACK; or -errno */
+	uint32_t ans_type, ans_crc;
+	uint64_t ans_off;
+	char ans_why[128];
 	/* destination */
 	int listen_fd;                  /* --incoming: waiting for the source */
 	char image[4096];

@@ -83,6 +83,9 @@ struct ioc_nbd_server {
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */
 	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
+	/* While a migration mirrors writes actively: its state, else NULL
+	 * (stored by the migration thread, loaded by the write hook). */
+	_Atomic(struct ioc__nbd_mig *) mirror;
 
 	/* The serving gate (conn.c): OPEN lets requests run; HOLD parks new
 	 * ones at the gate until it opens again; SHUT answers them with
@@ -114,6 +117,15 @@ struct ioc__nbd_mig;
 /* Stop a migration in progress (cancel and join its thread, open the
  * gate again) before the server stops; free the state.  Main loop. */
 void ioc__nbd_mig_free(struct ioc_nbd_server *srv);
+
+/* migrate-source.c: the write hook.  A request that changed export e's
+ * data ([off, off + len), type NBD_CMD_*) calls it after its local write
+ * and before its reply, outside the serving gate's count; while the
+ * migration mirrors actively it yields until those blocks are on the
+ * destination, or the migration ended.  Coroutine on an I/O thread. */
+void ioc_coroutine_fn ioc__nbd_mig_mirror(struct ioc_nbd_server *srv,
+					  const struct ioc__nbd_export *e, int type,
+					  uint64_t off, uint64_t len);
 
 /* A snapshot of one connection for the control socket (conn.c fills it
  * on the connection's thread). */

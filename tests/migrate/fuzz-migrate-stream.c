@@ -61,7 +61,8 @@ static void decode_all(const uint8_t *data, size_t size)
 			continue;
 		}
 		off += IOC_MIG_REC_SIZE;
-		if (r.type != IOC_MIG_DATA_RAW && r.type != IOC_MIG_DATA_ZSTD)
+		if (r.type != IOC_MIG_DATA_RAW && r.type != IOC_MIG_DATA_ZSTD &&
+		    r.type != IOC_MIG_MIRROR)
 			continue;
 		if (r.payload_len > size - off)
 			break;
@@ -174,7 +175,7 @@ static int run(const uint8_t *p, size_t n)
 /* The valid streams: small, every record type, two passes. */
 static void sample_stream(int which, struct mt_stream *s)
 {
-	uint8_t buf[3 * 4096];
+	uint8_t buf[9 * 4096];
 
 	mt_fill(buf, sizeof(buf), (uint64_t)which, 1);
 	switch (which) {
@@ -192,6 +193,16 @@ static void sample_stream(int which, struct mt_stream *s)
 		mt_begin(s, 1000, 65536);
 		mt_raw(s, 0, buf, 1000);
 		break;
+	case 3: /* MIRROR records over a pass's records, and before them */
+		mt_begin(s, 8 * 4096, 4096);
+		mt_pass(s, 1);
+		mt_zstd(s, 0, buf, 4 * 4096);
+		mt_mirror(s, 4096, buf + 4096, 4096);
+		mt_mirror(s, 5 * 4096, buf + 200, 2 * 4096);
+		mt_raw(s, 4 * 4096, buf + 300, 4 * 4096);
+		mt_pass(s, 2);
+		mt_mirror(s, 0, buf + 400, 8 * 4096);
+		break;
 	default: /* holes and one compressed record spanning blocks */
 		mt_begin(s, 64 * 4096, 4096);
 		mt_pass(s, 1);
@@ -203,7 +214,7 @@ static void sample_stream(int which, struct mt_stream *s)
 	mt_end(s, mt_checksum(s));
 }
 
-#define NSAMPLES 3
+#define NSAMPLES 4
 
 static void put_be32(uint8_t *p, uint32_t v)
 {

@@ -1,7 +1,7 @@
 /*
  * Test helpers for the migration stream: a builder that encodes a stream
  * into memory the way a sender would (header, DATA_RAW, DATA_ZSTD, ZERO,
- * PASS, END), keeping a model of the image it describes so a test can
+ * MIRROR, PASS, END), keeping a model of the image it describes so a test can
  * compare the receiver's file with it byte for byte.  The model's image
  * checksum is computed here from zlib directly, not with ioc_mig_crcs_*,
  * so the tests check the codec's checksum against an independent one.
@@ -98,6 +98,15 @@ static inline void mt_zstd(struct mt_stream *s, uint64_t off, const void *data, 
 	mt_put(s, z, n);
 	memcpy(s->model + off, data, len);
 	free(z);
+}
+
+/* A MIRROR record (raw, may overlap anything before it). */
+static inline void mt_mirror(struct mt_stream *s, uint64_t off, const void *data,
+			     uint32_t len)
+{
+	mt_rec(s, IOC_MIG_MIRROR, off, len, len, (uint32_t)crc32(0, data, len));
+	mt_put(s, data, len);
+	memcpy(s->model + off, data, len);
 }
 
 static inline void mt_zero(struct mt_stream *s, uint64_t off, uint32_t len)

@@ -27,7 +27,7 @@ struct feeder {
 	const uint8_t *p;
 	size_t len;
 	atomic_bool *cancel;    /* set: cancel after writing, instead of EOF */
-	uint8_t ack[IOC_MIG_REC_SIZE];
+	uint8_t ack[1 << 16];   /* the answers: MACKs, then an ACK */
 	size_t ack_len;
 	pthread_t thread;
 };
@@ -54,7 +54,7 @@ static void *feed(void *arg)
 	} else {
 		shutdown(f->fd, SHUT_WR);
 	}
-	/* The ACK, until the receiver's end is closed. */
+	/* The answers, until the receiver's end is closed. */
 	while (f->ack_len < sizeof(f->ack)) {
 		ssize_t n = recv(f->fd, f->ack + f->ack_len, sizeof(f->ack) - f->ack_len, 0);
 
@@ -73,6 +73,7 @@ struct result {
 	struct ioc_mig_recv_stats st;
 	bool have_ack;
 	struct ioc_mig_rec ack;
+	uint64_t macks, last_mack;
 	unsigned long progress_calls;
 };
 
@@ -127,14 +128,23 @@ static void receive(const uint8_t *p, size_t len, int image_fd, unsigned threads
 	close(sv[0]);
 	ASSERT_EQ(pthread_join(f.thread, NULL), 0);
 	close(sv[1]);
-	if (f.ack_len == sizeof(f.ack)) {
+	ASSERT_UEQ(f.ack_len % IOC_MIG_REC_SIZE, 0);
+	for (size_t off = 0; off < f.ack_len; off += IOC_MIG_REC_SIZE) {
 		struct ioc_mig_hdr h = { IOC_MIG_VERSION, 0, 4096, 4096 };
+		struct ioc_mig_rec a;
 
-		ASSERT_OK(ioc_mig_rec_decode(f.ack, &h, &res->ack, NULL));
-		ASSERT_UEQ(res->ack.type, IOC_MIG_ACK);
+		ASSERT_FALSE(res->have_ack); /* nothing after the ACK */
+		ASSERT_OK(ioc_mig_rec_decode(f.ack + off, &h, &a, NULL));
+		if (a.type == IOC_MIG_MACK) {
+			/* Cumulative, one per MIRROR record here. */
+			ASSERT_UEQ(a.offset, res->last_mack + 1);
+			res->last_mack = a.offset;
+			res->macks++;
+			continue;
+		}
+		ASSERT_UEQ(a.type, IOC_MIG_ACK);
+		res->ack = a;
 		res->have_ack = true;
-	} else {
-		ASSERT_UEQ(f.ack_len, 0);
 	}
 	if (res->ret < 0)
 		ioc_test_diag("receiver: %s", res->why);
@@ -461,6 +471,104 @@ static void test_cancel(void)
 	free(buf);
 }
 
+/* MIRROR records overlapping everything: each lands after the records
+ * before it and under those after it.  Compressed 1 MiB records take the
+ * workers a while, so a receiver that did not wait for the job in flight
+ * under a MIRROR would have it land last, and the image would differ. */
+static void build_mirrors(struct mt_stream *s, uint8_t *buf, uint64_t *nmirror)
+{
+	const uint32_t bs = 4096, chunk = 256 * bs;
+	uint64_t n = 0;
+
+	mt_begin(s, 8ull * chunk, bs);
+	mt_pass(s, 1);
+	for (uint32_t i = 0; i < 8; i++) {
+		uint64_t off = (uint64_t)i * chunk;
+
+		mt_fill(buf, chunk, 7 + i, 1);
+		if (i == 5) {
+			/* A MIRROR before the pass's record of the same blocks. */
+			mt_fill(buf, bs, 500, 0);
+			mt_mirror(s, off + 9 * bs, buf, bs);
+			n++;
+			mt_fill(buf, chunk, 7 + i, 1);
+		}
+		mt_zstd(s, off, buf, chunk);
+		for (uint32_t k = 0; k < 3; k++) {
+			mt_fill(buf, 2 * bs, 1000 + i * 3 + k, 0);
+			mt_mirror(s, off + (k * 61 % 250) * bs, buf, 2 * bs);
+			n++;
+		}
+	}
+	mt_pass(s, 2);
+	mt_fill(buf, chunk, 99, 0);
+	mt_raw(s, 2ull * chunk, buf, chunk);
+	mt_mirror(s, 2ull * chunk + 5 * bs, buf + 77, bs);
+	mt_mirror(s, 2ull * chunk + 5 * bs, buf + 99, 3 * bs);
+	n += 2;
+	mt_end(s, mt_checksum(s));
+	*nmirror = n;
+}
+
+static void test_mirror_order(void)
+{
+	uint8_t *buf = malloc(1 << 20);
+	struct mt_stream s;
+	uint64_t n;
+
+	build_mirrors(&s, buf, &n);
+	for (unsigned threads = 1; threads <= 4; threads *= 2) {
+		struct result res;
+		int fd = open_image(4096);
+
+		receive(s.p, s.len, fd, threads, NULL, &res);
+		ASSERT_OK(res.ret);
+		ASSERT_TRUE(res.have_ack);
+		ASSERT_UEQ(res.ack.offset, 0);
+		ASSERT_UEQ(res.macks, n);
+		ASSERT_UEQ(res.last_mack, n);
+		check_image(fd, &s);
+		close_image(fd);
+	}
+	mt_free(&s);
+	free(buf);
+}
+
+static void test_mirror_errors(void)
+{
+	uint8_t buf[8192];
+	struct mt_stream s;
+	struct result res;
+	int fd;
+
+	/* A corrupted MIRROR payload: no MACK for it, EBADMSG. */
+	mt_fill(buf, sizeof(buf), 3, 0);
+	mt_begin(&s, 4 * 4096, 4096);
+	mt_pass(&s, 1);
+	mt_raw(&s, 0, buf, 8192);
+	mt_mirror(&s, 4096, buf, 4096);
+	s.p[s.len - 10] ^= 1;
+	mt_raw(&s, 8192, buf, 8192);
+	mt_end(&s, mt_checksum(&s));
+	fd = open_image(0);
+	receive(s.p, s.len, fd, 2, NULL, &res);
+	ASSERT_EQ(res.ret, -EBADMSG);
+	ASSERT_WHY(&res, "MIRROR");
+	ASSERT_UEQ(res.macks, 0);
+	close_image(fd);
+	mt_free(&s);
+	/* payload_len != length: a protocol error. */
+	mt_begin(&s, 4 * 4096, 4096);
+	mt_pass(&s, 1);
+	mt_rec(&s, IOC_MIG_MIRROR, 0, 4096, 100, 0);
+	mt_put(&s, buf, 100);
+	fd = open_image(0);
+	receive(s.p, s.len, fd, 2, NULL, &res);
+	ASSERT_EQ(res.ret, -EPROTO);
+	close_image(fd);
+	mt_free(&s);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_receive_passes),
 	IOC_TEST(test_receive_large),
@@ -469,4 +577,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_wrong_checksum),
 	IOC_TEST(test_protocol_errors),
 	IOC_TEST(test_cancel),
+	IOC_TEST(test_mirror_order),
+	IOC_TEST(test_mirror_errors),
 )

@@ -29,7 +29,7 @@ static void test_hdr_round_trip(void)
 	ioc_mig_hdr_encode(&in, b);
 	/* Big-endian on the wire. */
 	ASSERT_MEM_EQ(b, "IOCMIG\r\n", 8);
-	ASSERT_UEQ(b[11], 1);
+	ASSERT_UEQ(b[11], IOC_MIG_VERSION);
 	ASSERT_UEQ(b[19], 0);
 	ASSERT_UEQ(b[18], 1);
 	ASSERT_UEQ(b[17], 0);
@@ -67,7 +67,7 @@ static void test_hdr_rejects(void)
 	hdr_rejects(&h, 7, -EPROTONOSUPPORT, "magic");
 	hdr_rejects(&h, 20, -EPROTO, "header CRC");
 	hdr_rejects(&h, 29, -EPROTO, "header CRC");
-	h.version = 2;
+	h.version = IOC_MIG_VERSION + 1;
 	hdr_rejects(&h, -1, -EPROTONOSUPPORT, "version");
 	h = hdr16k;
 	h.flags = 1;
@@ -149,6 +149,8 @@ static void test_rec_round_trip(void)
 	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_END, 0, h->image_size, 0, 0, 0x12345678 });
 	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_ACK, 0, 0, 0, 0, 0x12345678 });
 	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_ACK, 0, EIO, 0, 0, 0 });
+	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_MIRROR, 0, 4096, 4096, 4096, 3 });
+	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_MACK, 0, 12345, 0, 0, 0 });
 	/* ZERO records are not limited to MAX_CHUNK, DATA records are. */
 	{
 		struct ioc_mig_hdr big = { IOC_MIG_VERSION, 0, UINT64_C(1) << 40, 65536 };
@@ -193,7 +195,7 @@ static void test_rec_rejects(void)
 		REJECT(((struct ioc_mig_rec){ IOC_MIG_DATA_RAW, 0, 4096, 4096, 4096, 9 }),
 		       i, "header CRC");
 	REJECT(((struct ioc_mig_rec){ 0, 0, 0, 0, 0, 0 }), -1, "type");
-	REJECT(((struct ioc_mig_rec){ 7, 0, 0, 0, 0, 0 }), -1, "type");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_MACK + 1, 0, 0, 0, 0, 0 }), -1, "type");
 	REJECT(((struct ioc_mig_rec){ 0x80000001u, 0, 0, 4096, 4096, 0 }), -1, "type");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_DATA_RAW, 1, 0, 4096, 4096, 0 }), -1, "flags");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0x100, end, 0, 0, 0 }), -1, "flags");
@@ -239,6 +241,12 @@ static void test_rec_rejects(void)
 					(uint32_t)ZSTD_compressBound(4096) + 1, 0 }), -1,
 	       "payload_len");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_ZERO, 0, 0, 4096, 1, 0 }), -1, "payload_len");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_MIRROR, 0, 0, 4096, 4095, 0 }), -1,
+	       "payload_len");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_MIRROR, 0, 512, 4096, 4096, 0 }), -1,
+	       "not block-aligned");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_MACK, 0, 1, 0, 4, 0 }), -1, "payload_len");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_MACK, 0, 1, 4096, 0, 0 }), -1, "length");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_PASS, 0, 1, 0, 8, 0 }), -1, "payload_len");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0, end, 0, 1, 0 }), -1, "payload_len");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_PASS, 0, 1, 4096, 0, 0 }), -1, "length");
