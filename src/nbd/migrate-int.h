@@ -130,6 +130,9 @@ struct ioc__nbd_mig {
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */
+	uint64_t mir_bound;             /* MIRROR records that may have been sent:
+					 * raised before each is submitted, so a
+					 * MACK above it is a lying destination */
 	bool ans_done;                  /* the answer reader ended: */
 	int ans_ret;                    /* 0: ans holds the ACK; or -errno */
 	uint32_t ans_type, ans_crc;

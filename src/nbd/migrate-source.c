@@ -806,6 +806,9 @@ static int mirror_service(struct src *s)
 			end = s->size;
 		for (; ret == 0 && off < end; off += n) {
 			n = end - off > CHUNK_MAX ? CHUNK_MAX : end - off;
+			pthread_mutex_lock(&m->mir_lock);
+			m->mir_bound = s->mir_next + 1;
+			pthread_mutex_unlock(&m->mir_lock);
 			ret = copy_chunk(s, off, (uint32_t)n, true);
 			if (ret == 0)
 				s->mir_next++;
@@ -880,6 +883,14 @@ static void *ack_reader(void *opaque)
 		if (r.type == IOC_MIG_ACK)
 			break;
 		pthread_mutex_lock(&m->mir_lock);
+		if (r.offset > m->mir_bound) {
+			/* Acknowledging what was never sent would answer
+			 * writes that are not on the destination. */
+			pthread_mutex_unlock(&m->mir_lock);
+			ret = -EPROTO;
+			why = "The destination acknowledged mirrored writes it was not sent";
+			goto out;
+		}
 		if (r.offset > m->mir_acked)
 			m->mir_acked = r.offset;
 		mirror_acked_locked(m);
@@ -1285,7 +1296,7 @@ static int run(struct src *s, const char *uri)
 	pthread_mutex_lock(&m->mir_lock);
 	m->ans_done = false;
 	m->ans_ret = 0;
-	m->mir_acked = 0;
+	m->mir_acked = m->mir_bound = 0;
 	m->mir_wait = m->mir_sent = NULL;
 	m->mir_wait_tail = &m->mir_wait;
 	m->mir_sent_tail = &m->mir_sent;
