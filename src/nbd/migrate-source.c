@@ -721,6 +721,22 @@ static void mirror_start(struct src *s)
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* Take no more writes and answer every one waiting or sent: their data
+ * is on the source.  Under mir_lock. */
+static void mirror_release_all_locked(struct ioc__nbd_mig *m)
+{
+	m->mir_open = false;
+	m->mir_acked = UINT64_MAX;
+	mirror_acked_locked(m);
+	while (m->mir_wait) {
+		struct ioc__nbd_mirror_req *q = m->mir_wait;
+
+		m->mir_wait = q->next;
+		mirror_done_locked(q);
+	}
+	m->mir_wait_tail = &m->mir_wait;
+}
+
 /* The migration ended (any outcome): no more requests, and every waiting
  * one is answered -- its data is on the source, and after a success on
  * the destination too (the last pass sent every block still dirty). */
@@ -732,16 +748,7 @@ static void mirror_stop(struct src *s)
 	 * m finds mir_open false under the lock. */
 	atomic_store_explicit(&m->srv->mirror, NULL, memory_order_release);
 	pthread_mutex_lock(&m->mir_lock);
-	m->mir_open = false;
-	m->mir_acked = UINT64_MAX;
-	mirror_acked_locked(m);
-	while (m->mir_wait) {
-		struct ioc__nbd_mirror_req *q = m->mir_wait;
-
-		m->mir_wait = q->next;
-		mirror_done_locked(q);
-	}
-	m->mir_wait_tail = &m->mir_wait;
+	mirror_release_all_locked(m);
 	pthread_mutex_unlock(&m->mir_lock);
 }
 
@@ -906,16 +913,7 @@ out:
 	snprintf(m->ans_why, sizeof(m->ans_why), "%s", why ? why : "");
 	if (ret < 0) {
 		/* No MACK will come: answer the writes, take no more. */
-		m->mir_open = false;
-		m->mir_acked = UINT64_MAX;
-		mirror_acked_locked(m);
-		while (m->mir_wait) {
-			struct ioc__nbd_mirror_req *q = m->mir_wait;
-
-			m->mir_wait = q->next;
-			mirror_done_locked(q);
-		}
-		m->mir_wait_tail = &m->mir_wait;
+		mirror_release_all_locked(m);
 	}
 	pthread_cond_broadcast(&m->mir_cond);
 	pthread_mutex_unlock(&m->mir_lock);

@@ -71,6 +71,34 @@ await_log() {
 # The control socket and migration status, for tests that name their
 # control sockets $dir/NAME.ctl (CTL is iocore-ctl).
 ctl() { s=$1; shift; ${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/$s.ctl" "$@"; }
+# source_start NAME IMAGE [OPTION...]: iocore-nbd serving IMAGE on
+# $dir/NAME.sock with the control socket $dir/NAME.ctl, forked; its
+# stderr goes to $dir/NAME.log.
+source_start() {
+	name=$1; image=$2; shift 2
+	srv --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" --control "$dir/$name.ctl" \
+		--iothreads 2 "$@" "$image" 2>"$dir/$name.log"
+}
+# dest_start NAME IMAGE URI [OPTION...]: a migration destination in the
+# background (no --fork, so its exit status can be had: $dpid); returns
+# once it waits for the stream.
+dest_start() {
+	name=$1; image=$2; uri=$3; shift 3
+	: >"$dir/$name.log"
+	# Not through srv(): a function in the background would be a subshell,
+	# and $! must be the server (kill -9, its exit status).
+	${MESON_EXE_WRAPPER:-} "$SRV" -v -U "$dir/$name.sock" --control "$dir/$name.ctl" \
+		--iothreads 2 "$@" --incoming "$uri" "$image" 2>"$dir/$name.log" &
+	dpid=$!
+	echo $dpid >"$dir/$name.pid"
+	i=0
+	until grep -q "waiting for an incoming migration" "$dir/$name.log"; do
+		i=$((i + 1))
+		[ $i -gt 600 ] && return 1
+		kill -0 $dpid 2>/dev/null || return 1
+		sleep 0.05
+	done
+}
 # free_port: a TCP port nobody listens on now (the kernel picks it).
 free_port() {
 	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

@@ -26,25 +26,6 @@ fio --enghelp=nbd >/dev/null 2>&1 || { echo "1..0 # SKIP fio without the nbd eng
 workdir ioc-nbd-migrate-mirror
 echo "1..19"
 
-source_start() {
-	srv --fork --pid-file "$dir/$1.pid" -U "$dir/$1.sock" --control "$dir/$1.ctl" \
-		--iothreads 2 "$2"
-}
-# dest NAME IMAGE URI: a destination in the background ($dpid).
-dest_start() {
-	: >"$dir/$1.log"
-	${MESON_EXE_WRAPPER:-} "$SRV" -v -U "$dir/$1.sock" --control "$dir/$1.ctl" \
-		--iothreads 2 --incoming "$3" "$2" 2>"$dir/$1.log" &
-	dpid=$!
-	echo $dpid >"$dir/$1.pid"
-	i=0
-	until grep -q "waiting for an incoming migration" "$dir/$1.log"; do
-		i=$((i + 1))
-		[ $i -gt 600 ] && return 1
-		kill -0 $dpid 2>/dev/null || return 1
-		sleep 0.05
-	done
-}
 # wait_mirrored CTL: until query-migrate counts a mirrored write (60 s).
 wait_mirrored() {
 	i=0

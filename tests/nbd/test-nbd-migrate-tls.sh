@@ -25,30 +25,6 @@ fi
 workdir ioc-nbd-migrate-tls
 echo "1..25"
 
-# source_start NAME IMAGE TLS-OPTIONS...: serving IMAGE (TLS offered, so
-# plain qemu-io can still check it) with a control socket.
-source_start() {
-	name=$1; image=$2; shift 2
-	srv --fork --pid-file "$dir/$name.pid" -U "$dir/$name.sock" --control "$dir/$name.ctl" \
-		--iothreads 2 "$@" "$image" 2>"$dir/$name.log"
-}
-# dest_start NAME IMAGE URI TLS-OPTIONS...: in the background ($dpid, for
-# its exit status); returns once it waits for the stream.
-dest_start() {
-	name=$1; image=$2; uri=$3; shift 3
-	: >"$dir/$name.log"
-	${MESON_EXE_WRAPPER:-} "$SRV" -v -U "$dir/$name.sock" --control "$dir/$name.ctl" \
-		--iothreads 2 "$@" --incoming "$uri" "$image" 2>"$dir/$name.log" &
-	dpid=$!
-	echo $dpid >"$dir/$name.pid"
-	i=0
-	until grep -q "waiting for an incoming migration" "$dir/$name.log"; do
-		i=$((i + 1))
-		[ $i -gt 600 ] && return 1
-		kill -0 $dpid 2>/dev/null || return 1
-		sleep 0.05
-	done
-}
 # refused_dest NAME: the destination exited 1 and never served.
 refused_dest() {
 	wait $dpid; drc=$?

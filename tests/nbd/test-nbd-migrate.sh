@@ -31,29 +31,6 @@ wait_gone() {
 		i=$((i + 1)); sleep 0.05
 	done
 }
-# source NAME IMAGE: an iocore-nbd serving IMAGE with a control socket.
-source_start() {
-	srv --fork --pid-file "$dir/$1.pid" -U "$dir/$1.sock" --control "$dir/$1.ctl" \
-		--iothreads 2 "$2"
-}
-# dest NAME IMAGE URI: a destination in the background (no --fork, so its
-# exit status can be had: $dpid); returns once it waits for the stream.
-dest_start() {
-	: >"$dir/$1.log"
-	# Not through srv(): a function in the background would be a subshell,
-	# and $! must be the server (kill -9, its exit status).
-	${MESON_EXE_WRAPPER:-} "$SRV" -v -U "$dir/$1.sock" --control "$dir/$1.ctl" \
-		--iothreads 2 --incoming "$3" "$2" 2>"$dir/$1.log" &
-	dpid=$!
-	echo $dpid >"$dir/$1.pid"
-	i=0
-	until grep -q "waiting for an incoming migration" "$dir/$1.log"; do
-		i=$((i + 1))
-		[ $i -gt 600 ] && return 1
-		kill -0 $dpid 2>/dev/null || return 1
-		sleep 0.05
-	done
-}
 # events CTL FILE: follow the control socket's events into FILE until a
 # migration ends; FILE.ready appears once negotiated.  $evpid.
 events() {
