@@ -6,7 +6,7 @@ BUILD=${IOC_BUILD_ROOT:-build}
 SRV="$BUILD/tools/nbd/iocore-nbd"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-echo "1..18"
+echo "1..19"
 if [ ! -x "$SRV" ]; then
 	echo "# $SRV not built"; exit 77
 fi
@@ -203,6 +203,13 @@ if have nbdinfo && srv --fork --pid-file "$dir/tcp.pid" -b 127.0.0.1 -p $tport "
 	rm -f "$dir/tcp.pid"
 else
 	skip "TCP listener" "nbdinfo missing or port $tport busy"
+fi
+
+# 19: one listener: -U with -p is refused, not half obeyed
+if srv -U "$dir/both.sock" -p "$tport" "$img" 2>"$dir/both.err"; then
+	notok "-U with -p is refused"
+else
+	check "-U with -p is refused" grep -q "cannot be combined" "$dir/both.err"
 fi
 
 [ -f "$dir/main.pid" ] && stop main

@@ -289,14 +289,14 @@ int main(int argc, char **argv)
 	struct ioc_blk_opts bo = { 0 };
 	struct ioc_nbd_tls_opts tls = { 0 };
 	struct ioc_zip_image_opts zo = { .log = log_stderr };
-	bool do_fork = false, verbose = false, tls_set = false;
+	bool do_fork = false, verbose = false, tls_set = false, tcp_set = false;
 	int c, r;
 
 	while ((c = getopt_long(argc, argv, "U:p:b:rx:D:vhV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'U': unix_path = optarg; break;
-		case 'p': parse_num(optarg, "port", 65535); port = optarg; break;
-		case 'b': bind_addr = optarg; break;
+		case 'p': parse_num(optarg, "port", 65535); port = optarg; tcp_set = true; break;
+		case 'b': bind_addr = optarg; tcp_set = true; break;
 		case 'r': eo.read_only = bo.read_only = true; break;
 		case 'x': eo.name = optarg; break;
 		case 'D': eo.description = optarg; break;
@@ -369,6 +369,12 @@ int main(int argc, char **argv)
 	}
 	if (optind != argc - 1) {
 		usage(stderr);
+		return 1;
+	}
+	if (unix_path && tcp_set) {
+		/* One listener: a silently ignored -p would look like a
+		 * server that refuses its clients. */
+		fprintf(stderr, "iocore-nbd: -U cannot be combined with -p or -b\n");
 		return 1;
 	}
 	const char *image = argv[optind];
