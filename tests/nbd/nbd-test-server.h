@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -53,18 +54,24 @@ static inline void ts_prepare(struct ts_srv *s, const char *base, uint64_t size)
 	}
 }
 
-/* Start the server on s->img; extra is a NULL-terminated option list. */
+/* Start the server on s->img; extra is a NULL-terminated option list.  It
+ * listens on s->sock unless extra has -p (TCP instead). */
 static inline void ts_start(struct ts_srv *s, const char *const *extra)
 {
 	const char *argv[48];
 	int n = 0, st;
+	bool tcp = false;
 
+	for (const char *const *e = extra; e && *e; e++)
+		tcp |= strcmp(*e, "-p") == 0;
 	argv[n++] = ts_server_bin();
 	argv[n++] = "--fork";
 	argv[n++] = "--pid-file";
 	argv[n++] = s->pidf;
-	argv[n++] = "-U";
-	argv[n++] = s->sock;
+	if (!tcp) {
+		argv[n++] = "-U";
+		argv[n++] = s->sock;
+	}
 	for (; extra && *extra && n < 44; extra++)
 		argv[n++] = *extra;
 	argv[n++] = s->img;

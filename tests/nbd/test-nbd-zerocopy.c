@@ -38,53 +38,23 @@ static int free_port(void)
 }
 
 /* Start on s->img with backend aio over Unix or TCP, splice mode zc (NULL:
- * the default).  For TCP, -p replaces the Unix socket. */
+ * the default), which the forked server inherits from our environment. */
 static void start(struct ts_srv *s, const char *aio, bool tcp, const char *zc)
 {
-	const char *argv[16];
 	char port[16];
-	int n = 0, st;
+	const char *unix_opts[] = { "--aio", aio, NULL };
+	const char *tcp_opts[] = { "--aio", aio, "-b", "127.0.0.1", "-p", port, NULL };
 
-	argv[n++] = ts_server_bin();
-	argv[n++] = "--fork";
-	argv[n++] = "--pid-file";
-	argv[n++] = s->pidf;
-	argv[n++] = "--aio";
-	argv[n++] = aio;
 	if (tcp) {
 		srv_port = free_port();
 		snprintf(port, sizeof(port), "%d", srv_port);
-		argv[n++] = "-b";
-		argv[n++] = "127.0.0.1";
-		argv[n++] = "-p";
-		argv[n++] = port;
-	} else {
-		argv[n++] = "-U";
-		argv[n++] = s->sock;
 	}
-	argv[n++] = s->img;
-	argv[n] = NULL;
-	if (access(argv[0], X_OK) != 0)
-		IOC_SKIP("iocore-nbd not built");
-	pid_t p = fork();
-	ASSERT_GE(p, 0);
-	if (p == 0) {
-		if (zc)
-			setenv("IOC_NBD_TEST_SPLICE", zc, 1);
-		else
-			unsetenv("IOC_NBD_TEST_SPLICE");
-		ioc_test_exec_tool(argv);
-		_exit(127);
-	}
-	ASSERT_EQ(waitpid(p, &st, 0), p);
-	ASSERT_TRUE(WIFEXITED(st));
-	ASSERT_EQ(WEXITSTATUS(st), 0);
-	FILE *f = fopen(s->pidf, "r");
-	ASSERT_NOT_NULL(f);
-	int pid = 0;
-	ASSERT_EQ(fscanf(f, "%d", &pid), 1);
-	fclose(f);
-	s->pid = pid;
+	if (zc)
+		setenv("IOC_NBD_TEST_SPLICE", zc, 1);
+	else
+		unsetenv("IOC_NBD_TEST_SPLICE");
+	ts_start(s, tcp ? tcp_opts : unix_opts);
+	unsetenv("IOC_NBD_TEST_SPLICE");
 }
 
 static void connect_to(const struct ts_srv *s, bool tcp, struct cl_conn *c, int mode)
