@@ -7,7 +7,9 @@
  * whose io_poll returns true finds work on every poll.  The grow/shrink
  * factors are 1 so that the poll window, once opened, stays open, and the
  * back-off periods are either far longer than any run (it cannot expire
- * during the test) or 1 ns (it has expired by the next iteration).
+ * during the test) or 1 ns (it has expired by the next iteration).  The
+ * loop spins between poll rounds instead of yielding, so every poll's time
+ * counts as its cost whatever else the machine runs.
  */
 #include <sched.h>
 #include <unistd.h>
@@ -15,6 +17,10 @@
 #include "loop-test.h"
 
 #define FOREVER_NS (1000ll * 1000000000) /* a back-off no test outlives */
+/* A sleep priced so high that any window with a hit pays for itself,
+ * however long a preempted poll takes: where a test wants hits never to
+ * back off, only the counting can make it fail, not the machine's load. */
+#define PRICELESS_WAKE_NS (1000ll * 1000000000)
 
 struct waker {
 	struct ioc_loop *loop;
@@ -100,6 +106,11 @@ static struct ioc_loop_opts fixed_window(int64_t backoff_ns)
 		.poll_grow = 1, .poll_shrink = 1,
 		.poll_backoff_min_ns = backoff_ns,
 		.poll_backoff_max_ns = backoff_ns,
+		/* Spin, not sched_yield(): a yield that ran another thread
+		 * (the waker, or anything else on a busy machine) is not
+		 * counted as polling cost, so with yields a loaded machine
+		 * could make every poll look free and no back-off happen. */
+		.poll_spin = true,
 	};
 }
 
@@ -142,7 +153,10 @@ static void test_empty_polls_back_off(void)
 static void test_backoff_probe_comes_back(void)
 {
 	struct ioc_loop_opts o = fixed_window(1);
-	struct ioc_loop *loop = test_loop_new(&o);
+	struct ioc_loop *loop;
+
+	o.poll_wake_cost_ns = PRICELESS_WAKE_NS; /* empty windows still lose */
+	loop = test_loop_new(&o);
 	struct ioc_loop_poll_stats ps, ps2;
 	struct waker w;
 	pthread_t th;
@@ -197,8 +211,10 @@ static void test_hits_never_back_off(void)
 	struct ioc_loop_opts o = fixed_window(FOREVER_NS);
 	struct ioc_loop_poll_stats ps;
 	int fd;
-	struct ioc_loop *loop = hit_loop(&o, &fd);
+	struct ioc_loop *loop;
 
+	o.poll_wake_cost_ns = PRICELESS_WAKE_NS;
+	loop = hit_loop(&o, &fd);
 	for (int i = 0; i < 2000; i++)
 		ioc_loop_poll(loop, true);
 	ioc_loop_get_poll_stats(loop, &ps);
