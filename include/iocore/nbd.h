@@ -42,6 +42,11 @@ struct ioc_nbd_server_opts {
 	 * accepting.  For a destination of a migration, which must not serve
 	 * before its image is complete (iocore-nbd --incoming). */
 	bool defer_serving;
+	/* READs of at least this many bytes in the clear go from the page
+	 * cache to the socket by splice(2), without a copy into the server;
+	 * 0 = never (the default: it saves the server CPU but costs a client
+	 * on the same host more than it saves, iocore-nbd(8)). */
+	size_t splice_read_min;
 };
 
 struct ioc_nbd_export_opts {

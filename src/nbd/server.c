@@ -134,9 +134,9 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 	if (!srv->opts.handshake_timeout_ns)
 		srv->opts.handshake_timeout_ns = 10ll * 1000000000;
 	srv->cfg.exports = srv->exports;
-	/* Spliced reads are off by default: on this project's machines the
-	 * client's receive costs more than the server saves (NOTES.md). */
-	srv->zc_read_min = 0;
+	/* Spliced reads are off unless asked for: on this project's machines
+	 * the client's receive costs more than the server saves (NOTES.md). */
+	srv->zc_read_min = srv->opts.splice_read_min;
 	srv->zc_write_min = IOC_NBD_ZC_WRITE_MIN;
 	/* For tests only: "off", "refuse" (sockets refuse splice, reads
 	 * spliced from IOC_NBD_ZC_WRITE_MIN up) or a threshold in bytes for

@@ -262,6 +262,22 @@ static void test_splice_refused_unix(void) { run("io_uring", false, "refuse"); }
 static void test_splice_refused_tcp(void) { run("threads", true, "refuse"); }
 static void test_low_threshold(void) { run("io_uring", false, "4096"); }
 
+/* The same through the command line: --splice-reads turns spliced reads
+ * on (test_default shows they are off without it). */
+static void test_splice_reads_option(void)
+{
+	struct ts_srv s;
+	const char *opts[] = { "--splice-reads", "64K", NULL };
+
+	ts_prepare(&s, NULL, IMG_SIZE);
+	unsetenv("IOC_NBD_TEST_SPLICE");
+	ts_start(&s, opts);
+	for (int mode = 0; mode < 3; mode++)
+		exercise(&s, false, mode, (unsigned)mode * 5 + 1);
+	ASSERT_GT(pipes_after_large_read(&s, false), 0);
+	ts_stop(&s);
+}
+
 /* The file shrinks under the server: the part past the new end reads as
  * zeroes (the block layer's rule), so the splice falls short and the read
  * is copied instead; the stream stays in order. */
@@ -352,6 +368,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_splice_refused_unix),
 	IOC_TEST(test_splice_refused_tcp),
 	IOC_TEST(test_low_threshold),
+	IOC_TEST(test_splice_reads_option),
 	IOC_TEST(test_file_cut_short),
 	IOC_TEST(test_hangup_with_large_replies),
 	IOC_TEST(test_cleanup),

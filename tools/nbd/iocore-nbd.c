@@ -56,6 +56,8 @@ static void usage(FILE *f)
 "      --handshake-timeout S  close clients that take longer (default 10)\n"
 "      --fork                 run in the background once listening\n"
 "      --pid-file PATH        write the server's pid to PATH\n"
+"      --splice-reads SIZE    send READs of SIZE or more (in the clear) from the\n"
+"                             page cache by splice, without a copy (default: off)\n"
 "      --poll-max-ns N        I/O threads busy-poll up to N ns before sleeping\n"
 "                             (0 = off; default: the loop's adaptive default)\n"
 "      --tls off|on|require   TLS via NBD_OPT_STARTTLS (default: off, or require\n"
@@ -251,7 +253,7 @@ int main(int argc, char **argv)
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
 	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE, OPT_OVERLAY,
-	       OPT_INCOMING };
+	       OPT_INCOMING, OPT_SPLICE_READS };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -274,6 +276,7 @@ int main(int argc, char **argv)
 		{ "inject-faults", required_argument, NULL, OPT_INJECT },
 		{ "control", required_argument, NULL, OPT_CONTROL },
 		{ "frame-cache", required_argument, NULL, OPT_FRAME_CACHE },
+		{ "splice-reads", required_argument, NULL, OPT_SPLICE_READS },
 		{ "overlay", required_argument, NULL, OPT_OVERLAY },
 		{ "incoming", required_argument, NULL, OPT_INCOMING },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -359,6 +362,9 @@ int main(int argc, char **argv)
 		}
 		case OPT_CONTROL: control_path = optarg; break;
 		case OPT_FRAME_CACHE: zo.frame_cache = parse_size(optarg, "--frame-cache"); break;
+		case OPT_SPLICE_READS:
+			so.splice_read_min = parse_size(optarg, "--splice-reads");
+			break;
 		case OPT_OVERLAY: overlay = optarg; break;
 		case OPT_INCOMING: incoming_uri = optarg; break;
 		case 'v': verbose = true; break;
