@@ -4,9 +4,8 @@
  * Waiting never blocks a thread: a waiter links a node on its own stack
  * into the lock and yields; whoever releases wakes it with ioc_co_wake()
  * (co-loop.c), which resumes it on its home loop, on whatever thread that
- * is.  The home-thread invariant described in co-loop.c is what lets a
- * waker on another thread wake a waiter that has published its node but
- * not yet switched out.
+ * is; co-loop.c's home-thread invariant lets a waker on another thread
+ * wake a waiter that has published its node but not yet switched out.
  *
  * CoMutex (CoQueue, CoRwlock and the event are described where they start).
  * Problem: coroutines on several loops (threads) share a lock.  It must be
