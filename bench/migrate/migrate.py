@@ -5,12 +5,12 @@
 import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 USAGE = ("usage: run.sh BUILD_DIR [--quick] [--size=MIB] [--rounds=N] [--links=lo,veth] "
-         "[--live-secs=S] [--no-live] [--no-idle]")
+         "[--live-secs=S] [--live-compress=on|off] [--no-live] [--no-idle]")
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:]
             if a.startswith("--"))
 if len(args) != 1 or set(opts) - {"quick", "size", "rounds", "links", "live-secs",
-                                  "no-live", "no-idle"}:
+                                  "live-compress", "no-live", "no-idle"}:
     sys.exit(USAGE)
 quick = "quick" in opts
 build = os.path.abspath(args[0])
@@ -22,6 +22,11 @@ try:
 except ValueError:
     sys.exit(USAGE)
 links = opts.get("links", "lo,veth").split(",")
+if opts.get("live-compress", "off") not in ("on", "off"):
+    sys.exit(USAGE)
+# The live case's iocore variant: raw (the default: on loopback zstd costs
+# the cores fio and the servers share, bench/migrate/NOTES.md) or zstd.
+LIVE = "iocore-zstd" if opts.get("live-compress") == "on" else "iocore"
 if size_mb < 3 or rounds < 1 or live_secs < 5 or set(links) - {"lo", "veth"}:
     sys.exit(USAGE)
 if not os.access(SRV, os.X_OK):
@@ -562,7 +567,8 @@ def main():
         ("zstd-socat", lambda run, l: zstd_socat_copy(run, l, image), ["zstd", "socat"]),
     ]
     live_impls = [
-        ("iocore-zstd", lambda run, l: iocore_copy(run, l, image, True, Writer), ["fio"]),
+        (LIVE, lambda run, l: iocore_copy(run, l, image, LIVE == "iocore-zstd", Writer),
+         ["fio"]),
         ("qsd-write-blocking", lambda run, l: qsd_mirror(run, l, image, "write-blocking",
                                                          Writer),
          ["fio", "qemu-storage-daemon", "qemu-nbd"]),
@@ -632,7 +638,7 @@ def report():
                       "%s %.2f s" % (pi, pt), ratio, ">= %.1fx" % target, ratio >= target))
 
     link = "loopback"
-    io = results.get(("live", link, "iocore-zstd"), [])
+    io = results.get(("live", link, LIVE), [])
     qs = results.get(("live", link, "qsd-write-blocking"), [])
     if io:
         running = all(r["writer"]["running"] for r in io)
@@ -640,7 +646,7 @@ def report():
             sum(r["writer"]["running"] for r in io), len(io)), "-", None, "all", running))
     else:
         table.append(("live: completed while fio runs", "-", "-", None, "all", False))
-    ot = mt("live", link, "iocore-zstd")
+    ot = mt("live", link, LIVE)
     pt = mt("live", link, "qsd-write-blocking")
     r = ot / pt if ot and pt else None
     table.append(("live: time (to completed / ready)",
@@ -648,8 +654,8 @@ def report():
                   "<= 0.7x", r is not None and r <= 0.7))
     # Bytes copied per byte of image: on the wire (disk.transferred, so
     # compressed), and read and sent before compression (amplification).
-    ow = mt("live", link, "iocore-zstd", lambda x: x["query"]["disk"]["transferred"] / SIZE)
-    oa = mt("live", link, "iocore-zstd", lambda x: x["query"]["__org.iocore_amplification"])
+    ow = mt("live", link, LIVE, lambda x: x["query"]["disk"]["transferred"] / SIZE)
+    oa = mt("live", link, LIVE, lambda x: x["query"]["__org.iocore_amplification"])
     pa = mt("live", link, "qsd-write-blocking", lambda x: x["job"]["len"] / SIZE)
     table.append(("live: bytes on the wire / image", "%.3f" % ow if ow else "-",
                   "qsd-wb %.3f" % pa if pa else "-", None, "<= 1.2",
@@ -657,24 +663,24 @@ def report():
     table.append(("live: bytes copied (uncompressed) / image", "%.3f" % oa if oa else "-",
                   "qsd-wb %.3f" % pa if pa else "-", None, "<= 1.2",
                   oa is not None and oa <= 1.2))
-    op = mt("live", link, "iocore-zstd", lambda x: x["writer"]["p99_us"])
+    op = mt("live", link, LIVE, lambda x: x["writer"]["p99_us"])
     pp = mt("live", link, "qsd-write-blocking", lambda x: x["writer"]["p99_us"])
     r = op / pp if op and pp else None
     table.append(("live: fio write p99 in the window",
                   "%.0f us" % op if op else "-", "qsd-wb %.0f us" % pp if pp else "-", r,
                   "<= 1.0x", r is not None and r <= 1.0))
-    oi = mt("live", link, "iocore-zstd", lambda x: x["writer"]["iops"])
+    oi = mt("live", link, LIVE, lambda x: x["writer"]["iops"])
     pi = mt("live", link, "qsd-write-blocking", lambda x: x["writer"]["iops"])
     table.append(("live: fio write IOPS in the window (info)", "%.0f" % oi if oi else "-",
                   "qsd-wb %.0f" % pi if pi else "-", oi / pi if oi and pi else None, "-", None))
-    od = mt("live", link, "iocore-zstd", lambda x: x["query"].get("downtime"))
+    od = mt("live", link, LIVE, lambda x: x["query"].get("downtime"))
     table.append(("live: downtime (loopback)", "%s ms" % od if od is not None else "-", "-",
                   None, "< 20 ms", od is not None and od < 20))
 
     def spread(x):
         b = x["query"].get("__org.iocore_worker-busy-ns") or []
         return (max(b) - min(b)) / max(b) if b and max(b) > 0 else None
-    sp = mt("live", link, "iocore-zstd", spread)
+    sp = mt("live", link, LIVE, spread)
     table.append(("live: compression workers' busy spread", "%.1f%%" % (100 * sp)
                   if sp is not None else "-", "-", None, "<= 10%", sp is not None and sp <= 0.1))
     for what, o, p, ratio, target, ok in table:

@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/migrate/run.sh BUILD_DIR [--quick] [--size=MIB] [--rounds=N] [--links=lo,veth]
-#                      [--live-secs=S] [--no-live] [--no-idle]
+#                      [--live-secs=S] [--live-compress=on|off] [--no-live] [--no-idle]
 #
 # Live storage migration between two iocore-nbd against its peers, in the
 # same run, on the same image (2 GiB by default, 256 MiB with --quick: a
@@ -21,11 +21,11 @@
 #   nbdcopy       nbdcopy from one qemu-nbd to another
 #   zstd-socat    zstd -T0 -1 | socat to socat | zstd -d > file
 # Live copy (loopback): fio's nbd engine writes 4 KiB at random over the
-# whole image at 20k IOPS through the source's NBD socket while iocore-zstd
-# migrates (until completed) and while qsd's write-blocking mirror runs
-# (until ready); the time, the bytes copied per byte of image, fio's write
-# p99 inside that window, iocore's downtime and the compression workers'
-# busy-time spread.
+# whole image at 20k IOPS through the source's NBD socket while iocore
+# (iocore-zstd with --live-compress=on) migrates (until completed) and
+# while qsd's write-blocking mirror runs (until ready); the time, the bytes
+# copied per byte of image, fio's write p99 inside that window, iocore's
+# downtime and the compression workers' busy-time spread.
 #
 # Rounds are interleaved (each round runs every peer once, in a rotated
 # order) and medians are compared.  One JSON row per line on stdout (the

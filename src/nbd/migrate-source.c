@@ -27,7 +27,9 @@
  *   a MIRROR after everything before it.  Stream order equals read order
  *   for every record, and a write is read after it completed, so the last
  *   record of a block is its newest content whatever the interleaving,
- *   with no range locks; and the remaining set only shrinks.  Granularity:
+ *   with no range locks; and the remaining set only shrinks.  A MIRROR
+ *   leaves behind all that is queued, so while mirroring a chunk is read
+ *   only once the socket's send queue is under 1 MiB (pace()).  Granularity:
  *   the bitmap's (4 KiB), so a 4 KiB write sends 4 KiB.  auto starts in
  *   pass 1 once the dirty bytes exceed downtime-limit at pass 1's rate
  *   (else before a dirty pass); writes ahead of pass 1's cursor are left
@@ -78,6 +80,7 @@
 #define CHUNK_MAX        (256u << 10)
 #define ACK_TIMEOUT_MS   120000
 #define SENT_SLACK       (64 << 10) /* see wait_sent() */
+#define MIRROR_QUEUE     (1 << 20)  /* see pace() */
 #define CONNECT_TIMEOUT_MS 30000
 
 static const char *const status_names[] = {
@@ -302,6 +305,7 @@ struct src {
 	/* active mirroring */
 	bool active;
 	uint64_t mir_next;              /* MIRROR records submitted */
+	bool held;                      /* the switch-over holds the clients */
 	pthread_t reader;
 	bool reader_running;
 	char why[256];
@@ -942,6 +946,47 @@ static void auto_start(struct src *s)
 		mirror_start(s);
 }
 
+/*
+ * While writes are mirrored, a background chunk is read only once the
+ * stream's send queue (SIOCOUTQ: bytes the destination has not
+ * acknowledged) is down to MIRROR_QUEUE.  A MIRROR record leaves behind
+ * everything queued before it, and the socket alone holds megabytes (its
+ * SO_SNDBUF): unpaced, a mirrored write waited for them to drain.  Waiting
+ * writes are served meanwhile, so their records go out ahead of the next
+ * chunk.  Not under the switch-over's hold: no write waits then, and the
+ * last pass is downtime.  Polls every 200 us; a cancel ends it, and so
+ * does a queue that does not move for ACK_TIMEOUT_MS (the next send then
+ * meets the link's state, as without pacing).
+ */
+static int pace(struct src *s)
+{
+	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+	struct timespec ts = { 0, 200000 };
+	int last = -1;
+
+	while (s->active && !s->held) {
+		int q = 0, ret;
+
+		if (ioctl(s->sock, SIOCOUTQ, &q) < 0 || q <= MIRROR_QUEUE)
+			return 0;
+		if (cancelled(s))
+			return -ECANCELED;
+		if (q != last) {
+			last = q;
+			deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+		} else if (ioc__nbd_mig_now_ms() > deadline) {
+			return 0;
+		}
+		ret = mirror_service(s);
+		if (ret == 0)
+			ret = collect(s, false);
+		if (ret < 0)
+			return ret;
+		nanosleep(&ts, NULL);
+	}
+	return 0;
+}
+
 /* Copy [off, off + len) in chunks (block-aligned; the last may be short). */
 static int copy_range(struct src *s, uint64_t off, uint64_t len)
 {
@@ -951,7 +996,9 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 
 		if (cancelled(s))
 			return -ECANCELED;
-		ret = mirror_service(s);
+		ret = pace(s);
+		if (ret == 0)
+			ret = mirror_service(s);
 		if (ret == 0)
 			ret = copy_chunk(s, off, n, false);
 		if (ret < 0)
@@ -1356,6 +1403,7 @@ static int run(struct src *s, const char *uri)
 	/* Switch-over: hold the clients, wait for the running requests. */
 	int64_t t_hold = ioc_now_ns();
 	ioc__nbd_gate_set(m->srv, IOC__NBD_GATE_HOLD);
+	s->held = true;
 	if (s->p.pause_before_switchover) {
 		pthread_mutex_lock(&m->lock);
 		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_PRE_SWITCHOVER);
