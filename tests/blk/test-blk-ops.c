@@ -724,10 +724,13 @@ static void test_splice_read(void)
 	ASSERT_GE(fd, 0);
 	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
 	ASSERT_EQ(ioc_blk_splice_write(blk, 0, 0, -1, 0), -ENOTSUP); /* may wait */
-	if (fast_way_works(path, BLK_FAST_CACHESTAT) && evict(fd, 0, 8192))
+	bool cachestat = fast_way_works(path, BLK_FAST_CACHESTAT);
+	if (cachestat && evict(fd, 0, 8192))
 		ASSERT_EQ(splice_check(blk, fd, 0, 8192), -EAGAIN);
 	ASSERT_EQ(pread(fd, (char[8192]){0}, 8192, 0), 8192); /* cache it */
-	ASSERT_EQ(splice_check(blk, fd, 0, 8192), 8192);
+	/* Without cachestat(2) (an older kernel, qemu-aarch64's user mode)
+	 * a disk file's range cannot be known cached: never spliced. */
+	ASSERT_EQ(splice_check(blk, fd, 0, 8192), cachestat ? 8192 : -EAGAIN);
 	ioc_blk_close(blk);
 	close(fd);
 	unlink(path);
