@@ -946,6 +946,27 @@ static void auto_start(struct src *s)
 		mirror_start(s);
 }
 
+/* One look at the send queue for pace() and wait_sent(): 1 while it holds
+ * more than limit bytes and keeps moving (*last, *deadline carry that
+ * between looks), 0 once it is down to limit, cannot be read, or has not
+ * moved for ACK_TIMEOUT_MS; -ECANCELED on a cancel. */
+static int queue_above(struct src *s, int limit, int *last, int64_t *deadline)
+{
+	int q = 0;
+
+	if (ioctl(s->sock, SIOCOUTQ, &q) < 0 || q <= limit)
+		return 0;
+	if (cancelled(s))
+		return -ECANCELED;
+	if (q != *last) {
+		*last = q;
+		*deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+	} else if (ioc__nbd_mig_now_ms() > *deadline) {
+		return 0;
+	}
+	return 1;
+}
+
 /*
  * While writes are mirrored, a background chunk is read only once the
  * stream's send queue (SIOCOUTQ: bytes the destination has not
@@ -965,18 +986,10 @@ static int pace(struct src *s)
 	int last = -1;
 
 	while (s->active && !s->held) {
-		int q = 0, ret;
+		int ret = queue_above(s, MIRROR_QUEUE, &last, &deadline);
 
-		if (ioctl(s->sock, SIOCOUTQ, &q) < 0 || q <= MIRROR_QUEUE)
-			return 0;
-		if (cancelled(s))
-			return -ECANCELED;
-		if (q != last) {
-			last = q;
-			deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
-		} else if (ioc__nbd_mig_now_ms() > deadline) {
-			return 0;
-		}
+		if (ret <= 0)
+			return ret;
 		ret = mirror_service(s);
 		if (ret == 0)
 			ret = collect(s, false);
@@ -1237,18 +1250,10 @@ static int wait_sent(struct src *s)
 	int last = -1;
 
 	for (;;) {
-		int q = 0;
+		int ret = queue_above(s, SENT_SLACK, &last, &deadline);
 
-		if (ioctl(s->sock, SIOCOUTQ, &q) < 0 || q <= SENT_SLACK)
-			return 0;
-		if (cancelled(s))
-			return -ECANCELED;
-		if (q != last) {
-			last = q;
-			deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
-		} else if (ioc__nbd_mig_now_ms() > deadline) {
-			return 0;
-		}
+		if (ret <= 0)
+			return ret;
 		poll(NULL, 0, 1);
 	}
 }
