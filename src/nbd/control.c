@@ -567,6 +567,11 @@ static const struct ioc__qmp_arg args_mig_params[] = {
 	{ "__org.iocore_active-mirror", IOC_QMP_STR, true },
 	{ "tls-creds", IOC_QMP_STR, true },
 	{ "tls-hostname", IOC_QMP_STR, true },
+	{ "throttle-trigger-threshold", IOC_QMP_UINT, true },
+	{ "cpu-throttle-initial", IOC_QMP_UINT, true },
+	{ "cpu-throttle-increment", IOC_QMP_UINT, true },
+	{ "cpu-throttle-tailslow", IOC_QMP_BOOL, true },
+	{ "max-cpu-throttle", IOC_QMP_UINT, true },
 	{ NULL },
 };
 static const struct ioc__qmp_arg args_migrate[] = {

@@ -56,6 +56,12 @@ struct ioc__mig_params {
 	 * the destination's certificate must carry ("" = the URI's host).
 	 * Zero-filled past the string (the params are compared with memcmp). */
 	int active_mirror;              /* IOC_MIG_MIRROR_AUTO, _ON, _OFF */
+	/* auto-converge (QEMU's capability and parameters, QEMU's defaults):
+	 * while writes are mirrored, hold them for a share of the time that
+	 * grows while the writer outpaces the copy (migrate-source.c). */
+	bool auto_converge, cpu_throttle_tailslow;
+	unsigned throttle_trigger_threshold;    /* %, 1-100 */
+	unsigned cpu_throttle_initial, cpu_throttle_increment, max_cpu_throttle; /* %, 1-99 */
 	char tls_creds[128];
 	char tls_hostname[256];
 };
@@ -69,6 +75,7 @@ struct ioc__mig_stats {
 	uint64_t bandwidth;             /* measured, bytes/s */
 	bool active_mirror;             /* client writes are mirrored */
 	uint64_t mirrored_writes, mirrored_bytes;
+	unsigned throttle_pct, throttle_max;   /* auto-converge: now, highest */
 	/* compression */
 	uint64_t comp_pages, comp_busy, comp_jobs, comp_size, comp_in;
 	unsigned nworkers;
@@ -126,6 +133,11 @@ struct ioc__nbd_mig {
 	 * write at or above it is left to pass 1.  Release store by the
 	 * migration thread after each read, acquire load in the hook. */
 	_Atomic uint64_t mir_cursor;
+	/* auto-converge (migrate-source.c): the throttle (%, 0 = off), set by
+	 * the migration thread and read by the hook, and the client writes
+	 * the hook saw; relaxed both: a hint and a count. */
+	_Atomic unsigned mir_throttle;
+	_Atomic uint64_t mir_seen;
 	const struct ioc__nbd_export *mir_exp;
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */

@@ -3,9 +3,8 @@
  * iocore-nbd (--incoming) while clients keep using it, then hand the
  * clients over, with QEMU 7.2's migration commands on the control socket.
  *
- * Problem.  The image changes while it moves, a writer may dirty blocks
- * faster than the link carries them, and compression pays only on
- * several cores.
+ * Problem.  The image changes while it moves, a writer may outrun the
+ * link (or take the cores), and compression pays only on several cores.
  *
  * Design (pre-copy, then active mirroring).
  * - A hidden dirty bitmap (__org.iocore_granularity, default 4 KiB) is
@@ -36,6 +35,9 @@
  *   to it.  An answer reader thread reads MACKs and the final ACK while
  *   this one sends (GnuTLS allows one sender and one receiver).  Any end
  *   answers every waiting write with success: its data is on the source.
+ * - auto-converge (QEMU's capability): while mirroring, a write is answered
+ *   after a pause that grows while the writer's share of the stream stays
+ *   above throttle-trigger-threshold (throttle_check(), throttle_pause()).
  * - Switch-over: the serving gate holds new requests and waits for the
  *   running ones (with pause-before-switchover until migrate-continue);
  *   status device, the last pass, END with the checksum, the ACK; then
@@ -82,6 +84,8 @@
 #define SENT_SLACK       (64 << 10) /* see wait_sent() */
 #define MIRROR_QUEUE     (1 << 20)  /* see pace() */
 #define CONNECT_TIMEOUT_MS 30000
+#define THROTTLE_UNIT_NS   500000    /* see throttle_pause() */
+#define THROTTLE_PERIOD_NS 100000000 /* see throttle_check() */
 
 static const char *const status_names[] = {
 	[IOC_MIG_ST_NONE] = "none", [IOC_MIG_ST_SETUP] = "setup",
@@ -201,6 +205,10 @@ struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
 	m->p.compress_wait_thread = true;
 	m->p.downtime_limit = 300;
 	m->p.granularity = 4096;
+	m->p.throttle_trigger_threshold = 50;
+	m->p.cpu_throttle_initial = 20;
+	m->p.cpu_throttle_increment = 10;
+	m->p.max_cpu_throttle = 99;
 	srv->mig = m;
 	return m;
 }
@@ -306,6 +314,11 @@ struct src {
 	bool active;
 	uint64_t mir_next;              /* MIRROR records submitted */
 	bool held;                      /* the switch-over holds the clients */
+	/* auto-converge: the throttle, its hold/serve phases, and what the
+	 * copy and the mirror sent in the current measuring period */
+	unsigned thr_pct, thr_high;
+	int64_t thr_t0;
+	uint64_t thr_bg_bytes, thr_bg_recs, thr_wr_bytes, thr_seen;
 	pthread_t reader;
 	bool reader_running;
 	char why[256];
@@ -751,9 +764,45 @@ static void mirror_stop(struct src *s)
 	/* Release: pairs with the hook's acquire load; a hook that still saw
 	 * m finds mir_open false under the lock. */
 	atomic_store_explicit(&m->srv->mirror, NULL, memory_order_release);
+	/* Relaxed: pairs with the hook's load (a hint). */
+	atomic_store_explicit(&m->mir_throttle, 0, memory_order_relaxed);
 	pthread_mutex_lock(&m->mir_lock);
 	mirror_release_all_locked(m);
 	pthread_mutex_unlock(&m->mir_lock);
+	pthread_mutex_lock(&m->lock);
+	m->st.throttle_pct = 0; /* QEMU: the throttle stops with the migration */
+	pthread_mutex_unlock(&m->lock);
+}
+
+/*
+ * auto-converge's throttle, on the writer.  QEMU runs a throttled vCPU for
+ * 10 ms and then stops it for 10 ms * pct / (100 - pct), so that it runs
+ * (100 - pct)% of the time.  A client's unit of progress here is a write:
+ * each write, once done (mirrored or not), is answered only after a pause
+ * of THROTTLE_UNIT_NS * pct / (100 - pct) -- the writer is held pct% of
+ * the time if a write took THROTTLE_UNIT_NS (about what a mirrored 4 KiB
+ * write takes on loopback).  Per write rather than QEMU's slices: holding
+ * every write for pct% of each 10 ms slice gave pauses of 10 * pct /
+ * (100 - pct) ms at once (90 ms at 90%), which a client sees as its p99.
+ * The pause is slept in slices of at most 5 ms on the request's loop and
+ * ends early once the throttle is off (the migration ended).
+ */
+static void ioc_coroutine_fn throttle_pause(struct ioc__nbd_mig *m)
+{
+	/* Relaxed: pairs with the stores in throttle_up() and mirror_stop();
+	 * a stale value only changes one pause. */
+	unsigned pct = atomic_load_explicit(&m->mir_throttle, memory_order_relaxed);
+	int64_t left;
+
+	if (!pct)
+		return;
+	left = (int64_t)THROTTLE_UNIT_NS * pct / (100 - pct);
+	while (left > 0 && atomic_load_explicit(&m->mir_throttle, memory_order_relaxed)) {
+		int64_t d = left > 5000000 ? 5000000 : left;
+
+		ioc_co_sleep_ns(d);
+		left -= d;
+	}
 }
 
 void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_export *e,
@@ -766,14 +815,22 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	struct ioc__nbd_mirror_req q = { .offset = off, .len = len };
 
 	if (!m || (type != NBD_CMD_WRITE && type != NBD_CMD_WRITE_ZEROES &&
-		   type != NBD_CMD_TRIM) || len == 0 || len > MIRROR_MAX)
+		   type != NBD_CMD_TRIM) || len == 0)
+		return;
+	/* Relaxed: a count, read by throttle_check(). */
+	atomic_fetch_add_explicit(&m->mir_seen, 1, memory_order_relaxed);
+	if (len > MIRROR_MAX) {
+		throttle_pause(m);
 		return; /* a large one stays dirty for the passes */
+	}
 	/* Acquire: pairs with the release stores in copy_range() and run():
 	 * a write ahead of pass 1 keeps its dirty bits, and pass 1 clears
 	 * and reads it later (a stale cursor only means a write is left to
 	 * the bitmap: correct either way). */
-	if (off >= atomic_load_explicit(&m->mir_cursor, memory_order_acquire))
+	if (off >= atomic_load_explicit(&m->mir_cursor, memory_order_acquire)) {
+		throttle_pause(m);
 		return;
+	}
 	ioc_co_await_init(&q.aw);
 	pthread_mutex_lock(&m->mir_lock);
 	if (!m->mir_open || m->mir_exp != e) {
@@ -786,6 +843,85 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	 * idle while mirroring: a pass runs until the switch-over). */
 	pthread_mutex_unlock(&m->mir_lock);
 	ioc_co_await(&q.aw);
+	throttle_pause(m);
+}
+
+/* Raise the throttle (QEMU's steps: cpu-throttle-initial, then
+ * cpu-throttle-increment, or with cpu-throttle-tailslow only what would
+ * bring the writer's share down to the threshold; max-cpu-throttle caps
+ * it).  ratio: the writer's share in the period that triggered it. */
+static void throttle_up(struct src *s, double ratio)
+{
+	unsigned next;
+
+	if (!s->thr_pct) {
+		next = s->p.cpu_throttle_initial;
+	} else if (!s->p.cpu_throttle_tailslow) {
+		next = s->thr_pct + s->p.cpu_throttle_increment;
+	} else {
+		/* The serving share that would meet the threshold, if the
+		 * writer's share scales with it. */
+		double serve = 100.0 - s->thr_pct;
+		double ideal = serve * (s->p.throttle_trigger_threshold / 100.0) / ratio;
+		double inc = serve - ideal;
+
+		if (inc > s->p.cpu_throttle_increment)
+			inc = s->p.cpu_throttle_increment;
+		next = s->thr_pct + (inc > 1.0 ? (unsigned)inc : 1);
+	}
+	if (next > s->p.max_cpu_throttle)
+		next = s->p.max_cpu_throttle;
+	s->thr_pct = next;
+	/* Relaxed: pairs with the hook's load (a hint, see there). */
+	atomic_store_explicit(&s->m->mir_throttle, next, memory_order_relaxed);
+	pthread_mutex_lock(&s->m->lock);
+	s->m->st.throttle_pct = next;
+	if (next > s->m->st.throttle_max)
+		s->m->st.throttle_max = next;
+	pthread_mutex_unlock(&s->m->lock);
+}
+
+/*
+ * After each background chunk: every THROTTLE_PERIOD_NS, QEMU's trigger
+ * -- the writer's share above throttle-trigger-threshold percent of what
+ * the copy sent, in two periods, raises the throttle -- with the share
+ * counted both in bytes (mirrored bytes per chunk byte) and in requests
+ * (client writes, mirrored or ahead of pass 1, per chunk), the larger
+ * deciding.  QEMU counts bytes only (RAM dirtied against RAM sent); on a
+ * fast link a 4 KiB write costs the servers and the client a request's
+ * handling (and a MIRROR's round trip) far more than its bytes: 10k
+ * writes/s against 2k chunks/s halved the copy's rate though they carry
+ * a twelfth of its bytes (bench/migrate/NOTES.md).  QEMU checks at each
+ * dirty-bitmap sync, at most once a second; pass 1 here has no sync and
+ * lasts seconds, hence the fixed period.
+ */
+static void throttle_check(struct src *s, uint64_t bytes)
+{
+	int64_t now;
+
+	if (!s->p.auto_converge || !s->active || s->held)
+		return;
+	s->thr_bg_bytes += bytes;
+	s->thr_bg_recs++;
+	now = ioc_now_ns();
+	if (!s->thr_t0)
+		s->thr_t0 = now;
+	if (now - s->thr_t0 < THROTTLE_PERIOD_NS)
+		return;
+	/* Relaxed: pairs with the hook's increment (a count; nothing is
+	 * published with it). */
+	uint64_t seen = atomic_load_explicit(&s->m->mir_seen, memory_order_relaxed);
+	double rb = (double)s->thr_wr_bytes / (double)s->thr_bg_bytes;
+	double rr = (double)(seen - s->thr_seen) / (double)s->thr_bg_recs;
+	double r = rb > rr ? rb : rr;
+
+	if (r * 100.0 > s->p.throttle_trigger_threshold && ++s->thr_high >= 2) {
+		s->thr_high = 0;
+		throttle_up(s, r);
+	}
+	s->thr_t0 = now;
+	s->thr_seen = seen;
+	s->thr_bg_bytes = s->thr_bg_recs = s->thr_wr_bytes = 0;
 }
 
 /*
@@ -815,6 +951,7 @@ static int mirror_service(struct src *s)
 
 		if (end > s->size)
 			end = s->size;
+		s->thr_wr_bytes += end - off;
 		for (; ret == 0 && off < end; off += n) {
 			n = end - off > CHUNK_MAX ? CHUNK_MAX : end - off;
 			pthread_mutex_lock(&m->mir_lock);
@@ -1016,6 +1153,7 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 			ret = copy_chunk(s, off, n, false);
 		if (ret < 0)
 			return ret;
+		throttle_check(s, n);
 		off += n;
 		len -= n;
 		if (s->pass == 1) {
@@ -1587,6 +1725,7 @@ static const struct { const char *name; size_t off; } caps[] = {
 	{ "compress", offsetof(struct ioc__mig_params, compress) },
 	{ "events", offsetof(struct ioc__mig_params, events) },
 	{ "pause-before-switchover", offsetof(struct ioc__mig_params, pause_before_switchover) },
+	{ "auto-converge", offsetof(struct ioc__mig_params, auto_converge) },
 };
 
 json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
@@ -1665,6 +1804,20 @@ static bool str_param(struct ioc__qmp_err *err, const char *name, json_t *v,
 	return true;
 }
 
+/* A percentage parameter, 1 to max (QEMU's ranges and wording). */
+static bool pct_param(struct ioc__qmp_err *err, const char *name, json_t *v,
+		      unsigned max, unsigned *out)
+{
+	if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+	    json_integer_value(v) > (json_int_t)max) {
+		errf(err, "Parameter '%s' expects an integer in the range of 1 to %u",
+		     name, max);
+		return false;
+	}
+	*out = (unsigned)json_integer_value(v);
+	return true;
+}
+
 json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 				struct ioc__qmp_err *err)
 {
@@ -1699,6 +1852,25 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 	}
 	if (U("compress-wait-thread"))
 		p.compress_wait_thread = json_is_true(v);
+	if (U("throttle-trigger-threshold") &&
+	    !pct_param(err, "throttle_trigger_threshold", v, 100, &p.throttle_trigger_threshold))
+		return NULL;
+	if (U("cpu-throttle-initial") &&
+	    !pct_param(err, "cpu_throttle_initial", v, 99, &p.cpu_throttle_initial))
+		return NULL;
+	if (U("cpu-throttle-increment") &&
+	    !pct_param(err, "cpu_throttle_increment", v, 99, &p.cpu_throttle_increment))
+		return NULL;
+	if (U("max-cpu-throttle") &&
+	    !pct_param(err, "max_cpu_throttle", v, 99, &p.max_cpu_throttle))
+		return NULL;
+	if (U("cpu-throttle-tailslow")) {
+		if (!json_is_boolean(v)) {
+			errf(err, "Parameter 'cpu-throttle-tailslow' expects a boolean");
+			return NULL;
+		}
+		p.cpu_throttle_tailslow = json_is_true(v);
+	}
 	if (U("max-bandwidth"))
 		p.max_bandwidth = (uint64_t)json_integer_value(v);
 	if (U("downtime-limit")) {
@@ -1768,7 +1940,7 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 		[IOC_MIG_MIRROR_OFF] = "off",
 	};
 
-	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:s,s:s}",
+	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:s,s:s,s:i,s:i,s:i,s:b,s:i}",
 			 "compress-level", (int)m->p.compress_level,
 			 "compress-threads", (int)m->p.compress_threads,
 			 "compress-wait-thread", m->p.compress_wait_thread,
@@ -1777,7 +1949,12 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 			 "downtime-limit", (json_int_t)m->p.downtime_limit,
 			 "__org.iocore_granularity", (json_int_t)m->p.granularity,
 			 "__org.iocore_active-mirror", am[m->p.active_mirror],
-			 "tls-creds", m->p.tls_creds, "tls-hostname", m->p.tls_hostname);
+			 "tls-creds", m->p.tls_creds, "tls-hostname", m->p.tls_hostname,
+			 "throttle-trigger-threshold", (int)m->p.throttle_trigger_threshold,
+			 "cpu-throttle-initial", (int)m->p.cpu_throttle_initial,
+			 "cpu-throttle-increment", (int)m->p.cpu_throttle_increment,
+			 "cpu-throttle-tailslow", m->p.cpu_throttle_tailslow,
+			 "max-cpu-throttle", (int)m->p.max_cpu_throttle);
 }
 
 json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
@@ -1984,6 +2161,13 @@ json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
 		json_object_set_new(ret, "__org.iocore_amplification",
 				    json_real(st.total ? (double)st.read_bytes / (double)st.total
 						       : 0.0));
+	}
+	if (!m->incoming && m->p.auto_converge) {
+		/* QEMU reports it with auto-converge on; 0 once it ended. */
+		json_object_set_new(ret, "cpu-throttle-percentage",
+				    json_integer(st.throttle_pct));
+		json_object_set_new(ret, "__org.iocore_cpu-throttle-max",
+				    json_integer(st.throttle_max));
 	}
 	if (status == IOC_MIG_ST_FAILED && error[0])
 		json_object_set_new(ret, "error-desc", json_string(error));
