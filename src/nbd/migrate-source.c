@@ -84,8 +84,8 @@
 #define SENT_SLACK       (64 << 10) /* see wait_sent() */
 #define MIRROR_QUEUE     (1 << 20)  /* see pace() */
 #define CONNECT_TIMEOUT_MS 30000
-#define THROTTLE_UNIT_NS   500000    /* see throttle_pause() */
-#define THROTTLE_PERIOD_NS 100000000 /* see throttle_check() */
+#define THROTTLE_UNIT_NS   250000    /* see throttle_pause() */
+#define THROTTLE_PERIOD_NS 50000000  /* see throttle_check() */
 
 static const char *const status_names[] = {
 	[IOC_MIG_ST_NONE] = "none", [IOC_MIG_ST_SETUP] = "setup",
@@ -779,30 +779,24 @@ static void mirror_stop(struct src *s)
  * 10 ms and then stops it for 10 ms * pct / (100 - pct), so that it runs
  * (100 - pct)% of the time.  A client's unit of progress here is a write:
  * each write, once done (mirrored or not), is answered only after a pause
- * of THROTTLE_UNIT_NS * pct / (100 - pct) -- the writer is held pct% of
- * the time if a write took THROTTLE_UNIT_NS (about what a mirrored 4 KiB
- * write takes on loopback).  Per write rather than QEMU's slices: holding
- * every write for pct% of each 10 ms slice gave pauses of 10 * pct /
- * (100 - pct) ms at once (90 ms at 90%), which a client sees as its p99.
- * The pause is slept in slices of at most 5 ms on the request's loop and
- * ends early once the throttle is off (the migration ended).
+ * of THROTTLE_UNIT_NS * pct / (100 - pct).  Per write rather than QEMU's
+ * slices: holding the writes for pct% of each 10 ms slice pauses them 90
+ * ms at once at 90%, which a client sees as its p99.  The unit: at
+ * max-cpu-throttle's default (99) a write pauses 25 ms, so a 16-deep
+ * writer is held near 600 writes/s; 0.5 ms (50 ms) doubled the p99 and
+ * did not shorten the copy (bench/migrate/NOTES.md).  One timer on the
+ * request's loop; a pause that began before the end of the migration
+ * runs out (at most 25 ms).
  */
 static void ioc_coroutine_fn throttle_pause(struct ioc__nbd_mig *m)
 {
 	/* Relaxed: pairs with the stores in throttle_up() and mirror_stop();
 	 * a stale value only changes one pause. */
 	unsigned pct = atomic_load_explicit(&m->mir_throttle, memory_order_relaxed);
-	int64_t left;
 
 	if (!pct)
 		return;
-	left = (int64_t)THROTTLE_UNIT_NS * pct / (100 - pct);
-	while (left > 0 && atomic_load_explicit(&m->mir_throttle, memory_order_relaxed)) {
-		int64_t d = left > 5000000 ? 5000000 : left;
-
-		ioc_co_sleep_ns(d);
-		left -= d;
-	}
+	ioc_co_sleep_ns((int64_t)THROTTLE_UNIT_NS * pct / (100 - pct));
 }
 
 void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_export *e,
@@ -893,7 +887,8 @@ static void throttle_up(struct src *s, double ratio)
  * writes/s against 2k chunks/s halved the copy's rate though they carry
  * a twelfth of its bytes (bench/migrate/NOTES.md).  QEMU checks at each
  * dirty-bitmap sync, at most once a second; pass 1 here has no sync and
- * lasts seconds, hence the fixed period.
+ * lasts seconds, hence the fixed period, short enough that the throttle
+ * climbs from 20% to 99% in under a second.
  */
 static void throttle_check(struct src *s, uint64_t bytes)
 {
