@@ -5,12 +5,14 @@
 import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 USAGE = ("usage: run.sh BUILD_DIR [--quick] [--size=MIB] [--rounds=N] [--links=lo,veth] "
-         "[--live-secs=S] [--live-compress=on|off] [--no-live] [--no-idle]")
+         "[--live-secs=S] [--live-compress=on|off] [--live-auto-converge=both|on|off] "
+         "[--no-live] [--no-idle]")
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:]
             if a.startswith("--"))
 if len(args) != 1 or set(opts) - {"quick", "size", "rounds", "links", "live-secs",
-                                  "live-compress", "no-live", "no-idle"}:
+                                  "live-compress", "live-auto-converge", "no-live",
+                                  "no-idle"}:
     sys.exit(USAGE)
 quick = "quick" in opts
 build = os.path.abspath(args[0])
@@ -27,6 +29,14 @@ if opts.get("live-compress", "off") not in ("on", "off"):
 # The live case's iocore variant: raw (the default: on loopback zstd costs
 # the cores fio and the servers share, bench/migrate/NOTES.md) or zstd.
 LIVE = "iocore-zstd" if opts.get("live-compress") == "on" else "iocore"
+# The live case with capability auto-converge on (QEMU's default
+# parameters): a row of its own, labelled so, next to the default
+# configuration's (--live-auto-converge=both, the default).
+LIVE_AC = LIVE + "+auto-converge"
+if opts.get("live-auto-converge", "both") not in ("both", "on", "off"):
+    sys.exit(USAGE)
+LIVE_VARIANTS = {"both": [LIVE, LIVE_AC], "on": [LIVE_AC],
+                 "off": [LIVE]}[opts.get("live-auto-converge", "both")]
 if size_mb < 3 or rounds < 1 or live_secs < 5 or set(links) - {"lo", "veth"}:
     sys.exit(USAGE)
 if not os.access(SRV, os.X_OK):
@@ -334,7 +344,7 @@ def iocore_dest(run, link, port):
     return p
 
 
-def iocore_copy(run, link, image, compress, live=None):
+def iocore_copy(run, link, image, compress, live=None, auto_converge=False):
     """Time from migrate to the MIGRATION completed event, and the final
     query-migrate."""
     src = fresh_source(run, image, live)
@@ -345,7 +355,8 @@ def iocore_copy(run, link, image, compress, live=None):
     q = run.qmp(run.path("src.ctl"))
     q.cmd("migrate-set-capabilities", capabilities=[
         {"capability": "events", "state": True},
-        {"capability": "compress", "state": bool(compress)}])
+        {"capability": "compress", "state": bool(compress)},
+        {"capability": "auto-converge", "state": bool(auto_converge)}])
     q.cmd("migrate-set-parameters", **{"compress-level": 1, "compress-threads": 2,
                                        "downtime-limit": 20})
     writer = live(run, run.path("src.sock")) if live else None
@@ -540,6 +551,8 @@ def attempt(case, link, impl, fn, *a):
             w = r["writer"]
             extra += ", fio p99 %s us, %d writes, running %s" % (
                 w["p99_us"], w["writes"], w["running"])
+        if "query" in r and "__org.iocore_cpu-throttle-max" in r["query"]:
+            extra += ", throttle max %d%%" % r["query"]["__org.iocore_cpu-throttle-max"]
         log("  %-6s %-12s %-20s %7.2f s%s" % (case, key[1], impl, r["time"], extra))
     except Exception as e:   # a peer that fails is reported, not fatal
         errors[key] = str(e)[:300]
@@ -567,8 +580,9 @@ def main():
         ("zstd-socat", lambda run, l: zstd_socat_copy(run, l, image), ["zstd", "socat"]),
     ]
     live_impls = [
-        (LIVE, lambda run, l: iocore_copy(run, l, image, LIVE == "iocore-zstd", Writer),
-         ["fio"]),
+        (v, lambda run, l, v=v: iocore_copy(run, l, image, LIVE == "iocore-zstd", Writer,
+                                            v == LIVE_AC), ["fio"])
+        for v in LIVE_VARIANTS] + [
         ("qsd-write-blocking", lambda run, l: qsd_mirror(run, l, image, "write-blocking",
                                                          Writer),
          ["fio", "qemu-storage-daemon", "qemu-nbd"]),
@@ -638,51 +652,53 @@ def report():
                       "%s %.2f s" % (pi, pt), ratio, ">= %.1fx" % target, ratio >= target))
 
     link = "loopback"
-    io = results.get(("live", link, LIVE), [])
-    qs = results.get(("live", link, "qsd-write-blocking"), [])
-    if io:
-        running = all(r["writer"]["running"] for r in io)
-        table.append(("live: completed while fio runs", "%d/%d" % (
-            sum(r["writer"]["running"] for r in io), len(io)), "-", None, "all", running))
-    else:
-        table.append(("live: completed while fio runs", "-", "-", None, "all", False))
-    ot = mt("live", link, LIVE)
-    pt = mt("live", link, "qsd-write-blocking")
-    r = ot / pt if ot and pt else None
-    table.append(("live: time (to completed / ready)",
-                  "%.2f s" % ot if ot else "-", "qsd-wb %.2f s" % pt if pt else "-", r,
-                  "<= 0.7x", r is not None and r <= 0.7))
-    # Bytes copied per byte of image: on the wire (disk.transferred, so
-    # compressed), and read and sent before compression (amplification).
-    ow = mt("live", link, LIVE, lambda x: x["query"]["disk"]["transferred"] / SIZE)
-    oa = mt("live", link, LIVE, lambda x: x["query"]["__org.iocore_amplification"])
-    pa = mt("live", link, "qsd-write-blocking", lambda x: x["job"]["len"] / SIZE)
-    table.append(("live: bytes on the wire / image", "%.3f" % ow if ow else "-",
-                  "qsd-wb %.3f" % pa if pa else "-", None, "<= 1.2",
-                  ow is not None and ow <= 1.2))
-    table.append(("live: bytes copied (uncompressed) / image", "%.3f" % oa if oa else "-",
-                  "qsd-wb %.3f" % pa if pa else "-", None, "<= 1.2",
-                  oa is not None and oa <= 1.2))
-    op = mt("live", link, LIVE, lambda x: x["writer"]["p99_us"])
-    pp = mt("live", link, "qsd-write-blocking", lambda x: x["writer"]["p99_us"])
-    r = op / pp if op and pp else None
-    table.append(("live: fio write p99 in the window",
-                  "%.0f us" % op if op else "-", "qsd-wb %.0f us" % pp if pp else "-", r,
-                  "<= 1.0x", r is not None and r <= 1.0))
-    oi = mt("live", link, LIVE, lambda x: x["writer"]["iops"])
-    pi = mt("live", link, "qsd-write-blocking", lambda x: x["writer"]["iops"])
-    table.append(("live: fio write IOPS in the window (info)", "%.0f" % oi if oi else "-",
-                  "qsd-wb %.0f" % pi if pi else "-", oi / pi if oi and pi else None, "-", None))
-    od = mt("live", link, LIVE, lambda x: x["query"].get("downtime"))
-    table.append(("live: downtime (loopback)", "%s ms" % od if od is not None else "-", "-",
-                  None, "< 20 ms", od is not None and od < 20))
+    for LV in LIVE_VARIANTS:
+        tag = "" if LV == LIVE else " [%s]" % LV
+        io = results.get(("live", link, LV), [])
+        qs = results.get(("live", link, "qsd-write-blocking"), [])
+        if io:
+            running = all(r["writer"]["running"] for r in io)
+            table.append(("live: completed while fio runs" + tag, "%d/%d" % (
+                sum(r["writer"]["running"] for r in io), len(io)), "-", None, "all", running))
+        else:
+            table.append(("live: completed while fio runs" + tag, "-", "-", None, "all", False))
+        ot = mt("live", link, LV)
+        pt = mt("live", link, "qsd-write-blocking")
+        r = ot / pt if ot and pt else None
+        table.append(("live: time (to completed / ready)" + tag,
+                      "%.2f s" % ot if ot else "-", "qsd-wb %.2f s" % pt if pt else "-", r,
+                      "<= 0.7x", r is not None and r <= 0.7))
+        # Bytes copied per byte of image: on the wire (disk.transferred, so
+        # compressed), and read and sent before compression (amplification).
+        ow = mt("live", link, LV, lambda x: x["query"]["disk"]["transferred"] / SIZE)
+        oa = mt("live", link, LV, lambda x: x["query"]["__org.iocore_amplification"])
+        pa = mt("live", link, "qsd-write-blocking", lambda x: x["job"]["len"] / SIZE)
+        table.append(("live: bytes on the wire / image" + tag, "%.3f" % ow if ow else "-",
+                      "qsd-wb %.3f" % pa if pa else "-", None, "<= 1.2",
+                      ow is not None and ow <= 1.2))
+        table.append(("live: bytes copied (uncompressed) / image" + tag, "%.3f" % oa if oa else "-",
+                      "qsd-wb %.3f" % pa if pa else "-", None, "<= 1.2",
+                      oa is not None and oa <= 1.2))
+        op = mt("live", link, LV, lambda x: x["writer"]["p99_us"])
+        pp = mt("live", link, "qsd-write-blocking", lambda x: x["writer"]["p99_us"])
+        r = op / pp if op and pp else None
+        table.append(("live: fio write p99 in the window" + tag,
+                      "%.0f us" % op if op else "-", "qsd-wb %.0f us" % pp if pp else "-", r,
+                      "<= 1.0x", r is not None and r <= 1.0))
+        oi = mt("live", link, LV, lambda x: x["writer"]["iops"])
+        pi = mt("live", link, "qsd-write-blocking", lambda x: x["writer"]["iops"])
+        table.append(("live: fio write IOPS in the window (info)" + tag, "%.0f" % oi if oi else "-",
+                      "qsd-wb %.0f" % pi if pi else "-", oi / pi if oi and pi else None, "-", None))
+        od = mt("live", link, LV, lambda x: x["query"].get("downtime"))
+        table.append(("live: downtime (loopback)" + tag, "%s ms" % od if od is not None else "-", "-",
+                      None, "< 20 ms", od is not None and od < 20))
 
-    def spread(x):
-        b = x["query"].get("__org.iocore_worker-busy-ns") or []
-        return (max(b) - min(b)) / max(b) if b and max(b) > 0 else None
-    sp = mt("live", link, LIVE, spread)
-    table.append(("live: compression workers' busy spread", "%.1f%%" % (100 * sp)
-                  if sp is not None else "-", "-", None, "<= 10%", sp is not None and sp <= 0.1))
+        def spread(x):
+            b = x["query"].get("__org.iocore_worker-busy-ns") or []
+            return (max(b) - min(b)) / max(b) if b and max(b) > 0 else None
+        sp = mt("live", link, LV, spread)
+        table.append(("live: compression workers' busy spread" + tag, "%.1f%%" % (100 * sp)
+                      if sp is not None else "-", "-", None, "<= 10%", sp is not None and sp <= 0.1))
     for what, o, p, ratio, target, ok in table:
         # One row per target: ours, the best peer, the ratio, PASS/FAIL.
         r = {"suite": "migrate", "case": "target", "params": what, "impl": "iocore",
@@ -697,9 +713,9 @@ def report():
             if x.get("mismatch"):
                 log("WARNING: %s %s %s: source and destination images differ" % (case, l, impl))
     log("")
-    log("%-44s %-24s %-28s %7s %9s  %s" % ("", "ours", "best peer", "ratio", "target", ""))
+    log("%-66s %-24s %-28s %7s %9s  %s" % ("", "ours", "best peer", "ratio", "target", ""))
     for what, o, p, ratio, target, ok in table:
-        log("%-44s %-24s %-28s %7s %9s  %s" % (what, o, p, "%.2fx" % ratio if ratio else "-",
+        log("%-66s %-24s %-28s %7s %9s  %s" % (what, o, p, "%.2fx" % ratio if ratio else "-",
                                                 target,
                                                 "info" if ok is None else "PASS" if ok else "FAIL"))
     if errors:

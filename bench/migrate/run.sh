@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/migrate/run.sh BUILD_DIR [--quick] [--size=MIB] [--rounds=N] [--links=lo,veth]
-#                      [--live-secs=S] [--live-compress=on|off] [--no-live] [--no-idle]
+#                      [--live-secs=S] [--live-compress=on|off]
+#                      [--live-auto-converge=both|on|off] [--no-live] [--no-idle]
 #
 # Live storage migration between two iocore-nbd against its peers, in the
 # same run, on the same image (2 GiB by default, 256 MiB with --quick: a
@@ -26,6 +27,10 @@
 # while qsd's write-blocking mirror runs (until ready); the time, the bytes
 # copied per byte of image, fio's write p99 inside that window, iocore's
 # downtime and the compression workers' busy-time spread.
+# The live case runs iocore twice by default (--live-auto-converge=both):
+# as configured by default, and as "iocore+auto-converge" with QEMU's
+# capability auto-converge on (QEMU's default throttle parameters); the
+# summary labels the second one's rows so.
 #
 # Rounds are interleaved (each round runs every peer once, in a rotated
 # order) and medians are compared.  One JSON row per line on stdout (the
