@@ -314,8 +314,9 @@ struct src {
 	bool active;
 	uint64_t mir_next;              /* MIRROR records submitted */
 	bool held;                      /* the switch-over holds the clients */
-	/* auto-converge: the throttle, its hold/serve phases, and what the
-	 * copy and the mirror sent in the current measuring period */
+	/* auto-converge: the throttle (%), periods above the threshold so
+	 * far, and the current period: its start, the copy's bytes and
+	 * chunks, the mirrored bytes, mir_seen at its start */
 	unsigned thr_pct, thr_high;
 	int64_t thr_t0;
 	uint64_t thr_bg_bytes, thr_bg_recs, thr_wr_bytes, thr_seen;
