@@ -8,6 +8,8 @@
  *   - on a fresh image, cold reads at the start, middle and end of a
  *     frame and across frame boundaries (decoded on the reader's thread
  *     when small, on the pool when large) give the original bytes;
+ *   - a damaged frame fails the small reads decoded inline that touch it
+ *     with EIO and a logged offset, and only those;
  *   - a large read ending on a frame boundary reads ahead (the frames
  *     after it are then hits), a small read of a small frame does not;
  *   - all-zero frames are known at open, before any read, zstd RLE frames
@@ -311,6 +313,67 @@ static void test_cold_edge_reads(void)
 	ioc_zip_image_close(img);
 }
 
+/* A copy of the image with one byte of frame 5's compressed data (random
+ * bytes, stored) flipped: its checksum fails. */
+static char badpath[64];
+static char badlog[512];
+
+static void log_fn(void *opaque, const char *msg)
+{
+	if (strstr(msg, "EIO"))
+		snprintf(badlog, sizeof(badlog), "%s", msg);
+}
+
+static void damaged_reads(struct ioc_zip_image *img, bool *ok)
+{
+	uint8_t buf[4096];
+
+	*ok &= ioc_zip_image_co_pread(img, 5 * FRAME + 8192, buf, 4096, 0) == -EIO;
+	*ok &= ioc_zip_image_co_pread(img, 6 * FRAME - 2, buf, 4, 0) == -EIO;
+	*ok &= check_range(img, 6 * FRAME, 4096);
+	*ok &= check_range(img, 3 * FRAME + 100, 4096);
+}
+
+static void test_damaged_frame_inline(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = log_fn };
+	struct ioc_zip_index *ix;
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	char msg[256], want[64];
+	uint64_t coff;
+	uint8_t *file;
+	off_t fsize;
+	int fd = open(path, O_RDONLY), out;
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+	coff = ix->frames[5].coff;
+	ASSERT_UGT(ix->frames[5].csize, 64);
+	fsize = lseek(fd, 0, SEEK_END);
+	file = malloc((size_t)fsize);
+	ASSERT_NOT_NULL(file);
+	ASSERT_EQ(pread(fd, file, (size_t)fsize, 0), fsize);
+	close(fd);
+	file[coff + ix->frames[5].csize / 2] ^= 0x40;
+	ioc_zip_index_free(ix);
+	snprintf(badpath, sizeof(badpath), "/tmp/ioc-zip-image-bad.XXXXXX");
+	out = mkstemp(badpath);
+	ASSERT_GE(out, 0);
+	ASSERT_EQ(write(out, file, (size_t)fsize), fsize);
+	close(out);
+	free(file);
+
+	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
+	run_one(img, damaged_reads);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 2);     /* not cached: each read tried again */
+	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
+	ASSERT_NOT_NULL(strstr(badlog, want));
+	ioc_zip_image_close(img);
+	unlink(badpath);
+}
+
 static void ra_steps(struct ioc_zip_image *img, bool *ok)
 {
 	struct ioc_zip_image_info info;
@@ -417,6 +480,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_one_frame_decoded_once),
 	IOC_TEST(test_random_reads_small_cache),
 	IOC_TEST(test_cold_edge_reads),
+	IOC_TEST(test_damaged_frame_inline),
 	IOC_TEST(test_readahead),
 	IOC_TEST(cleanup),
 )
