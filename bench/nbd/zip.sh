@@ -1,10 +1,10 @@
 #!/bin/sh
 # bench/nbd/zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]
-#                  [--block-size=SIZE]
+#                  [--block-size=SIZE] [--level=N]
 #
 # Compressed images served over NBD, same data for everyone: iocore-nbd on
-# iocore-zip --block-size 256K output (--block-size=SIZE to try another
-# frame size), qemu-nbd on a qcow2 made by qemu-img convert -c -o
+# iocore-zip -12 --block-size 16K output (--block-size=SIZE, --level=N to
+# try others), qemu-nbd on a qcow2 made by qemu-img convert -c -o
 # compression_type=zstd, nbdkit --filter=xz file on xz -T0
 # --block-size=1MiB output.  The image (2 GiB by default, 128 MiB
 # with --quick) mixes a tar of /usr, random data and zeros.  fio's nbd
@@ -23,11 +23,12 @@ exec python3 - "$@" <<'PY'
 import json, os, shutil, signal, subprocess, sys, tempfile, time
 
 USAGE = ("usage: zip.sh BUILD_DIR [--quick] [--size=MIB] [--runtime=S] [--frame-cache=SIZE]"
-         " [--block-size=SIZE]")
+         " [--block-size=SIZE] [--level=N]")
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:]
             if a.startswith("--"))
-if len(args) != 1 or set(opts) - {"quick", "size", "runtime", "frame-cache", "block-size"}:
+if len(args) != 1 or set(opts) - {"quick", "size", "runtime", "frame-cache", "block-size",
+                                   "level"}:
     sys.exit(USAGE)
 quick = "quick" in opts
 build = os.path.abspath(args[0])
@@ -41,7 +42,10 @@ except ValueError:
 if size_mb < 3 or runtime < 1:
     sys.exit(USAGE)
 frame_cache = ["--frame-cache", opts["frame-cache"]] if opts.get("frame-cache") else []
-block_size = opts.get("block-size") or "256K"
+block_size = opts.get("block-size") or "16K"
+level = opts.get("level") or "12"
+if not level.isdigit() or not 1 <= int(level) <= 19:
+    sys.exit(USAGE)
 for tool in (ours, zipper):
     if not os.access(tool, os.X_OK):
         sys.exit("zip.sh: %s not built" % tool)
@@ -88,7 +92,7 @@ with open(raw, "wb") as f:
     tar.wait()
 
 images = {}
-subprocess.run([zipper, "-q", "--block-size=" + block_size, "-o", raw + ".zst", raw], check=True)
+subprocess.run([zipper, "-q", "-" + level, "--block-size=" + block_size, "-o", raw + ".zst", raw], check=True)
 images["iocore"] = raw + ".zst"
 if shutil.which("qemu-img"):
     subprocess.run(["qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2",
@@ -149,7 +153,7 @@ def stop(pid):
 def fio(extra, cold):
     cmd = ["fio", "--name=b", "--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock,
            "--group_reporting=1", "--runtime=%d" % runtime, "--output-format=json"]
-    # Cold: a first pass, as much as one read per 256 KiB frame (a whole
+    # Cold: a first pass, as much as one read per 256 KiB of image (a whole
     # pass for sequential reads), stopped at the run time; warm: the run
     # time after it.
     cmd += cold if cold else ["--time_based=1"]
@@ -162,7 +166,7 @@ def fio(extra, cold):
     return j["iops"], j["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
 
 
-frames = size_mb * 4             # 256 KiB frames in the image
+frames = size_mb * 4             # 256 KiB pieces of the image
 # (case, params, fio options, cold-pass options, IOPS target vs best peer)
 workloads = [
     ("randread-4k", "1 conn, iodepth 64", ["--rw=randread", "--bs=4k", "--iodepth=64"],

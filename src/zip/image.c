@@ -12,14 +12,19 @@
  * and sizes), from the seek table when there is one, else by walking the
  * frame headers once (zstd's frame header carries the content size; a frame
  * without one is decoded once to learn it, and the log says so).  A read
- * finds its frames by binary search, takes each from the frame cache
- * (frame-cache.c), and a frame not there is decoded by a job on the
- * calling loop's thread pool while the coroutine waits: the I/O thread
- * keeps serving.  A second reader of a frame being decoded waits for that
- * decode instead of starting its own.  All frames of one read are
- * requested before the first wait, so a large read decodes in parallel.
- * A read that ends on the last byte of a frame starts decoding the next
- * one (sequential readahead) without waiting for it.
+ * finds its frames by binary search and takes each from the frame cache
+ * (frame-cache.c).  A read of at most 64 KiB decodes the frames it misses
+ * (of at most 64 KiB each) itself, on its loop thread: a 16 KiB frame
+ * decodes in about the time of the pool's round trip, which it saves.
+ * Larger reads and frames go to the calling loop's thread pool, one job
+ * per run of frames (~128 KiB), all requested before the first wait so a
+ * large read decodes in parallel while the I/O thread keeps serving.  A
+ * second reader of a frame being decoded waits for that decode instead of
+ * starting its own.  A read of 64 KiB or more (or of a frame that large)
+ * that ends on a frame's last byte starts decoding as much again after it
+ * (sequential readahead, up to 1 MiB) without waiting; small reads of
+ * small frames do not: a random 4 KiB read ends a 16 KiB frame one time
+ * in four.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
  * byte 0 (zstd) or as deflate's few hundred bytes for zeros (gzip); such
@@ -40,9 +45,13 @@
  * compressed and decompressed offsets; nothing else is affected, and the
  * failure is not cached (see frame-cache.c), so each read tries again.
  *
- * Rejected: the zip pipeline of ioc_zip_extract() per read (a
- * decompressor object, threads and a copy per request: ~10x the cost of
- * one frame decode for a 4 KiB read); mmap of the compressed file for
+ * Rejected: decoding a frame only as far as a read needs (zstd's
+ * streaming decoder): a frame of up to 128 KiB is one zstd block, which
+ * is decoded whole before any byte comes out, so it saves nothing; small
+ * frames at a higher level (iocore-zip -12 --block-size 16K) cut the
+ * work of a first touch instead.  The zip pipeline of ioc_zip_extract()
+ * per read (a decompressor object, threads and a copy per request: ~10x
+ * the cost of one frame decode for a 4 KiB read); mmap of the compressed file for
  * decoding (a truncated file would turn into SIGBUS on a pool thread;
  * pread turns it into an error).  The open-time walk does use mmap.
  */
@@ -67,8 +76,13 @@
 
 #define DEFAULT_CACHE   (256u << 20)
 #define STREAM_CHUNK    (1u << 20)
-#define BATCH           16
+#define BATCH           64      /* frames requested before the first wait */
 #define ZERO_FRAME_MAX  4096    /* an RLE frame of 64 MiB is ~2 KiB */
+#define JOB_FRAMES      16      /* frames decoded by one pool job, at most */
+#define JOB_BYTES       (128u << 10) /* ... and about this much data */
+#define INLINE_MAX      (64u << 10)  /* reads and frames decoded inline */
+#define RA_MIN          (64u << 10)  /* reads or frames that read ahead */
+#define RA_MAX          (1u << 20)   /* readahead's reach */
 
 struct zframe {
 	uint64_t coff, doff, csize, dsize;
@@ -312,14 +326,19 @@ static void dslot_put(struct ioc_zip_image *img, struct dslot *s)
 	pthread_mutex_unlock(&img->lock);
 }
 
-/* ---- decoding a frame into the cache (pool thread) ------------------ */
+/* ---- decoding frames into the cache --------------------------------- */
 
+/* One pool job decodes a run of frames (consecutive in the read that
+ * wanted them), each published as soon as it is done. */
 struct djob {
 	struct ioc_pool_req req;
 	struct ioc_zip_image *img;
-	struct ioc__zip_fentry *e;
-	size_t idx;
-	bool readahead;
+	unsigned n;
+	size_t bytes;
+	struct {
+		struct ioc__zip_fentry *e;
+		size_t idx;
+	} f[JOB_FRAMES];
 };
 
 static void frame_failed(struct ioc_zip_image *img, size_t i, const char *why)
@@ -356,17 +375,31 @@ static int decode_frame(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 	return 0;
 }
 
+/* Decode frame i into e (created BUSY by this reader) and publish it:
+ * on a pool thread, or inline on a loop thread for a small frame. */
+static int decode_publish(struct ioc_zip_image *img, size_t i, struct ioc__zip_fentry *e)
+{
+	int r = decode_frame(img, i, e->data);
+
+	atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+	if (r == 0 && ioc__zip_all_zero(e->data, e->len))
+		atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
+	/* Wakes the waiters from this thread: they resume on their loops. */
+	ioc__zip_fcache_publish(img->cache, e, r);
+	return r;
+}
+
 static int64_t djob_run(void *arg)
 {
 	struct djob *j = arg;
-	struct ioc_zip_image *img = j->img;
-	int r = decode_frame(img, j->idx, j->e->data);
+	int r = 0;
 
-	atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
-	if (r == 0 && ioc__zip_all_zero(j->e->data, j->e->len))
-		atomic_store_explicit(&img->zero[j->idx], 1, memory_order_relaxed);
-	/* Wakes the waiters from this thread: they resume on their loops. */
-	ioc__zip_fcache_publish(img->cache, j->e, r);
+	for (unsigned k = 0; k < j->n; k++) {
+		int rk = decode_publish(j->img, j->f[k].idx, j->f[k].e);
+
+		if (rk < 0 && !r)
+			r = rk;
+	}
 	return r;
 }
 
@@ -375,9 +408,11 @@ static void djob_done(void *opaque, int64_t ret)
 	struct djob *j = opaque;
 	struct ioc_zip_image *img = j->img;
 
-	if (ret == -ECANCELED)          /* never ran: nobody published */
-		ioc__zip_fcache_publish(img->cache, j->e, -ECANCELED);
-	ioc__zip_fcache_put(img->cache, j->e);
+	for (unsigned k = 0; k < j->n; k++) {
+		if (ret == -ECANCELED)  /* never ran: nobody published */
+			ioc__zip_fcache_publish(img->cache, j->f[k].e, -ECANCELED);
+		ioc__zip_fcache_put(img->cache, j->f[k].e);
+	}
 	free(j);
 	pthread_mutex_lock(&img->lock);
 	if (--img->jobs == 0)
@@ -385,30 +420,54 @@ static void djob_done(void *opaque, int64_t ret)
 	pthread_mutex_unlock(&img->lock);
 }
 
-/* e was just created BUSY for frame i: decode it on the current loop's
- * pool.  The job holds its own reference. */
-static void start_decode(struct ioc_zip_image *img, size_t i, struct ioc__zip_fentry *e,
-			 bool readahead)
+/* Frames created BUSY by one read (or one readahead), gathered into jobs
+ * of at most JOB_FRAMES frames and about JOB_BYTES of data. */
+struct jobber {
+	struct ioc_zip_image *img;
+	struct djob *j;
+	bool readahead;
+};
+
+static void jobber_submit(struct jobber *jb)
 {
-	struct djob *j = calloc(1, sizeof(*j));
+	struct ioc_zip_image *img = jb->img;
+	struct djob *j = jb->j;
+
+	if (!j)
+		return;
+	jb->j = NULL;
+	pthread_mutex_lock(&img->lock);
+	img->jobs++;
+	pthread_mutex_unlock(&img->lock);
+	if (jb->readahead)
+		atomic_fetch_add_explicit(&img->readaheads, j->n, memory_order_relaxed);
+	ioc_pool_submit(NULL, &j->req, djob_run, j, djob_done, j);
+}
+
+/* e was just created BUSY for frame i: queue its decode.  The job holds
+ * its own reference. */
+static void jobber_add(struct jobber *jb, size_t i, struct ioc__zip_fentry *e)
+{
+	struct ioc_zip_image *img = jb->img;
+	struct djob *j = jb->j;
 
 	if (!j) {
-		ioc__zip_fcache_publish(img->cache, e, -ENOMEM);
-		return;
+		j = jb->j = calloc(1, sizeof(*j));
+		if (!j) {
+			ioc__zip_fcache_publish(img->cache, e, -ENOMEM);
+			return;
+		}
+		j->img = img;
 	}
 	/* A second reference, for the job; under no lock, but the entry
 	 * cannot be freed: the caller holds one. */
 	atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
-	j->img = img;
-	j->e = e;
-	j->idx = i;
-	j->readahead = readahead;
-	pthread_mutex_lock(&img->lock);
-	img->jobs++;
-	pthread_mutex_unlock(&img->lock);
-	if (readahead)
-		atomic_fetch_add_explicit(&img->readaheads, 1, memory_order_relaxed);
-	ioc_pool_submit(NULL, &j->req, djob_run, j, djob_done, j);
+	j->f[j->n].e = e;
+	j->f[j->n].idx = i;
+	j->n++;
+	j->bytes += e->len;
+	if (j->n == JOB_FRAMES || j->bytes >= JOB_BYTES)
+		jobber_submit(jb);
 }
 
 /* ---- streaming reads of frames too big to cache ---------------------- */
@@ -534,22 +593,35 @@ static bool is_zero(struct ioc_zip_image *img, size_t i)
 	return atomic_load_explicit(&img->zero[i], memory_order_relaxed) != 0;
 }
 
-static void maybe_readahead(struct ioc_zip_image *img, size_t i)
+/* A read of len bytes ended where frame i starts: decode up to len bytes
+ * (at least one frame, at most RA_MAX) of the frames after it, unless the
+ * first is cached or being decoded already. */
+static void maybe_readahead(struct ioc_zip_image *img, size_t i, size_t len)
 {
-	bool created;
-	int state;
-	struct ioc__zip_fentry *e;
+	struct jobber jb = { .img = img, .readahead = true };
+	size_t want = len < RA_MAX ? len : RA_MAX, got = 0;
 
-	if (!img->readahead || i >= img->nframes || is_zero(img, i) ||
-	    img->frames[i].dsize > img->max_cached ||
-	    ioc__zip_fcache_contains(img->cache, i))
+	if (!img->readahead)
 		return;
-	e = ioc__zip_fcache_get(img->cache, i, (size_t)img->frames[i].dsize, &created, &state);
-	if (!e)
-		return;
-	if (created)
-		start_decode(img, i, e, true);
-	ioc__zip_fcache_put(img->cache, e);
+	for (; i < img->nframes && (got == 0 || got < want); i++) {
+		const struct zframe *f = &img->frames[i];
+		struct ioc__zip_fentry *e;
+		bool created;
+		int state;
+
+		if (is_zero(img, i) || !f->dsize)
+			continue;
+		if (f->dsize > img->max_cached || ioc__zip_fcache_contains(img->cache, i))
+			break;
+		e = ioc__zip_fcache_get(img->cache, i, (size_t)f->dsize, &created, &state);
+		if (!e)
+			break;
+		if (created)
+			jobber_add(&jb, i, e);
+		ioc__zip_fcache_put(img->cache, e);
+		got += (size_t)f->dsize;
+	}
+	jobber_submit(&jb);
 }
 
 int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t off,
@@ -564,6 +636,10 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 	uint64_t end = off + len;
 	size_t i;
 	int ret = 0;
+	/* A small read decodes the frames it misses on this thread: cheaper
+	 * than the pool's round trip, and it delays this loop's other
+	 * requests by one small decode at most. */
+	bool inline_ok = len <= INLINE_MAX;
 
 	if (flags || end < off || end > img->size)
 		return -EINVAL;
@@ -573,6 +649,7 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 	while (off < end) {
 		unsigned n = 0;
 		uint64_t boff = off;
+		struct jobber jb = { .img = img };
 
 		/* Pass 1: start every decode of this batch. */
 		for (size_t k = i; k < img->nframes && n < BATCH && img->frames[k].doff < end; k++) {
@@ -588,10 +665,13 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 				ret = -ENOMEM;
 				break;
 			}
-			if (created)
-				start_decode(img, k, batch[n].e, false);
+			if (created && inline_ok && f->dsize <= INLINE_MAX)
+				decode_publish(img, k, batch[n].e);
+			else if (created)
+				jobber_add(&jb, k, batch[n].e);
 			n++;
 		}
+		jobber_submit(&jb);
 		/* Pass 2: copy in order, waiting where needed. */
 		unsigned b = 0;
 		while (off < end && i < img->nframes) {
@@ -644,8 +724,9 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 			return ret;
 	}
 	/* A read that reached the end of a frame reads on, most likely. */
-	if (i < img->nframes && img->frames[i].doff == end)
-		maybe_readahead(img, i);
+	if (i < img->nframes && img->frames[i].doff == end && i > 0 &&
+	    (len >= RA_MIN || img->frames[i - 1].dsize >= RA_MIN))
+		maybe_readahead(img, i, len);
 	return 0;
 }
 

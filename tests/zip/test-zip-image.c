@@ -5,6 +5,13 @@
  *     eight frames (constant eviction, waits on frames another thread is
  *     decoding) and every byte matches the original;
  *   - sixteen coroutines reading one cold frame at once decode it once;
+ *   - on a fresh image, cold reads at the start, middle and end of a
+ *     frame and across frame boundaries (decoded on the reader's thread
+ *     when small, on the pool when large) give the original bytes;
+ *   - a damaged frame fails the small reads decoded inline that touch it
+ *     with EIO and a logged offset, and only those;
+ *   - a large read ending on a frame boundary reads ahead (the frames
+ *     after it are then hits), a small read of a small frame does not;
  *   - all-zero frames are known at open, before any read, zstd RLE frames
  *     and gzip members of zeros alike.
  * The TSan suite runs this too: the cache's locking and the decode
@@ -25,18 +32,19 @@
 #define SIZE    ((size_t)FRAME * NFRAMES + 777)   /* a short last frame */
 
 static uint8_t *raw;
-static char path[64], gzpath[64];
+static char path[64], gzpath[64], smallpath[64];
+#define SMALL   (16u << 10)     /* frames of smallpath */
 
 static int write_fd(void *opaque, const void *buf, size_t len)
 {
 	return write(*(int *)opaque, buf, len) == (ssize_t)len ? 0 : -EIO;
 }
 
-/* Frames of zeros (every 4th), random bytes and text; the image in path,
- * compressed as format. */
-static void make_image(char *out, enum ioc_zip_format format)
+/* 64 KiB runs of zeros (every 4th), random bytes and text; the image in
+ * out, compressed as format in frames of block bytes. */
+static void make_image(char *out, enum ioc_zip_format format, size_t block)
 {
-	struct ioc_zip_opts o = { .format = format, .block_size = FRAME, .workers = 2,
+	struct ioc_zip_opts o = { .format = format, .block_size = block, .workers = 2,
 				  .write = write_fd };
 	struct ioc_zip *z;
 	unsigned seed = 12345;
@@ -209,6 +217,212 @@ static void test_one_frame_decoded_once(void)
 	ioc_zip_image_close(img);
 }
 
+/* One coroutine on one I/O thread runs fn(img). */
+struct one_call {
+	struct ioc_zip_image *img;
+	void (*fn)(struct ioc_zip_image *img, bool *ok);
+	bool ok;
+};
+
+static void ioc_coroutine_fn one_call_fn(void *opaque)
+{
+	struct one_call *c = opaque;
+
+	c->ok = true;
+	c->fn(c->img, &c->ok);
+	reader_done(c->ok);
+}
+
+static int one_spawn_fn(void *arg)
+{
+	struct ioc_co *co = ioc_co_create(one_call_fn, arg);
+
+	if (!co)
+		return -ENOMEM;
+	ioc_co_enter(co);
+	return 0;
+}
+
+static void run_one(struct ioc_zip_image *img, void (*fn)(struct ioc_zip_image *, bool *))
+{
+	struct one_call c = { .img = img, .fn = fn };
+	struct ioc_iothread *th;
+
+	done.left = 1;
+	done.bad = 0;
+	ASSERT_OK(ioc_iothread_start(&th, NULL));
+	ASSERT_OK(ioc_iothread_call(th, one_spawn_fn, &c));
+	wait_readers();
+	ioc_iothread_stop(th);
+	ASSERT_EQ(done.bad, 0);
+}
+
+/* Read [off, off + len) and compare; a poisoned buffer, so bytes a decode
+ * left out cannot pass as zeros. */
+static bool check_range(struct ioc_zip_image *img, uint64_t off, size_t len)
+{
+	uint8_t *buf = malloc(len);
+	bool ok;
+
+	if (!buf)
+		return false;
+	memset(buf, 0xee, len);
+	ok = ioc_zip_image_co_pread(img, off, buf, len, 0) == 0 &&
+	     memcmp(buf, raw + off, len) == 0;
+	free(buf);
+	return ok;
+}
+
+/* Frames 4k are zeros, 4k + 1 random, the others text: every read below
+ * but one lands on frames nobody read before (a fresh image, no
+ * readahead). */
+static void edge_reads(struct ioc_zip_image *img, bool *ok)
+{
+	static const struct { uint64_t off; size_t len; } r[] = {
+		{ 2 * FRAME, 4096 },                    /* start of a frame */
+		{ 6 * FRAME + FRAME / 2 - 100, 4096 },  /* middle */
+		{ 11 * FRAME - 4096, 4096 },            /* its last bytes */
+		{ 14 * FRAME - 1, 2 },                  /* across a boundary */
+		{ 17 * FRAME + 5, 1 },                  /* one byte */
+		{ 21 * FRAME - 3000, 3 * FRAME + 6000 },/* large: on the pool */
+		{ 2 * FRAME + 4096, FRAME - 4096 },     /* the rest, from the cache */
+		{ SIZE - 700, 700 },                    /* the short last frame */
+	};
+
+	for (size_t k = 0; k < sizeof(r) / sizeof(r[0]); k++)
+		if (!check_range(img, r[k].off, r[k].len)) {
+			ioc_test_diag("read %zu at %llu, %zu bytes differs", k,
+				 (unsigned long long)r[k].off, r[k].len);
+			*ok = false;
+		}
+}
+
+static void test_cold_edge_reads(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
+	run_one(img, edge_reads);
+	ioc_zip_image_get_info(img, &info);
+	/* Frames 2, 6, 10, 13, 14, 17, 21, 22, 23 (zero frames need none). */
+	ASSERT_UEQ(info.decodes, 9);
+	ASSERT_UEQ(info.errors, 0);
+	ioc_zip_image_close(img);
+}
+
+/* A copy of the image with one byte of frame 5's compressed data (random
+ * bytes, stored) flipped: its checksum fails. */
+static char badpath[64];
+static char badlog[512];
+
+static void log_fn(void *opaque, const char *msg)
+{
+	if (strstr(msg, "EIO"))
+		snprintf(badlog, sizeof(badlog), "%s", msg);
+}
+
+static void damaged_reads(struct ioc_zip_image *img, bool *ok)
+{
+	uint8_t buf[4096];
+
+	*ok &= ioc_zip_image_co_pread(img, 5 * FRAME + 8192, buf, 4096, 0) == -EIO;
+	*ok &= ioc_zip_image_co_pread(img, 6 * FRAME - 2, buf, 4, 0) == -EIO;
+	*ok &= check_range(img, 6 * FRAME, 4096);
+	*ok &= check_range(img, 3 * FRAME + 100, 4096);
+}
+
+static void test_damaged_frame_inline(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = log_fn };
+	struct ioc_zip_index *ix;
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	char msg[256], want[64];
+	uint64_t coff;
+	uint8_t *file;
+	off_t fsize;
+	int fd = open(path, O_RDONLY), out;
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+	coff = ix->frames[5].coff;
+	ASSERT_UGT(ix->frames[5].csize, 64);
+	fsize = lseek(fd, 0, SEEK_END);
+	file = malloc((size_t)fsize);
+	ASSERT_NOT_NULL(file);
+	ASSERT_EQ(pread(fd, file, (size_t)fsize, 0), fsize);
+	close(fd);
+	file[coff + ix->frames[5].csize / 2] ^= 0x40;
+	ioc_zip_index_free(ix);
+	snprintf(badpath, sizeof(badpath), "/tmp/ioc-zip-image-bad.XXXXXX");
+	out = mkstemp(badpath);
+	ASSERT_GE(out, 0);
+	ASSERT_EQ(write(out, file, (size_t)fsize), fsize);
+	close(out);
+	free(file);
+
+	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
+	run_one(img, damaged_reads);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 2);     /* not cached: each read tried again */
+	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
+	ASSERT_NOT_NULL(strstr(badlog, want));
+	ioc_zip_image_close(img);
+	unlink(badpath);
+}
+
+static void ra_steps(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	/* 4 KiB at frame 1's end: frames of 64 KiB read ahead one frame. */
+	*ok &= check_range(img, 2 * FRAME - 4096, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.readaheads == 1 && info.cache_misses == 2;
+	/* Frame 2 was read ahead: a hit (perhaps waiting for its decode);
+	 * ending on frame 3 reads ahead frame 3. */
+	*ok &= check_range(img, 2 * FRAME, FRAME);
+	/* 128 KiB ending on frame 11: 128 KiB ahead, 11 and 13 (12 is zero). */
+	*ok &= check_range(img, 9 * FRAME, 2 * FRAME);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.readaheads == 4 && info.cache_misses == 7;
+	*ok &= check_range(img, 11 * FRAME, 3 * FRAME);
+	ioc_zip_image_get_info(img, &info);
+	/* 11 and 13 were hits; 14, 15 and 17 are read ahead now. */
+	*ok &= info.cache_hits == 3 && info.readaheads == 7 && info.cache_misses == 10;
+	if (!*ok)
+		ioc_test_diag("hits %llu misses %llu readaheads %llu",
+			      (unsigned long long)info.cache_hits,
+			      (unsigned long long)info.cache_misses,
+			      (unsigned long long)info.readaheads);
+}
+
+/* 16 KiB frames: a 4 KiB read ending on one does not read ahead. */
+static void ra_small(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	*ok &= check_range(img, 5 * SMALL - 4096, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.readaheads == 0 && info.cache_misses == 1 && info.decodes == 1;
+}
+
+static void test_readahead(void)
+{
+	struct ioc_zip_image *img;
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, path, NULL, msg, sizeof(msg)));
+	run_one(img, ra_steps);
+	ioc_zip_image_close(img);
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, NULL, msg, sizeof(msg)));
+	run_one(img, ra_small);
+	ioc_zip_image_close(img);
+}
+
 static void zero_frames_known_at_open(const char *file)
 {
 	struct ioc_zip_image *img;
@@ -246,14 +460,16 @@ static void setup(void)
 {
 	raw = malloc(SIZE);
 	ASSERT_NOT_NULL(raw);
-	make_image(path, IOC_ZIP_ZSTD);
-	make_image(gzpath, IOC_ZIP_GZIP);
+	make_image(path, IOC_ZIP_ZSTD, FRAME);
+	make_image(gzpath, IOC_ZIP_GZIP, FRAME);
+	make_image(smallpath, IOC_ZIP_ZSTD, SMALL);
 }
 
 static void cleanup(void)
 {
 	unlink(path);
 	unlink(gzpath);
+	unlink(smallpath);
 	free(raw);
 }
 
@@ -263,5 +479,8 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_gzip_zero_members_known_at_open),
 	IOC_TEST(test_one_frame_decoded_once),
 	IOC_TEST(test_random_reads_small_cache),
+	IOC_TEST(test_cold_edge_reads),
+	IOC_TEST(test_damaged_frame_inline),
+	IOC_TEST(test_readahead),
 	IOC_TEST(cleanup),
 )
