@@ -372,8 +372,9 @@ static void check_range(struct cl_conn *c, uint64_t off, size_t len, unsigned ge
 
 /* Large WRITE payloads that arrive in many small pieces (the spliced
  * path sees the socket run dry again and again, and a pipe's slots fill
- * with small segments), pipelined with small requests, on both sockets:
- * every byte lands. */
+ * with small segments; the direct path gets the next header with a
+ * payload's end or without it), pipelined with small requests, on both
+ * sockets, spliced or not: every byte lands. */
 static void test_payload_in_pieces(void)
 {
 	static const struct { uint64_t off, len; } w[] = {
@@ -382,12 +383,14 @@ static void test_payload_in_pieces(void)
 	uint8_t *b = malloc(4u << 20);
 
 	ASSERT_NOT_NULL(b);
-	for (int tcp = 0; tcp < 2; tcp++) {
+	for (int run = 0; run < 4; run++) {
 		struct ts_srv s;
 		struct cl_conn c;
+		bool tcp = run & 1;
 
 		ts_prepare(&s, NULL, IMG_SIZE);
-		start(&s, "io_uring", tcp, NULL);
+		/* Spliced, then received into the request's buffer. */
+		start(&s, "io_uring", tcp, run < 2 ? NULL : "off");
 		connect_to(&s, tcp, &c, 1);
 		for (unsigned i = 0; i < 3; i++) {
 			fill(b, w[i].off, w[i].len, 11);
