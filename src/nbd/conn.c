@@ -15,8 +15,8 @@
  *   and parses every complete request in it (transmission.c), so one recv
  *   carries many requests.  A short recv means the socket is empty: no
  *   second recv just to see EAGAIN.  A large WRITE payload still arriving
- *   is received straight into its request buffer; after one, the next
- *   header is received alone, so the next payload is too (no memcpy).
+ *   goes straight into its buffer, the next header with it (recvmsg), or
+ *   into a pipe, the next header alone: so the next payload does too.
  * - One coroutine per request, from the coroutine pool, runs it against
  *   the block layer (a cached read on the inline fast path never yields)
  *   and queues the reply.  Handshake output travels in the same queue.
