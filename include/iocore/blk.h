@@ -131,6 +131,20 @@ ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
 int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
 			 int pipe_fd, uint32_t flags);
 
+/* From this many bytes on, a write that would run inline (tmpfs without
+ * swap) runs on the image's writer thread instead (blk.c, "Large
+ * writes"), when called from a coroutine. */
+#define IOC_BLK_WRITER_MIN (256u << 10)
+
+/*
+ * ioc_blk_splice_write() from a coroutine: the same answers, but from
+ * IOC_BLK_WRITER_MIN bytes on the copy runs on the image's writer thread
+ * while the coroutine yields (the caller's loop goes on meanwhile).  A
+ * zero len only asks (0 or -ENOTSUP) and may be called anywhere.
+ */
+int ioc_coroutine_fn ioc_blk_co_splice_write(struct ioc_blk *blk, uint64_t offset,
+					     size_t len, int pipe_fd, uint32_t flags);
+
 /* Callback API.  The embedded request is valid from submit until cb
  * returns; cb runs on the submitting loop with 0 or -errno. */
 struct ioc_blk_req;

@@ -132,6 +132,12 @@ struct ioc_blk {
 	_Atomic unsigned dirty_n;
 	struct ioc_blk_dirty *dirty_retired;
 	uint64_t dirty_seq;
+
+	/* Large inline writes (tmpfs without swap) run on this one-thread
+	 * pool, so the calling loop goes on receiving (see "Large writes"
+	 * in blk.c).  Created on first use: the CAS in blk_writer() is a
+	 * release, the loads there acquire. */
+	struct ioc_pool *_Atomic writer;
 };
 
 /* Per-request state, inside struct ioc_blk_req's priv[]. */

@@ -21,8 +21,8 @@
  *   hit continues asynchronously.  A per-image credit stops a workload that
  *   never hits from paying for the syscall (probing one request in 32).
  *   Without RWF_NOWAIT (tmpfs) cachestat(2) says whether the range is
- *   cached; tmpfs without swap needs neither, for reads or writes.  Under
- *   the same rules ioc_blk_splice_read() hands cached pages to a pipe.
+ *   cached; tmpfs without swap needs neither, for reads or writes (large
+ *   ones: "Large writes").  ioc_blk_splice_read() follows the same rules.
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (one io_uring_enter per loop iteration), else the loop's thread pool,
  *   which also takes what io_uring cannot express cheaply (ioctls, the
@@ -55,8 +55,8 @@
  *
  * Cost notes.  A fast-path hit is one preadv2, no allocation, about half
  * the CPU of a request through io_uring or the pool (bench/blk/NOTES.md).
- * Fault hook: a branch when unset.  cache=none tracking: a mutex round trip
- * and an O(queue depth) scan per write.
+ * Fault hook: a branch when unset.  cache=none tracking: a mutex round
+ * trip and an O(queue depth) scan per write.
  */
 #include <assert.h>
 #include <errno.h>
@@ -305,6 +305,8 @@ void ioc_blk_close(struct ioc_blk *blk)
 	if (!blk)
 		return;
 	assert(!blk->tracked);
+	/* Relaxed: no request is in flight, so none creates a writer now. */
+	ioc_pool_free(atomic_load_explicit(&blk->writer, memory_order_relaxed));
 	ioc__blk_dirty_close(blk);
 	if (blk->fd >= 0)
 		close(blk->fd);
@@ -827,12 +829,9 @@ ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
  * inline writes above) and never FUA: anything else is -ENOTSUP with the
  * pipe untouched, for the caller to write the ordinary way.
  */
-int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
-			 int pipe_fd, uint32_t flags)
+static int splice_write_check(struct ioc_blk *blk, uint64_t offset, size_t len,
+			      uint32_t flags)
 {
-	size_t done = 0;
-	int ret;
-
 	if (flags & ~IOC_BLK_FUA)
 		return -EINVAL;
 	if (blk->read_only)
@@ -842,9 +841,15 @@ int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
 	if (!fast_write_ok(blk, flags) || blk->driver != IOC_BLK_DRIVER_FILE ||
 	    !(blk_caps(blk) & BLK_CAP_SPLICE))
 		return -ENOTSUP;
-	if (len == 0)
-		return 0;
-	ret = blk_dirty_prepare(blk, offset, len);
+	return 0;
+}
+
+/* The checked splice itself: any thread. */
+static int splice_write_now(struct ioc_blk *blk, uint64_t offset, size_t len, int pipe_fd)
+{
+	size_t done = 0;
+	int ret = blk_dirty_prepare(blk, offset, len);
+
 	if (ret < 0)
 		return ret;
 	while (done < len) {
@@ -866,6 +871,136 @@ int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
 		return ret;
 	}
 	return blk_dirty_mark(blk, offset, len);
+}
+
+int ioc_blk_splice_write(struct ioc_blk *blk, uint64_t offset, size_t len,
+			 int pipe_fd, uint32_t flags)
+{
+	int ret = splice_write_check(blk, offset, len, flags);
+
+	if (ret < 0 || len == 0)
+		return ret;
+	return splice_write_now(blk, offset, len, pipe_fd);
+}
+
+/*
+ * Large writes.  An inline write of a megabyte into tmpfs is a copy of a
+ * quarter of a millisecond or more on the caller's thread; an NBD server's
+ * loop thread that makes it cannot receive meanwhile, and a client whose
+ * socket buffer holds less than a request waits for it.  So from
+ * IOC_BLK_WRITER_MIN on, inline writes (and spliced ones) run on the
+ * image's writer: a pool of one thread, since buffered writes to one file
+ * hold its inode lock and more threads would only wait for each other
+ * (a loop's pool grew to 14 threads spinning on that lock).  It is the
+ * image's, not a loop's, so loops writing to one image share it.  Smaller
+ * writes stay inline: at 64 KiB the hand-off (a pool job, a yield, a
+ * completion) cost more than the copy it moved (bench/nbd/NOTES.md).
+ * Without a writer (out of memory) the write stays inline.
+ */
+static struct ioc_pool *blk_writer(struct ioc_blk *blk)
+{
+	/* Acquire pairs with the release of the CAS below. */
+	struct ioc_pool *p = atomic_load_explicit(&blk->writer, memory_order_acquire);
+	struct ioc_pool *none = NULL;
+	struct ioc_pool_opts o = {
+		.max_threads = 1,
+		.idle_timeout_ms = 1000,
+		.name = "ioc-blkw",
+	};
+
+	if (p)
+		return p;
+	if (ioc_pool_new(&p, &o) < 0)
+		return NULL;
+	/* Release publishes the new pool to other loops' acquire loads
+	 * (above); acquire on failure pairs with the winner's release. */
+	if (!atomic_compare_exchange_strong_explicit(&blk->writer, &none, p,
+						     memory_order_acq_rel,
+						     memory_order_acquire)) {
+		ioc_pool_free(p);
+		return none;
+	}
+	return p;
+}
+
+/* The writer, where it pays: a large write from a coroutine on a loop. */
+static struct ioc_pool *writer_for(struct ioc_blk *blk, uint64_t len)
+{
+	if (len < IOC_BLK_WRITER_MIN || !ioc_in_coroutine() || !ioc_loop_current())
+		return NULL;
+	return blk_writer(blk);
+}
+
+struct writer_job {
+	struct ioc_blk *blk;
+	uint64_t offset;
+	size_t len;
+	int pipe_fd;
+	const struct iovec *iov;
+	int iovcnt;
+};
+
+static int64_t writer_splice(void *arg)
+{
+	struct writer_job *j = arg;
+
+	return splice_write_now(j->blk, j->offset, j->len, j->pipe_fd);
+}
+
+int ioc_coroutine_fn ioc_blk_co_splice_write(struct ioc_blk *blk, uint64_t offset,
+					     size_t len, int pipe_fd, uint32_t flags)
+{
+	int ret = splice_write_check(blk, offset, len, flags);
+	struct ioc_pool *w;
+
+	if (ret < 0 || len == 0)
+		return ret;
+	if ((w = writer_for(blk, len))) {
+		struct writer_job j = { .blk = blk, .offset = offset, .len = len,
+					.pipe_fd = pipe_fd };
+
+		return (int)ioc_pool_co_run(w, writer_splice, &j);
+	}
+	return splice_write_now(blk, offset, len, pipe_fd);
+}
+
+/* An inline write on the writer: all of it, pwritev until done. */
+static int64_t writer_pwritev(void *arg)
+{
+	struct writer_job *j = arg;
+	const struct iovec *iv = j->iov;
+	int ic = j->iovcnt, ret = blk_dirty_prepare(j->blk, j->offset, j->len);
+	size_t done = 0, skip = 0; /* skip: bytes of *iv already written */
+
+	if (ret < 0)
+		return ret;
+	while (done < j->len) {
+		off_t off = (off_t)(j->offset + done);
+		ssize_t n;
+
+		while (ic && skip >= iv->iov_len) {
+			skip -= iv->iov_len;
+			iv++, ic--;
+		}
+		if (!ic)
+			break;
+		if (skip)
+			n = pwrite(j->blk->fd, (const char *)iv->iov_base + skip,
+				   iv->iov_len - skip, off);
+		else
+			n = pwritev(j->blk->fd, iv, ic < IOV_MAX ? ic : IOV_MAX, off);
+		if (n > 0) {
+			done += (size_t)n;
+			skip += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		ret = n == 0 ? -EIO : -errno;
+		break;
+	}
+	blk_dirty_mark(j->blk, j->offset, j->len); /* as in ioc__blk_finish() */
+	return ret;
 }
 
 /* ---- coroutine API --------------------------------------------------- */
@@ -931,7 +1066,14 @@ int ioc_coroutine_fn ioc_blk_co_pwritev(struct ioc_blk *blk, uint64_t offset,
 		return ret;
 	if (fast_write_ok(blk, flags) && len) {
 		ssize_t n;
+		struct ioc_pool *w = writer_for(blk, len);
 
+		if (w) {
+			struct writer_job j = { .blk = blk, .offset = offset, .len = len,
+						.iov = iov, .iovcnt = iovcnt };
+
+			return (int)ioc_pool_co_run(w, writer_pwritev, &j);
+		}
 		ret = blk_dirty_prepare(blk, offset, len);
 		if (ret < 0)
 			return ret;

@@ -15,8 +15,8 @@
  *   and parses every complete request in it (transmission.c), so one recv
  *   carries many requests.  A short recv means the socket is empty: no
  *   second recv just to see EAGAIN.  A large WRITE payload still arriving
- *   is received straight into its request buffer; after one, the next
- *   header is received alone, so the next payload is too (no memcpy).
+ *   goes straight into its buffer, the next header with it (recvmsg), or
+ *   into a pipe, the next header alone: so the next payload does too.
  * - One coroutine per request, from the coroutine pool, runs it against
  *   the block layer (a cached read on the inline fast path never yields)
  *   and queues the reply.  Handshake output travels in the same queue.
@@ -80,6 +80,7 @@
 #define IOC_NBD_FREE_REQS       64
 #define IOC_NBD_FLUSH_EVERY     16
 #define IOC_NBD_KEEP_BUF        (1u << 20)
+#define IOC_NBD_DIRECT_MIN      (16u << 10) /* payload left: recv it directly */
 #define IOC_NBD_REQ_HS          0xffff /* a request carrying handshake output */
 #define IOC_NBD_TLS_RECORD      16384  /* TLS's largest record payload */
 #define IOC_NBD_PIPES           16     /* zero-copy pipes per connection */
@@ -791,6 +792,22 @@ static ssize_t conn_recv(struct conn *c, void *buf, size_t len)
 	}
 }
 
+/* In the clear: the rest of a payload into buf and, in the same recvmsg,
+ * up to hlen bytes after it (the next request's header) into hdr, so a
+ * stream of large WRITEs costs one recvmsg each and no memcpy.  Bytes
+ * received in all, 0 at EOF, or -errno. */
+static ssize_t conn_recv_hdr(struct conn *c, void *buf, size_t len, void *hdr, size_t hlen)
+{
+	struct iovec iov[2] = { { buf, len }, { hdr, hlen } };
+	struct msghdr m = { .msg_iov = iov, .msg_iovlen = 2 };
+
+	for (;;) {
+		ssize_t n = recvmsg(c->fd, &m, MSG_DONTWAIT);
+		if (n >= 0 || errno != EINTR)
+			return n < 0 ? -errno : n;
+	}
+}
+
 /* The socket said "nothing more" (EOF, error or, when draining, EAGAIN). */
 static bool handle_recv_end(struct conn *c, ssize_t n)
 {
@@ -1063,16 +1080,27 @@ static void tx_process(struct conn *c)
 				continue;
 			}
 		} else if (p && !p->error && core->in_start == core->in_end &&
-		    p->len - core->partial_got >= 65536) {
+		    p->len - core->partial_got >= IOC_NBD_DIRECT_MIN) {
+			/* In the clear, the next request's header comes in
+			 * the same recvmsg, into in[] (see conn_recv_hdr()). */
+			size_t hsz = c->tls_state != TLS_NONE ? 0 :
+				     core->extended ? NBD_EXT_REQUEST_SIZE : NBD_REQUEST_SIZE;
 			want = (size_t)(p->len - core->partial_got);
-			n = conn_recv(c, p->buf + core->partial_got, want);
+			if (hsz)
+				ioc__nbd_conn_compact(core);
+			n = hsz ? conn_recv_hdr(c, p->buf + core->partial_got, want,
+						core->in + core->in_end, hsz)
+				: conn_recv(c, p->buf + core->partial_got, want);
 			if (n > 0) {
-				drained = (size_t)n < want && !tls_pending(c);
+				size_t pay = (size_t)n < want ? (size_t)n : want;
+
+				drained = (size_t)n < want + hsz && !tls_pending(c);
+				core->in_end += (size_t)n - pay;
 				struct ioc__nbd_req *done =
-					ioc__nbd_payload_arrived(core, (size_t)n);
+					ioc__nbd_payload_arrived(core, pay);
 				if (done) {
 					start_request(c, done);
-					c->hdr_first = c->tls_state == TLS_NONE;
+					c->hdr_first = c->tls_state == TLS_NONE && (size_t)n == pay;
 				}
 				continue;
 			}

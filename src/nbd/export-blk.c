@@ -39,11 +39,11 @@ static ssize_t be_splice_read(void *be, uint64_t off, size_t len, int pipe_fd,
 	return ioc_blk_splice_read(be, off, len, pipe_fd, 0);
 }
 
-static int be_splice_write(void *be, uint64_t off, size_t len, int pipe_fd,
-			   uint32_t flags)
+static int ioc_coroutine_fn be_splice_write(void *be, uint64_t off, size_t len,
+					    int pipe_fd, uint32_t flags)
 {
-	return ioc_blk_splice_write(be, off, len, pipe_fd,
-				    (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
+	return ioc_blk_co_splice_write(be, off, len, pipe_fd,
+				       (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
 }
 
 static int ioc_coroutine_fn be_flush(void *be, uint32_t flags)

@@ -245,7 +245,8 @@ struct ioc__nbd_backend_ops {
 	/* Zero-copy writes (NULL: none): write len bytes taken from the pipe
 	 * pipe_fd at offset; 0, -ENOTSUP with the pipe untouched (write the
 	 * ordinary way), or -errno.  IOC_NBD_BE_FUA allowed.  len 0 asks
-	 * whether it would be done: 0 or -ENOTSUP. */
+	 * whether it would be done: 0 or -ENOTSUP, from anywhere; else from
+	 * the request's coroutine, which may yield. */
 	int (*splice_write)(void *be, uint64_t offset, size_t len, int pipe_fd,
 			    uint32_t flags);
 };

@@ -3,7 +3,7 @@
  * (cachestat(2) sees no dirty pages afterwards), discard and write-zeroes
  * leave holes or allocated zeroes as asked, the callback API never calls
  * back inside the submitting call, the null driver, truncate, bounds and
- * read-only checks.
+ * read-only checks, large writes on the image's writer thread.
  */
 #include <sched.h>
 #include <stdatomic.h>
@@ -828,6 +828,162 @@ static void test_multi_loop(void)
 	free(path);
 }
 
+/* ---- large writes on the image's writer thread ---------------------- */
+
+#define WR_THREADS 2
+#define WR_COS 4
+#define WR_SPAN (2u << 20)     /* each coroutine's own range */
+#define WR_LEN (IOC_BLK_WRITER_MIN + 4099)
+
+struct wr_co {
+	struct ioc_blk *blk;
+	unsigned id;
+	int efd;
+	int failures;
+	unsigned writer_calls;  /* writes that should have gone to the writer */
+};
+
+static uint8_t wr_pat(uint64_t off, unsigned round)
+{
+	return (uint8_t)(off * 31 + (off >> 11) + round * 7);
+}
+
+/* Per round, in the coroutine's own range: a large pwritev in three
+ * pieces at an odd offset, a large spliced write from a pipe, a small
+ * pwritev (inline, below the writer's minimum), each read back. */
+static void ioc_coroutine_fn wr_body(void *opaque)
+{
+	struct wr_co *w = opaque;
+	uint64_t base = (uint64_t)w->id * WR_SPAN, one = 1;
+	uint8_t *b = malloc(WR_LEN), *r = malloc(WR_LEN);
+	int p[2];
+
+	ASSERT_NOT_NULL(b);
+	ASSERT_NOT_NULL(r);
+	ASSERT_OK(pipe2(p, O_CLOEXEC | O_NONBLOCK));
+	ASSERT_GE(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 1 << 20);
+	for (unsigned round = 0; round < 3; round++) {
+		uint64_t o1 = base + 777, o2 = base + WR_LEN + 4096, o3 = o2 + WR_LEN;
+		struct iovec v[3] = { { b, 1000 }, { b + 1000, 100000 },
+				      { b + 101000, WR_LEN - 101000 } };
+		struct iovec rv = { r, WR_LEN };
+
+		for (size_t i = 0; i < WR_LEN; i++)
+			b[i] = wr_pat(o1 + i, round);
+		w->failures += ioc_blk_co_pwritev(w->blk, o1, v, 3, 0) != 0;
+		w->failures += ioc_blk_co_preadv(w->blk, o1, &rv, 1, 0) != 0 ||
+			       memcmp(b, r, WR_LEN) != 0;
+		for (size_t i = 0; i < WR_LEN; i++)
+			b[i] = wr_pat(o2 + i, round);
+		ASSERT_EQ(write(p[1], b, WR_LEN), (ssize_t)WR_LEN);
+		w->failures += ioc_blk_co_splice_write(w->blk, o2, WR_LEN, p[0], 0) != 0;
+		w->failures += ioc_blk_co_preadv(w->blk, o2, &rv, 1, 0) != 0 ||
+			       memcmp(b, r, WR_LEN) != 0;
+		v[0] = (struct iovec){ b, 4096 };
+		w->failures += ioc_blk_co_pwritev(w->blk, o3, v, 1, 0) != 0;
+		w->writer_calls += 2;
+	}
+	close(p[0]);
+	close(p[1]);
+	free(b);
+	free(r);
+	ASSERT_EQ(write(w->efd, &one, sizeof(one)), (ssize_t)sizeof(one));
+}
+
+static int wr_start(void *arg)
+{
+	struct wr_co *w = arg;
+
+	for (unsigned i = 0; i < WR_COS; i++) {
+		struct ioc_co *co = ioc_co_create(wr_body, &w[i]);
+
+		if (!co)
+			return -ENOMEM;
+		ioc_co_enter(co);
+	}
+	return 0;
+}
+
+/* Large inline writes from coroutines on two loops at once go to one
+ * writer (created once, whichever loop comes first), land where they
+ * should and mark the dirty bitmap; below the minimum, and outside a
+ * coroutine, they stay inline; FUA never goes inline. */
+static void test_writer(void)
+{
+	char *path = bt_make_image(NULL, "wr.img", WR_THREADS * WR_COS * WR_SPAN, false);
+	struct ioc_iothread *t[WR_THREADS];
+	struct wr_co w[WR_THREADS][WR_COS];
+	struct ioc_blk_dirty *bm;
+	struct ioc_blk_dirty_opts dopts = { .name = "wr" };
+	struct ioc_pool_stats ps;
+	struct ioc_blk *blk;
+	uint64_t n = 0, v, len, calls = 0;
+	int efd = eventfd(0, EFD_CLOEXEC);
+
+	ASSERT_GE(efd, 0);
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	ioc__blk_set_fast_how(blk, BLK_FAST_PLAIN); /* writes inline, as on tmpfs */
+	ASSERT_OK(ioc_blk_dirty_add(blk, &dopts, &bm));
+	for (int i = 0; i < WR_THREADS; i++) {
+		struct ioc_iothread_opts to = { .name = "blk-test", .cpu = -1 };
+
+		ASSERT_OK(ioc_iothread_start(&t[i], &to));
+		for (unsigned j = 0; j < WR_COS; j++)
+			w[i][j] = (struct wr_co){ .blk = blk, .id = (unsigned)i * WR_COS + j,
+						  .efd = efd };
+	}
+	for (int i = 0; i < WR_THREADS; i++)
+		ASSERT_OK(ioc_iothread_call(t[i], wr_start, w[i]));
+	while (n < WR_THREADS * WR_COS) {
+		ASSERT_EQ(read(efd, &v, sizeof(v)), (ssize_t)sizeof(v));
+		n += v;
+	}
+	for (int i = 0; i < WR_THREADS; i++) {
+		ioc_iothread_stop(t[i]);
+		for (unsigned j = 0; j < WR_COS; j++) {
+			ASSERT_EQ(w[i][j].failures, 0);
+			calls += w[i][j].writer_calls;
+		}
+	}
+	/* Every large write went through the writer, no small one did. */
+	ASSERT_NOT_NULL(blk->writer);
+	ioc_pool_get_stats(blk->writer, &ps);
+	ASSERT_UEQ(ps.completed, calls);
+	ASSERT_LE(ps.threads, 1);
+	/* The bitmap saw every write: each range's first granule to its
+	 * last one is dirty, the gap after the small write clean. */
+	for (unsigned id = 0; id < WR_THREADS * WR_COS; id++) {
+		uint64_t base = (uint64_t)id * WR_SPAN;
+		uint64_t end = base + 777 + 2 * (WR_LEN + 4096) + 4096;
+
+		ASSERT_EQ(ioc_blk_dirty_extent(bm, base, WR_SPAN, &len), 1);
+		ASSERT_GE(base + len, end);
+		ASSERT_LT(base + len, base + WR_SPAN);
+	}
+	/* Outside a coroutine a large splice stays inline: no new job. */
+	{
+		int p[2];
+		uint8_t *b = calloc(1, WR_LEN);
+
+		ASSERT_NOT_NULL(b);
+		ASSERT_OK(pipe2(p, O_CLOEXEC | O_NONBLOCK));
+		ASSERT_GE(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 1 << 20);
+		ASSERT_EQ(write(p[1], b, WR_LEN), (ssize_t)WR_LEN);
+		ASSERT_EQ(ioc_blk_splice_write(blk, 0, WR_LEN, p[0], 0), 0);
+		ASSERT_EQ(ioc_blk_co_splice_write(blk, 0, 0, -1, 0), 0); /* the probe */
+		ASSERT_EQ(ioc_blk_co_splice_write(blk, 0, WR_LEN, p[0], IOC_BLK_FUA), -ENOTSUP);
+		ioc_pool_get_stats(blk->writer, &ps);
+		ASSERT_UEQ(ps.completed, calls);
+		close(p[0]);
+		close(p[1]);
+		free(b);
+	}
+	ioc_blk_close(blk);
+	close(efd);
+	unlink(path);
+	free(path);
+}
+
 static void test_cleanup(void)
 {
 	rmdir(ioc_test_tmpdir());
@@ -844,5 +1000,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_multi_loop),
 	IOC_TEST(test_fast_path_ways),
 	IOC_TEST(test_splice_read),
+	IOC_TEST(test_writer),
 	IOC_TEST(test_cleanup),
 )

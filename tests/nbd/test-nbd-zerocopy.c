@@ -7,7 +7,9 @@
  * spliced reply between copied ones would show any interleaving), and the
  * fallbacks: splice off, a socket that refuses it after the header went
  * out, a read that runs past a file cut short underneath, and a client
- * that hangs up with large replies unsent.  Every byte is checked.
+ * that hangs up with large replies unsent; WRITE payloads arriving in
+ * small pieces, a client hanging up in the middle of one.  Every byte is
+ * checked.
  *
  * IOC_NBD_TEST_SPLICE (read by the server, for tests only) is "off",
  * "refuse" or a threshold in bytes.
@@ -15,6 +17,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 
 #include "nbd-test-server.h"
 
@@ -353,6 +356,131 @@ static void test_hangup_with_large_replies(void)
 	ts_stop(&s);
 }
 
+/* Read len bytes at off back on c and compare with generation gen. */
+static void check_range(struct cl_conn *c, uint64_t off, size_t len, unsigned gen)
+{
+	uint8_t *got = malloc(len), *want = malloc(len);
+
+	ASSERT_NOT_NULL(got);
+	ASSERT_NOT_NULL(want);
+	ASSERT_EQ(cl_pread(c, 0, got, off, len, NULL, NULL), 0);
+	fill(want, off, len, gen);
+	ASSERT_OK(memcmp(got, want, len));
+	free(got);
+	free(want);
+}
+
+/* Large WRITE payloads that arrive in many small pieces (the spliced
+ * path sees the socket run dry again and again, and a pipe's slots fill
+ * with small segments; the direct path gets the next header with a
+ * payload's end or without it), pipelined with small requests, on both
+ * sockets, spliced or not: every byte lands. */
+static void test_payload_in_pieces(void)
+{
+	static const struct { uint64_t off, len; } w[] = {
+		{ 0, 1u << 20 }, { (2u << 20) + 100, (3u << 20) + 5 }, { 7u << 20, 300000 },
+	};
+	uint8_t *b = malloc(4u << 20);
+
+	ASSERT_NOT_NULL(b);
+	for (int run = 0; run < 4; run++) {
+		struct ts_srv s;
+		struct cl_conn c;
+		bool tcp = run & 1;
+
+		ts_prepare(&s, NULL, IMG_SIZE);
+		/* Spliced, then received into the request's buffer. */
+		start(&s, "io_uring", tcp, run < 2 ? NULL : "off");
+		connect_to(&s, tcp, &c, 1);
+		for (unsigned i = 0; i < 3; i++) {
+			fill(b, w[i].off, w[i].len, 11);
+			ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 10 + i, w[i].off, w[i].len, NULL));
+			for (size_t at = 0, k = 0; at < w[i].len; k++) {
+				size_t piece = 100 + (k * 997) % 3000;
+
+				if (piece > w[i].len - at)
+					piece = w[i].len - at;
+				ASSERT_OK(cl_write(c.fd, b + at, piece));
+				at += piece;
+				if (k % 16 == 0)
+					sched_yield();
+			}
+			/* A small request between the large ones. */
+			ASSERT_OK(cl_req(&c, 0, NBD_CMD_FLUSH, 20 + i, 0, 0, NULL));
+		}
+		for (unsigned i = 0; i < 6; i++) {
+			struct cl_reply rep;
+			uint8_t pl[512];
+
+			ASSERT_OK(cl_reply(&c, &rep, pl, sizeof(pl), 0));
+			ASSERT_EQ(cl_reply_error(&rep, pl), 0);
+		}
+		for (unsigned i = 0; i < 3; i++)
+			check_range(&c, w[i].off, w[i].len, 11);
+		close(c.fd);
+		ts_stop(&s);
+	}
+	free(b);
+}
+
+/* A client sends large WRITEs and stops in the middle of the last one's
+ * payload: the complete ones are written and answered, the cut one
+ * writes nothing, then the server closes.  Another sends large WRITEs and
+ * hangs up at once, with writes still on the writer thread: the server
+ * goes on serving. */
+static void test_hangup_mid_payload(void)
+{
+	struct ts_srv s;
+	struct cl_conn c;
+	uint8_t *b = malloc(1u << 20);
+	char eof;
+
+	ASSERT_NOT_NULL(b);
+	ts_prepare(&s, NULL, IMG_SIZE);
+	start(&s, "io_uring", false, NULL);
+	connect_to(&s, false, &c, 1);
+	fill(b, 8u << 20, 1u << 20, 5);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 8u << 20, 1u << 20, b), 0);
+	for (unsigned i = 0; i < 4; i++) {
+		fill(b, (uint64_t)i << 20, 1u << 20, 3);
+		ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 30 + i, (uint64_t)i << 20, 1u << 20, b));
+	}
+	fill(b, 8u << 20, 1u << 20, 4);
+	ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 40, 8u << 20, 1u << 20, NULL));
+	ASSERT_OK(cl_write(c.fd, b, 600000));
+	ASSERT_OK(shutdown(c.fd, SHUT_WR));
+	for (unsigned i = 0; i < 4; i++) {
+		struct cl_reply rep;
+		uint8_t pl[512];
+
+		ASSERT_OK(cl_reply(&c, &rep, pl, sizeof(pl), 0));
+		ASSERT_TRUE(rep.cookie >= 30 && rep.cookie < 34);
+		ASSERT_EQ(cl_reply_error(&rep, pl), 0);
+	}
+	ASSERT_EQ(read(c.fd, &eof, 1), 0); /* closed once all was answered */
+	close(c.fd);
+	connect_to(&s, false, &c, 1);
+	for (unsigned i = 0; i < 4; i++)
+		check_range(&c, (uint64_t)i << 20, 1u << 20, 3);
+	check_range(&c, 8u << 20, 1u << 20, 5); /* the cut write: untouched */
+	close(c.fd);
+
+	for (int k = 0; k < 3; k++) {
+		connect_to(&s, false, &c, k & 1);
+		fill(b, 12u << 20, 1u << 20, 6);
+		for (unsigned i = 0; i < 8; i++)
+			ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, i, 12u << 20, 1u << 20, b));
+		close(c.fd);
+	}
+	connect_to(&s, false, &c, 1);
+	fill(b, 20u << 20, 1u << 20, 7);
+	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 20u << 20, 1u << 20, b), 0);
+	check_range(&c, 20u << 20, 1u << 20, 7);
+	close(c.fd);
+	free(b);
+	ts_stop(&s);
+}
+
 static void test_cleanup(void)
 {
 	ASSERT_OK(rmdir(ioc_test_tmpdir()));
@@ -371,5 +499,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_splice_reads_option),
 	IOC_TEST(test_file_cut_short),
 	IOC_TEST(test_hangup_with_large_replies),
+	IOC_TEST(test_payload_in_pieces),
+	IOC_TEST(test_hangup_mid_payload),
 	IOC_TEST(test_cleanup),
 )
