@@ -183,7 +183,8 @@ static void discover_alignment(struct ioc_blk *blk)
  * MAP_POPULATE of the whole image at open (start-up time that grows with
  * the image, for pages perhaps never read); copying out of the mapping in
  * user space: a file cut short under it would raise SIGBUS there, where
- * the kernel's copy fails with EFAULT.
+ * the kernel's copy fails with EFAULT.  Cost: address space the size of
+ * the image, page tables (2 MiB per GiB read), a bit per chunk.
  */
 #define MAP_CHUNK (2u << 20)
 #define MAP_BITS  64u /* chunks per map_filled word */
