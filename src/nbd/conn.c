@@ -251,6 +251,7 @@ static void req_release(struct conn *c, struct ioc__nbd_req *r)
 {
 	c->inflight--;
 	c->inflight_bytes -= req_bytes(r);
+	r->mapped = false; /* a recycled request lends nothing */
 	if (r->pipe) {
 		zc_put(r, r->pipe);
 		r->pipe = NULL;

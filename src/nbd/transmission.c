@@ -352,7 +352,7 @@ static const void *read_mapped(const struct ioc__nbd_conn *c, const struct ioc__
 {
 	const struct ioc__nbd_export *e = c->exp;
 
-	if (!c->map_reads || c->tls || !e->ops->map_read)
+	if (!c->map_reads || c->tls || !e->ops->map_read || !e->ops->map_fault)
 		return NULL;
 	return e->ops->map_read(e->be, r->offset, (size_t)r->len);
 }
@@ -392,7 +392,7 @@ int ioc__nbd_unmap_reads(const struct ioc__nbd_conn *c, struct ioc__nbd_req *r)
 	int n = 0;
 
 	for (; r; r = r->next) {
-		if (!r->mapped)
+		if (!r->mapped || r->type != NBD_CMD_READ)
 			continue;
 		int ret = e->ops->map_fault(e->be, r->offset, r->buf, (size_t)r->len);
 		if (ret < 0)
