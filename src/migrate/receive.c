@@ -13,10 +13,12 @@
  *
  * Design.
  *  - One thread (the caller's) reads: header, then record headers and
- *    payloads, each read in full before it is used.  A DATA record becomes
- *    a job that owns its payload; a worker decodes it, computes the CRCs
- *    of its blocks, checks the record's CRC (combined from the block
- *    CRCs, so each byte is read once) and pwrites the block range itself.
+ *    payloads, each read in full before it is used.  A DATA_ZSTD record
+ *    becomes a job that owns its payload; a worker decodes it, computes
+ *    the CRCs of its blocks, checks the record's CRC (combined from the
+ *    block CRCs, so each byte is read once) and pwrites the block range
+ *    itself.  A DATA_RAW record is checked and written by the reader
+ *    from one buffer it keeps (apply_raw()).
  *    Nothing serialises the writes within a pass: its records never
  *    overlap, and the reader enforces that with a per-pass bitmap of the
  *    blocks it has seen, so a lying sender cannot make two workers race
@@ -51,11 +53,10 @@
  *    failure's ACK is not sent (it could block); the sender sees the
  *    stream close instead.
  *
- * Rejected.  Decoding in order through an in-order workqueue and writing
- * on the reader (one thread would write everything; the zip decoder's
- * notes measured that as the bottleneck); mmap of the image (a fault per
- * page, and SIGBUS on a full file system instead of an errno); a lock per
- * block (the pass drain gives the only ordering the format needs).
+ * Rejected.  Decoding zstd in order on an in-order workqueue, writing on
+ * the reader (the zip decoder's notes measured one writer as the
+ * bottleneck); mmap of the image (a fault per page, SIGBUS on a full file
+ * system); a lock per block (the pass drain gives all the order needed).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -111,6 +112,8 @@ struct recv {
 	uint64_t mirrors;       /* MIRROR records applied (MACK's count) */
 	enum zero_mode zmode;
 	uint8_t *zbuf;
+	uint8_t *rbuf;          /* DATA_RAW records' payload (apply_raw()) */
+	uint32_t rbuf_cap;
 	pthread_mutex_t dctx_lock;
 	ZSTD_DCtx **dctx;       /* free contexts */
 	unsigned ndctx, dctx_cap;
@@ -589,6 +592,48 @@ static int start_data(struct recv *rv, const struct ioc_mig_rec *r, uint64_t rec
 	return 0;
 }
 
+/*
+ * A DATA_RAW record is applied by the reader itself, into one buffer it
+ * keeps: its work is a CRC and a pwrite, less than handing it to a worker
+ * costs.  A worker pulls the 256 KiB the reader just wrote into its own
+ * core's cache, a malloc of that size is an mmap with fresh pages to
+ * fault and zero, and two workers writing one tmpfs file queue on its
+ * inode lock (bench/migrate/NOTES.md).  Order: its pass's records do not
+ * overlap it, and earlier passes were drained at PASS.
+ */
+static int apply_raw(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
+{
+	uint32_t crc;
+	int ret;
+
+	if (r->length > rv->rbuf_cap) {
+		uint8_t *b = malloc(r->length);
+
+		if (!b)
+			return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
+				    (unsigned long long)recno, (unsigned)r->length);
+		free(rv->rbuf);
+		rv->rbuf = b;
+		rv->rbuf_cap = r->length;
+	}
+	ret = read_full(rv, rv->rbuf, r->payload_len, "payload", recno);
+	if (ret < 0)
+		return ret;
+	crc = ioc_mig_crcs_set(rv->crcs, r->offset, r->length, rv->rbuf);
+	if (crc != r->data_crc)
+		return fail(rv, -EBADMSG, "record %llu (DATA_RAW) at image offset %llu: data "
+			    "CRC mismatch (computed 0x%08x, record says 0x%08x)",
+			    (unsigned long long)recno, (unsigned long long)r->offset,
+			    (unsigned)crc, (unsigned)r->data_crc);
+	ret = pwrite_full(rv->o->image_fd, rv->rbuf, r->length, r->offset);
+	if (ret < 0)
+		return fail(rv, ret, "record %llu (DATA_RAW) at image offset %llu, length "
+			    "%u: cannot write to the image (%s)", (unsigned long long)recno,
+			    (unsigned long long)r->offset, (unsigned)r->length, strerror(-ret));
+	rv->st->data_bytes += r->length;
+	return 0;
+}
+
 /* A MIRROR record: after every earlier record on its blocks (the DATA jobs
  * in flight on them are collected first; ZERO and MIRROR records were
  * applied by this thread already), before any later one (applied here,
@@ -733,6 +778,10 @@ static int run(struct recv *rv)
 		rv->st->records++;
 		switch (r.type) {
 		case IOC_MIG_DATA_RAW:
+			ret = claim_blocks(rv, &r, recno);
+			if (ret == 0)
+				ret = apply_raw(rv, &r, recno);
+			break;
 		case IOC_MIG_DATA_ZSTD:
 			ret = claim_blocks(rv, &r, recno);
 			if (ret == 0)
@@ -806,6 +855,7 @@ int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
 	free(rv.dctx);
 	pthread_mutex_destroy(&rv.dctx_lock);
 	free(rv.zbuf);
+	free(rv.rbuf);
 	free(rv.seen);
 	free(rv.busy);
 	ioc_mig_crcs_free(rv.crcs);

@@ -49,6 +49,12 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include "ioc-config.h"
+#if IOC_HAVE_ISAL
+#include <isa-l/crc.h>
+#elif IOC_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 #include "iocore/common.h"
 #include "stream-int.h"
 
@@ -78,26 +84,71 @@ static uint64_t get64(const uint8_t *p)
 	return (uint64_t)get32(p) << 32 | get32(p + 4);
 }
 
-uint32_t ioc_mig_crc(const void *buf, size_t len)
+/* The CRC-32 of zlib, gzip and ISA-L's crc32_gzip_refl (reflected
+ * 0xedb88320, initial and final inversion), chained by passing the
+ * previous value: the libraries agree bit for bit (test-migrate-stream.c
+ * holds them to zlib's crc32()), so the choice changes speed, not the stream.  ISA-L
+ * and libdeflate fold with carry-less multiplication (~10 GB/s on 4 KiB
+ * blocks here, against zlib's ~2 GB/s table code). */
+static uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t len)
 {
-	const uint8_t *p = buf;
-	uLong crc = crc32(0, Z_NULL, 0);
-
+#if IOC_HAVE_ISAL
+	return crc32_gzip_refl(crc, p, len);
+#elif IOC_HAVE_LIBDEFLATE
+	return libdeflate_crc32(crc, p, len);
+#else
 	/* zlib takes uInt lengths. */
 	while (len) {
 		uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
 
-		crc = crc32(crc, p, n);
+		crc = (uint32_t)crc32(crc, p, n);
 		p += n;
 		len -= n;
 	}
-	return (uint32_t)crc;
+	return crc;
+#endif
+}
+
+uint32_t ioc_mig_crc(const void *buf, size_t len)
+{
+	return crc_update(0, buf, len);
 }
 
 /* CRC of a || b given crc(a), crc(b) and len(b). */
 static uint32_t crc_combine(uint32_t a, uint32_t b, uint64_t blen)
 {
 	return (uint32_t)crc32_combine64(a, b, (z_off64_t)blen);
+}
+
+/* Appending one block of a fixed length many times: zlib (1.2.12 on)
+ * precomputes the operator for the length once, then each combine is one
+ * multiplication modulo the polynomial instead of a square-and-multiply
+ * over the length's bits. */
+struct combiner {
+	uint64_t len;
+#if ZLIB_VERNUM >= 0x12c0
+	uLong op;
+#endif
+};
+
+static void combiner_init(struct combiner *k, uint64_t len)
+{
+	k->len = len;
+#if ZLIB_VERNUM >= 0x12c0
+	k->op = crc32_combine_gen64((z_off64_t)len);
+#endif
+}
+
+static uint32_t combine_with(const struct combiner *k, uint32_t a, uint32_t b,
+			     uint64_t blen)
+{
+#if ZLIB_VERNUM >= 0x12c0
+	if (blen == k->len)
+		return (uint32_t)crc32_combine_op(a, b, k->op);
+#else
+	(void)k;
+#endif
+	return crc_combine(a, b, blen);
 }
 
 static uint32_t crc_zero_compute(uint64_t len)
@@ -404,6 +455,7 @@ uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
 {
 	const uint8_t *p = buf;
 	uint32_t whole = 0, zfull = 0;
+	struct combiner k;
 	uint64_t b, end;
 
 	if (offset >= c->image_size || len == 0)
@@ -411,6 +463,7 @@ uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
 	if (len > c->image_size - offset)
 		len = c->image_size - offset;
 	end = offset + len;
+	combiner_init(&k, c->block_size);
 	if (!buf)
 		zfull = ioc_mig_crc_zero(c->block_size);
 	for (b = offset / c->block_size; offset < end; b++) {
@@ -425,7 +478,7 @@ uint32_t ioc_mig_crcs_set(struct ioc_mig_crcs *c, uint64_t offset,
 		 * caller's ranges cover whole blocks), so its CRC is of all
 		 * its bytes. */
 		mark(c, b, crc);
-		whole = crc_combine(whole, crc, n);
+		whole = combine_with(&k, whole, crc, n);
 		offset += n;
 		if (buf)
 			p += n;
@@ -438,12 +491,14 @@ uint32_t ioc_mig_block_crcs(uint32_t block_size, const void *buf, uint64_t len,
 {
 	const uint8_t *p = buf;
 	uint32_t whole = 0;
+	struct combiner k;
 
+	combiner_init(&k, block_size);
 	for (uint64_t i = 0; len; i++) {
 		uint64_t n = len < block_size ? len : block_size;
 
 		out[i] = ioc_mig_crc(p, (size_t)n);
-		whole = crc_combine(whole, out[i], n);
+		whole = combine_with(&k, whole, out[i], n);
 		p += n;
 		len -= n;
 	}
@@ -466,7 +521,7 @@ int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
 			  uint64_t *missing)
 {
 	uint8_t be[4096];
-	uLong crc = crc32(0, Z_NULL, 0);
+	uint32_t crc = 0;
 	size_t fill = 0;
 
 	*sum = 0;
@@ -487,11 +542,10 @@ int ioc_mig_crcs_checksum(const struct ioc_mig_crcs *c, uint32_t *sum,
 		put32(be + fill, c->crc[b]);
 		fill += 4;
 		if (fill == sizeof(be)) {
-			crc = crc32(crc, be, (uInt)fill);
+			crc = crc_update(crc, be, fill);
 			fill = 0;
 		}
 	}
-	crc = crc32(crc, be, (uInt)fill);
-	*sum = (uint32_t)crc;
+	*sum = crc_update(crc, be, fill);
 	return 0;
 }

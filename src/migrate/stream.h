@@ -123,7 +123,8 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 int ioc_mig_payload_decode(const struct ioc_mig_rec *r, const void *payload,
 			   void *out, const char **why);
 
-/* CRC-32 (zlib's) of len bytes, and of len zero bytes (cached per length). */
+/* CRC-32 (zlib's value, by ISA-L or libdeflate when built with one) of len
+ * bytes, and of len zero bytes (cached per length). */
 uint32_t ioc_mig_crc(const void *buf, size_t len);
 uint32_t ioc_mig_crc_zero(size_t len);
 

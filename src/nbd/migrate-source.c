@@ -14,7 +14,9 @@
  *   then read (blk.h's rule: a write completing after the clear marks
  *   again).  Chunks (<= 256 KiB) go round robin to an in-order ioc_wq of
  *   compress-threads workers (zero test, block CRCs, zstd); records
- *   leave in submission order, so in the order their data was read.  The
+ *   leave in submission order, so in the order their data was read.
+ *   Without compression this thread tests and CRCs each chunk itself,
+ *   from its cache (copy_inline()).  The
  *   block CRCs for END's image checksum are recorded as records leave.
  * - Convergence: after a pass, dirty bytes / measured bandwidth within
  *   downtime-limit starts the switch-over by itself.
@@ -301,6 +303,7 @@ struct src {
 	struct ioc_blk_dirty *bm;
 	struct ioc_mig_crcs *crcs;
 	struct ioc_wq *wq;
+	bool raw;                       /* compress off: see copy_inline() */
 	struct slot *slots, *free_slots;
 	unsigned nslots;
 	unsigned pass;
@@ -628,6 +631,36 @@ static int read_full(struct src *s, uint8_t *buf, uint32_t len, uint64_t off)
 	return 0;
 }
 
+/*
+ * Without compression a chunk is read, checked for zeros, CRC'd and sent
+ * by this thread, in one slot whose 256 KiB stay in this core's cache
+ * from the read to the send.  Handing raw chunks to the workers cost more
+ * than the work: the worker's core pulls the buffer over, the next read
+ * into it pulls it back, and the read ran at a third of its speed
+ * (bench/migrate/NOTES.md).  Records still leave in read order: nothing
+ * is in the workqueue in this mode.
+ */
+static int copy_inline(struct src *s, uint64_t off, uint32_t len, bool mirror)
+{
+	struct slot *sl;
+	int ret = drain(s);
+
+	if (ret < 0)
+		return ret;
+	sl = s->free_slots;
+	sl->off = off;
+	sl->len = len;
+	sl->mirror = mirror;
+	/* The ordering rule: clear, then read (blk.h). */
+	ioc_blk_dirty_reset(s->bm, off, len);
+	ret = read_full(s, sl->buf, len, off);
+	if (ret == 0) {
+		slot_job(&sl->job);
+		ret = send_slot(s, sl);
+	}
+	return ret;
+}
+
 /* One chunk: clear its bits, read it, hand it to a worker. */
 static int copy_chunk(struct src *s, uint64_t off, uint32_t len, bool mirror)
 {
@@ -635,6 +668,8 @@ static int copy_chunk(struct src *s, uint64_t off, uint32_t len, bool mirror)
 	bool busy = false;
 	int ret;
 
+	if (s->raw)
+		return copy_inline(s, off, len, mirror);
 	while (!s->free_slots) {
 		if (!busy) {
 			busy = true;
@@ -1449,6 +1484,7 @@ static int run(struct src *s, const char *uri)
 	ret = ioc_wq_new(&s->wq, &wo);
 	if (ret < 0)
 		return fail(s, ret, "Cannot start the compression threads: %s", strerror(-ret));
+	s->raw = level <= 0;
 	s->nslots = 2 * wo.workers;
 	s->slots = calloc(s->nslots, sizeof(*s->slots));
 	if (!s->slots)

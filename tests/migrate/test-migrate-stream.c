@@ -2,7 +2,8 @@
  * Unit tests of the migration stream's codec (src/migrate/stream.c):
  * round trips of the header and of every record type, every rejection
  * the decoders promise (each with its reason), payload decoding of raw
- * and zstd data with its failure modes, the CRC of zeros, and the
+ * and zstd data with its failure modes, the CRC of data (whichever
+ * library the build uses) and of zeros against zlib's crc32(), and the
  * per-block CRCs with the image checksum against one computed here.
  */
 #include <errno.h>
@@ -333,6 +334,47 @@ static void test_payload(void)
 	ASSERT_EQ(ioc_mig_payload_decode(&r, z, out, &why), -EPROTO);
 }
 
+/* ioc_mig_crc() may run on ISA-L or libdeflate: every length and
+ * alignment around their folding widths, and the block CRCs and the
+ * combined CRC of a range, must equal zlib's crc32(). */
+static void test_crc_data(void)
+{
+	size_t size = (1u << 20) + 4096 + 64;
+	uint8_t *d = malloc(size);
+	uint32_t out[(1u << 20) / 4096 + 2];
+	static const uint32_t bss[] = { 4096, 8192, 65536 };
+
+	ASSERT_NOT_NULL(d);
+	mt_fill(d, size, 11, 0);
+	for (size_t off = 0; off < 16; off++)
+		for (size_t len = 0; len < 600; len++)
+			ASSERT_UEQ(ioc_mig_crc(d + off, len),
+				   (uint32_t)crc32(0, d + off, (uInt)len));
+	ASSERT_UEQ(ioc_mig_crc(d + 3, size - 3), (uint32_t)crc32(0, d + 3, (uInt)(size - 3)));
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(bss); i++) {
+		uint32_t bs = bss[i];
+		/* Whole blocks, and a short last block. */
+		uint64_t lens[] = { bs, 7 * (uint64_t)bs, (1u << 20), (1u << 20) + 100 };
+
+		for (size_t k = 0; k < IOC_ARRAY_SIZE(lens); k++) {
+			uint64_t len = lens[k], nb = (len + bs - 1) / bs;
+			struct ioc_mig_crcs *c;
+
+			ASSERT_UEQ(ioc_mig_block_crcs(bs, d, len, out),
+				   (uint32_t)crc32(0, d, (uInt)len));
+			for (uint64_t b = 0; b < nb; b++) {
+				uint64_t n = len - b * bs < bs ? len - b * bs : bs;
+
+				ASSERT_UEQ(out[b], (uint32_t)crc32(0, d + b * bs, (uInt)n));
+			}
+			ASSERT_OK(ioc_mig_crcs_new(&c, len, bs));
+			ASSERT_UEQ(ioc_mig_crcs_set(c, 0, len, d), (uint32_t)crc32(0, d, (uInt)len));
+			ioc_mig_crcs_free(c);
+		}
+	}
+	free(d);
+}
+
 static void test_crc_zero(void)
 {
 	static const size_t lens[] = { 0, 1, 2, 3, 511, 4096, 4097, 65536, 100000,
@@ -438,6 +480,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_rec_round_trip),
 	IOC_TEST(test_rec_rejects),
 	IOC_TEST(test_payload),
+	IOC_TEST(test_crc_data),
 	IOC_TEST(test_crc_zero),
 	IOC_TEST(test_crcs),
 )
