@@ -145,6 +145,9 @@ struct ioc_blk {
 	 * in blk.c).  Created on first use: the CAS in blk_writer() is a
 	 * release, the loads there acquire. */
 	struct ioc_pool *_Atomic writer;
+	/* Writes queued on or running in the writer (writer_run()): a hint,
+	 * so relaxed; at IOC_BLK_WRITER_QUEUE a large write stays inline. */
+	_Atomic unsigned writer_jobs;
 };
 
 /* Per-request state, inside struct ioc_blk_req's priv[]. */
