@@ -124,3 +124,13 @@ expect() {
 	if [ "$(echo $2)" = "$(echo $3)" ]; then ok "$1"; else
 		notok "$1"; printf '# want: %s\n# got:  %s\n' "$(echo $2)" "$(echo $3)"; fi
 }
+# expect_fio_cut PID OUT: a fio started to run far longer than the
+# migration (300 s) stops only when a request fails; the switch-over
+# answers its next request with ESHUTDOWN (err=108), so that error proves
+# fio was still writing then.  OUT is fio's output.
+expect_fio_cut() {
+	wait "$1"; _frc=$?
+	expect "fio was still writing at the switch-over (stopped by ESHUTDOWN)" "1 yes" \
+		"$_frc $(grep -q 'err=108' "$2" && echo yes || echo no)"
+	[ "$_frc" = 1 ] || sed 's/^/# /' "$2" | tail -5
+}
