@@ -15,9 +15,8 @@
  *   again).  Chunks (<= 256 KiB) go round robin to an in-order ioc_wq of
  *   compress-threads workers (zero test, block CRCs, zstd); records
  *   leave in submission order, so in the order their data was read.
- *   Without compression this thread tests and CRCs each chunk itself,
- *   from its cache (copy_inline()).  The
- *   block CRCs for END's image checksum are recorded as records leave.
+ *   Without compression this thread tests and CRCs each chunk itself
+ *   (copy_inline()).  END's block CRCs are recorded as records leave.
  * - Convergence: after a pass, dirty bytes / measured bandwidth within
  *   downtime-limit starts the switch-over by itself.
  * - Active mirroring (__org.iocore_active-mirror): a write waits in
@@ -57,8 +56,7 @@
  * write; reading back after the write costs a page-cache read of 4 KiB
  * and orders everything by the queue.  Mirroring every write from the
  * start: writes ahead of pass 1 would be sent twice and wait needlessly.
- * Mirroring only after pass 1: a 2 GiB copy under 20k writes/s took 38 s
- * and 1.7x the image (bench/migrate/NOTES.md), against 8.8 s and 1.006x.
+ * Mirroring only after pass 1: too slow to converge (bench/migrate/NOTES.md).
  */
 #include <errno.h>
 #include <fcntl.h>
