@@ -565,6 +565,7 @@ static const struct ioc__qmp_arg args_mig_params[] = {
 	{ "downtime-limit", IOC_QMP_UINT, true },
 	{ "__org.iocore_granularity", IOC_QMP_UINT, true },
 	{ "__org.iocore_active-mirror", IOC_QMP_STR, true },
+	{ "__org.iocore_write-admission", IOC_QMP_UINT, true },
 	{ "tls-creds", IOC_QMP_STR, true },
 	{ "tls-hostname", IOC_QMP_STR, true },
 	{ "throttle-trigger-threshold", IOC_QMP_UINT, true },

@@ -62,6 +62,9 @@ struct ioc__mig_params {
 	bool auto_converge, cpu_throttle_tailslow;
 	unsigned throttle_trigger_threshold;    /* %, 1-100 */
 	unsigned cpu_throttle_initial, cpu_throttle_increment, max_cpu_throttle; /* %, 1-99 */
+	/* __org.iocore_write-admission: while a migration runs, client writes
+	 * answered per MiB the copy sends (0: unbounded; migrate-source.c). */
+	unsigned write_admission;
 	char tls_creds[128];
 	char tls_hostname[256];
 };
@@ -138,6 +141,15 @@ struct ioc__nbd_mig {
 	 * the hook saw; relaxed both: a hint and a count. */
 	_Atomic unsigned mir_throttle;
 	_Atomic uint64_t mir_seen;
+	/* write admission (migrate-source.c, admit()): the gap between two
+	 * answered writes (ns, 0 = unbounded), stored relaxed by the migration
+	 * thread and loaded relaxed by the hook; the next free answer time,
+	 * claimed by the hooks with a compare-and-swap. */
+	_Atomic int64_t adm_gap;
+	_Atomic int64_t adm_next;
+	/* The export being migrated, for the hook (relaxed both ways: stored
+	 * before srv->mirror's release store, which orders it). */
+	_Atomic(const struct ioc__nbd_export *) adm_exp;
 	const struct ioc__nbd_export *mir_exp;
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */

@@ -4,10 +4,11 @@
 # (max-bandwidth), so dirty passes alone never catch up.  With
 # __org.iocore_active-mirror the migration must reach completed while fio
 # still writes, the images must be equal (cmp) and query-migrate must say
-# that writes were mirrored.  migrate_cancel and kill -9 of the destination
+# that writes were mirrored (with __org.iocore_write-admission at its
+# default, then with it off in the cancel case).  migrate_cancel and kill -9 of the destination
 # while writes wait for the destination: fio (verifying what it wrote,
 # stopping at the first error) must see every write succeed, and the
-# source keeps serving.  The parameter's values.  Loopback; waits poll
+# source keeps serving.  The parameters' values.  Loopback; waits poll
 # with deadlines; nothing asserts on timing.  TAP output.
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
@@ -24,7 +25,7 @@ for t in fio qemu-io python3; do
 done
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "1..0 # SKIP fio without the nbd engine"; exit 77; }
 workdir ioc-nbd-migrate-mirror
-echo "1..19"
+echo "1..23"
 
 # wait_mirrored CTL: until query-migrate counts a mirrored write (60 s).
 wait_mirrored() {
@@ -65,6 +66,18 @@ else
 	ok "another value is rejected"
 fi
 ctl s1 migrate-set-parameters __org.iocore_active-mirror=auto >/dev/null
+wa() {
+	ctl s1 --json query-migrate-parameters | python3 -c 'import json,sys; print(json.load(sys.stdin)["__org.iocore_write-admission"])'
+}
+expect "__org.iocore_write-admission is 4 by default" 4 "$(wa)"
+check "set to 0" ctl s1 migrate-set-parameters __org.iocore_write-admission=0
+expect "query says 0" 0 "$(wa)"
+if ctl s1 migrate-set-parameters __org.iocore_write-admission=1000001 >/dev/null 2>&1; then
+	notok "a value above 1000000 is rejected"
+else
+	ok "a value above 1000000 is rejected"
+fi
+ctl s1 migrate-set-parameters __org.iocore_write-admission=4 >/dev/null
 
 # ---- auto: completes while fio writes faster than the link ----
 ctl s1 migrate-set-parameters max-bandwidth=4000000 downtime-limit=300 >/dev/null
@@ -93,7 +106,8 @@ stop s1; stop d1
 # ---- migrate_cancel while writes wait for the destination ----
 cp "$dir/a.ref" "$dir/a.img"; rm -f "$dir/b.img"
 source_start s2 "$dir/a.img"
-ctl s2 migrate-set-parameters max-bandwidth=1000000 __org.iocore_active-mirror=on >/dev/null
+ctl s2 migrate-set-parameters max-bandwidth=1000000 __org.iocore_active-mirror=on \
+	__org.iocore_write-admission=0 >/dev/null
 port=$(free_port)
 dest_start d2 "$dir/b.img" tcp:127.0.0.1:$port
 # Every block of the first 4 MiB written once, then read back and
