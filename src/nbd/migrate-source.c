@@ -319,6 +319,7 @@ struct src {
 	bool active;
 	uint64_t mir_next;              /* MIRROR records submitted */
 	bool held;                      /* the switch-over holds the clients */
+	bool mirrored_pass;             /* a dirty pass ran with mirroring */
 	/* auto-converge: the throttle (%), periods above the threshold so
 	 * far, and the current period: its start, the copy's bytes and
 	 * chunks, the mirrored bytes, mir_seen at its start */
@@ -1519,6 +1520,59 @@ static int wait_sent(struct src *s)
 	}
 }
 
+/*
+ * Before the hold, while mirroring: a MIRROR record of the first block (a
+ * fence) and a wait for its MACK, serving mirrored writes meanwhile.  The
+ * send queue being empty (wait_sent()) says the destination's kernel has
+ * the records, not that they were applied: its socket buffer held
+ * megabytes of them, and after a dirty pass of scattered 4 KiB blocks
+ * applying those took 7-27 ms of downtime (bench/migrate/NOTES.md).  A
+ * MIRROR is applied after every earlier record on its blocks, and raw
+ * records are applied by the destination's reader in order, so its MACK
+ * says the backlog is gone (with compression, up to the workers' queue).
+ * The block goes by the usual rule (cleared, read, sent), so sending it
+ * again is harmless.  An answer reader that ended (failure) or a queue
+ * without progress for ACK_TIMEOUT_MS ends the wait; the next steps then
+ * report the link.
+ */
+static int fence(struct src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+	struct timespec ts = { 0, 200000 };
+	uint64_t seq;
+	int ret;
+
+	if (!s->active || !s->size)
+		return 0;
+	pthread_mutex_lock(&m->mir_lock);
+	m->mir_bound = s->mir_next + 1;
+	pthread_mutex_unlock(&m->mir_lock);
+	ret = copy_chunk(s, 0, (uint32_t)(s->size < s->block ? s->size : s->block), true);
+	if (ret == 0)
+		ret = drain(s);
+	if (ret < 0)
+		return ret;
+	seq = ++s->mir_next;
+	for (;;) {
+		bool done;
+
+		pthread_mutex_lock(&m->mir_lock);
+		done = m->mir_acked >= seq || m->ans_done;
+		pthread_mutex_unlock(&m->mir_lock);
+		if (done || ioc__nbd_mig_now_ms() > deadline)
+			return 0;
+		if (cancelled(s))
+			return -ECANCELED;
+		ret = mirror_service(s);
+		if (ret == 0)
+			ret = collect(s, false);
+		if (ret < 0)
+			return ret;
+		nanosleep(&ts, NULL);
+	}
+}
+
 /* Wait for the destination's ACK (not cancellable: END is out), read by
  * ack_reader(). */
 static int wait_ack(struct src *s, uint32_t sum)
@@ -1650,14 +1704,17 @@ static int run(struct src *s, const char *uri)
 		int64_t pass_ns = ioc_now_ns();
 		double expect_ms = s->bw ? (double)left * 1000.0 / (double)s->bw : 1e9;
 
-		/* auto: not before one pass with mirroring, whatever the
-		 * estimate, if anything is dirty: a dirty set is scattered
-		 * blocks, which the estimate from pass 1's sequential rate
-		 * undercounts (20 MB of 4 KiB blocks held the clients 30-50
-		 * ms against a 20 ms downtime-limit); after a mirrored pass
-		 * almost nothing is left. */
+		/* Mirroring (auto or on): not before a dirty pass that ran
+		 * with mirroring from its start, whatever the estimate, if
+		 * anything is dirty.  A dirty set is scattered blocks, which
+		 * the estimate from pass 1's sequential rate undercounts: the
+		 * 5-15 MB written behind pass 1 before auto started mirroring
+		 * held the clients 22-65 ms against a 20 ms downtime-limit
+		 * (bench/migrate/NOTES.md).  After such a pass only the
+		 * writes in flight at its end are left. */
 		if (left == 0 || (expect_ms <= (double)s->p.downtime_limit &&
-				  (s->active || s->p.active_mirror != IOC_MIG_MIRROR_AUTO)))
+				  (s->mirrored_pass ||
+				   s->p.active_mirror == IOC_MIG_MIRROR_OFF)))
 			break;
 		if (cancelled(s))
 			return -ECANCELED;
@@ -1665,6 +1722,7 @@ static int run(struct src *s, const char *uri)
 		 * now on (see the top for why not later). */
 		if (!s->active && s->p.active_mirror == IOC_MIG_MIRROR_AUTO)
 			mirror_start(s);
+		s->mirrored_pass = s->active;
 		ret = pass_dirty(s);
 		if (ret < 0)
 			return ret;
@@ -1678,8 +1736,10 @@ static int run(struct src *s, const char *uri)
 
 	/* What the last pass left in the socket's send queue would be sent
 	 * after the hold and count as downtime (a few MB are tens of ms on a
-	 * 1 Gbit/s link): let it go out first. */
-	ret = wait_sent(s);
+	 * 1 Gbit/s link): let it go out first, and be applied (fence()). */
+	ret = fence(s);
+	if (ret == 0)
+		ret = wait_sent(s);
 	if (ret < 0)
 		return ret;
 
