@@ -135,7 +135,8 @@ expect_fio_cut() {
 	wait "$1"; _frc=$?
 	_ferr=$(grep -oE 'err= *[0-9]+' "$2" | grep -v 'err= *0$' | head -1)
 	echo "# fio ended with ${_ferr:-no error}"
-	expect "fio was still writing at the switch-over (stopped by the server)" "1 yes" \
-		"$_frc $(echo "$_ferr" | grep -qE '= *(108|107|104|32)$' && echo yes || echo no)"
-	[ "$_frc" = 1 ] || sed 's/^/# /' "$2" | tail -5
+	_fcut="$_frc $(echo "$_ferr" | grep -qE '= *(108|107|104|32)$' && echo yes || echo no)"
+	expect "fio was still writing at the switch-over (stopped by the server)" "1 yes" "$_fcut"
+	# Anything else: fio's own words, to tell what stopped it.
+	[ "$_fcut" = "1 yes" ] || grep -iE 'error|err=|fio:' "$2" | head -8 | sed 's/^/# /'
 }
