@@ -60,6 +60,19 @@ EOF
 	i=0
 	while [ ! -f "$2.ready" ] && [ $i -lt 600 ]; do i=$((i + 1)); sleep 0.05; done
 }
+# in_flight CTL: the requests the server has in flight, all connections.
+in_flight() {
+	ctl "$1" --json __org.iocore_query-connections |
+		python3 -c 'import json,sys; print(sum(c["in-flight"] for c in json.load(sys.stdin)))'
+}
+# wait_held CTL: until the server holds one request (30 s at most).
+wait_held() {
+	i=0
+	until [ "$(in_flight "$1")" = 1 ] || [ $i -gt 600 ]; do
+		i=$((i + 1)); sleep 0.05
+	done
+}
+
 # An image: 8 MiB of compressible text, 4 MiB of random data, zeros
 # written as data, the rest holes.
 img="$dir/a.img"
@@ -206,15 +219,9 @@ check "migrate with pause-before-switchover" ctl s4 migrate uri=tcp:127.0.0.1:$p
 expect "pauses in pre-switchover" pre-switchover "$(wait_status s4 pre-switchover completed failed)"
 qemu-io -f raw -c 'read -P 0 40M 4k' "nbd+unix:///?socket=$dir/s4.sock" >"$dir/r.out" 2>&1 &
 rpid=$!
-# Wait until the server holds the read (a connection with one in flight).
-i=0
-until [ "$(ctl s4 --json __org.iocore_query-connections | python3 -c 'import json,sys
-print(sum(c["in-flight"] for c in json.load(sys.stdin)))')" = 1 ] || [ $i -gt 600 ]; do
-	i=$((i + 1)); sleep 0.05
-done
+wait_held s4
 expect "the read waits at the gate, unanswered" "1 running" \
-	"$(ctl s4 --json __org.iocore_query-connections | python3 -c 'import json,sys
-print(sum(c["in-flight"] for c in json.load(sys.stdin)))') $(kill -0 $rpid 2>/dev/null && echo running || echo done)"
+	"$(in_flight s4) $(kill -0 $rpid 2>/dev/null && echo running || echo done)"
 expect "still pre-switchover" pre-switchover "$(qfield s4 'q["status"]')"
 check "migrate-continue" ctl s4 migrate-continue state=pre-switchover
 expect "completes after migrate-continue" completed "$(wait_status s4 completed failed)"
@@ -239,11 +246,7 @@ ctl s4k migrate uri=tcp:127.0.0.1:$port >/dev/null
 expect "paused in pre-switchover" pre-switchover "$(wait_status s4k pre-switchover completed failed)"
 qemu-io -f raw -c 'read -P 0 40M 4k' "nbd+unix:///?socket=$dir/s4k.sock" >"$dir/r.out" 2>&1 &
 rpid=$!
-i=0
-until [ "$(ctl s4k --json __org.iocore_query-connections | python3 -c 'import json,sys
-print(sum(c["in-flight"] for c in json.load(sys.stdin)))')" = 1 ] || [ $i -gt 600 ]; do
-	i=$((i + 1)); sleep 0.05
-done
+wait_held s4k
 kill -9 $dpid; wait $dpid 2>/dev/null
 st=$(wait_status s4k failed completed cancelled)
 expect "the source notices without migrate-continue: failed" failed "$st"
