@@ -84,6 +84,9 @@
 #define JOB_FRAMES      16      /* frames decoded by one pool job, at most */
 #define JOB_BYTES       (128u << 10) /* ... and about this much data */
 #define INLINE_MAX      (64u << 10)  /* reads and frames decoded inline */
+#define XJOB_BYTES      (512u << 10) /* a job decoding in place: fewer,
+					* larger jobs keep the pool from
+					* growing past the CPUs */
 #define RA_MIN          (64u << 10)  /* reads or frames that read ahead */
 #define RA_MAX          (1u << 20)   /* readahead's reach */
 
@@ -492,7 +495,7 @@ struct xjob {
 		size_t idx;
 		uint8_t *dst;
 		int r;
-	} f[JOB_FRAMES];
+	} f[BATCH];
 };
 
 static int64_t xjob_run(void *arg)
@@ -747,7 +750,7 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 					batch[n].xj = xj;
 					batch[n].slot = xj->n++;
 					xj->bytes += (size_t)f->dsize;
-					if (xj->n == JOB_FRAMES || xj->bytes >= JOB_BYTES) {
+					if (xj->n == BATCH || xj->bytes >= XJOB_BYTES) {
 						xjob_submit(xj);
 						xj = NULL;
 					}
