@@ -20,14 +20,14 @@
  * per run of frames (~128 KiB), all requested before the first wait so a
  * large read decodes in parallel while the I/O thread keeps serving; the
  * frames such a read covers whole, and nobody has cached, are decoded
- * straight into its buffer (no entry to allocate, fill and copy out:
- * fresh memory cost more than the decode).  A second reader of a frame
+ * straight into its buffer in jobs of ~512 KiB (no entry to allocate,
+ * fill and copy out: fresh memory costs more than the decode; smaller
+ * jobs grew the pool to 64 threads).  A second reader of a frame
  * being decoded through the cache waits for that decode.  A read of 64
- * KiB or more (or of a frame that large) that ends on a frame's last
- * byte starts decoding as much again after it (readahead, up to 1 MiB)
- * without waiting, unless other large reads are in flight (a client
- * with reads queued decodes them itself), and small reads of small
- * frames do not: a random 4 KiB read ends a 16 KiB frame one in four.
+ * KiB or more (or of a frame that large) ending on a frame's last byte
+ * starts decoding as much again after it (readahead, up to 1 MiB), unless
+ * other large reads are in flight (queued reads decode themselves); small
+ * reads of small frames do not: a 4 KiB read ends a 16 KiB frame 1 in 4.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
  * byte 0 (zstd) or as deflate's few hundred bytes for zeros (gzip); such
