@@ -42,6 +42,8 @@
  *
  * Cost: one thread per tmpfs image for the length of one pass, the
  * copies (the whole file once), and a 4 MiB address reservation meanwhile.
+ * A discard of less than 2 MiB inside a huge page frees memory only once
+ * the kernel manages to split that page (it zeroes the range either way).
  */
 #include <errno.h>
 #include <stdint.h>
