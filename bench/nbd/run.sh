@@ -31,6 +31,9 @@
 # of CPU before any I/O, and the ramp would count), and per-thread times
 # read only at exit (the threads are gone by then).
 #
+# The image is written afresh before each server starts, so no server
+# inherits another's page-cache layout of it (see write_image()).
+#
 # --quick: 1 s runs after a 0.5 s ramp, a 256 MiB image, one nbdcopy
 # round, and no qemu-nbd --aio=threads (the module stays under about two
 # minutes on two CPUs).  One JSON row per line on stdout, progress on stderr.
@@ -78,11 +81,22 @@ def cleanup():
     shutil.rmtree(work, ignore_errors=True)
 
 
-# A fully allocated image: holes would make reads free for everyone.
-with open(img, "wb") as f:
-    chunk = b"\x5a" * (1 << 20)
-    for _ in range(size_mb):
-        f.write(chunk)
+img_ours = os.path.join(work, "disk-ours.img")
+
+
+def write_image(path):
+    """A fully allocated image: holes would make reads free for everyone.
+    Written again before each server: a server may change how the kernel
+    keeps the file (iocore-nbd regroups a tmpfs image into huge pages, which
+    makes every later reader of the file cheaper), and the next server must
+    start from the same fresh file as the first."""
+    with open(path, "wb") as f:
+        chunk = b"\x5a" * (1 << 20)
+        for _ in range(size_mb):
+            f.write(chunk)
+
+
+write_image(img)
 
 servers = [
     ("iocore", False, [ours, "--fork", "--pid-file", pidf, "-U", sock, img]),
@@ -332,6 +346,9 @@ def bulk():
     over TLS with a pre-shared key: MB/s, rounds interleaved across the
     servers, median.  Big reads are where sparse-read probing (block
     status before each read) and TLS record handling cost."""
+    # iocore-nbd on a file of its own: the servers run side by side here,
+    # and its huge-page pass over the image must not speed up the others.
+    write_image(img_ours)
     if not shutil.which("nbdcopy"):
         for case in ("bulk-read", "bulk-read-tls"):
             row(case, "nbdcopy", "iocore", False, "MB/s", None, "higher", "nbdcopy",
@@ -341,7 +358,7 @@ def bulk():
     have_psk = shutil.which("psktool") and subprocess.run(
         ["psktool", "-u", "alice", "-p", psk], capture_output=True).returncode == 0
     plain = [
-        ("iocore", False, [ours, "--fork", "--pid-file", "{pid}", "-U", "{sock}", img]),
+        ("iocore", False, [ours, "--fork", "--pid-file", "{pid}", "-U", "{sock}", img_ours]),
         ("qemu-nbd-io_uring", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
                                      "--aio=io_uring", "-e", "8", "--fork",
                                      "--pid-file", "{pid}", "-k", "{sock}", img]),
@@ -349,7 +366,7 @@ def bulk():
     ]
     tls = [
         ("iocore", False, [ours, "--fork", "--pid-file", "{pid}", "-U", "{sock}",
-                           "--tls-psk", psk, img]),
+                           "--tls-psk", psk, img_ours]),
         ("qemu-nbd-io_uring", True, ["qemu-nbd", "-t", "-f", "raw", "--cache=writeback",
                                      "--aio=io_uring", "-e", "8", "--fork",
                                      "--object", "tls-creds-psk,id=t0,endpoint=server,dir=" + work,
@@ -414,6 +431,7 @@ try:
     have_fio = shutil.which("fio") is not None
     have_qi = shutil.which("qemu-img") is not None
     for impl, peer, scmd in servers:
+        write_image(img)
         pid, err = start(scmd)
         scmd_s = " ".join(scmd)
         for wl, extra, bs, depth, metric in workloads:

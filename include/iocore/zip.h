@@ -305,6 +305,8 @@ struct ioc_zip_image_info {
 	const char *indexed_by;     /* how the index was found (valid while open) */
 	uint64_t cache_hits, cache_misses, cache_evictions, cache_bytes;
 	uint64_t decodes, readaheads, stream_reads, errors;
+	uint64_t direct_decodes;    /* of those decodes, straight into a read's
+				     * buffer (frames a large read covers whole) */
 };
 /* Any thread. */
 void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info);

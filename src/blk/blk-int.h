@@ -141,7 +141,24 @@ struct ioc_blk {
 	/* Writes queued on or running in the writer (writer_run()): a hint,
 	 * so relaxed; at IOC_BLK_WRITER_QUEUE a large write stays inline. */
 	_Atomic unsigned writer_jobs;
+
+	/* tmpfs images: the thread regrouping the page cache into huge
+	 * pages (huge.c).  huge_stop: relaxed store at close, relaxed load
+	 * per range there; the other fields are the thread's, read after
+	 * the join. */
+	pthread_t huge_thread;
+	bool huge_running;
+	_Atomic bool huge_stop;
+	unsigned huge_done, huge_skipped;
+	int huge_err;
 };
+
+/* huge.c: start the background pass over a tmpfs image (at open), stop
+ * and join it (at close).  ioc__blk_huge_wait(): tests, join it and report
+ * 2 MiB ranges collapsed and skipped; 0 or the -errno that ended it. */
+void ioc__blk_huge_start(struct ioc_blk *blk);
+void ioc__blk_huge_stop(struct ioc_blk *blk);
+int ioc__blk_huge_wait(struct ioc_blk *blk, unsigned *done, unsigned *skipped);
 
 /* Per-request state, inside struct ioc_blk_req's priv[]. */
 struct blk_req {

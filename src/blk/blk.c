@@ -288,6 +288,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 	discover_alignment(blk);
 	if (blk->opt_align < blk->req_align)
 		blk->opt_align = blk->req_align;
+	ioc__blk_huge_start(blk);
 	*out = blk;
 	return 0;
 fail:
@@ -305,6 +306,7 @@ void ioc_blk_close(struct ioc_blk *blk)
 	if (!blk)
 		return;
 	assert(!blk->tracked);
+	ioc__blk_huge_stop(blk);
 	/* Relaxed: no request is in flight, so none creates a writer now. */
 	ioc_pool_free(atomic_load_explicit(&blk->writer, memory_order_relaxed));
 	ioc__blk_dirty_close(blk);

@@ -103,8 +103,9 @@ struct ioc__nbd_mig {
 	struct ioc__mig_params p;       /* main loop; copied at start */
 
 	pthread_mutex_t lock;
-	pthread_cond_t cond;            /* migrate-continue and cancel, to
-					 * the thread waiting in pre-switchover */
+	pthread_cond_t cond;            /* migrate-continue, cancel and the
+					 * end of the answer reader, to the
+					 * thread waiting in pre-switchover */
 	/* ---- shared (lock) ---- */
 	int status;
 	bool incoming;
@@ -112,6 +113,9 @@ struct ioc__nbd_mig {
 	int64_t t_start, t_setup, t_end, downtime_ns;
 	struct ioc__mig_stats st;
 	bool cont;                      /* migrate-continue given */
+	bool dest_gone;                 /* the answer reader ended (a copy of
+					 * ans_done under this lock, so the
+					 * pre-switchover wait can see it) */
 	bool thread_done;               /* the thread's last word: join it */
 	int result;                     /* the thread's outcome */
 	int sock;                       /* the stream, -1: shut it to cancel */

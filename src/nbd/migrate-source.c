@@ -1181,6 +1181,13 @@ out:
 	}
 	pthread_cond_broadcast(&m->mir_cond);
 	pthread_mutex_unlock(&m->mir_lock);
+	/* A dead destination must also end a pause in pre-switchover, where
+	 * the clients are held: the broadcast is made under m->lock after
+	 * dest_gone is set, the waiter tests it under the same lock. */
+	pthread_mutex_lock(&m->lock);
+	m->dest_gone = true;
+	pthread_cond_broadcast(&m->cond);
+	pthread_mutex_unlock(&m->lock);
 	return NULL;
 }
 
@@ -1750,13 +1757,27 @@ static int run(struct src *s, const char *uri)
 	if (s->p.pause_before_switchover) {
 		pthread_mutex_lock(&m->lock);
 		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_PRE_SWITCHOVER);
-		/* Woken by migrate-continue or migrate_cancel (both broadcast
-		 * under the lock after setting cont / cancel). */
-		while (!m->cont && !cancelled(s))
+		/* Woken by migrate-continue, migrate_cancel or the answer
+		 * reader's end (each broadcasts under the lock after setting
+		 * cont, cancel or dest_gone). */
+		while (!m->cont && !cancelled(s) && !m->dest_gone)
 			pthread_cond_wait(&m->cond, &m->lock);
+		bool gone = m->dest_gone;
 		pthread_mutex_unlock(&m->lock);
 		if (cancelled(s))
 			return -ECANCELED;
+		if (gone) {
+			/* Nothing may come from the destination before END: its
+			 * end here is a lost link, whatever it said. */
+			pthread_mutex_lock(&m->mir_lock);
+			int err = m->ans_ret < 0 ? m->ans_ret : -EPROTO;
+			char why[sizeof(m->ans_why)];
+
+			snprintf(why, sizeof(why), "%s", m->ans_ret < 0 ? m->ans_why :
+				 "The destination answered before the end of the stream");
+			pthread_mutex_unlock(&m->mir_lock);
+			return fail(s, err, "%s: %s", why, strerror(-err));
+		}
 	}
 	set_status(m, IOC_MIG_ST_DEVICE);
 	ret = pass_dirty(s);
@@ -2256,6 +2277,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	m->t_setup = m->t_end = 0;
 	m->downtime_ns = 0;
 	m->cont = false;
+	m->dest_gone = false;
 	m->end_sent = false;
 	m->thread_done = false;
 	m->result = 0;

@@ -18,13 +18,16 @@
  * decodes in about the time of the pool's round trip, which it saves.
  * Larger reads and frames go to the calling loop's thread pool, one job
  * per run of frames (~128 KiB), all requested before the first wait so a
- * large read decodes in parallel while the I/O thread keeps serving.  A
- * second reader of a frame being decoded waits for that decode instead of
- * starting its own.  A read of 64 KiB or more (or of a frame that large)
- * that ends on a frame's last byte starts decoding as much again after it
- * (sequential readahead, up to 1 MiB) without waiting; small reads of
- * small frames do not: a random 4 KiB read ends a 16 KiB frame one time
- * in four.
+ * large read decodes in parallel while the I/O thread keeps serving; the
+ * frames such a read covers whole, and nobody has cached, are decoded
+ * straight into its buffer in jobs of ~512 KiB (no entry to allocate,
+ * fill and copy out: fresh memory costs more than the decode; smaller
+ * jobs grew the pool to 64 threads).  A second reader of a frame
+ * being decoded through the cache waits for that decode.  A read of 64
+ * KiB or more (or of a frame that large) ending on a frame's last byte
+ * starts decoding as much again after it (readahead, up to 1 MiB), unless
+ * other large reads are in flight (queued reads decode themselves); small
+ * reads of small frames do not: a 4 KiB read ends a 16 KiB frame 1 in 4.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
  * byte 0 (zstd) or as deflate's few hundred bytes for zeros (gzip); such
@@ -81,6 +84,9 @@
 #define JOB_FRAMES      16      /* frames decoded by one pool job, at most */
 #define JOB_BYTES       (128u << 10) /* ... and about this much data */
 #define INLINE_MAX      (64u << 10)  /* reads and frames decoded inline */
+#define XJOB_BYTES      (512u << 10) /* a job decoding in place: fewer,
+					* larger jobs keep the pool from
+					* growing past the CPUs */
 #define RA_MIN          (64u << 10)  /* reads or frames that read ahead */
 #define RA_MAX          (1u << 20)   /* readahead's reach */
 
@@ -108,6 +114,7 @@ struct ioc_zip_image {
 	struct ioc__zip_fcache *cache;
 	size_t max_cached;              /* larger frames decode streaming */
 	bool readahead;
+	_Atomic unsigned large_reads;   /* in flight, decoding in place */
 	struct ioc_zip_image_opts opts;
 	char how[160];
 
@@ -118,7 +125,7 @@ struct ioc_zip_image {
 
 	/* Statistics: relaxed increments, read by get_info; no pairing,
 	 * nothing is ordered by them. */
-	_Atomic uint64_t decodes, readaheads, stream_reads, errors;
+	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct;
 };
 
 static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
@@ -470,6 +477,63 @@ static void jobber_add(struct jobber *jb, size_t i, struct ioc__zip_fentry *e)
 		jobber_submit(jb);
 }
 
+/* ---- large reads: frames they cover whole, decoded in place ----------- */
+
+/* One pool job decodes a run of frames of one read straight into the
+ * read's buffer; the reader waits for it (aw) before it returns, and
+ * before it looks at the bytes: the pool thread's writes to the buffer
+ * and to f[].r happen before xjob_done's ioc_co_await_done, which the
+ * reader's ioc_co_await pairs with. */
+struct xjob {
+	struct ioc_pool_req req;
+	struct ioc_zip_image *img;
+	struct ioc_co_await aw;
+	bool submitted, waited;
+	unsigned n;
+	size_t bytes;
+	struct {
+		size_t idx;
+		uint8_t *dst;
+		int r;
+	} f[BATCH];
+};
+
+static int64_t xjob_run(void *arg)
+{
+	struct xjob *j = arg;
+	struct ioc_zip_image *img = j->img;
+
+	for (unsigned k = 0; k < j->n; k++) {
+		const struct zframe *f = &img->frames[j->f[k].idx];
+
+		j->f[k].r = decode_frame(img, j->f[k].idx, j->f[k].dst);
+		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
+		if (j->f[k].r == 0 && ioc__zip_all_zero(j->f[k].dst, (size_t)f->dsize))
+			atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);
+	}
+	return 0;
+}
+
+static void xjob_done(void *opaque, int64_t ret)
+{
+	struct xjob *j = opaque;
+
+	if (ret == -ECANCELED)
+		for (unsigned k = 0; k < j->n; k++)
+			j->f[k].r = -ECANCELED;
+	ioc_co_await_done(&j->aw, ret);
+}
+
+static void xjob_submit(struct xjob *j)
+{
+	if (!j || j->submitted)
+		return;
+	j->submitted = true;
+	ioc_co_await_init(&j->aw);
+	ioc_pool_submit(NULL, &j->req, xjob_run, j, xjob_done, j);
+}
+
 /* ---- streaming reads of frames too big to cache ---------------------- */
 
 struct sjob {
@@ -628,28 +692,41 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 					    void *buf, size_t len, uint32_t flags)
 {
 	struct {
-		struct ioc__zip_fentry *e;
+		struct ioc__zip_fentry *e;      /* NULL: decoded in place by xj */
+		struct xjob *xj;
 		size_t idx;
 		int state;
+		unsigned slot;                  /* in xj */
 	} batch[BATCH];
+	struct xjob *xjobs[BATCH];
 	uint8_t *dst = buf;
 	uint64_t end = off + len;
 	size_t i;
 	int ret = 0;
+	bool alone;
 	/* A small read decodes the frames it misses on this thread: cheaper
 	 * than the pool's round trip, and it delays this loop's other
 	 * requests by one small decode at most. */
 	bool inline_ok = len <= INLINE_MAX;
+	/* A larger read decodes the frames it covers whole, and nobody has
+	 * cached or is decoding, straight into buf on the pool: no cache
+	 * entry to fill (fresh memory costs more than the decode), no copy.
+	 * Concurrent readers of such a frame may both decode it. */
+	bool direct_ok = !inline_ok;
 
 	if (flags || end < off || end > img->size)
 		return -EINVAL;
 	if (!len)
 		return 0;
+	/* Pairs with the decrement at the end; relaxed, see there. */
+	if (direct_ok)
+		atomic_fetch_add_explicit(&img->large_reads, 1, memory_order_relaxed);
 	i = find_frame(img, off);
 	while (off < end) {
-		unsigned n = 0;
+		unsigned n = 0, nx = 0;
 		uint64_t boff = off;
 		struct jobber jb = { .img = img };
+		struct xjob *xj = NULL;
 
 		/* Pass 1: start every decode of this batch. */
 		for (size_t k = i; k < img->nframes && n < BATCH && img->frames[k].doff < end; k++) {
@@ -659,6 +736,28 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 			if (is_zero(img, k) || f->dsize > img->max_cached || !f->dsize)
 				continue;
 			batch[n].idx = k;
+			batch[n].xj = NULL;
+			if (direct_ok && f->doff >= boff && f->doff + f->dsize <= end &&
+			    !ioc__zip_fcache_contains(img->cache, k)) {
+				if (!xj && (xj = calloc(1, sizeof(*xj))) != NULL) {
+					xj->img = img;
+					xjobs[nx++] = xj;
+				}
+				if (xj) {
+					xj->f[xj->n].idx = k;
+					xj->f[xj->n].dst = dst + (f->doff - boff);
+					batch[n].e = NULL;
+					batch[n].xj = xj;
+					batch[n].slot = xj->n++;
+					xj->bytes += (size_t)f->dsize;
+					if (xj->n == BATCH || xj->bytes >= XJOB_BYTES) {
+						xjob_submit(xj);
+						xj = NULL;
+					}
+					n++;
+					continue;
+				}
+			}
 			batch[n].e = ioc__zip_fcache_get(img->cache, k, (size_t)f->dsize,
 							 &created, &batch[n].state);
 			if (!batch[n].e) {
@@ -672,6 +771,7 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 			n++;
 		}
 		jobber_submit(&jb);
+		xjob_submit(xj);
 		/* Pass 2: copy in order, waiting where needed. */
 		unsigned b = 0;
 		while (off < end && i < img->nframes) {
@@ -679,7 +779,19 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 			uint64_t lo = off - f->doff;
 			size_t part = (size_t)((f->doff + f->dsize < end ? f->doff + f->dsize : end) - off);
 
-			if (b < n && batch[b].idx == i) {
+			if (b < n && batch[b].idx == i && batch[b].xj) {
+				struct xjob *j = batch[b].xj;
+				int r;
+
+				if (!j->waited) {
+					ioc_co_await(&j->aw);
+					j->waited = true;
+				}
+				r = j->f[batch[b].slot].r;
+				if (r < 0 && !ret)
+					ret = r == -ENOMEM ? -ENOMEM : -EIO;
+				b++;
+			} else if (b < n && batch[b].idx == i) {
 				struct ioc__zip_fentry *e = batch[b].e;
 				struct ioc__zip_fc_waiter w;
 				int st = 0;
@@ -714,17 +826,34 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 		for (; b < n; b++) {
 			struct ioc__zip_fc_waiter w;
 
+			if (!batch[b].e)
+				continue;
 			if (batch[b].state == IOC__ZIP_FC_BUSY &&
 			    !ioc__zip_fcache_wait_prepare(img->cache, batch[b].e, &w))
 				ioc_co_await(&w.aw);
 			ioc__zip_fcache_put(img->cache, batch[b].e);
 		}
+		/* The pool may still write into buf: wait for every job. */
+		for (unsigned x = 0; x < nx; x++) {
+			if (!xjobs[x]->waited)
+				ioc_co_await(&xjobs[x]->aw);
+			free(xjobs[x]);
+		}
 		dst += off - boff;
 		if (ret)
-			return ret;
+			break;
 	}
-	/* A read that reached the end of a frame reads on, most likely. */
-	if (i < img->nframes && img->frames[i].doff == end && i > 0 &&
+	/* Pairs with the increment above; relaxed: a count, it orders
+	 * nothing. */
+	alone = !direct_ok ||
+		atomic_fetch_sub_explicit(&img->large_reads, 1, memory_order_relaxed) == 1;
+	if (ret)
+		return ret;
+	/* A read that reached the end of a frame reads on, most likely --
+	 * unless other large reads are in flight: a client with several
+	 * sequential reads queued is decoding the next ones itself, in
+	 * place, and readahead would decode them a second time. */
+	if (alone && i < img->nframes && img->frames[i].doff == end && i > 0 &&
 	    (len >= RA_MIN || img->frames[i - 1].dsize >= RA_MIN))
 		maybe_readahead(img, i, len);
 	return 0;
@@ -1044,4 +1173,5 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	info->readaheads = atomic_load_explicit(&img->readaheads, memory_order_relaxed);
 	info->stream_reads = atomic_load_explicit(&img->stream_reads, memory_order_relaxed);
 	info->errors = atomic_load_explicit(&img->errors, memory_order_relaxed);
+	info->direct_decodes = atomic_load_explicit(&img->direct, memory_order_relaxed);
 }

@@ -103,6 +103,12 @@ dest_start() {
 free_port() {
 	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
+# caps CTL NAME=BOOL...: migrate-set-capabilities.
+caps() {
+	c=$1; shift
+	list=$(for a in "$@"; do printf '{"capability":"%s","state":%s},' "${a%%=*}" "${a#*=}"; done)
+	ctl "$c" migrate-set-capabilities "capabilities:=[${list%,}]" >/dev/null
+}
 # qfield CTL EXPR: a Python expression over q = query-migrate's return.
 qfield() {
 	ctl "$1" --json query-migrate | python3 -c "import json,sys; q=json.load(sys.stdin); print($2)"

@@ -5,10 +5,12 @@
 # __org.iocore_active-mirror the migration must reach completed while fio
 # still writes, the images must be equal (cmp) and query-migrate must say
 # that writes were mirrored (with __org.iocore_write-admission at its
-# default, then with it off in the cancel case).  migrate_cancel and kill -9 of the destination
-# while writes wait for the destination: fio (verifying what it wrote,
-# stopping at the first error) must see every write succeed, and the
-# source keeps serving.  The parameters' values.  Loopback; waits poll
+# default, then with it off in the cancel case).  migrate_cancel and kill
+# -9 of the destination while writes wait for the destination (or, on a
+# slow machine, wait at a switch-over paused by pause-before-switchover):
+# fio (verifying what it wrote, stopping at the first error) must see
+# every write succeed, and the source keeps serving.  The parameters'
+# values.  Loopback; waits poll
 # with deadlines; nothing asserts on timing.  TAP output.
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
@@ -27,11 +29,17 @@ fio --enghelp=nbd >/dev/null 2>&1 || { echo "1..0 # SKIP fio without the nbd eng
 workdir ioc-nbd-migrate-mirror
 echo "1..23"
 
-# wait_mirrored CTL: until query-migrate counts a mirrored write (60 s).
+# wait_mirrored CTL: until query-migrate counts a mirrored write, or the
+# migration paused before its switch-over (60 s).  The failure cases run
+# with pause-before-switchover so that the migration cannot complete
+# before the cancel or the kill, however slow the machine: the failure
+# then finds writes waiting for the destination's answer, or held at the
+# switch-over; fio must see every one of them succeed either way.
 wait_mirrored() {
 	i=0
 	while [ $i -lt 1200 ]; do
-		[ "$(qfield "$1" 'q.get("__org.iocore_mirrored-writes", 0) > 0')" = True ] && return 0
+		[ "$(qfield "$1" 'q.get("__org.iocore_mirrored-writes", 0) > 0 or
+			q.get("status") == "pre-switchover"')" = True ] && return 0
 		i=$((i + 1)); sleep 0.05
 	done
 	return 1
@@ -108,6 +116,7 @@ cp "$dir/a.ref" "$dir/a.img"; rm -f "$dir/b.img"
 source_start s2 "$dir/a.img"
 ctl s2 migrate-set-parameters max-bandwidth=1000000 __org.iocore_active-mirror=on \
 	__org.iocore_write-admission=0 >/dev/null
+caps s2 pause-before-switchover=true
 port=$(free_port)
 dest_start d2 "$dir/b.img" tcp:127.0.0.1:$port
 # Every block of the first 4 MiB written once, then read back and
@@ -130,6 +139,7 @@ stop s2
 cp "$dir/a.ref" "$dir/a.img"; rm -f "$dir/b.img"
 source_start s3 "$dir/a.img"
 ctl s3 migrate-set-parameters max-bandwidth=1000000 __org.iocore_active-mirror=on >/dev/null
+caps s3 pause-before-switchover=true
 port=$(free_port)
 dest_start d3 "$dir/b.img" tcp:127.0.0.1:$port
 fio_start s3 --size=4M --loops=2 --verify=crc32c --do_verify=1 --verify_state_save=0

@@ -21,7 +21,7 @@ for t in qemu-io qemu-img python3; do
 	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
 done
 workdir ioc-nbd-migrate
-echo "1..46"
+echo "1..51"
 
 # wait_gone PID: until the process has exited (30 s at most).
 wait_gone() {
@@ -60,10 +60,17 @@ EOF
 	i=0
 	while [ ! -f "$2.ready" ] && [ $i -lt 600 ]; do i=$((i + 1)); sleep 0.05; done
 }
-caps() { # CTL NAME=BOOL...
-	c=$1; shift
-	list=$(for a in "$@"; do printf '{"capability":"%s","state":%s},' "${a%%=*}" "${a#*=}"; done)
-	ctl "$c" migrate-set-capabilities "capabilities:=[${list%,}]" >/dev/null
+# in_flight CTL: the requests the server has in flight, all connections.
+in_flight() {
+	ctl "$1" --json __org.iocore_query-connections |
+		python3 -c 'import json,sys; print(sum(c["in-flight"] for c in json.load(sys.stdin)))'
+}
+# wait_held CTL: until the server holds one request (30 s at most).
+wait_held() {
+	i=0
+	until [ "$(in_flight "$1")" = 1 ] || [ $i -gt 600 ]; do
+		i=$((i + 1)); sleep 0.05
+	done
 }
 
 # An image: 8 MiB of compressible text, 4 MiB of random data, zeros
@@ -212,15 +219,9 @@ check "migrate with pause-before-switchover" ctl s4 migrate uri=tcp:127.0.0.1:$p
 expect "pauses in pre-switchover" pre-switchover "$(wait_status s4 pre-switchover completed failed)"
 qemu-io -f raw -c 'read -P 0 40M 4k' "nbd+unix:///?socket=$dir/s4.sock" >"$dir/r.out" 2>&1 &
 rpid=$!
-# Wait until the server holds the read (a connection with one in flight).
-i=0
-until [ "$(ctl s4 --json __org.iocore_query-connections | python3 -c 'import json,sys
-print(sum(c["in-flight"] for c in json.load(sys.stdin)))')" = 1 ] || [ $i -gt 600 ]; do
-	i=$((i + 1)); sleep 0.05
-done
+wait_held s4
 expect "the read waits at the gate, unanswered" "1 running" \
-	"$(ctl s4 --json __org.iocore_query-connections | python3 -c 'import json,sys
-print(sum(c["in-flight"] for c in json.load(sys.stdin)))') $(kill -0 $rpid 2>/dev/null && echo running || echo done)"
+	"$(in_flight s4) $(kill -0 $rpid 2>/dev/null && echo running || echo done)"
 expect "still pre-switchover" pre-switchover "$(qfield s4 'q["status"]')"
 check "migrate-continue" ctl s4 migrate-continue state=pre-switchover
 expect "completes after migrate-continue" completed "$(wait_status s4 completed failed)"
@@ -234,6 +235,33 @@ expect "events with pause-before-switchover" \
 wait_status d4 completed failed >/dev/null
 check "images equal after the paused switch-over" cmp "$img" "$dir/b.img"
 stop s4; stop d4
+
+# ---- the destination dies while the source is paused, clients held ----
+cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
+source_start s4k "$img"
+caps s4k pause-before-switchover=true
+port=$(free_port)
+dest_start d4k "$dir/b.img" tcp:127.0.0.1:$port
+ctl s4k migrate uri=tcp:127.0.0.1:$port >/dev/null
+expect "paused in pre-switchover" pre-switchover "$(wait_status s4k pre-switchover completed failed)"
+qemu-io -f raw -c 'read -P 0 40M 4k' "nbd+unix:///?socket=$dir/s4k.sock" >"$dir/r.out" 2>&1 &
+rpid=$!
+wait_held s4k
+kill -9 $dpid; wait $dpid 2>/dev/null
+st=$(wait_status s4k failed completed cancelled)
+expect "the source notices without migrate-continue: failed" failed "$st"
+# Still held otherwise: end the read rather than wait for ever.
+[ "$st" = failed ] || kill $rpid 2>/dev/null
+check "error-desc names the lost destination" python3 -c "
+import json, sys
+q = json.loads(sys.argv[1])
+assert 'destination' in q['error-desc'], q
+" "$(ctl s4k --json query-migrate)"
+wait $rpid; rrc=$?
+expect "the held read is answered with the data" 0 "$rrc"
+check "the source keeps serving writes" qemu-io -f raw -c 'write -P 0x5a 44M 64k' \
+	-c 'read -P 0x5a 44M 64k' "nbd+unix:///?socket=$dir/s4k.sock"
+stop s4k
 
 # ---- migrate_cancel mid-way ----
 cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"

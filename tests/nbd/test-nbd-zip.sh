@@ -12,7 +12,7 @@ ZIP="$BUILD/tools/zip/iocore-zip"
 # zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
 zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }
 
-echo "1..33"
+echo "1..35"
 if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
 	echo "# iocore-nbd or iocore-zip not built"; exit 77
 fi
@@ -88,19 +88,24 @@ qemu-io -r -f raw -c 'read 1048576 4k' -c 'read 1052672 4k' "$(uri zc)" >/dev/nu
 qemu-io -r -f raw -c 'read 1056768 4k' "$(uri zc)" >/dev/null
 stop zc
 check "one decode serves reads of one frame from two connections" \
-	grep -q 'frame cache: 2 hits, 1 misses.*1 decodes (0 readahead)' "$dir/zc.log"
+	grep -q 'frame cache: 2 hits, 1 misses.*1 decodes (0 readahead, 0 in place)' "$dir/zc.log"
 
 # 7: sequential readahead: a read ending on a frame's end decodes the next
 start ra "$dir/img.zst"
 qemu-io -r -f raw -c 'read 1048576 256k' "$(uri ra)" >/dev/null
 qemu-io -r -f raw -c 'read 1310720 4k' "$(uri ra)" >/dev/null
 stop ra
+# (the 256 KiB read covers its frame whole: decoded in place, not cached)
 check "readahead decodes the next frame" \
-	grep -q 'frame cache: 1 hits, 2 misses.*2 decodes (1 readahead)' "$dir/ra.log"
+	grep -q 'frame cache: 1 hits, 1 misses.*2 decodes (1 readahead, 1 in place)' "$dir/ra.log"
 
-# 8a-b: a cache of four frames under four connections: constant eviction
+# 8a-c: a cache of four frames under four connections: constant eviction
+# (nbdcopy's 256 KiB requests cover the frames whole and decode them in
+# place; 64 KiB requests go through the cache)
 start small --frame-cache 1M "$dir/img.zst"
 check "tiny frame cache: nbdcopy equals the image" same small
+check "tiny frame cache: nbdcopy of 64 KiB requests equals the image" sh -c \
+	"nbdcopy --request-size=65536 '$(uri small)' '$dir/out64.raw' && cmp '$dir/raw' '$dir/out64.raw'"
 stop small
 check "tiny frame cache: frames were evicted" \
 	grep -q 'frame cache: .* [1-9][0-9]* evictions' "$dir/small.log"
@@ -153,6 +158,8 @@ printf '\377\377\377\377\377\377\377\377' | dd of="$dir/bad.zst" bs=1 seek=$((co
 start bad "$dir/bad.zst"
 check "damaged frame: its range fails with EIO" sh -c \
 	"qemu-io -r -f raw -c 'read 1310720 4k' '$(uri bad)' 2>&1 | grep -q 'Input/output error'"
+check "damaged frame: a large read covering it whole fails with EIO" sh -c \
+	"qemu-io -r -f raw -c 'read 1048576 1M' '$(uri bad)' 2>&1 | grep -q 'Input/output error'"
 check "damaged frame: other ranges still read" qio bad
 stop bad
 check "damaged frame: the log names its offsets" \

@@ -10,6 +10,9 @@
  *     when small, on the pool when large) give the original bytes;
  *   - a damaged frame fails the small reads decoded inline that touch it
  *     with EIO and a logged offset, and only those;
+ *   - large reads decode the frames they cover whole into the caller's
+ *     buffer (zero, stored and compressed frames, starts and ends inside
+ *     frames), a damaged one among them fails the read with EIO;
  *   - a large read ending on a frame boundary reads ahead (the frames
  *     after it are then hits), a small read of a small frame does not;
  *   - all-zero frames are known at open, before any read, zstd RLE frames
@@ -307,8 +310,10 @@ static void test_cold_edge_reads(void)
 	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
 	run_one(img, edge_reads);
 	ioc_zip_image_get_info(img, &info);
-	/* Frames 2, 6, 10, 13, 14, 17, 21, 22, 23 (zero frames need none). */
+	/* Frames 2, 6, 10, 13, 14, 17, 21, 22, 23 (zero frames need none);
+	 * the large read covers 21, 22 and 23 whole: decoded in place. */
 	ASSERT_UEQ(info.decodes, 9);
+	ASSERT_UEQ(info.direct_decodes, 3);
 	ASSERT_UEQ(info.errors, 0);
 	ioc_zip_image_close(img);
 }
@@ -324,6 +329,8 @@ static void log_fn(void *opaque, const char *msg)
 		snprintf(badlog, sizeof(badlog), "%s", msg);
 }
 
+static uint8_t big[3 * FRAME];
+
 static void damaged_reads(struct ioc_zip_image *img, bool *ok)
 {
 	uint8_t buf[4096];
@@ -332,6 +339,11 @@ static void damaged_reads(struct ioc_zip_image *img, bool *ok)
 	*ok &= ioc_zip_image_co_pread(img, 6 * FRAME - 2, buf, 4, 0) == -EIO;
 	*ok &= check_range(img, 6 * FRAME, 4096);
 	*ok &= check_range(img, 3 * FRAME + 100, 4096);
+	/* Large reads: frame 5 covered whole (decoded in place) fails the
+	 * read; one that stops just short of it does not. */
+	*ok &= ioc_zip_image_co_pread(img, 4 * FRAME + 10, big, 3 * FRAME, 0) == -EIO;
+	*ok &= check_range(img, 2 * FRAME + 10, 3 * FRAME - 10);
+	*ok &= check_range(img, 6 * FRAME, 3 * FRAME + 1);
 }
 
 static void test_damaged_frame_inline(void)
@@ -367,7 +379,7 @@ static void test_damaged_frame_inline(void)
 	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
 	run_one(img, damaged_reads);
 	ioc_zip_image_get_info(img, &info);
-	ASSERT_UEQ(info.errors, 2);     /* not cached: each read tried again */
+	ASSERT_UEQ(info.errors, 3);     /* not cached: each read tried again */
 	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
 	ASSERT_NOT_NULL(strstr(badlog, want));
 	ioc_zip_image_close(img);
@@ -386,13 +398,15 @@ static void ra_steps(struct ioc_zip_image *img, bool *ok)
 	 * ending on frame 3 reads ahead frame 3. */
 	*ok &= check_range(img, 2 * FRAME, FRAME);
 	/* 128 KiB ending on frame 11: 128 KiB ahead, 11 and 13 (12 is zero). */
+	/* (9 and 10, covered whole, are decoded in place, not cached.) */
 	*ok &= check_range(img, 9 * FRAME, 2 * FRAME);
 	ioc_zip_image_get_info(img, &info);
-	*ok &= info.readaheads == 4 && info.cache_misses == 7;
+	*ok &= info.readaheads == 4 && info.cache_misses == 5 && info.direct_decodes == 2;
 	*ok &= check_range(img, 11 * FRAME, 3 * FRAME);
 	ioc_zip_image_get_info(img, &info);
 	/* 11 and 13 were hits; 14, 15 and 17 are read ahead now. */
-	*ok &= info.cache_hits == 3 && info.readaheads == 7 && info.cache_misses == 10;
+	*ok &= info.cache_hits == 3 && info.readaheads == 7 && info.cache_misses == 8 &&
+	       info.direct_decodes == 2;
 	if (!*ok)
 		ioc_test_diag("hits %llu misses %llu readaheads %llu",
 			      (unsigned long long)info.cache_hits,
@@ -420,6 +434,45 @@ static void test_readahead(void)
 	ioc_zip_image_close(img);
 	ASSERT_OK(ioc_zip_image_open(&img, smallpath, NULL, msg, sizeof(msg)));
 	run_one(img, ra_small);
+	ioc_zip_image_close(img);
+}
+
+/* 16 KiB frames (four to a 64 KiB run): frames 0-3 zero, 4-7 random
+ * (stored), 8-15 text, 16-19 zero, 20-23 random, 24-27 text.  Large reads
+ * decode the frames they cover whole into the caller's buffer and the
+ * ones they cover in part through the cache. */
+static void direct_reads(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	/* From inside zero frame 3 to inside text frame 15: 4-14 in place,
+	 * 15 through the cache. */
+	*ok &= check_range(img, 3 * SMALL + 100, 200 << 10);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.direct_decodes == 11 && info.cache_misses == 1 && info.decodes == 12;
+	/* Exactly frames 20-27, stored and compressed: all in place. */
+	*ok &= check_range(img, 20 * SMALL, 8 * SMALL);
+	/* The end of 14 (not cached: decoded again), 15 (a hit) and the
+	 * zero frames after it. */
+	*ok &= check_range(img, 15 * SMALL - 100, 100 + 70 * 1024);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.direct_decodes == 19 && info.cache_hits == 1 && info.cache_misses == 2;
+	if (!*ok)
+		ioc_test_diag("direct %llu hits %llu misses %llu decodes %llu",
+			      (unsigned long long)info.direct_decodes,
+			      (unsigned long long)info.cache_hits,
+			      (unsigned long long)info.cache_misses,
+			      (unsigned long long)info.decodes);
+}
+
+static void test_direct_reads(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	run_one(img, direct_reads);
 	ioc_zip_image_close(img);
 }
 
@@ -482,5 +535,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_cold_edge_reads),
 	IOC_TEST(test_damaged_frame_inline),
 	IOC_TEST(test_readahead),
+	IOC_TEST(test_direct_reads),
 	IOC_TEST(cleanup),
 )
