@@ -135,13 +135,18 @@ expect() {
 # answers held and further requests with ESHUTDOWN (err=108) and closes
 # the connection; a request fio sends as it closes fails on the socket
 # instead (ENOTCONN 107, ECONNRESET 104, EPIPE 32), and libnbd then fails
-# the rest with that error, whatever replies were on their way.  Either
-# proves fio was still writing at the switch-over.  OUT is fio's output.
+# the rest with that error, whatever replies were on their way.  When the
+# close reaches libnbd while fio waits for completions, nbd_poll() itself
+# fails: fio's nbd engine then prints "fio: nbd_poll: ..." and stops with
+# no request error at all.  Each proves fio was still writing at the
+# switch-over.  OUT is fio's output.
 expect_fio_cut() {
 	wait "$1"; _frc=$?
 	_ferr=$(grep -oE 'err= *[0-9]+' "$2" | grep -v 'err= *0$' | head -1)
-	echo "# fio ended with ${_ferr:-no error}"
-	_fcut="$_frc $(echo "$_ferr" | grep -qE '= *(108|107|104|32)$' && echo yes || echo no)"
+	_fpoll=$(grep -m1 'fio: nbd_poll:' "$2")
+	echo "# fio ended with ${_ferr:-no error}${_fpoll:+, $_fpoll}"
+	_fcut="$_frc $( { echo "$_ferr" | grep -qE '= *(108|107|104|32)$' ||
+		[ -n "$_fpoll" ]; } && echo yes || echo no)"
 	expect "fio was still writing at the switch-over (stopped by the server)" "1 yes" "$_fcut"
 	# Anything else: fio's own words, to tell what stopped it.
 	[ "$_fcut" = "1 yes" ] || grep -iE 'error|err=|fio:' "$2" | head -8 | sed 's/^/# /'

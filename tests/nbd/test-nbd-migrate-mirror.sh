@@ -10,8 +10,8 @@
 # slow machine, wait at a switch-over paused by pause-before-switchover):
 # fio (verifying what it wrote, stopping at the first error) must see
 # every write succeed, and the source keeps serving.  The parameters'
-# values.  Loopback; waits poll
-# with deadlines; nothing asserts on timing.  TAP output.
+# values.  Loopback; waits poll with deadlines; nothing asserts on
+# timing.  TAP output.
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
