@@ -42,6 +42,12 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 /* Close; no request may be in flight.  Persistent dirty bitmaps are
  * written out (a clean stop). */
 void ioc_blk_close(struct ioc_blk *blk);
+/* Stop the background work of an open image that only makes later I/O
+ * cheaper (regrouping a tmpfs image into huge pages), for a job that needs
+ * the CPU and the pages now, such as a migration.  Returns after at most
+ * one step of it (a 2 MiB range).  Not restarted.  Same thread as open
+ * and close. */
+void ioc_blk_stop_background(struct ioc_blk *blk);
 
 struct ioc_blk_info {
 	uint64_t size;

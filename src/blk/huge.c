@@ -23,7 +23,11 @@
  * whole file once (about 0.3 s of CPU per 256 MiB here), so the thread runs
  * at nice 10: on a busy machine it takes longer rather than slowing the
  * requests.  It ends after one pass; ioc_blk_close() stops it between
- * ranges and joins it.
+ * ranges and joins it, and so does ioc_blk_stop_background(): a live
+ * migration of the image stops it, since the pass then competes with the
+ * copy for the CPU and locks the pages the copy reads (a 2 GiB migration
+ * on loopback took 0.94x qemu-storage-daemon's time with it, 0.68x
+ * without: bench/migrate/NOTES.md).
  * IOC_BLK_HUGE=off in the environment turns it off (A/B runs).
  *
  * Stop handshake: close stores huge_stop (relaxed) and joins; the thread
@@ -148,6 +152,11 @@ void ioc__blk_huge_stop(struct ioc_blk *blk)
 	atomic_store_explicit(&blk->huge_stop, true, memory_order_relaxed);
 	pthread_join(blk->huge_thread, NULL);
 	blk->huge_running = false;
+}
+
+void ioc_blk_stop_background(struct ioc_blk *blk)
+{
+	ioc__blk_huge_stop(blk);
 }
 
 int ioc__blk_huge_wait(struct ioc_blk *blk, unsigned *done, unsigned *skipped)

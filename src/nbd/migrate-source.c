@@ -2249,6 +2249,8 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		gran *= 2;
 	/* A persistent bitmap of that name can only be stale. */
 	ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+	/* The copy needs the CPU and the image's pages now (blk.h). */
+	ioc_blk_stop_background(e->blk);
 	struct ioc_blk_dirty_opts bo = { .name = IOC_MIG_BITMAP, .granularity = gran };
 	r = ioc_blk_dirty_add(e->blk, &bo, &m->bm);
 	if (r < 0) {
