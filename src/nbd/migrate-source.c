@@ -1234,6 +1234,19 @@ static int queue_above(struct src *s, int limit, int *last, int64_t *deadline)
 	return 1;
 }
 
+/* While writes wait: serve the mirror, collect what the workers finished,
+ * then nap for ts. */
+static int serve_and_nap(struct src *s, const struct timespec *ts)
+{
+	int ret = mirror_service(s);
+
+	if (ret == 0)
+		ret = collect(s, false);
+	if (ret == 0)
+		nanosleep(ts, NULL);
+	return ret;
+}
+
 /*
  * While writes are mirrored, a background chunk is read only once the
  * stream's send queue (SIOCOUTQ: bytes the destination has not
@@ -1257,12 +1270,9 @@ static int pace(struct src *s)
 
 		if (ret <= 0)
 			return ret;
-		ret = mirror_service(s);
-		if (ret == 0)
-			ret = collect(s, false);
+		ret = serve_and_nap(s, &ts);
 		if (ret < 0)
 			return ret;
-		nanosleep(&ts, NULL);
 	}
 	return 0;
 }
@@ -1571,12 +1581,9 @@ static int fence(struct src *s)
 			return 0;
 		if (cancelled(s))
 			return -ECANCELED;
-		ret = mirror_service(s);
-		if (ret == 0)
-			ret = collect(s, false);
+		ret = serve_and_nap(s, &ts);
 		if (ret < 0)
 			return ret;
-		nanosleep(&ts, NULL);
 	}
 }
 
