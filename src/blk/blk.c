@@ -993,41 +993,20 @@ int ioc_coroutine_fn ioc_blk_co_splice_write(struct ioc_blk *blk, uint64_t offse
 	return splice_write_now(blk, offset, len, pipe_fd);
 }
 
-/* An inline write on the writer: all of it, pwritev until done. */
+/* An inline write on the writer: all of it, by the thread backend's own
+ * loop (short writes, EINTR, no progress). */
 static int64_t writer_pwritev(void *arg)
 {
 	struct writer_job *j = arg;
-	const struct iovec *iv = j->iov;
-	int ic = j->iovcnt, ret = blk_dirty_prepare(j->blk, j->offset, j->len);
-	size_t done = 0, skip = 0; /* skip: bytes of *iv already written */
+	struct blk_req r = { .blk = j->blk, .iov = j->iov, .iovcnt = j->iovcnt,
+			     .offset = j->offset, .len = j->len, .io_offset = j->offset,
+			     .io_len = j->len, .op = BLK_OP_WRITE };
+	int64_t ret = blk_dirty_prepare(j->blk, j->offset, j->len);
 
 	if (ret < 0)
 		return ret;
-	while (done < j->len) {
-		off_t off = (off_t)(j->offset + done);
-		ssize_t n;
-
-		while (ic && skip >= iv->iov_len) {
-			skip -= iv->iov_len;
-			iv++, ic--;
-		}
-		if (!ic)
-			break;
-		if (skip)
-			n = pwrite(j->blk->fd, (const char *)iv->iov_base + skip,
-				   iv->iov_len - skip, off);
-		else
-			n = pwritev(j->blk->fd, iv, ic < IOV_MAX ? ic : IOV_MAX, off);
-		if (n > 0) {
-			done += (size_t)n;
-			skip += (size_t)n;
-			continue;
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		ret = n == 0 ? -EIO : -errno;
-		break;
-	}
+	ret = ioc__blk_sync_rw(&r);
+	free(r.tmp_iov);
 	blk_dirty_mark(j->blk, j->offset, j->len); /* as in ioc__blk_finish() */
 	return ret;
 }
