@@ -49,6 +49,10 @@ struct nbd_thread {
 	bool gate_draining;             /* a hold waits for executing == 0 */
 	struct ioc_co_queue held;       /* requests waiting at the gate */
 	struct ioc_task gate_task;      /* a gate change to apply here */
+	/* The end of the request that just finished inline, for the next one
+	 * parsed right after it to start from (conn.c, req_co()); 0 when a
+	 * recv, a send or a loop iteration came between: read the clock. */
+	int64_t clk;
 } IOC_CACHE_ALIGNED;
 
 
