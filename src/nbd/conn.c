@@ -24,10 +24,10 @@
  *   iovecs, right after a parse batch or from a bottom half that runs once
  *   per loop iteration, so a burst of completions costs one syscall.  A
  *   long batch is sent every IOC_NBD_FLUSH_EVERY replies, so the client
- *   works on the first replies while we parse on.  READ data is read
- *   straight into the buffer the reply iovec points at, or (zc_read_min,
- *   off by default: the client pays more than we save) spliced into a
- *   pipe before its header is queued, then on to the socket.  A large
+ *   works on the first replies while we parse on.  READ data is read into
+ *   the buffer the reply iovec points at, or lent by a tmpfs image's map
+ *   (map_reads), or (zc_read_min, off by default: the client pays more
+ *   than we save) spliced into a pipe, then on to the socket.  A large
  *   WRITE payload is spliced socket -> pipe -> file: one copy, not two.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
@@ -252,6 +252,7 @@ static void req_release(struct conn *c, struct ioc__nbd_req *r)
 {
 	c->inflight--;
 	c->inflight_bytes -= req_bytes(r);
+	r->mapped = false; /* a recycled request lends nothing */
 	if (r->pipe) {
 		zc_put(r, r->pipe);
 		r->pipe = NULL;
@@ -461,6 +462,16 @@ static ssize_t send_plain(struct conn *c, const char **msg)
 			continue;
 		if (errno == EAGAIN || errno == EWOULDBLOCK)
 			return -EAGAIN;
+		if (errno == EFAULT) {
+			/* Data lent from the image's mapping, cut short
+			 * underneath: read it the ordinary way, then send
+			 * again (0 bytes sent, conn_flush() comes back). */
+			int k = ioc__nbd_unmap_reads(&c->core, c->sq_head);
+
+			if (k > 0)
+				return 0;
+			errno = k < 0 ? -k : EFAULT;
+		}
 		*msg = strerror(errno);
 		return -errno;
 	}
@@ -1320,6 +1331,7 @@ static void conn_start(struct ioc_task *task)
 	c->page = (size_t)sysconf(_SC_PAGESIZE);
 	c->core.zc_read_min = srv->zc_read_min;
 	c->core.zc_write_min = srv->zc_write_min;
+	c->core.map_reads = srv->map_reads; /* sendmsg: the kernel copies */
 	c->core.zc_get = zc_get;
 	c->core.zc_put = zc_put;
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);

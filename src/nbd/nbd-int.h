@@ -83,6 +83,9 @@ struct ioc_nbd_server {
 	 * zc_refuse, for tests, makes every socket refuse splice(2). */
 	size_t zc_read_min, zc_write_min;
 	bool zc_refuse;
+	/* READ replies may point into the image's mapping (conn.c sets the
+	 * connections' map_reads; off only for tests and A/B runs). */
+	bool map_reads;
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */
