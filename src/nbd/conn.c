@@ -724,6 +724,17 @@ static bool ioc_coroutine_fn gate_wait(struct nbd_thread *t)
 	}
 }
 
+/* Small reads are lent from the image's mapping only while the thread
+ * serves more than one connection (transmission.c, map_small): O(conns),
+ * at connect and close only. */
+static void thread_map_policy(struct nbd_thread *t)
+{
+	bool shared = t->conns && t->conns->next;
+
+	for (struct conn *c = t->conns; c; c = c->next)
+		c->core.map_small = shared || t->srv->map_all;
+}
+
 static void ioc_coroutine_fn req_co(void *opaque)
 {
 	struct ioc__nbd_req *r = opaque;
@@ -1276,6 +1287,7 @@ static void conn_destroy(struct conn *c)
 		c->next->prev = c->prev;
 	ioc__nbd_log(srv, "%s: closed", c->core.peer);
 	free(c);
+	thread_map_policy(t);
 	/*
 	 * seq_cst pairs with ioc_nbd_server_stop(): it stores stopping and
 	 * then loads nconns; we decrement and then load stopping.  In the
@@ -1332,6 +1344,7 @@ static void conn_start(struct ioc_task *task)
 	c->core.zc_read_min = srv->zc_read_min;
 	c->core.zc_write_min = srv->zc_write_min;
 	c->core.map_reads = srv->map_reads; /* sendmsg: the kernel copies */
+	thread_map_policy(t);
 	c->core.zc_get = zc_get;
 	c->core.zc_put = zc_put;
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);

@@ -86,6 +86,7 @@ struct ioc_nbd_server {
 	/* READ replies may point into the image's mapping (conn.c sets the
 	 * connections' map_reads; off only for tests and A/B runs). */
 	bool map_reads;
+	bool map_all;                   /* IOC_NBD_TEST_MAP=all: map_small always */
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */

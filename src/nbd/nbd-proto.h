@@ -150,6 +150,7 @@
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
 #define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
 #define IOC_NBD_ZC_WRITE_MIN      (64u << 10)     /* writes this large are spliced (conn.c) */
+#define IOC_NBD_MAP_ALONE_MIN     (256u << 10)    /* lent alone on a thread (transmission.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16
 
 /* ---- big-endian access to unaligned bytes ------------------------------ */
@@ -390,6 +391,10 @@ struct ioc__nbd_conn {
 	 * kernel copying from the iovecs: a READ in the clear may then point
 	 * its data iovec at the backend's map_read() instead of r->buf. */
 	bool map_reads;
+	/* Lend reads below IOC_NBD_MAP_ALONE_MIN too: set by the transport
+	 * while its thread serves other connections (transmission.c says
+	 * why one connection alone copies them). */
+	bool map_small;
 	struct ioc__nbd_pipe *(*zc_get)(struct ioc__nbd_req *r);
 	void (*zc_put)(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p);
 };
