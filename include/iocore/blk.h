@@ -127,6 +127,25 @@ ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
 			    int pipe_fd, uint32_t flags);
 
 /*
+ * Where a read can be served without a copy to a buffer: a pointer to the
+ * len bytes at offset in a shared read-only mapping of the image, valid
+ * until ioc_blk_close(), or NULL (read the ordinary way).  Only for images
+ * that never wait for I/O (tmpfs without swap) and were fully allocated at
+ * open, with the fast path on and no fault hook, and only inside the size
+ * both at open and now.  The bytes are the file's at the time they are
+ * read, not of the call.  Meant to be handed to the kernel (an iovec for
+ * sendmsg) and not touched from user space: if the file is cut short under
+ * the mapping, the kernel's copy fails with EFAULT where a user-space
+ * access would raise SIGBUS.  Thread-safe like the other calls.
+ */
+const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len);
+/* The kernel's copy from what ioc_blk_map_read() lent failed (EFAULT):
+ * lend nothing more, and read len bytes at offset into buf with pread,
+ * zeroes past the end of the file (a read that never waits, inline).
+ * Returns 0 or -errno. */
+int ioc_blk_map_fault(struct ioc_blk *blk, uint64_t offset, void *buf, size_t len);
+
+/*
  * Write len bytes taken from the pipe pipe_fd at offset (one copy, into
  * the page cache), inline.  Returns 0; -ENOTSUP with the pipe untouched
  * where it cannot be done without waiting (all but tmpfs without swap,

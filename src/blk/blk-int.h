@@ -91,6 +91,13 @@ struct ioc_blk {
 	bool fast_path;
 	bool null_read_zeroes;
 	bool never_waits;            /* tmpfs without swap: reads do no I/O */
+	/* ioc_blk_map_read(): the image mapped shared, read-only, as of
+	 * open (map_len bytes; NULL: not mapped), and which MAP_CHUNK-sized
+	 * pieces of it have had their page tables filled (relaxed bits). */
+	const uint8_t *map;
+	uint64_t map_len;
+	_Atomic uint64_t *map_filled;
+	_Atomic bool map_broken;     /* a copy from it failed: lend no more */
 	uint32_t mem_align;          /* buffer alignment for O_DIRECT, else 1 */
 	uint32_t req_align;          /* offset/length alignment, else 1 */
 	uint32_t opt_align;

@@ -21,8 +21,8 @@
  *   hit continues asynchronously.  A per-image credit stops a workload that
  *   never hits from paying for the syscall (probing one request in 32).
  *   Without RWF_NOWAIT (tmpfs) cachestat(2) says whether the range is
- *   cached; tmpfs without swap needs neither, for reads or writes (large
- *   ones: "Large writes").  ioc_blk_splice_read() follows the same rules.
+ *   cached; tmpfs without swap needs neither (large writes: below).  Pages
+ *   also go to a pipe (splice_read) or are lent from a mapping (map_read).
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (one io_uring_enter per loop iteration), else the loop's thread pool,
  *   which also takes what io_uring cannot express cheaply (ioctls, the
@@ -67,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -167,6 +168,129 @@ static void discover_alignment(struct ioc_blk *blk)
 	probe_alignment(blk);
 }
 
+/* ---- shared mapping ------------------------------------------------- */
+
+/*
+ * ioc_blk_map_read(): a read of tmpfs without swap served from a shared
+ * mapping, so that the caller's sendmsg copies page cache -> socket once,
+ * where preadv copied page cache -> buffer and sendmsg buffer -> socket;
+ * the preadv (a syscall and a page-cache lookup per read) is gone.  Only
+ * for an image fully allocated at open: a read fault on a tmpfs hole
+ * allocates a page, so a large sparse image could fill memory by being
+ * read.  Page tables are filled MAP_CHUNK at a time (MADV_POPULATE_READ)
+ * the first time a chunk is asked for, so the kernel's copy takes no page
+ * fault per page.  Rejected: an mmap per read (dearer than the preadv);
+ * MAP_POPULATE of the whole image at open (start-up time that grows with
+ * the image, for pages perhaps never read); copying out of the mapping in
+ * user space: a file cut short under it would raise SIGBUS there, where
+ * the kernel's copy fails with EFAULT.  The mapping starts on a 2 MiB
+ * boundary: ranges in huge pages (huge.c) are then mapped by one entry
+ * each, and the kernel's copy takes no TLB miss per 4 KiB page (with
+ * 4 KiB pages the one copy left cost about what the two it replaced did).
+ * Cost: address space the size of the image, page tables (2 MiB per GiB
+ * read in 4 KiB pages, 4 KiB per GiB in huge pages), a bit per chunk.
+ */
+#define MAP_CHUNK (2u << 20)
+#define MAP_BITS  64u /* chunks per map_filled word */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+static void map_setup(struct ioc_blk *blk, const struct stat *st)
+{
+	uint64_t size = (uint64_t)st->st_size;
+	uint64_t per_word = (uint64_t)MAP_CHUNK * MAP_BITS;
+	void *p;
+
+	if (!S_ISREG(st->st_mode) || !blk->never_waits || blk->o_direct ||
+	    !blk->fast_path || size == 0 || size > SIZE_MAX / 2 ||
+	    (uint64_t)st->st_blocks * 512 < size)
+		return;
+	blk->map_filled = calloc((size_t)((size + per_word - 1) / per_word),
+				 sizeof(*blk->map_filled));
+	if (!blk->map_filled)
+		return; /* best effort: reads go the ordinary way */
+	/* At a 2 MiB-aligned address, so that ranges the huge-page pass
+	 * regrouped (huge.c) are mapped by one page-table entry each: the
+	 * kernel's copy out of them then takes no TLB miss per 4 KiB. */
+	p = mmap(NULL, (size_t)size + MAP_CHUNK, PROT_NONE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p != MAP_FAILED) {
+		uint8_t *lo = p, *at = (uint8_t *)(((uintptr_t)p + MAP_CHUNK - 1) &
+						   ~(uintptr_t)(MAP_CHUNK - 1));
+		size_t tail = (size_t)(lo + size + MAP_CHUNK - (at + size));
+
+		if (at > lo)
+			munmap(lo, (size_t)(at - lo));
+		if (tail)
+			munmap(at + size, tail);
+		p = mmap(at, (size_t)size, PROT_READ, MAP_SHARED | MAP_FIXED, blk->fd, 0);
+		if (p == MAP_FAILED)
+			munmap(at, (size_t)size);
+	}
+	if (p == MAP_FAILED) {
+		free(blk->map_filled);
+		blk->map_filled = NULL;
+		return;
+	}
+	blk->map = p;
+	blk->map_len = size;
+}
+
+const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
+{
+	/* Relaxed: pairs with the store in ioc_blk_map_fault(); a thread
+	 * that lends once more after it takes the same fallback. */
+	if (!blk->map || atomic_load_explicit(&blk->map_broken, memory_order_relaxed) ||
+	    !blk->never_waits || !blk->fast_path || blk->fault ||
+	    len == 0 || offset > blk->map_len || len > blk->map_len - offset ||
+	    offset + len > blk_size(blk))
+		return NULL;
+	for (uint64_t k = offset / MAP_CHUNK; k <= (offset + len - 1) / MAP_CHUNK; k++) {
+		_Atomic uint64_t *w = &blk->map_filled[k / MAP_BITS];
+		uint64_t bit = 1ull << (k % MAP_BITS);
+		uint64_t at = k * MAP_CHUNK;
+		size_t n = blk->map_len - at < MAP_CHUNK ? (size_t)(blk->map_len - at)
+							  : MAP_CHUNK;
+
+		/* Relaxed load and fetch_or, paired with each other only: a
+		 * hint.  Two threads that both see the bit clear fill the
+		 * chunk twice, which costs time, not correctness. */
+		if (atomic_load_explicit(w, memory_order_relaxed) & bit)
+			continue;
+		if (madvise((void *)(blk->map + at), n, MADV_POPULATE_READ) < 0 &&
+		    errno != EINVAL)
+			return NULL; /* cut short, or no memory: not now */
+		/* EINVAL: a kernel without MADV_POPULATE_READ (before 5.14);
+		 * pages then fault in one by one. */
+		atomic_fetch_or_explicit(w, bit, memory_order_relaxed);
+	}
+	return blk->map + offset;
+}
+
+int ioc_blk_map_fault(struct ioc_blk *blk, uint64_t offset, void *buf, size_t len)
+{
+	size_t done = 0;
+
+	/* Relaxed: pairs with the load in ioc_blk_map_read(). */
+	atomic_store_explicit(&blk->map_broken, true, memory_order_relaxed);
+	while (done < len) {
+		ssize_t n = pread(blk->fd, (uint8_t *)buf + done, len - done,
+				  (off_t)(offset + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0) {
+			memset((uint8_t *)buf + done, 0, len - done); /* past EOF */
+			break;
+		}
+		done += (size_t)n;
+	}
+	return 0;
+}
+
 int ioc_blk_open(struct ioc_blk **out, const char *path,
 		 const struct ioc_blk_opts *opts)
 {
@@ -190,6 +314,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 		    BLK_CAP_DSYNC | BLK_CAP_NOWAIT | BLK_CAP_ALLOC |
 		    BLK_CAP_CACHESTAT | BLK_CAP_SPLICE);
 	atomic_init(&blk->fp_credit, FP_CREDIT_MAX);
+	atomic_init(&blk->map_broken, false);
 	atomic_init(&blk->data_seq, 0);
 	atomic_init(&blk->data_start, 0);
 	atomic_init(&blk->data_end, 0);
@@ -285,6 +410,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 			sfs.f_type == TMPFS_MAGIC && sysinfo(&si) == 0 &&
 			si.totalswap == 0;
 	}
+	map_setup(blk, &st);
 	discover_alignment(blk);
 	if (blk->opt_align < blk->req_align)
 		blk->opt_align = blk->req_align;
@@ -310,6 +436,9 @@ void ioc_blk_close(struct ioc_blk *blk)
 	/* Relaxed: no request is in flight, so none creates a writer now. */
 	ioc_pool_free(atomic_load_explicit(&blk->writer, memory_order_relaxed));
 	ioc__blk_dirty_close(blk);
+	if (blk->map)
+		munmap((void *)blk->map, (size_t)blk->map_len);
+	free(blk->map_filled);
 	if (blk->fd >= 0)
 		close(blk->fd);
 	free(blk->path);

@@ -24,10 +24,10 @@
  *   iovecs, right after a parse batch or from a bottom half that runs once
  *   per loop iteration, so a burst of completions costs one syscall.  A
  *   long batch is sent every IOC_NBD_FLUSH_EVERY replies, so the client
- *   works on the first replies while we parse on.  READ data is read
- *   straight into the buffer the reply iovec points at, or (zc_read_min,
- *   off by default: the client pays more than we save) spliced into a
- *   pipe before its header is queued, then on to the socket.  A large
+ *   works on the first replies while we parse on.  READ data is read into
+ *   the buffer the reply iovec points at, or lent by a tmpfs image's map
+ *   (map_reads), or (zc_read_min, off by default: the client pays more
+ *   than we save) spliced into a pipe, then on to the socket.  A large
  *   WRITE payload is spliced socket -> pipe -> file: one copy, not two.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
@@ -252,6 +252,7 @@ static void req_release(struct conn *c, struct ioc__nbd_req *r)
 {
 	c->inflight--;
 	c->inflight_bytes -= req_bytes(r);
+	r->mapped = false; /* a recycled request lends nothing */
 	if (r->pipe) {
 		zc_put(r, r->pipe);
 		r->pipe = NULL;
@@ -461,6 +462,16 @@ static ssize_t send_plain(struct conn *c, const char **msg)
 			continue;
 		if (errno == EAGAIN || errno == EWOULDBLOCK)
 			return -EAGAIN;
+		if (errno == EFAULT) {
+			/* Data lent from the image's mapping, cut short
+			 * underneath: read it the ordinary way, then send
+			 * again (0 bytes sent, conn_flush() comes back). */
+			int k = ioc__nbd_unmap_reads(&c->core, c->sq_head);
+
+			if (k > 0)
+				return 0;
+			errno = k < 0 ? -k : EFAULT;
+		}
 		*msg = strerror(errno);
 		return -errno;
 	}
@@ -713,12 +724,23 @@ static bool ioc_coroutine_fn gate_wait(struct nbd_thread *t)
 	}
 }
 
+/* Small reads are lent from the image's mapping only while the thread
+ * serves more than one connection (transmission.c, map_small): O(conns),
+ * at connect and close only. */
+static void thread_map_policy(struct nbd_thread *t)
+{
+	bool shared = t->conns && t->conns->next;
+
+	for (struct conn *c = t->conns; c; c = c->next)
+		c->core.map_small = shared || t->srv->map_all;
+}
+
 static void ioc_coroutine_fn req_co(void *opaque)
 {
 	struct ioc__nbd_req *r = opaque;
 	struct conn *c = r->transport;
 	struct nbd_thread *t = c->t;
-	int64_t t0;
+	int64_t t0, t1;
 
 	/* The hot path's one gate check (see "the serving gate" above). */
 	if (atomic_load_explicit(&t->srv->gate, memory_order_relaxed) !=
@@ -729,18 +751,26 @@ static void ioc_coroutine_fn req_co(void *opaque)
 		return;
 	}
 	t->executing++;
-	t0 = ioc_now_ns();
+	/* One clock read per request: a request parsed right after one that
+	 * finished inline starts where that one ended (t->clk, the parse of
+	 * its header in between); anything else reads the clock. */
+	t0 = t->clk ? t->clk : ioc_now_ns();
+	t->clk = 0;
 	ioc__nbd_execute(&c->core, r);
-	account(c, r, ioc_now_ns() - t0);
+	t1 = ioc_now_ns();
+	account(c, r, t1 - t0);
 	if (--t->executing == 0 && t->gate_draining) {
 		t->gate_draining = false;
 		gate_report(t->srv);
 	}
 	/* Active mirroring: acquire pairs with the migration thread's release
 	 * store of srv->mirror (migrate-source.c, mirror_start). */
-	if (!r->failed && atomic_load_explicit(&t->srv->mirror, memory_order_acquire))
+	if (!r->failed && atomic_load_explicit(&t->srv->mirror, memory_order_acquire)) {
 		ioc__nbd_mig_mirror(t->srv, c->core.exp, r->type, r->offset, r->len);
+		t1 = 0;
+	}
 	queue_reply(c, r);
+	t->clk = t1;
 }
 
 static void start_request(struct conn *c, struct ioc__nbd_req *r)
@@ -1016,6 +1046,7 @@ static void tx_process(struct conn *c)
 	bool drained = false;
 
 	while (!c->dead) {
+		c->t->clk = 0; /* a recv came before: see req_co() */
 		/* Parse every complete request in the buffer, unless the
 		 * socket died: nobody would read those replies, and a client
 		 * that queued thousands of large reads and hung up would
@@ -1031,8 +1062,10 @@ static void tx_process(struct conn *c)
 				start_request(c, r);
 				/* A long batch sends as it goes, so the client
 				 * works on early replies while we parse on. */
-				if (c->queued >= IOC_NBD_FLUSH_EVERY)
+				if (c->queued >= IOC_NBD_FLUSH_EVERY) {
 					conn_flush(c);
+					c->t->clk = 0;
+				}
 				continue;
 			}
 			if (st == IOC_NBD_CLOSE) {
@@ -1074,6 +1107,7 @@ static void tx_process(struct conn *c)
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, (size_t)n);
 				if (done) {
+					c->t->clk = 0;
 					start_request(c, done);
 					c->hdr_first = true;
 				}
@@ -1099,6 +1133,7 @@ static void tx_process(struct conn *c)
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, pay);
 				if (done) {
+					c->t->clk = 0;
 					start_request(c, done);
 					c->hdr_first = c->tls_state == TLS_NONE && (size_t)n == pay;
 				}
@@ -1252,6 +1287,7 @@ static void conn_destroy(struct conn *c)
 		c->next->prev = c->prev;
 	ioc__nbd_log(srv, "%s: closed", c->core.peer);
 	free(c);
+	thread_map_policy(t);
 	/*
 	 * seq_cst pairs with ioc_nbd_server_stop(): it stores stopping and
 	 * then loads nconns; we decrement and then load stopping.  In the
@@ -1307,6 +1343,8 @@ static void conn_start(struct ioc_task *task)
 	c->page = (size_t)sysconf(_SC_PAGESIZE);
 	c->core.zc_read_min = srv->zc_read_min;
 	c->core.zc_write_min = srv->zc_write_min;
+	c->core.map_reads = srv->map_reads; /* sendmsg: the kernel copies */
+	thread_map_policy(t);
 	c->core.zc_get = zc_get;
 	c->core.zc_put = zc_put;
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);

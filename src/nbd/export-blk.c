@@ -39,6 +39,16 @@ static ssize_t be_splice_read(void *be, uint64_t off, size_t len, int pipe_fd,
 	return ioc_blk_splice_read(be, off, len, pipe_fd, 0);
 }
 
+static const void *be_map_read(void *be, uint64_t off, size_t len)
+{
+	return ioc_blk_map_read(be, off, len);
+}
+
+static int be_map_fault(void *be, uint64_t off, void *buf, size_t len)
+{
+	return ioc_blk_map_fault(be, off, buf, len);
+}
+
 static int ioc_coroutine_fn be_splice_write(void *be, uint64_t off, size_t len,
 					    int pipe_fd, uint32_t flags)
 {
@@ -130,6 +140,8 @@ static const struct ioc__nbd_backend_ops blk_ops = {
 	.dirty_status = be_dirty_status,
 	.splice_read = be_splice_read,
 	.splice_write = be_splice_write,
+	.map_read = be_map_read,
+	.map_fault = be_map_fault,
 };
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,

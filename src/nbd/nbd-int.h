@@ -49,6 +49,10 @@ struct nbd_thread {
 	bool gate_draining;             /* a hold waits for executing == 0 */
 	struct ioc_co_queue held;       /* requests waiting at the gate */
 	struct ioc_task gate_task;      /* a gate change to apply here */
+	/* The end of the request that just finished inline, for the next one
+	 * parsed right after it to start from (conn.c, req_co()); 0 when a
+	 * recv, a send or a loop iteration came between: read the clock. */
+	int64_t clk;
 } IOC_CACHE_ALIGNED;
 
 
@@ -79,6 +83,10 @@ struct ioc_nbd_server {
 	 * zc_refuse, for tests, makes every socket refuse splice(2). */
 	size_t zc_read_min, zc_write_min;
 	bool zc_refuse;
+	/* READ replies may point into the image's mapping (conn.c sets the
+	 * connections' map_reads; off only for tests and A/B runs). */
+	bool map_reads;
+	bool map_all;                   /* IOC_NBD_TEST_MAP=all: map_small always */
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */

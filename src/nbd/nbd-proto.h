@@ -150,6 +150,7 @@
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
 #define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
 #define IOC_NBD_ZC_WRITE_MIN      (64u << 10)     /* writes this large are spliced (conn.c) */
+#define IOC_NBD_MAP_ALONE_MIN     (256u << 10)    /* lent alone on a thread (transmission.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16
 
 /* ---- big-endian access to unaligned bytes ------------------------------ */
@@ -249,6 +250,16 @@ struct ioc__nbd_backend_ops {
 	 * the request's coroutine, which may yield. */
 	int (*splice_write)(void *be, uint64_t offset, size_t len, int pipe_fd,
 			    uint32_t flags);
+	/* Reads without a copy to a buffer (NULL: none): a pointer to the
+	 * len bytes at offset, valid while the export lives and meant only
+	 * for the kernel to copy (ioc_blk_map_read()), or NULL: read the
+	 * ordinary way. */
+	const void *(*map_read)(void *be, uint64_t offset, size_t len);
+	/* The kernel failed to copy from what map_read lent (EFAULT: the
+	 * image was cut short underneath): stop lending, and read len bytes
+	 * at offset into buf the ordinary way, zeroes past the end of the
+	 * file.  0 or -errno.  Not a coroutine: it never waits. */
+	int (*map_fault)(void *be, uint64_t offset, void *buf, size_t len);
 };
 
 struct ioc__nbd_export {
@@ -310,6 +321,7 @@ struct ioc__nbd_req {
 	uint8_t *ext;                   /* block status payload (malloc) */
 	bool no_reply;                  /* DISC */
 	bool failed;                    /* the reply is an error */
+	bool mapped;                    /* READ data iovec lent by map_read */
 
 	void *transport;                /* the transport's per-request object */
 	/* READ data spliced into a pipe instead of buf: the reply iovec
@@ -375,9 +387,22 @@ struct ioc__nbd_conn {
 	 * a pipe (the transport's choice, from zc_write_min up) gives it
 	 * back once written. */
 	size_t zc_read_min, zc_write_min;
+	/* Set by a transport whose replies reach the socket by sendmsg, the
+	 * kernel copying from the iovecs: a READ in the clear may then point
+	 * its data iovec at the backend's map_read() instead of r->buf. */
+	bool map_reads;
+	/* Lend reads below IOC_NBD_MAP_ALONE_MIN too: set by the transport
+	 * while its thread serves other connections (transmission.c says
+	 * why one connection alone copies them). */
+	bool map_small;
 	struct ioc__nbd_pipe *(*zc_get)(struct ioc__nbd_req *r);
 	void (*zc_put)(struct ioc__nbd_req *r, struct ioc__nbd_pipe *p);
 };
+
+/* sendmsg failed with EFAULT: move the data of every READ from r on whose
+ * iovec points into the backend's mapping into its buffer (map_fault).
+ * Returns how many moved, or -errno. */
+int ioc__nbd_unmap_reads(const struct ioc__nbd_conn *c, struct ioc__nbd_req *r);
 
 /* Input bytes received and not yet consumed. */
 static inline size_t ioc__nbd_in_avail(const struct ioc__nbd_conn *c)

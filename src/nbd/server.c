@@ -148,6 +148,11 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 		srv->zc_refuse = true, srv->zc_read_min = IOC_NBD_ZC_WRITE_MIN;
 	else if (zc && *zc)
 		srv->zc_read_min = srv->zc_write_min = strtoul(zc, NULL, 0);
+	/* For tests and A/B runs: "off" sends every READ from a buffer,
+	 * "all" lends reads of any size on any thread. */
+	const char *map = getenv("IOC_NBD_TEST_MAP");
+	srv->map_reads = !(map && strcmp(map, "off") == 0);
+	srv->map_all = map && strcmp(map, "all") == 0;
 	pthread_mutex_init(&srv->gate_lock, NULL);
 	pthread_cond_init(&srv->gate_cond, NULL);
 	*out = srv;

@@ -1030,6 +1030,113 @@ static void test_writer(void)
 	free(path);
 }
 
+/* ---- reads lent from a mapping ------------------------------------- */
+
+#define MAP_IMG ((5u << 20) + 4096) /* three 2 MiB chunks, the last partial */
+
+struct map_arg {
+	struct ioc_blk *blk;
+	uint64_t size;
+	int ret;
+};
+
+static void map_truncate_body(void *opaque)
+{
+	struct map_arg *a = opaque;
+
+	a->ret = ioc_blk_co_truncate(a->blk, a->size, 0);
+}
+
+/* What ioc_blk_map_read() lends is the file's bytes at [off, off + len). */
+static void map_check(struct ioc_blk *blk, int fd, uint64_t off, size_t len)
+{
+	const uint8_t *p = ioc_blk_map_read(blk, off, len);
+	uint8_t *want = malloc(len);
+
+	ASSERT_NOT_NULL(p);
+	ASSERT_NOT_NULL(want);
+	ASSERT_EQ(pread(fd, want, len, (off_t)off), (ssize_t)len);
+	ASSERT_OK(memcmp(p, want, len));
+	free(want);
+}
+
+static void test_map_read(void)
+{
+	char *path = bt_make_image(NULL, "map.img", MAP_IMG, true);
+	char *sparse = bt_make_image(NULL, "sparse.img", MAP_IMG, false);
+	struct ioc_blk_opts nofast = { .no_fast_path = true };
+	struct map_arg a = { 0 };
+	struct ioc_blk *blk;
+	int fd = open(path, O_RDWR);
+
+	ASSERT_GE(fd, 0);
+	bt_get_loop();
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	if (!blk->never_waits) {
+		/* Not tmpfs without swap: never lent. */
+		ioc_test_diag("map_read: the test directory is not tmpfs without swap");
+		ASSERT_NULL(ioc_blk_map_read(blk, 0, 4096));
+		ioc_blk_close(blk);
+		goto out;
+	}
+	map_check(blk, fd, 0, 4096);
+	/* Mapped at a 2 MiB boundary, so that huge pages map whole. */
+	ASSERT_EQ((uintptr_t)ioc_blk_map_read(blk, 0, 4096) & ((2u << 20) - 1), 0);
+	map_check(blk, fd, (2u << 20) - 100, 200);     /* across a chunk edge */
+	map_check(blk, fd, MAP_IMG - 1, 1);
+	map_check(blk, fd, 0, MAP_IMG);
+	ASSERT_NULL(ioc_blk_map_read(blk, 0, 0));
+	ASSERT_NULL(ioc_blk_map_read(blk, MAP_IMG - 10, 20));
+	ASSERT_NULL(ioc_blk_map_read(blk, MAP_IMG + 4096, 1));
+	/* The same pages as the file: a later write shows through. */
+	const uint8_t *p = ioc_blk_map_read(blk, 8192, 4096);
+	ASSERT_NOT_NULL(p);
+	ASSERT_EQ(pwrite(fd, "fresh", 5, 8192 + 17), 5);
+	ASSERT_OK(memcmp(p + 17, "fresh", 5));
+	/* Cut short through the block layer: nothing lent past the end. */
+	a.blk = blk;
+	a.size = 3u << 20;
+	bt_run_co_fn(map_truncate_body, &a);
+	ASSERT_OK(a.ret);
+	ASSERT_NULL(ioc_blk_map_read(blk, 3u << 20, 4096));
+	map_check(blk, fd, (3u << 20) - 4096, 4096);
+	/* Cut short underneath: the kernel's copy out of a lent range past
+	 * the new end fails with EFAULT (no SIGBUS). */
+	p = ioc_blk_map_read(blk, (2u << 20) + 8192, 4096);
+	ASSERT_NOT_NULL(p);
+	ASSERT_OK(ftruncate(fd, 2u << 20));
+	int pp[2];
+	ASSERT_OK(pipe2(pp, O_CLOEXEC | O_NONBLOCK));
+	errno = 0;
+	ASSERT_EQ(write(pp[1], p, 4096), -1);
+	ASSERT_EQ(errno, EFAULT);
+	close(pp[0]);
+	close(pp[1]);
+	/* The fallback: pread, zeroes past the end, and nothing more lent. */
+	uint8_t got[8192], want[8192];
+	memset(got, 0xee, sizeof(got));
+	ASSERT_EQ(pread(fd, want, 4096, (2u << 20) - 4096), 4096);
+	memset(want + 4096, 0, 4096);
+	ASSERT_OK(ioc_blk_map_fault(blk, (2u << 20) - 4096, got, sizeof(got)));
+	ASSERT_OK(memcmp(got, want, sizeof(got)));
+	ASSERT_NULL(ioc_blk_map_read(blk, 0, 4096));
+	ioc_blk_close(blk);
+
+	/* A sparse image, the fast path off: never lent. */
+	ASSERT_OK(ioc_blk_open(&blk, sparse, NULL));
+	ASSERT_NULL(ioc_blk_map_read(blk, 0, 4096));
+	ioc_blk_close(blk);
+	ASSERT_OK(ioc_blk_open(&blk, path, &nofast));
+	ASSERT_NULL(ioc_blk_map_read(blk, 0, 4096));
+	ioc_blk_close(blk);
+out:
+	close(fd);
+	unlink(path);
+	unlink(sparse);
+	free(path);
+	free(sparse);
+}
+
 static void test_cleanup(void)
 {
 	rmdir(ioc_test_tmpdir());
@@ -1047,5 +1154,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_fast_path_ways),
 	IOC_TEST(test_splice_read),
 	IOC_TEST(test_writer),
+	IOC_TEST(test_map_read),
 	IOC_TEST(test_cleanup),
 )

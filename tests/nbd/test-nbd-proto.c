@@ -780,6 +780,74 @@ static uint16_t small_hole_read(bool tls)
 	return type;
 }
 
+/* A backend that lends every read from one static buffer. */
+static uint8_t lent_buf[2u << 20];
+
+static const void *lend_all(void *be, uint64_t off, size_t len)
+{
+	(void)be;
+	return off + len <= sizeof(lent_buf) ? lent_buf + off : NULL;
+}
+
+static int lend_fault(void *be, uint64_t off, void *buf, size_t len)
+{
+	(void)be;
+	memcpy(buf, lent_buf + off, len);
+	return 0;
+}
+
+/* Whether a plain READ of len bytes on a connection with map_small as
+ * given points its data iovec at what the backend lent. */
+static bool read_lent(size_t len, bool map_small)
+{
+	struct ioc__nbd_backend_ops ops;
+	struct core k;
+	struct ioc__nbd_req *r = NULL;
+	uint8_t *p;
+	bool lent;
+
+	core_open(&k, IOC__NBD_TLS_OFF);
+	core_opt(&k, NBD_OPT_EXPORT_NAME, "disk");
+	ASSERT_EQ(ioc__nbd_hs_step(&k.c), IOC_NBD_READY);
+	ops = *k.e->ops;
+	ops.map_read = lend_all;
+	ops.map_fault = lend_fault;
+	k.e->ops = &ops;
+	k.c.map_reads = true;
+	k.c.map_small = map_small;
+	ioc__nbd_conn_compact(&k.c);
+	p = k.c.in + k.c.in_end;
+	p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
+	p = ioc_nbd_st16(p, 0);
+	p = ioc_nbd_st16(p, NBD_CMD_READ);
+	p = ioc_nbd_st64(p, 9);
+	p = ioc_nbd_st64(p, 4096);
+	p = ioc_nbd_st32(p, (uint32_t)len);
+	k.c.in_end = (size_t)(p - k.c.in);
+	ASSERT_EQ(ioc__nbd_parse_request(&k.c, alloc_req, NULL, &r), IOC_NBD_READY);
+	ioc__nbd_execute(&k.c, r);
+	ASSERT_EQ(r->iovcnt, 2);
+	ASSERT_UEQ(r->iov[1].iov_len, len);
+	lent = r->iov[1].iov_base == lent_buf + 4096;
+	ASSERT_TRUE(lent || r->iov[1].iov_base == r->buf);
+	ASSERT_TRUE(lent == r->mapped);
+	free(r->buf);
+	free(r);
+	core_close(&k);
+	return lent;
+}
+
+/* Small reads are lent only while the thread has other connections
+ * (map_small); from IOC_NBD_MAP_ALONE_MIN on, always. */
+static void test_map_small_reads(void)
+{
+	ASSERT_FALSE(read_lent(4096, false));
+	ASSERT_TRUE(read_lent(4096, true));
+	ASSERT_FALSE(read_lent(IOC_NBD_MAP_ALONE_MIN - 4096, false));
+	ASSERT_TRUE(read_lent(IOC_NBD_MAP_ALONE_MIN, false));
+	ASSERT_TRUE(read_lent(IOC_NBD_MAP_ALONE_MIN, true));
+}
+
 /* Over TLS every byte costs the client a decryption, so reads of a page
  * or more look for holes; in the clear only from IOC_NBD_SPARSE_READ_MIN
  * (transmission.c says why). */
@@ -791,6 +859,7 @@ static void test_tls_small_reads_send_holes(void)
 
 IOC_TEST_MAIN(
 	IOC_TEST(test_tls_small_reads_send_holes),
+	IOC_TEST(test_map_small_reads),
 	IOC_TEST(test_tls_required),
 	IOC_TEST(test_tls_optional),
 	IOC_TEST(test_tls_after_start),
