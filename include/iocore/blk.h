@@ -130,9 +130,9 @@ ssize_t ioc_blk_splice_read(struct ioc_blk *blk, uint64_t offset, size_t len,
  * Where a read can be served without a copy to a buffer: a pointer to the
  * len bytes at offset in a shared read-only mapping of the image, valid
  * until ioc_blk_close(), or NULL (read the ordinary way).  Only for images
- * that never wait for I/O (tmpfs without swap) and were fully allocated at
- * open, with the fast path on and no fault hook, and only inside the size
- * both at open and now.  The bytes are the file's at the time they are
+ * that never wait for I/O (tmpfs without swap), were fully allocated at
+ * open and had nothing discarded or zeroed since, with the fast path on
+ * and no fault hook, and only inside the size both at open and now.  The bytes are the file's at the time they are
  * read, not of the call.  Meant to be handed to the kernel (an iovec for
  * sendmsg) and not touched from user space: if the file is cut short under
  * the mapping, the kernel's copy fails with EFAULT where a user-space

@@ -97,7 +97,7 @@ struct ioc_blk {
 	const uint8_t *map;
 	uint64_t map_len;
 	_Atomic uint64_t *map_filled;
-	_Atomic bool map_broken;     /* a copy from it failed: lend no more */
+	_Atomic bool map_broken;     /* a copy failed, or a hole: lend no more */
 	uint32_t mem_align;          /* buffer alignment for O_DIRECT, else 1 */
 	uint32_t req_align;          /* offset/length alignment, else 1 */
 	uint32_t opt_align;

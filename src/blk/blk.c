@@ -239,8 +239,9 @@ static void map_setup(struct ioc_blk *blk, const struct stat *st)
 
 const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
 {
-	/* Relaxed: pairs with the store in ioc_blk_map_fault(); a thread
-	 * that lends once more after it takes the same fallback. */
+	/* Relaxed: pairs with the stores in ioc_blk_map_fault() and
+	 * map_stop(); a thread that lends once more after the first takes
+	 * the same fallback, after the second reads zeroes from a hole. */
 	if (!blk->map || atomic_load_explicit(&blk->map_broken, memory_order_relaxed) ||
 	    !blk->never_waits || !blk->fast_path || blk->fault ||
 	    len == 0 || offset > blk->map_len || len > blk->map_len - offset ||
@@ -1237,6 +1238,21 @@ int ioc_coroutine_fn ioc_blk_co_flush(struct ioc_blk *blk, uint32_t flags)
 	return co_run(blk, BLK_OP_FLUSH, 0, 0, NULL, 0, flags, 0);
 }
 
+/*
+ * A discard or write-zeroes may punch a hole, and a read through the
+ * mapping faults a tmpfs hole back in as an allocated page: the memory
+ * the client freed would come back, and block status would report data
+ * there.  So the first of them ends lending for this image (ordinary
+ * reads see the hole as zeroes and leave it a hole).  Relaxed: pairs with
+ * the load in ioc_blk_map_read(); a read racing with the punch is
+ * unordered against it anyway, and at worst allocates one range again.
+ */
+static void map_stop(struct ioc_blk *blk)
+{
+	if (blk->map)
+		atomic_store_explicit(&blk->map_broken, true, memory_order_relaxed);
+}
+
 int ioc_coroutine_fn ioc_blk_co_discard(struct ioc_blk *blk, uint64_t offset,
 					uint64_t len, uint32_t flags)
 {
@@ -1244,6 +1260,7 @@ int ioc_coroutine_fn ioc_blk_co_discard(struct ioc_blk *blk, uint64_t offset,
 
 	if (ret < 0 || len == 0)
 		return ret;
+	map_stop(blk);
 	return co_run(blk, BLK_OP_DISCARD, offset, len, NULL, 0, flags, 0);
 }
 
@@ -1254,6 +1271,7 @@ int ioc_coroutine_fn ioc_blk_co_write_zeroes(struct ioc_blk *blk, uint64_t offse
 
 	if (ret < 0 || len == 0)
 		return ret;
+	map_stop(blk);
 	return co_run(blk, BLK_OP_ZEROES, offset, len, NULL, 0, flags, 0);
 }
 

@@ -1047,6 +1047,13 @@ static void map_truncate_body(void *opaque)
 	a->ret = ioc_blk_co_truncate(a->blk, a->size, 0);
 }
 
+static void map_discard_body(void *opaque)
+{
+	struct map_arg *a = opaque;
+
+	a->ret = ioc_blk_co_discard(a->blk, 1u << 20, 64u << 10, 0);
+}
+
 /* What ioc_blk_map_read() lends is the file's bytes at [off, off + len). */
 static void map_check(struct ioc_blk *blk, int fd, uint64_t off, size_t len)
 {
@@ -1120,6 +1127,19 @@ static void test_map_read(void)
 	ASSERT_OK(ioc_blk_map_fault(blk, (2u << 20) - 4096, got, sizeof(got)));
 	ASSERT_OK(memcmp(got, want, sizeof(got)));
 	ASSERT_NULL(ioc_blk_map_read(blk, 0, 4096));
+	ioc_blk_close(blk);
+
+	/* A discard ends lending: a read through the mapping would fault
+	 * the hole back in as an allocated page. */
+	ASSERT_OK(ftruncate(fd, MAP_IMG));
+	ASSERT_OK(fallocate(fd, 0, 0, MAP_IMG));
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	map_check(blk, fd, 1u << 20, 4096);
+	a.blk = blk;
+	bt_run_co_fn(map_discard_body, &a);
+	ASSERT_OK(a.ret);
+	ASSERT_NULL(ioc_blk_map_read(blk, 0, 4096));
+	ASSERT_NULL(ioc_blk_map_read(blk, 1u << 20, 4096));
 	ioc_blk_close(blk);
 
 	/* A sparse image, the fast path off: never lent. */
