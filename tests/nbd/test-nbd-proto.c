@@ -744,13 +744,28 @@ static struct ioc__nbd_req *alloc_req(void *opaque, size_t len)
 	return r;
 }
 
+/* Queue a plain (compact) READ request in k's input buffer. */
+static void put_read(struct core *k, uint64_t handle, uint64_t off, uint32_t len)
+{
+	uint8_t *p;
+
+	ioc__nbd_conn_compact(&k->c);
+	p = k->c.in + k->c.in_end;
+	p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
+	p = ioc_nbd_st16(p, 0);
+	p = ioc_nbd_st16(p, NBD_CMD_READ);
+	p = ioc_nbd_st64(p, handle);
+	p = ioc_nbd_st64(p, off);
+	p = ioc_nbd_st32(p, len);
+	k->c.in_end = (size_t)(p - k->c.in);
+}
+
 /* The chunk type of the first reply chunk to a 4 KiB structured READ of
  * an unwritten block, on a connection with or without TLS. */
 static uint16_t small_hole_read(bool tls)
 {
 	struct core k;
 	struct ioc__nbd_req *r = NULL;
-	uint8_t *p;
 	uint16_t type;
 
 	core_open(&k, IOC__NBD_TLS_ON);
@@ -759,15 +774,7 @@ static uint16_t small_hole_read(bool tls)
 	core_opt(&k, NBD_OPT_STRUCTURED_REPLY, NULL);
 	core_opt(&k, NBD_OPT_EXPORT_NAME, "disk");
 	ASSERT_EQ(ioc__nbd_hs_step(&k.c), IOC_NBD_READY);
-	ioc__nbd_conn_compact(&k.c);
-	p = k.c.in + k.c.in_end;
-	p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
-	p = ioc_nbd_st16(p, 0);
-	p = ioc_nbd_st16(p, NBD_CMD_READ);
-	p = ioc_nbd_st64(p, 7);
-	p = ioc_nbd_st64(p, 65536);
-	p = ioc_nbd_st32(p, 4096);
-	k.c.in_end = (size_t)(p - k.c.in);
+	put_read(&k, 7, 65536, 4096);
 	ASSERT_EQ(ioc__nbd_parse_request(&k.c, alloc_req, NULL, &r), IOC_NBD_READY);
 	ioc__nbd_execute(&k.c, r);
 	ASSERT_GE(r->iovcnt, 1);
@@ -803,7 +810,6 @@ static bool read_lent(size_t len, bool map_small)
 	struct ioc__nbd_backend_ops ops;
 	struct core k;
 	struct ioc__nbd_req *r = NULL;
-	uint8_t *p;
 	bool lent;
 
 	core_open(&k, IOC__NBD_TLS_OFF);
@@ -815,15 +821,7 @@ static bool read_lent(size_t len, bool map_small)
 	k.e->ops = &ops;
 	k.c.map_reads = true;
 	k.c.map_small = map_small;
-	ioc__nbd_conn_compact(&k.c);
-	p = k.c.in + k.c.in_end;
-	p = ioc_nbd_st32(p, NBD_MAGIC_REQUEST);
-	p = ioc_nbd_st16(p, 0);
-	p = ioc_nbd_st16(p, NBD_CMD_READ);
-	p = ioc_nbd_st64(p, 9);
-	p = ioc_nbd_st64(p, 4096);
-	p = ioc_nbd_st32(p, (uint32_t)len);
-	k.c.in_end = (size_t)(p - k.c.in);
+	put_read(&k, 9, 4096, (uint32_t)len);
 	ASSERT_EQ(ioc__nbd_parse_request(&k.c, alloc_req, NULL, &r), IOC_NBD_READY);
 	ioc__nbd_execute(&k.c, r);
 	ASSERT_EQ(r->iovcnt, 2);
