@@ -35,13 +35,16 @@ struct ioc__zip_fc_waiter {
 struct ioc__zip_fentry {
 	/* All under the shard lock. */
 	struct ioc__zip_fentry *hnext;          /* hash chain */
-	struct ioc__zip_fentry *cnext, *cprev;  /* CLOCK ring */
+	struct ioc__zip_fentry *cnext, *cprev;  /* CLOCK ring or FIFO */
 	struct ioc__zip_fc_waiter *waiters;
 	int state;
 	int error;
 	bool in_table;
-	bool used;                              /* CLOCK reference bit */
+	bool used;                              /* CLOCK reference bit; on
+						 * probation: read again */
+	bool probation;                         /* in the FIFO, not the ring */
 	/* Immutable after creation. */
+	bool pooled;                            /* data from the buffer pool */
 	uint64_t key;
 	size_t len;
 	/* Written by the creator until publish, read-only after. */
@@ -55,11 +58,17 @@ struct ioc__zip_fentry {
 
 struct ioc__zip_fcache_stats {
 	uint64_t hits, misses, evictions, bytes;
+	uint64_t admitted;      /* kept past probation: read again, or a
+				 * miss on a frame probation dropped lately */
+	uint64_t probation_bytes;
 };
 
 /* budget: bytes of decoded data kept (entries in use may push past it
- * until they are put).  nkeys_hint sizes the hash tables. */
-int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint);
+ * until they are put), a sixteenth of it on probation.  nkeys_hint sizes
+ * the hash tables; slot is the usual entry size (the pool recycles
+ * buffers of that size; 0: no pool). */
+int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint,
+			size_t slot);
 /* No entry may be referenced any more. */
 void ioc__zip_fcache_free(struct ioc__zip_fcache *c);
 

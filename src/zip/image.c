@@ -1105,7 +1105,14 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		}
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
-	r = ioc__zip_fcache_new(&img->cache, budget, img->nframes);
+	/* The pool's buffers fit the usual frame: iocore-zip's are all one
+	 * size but the last. */
+	size_t slot = 0;
+	for (size_t i = 0; i < img->nframes; i++)
+		if (img->frames[i].dsize <= img->max_cached && img->frames[i].dsize <= (1u << 20) &&
+		    img->frames[i].dsize > slot)
+			slot = (size_t)img->frames[i].dsize;
+	r = ioc__zip_fcache_new(&img->cache, budget, img->nframes, slot);
 	if (r < 0)
 		goto fail;
 	size_t big = 0;
@@ -1169,6 +1176,8 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	info->cache_misses = cs.misses;
 	info->cache_evictions = cs.evictions;
 	info->cache_bytes = cs.bytes;
+	info->cache_admitted = cs.admitted;
+	info->cache_probation_bytes = cs.probation_bytes;
 	info->decodes = atomic_load_explicit(&img->decodes, memory_order_relaxed);
 	info->readaheads = atomic_load_explicit(&img->readaheads, memory_order_relaxed);
 	info->stream_reads = atomic_load_explicit(&img->stream_reads, memory_order_relaxed);

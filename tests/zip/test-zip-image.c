@@ -476,6 +476,85 @@ static void test_direct_reads(void)
 	ioc_zip_image_close(img);
 }
 
+/* Admission: 16 KiB frames, a cache of 64 of them (4 on probation).
+ * Frames 8-15 of every 16 are text (see direct_reads): the n-th of them. */
+static size_t text_frame(unsigned n)
+{
+	return (size_t)n / 8 * 16 + 8 + n % 8;
+}
+
+static void admission_steps(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	/* A scan: 32 text frames read once each.  They pass through
+	 * probation and leave it: nothing is admitted, the cache holds no
+	 * more than probation's share. */
+	for (unsigned n = 0; n < 32; n++)
+		*ok &= check_range(img, text_frame(n) * SMALL + 100, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.cache_misses == 32 && info.cache_admitted == 0 && info.decodes == 32 &&
+	       info.cache_bytes == info.cache_probation_bytes &&
+	       info.cache_bytes <= 4 * SMALL && info.cache_evictions >= 28;
+	if (!*ok)
+		ioc_test_diag("scan: misses %llu admitted %llu bytes %llu evictions %llu",
+			      (unsigned long long)info.cache_misses,
+			      (unsigned long long)info.cache_admitted,
+			      (unsigned long long)info.cache_bytes,
+			      (unsigned long long)info.cache_evictions);
+	/* The same frames again: the ghost remembers most of the first 28
+	 * (the last 4 are still on probation; a key that lost its ghost slot
+	 * to another goes on probation again and pushes one of them out), so
+	 * they are kept now... */
+	for (unsigned n = 0; n < 32; n++)
+		*ok &= check_range(img, text_frame(n) * SMALL + 200, 4096);
+	ioc_zip_image_get_info(img, &info);
+	uint64_t hits2 = info.cache_hits;
+
+	*ok &= info.cache_admitted >= 24 && info.decodes <= 32 + 28 + 4;
+	/* ... and a third pass hits them. */
+	for (unsigned n = 0; n < 28; n++)
+		*ok &= check_range(img, text_frame(n) * SMALL + 300, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.cache_hits - hits2 >= 24;
+	if (!*ok)
+		ioc_test_diag("again: hits %llu then %llu, admitted %llu decodes %llu",
+			      (unsigned long long)hits2, (unsigned long long)info.cache_hits,
+			      (unsigned long long)info.cache_admitted,
+			      (unsigned long long)info.decodes);
+}
+
+/* 4 KiB reads walking through frames: probation keeps each frame from
+ * its first read to its last, so each is decoded once. */
+static void admission_walk(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	for (uint64_t off = 40 * SMALL; off < 48 * SMALL; off += 4096)
+		*ok &= check_range(img, off, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.decodes == 8 && info.cache_misses == 8 && info.cache_hits == 24;
+	if (!*ok)
+		ioc_test_diag("walk: decodes %llu misses %llu hits %llu",
+			      (unsigned long long)info.decodes,
+			      (unsigned long long)info.cache_misses,
+			      (unsigned long long)info.cache_hits);
+}
+
+static void test_admission(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .frame_cache = 64 * SMALL };
+	struct ioc_zip_image *img;
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	run_one(img, admission_steps);
+	ioc_zip_image_close(img);
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	run_one(img, admission_walk);
+	ioc_zip_image_close(img);
+}
+
 static void zero_frames_known_at_open(const char *file)
 {
 	struct ioc_zip_image *img;
@@ -536,5 +615,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_damaged_frame_inline),
 	IOC_TEST(test_readahead),
 	IOC_TEST(test_direct_reads),
+	IOC_TEST(test_admission),
 	IOC_TEST(cleanup),
 )
