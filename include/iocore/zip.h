@@ -311,6 +311,8 @@ struct ioc_zip_image_info {
 				     * buffer (frames a large read covers whole) */
 	uint64_t cache_admitted;    /* misses kept past probation (read again) */
 	uint64_t cache_probation_bytes; /* of cache_bytes, on probation */
+	uint64_t stored_reads;      /* stored (raw) frames read from the file
+				     * and checked, not decoded nor cached */
 };
 /* Any thread. */
 void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info);
