@@ -245,7 +245,7 @@ static void detach(struct ioc__zip_fcache *c, struct shard *s, struct ioc__zip_f
 	if (e->probation) {
 		ring_del(&s->fifo, e);
 		atomic_fetch_sub_explicit(&c->fifo_bytes, e->len, memory_order_relaxed);
-	} else {
+	} else if (!e->inplace) {
 		ring_del(&s->hand, e);
 	}
 	e->in_table = false;
@@ -470,6 +470,69 @@ struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t 
 	if (over_budget(c))
 		make_room(c);
 	return fresh;
+}
+
+struct ioc__zip_fentry *ioc__zip_fcache_claim(struct ioc__zip_fcache *c, uint64_t key,
+					      bool *created, int *state)
+{
+	size_t b;
+	struct shard *s = shard_of(c, key, &b);
+	struct ioc__zip_fentry *e, *fresh = calloc(1, sizeof(*fresh));
+
+	*created = false;
+	pthread_mutex_lock(&s->lock);
+	e = lookup(s, b, key);
+	if (e) {
+		hit(s, e, state);
+		pthread_mutex_unlock(&s->lock);
+		free(fresh);
+		return e;
+	}
+	if (!fresh) {
+		pthread_mutex_unlock(&s->lock);
+		return NULL;
+	}
+	/* No data, no bytes, in neither queue: only findable. */
+	fresh->key = key;
+	fresh->state = IOC__ZIP_FC_BUSY;
+	fresh->in_table = true;
+	fresh->inplace = true;
+	atomic_init(&fresh->refs, 2); /* the table's and the caller's */
+	fresh->hnext = s->buckets[b];
+	s->buckets[b] = fresh;
+	s->count++;
+	pthread_mutex_unlock(&s->lock);
+	*created = true;
+	*state = IOC__ZIP_FC_BUSY;
+	return fresh;
+}
+
+void ioc__zip_fcache_publish_inplace(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
+				     const uint8_t *src, int error)
+{
+	size_t b;
+	struct shard *s = shard_of(c, e->key, &b);
+	struct ioc__zip_fc_waiter *w;
+
+	pthread_mutex_lock(&s->lock);
+	e->error = error;
+	e->state = error ? IOC__ZIP_FC_FAILED : IOC__ZIP_FC_READY;
+	w = e->waiters;
+	e->waiters = NULL;
+	detach(c, s, e);
+	pthread_mutex_unlock(&s->lock);
+	while (w) {
+		/* As in publish: next first, the wake may end w's life.  The
+		 * copy comes before the wake, which orders it before the
+		 * waiter's reads. */
+		struct ioc__zip_fc_waiter *next = w->next;
+
+		if (!error && w->len)
+			memcpy(w->dst, src + w->lo, w->len);
+		ioc_co_await_done(&w->aw, error);
+		w = next;
+	}
+	unref(c, e);
 }
 
 bool ioc__zip_fcache_contains(struct ioc__zip_fcache *c, uint64_t key)

@@ -472,17 +472,19 @@ static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 #endif
 }
 
-/* [lo, lo + len) of frame i, a stored frame or so it seemed, into dst:
- * 0 or -errno.  On the calling thread: a pread and a checksum. */
-static int stored_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t *dst,
-		       size_t len)
+/* [lo, lo + len) of frame i into dst, not through the cache: read from
+ * the file (a stored frame) or decoded.  0 or -errno.  On the calling
+ * thread: for a stored frame a pread and a checksum. */
+static int frame_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t *dst,
+		      size_t len)
 {
 	const struct zframe *f = &img->frames[i];
 	struct dslot *s;
-	int r;
+	int r = 1;
 
 	if (lo == 0 && len == f->dsize) {
-		r = stored_read(img, i, dst);
+		if (maybe_stored(img, i))
+			r = stored_read(img, i, dst);
 		if (r == 1) {
 			r = decode_frame(img, i, dst);
 			atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
@@ -492,7 +494,8 @@ static int stored_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t
 	s = dslot_get(img, (size_t)f->dsize);
 	if (!s)
 		return -ENOMEM;
-	r = stored_read(img, i, s->cbuf);
+	if (maybe_stored(img, i))
+		r = stored_read(img, i, s->cbuf);
 	if (r == 1) {
 		r = decode_frame(img, i, s->cbuf);
 		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
@@ -822,10 +825,13 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 	struct {
 		struct ioc__zip_fentry *e;      /* NULL: decoded in place by xj,
 						 * or a stored frame */
+		struct ioc__zip_fentry *pe;     /* xj's claim on the frame */
 		struct xjob *xj;
 		size_t idx;
 		int state;
 		unsigned slot;                  /* in xj */
+		bool queued;                    /* w waits on e */
+		struct ioc__zip_fc_waiter w;
 	} batch[BATCH];
 	struct xjob *xjobs[BATCH];
 	uint8_t *dst = buf;
@@ -840,7 +846,10 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 	/* A larger read decodes the frames it covers whole, and nobody has
 	 * cached or is decoding, straight into buf on the pool: no cache
 	 * entry to fill (fresh memory costs more than the decode), no copy.
-	 * Concurrent readers of such a frame may both decode it. */
+	 * It claims each such frame in the cache first, so that a concurrent
+	 * reader of it waits and gets a copy instead of decoding it again.
+	 * No wait cycle: each reader serves its claims and waits on others'
+	 * in frame order, so the lowest frame waited on is always served. */
 	bool direct_ok = !inline_ok;
 
 	if (flags || end < off || end > img->size)
@@ -864,14 +873,38 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 
 			if (is_zero(img, k) || f->dsize > img->max_cached || !f->dsize)
 				continue;
+			/* The part of frame k this read wants. */
+			uint64_t from = f->doff > boff ? f->doff : boff;
+			uint64_t to = f->doff + f->dsize < end ? f->doff + f->dsize : end;
+
 			batch[n].idx = k;
 			batch[n].xj = NULL;
 			batch[n].e = NULL;
-			if (direct_ok && f->doff >= boff && f->doff + f->dsize <= end &&
-			    (maybe_stored(img, k) || !ioc__zip_fcache_contains(img->cache, k))) {
+			batch[n].pe = NULL;
+			batch[n].queued = false;
+			batch[n].w = (struct ioc__zip_fc_waiter){
+				.dst = dst + (from - boff), .lo = from - f->doff, .len = to - from,
+			};
+			if (direct_ok && f->doff >= boff && f->doff + f->dsize <= end) {
 				if (!xj && (xj = calloc(1, sizeof(*xj))) != NULL) {
 					xj->img = img;
 					xjobs[nx++] = xj;
+				}
+				if (xj && !maybe_stored(img, k)) {
+					struct ioc__zip_fentry *pe;
+
+					pe = ioc__zip_fcache_claim(img->cache, k, &created,
+								   &batch[n].state);
+					if (!pe) {
+						ret = -ENOMEM;
+						break;
+					}
+					if (!created) {
+						/* Cached or being decoded. */
+						batch[n].e = pe;
+						goto got;
+					}
+					batch[n].pe = pe;
 				}
 				if (xj) {
 					xj->f[xj->n].idx = k;
@@ -903,6 +936,15 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 				decode_publish(img, k, batch[n].e);
 			else if (created)
 				jobber_add(&jb, k, batch[n].e);
+got:
+			/* Queue for a frame being decoded now, not in pass 2: a
+			 * frame decoded in place is served (copied to us) only
+			 * if we are queued when its decoder publishes it, and
+			 * it publishes a job's frames in a row. */
+			if (batch[n].state == IOC__ZIP_FC_BUSY)
+				batch[n].queued = !ioc__zip_fcache_wait_prepare(img->cache,
+										batch[n].e,
+										&batch[n].w);
 			n++;
 		}
 		jobber_submit(&jb);
@@ -923,28 +965,39 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 					j->waited = true;
 				}
 				r = j->f[batch[b].slot].r;
+				if (batch[b].pe) {
+					ioc__zip_fcache_publish_inplace(img->cache, batch[b].pe,
+									j->f[batch[b].slot].dst, r);
+					ioc__zip_fcache_put(img->cache, batch[b].pe);
+				}
 				if (r < 0 && !ret)
 					ret = r == -ENOMEM ? -ENOMEM : -EIO;
 				b++;
 			} else if (b < n && batch[b].idx == i && !batch[b].e) {
-				int r = stored_part(img, i, lo, dst + (off - boff), part);
+				int r = frame_part(img, i, lo, dst + (off - boff), part);
 
 				if (r < 0 && !ret)
 					ret = r == -ENOMEM ? -ENOMEM : -EIO;
 				b++;
 			} else if (b < n && batch[b].idx == i) {
 				struct ioc__zip_fentry *e = batch[b].e;
-				struct ioc__zip_fc_waiter w;
+				bool waited = batch[b].queued;
 				int st = 0;
 
-				if (batch[b].state == IOC__ZIP_FC_BUSY &&
-				    !ioc__zip_fcache_wait_prepare(img->cache, e, &w))
-					st = (int)ioc_co_await(&w.aw);
+				if (waited)
+					st = (int)ioc_co_await(&batch[b].w.aw);
 				/* Final now: ordered by the shard lock or the wake. */
-				if (st == 0 && e->state == IOC__ZIP_FC_READY)
+				if (e->inplace && e->state == IOC__ZIP_FC_READY && !waited)
+					/* Served before we queued: no bytes for us. */
+					st = frame_part(img, i, lo, dst + (off - boff), part);
+				else if (e->inplace && st == 0 && e->state == IOC__ZIP_FC_READY)
+					; /* copied by the decoder before the wake */
+				else if (st == 0 && e->state == IOC__ZIP_FC_READY)
 					memcpy(dst + (off - boff), e->data + lo, part);
-				else if (!ret)
-					ret = e->error == -ENOMEM ? -ENOMEM : -EIO;
+				else
+					st = e->error == -ENOMEM ? -ENOMEM : -EIO;
+				if (st < 0 && !ret)
+					ret = st == -ENOMEM ? -ENOMEM : -EIO;
 				ioc__zip_fcache_put(img->cache, e);
 				b++;
 			} else if (is_zero(img, i) || !f->dsize) {
@@ -963,15 +1016,26 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 			if (lo + part == f->dsize)
 				i++;
 		}
-		/* Entries left over after an ENOMEM in pass 1. */
+		/* Entries left over after an ENOMEM in pass 1, and claims
+		 * other readers may be waiting on. */
 		for (; b < n; b++) {
-			struct ioc__zip_fc_waiter w;
+			if (batch[b].pe) {
+				struct xjob *j = batch[b].xj;
 
+				if (!j->waited) {
+					ioc_co_await(&j->aw);
+					j->waited = true;
+				}
+				ioc__zip_fcache_publish_inplace(img->cache, batch[b].pe,
+								j->f[batch[b].slot].dst,
+								j->f[batch[b].slot].r);
+				ioc__zip_fcache_put(img->cache, batch[b].pe);
+			}
 			if (!batch[b].e)
 				continue;
-			if (batch[b].state == IOC__ZIP_FC_BUSY &&
-			    !ioc__zip_fcache_wait_prepare(img->cache, batch[b].e, &w))
-				ioc_co_await(&w.aw);
+			/* Queued: its publisher may still copy into buf. */
+			if (batch[b].queued)
+				ioc_co_await(&batch[b].w.aw);
 			ioc__zip_fcache_put(img->cache, batch[b].e);
 		}
 		/* The pool may still write into buf: wait for every job. */

@@ -17,6 +17,8 @@
  *     their checksum checked (a damaged one fails with EIO);
  *   - a scan admits nothing past probation, frames read again are kept,
  *     4 KiB reads walking through frames decode each once;
+ *   - concurrent large reads of the same frames decode them once in
+ *     place, the others (and small reads inside) get copies;
  *   - a large read ending on a frame boundary reads ahead (the frames
  *     after it are then hits), a small read of a small frame does not;
  *   - all-zero frames are known at open, before any read, zstd RLE frames
@@ -574,6 +576,64 @@ static void test_admission(void)
 	ioc_zip_image_close(img);
 }
 
+/* Two large reads of the same frames at once and a small read inside
+ * them, all on one thread: the first claims frames 8-15 (text) and
+ * decodes them into its buffer; the others, started while it waits for
+ * the pool, wait on its claims and get copies.  Each frame is decoded
+ * once.  Then the same on two threads (bytes only: who comes first is
+ * up to the scheduler). */
+static void test_inplace_decoded_once(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	struct ioc_iothread *th[2];
+	struct reader rd[2][3];
+	struct spawn sp[2];
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	done.left = 3;
+	done.bad = 0;
+	ASSERT_OK(ioc_iothread_start(&th[0], NULL));
+	rd[0][0] = (struct reader){ .img = img, .reads = 1, .off = 8 * SMALL, .len = 8 * SMALL };
+	rd[0][1] = rd[0][0];
+	rd[0][2] = (struct reader){ .img = img, .reads = 1, .off = 9 * SMALL + 100, .len = 4096 };
+	sp[0] = (struct spawn){ rd[0], 3 };
+	ASSERT_OK(ioc_iothread_call(th[0], spawn_fn, &sp[0]));
+	wait_readers();
+	ioc_iothread_stop(th[0]);
+	ASSERT_EQ(done.bad, 0);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.decodes, 8);
+	ASSERT_UEQ(info.direct_decodes, 8);
+	ASSERT_UEQ(info.cache_hits, 9);
+	ASSERT_UEQ(info.cache_bytes, 0);
+	ASSERT_UEQ(info.errors, 0);
+
+	/* Frames 24-31 (text), from two threads at once. */
+	done.left = 6;
+	done.bad = 0;
+	for (int t = 0; t < 2; t++) {
+		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
+		rd[t][0] = (struct reader){ .img = img, .reads = 1, .off = 24 * SMALL,
+					    .len = 8 * SMALL };
+		rd[t][1] = rd[t][0];
+		rd[t][2] = (struct reader){ .img = img, .reads = 1,
+					    .off = (26 + (unsigned)t) * SMALL + 100, .len = 4096 };
+		sp[t] = (struct spawn){ rd[t], 3 };
+	}
+	for (int t = 0; t < 2; t++)
+		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
+	wait_readers();
+	for (int t = 0; t < 2; t++)
+		ioc_iothread_stop(th[t]);
+	ASSERT_EQ(done.bad, 0);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 0);
+	ioc_zip_image_close(img);
+}
+
 static void zero_frames_known_at_open(const char *file)
 {
 	struct ioc_zip_image *img;
@@ -635,5 +695,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_readahead),
 	IOC_TEST(test_direct_reads),
 	IOC_TEST(test_admission),
+	IOC_TEST(test_inplace_decoded_once),
 	IOC_TEST(cleanup),
 )
