@@ -13,7 +13,7 @@ set -eu
 # Build: toolchain, Meson, the libraries libiocore links, and scdoc for
 # the man pages.
 BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
-       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev
+       liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev libxxhash-dev
        libgnutls28-dev libjansson-dev scdoc"
 # Tests: real clients and tools the integration tests drive (groff renders
 # the man pages; systemd has systemd-socket-activate, systemd-analyze and

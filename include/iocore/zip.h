@@ -258,8 +258,10 @@ struct ioc_zip_image;
 
 struct ioc_zip_image_opts {
 	size_t frame_cache;         /* bytes of decoded frames kept; 0 = 256 MiB.
-				     * Frames above half of it are not cached
-				     * but decoded from their start per read. */
+				     * A sixteenth holds frames read once (on
+				     * probation); frames above half of it are
+				     * not cached but decoded from their start
+				     * per read. */
 	bool no_readahead;          /* do not decode the next frame when a read
 				     * ends on a frame's last byte */
 	/* Open-time notes and decode errors (naming the offsets); any
@@ -307,6 +309,10 @@ struct ioc_zip_image_info {
 	uint64_t decodes, readaheads, stream_reads, errors;
 	uint64_t direct_decodes;    /* of those decodes, straight into a read's
 				     * buffer (frames a large read covers whole) */
+	uint64_t cache_admitted;    /* misses kept past probation (read again) */
+	uint64_t cache_probation_bytes; /* of cache_bytes, on probation */
+	uint64_t stored_reads;      /* stored (raw) frames read from the file
+				     * and checked, not decoded nor cached */
 };
 /* Any thread. */
 void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info);

@@ -2,41 +2,51 @@
  * Frame cache: decoded frames of a compressed image, shared by every
  * connection and I/O thread that reads it.
  *
- * Problem: decoding a 256 KiB zstd frame costs ~100 us of CPU, a cache hit
- * a memcpy.  Readers on several I/O threads hit the same hot frames (a boot
- * disk's first megabytes), and two readers of one cold frame must not both
- * decode it.  nbdkit's xz filter keeps an LRU of 8 blocks per connection,
- * so every connection decodes the same frames again.
+ * Problem: a hit costs a memcpy, a miss a decode; readers on several I/O
+ * threads hit the same hot frames, and two readers of one cold frame must
+ * not both decode it.  A first pass over an image (a scan, a boot, a
+ * benchmark's cold run) touches most frames once: keeping each in fresh
+ * memory costs more than its decode (page faults, heap growth: ~10 us per
+ * 16 KiB frame in a VM) and pushes out frames that are read again.
  *
- * Design: one cache per image, split into 16 shards by a hash of the key,
- * each with its own mutex, hash chains and CLOCK ring, so threads reading
- * different frames rarely meet on a lock and a hit costs one uncontended
- * lock/unlock plus a reference increment.  An entry is created BUSY by the
- * first reader that misses (it owns the decode); later readers take a
- * reference and queue a waiter (a node on their own stack holding a
- * struct ioc_co_await) under the shard lock.  Publish moves the entry to
- * READY under the same lock and wakes the queued waiters after unlocking;
- * a waiter queued before the state change is always in the list publish
- * takes, and one arriving after sees READY and does not queue: no lost
- * wakeup, because both sides decide under the shard lock.  Data written by
- * the decoder before publish is visible to readers through that lock (or
- * through ioc_co_await, which orders the wake after publish's unlock).
+ * Design: 16 shards by a hash of the key, each with its own mutex, hash
+ * chains, CLOCK ring (the main cache) and FIFO (probation), so threads
+ * reading different frames rarely meet on a lock.  A miss creates a BUSY
+ * entry (its creator decodes); later readers take a reference and queue a
+ * waiter (on their stack) under the shard lock; publish makes it READY
+ * under that lock and wakes the queue after unlocking.  A waiter queued
+ * before the state change is in the list publish takes, one arriving
+ * after sees READY: both decide under the lock, no lost wakeup, and the
+ * decoder's writes are ordered before the readers' by it (or by
+ * ioc_co_await).
  *
- * Memory: a global byte count (atomic) of the data held by the table.  An
- * insert that pushes it past the budget evicts with CLOCK: the hand of a
- * shard passes entries that are in use (a reader's reference or BUSY) and
- * clears reference bits, and evicts the first idle entry whose bit is
- * clear; shards are tried in turn starting from the inserter's own, one
- * lock at a time (never two held together).  When every entry is in use
- * the cache overshoots, and each put evicts again until it is back under
- * the budget; evicted entries live until their last reference is dropped.
+ * Admission (S3-FIFO's small queue and ghost): a new entry goes on
+ * probation, a FIFO holding a sixteenth of the budget, its data in a
+ * buffer from a pool of recycled ones (memory already touched).  When
+ * probation is over its share, its oldest idle entry moves to the ring
+ * if it was read again meanwhile (a second reader, the next 4 KiB of a
+ * sequential walk), else it leaves, its buffer back to the pool, its key
+ * into a small direct-mapped table of recently dropped keys (the ghost,
+ * one slot per frame the ring holds, overwritten on collision: that is
+ * its ageing).  A miss whose key the ghost still holds goes straight to
+ * the ring.  The ring evicts with CLOCK: the hand passes entries in use
+ * (a reference or BUSY), clears reference bits, evicts the first idle
+ * entry with a clear bit.  Shards are tried in turn, one lock at a time;
+ * when every entry is in use the cache overshoots and each put evicts
+ * until it is back under budget; evicted entries live until their last
+ * reference is dropped.  Buffers freed by either queue go back to the
+ * pool while it holds less than probation's share, else to malloc.
  *
- * Rejected: one global LRU list under one lock (every hit writes the list
- * head: the lock line bounces between I/O threads); a lock-free hash with
- * hazard pointers (much more code for a path that costs a memcpy of 4 KiB
- * or more anyway); per-thread caches (the duplication this replaces).
- * FAILED entries leave the table at once, so a transient read error is
- * retried by the next reader and a corrupt frame fails every time.
+ * Rejected: admitting every miss (a scan fills the budget with frames
+ * never read again, in fresh memory); a doorkeeper alone with no
+ * probation (a sequential 4 KiB walk would decode each frame twice:
+ * once to record it, again on the second touch); a bitmap with a bit per
+ * frame of the image (memory grows with the image, not the budget); one
+ * global LRU under one lock (every hit writes the list head); a
+ * lock-free hash (much more code for a path that costs a memcpy anyway);
+ * per-thread caches (each decodes the same frames).  FAILED entries leave
+ * the table at once: a transient read error is retried, a corrupt frame
+ * fails every time.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -52,20 +62,30 @@ struct shard {
 	pthread_mutex_t lock;
 	struct ioc__zip_fentry **buckets;
 	size_t mask;
-	struct ioc__zip_fentry *hand;   /* CLOCK hand; NULL when empty */
+	struct ioc__zip_fentry *hand;   /* CLOCK hand; NULL when the ring is empty */
+	struct ioc__zip_fentry *fifo;   /* probation's oldest; NULL when empty */
 	size_t count;                   /* entries in the table */
-	uint64_t hits, misses, evictions; /* under lock */
+	uint64_t *ghost;                /* key + 1 of dropped entries; 0 = empty */
+	size_t gmask;
+	uint64_t hits, misses, evictions, admitted; /* under lock */
 } IOC_CACHE_ALIGNED;
 
 struct ioc__zip_fcache {
 	struct shard shards[NSHARDS];
-	size_t budget;
-	/* Bytes of data held by the table: added at insert, subtracted at
-	 * removal; relaxed, it only steers eviction. */
+	size_t budget, fifo_budget, slot;
+	/* Bytes of data held by the table (ring and probation) and by
+	 * probation alone: added at insert, subtracted at removal or
+	 * promotion; relaxed, they only steer eviction. */
 	_Atomic size_t bytes IOC_CACHE_ALIGNED;
+	_Atomic size_t fifo_bytes;
 	/* Shard to start evicting from: relaxed fetch_add, no pairing (any
 	 * value is a valid start; it only spreads evictions). */
 	_Atomic unsigned next_victim;
+	/* Recycled buffers of slot bytes, LIFO (the last freed is the
+	 * likeliest still in the CPU's caches). */
+	pthread_mutex_t pool_lock IOC_CACHE_ALIGNED;
+	void **pool;
+	size_t pool_n, pool_max;
 };
 
 static uint64_t mix(uint64_t k)
@@ -85,50 +105,135 @@ static struct shard *shard_of(struct ioc__zip_fcache *c, uint64_t key, size_t *b
 	return s;
 }
 
-int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint)
+static size_t ghost_slot(const struct shard *s, uint64_t key)
+{
+	return (size_t)(mix(key) >> 40) & s->gmask;
+}
+
+int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint,
+			size_t slot)
 {
 	struct ioc__zip_fcache *c = aligned_alloc(IOC_CACHELINE,
 						 (sizeof(*c) + IOC_CACHELINE - 1) &
 						 ~(size_t)(IOC_CACHELINE - 1));
-	size_t nb = 16;
+	size_t nb = 16, ng = 8, ring_keys;
 
 	if (!c)
 		return -ENOMEM;
 	memset(c, 0, sizeof(*c));
+	pthread_mutex_init(&c->pool_lock, NULL);
+	for (unsigned i = 0; i < NSHARDS; i++)
+		pthread_mutex_init(&c->shards[i].lock, NULL);
+	c->budget = budget;
+	c->fifo_budget = budget / 16;
+	c->slot = slot;
+	/* The ghost remembers about as many keys as the ring holds frames. */
+	ring_keys = (budget - c->fifo_budget) / (slot > 4096 ? slot : 4096);
 	while (nb < nkeys_hint / NSHARDS && nb < (1u << 20))
 		nb <<= 1;
-	for (unsigned i = 0; i < NSHARDS; i++) {
-		struct shard *s = &c->shards[i];
-
-		pthread_mutex_init(&s->lock, NULL);
-		s->mask = nb - 1;
-		s->buckets = calloc(nb, sizeof(*s->buckets));
-		if (!s->buckets) {
+	while (ng < ring_keys / NSHARDS && ng < (1u << 20))
+		ng <<= 1;
+	if (slot) {
+		c->pool_max = c->fifo_budget / slot > 8 ? c->fifo_budget / slot : 8;
+		c->pool = calloc(c->pool_max, sizeof(*c->pool));
+		if (!c->pool) {
 			ioc__zip_fcache_free(c);
 			return -ENOMEM;
 		}
 	}
-	c->budget = budget;
+	for (unsigned i = 0; i < NSHARDS; i++) {
+		struct shard *s = &c->shards[i];
+
+		s->mask = nb - 1;
+		s->buckets = calloc(nb, sizeof(*s->buckets));
+		s->gmask = ng - 1;
+		s->ghost = calloc(ng, sizeof(*s->ghost));
+		if (!s->buckets || !s->ghost) {
+			ioc__zip_fcache_free(c);
+			return -ENOMEM;
+		}
+	}
 	*out = c;
 	return 0;
 }
 
-static void entry_free(struct ioc__zip_fentry *e)
+/* ---- buffers -------------------------------------------------------- */
+
+static void *buf_get(struct ioc__zip_fcache *c, size_t len, bool *pooled)
 {
-	free(e->data);
+	void *p = NULL;
+
+	*pooled = c->slot && len <= c->slot;
+	if (!*pooled)
+		return malloc(len ? len : 1);
+	pthread_mutex_lock(&c->pool_lock);
+	if (c->pool_n)
+		p = c->pool[--c->pool_n];
+	pthread_mutex_unlock(&c->pool_lock);
+	return p ? p : malloc(c->slot);
+}
+
+static void buf_put(struct ioc__zip_fcache *c, void *p, bool pooled)
+{
+	if (pooled) {
+		pthread_mutex_lock(&c->pool_lock);
+		if (c->pool_n < c->pool_max) {
+			c->pool[c->pool_n++] = p;
+			p = NULL;
+		}
+		pthread_mutex_unlock(&c->pool_lock);
+	}
+	free(p);
+}
+
+static void entry_free(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e)
+{
+	buf_put(c, e->data, e->pooled);
 	free(e);
 }
 
-static void unref(struct ioc__zip_fentry *e)
+static void unref(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e)
 {
 	/* Pairs with the other decrements: the thread that frees sees every
 	 * write made by earlier holders. */
 	if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
-		entry_free(e);
+		entry_free(c, e);
 }
 
-/* Remove e from its shard's table and ring.  Shard lock held.  The
- * table's reference is the caller's to drop (after unlocking). */
+/* ---- rings ---------------------------------------------------------- */
+
+/* Append e to the circular list whose oldest is *head (the tail is the
+ * entry before it: for the CLOCK ring, just behind the hand, the last
+ * place it looks). */
+static void ring_add(struct ioc__zip_fentry **head, struct ioc__zip_fentry *e)
+{
+	struct ioc__zip_fentry *h = *head;
+
+	if (h) {
+		e->cnext = h;
+		e->cprev = h->cprev;
+		h->cprev->cnext = e;
+		h->cprev = e;
+	} else {
+		e->cnext = e->cprev = e;
+		*head = e;
+	}
+}
+
+static void ring_del(struct ioc__zip_fentry **head, struct ioc__zip_fentry *e)
+{
+	if (e->cnext == e) {
+		*head = NULL;
+	} else {
+		e->cprev->cnext = e->cnext;
+		e->cnext->cprev = e->cprev;
+		if (*head == e)
+			*head = e->cnext;
+	}
+}
+
+/* Remove e from its shard's table and ring or FIFO.  Shard lock held.
+ * The table's reference is the caller's to drop (after unlocking). */
 static void detach(struct ioc__zip_fcache *c, struct shard *s, struct ioc__zip_fentry *e)
 {
 	size_t b = (size_t)(mix(e->key) / NSHARDS) & s->mask;
@@ -137,13 +242,11 @@ static void detach(struct ioc__zip_fcache *c, struct shard *s, struct ioc__zip_f
 	while (*pp != e)
 		pp = &(*pp)->hnext;
 	*pp = e->hnext;
-	if (e->cnext == e) {
-		s->hand = NULL;
-	} else {
-		e->cprev->cnext = e->cnext;
-		e->cnext->cprev = e->cprev;
-		if (s->hand == e)
-			s->hand = e->cnext;
+	if (e->probation) {
+		ring_del(&s->fifo, e);
+		atomic_fetch_sub_explicit(&c->fifo_bytes, e->len, memory_order_relaxed);
+	} else if (!e->inplace) {
+		ring_del(&s->hand, e);
 	}
 	e->in_table = false;
 	s->count--;
@@ -157,15 +260,20 @@ void ioc__zip_fcache_free(struct ioc__zip_fcache *c)
 	for (unsigned i = 0; i < NSHARDS; i++) {
 		struct shard *s = &c->shards[i];
 
-		while (s->hand) {
-			struct ioc__zip_fentry *e = s->hand;
+		while (s->hand || s->fifo) {
+			struct ioc__zip_fentry *e = s->hand ? s->hand : s->fifo;
 
 			detach(c, s, e);
-			unref(e);
+			unref(c, e);
 		}
 		free(s->buckets);
+		free(s->ghost);
 		pthread_mutex_destroy(&s->lock);
 	}
+	while (c->pool_n)
+		free(c->pool[--c->pool_n]);
+	free(c->pool);
+	pthread_mutex_destroy(&c->pool_lock);
 	free(c);
 }
 
@@ -177,8 +285,16 @@ static struct ioc__zip_fentry *lookup(struct shard *s, size_t b, uint64_t key)
 	return NULL;
 }
 
-/* One CLOCK sweep of s: evict one idle entry.  Returns the entry (the
- * table's reference now the caller's) or NULL.  Shard lock held. */
+/* Only the table holds e and its data is final.  Shard lock held: the
+ * reference count is raised only under it, so it cannot rise under us. */
+static bool idle(const struct ioc__zip_fentry *e)
+{
+	return e->state == IOC__ZIP_FC_READY &&
+	       atomic_load_explicit(&e->refs, memory_order_relaxed) == 1;
+}
+
+/* One CLOCK sweep of s's ring: evict one idle entry.  Returns the entry
+ * (the table's reference now the caller's) or NULL.  Shard lock held. */
 static struct ioc__zip_fentry *clock_evict(struct ioc__zip_fcache *c, struct shard *s)
 {
 	struct ioc__zip_fentry *e = s->hand;
@@ -189,20 +305,52 @@ static struct ioc__zip_fentry *clock_evict(struct ioc__zip_fcache *c, struct sha
 	/* Two turns of the ring at most: the first clears reference bits. */
 	limit = 2 * s->count + 1;
 	while (steps++ < limit) {
-		/* refs == 1: only the table holds it (increments happen under
-		 * this lock, so it cannot change under us but downwards). */
-		bool idle = e->state == IOC__ZIP_FC_READY &&
-			    atomic_load_explicit(&e->refs, memory_order_relaxed) == 1;
+		bool ok = idle(e);
 
-		if (idle && !e->used) {
+		if (ok && !e->used) {
 			detach(c, s, e);
 			s->evictions++;
 			return e;
 		}
-		if (idle)
+		if (ok)
 			e->used = false;
 		e = e->cnext;
 		s->hand = e;
+	}
+	return NULL;
+}
+
+/* Take the oldest idle entry off s's probation: into the ring if it was
+ * read again (returns NULL, *moved set), else out of the table with its
+ * key in the ghost (returned: the table's reference is the caller's).
+ * Entries in use are passed over (requeued behind the others).  Shard
+ * lock held. */
+static struct ioc__zip_fentry *fifo_evict(struct ioc__zip_fcache *c, struct shard *s,
+					  bool *moved)
+{
+	size_t n = s->count + 1;
+
+	*moved = false;
+	while (s->fifo && n--) {
+		struct ioc__zip_fentry *e = s->fifo;
+
+		if (!idle(e)) {
+			s->fifo = e->cnext;
+			continue;
+		}
+		if (e->used) {
+			ring_del(&s->fifo, e);
+			atomic_fetch_sub_explicit(&c->fifo_bytes, e->len, memory_order_relaxed);
+			e->probation = false;
+			ring_add(&s->hand, e);
+			s->admitted++;
+			*moved = true;
+			return NULL;
+		}
+		detach(c, s, e);
+		s->ghost[ghost_slot(s, e->key)] = e->key + 1;
+		s->evictions++;
+		return e;
 	}
 	return NULL;
 }
@@ -212,6 +360,20 @@ static void make_room(struct ioc__zip_fcache *c)
 	unsigned start = atomic_fetch_add_explicit(&c->next_victim, 1, memory_order_relaxed);
 	unsigned fruitless = 0;
 
+	while (atomic_load_explicit(&c->fifo_bytes, memory_order_relaxed) > c->fifo_budget &&
+	       fruitless < NSHARDS) {
+		struct shard *s = &c->shards[start++ % NSHARDS];
+		struct ioc__zip_fentry *victim;
+		bool moved;
+
+		pthread_mutex_lock(&s->lock);
+		victim = fifo_evict(c, s, &moved);
+		pthread_mutex_unlock(&s->lock);
+		if (victim)
+			unref(c, victim);
+		fruitless = victim || moved ? 0 : fruitless + 1;
+	}
+	fruitless = 0;
 	while (atomic_load_explicit(&c->bytes, memory_order_relaxed) > c->budget &&
 	       fruitless < NSHARDS) {
 		struct shard *s = &c->shards[start++ % NSHARDS];
@@ -222,17 +384,33 @@ static void make_room(struct ioc__zip_fcache *c)
 		pthread_mutex_unlock(&s->lock);
 		if (victim) {
 			fruitless = 0;
-			unref(victim);
+			unref(c, victim);
 		} else {
 			fruitless++;
 		}
 	}
 }
 
+static bool over_budget(struct ioc__zip_fcache *c)
+{
+	return atomic_load_explicit(&c->bytes, memory_order_relaxed) > c->budget ||
+	       atomic_load_explicit(&c->fifo_bytes, memory_order_relaxed) > c->fifo_budget;
+}
+
+/* A reader's reference to e, found in the table.  Shard lock held. */
+static struct ioc__zip_fentry *hit(struct shard *s, struct ioc__zip_fentry *e, int *state)
+{
+	s->hits++;
+	e->used = true;
+	atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+	*state = e->state;
+	return e;
+}
+
 struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t key,
 					    size_t len, bool *created, int *state)
 {
-	size_t b;
+	size_t b, g;
 	struct shard *s = shard_of(c, key, &b);
 	struct ioc__zip_fentry *e, *fresh;
 
@@ -240,10 +418,7 @@ struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t 
 	pthread_mutex_lock(&s->lock);
 	e = lookup(s, b, key);
 	if (e) {
-		s->hits++;
-		e->used = true;
-		atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
-		*state = e->state;
+		hit(s, e, state);
 		pthread_mutex_unlock(&s->lock);
 		return e;
 	}
@@ -253,7 +428,7 @@ struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t 
 	 * inserted first. */
 	fresh = calloc(1, sizeof(*fresh));
 	if (fresh)
-		fresh->data = malloc(len ? len : 1);
+		fresh->data = buf_get(c, len, &fresh->pooled);
 	if (!fresh || !fresh->data) {
 		free(fresh);
 		return NULL;
@@ -262,40 +437,102 @@ struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t 
 	fresh->len = len;
 	fresh->state = IOC__ZIP_FC_BUSY;
 	fresh->in_table = true;
-	fresh->used = true;
 	atomic_init(&fresh->refs, 2); /* the table's and the caller's */
 
 	pthread_mutex_lock(&s->lock);
 	e = lookup(s, b, key);
 	if (e) {
-		s->hits++;
-		e->used = true;
-		atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
-		*state = e->state;
+		hit(s, e, state);
 		pthread_mutex_unlock(&s->lock);
-		entry_free(fresh);
+		entry_free(c, fresh);
 		return e;
 	}
 	s->misses++;
 	fresh->hnext = s->buckets[b];
 	s->buckets[b] = fresh;
-	if (s->hand) {
-		/* Insert just behind the hand: the last place it looks. */
-		fresh->cnext = s->hand;
-		fresh->cprev = s->hand->cprev;
-		s->hand->cprev->cnext = fresh;
-		s->hand->cprev = fresh;
+	g = ghost_slot(s, key);
+	if (s->ghost[g] == key + 1) {
+		/* Dropped from probation lately and wanted again: keep it. */
+		s->ghost[g] = 0;
+		s->admitted++;
+		fresh->used = true;
+		ring_add(&s->hand, fresh);
 	} else {
-		fresh->cnext = fresh->cprev = fresh;
-		s->hand = fresh;
+		fresh->probation = true;
+		ring_add(&s->fifo, fresh);
+		atomic_fetch_add_explicit(&c->fifo_bytes, len, memory_order_relaxed);
 	}
 	s->count++;
 	atomic_fetch_add_explicit(&c->bytes, len, memory_order_relaxed);
 	pthread_mutex_unlock(&s->lock);
 	*created = true;
 	*state = IOC__ZIP_FC_BUSY;
-	make_room(c);
+	if (over_budget(c))
+		make_room(c);
 	return fresh;
+}
+
+struct ioc__zip_fentry *ioc__zip_fcache_claim(struct ioc__zip_fcache *c, uint64_t key,
+					      bool *created, int *state)
+{
+	size_t b;
+	struct shard *s = shard_of(c, key, &b);
+	struct ioc__zip_fentry *e, *fresh = calloc(1, sizeof(*fresh));
+
+	*created = false;
+	pthread_mutex_lock(&s->lock);
+	e = lookup(s, b, key);
+	if (e) {
+		hit(s, e, state);
+		pthread_mutex_unlock(&s->lock);
+		free(fresh);
+		return e;
+	}
+	if (!fresh) {
+		pthread_mutex_unlock(&s->lock);
+		return NULL;
+	}
+	/* No data, no bytes, in neither queue: only findable. */
+	fresh->key = key;
+	fresh->state = IOC__ZIP_FC_BUSY;
+	fresh->in_table = true;
+	fresh->inplace = true;
+	atomic_init(&fresh->refs, 2); /* the table's and the caller's */
+	fresh->hnext = s->buckets[b];
+	s->buckets[b] = fresh;
+	s->count++;
+	pthread_mutex_unlock(&s->lock);
+	*created = true;
+	*state = IOC__ZIP_FC_BUSY;
+	return fresh;
+}
+
+void ioc__zip_fcache_publish_inplace(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
+				     const uint8_t *src, int error)
+{
+	size_t b;
+	struct shard *s = shard_of(c, e->key, &b);
+	struct ioc__zip_fc_waiter *w;
+
+	pthread_mutex_lock(&s->lock);
+	e->error = error;
+	e->state = error ? IOC__ZIP_FC_FAILED : IOC__ZIP_FC_READY;
+	w = e->waiters;
+	e->waiters = NULL;
+	detach(c, s, e);
+	pthread_mutex_unlock(&s->lock);
+	while (w) {
+		/* As in publish: next first, the wake may end w's life.  The
+		 * copy comes before the wake, which orders it before the
+		 * waiter's reads. */
+		struct ioc__zip_fc_waiter *next = w->next;
+
+		if (!error && w->len)
+			memcpy(w->dst, src + w->lo, w->len);
+		ioc_co_await_done(&w->aw, error);
+		w = next;
+	}
+	unref(c, e);
 }
 
 bool ioc__zip_fcache_contains(struct ioc__zip_fcache *c, uint64_t key)
@@ -356,15 +593,15 @@ void ioc__zip_fcache_publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *
 		w = next;
 	}
 	if (dropped)
-		unref(e);
+		unref(c, e);
 }
 
 void ioc__zip_fcache_put(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e)
 {
-	unref(e);
+	unref(c, e);
 	/* An insert that found every entry in use left the cache over its
 	 * budget: the entry just put may be the one to evict. */
-	if (atomic_load_explicit(&c->bytes, memory_order_relaxed) > c->budget)
+	if (over_budget(c))
 		make_room(c);
 }
 
@@ -378,7 +615,9 @@ void ioc__zip_fcache_get_stats(struct ioc__zip_fcache *c, struct ioc__zip_fcache
 		st->hits += s->hits;
 		st->misses += s->misses;
 		st->evictions += s->evictions;
+		st->admitted += s->admitted;
 		pthread_mutex_unlock(&s->lock);
 	}
 	st->bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed);
+	st->probation_bytes = atomic_load_explicit(&c->fifo_bytes, memory_order_relaxed);
 }

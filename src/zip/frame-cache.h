@@ -30,18 +30,28 @@ enum {
 struct ioc__zip_fc_waiter {
 	struct ioc__zip_fc_waiter *next;
 	struct ioc_co_await aw;
+	/* For an entry decoded in place: where its publisher copies the
+	 * waiter's part ([lo, lo + len) of the frame) before the wake. */
+	uint8_t *dst;
+	size_t lo, len;
 };
 
 struct ioc__zip_fentry {
 	/* All under the shard lock. */
 	struct ioc__zip_fentry *hnext;          /* hash chain */
-	struct ioc__zip_fentry *cnext, *cprev;  /* CLOCK ring */
+	struct ioc__zip_fentry *cnext, *cprev;  /* CLOCK ring or FIFO */
 	struct ioc__zip_fc_waiter *waiters;
 	int state;
 	int error;
 	bool in_table;
-	bool used;                              /* CLOCK reference bit */
+	bool used;                              /* CLOCK reference bit; on
+						 * probation: read again */
+	bool probation;                         /* in the FIFO, not the ring */
 	/* Immutable after creation. */
+	bool pooled;                            /* data from the buffer pool */
+	bool inplace;                           /* no data: decoded into its
+						 * creator's buffer, in the
+						 * table only while BUSY */
 	uint64_t key;
 	size_t len;
 	/* Written by the creator until publish, read-only after. */
@@ -55,11 +65,17 @@ struct ioc__zip_fentry {
 
 struct ioc__zip_fcache_stats {
 	uint64_t hits, misses, evictions, bytes;
+	uint64_t admitted;      /* kept past probation: read again, or a
+				 * miss on a frame probation dropped lately */
+	uint64_t probation_bytes;
 };
 
 /* budget: bytes of decoded data kept (entries in use may push past it
- * until they are put).  nkeys_hint sizes the hash tables. */
-int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint);
+ * until they are put), a sixteenth of it on probation.  nkeys_hint sizes
+ * the hash tables; slot is the usual entry size (the pool recycles
+ * buffers of that size; 0: no pool). */
+int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkeys_hint,
+			size_t slot);
 /* No entry may be referenced any more. */
 void ioc__zip_fcache_free(struct ioc__zip_fcache *c);
 
@@ -69,11 +85,24 @@ void ioc__zip_fcache_free(struct ioc__zip_fcache *c);
  * NULL on -ENOMEM.  Any thread. */
 struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t key,
 					    size_t len, bool *created, int *state);
+/* Find key (as get does), or claim it for a decode into the caller's own
+ * buffer: a BUSY entry without data (*created = true) that later readers
+ * find and wait on, and that ioc__zip_fcache_publish_inplace() serves and
+ * takes out of the table.  NULL on -ENOMEM. */
+struct ioc__zip_fentry *ioc__zip_fcache_claim(struct ioc__zip_fcache *c, uint64_t key,
+					      bool *created, int *state);
+/* The creator of an in-place entry decoded it into src (error 0) or
+ * failed: copy each waiter's part out of src, take the entry out of the
+ * table, wake the waiters.  The caller still puts its reference. */
+void ioc__zip_fcache_publish_inplace(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
+				     const uint8_t *src, int error);
 /* Is key cached or being decoded?  (A hint: readahead skips it.) */
 bool ioc__zip_fcache_contains(struct ioc__zip_fcache *c, uint64_t key);
 /* If e is still BUSY, queue w (ioc_co_await_init done here) and return
  * false: the caller then ioc_co_await(&w->aw)s.  Otherwise return true
- * (nothing queued).  Either way e->state is final afterwards. */
+ * (nothing queued).  Either way e->state is final afterwards.  For an
+ * in-place entry, w->dst, lo and len must be set: a wake with 0 means
+ * the bytes are there; true returned means they are not (decode them). */
 bool ioc__zip_fcache_wait_prepare(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
 				  struct ioc__zip_fc_waiter *w);
 /* The creator's decode finished (error 0 or -errno): make the entry

@@ -22,41 +22,41 @@
  * frames such a read covers whole, and nobody has cached, are decoded
  * straight into its buffer in jobs of ~512 KiB (no entry to allocate,
  * fill and copy out: fresh memory costs more than the decode; smaller
- * jobs grew the pool to 64 threads).  A second reader of a frame
- * being decoded through the cache waits for that decode.  A read of 64
+ * jobs grew the pool to 64 threads).  A second reader of a frame being
+ * decoded through the cache waits for that decode.  A read of 64
  * KiB or more (or of a frame that large) ending on a frame's last byte
  * starts decoding as much again after it (readahead, up to 1 MiB), unless
  * other large reads are in flight (queued reads decode themselves); small
  * reads of small frames do not: a 4 KiB read ends a 16 KiB frame 1 in 4.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
- * byte 0 (zstd) or as deflate's few hundred bytes for zeros (gzip); such
- * frames are recognised at open from their bytes (only frames of at most
- * 4 KiB are read: the RLE block headers of a zstd frame; the trailer of a
- * gzip member, then, if its CRC-32 is that of zeros, a decode), and any
- * frame found all-zero after decoding is remembered too.  Zero frames are
- * not decoded by reads nor cached: reads fill zeroes, and block status
- * reports them.
+ * byte 0 (zstd) or deflate's few hundred bytes (gzip); such frames are
+ * known at open from their bytes (frames of at most 4 KiB: the RLE block
+ * headers; a gzip member's trailer, then, if its CRC-32 is that of zeros,
+ * a decode), or after a decode finds zeros.  Reads fill zeroes, block
+ * status reports holes.  Stored frames (zstd keeps data it cannot shrink
+ * as one raw block) are read from the file straight into the reply, with
+ * their checksum (XXH64, libxxhash) checked on every read: no decode, no
+ * copy, no cache entry (random data would only push text out).
  *
- * Frames larger than half the cache (a stock single-frame file, say) are
- * not cached: each read decodes the frame streaming from its start up to
- * the range it wants, on the pool, with memory bounded by a 1 MiB window
- * buffer.  Slow for random access, and the open logs it.
+ * Frames over half the cache (a stock single-frame file) are not cached:
+ * each read decodes from the frame's start up to its range, on the pool,
+ * through a 1 MiB window.  Slow for random access; the open logs it.
  *
- * Corruption: a frame that fails to decode (checksum, bad block, sizes
- * that lie) fails the reads that touch it with -EIO and logs the frame's
- * compressed and decompressed offsets; nothing else is affected, and the
- * failure is not cached (see frame-cache.c), so each read tries again.
+ * Corruption: a frame that fails to decode (checksum, bad block, bad
+ * sizes) fails the reads of it with -EIO, logs its offsets, is retried.
  *
  * Rejected: decoding a frame only as far as a read needs (zstd's
  * streaming decoder): a frame of up to 128 KiB is one zstd block, which
  * is decoded whole before any byte comes out, so it saves nothing; small
  * frames at a higher level (iocore-zip -12 --block-size 16K) cut the
- * work of a first touch instead.  The zip pipeline of ioc_zip_extract()
- * per read (a decompressor object, threads and a copy per request: ~10x
- * the cost of one frame decode for a 4 KiB read); mmap of the compressed file for
- * decoding (a truncated file would turn into SIGBUS on a pool thread;
- * pread turns it into an error).  The open-time walk does use mmap.
+ * work of a first touch instead.  ioc_zip_extract() per read (threads
+ * and a copy per request: ~10x one frame's decode for 4 KiB); mmap of the
+ * compressed file for decoding (a truncated file would turn into SIGBUS
+ * on a pool thread; pread turns it into an error; the open-time walk
+ * does use mmap).  Trusting a stored frame after one check (a partial
+ * read would need only its bytes): the cache's copy is checked once, but
+ * the file may change under us; reading 16 KiB to check costs ~2 us.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -68,8 +68,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "ioc-config.h"
+#if IOC_HAVE_XXHASH
+#include <xxhash.h>
+#endif
 
 #include "iocore/co.h"
 #include "iocore/pool.h"
@@ -89,6 +95,8 @@
 					* growing past the CPUs */
 #define RA_MIN          (64u << 10)  /* reads or frames that read ahead */
 #define RA_MAX          (1u << 20)   /* readahead's reach */
+#define STORED_MAX      (128u << 10) /* a stored frame read from the file:
+					* one raw block at most */
 
 struct zframe {
 	uint64_t coff, doff, csize, dsize;
@@ -111,6 +119,10 @@ struct ioc_zip_image {
 	uint64_t size;
 	_Atomic uint8_t *zero;          /* per frame: 1 = all zero (relaxed:
 					 * a hint; both values read correctly) */
+	_Atomic uint8_t *unstored;      /* per frame: 1 = not a stored frame;
+					 * 0 = may be one, read from the file
+					 * (relaxed: a hint, the frame's bytes
+					 * are checked on every read) */
 	struct ioc__zip_fcache *cache;
 	size_t max_cached;              /* larger frames decode streaming */
 	bool readahead;
@@ -125,7 +137,7 @@ struct ioc_zip_image {
 
 	/* Statistics: relaxed increments, read by get_info; no pairing,
 	 * nothing is ordered by them. */
-	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct;
+	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct, stored;
 };
 
 static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
@@ -382,6 +394,118 @@ static int decode_frame(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 	return 0;
 }
 
+/* ---- stored frames: read from the file, not decoded -------------------- */
+
+/* zstd stores a block it cannot shrink as is (a raw block): a frame of
+ * random bytes is its header, one 3-byte block header, the data and the
+ * checksum (XXH64's low 32 bits).  Such a frame is read straight into the
+ * reader's buffer (one preadv: header and checksum aside) and its
+ * checksum checked, on every read: no decode, no copy, no cache entry. */
+static bool maybe_stored(struct ioc_zip_image *img, size_t i)
+{
+	return !atomic_load_explicit(&img->unstored[i], memory_order_relaxed);
+}
+
+static int preadv_all(int fd, struct iovec *iov, int n, uint64_t off)
+{
+	while (n) {
+		ssize_t got = preadv(fd, iov, n, (off_t)off);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			return -errno;
+		if (got == 0)
+			return -ENODATA;
+		off += (uint64_t)got;
+		while (n && (size_t)got >= iov->iov_len) {
+			got -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n) {
+			iov->iov_base = (uint8_t *)iov->iov_base + got;
+			iov->iov_len -= (size_t)got;
+		}
+	}
+	return 0;
+}
+
+/* Frame i, whole, into dst: 0, -EIO (damaged: logged), or 1 when it turns
+ * out not to be a stored frame (remembered; decode it instead). */
+static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
+{
+#if IOC_HAVE_XXHASH
+	const struct zframe *f = &img->frames[i];
+	uint8_t head[32], tail[4];
+	size_t h = (size_t)(f->csize - f->dsize - 4);
+	struct iovec iov[3] = {
+		{ head, h }, { dst, (size_t)f->dsize }, { tail, sizeof(tail) },
+	};
+	struct ioc__zip_frame zf = { 0 };
+	const char *why = NULL;
+	uint32_t bh;
+	int r = preadv_all(img->fd, iov, 3, f->coff);
+
+	if (r < 0) {
+		frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
+		return -EIO;
+	}
+	/* The header up to the block's: scan parses it and stops there. */
+	(void)ioc__zip_scan(&zf, head, h, &why);
+	bh = (uint32_t)head[h - 3] | (uint32_t)head[h - 2] << 8 | (uint32_t)head[h - 1] << 16;
+	if (!zf.hdr_done || zf.kind != IOC__ZIP_K_ZSTD || !zf.has_sum || zf.hdr_len + 3 != h ||
+	    zf.dsize != f->dsize || bh != ((uint32_t)f->dsize << 3 | 1)) {
+		atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+		return 1;
+	}
+	if ((uint32_t)XXH64(dst, (size_t)f->dsize, 0) != ioc__zip_le32(tail)) {
+		frame_failed(img, i, "checksum mismatch (stored frame)");
+		return -EIO;
+	}
+	atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+	return 0;
+#else
+	(void)dst;
+	atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+	return 1;
+#endif
+}
+
+/* [lo, lo + len) of frame i into dst, not through the cache: read from
+ * the file (a stored frame) or decoded.  0 or -errno.  On the calling
+ * thread: for a stored frame a pread and a checksum. */
+static int frame_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t *dst,
+		      size_t len)
+{
+	const struct zframe *f = &img->frames[i];
+	struct dslot *s;
+	int r = 1;
+
+	if (lo == 0 && len == f->dsize) {
+		if (maybe_stored(img, i))
+			r = stored_read(img, i, dst);
+		if (r == 1) {
+			r = decode_frame(img, i, dst);
+			atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+		}
+		return r;
+	}
+	s = dslot_get(img, (size_t)f->dsize);
+	if (!s)
+		return -ENOMEM;
+	if (maybe_stored(img, i))
+		r = stored_read(img, i, s->cbuf);
+	if (r == 1) {
+		r = decode_frame(img, i, s->cbuf);
+		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+	}
+	if (r == 0)
+		memcpy(dst, s->cbuf + lo, len);
+	dslot_put(img, s);
+	return r;
+}
+
 /* Decode frame i into e (created BUSY by this reader) and publish it:
  * on a pool thread, or inline on a loop thread for a small frame. */
 static int decode_publish(struct ioc_zip_image *img, size_t i, struct ioc__zip_fentry *e)
@@ -506,6 +630,9 @@ static int64_t xjob_run(void *arg)
 	for (unsigned k = 0; k < j->n; k++) {
 		const struct zframe *f = &img->frames[j->f[k].idx];
 
+		if (maybe_stored(img, j->f[k].idx) &&
+		    (j->f[k].r = stored_read(img, j->f[k].idx, j->f[k].dst)) != 1)
+			continue;
 		j->f[k].r = decode_frame(img, j->f[k].idx, j->f[k].dst);
 		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
@@ -675,6 +802,10 @@ static void maybe_readahead(struct ioc_zip_image *img, size_t i, size_t len)
 
 		if (is_zero(img, i) || !f->dsize)
 			continue;
+		if (maybe_stored(img, i)) {
+			got += (size_t)f->dsize;
+			continue;
+		}
 		if (f->dsize > img->max_cached || ioc__zip_fcache_contains(img->cache, i))
 			break;
 		e = ioc__zip_fcache_get(img->cache, i, (size_t)f->dsize, &created, &state);
@@ -692,11 +823,15 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 					    void *buf, size_t len, uint32_t flags)
 {
 	struct {
-		struct ioc__zip_fentry *e;      /* NULL: decoded in place by xj */
+		struct ioc__zip_fentry *e;      /* NULL: decoded in place by xj,
+						 * or a stored frame */
+		struct ioc__zip_fentry *pe;     /* xj's claim on the frame */
 		struct xjob *xj;
 		size_t idx;
 		int state;
 		unsigned slot;                  /* in xj */
+		bool queued;                    /* w waits on e */
+		struct ioc__zip_fc_waiter w;
 	} batch[BATCH];
 	struct xjob *xjobs[BATCH];
 	uint8_t *dst = buf;
@@ -711,7 +846,10 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 	/* A larger read decodes the frames it covers whole, and nobody has
 	 * cached or is decoding, straight into buf on the pool: no cache
 	 * entry to fill (fresh memory costs more than the decode), no copy.
-	 * Concurrent readers of such a frame may both decode it. */
+	 * It claims each such frame in the cache first, so that a concurrent
+	 * reader of it waits and gets a copy instead of decoding it again.
+	 * No wait cycle: each reader serves its claims and waits on others'
+	 * in frame order, so the lowest frame waited on is always served. */
 	bool direct_ok = !inline_ok;
 
 	if (flags || end < off || end > img->size)
@@ -735,13 +873,38 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 
 			if (is_zero(img, k) || f->dsize > img->max_cached || !f->dsize)
 				continue;
+			/* The part of frame k this read wants. */
+			uint64_t from = f->doff > boff ? f->doff : boff;
+			uint64_t to = f->doff + f->dsize < end ? f->doff + f->dsize : end;
+
 			batch[n].idx = k;
 			batch[n].xj = NULL;
-			if (direct_ok && f->doff >= boff && f->doff + f->dsize <= end &&
-			    !ioc__zip_fcache_contains(img->cache, k)) {
+			batch[n].e = NULL;
+			batch[n].pe = NULL;
+			batch[n].queued = false;
+			batch[n].w = (struct ioc__zip_fc_waiter){
+				.dst = dst + (from - boff), .lo = from - f->doff, .len = to - from,
+			};
+			if (direct_ok && f->doff >= boff && f->doff + f->dsize <= end) {
 				if (!xj && (xj = calloc(1, sizeof(*xj))) != NULL) {
 					xj->img = img;
 					xjobs[nx++] = xj;
+				}
+				if (xj && !maybe_stored(img, k)) {
+					struct ioc__zip_fentry *pe;
+
+					pe = ioc__zip_fcache_claim(img->cache, k, &created,
+								   &batch[n].state);
+					if (!pe) {
+						ret = -ENOMEM;
+						break;
+					}
+					if (!created) {
+						/* Cached or being decoded. */
+						batch[n].e = pe;
+						goto got;
+					}
+					batch[n].pe = pe;
 				}
 				if (xj) {
 					xj->f[xj->n].idx = k;
@@ -758,6 +921,11 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 					continue;
 				}
 			}
+			if (maybe_stored(img, k)) {
+				/* Read in pass 2, on this thread. */
+				n++;
+				continue;
+			}
 			batch[n].e = ioc__zip_fcache_get(img->cache, k, (size_t)f->dsize,
 							 &created, &batch[n].state);
 			if (!batch[n].e) {
@@ -768,6 +936,15 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 				decode_publish(img, k, batch[n].e);
 			else if (created)
 				jobber_add(&jb, k, batch[n].e);
+got:
+			/* Queue for a frame being decoded now, not in pass 2: a
+			 * frame decoded in place is served (copied to us) only
+			 * if we are queued when its decoder publishes it, and
+			 * it publishes a job's frames in a row. */
+			if (batch[n].state == IOC__ZIP_FC_BUSY)
+				batch[n].queued = !ioc__zip_fcache_wait_prepare(img->cache,
+										batch[n].e,
+										&batch[n].w);
 			n++;
 		}
 		jobber_submit(&jb);
@@ -788,22 +965,39 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 					j->waited = true;
 				}
 				r = j->f[batch[b].slot].r;
+				if (batch[b].pe) {
+					ioc__zip_fcache_publish_inplace(img->cache, batch[b].pe,
+									j->f[batch[b].slot].dst, r);
+					ioc__zip_fcache_put(img->cache, batch[b].pe);
+				}
+				if (r < 0 && !ret)
+					ret = r == -ENOMEM ? -ENOMEM : -EIO;
+				b++;
+			} else if (b < n && batch[b].idx == i && !batch[b].e) {
+				int r = frame_part(img, i, lo, dst + (off - boff), part);
+
 				if (r < 0 && !ret)
 					ret = r == -ENOMEM ? -ENOMEM : -EIO;
 				b++;
 			} else if (b < n && batch[b].idx == i) {
 				struct ioc__zip_fentry *e = batch[b].e;
-				struct ioc__zip_fc_waiter w;
+				bool waited = batch[b].queued;
 				int st = 0;
 
-				if (batch[b].state == IOC__ZIP_FC_BUSY &&
-				    !ioc__zip_fcache_wait_prepare(img->cache, e, &w))
-					st = (int)ioc_co_await(&w.aw);
+				if (waited)
+					st = (int)ioc_co_await(&batch[b].w.aw);
 				/* Final now: ordered by the shard lock or the wake. */
-				if (st == 0 && e->state == IOC__ZIP_FC_READY)
+				if (e->inplace && e->state == IOC__ZIP_FC_READY && !waited)
+					/* Served before we queued: no bytes for us. */
+					st = frame_part(img, i, lo, dst + (off - boff), part);
+				else if (e->inplace && st == 0 && e->state == IOC__ZIP_FC_READY)
+					; /* copied by the decoder before the wake */
+				else if (st == 0 && e->state == IOC__ZIP_FC_READY)
 					memcpy(dst + (off - boff), e->data + lo, part);
-				else if (!ret)
-					ret = e->error == -ENOMEM ? -ENOMEM : -EIO;
+				else
+					st = e->error == -ENOMEM ? -ENOMEM : -EIO;
+				if (st < 0 && !ret)
+					ret = st == -ENOMEM ? -ENOMEM : -EIO;
 				ioc__zip_fcache_put(img->cache, e);
 				b++;
 			} else if (is_zero(img, i) || !f->dsize) {
@@ -822,15 +1016,26 @@ int ioc_coroutine_fn ioc_zip_image_co_pread(struct ioc_zip_image *img, uint64_t 
 			if (lo + part == f->dsize)
 				i++;
 		}
-		/* Entries left over after an ENOMEM in pass 1. */
+		/* Entries left over after an ENOMEM in pass 1, and claims
+		 * other readers may be waiting on. */
 		for (; b < n; b++) {
-			struct ioc__zip_fc_waiter w;
+			if (batch[b].pe) {
+				struct xjob *j = batch[b].xj;
 
+				if (!j->waited) {
+					ioc_co_await(&j->aw);
+					j->waited = true;
+				}
+				ioc__zip_fcache_publish_inplace(img->cache, batch[b].pe,
+								j->f[batch[b].slot].dst,
+								j->f[batch[b].slot].r);
+				ioc__zip_fcache_put(img->cache, batch[b].pe);
+			}
 			if (!batch[b].e)
 				continue;
-			if (batch[b].state == IOC__ZIP_FC_BUSY &&
-			    !ioc__zip_fcache_wait_prepare(img->cache, batch[b].e, &w))
-				ioc_co_await(&w.aw);
+			/* Queued: its publisher may still copy into buf. */
+			if (batch[b].queued)
+				ioc_co_await(&batch[b].w.aw);
 			ioc__zip_fcache_put(img->cache, batch[b].e);
 		}
 		/* The pool may still write into buf: wait for every job. */
@@ -1103,9 +1308,32 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 			r = ioc__zip_say(msg, msglen, -EFBIG, "frame %zu is too big", i);
 			goto fail;
 		}
+	img->unstored = calloc(img->nframes ? img->nframes : 1, sizeof(*img->unstored));
+	if (!img->unstored) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	/* A stored frame is its data plus 12-25 bytes: header, block header,
+	 * checksum. */
+	for (size_t i = 0; i < img->nframes; i++) {
+		const struct zframe *f = &img->frames[i];
+		bool may = IOC_HAVE_XXHASH && f->kind == IOC__ZIP_K_ZSTD && f->dsize &&
+			   f->dsize <= STORED_MAX && f->csize >= f->dsize + 12 &&
+			   f->csize <= f->dsize + 25;
+
+		if (!may)
+			atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+	}
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
-	r = ioc__zip_fcache_new(&img->cache, budget, img->nframes);
+	/* The pool's buffers fit the usual frame: iocore-zip's are all one
+	 * size but the last. */
+	size_t slot = 0;
+	for (size_t i = 0; i < img->nframes; i++)
+		if (img->frames[i].dsize <= img->max_cached && img->frames[i].dsize <= (1u << 20) &&
+		    img->frames[i].dsize > slot)
+			slot = (size_t)img->frames[i].dsize;
+	r = ioc__zip_fcache_new(&img->cache, budget, img->nframes, slot);
 	if (r < 0)
 		goto fail;
 	size_t big = 0;
@@ -1147,6 +1375,7 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 		close(img->fd);
 	free(img->frames);
 	free(img->zero);
+	free(img->unstored);
 	pthread_cond_destroy(&img->idle);
 	pthread_mutex_destroy(&img->lock);
 	free(img);
@@ -1169,9 +1398,12 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	info->cache_misses = cs.misses;
 	info->cache_evictions = cs.evictions;
 	info->cache_bytes = cs.bytes;
+	info->cache_admitted = cs.admitted;
+	info->cache_probation_bytes = cs.probation_bytes;
 	info->decodes = atomic_load_explicit(&img->decodes, memory_order_relaxed);
 	info->readaheads = atomic_load_explicit(&img->readaheads, memory_order_relaxed);
 	info->stream_reads = atomic_load_explicit(&img->stream_reads, memory_order_relaxed);
 	info->errors = atomic_load_explicit(&img->errors, memory_order_relaxed);
 	info->direct_decodes = atomic_load_explicit(&img->direct, memory_order_relaxed);
+	info->stored_reads = atomic_load_explicit(&img->stored, memory_order_relaxed);
 }

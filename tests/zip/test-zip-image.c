@@ -13,6 +13,12 @@
  *   - large reads decode the frames they cover whole into the caller's
  *     buffer (zero, stored and compressed frames, starts and ends inside
  *     frames), a damaged one among them fails the read with EIO;
+ *   - stored (raw) frames are read from the file, not decoded nor cached,
+ *     their checksum checked (a damaged one fails with EIO);
+ *   - a scan admits nothing past probation, frames read again are kept,
+ *     4 KiB reads walking through frames decode each once;
+ *   - concurrent large reads of the same frames decode them once in
+ *     place, the others (and small reads inside) get copies;
  *   - a large read ending on a frame boundary reads ahead (the frames
  *     after it are then hits), a small read of a small frame does not;
  *   - all-zero frames are known at open, before any read, zstd RLE frames
@@ -28,7 +34,11 @@
 #include "iocore/co.h"
 #include "iocore/loop.h"
 #include "iocore/zip.h"
+#include "ioc-config.h"
 #include "tap.h"
+
+/* 1 when stored (raw) frames are read from the file, not decoded. */
+#define ST IOC_HAVE_XXHASH
 
 #define FRAME   (64u << 10)
 #define NFRAMES 128u
@@ -203,7 +213,7 @@ static void test_one_frame_decoded_once(void)
 		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
 		for (int i = 0; i < 8; i++)
 			rd[t][i] = (struct reader){ .img = img, .reads = 1,
-						    .off = 5 * FRAME + 1000 * (unsigned)i,
+						    .off = 6 * FRAME + 1000 * (unsigned)i,
 						    .len = 4096 };
 		sp[t] = (struct spawn){ rd[t], 8 };
 	}
@@ -310,10 +320,12 @@ static void test_cold_edge_reads(void)
 	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
 	run_one(img, edge_reads);
 	ioc_zip_image_get_info(img, &info);
-	/* Frames 2, 6, 10, 13, 14, 17, 21, 22, 23 (zero frames need none);
-	 * the large read covers 21, 22 and 23 whole: decoded in place. */
-	ASSERT_UEQ(info.decodes, 9);
-	ASSERT_UEQ(info.direct_decodes, 3);
+	/* Frames 2, 6, 10, 14, 22, 23 decoded (zero frames need none), 13,
+	 * 17 and 21 (random bytes: stored) read from the file; the large
+	 * read covers 21, 22 and 23 whole: 22 and 23 decoded in place. */
+	ASSERT_UEQ(info.decodes, 9 - 3 * ST);
+	ASSERT_UEQ(info.direct_decodes, 3 - ST);
+	ASSERT_UEQ(info.stored_reads, 3 * ST);
 	ASSERT_UEQ(info.errors, 0);
 	ioc_zip_image_close(img);
 }
@@ -382,6 +394,8 @@ static void test_damaged_frame_inline(void)
 	ASSERT_UEQ(info.errors, 3);     /* not cached: each read tried again */
 	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
 	ASSERT_NOT_NULL(strstr(badlog, want));
+	if (ST)         /* frame 5 is random bytes: a stored frame */
+		ASSERT_NOT_NULL(strstr(badlog, "stored frame"));
 	ioc_zip_image_close(img);
 	unlink(badpath);
 }
@@ -390,23 +404,28 @@ static void ra_steps(struct ioc_zip_image *img, bool *ok)
 {
 	struct ioc_zip_image_info info;
 
-	/* 4 KiB at frame 1's end: frames of 64 KiB read ahead one frame. */
+	/* 4 KiB at frame 1's end (random bytes: a stored frame, read from
+	 * the file): frames of 64 KiB read ahead one frame. */
 	*ok &= check_range(img, 2 * FRAME - 4096, 4096);
 	ioc_zip_image_get_info(img, &info);
-	*ok &= info.readaheads == 1 && info.cache_misses == 2;
+	*ok &= info.readaheads == 1 && info.cache_misses == 2 - ST && info.stored_reads == ST;
 	/* Frame 2 was read ahead: a hit (perhaps waiting for its decode);
 	 * ending on frame 3 reads ahead frame 3. */
 	*ok &= check_range(img, 2 * FRAME, FRAME);
-	/* 128 KiB ending on frame 11: 128 KiB ahead, 11 and 13 (12 is zero). */
-	/* (9 and 10, covered whole, are decoded in place, not cached.) */
+	/* 128 KiB ending on frame 11: 128 KiB ahead, 11 and 13 (12 is zero,
+	 * 13 stored: it counts, but there is nothing to decode).  (9,
+	 * stored, and 10, covered whole, are read in place, not cached.) */
 	*ok &= check_range(img, 9 * FRAME, 2 * FRAME);
 	ioc_zip_image_get_info(img, &info);
-	*ok &= info.readaheads == 4 && info.cache_misses == 5 && info.direct_decodes == 2;
+	*ok &= info.readaheads == 4 - ST && info.cache_misses == 5 - 2 * ST &&
+	       info.direct_decodes == 2 - ST && info.stored_reads == 2 * ST;
 	*ok &= check_range(img, 11 * FRAME, 3 * FRAME);
 	ioc_zip_image_get_info(img, &info);
-	/* 11 and 13 were hits; 14, 15 and 17 are read ahead now. */
-	*ok &= info.cache_hits == 3 && info.readaheads == 7 && info.cache_misses == 8 &&
-	       info.direct_decodes == 2;
+	/* 11 was a hit, 13 stored; 14 and 15 are read ahead now (16 zero,
+	 * 17 stored). */
+	*ok &= info.cache_hits == 3 - ST && info.readaheads == 7 - 2 * ST &&
+	       info.cache_misses == 8 - 3 * ST && info.direct_decodes == 2 - ST &&
+	       info.stored_reads == 3 * ST;
 	if (!*ok)
 		ioc_test_diag("hits %llu misses %llu readaheads %llu",
 			      (unsigned long long)info.cache_hits,
@@ -419,7 +438,7 @@ static void ra_small(struct ioc_zip_image *img, bool *ok)
 {
 	struct ioc_zip_image_info info;
 
-	*ok &= check_range(img, 5 * SMALL - 4096, 4096);
+	*ok &= check_range(img, 9 * SMALL - 4096, 4096);       /* text */
 	ioc_zip_image_get_info(img, &info);
 	*ok &= info.readaheads == 0 && info.cache_misses == 1 && info.decodes == 1;
 }
@@ -445,18 +464,20 @@ static void direct_reads(struct ioc_zip_image *img, bool *ok)
 {
 	struct ioc_zip_image_info info;
 
-	/* From inside zero frame 3 to inside text frame 15: 4-14 in place,
-	 * 15 through the cache. */
+	/* From inside zero frame 3 to inside text frame 15: 4-7 read from
+	 * the file (stored), 8-14 decoded in place, 15 through the cache. */
 	*ok &= check_range(img, 3 * SMALL + 100, 200 << 10);
 	ioc_zip_image_get_info(img, &info);
-	*ok &= info.direct_decodes == 11 && info.cache_misses == 1 && info.decodes == 12;
+	*ok &= info.direct_decodes == 11 - 4 * ST && info.cache_misses == 1 &&
+	       info.decodes == 12 - 4 * ST && info.stored_reads == 4 * ST;
 	/* Exactly frames 20-27, stored and compressed: all in place. */
 	*ok &= check_range(img, 20 * SMALL, 8 * SMALL);
 	/* The end of 14 (not cached: decoded again), 15 (a hit) and the
 	 * zero frames after it. */
 	*ok &= check_range(img, 15 * SMALL - 100, 100 + 70 * 1024);
 	ioc_zip_image_get_info(img, &info);
-	*ok &= info.direct_decodes == 19 && info.cache_hits == 1 && info.cache_misses == 2;
+	*ok &= info.direct_decodes == 19 - 8 * ST && info.cache_hits == 1 &&
+	       info.cache_misses == 2 && info.stored_reads == 8 * ST && info.decodes == 21 - 8 * ST;
 	if (!*ok)
 		ioc_test_diag("direct %llu hits %llu misses %llu decodes %llu",
 			      (unsigned long long)info.direct_decodes,
@@ -473,6 +494,143 @@ static void test_direct_reads(void)
 
 	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
 	run_one(img, direct_reads);
+	ioc_zip_image_close(img);
+}
+
+/* Admission: 16 KiB frames, a cache of 64 of them (4 on probation).
+ * Frames 8-15 of every 16 are text (see direct_reads): the n-th of them. */
+static size_t text_frame(unsigned n)
+{
+	return (size_t)n / 8 * 16 + 8 + n % 8;
+}
+
+static void admission_steps(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	/* A scan: 32 text frames read once each.  They pass through
+	 * probation and leave it: nothing is admitted, the cache holds no
+	 * more than probation's share. */
+	for (unsigned n = 0; n < 32; n++)
+		*ok &= check_range(img, text_frame(n) * SMALL + 100, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.cache_misses == 32 && info.cache_admitted == 0 && info.decodes == 32 &&
+	       info.cache_bytes == info.cache_probation_bytes &&
+	       info.cache_bytes <= 4 * SMALL && info.cache_evictions >= 28;
+	if (!*ok)
+		ioc_test_diag("scan: misses %llu admitted %llu bytes %llu evictions %llu",
+			      (unsigned long long)info.cache_misses,
+			      (unsigned long long)info.cache_admitted,
+			      (unsigned long long)info.cache_bytes,
+			      (unsigned long long)info.cache_evictions);
+	/* The same frames again: the ghost remembers most of the first 28
+	 * (the last 4 are still on probation; a key that lost its ghost slot
+	 * to another goes on probation again and pushes one of them out), so
+	 * they are kept now... */
+	for (unsigned n = 0; n < 32; n++)
+		*ok &= check_range(img, text_frame(n) * SMALL + 200, 4096);
+	ioc_zip_image_get_info(img, &info);
+	uint64_t hits2 = info.cache_hits;
+
+	*ok &= info.cache_admitted >= 24 && info.decodes <= 32 + 28 + 4;
+	/* ... and a third pass hits them. */
+	for (unsigned n = 0; n < 28; n++)
+		*ok &= check_range(img, text_frame(n) * SMALL + 300, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.cache_hits - hits2 >= 24;
+	if (!*ok)
+		ioc_test_diag("again: hits %llu then %llu, admitted %llu decodes %llu",
+			      (unsigned long long)hits2, (unsigned long long)info.cache_hits,
+			      (unsigned long long)info.cache_admitted,
+			      (unsigned long long)info.decodes);
+}
+
+/* 4 KiB reads walking through frames: probation keeps each frame from
+ * its first read to its last, so each is decoded once. */
+static void admission_walk(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	for (uint64_t off = 40 * SMALL; off < 48 * SMALL; off += 4096)
+		*ok &= check_range(img, off, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.decodes == 8 && info.cache_misses == 8 && info.cache_hits == 24;
+	if (!*ok)
+		ioc_test_diag("walk: decodes %llu misses %llu hits %llu",
+			      (unsigned long long)info.decodes,
+			      (unsigned long long)info.cache_misses,
+			      (unsigned long long)info.cache_hits);
+}
+
+static void test_admission(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .frame_cache = 64 * SMALL };
+	struct ioc_zip_image *img;
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	run_one(img, admission_steps);
+	ioc_zip_image_close(img);
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	run_one(img, admission_walk);
+	ioc_zip_image_close(img);
+}
+
+/* Two large reads of the same frames at once and a small read inside
+ * them, all on one thread: the first claims frames 8-15 (text) and
+ * decodes them into its buffer; the others, started while it waits for
+ * the pool, wait on its claims and get copies.  Each frame is decoded
+ * once.  Then the same on two threads (bytes only: who comes first is
+ * up to the scheduler). */
+static void test_inplace_decoded_once(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	struct ioc_iothread *th[2];
+	struct reader rd[2][3];
+	struct spawn sp[2];
+	char msg[256];
+
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	done.left = 3;
+	done.bad = 0;
+	ASSERT_OK(ioc_iothread_start(&th[0], NULL));
+	rd[0][0] = (struct reader){ .img = img, .reads = 1, .off = 8 * SMALL, .len = 8 * SMALL };
+	rd[0][1] = rd[0][0];
+	rd[0][2] = (struct reader){ .img = img, .reads = 1, .off = 9 * SMALL + 100, .len = 4096 };
+	sp[0] = (struct spawn){ rd[0], 3 };
+	ASSERT_OK(ioc_iothread_call(th[0], spawn_fn, &sp[0]));
+	wait_readers();
+	ioc_iothread_stop(th[0]);
+	ASSERT_EQ(done.bad, 0);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.decodes, 8);
+	ASSERT_UEQ(info.direct_decodes, 8);
+	ASSERT_UEQ(info.cache_hits, 9);
+	ASSERT_UEQ(info.cache_bytes, 0);
+	ASSERT_UEQ(info.errors, 0);
+
+	/* Frames 24-31 (text), from two threads at once. */
+	done.left = 6;
+	done.bad = 0;
+	for (int t = 0; t < 2; t++) {
+		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
+		rd[t][0] = (struct reader){ .img = img, .reads = 1, .off = 24 * SMALL,
+					    .len = 8 * SMALL };
+		rd[t][1] = rd[t][0];
+		rd[t][2] = (struct reader){ .img = img, .reads = 1,
+					    .off = (26 + (unsigned)t) * SMALL + 100, .len = 4096 };
+		sp[t] = (struct spawn){ rd[t], 3 };
+	}
+	for (int t = 0; t < 2; t++)
+		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
+	wait_readers();
+	for (int t = 0; t < 2; t++)
+		ioc_iothread_stop(th[t]);
+	ASSERT_EQ(done.bad, 0);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 0);
 	ioc_zip_image_close(img);
 }
 
@@ -536,5 +694,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_damaged_frame_inline),
 	IOC_TEST(test_readahead),
 	IOC_TEST(test_direct_reads),
+	IOC_TEST(test_admission),
+	IOC_TEST(test_inplace_decoded_once),
 	IOC_TEST(cleanup),
 )

@@ -619,14 +619,16 @@ int main(int argc, char **argv)
 	if (zimg && verbose) {
 		struct ioc_zip_image_info zi;
 		ioc_zip_image_get_info(zimg, &zi);
-		fprintf(stderr, "%s: frame cache: %llu hits, %llu misses, %llu evictions; "
-			"%llu decodes (%llu readahead, %llu in place), %llu streaming reads, "
-			"%llu errors\n",
+		fprintf(stderr, "%s: frame cache: %llu hits, %llu misses, %llu evictions, "
+			"%llu admitted; %llu decodes (%llu readahead, %llu in place), "
+			"%llu stored frames read, %llu streaming reads, %llu errors\n",
 			prog, (unsigned long long)zi.cache_hits,
 			(unsigned long long)zi.cache_misses,
 			(unsigned long long)zi.cache_evictions,
+			(unsigned long long)zi.cache_admitted,
 			(unsigned long long)zi.decodes, (unsigned long long)zi.readaheads,
 			(unsigned long long)zi.direct_decodes,
+			(unsigned long long)zi.stored_reads,
 			(unsigned long long)zi.stream_reads, (unsigned long long)zi.errors);
 	}
 	ioc_zip_overlay_close(zov);
