@@ -406,6 +406,7 @@ static bool maybe_stored(struct ioc_zip_image *img, size_t i)
 	return !atomic_load_explicit(&img->unstored[i], memory_order_relaxed);
 }
 
+#if IOC_HAVE_XXHASH
 static int preadv_all(int fd, struct iovec *iov, int n, uint64_t off)
 {
 	while (n) {
@@ -430,6 +431,7 @@ static int preadv_all(int fd, struct iovec *iov, int n, uint64_t off)
 	}
 	return 0;
 }
+#endif
 
 /* Frame i, whole, into dst: 0, -EIO (damaged: logged), or 1 when it turns
  * out not to be a stored frame (remembered; decode it instead). */
