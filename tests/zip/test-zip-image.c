@@ -161,32 +161,44 @@ static int spawn_fn(void *arg)
 	return 0;
 }
 
+/* Start sp[t]'s readers on an I/O thread each (nt of them), wait until
+ * they are all done, and check that every one read the right bytes. */
+static void run_readers(struct spawn *sp, int nt)
+{
+	struct ioc_iothread *th[2];
+
+	ASSERT_LE(nt, 2);
+	done.left = 0;
+	done.bad = 0;
+	for (int t = 0; t < nt; t++)
+		done.left += sp[t].n;
+	for (int t = 0; t < nt; t++)
+		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
+	for (int t = 0; t < nt; t++)
+		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
+	wait_readers();
+	for (int t = 0; t < nt; t++)
+		ioc_iothread_stop(th[t]);
+	ASSERT_EQ(done.bad, 0);
+}
+
 static void test_random_reads_small_cache(void)
 {
 	struct ioc_zip_image_opts zo = { .frame_cache = 8 * FRAME };
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
-	struct ioc_iothread *th[2];
 	struct reader rd[2][16];
 	struct spawn sp[2];
 	char msg[256];
 
 	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
-	done.left = 32;
-	done.bad = 0;
 	for (int t = 0; t < 2; t++) {
-		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
 		for (int i = 0; i < 16; i++)
 			rd[t][i] = (struct reader){ .img = img, .seed = (unsigned)(t * 16 + i + 1),
 						    .reads = 60 };
 		sp[t] = (struct spawn){ rd[t], 16 };
 	}
-	for (int t = 0; t < 2; t++)
-		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
-	wait_readers();
-	for (int t = 0; t < 2; t++)
-		ioc_iothread_stop(th[t]);
-	ASSERT_EQ(done.bad, 0);
+	run_readers(sp, 2);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.size, SIZE);
 	ASSERT_UGT(info.cache_hits, 0);
@@ -201,28 +213,19 @@ static void test_one_frame_decoded_once(void)
 	struct ioc_zip_image_opts zo = { .no_readahead = true };
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
-	struct ioc_iothread *th[2];
 	struct reader rd[2][8];
 	struct spawn sp[2];
 	char msg[256];
 
 	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
-	done.left = 16;
-	done.bad = 0;
 	for (int t = 0; t < 2; t++) {
-		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
 		for (int i = 0; i < 8; i++)
 			rd[t][i] = (struct reader){ .img = img, .reads = 1,
 						    .off = 6 * FRAME + 1000 * (unsigned)i,
 						    .len = 4096 };
 		sp[t] = (struct spawn){ rd[t], 8 };
 	}
-	for (int t = 0; t < 2; t++)
-		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
-	wait_readers();
-	for (int t = 0; t < 2; t++)
-		ioc_iothread_stop(th[t]);
-	ASSERT_EQ(done.bad, 0);
+	run_readers(sp, 2);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.decodes, 1);
 	ASSERT_UEQ(info.cache_misses, 1);
@@ -587,23 +590,16 @@ static void test_inplace_decoded_once(void)
 	struct ioc_zip_image_opts zo = { .no_readahead = true };
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
-	struct ioc_iothread *th[2];
 	struct reader rd[2][3];
 	struct spawn sp[2];
 	char msg[256];
 
 	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
-	done.left = 3;
-	done.bad = 0;
-	ASSERT_OK(ioc_iothread_start(&th[0], NULL));
 	rd[0][0] = (struct reader){ .img = img, .reads = 1, .off = 8 * SMALL, .len = 8 * SMALL };
 	rd[0][1] = rd[0][0];
 	rd[0][2] = (struct reader){ .img = img, .reads = 1, .off = 9 * SMALL + 100, .len = 4096 };
 	sp[0] = (struct spawn){ rd[0], 3 };
-	ASSERT_OK(ioc_iothread_call(th[0], spawn_fn, &sp[0]));
-	wait_readers();
-	ioc_iothread_stop(th[0]);
-	ASSERT_EQ(done.bad, 0);
+	run_readers(sp, 1);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.decodes, 8);
 	ASSERT_UEQ(info.direct_decodes, 8);
@@ -612,10 +608,7 @@ static void test_inplace_decoded_once(void)
 	ASSERT_UEQ(info.errors, 0);
 
 	/* Frames 24-31 (text), from two threads at once. */
-	done.left = 6;
-	done.bad = 0;
 	for (int t = 0; t < 2; t++) {
-		ASSERT_OK(ioc_iothread_start(&th[t], NULL));
 		rd[t][0] = (struct reader){ .img = img, .reads = 1, .off = 24 * SMALL,
 					    .len = 8 * SMALL };
 		rd[t][1] = rd[t][0];
@@ -623,12 +616,7 @@ static void test_inplace_decoded_once(void)
 					    .off = (26 + (unsigned)t) * SMALL + 100, .len = 4096 };
 		sp[t] = (struct spawn){ rd[t], 3 };
 	}
-	for (int t = 0; t < 2; t++)
-		ASSERT_OK(ioc_iothread_call(th[t], spawn_fn, &sp[t]));
-	wait_readers();
-	for (int t = 0; t < 2; t++)
-		ioc_iothread_stop(th[t]);
-	ASSERT_EQ(done.bad, 0);
+	run_readers(sp, 2);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.errors, 0);
 	ioc_zip_image_close(img);
