@@ -398,17 +398,20 @@ static bool over_budget(struct ioc__zip_fcache *c)
 }
 
 /* A reader's reference to e, found in the table.  Shard lock held. */
-static struct ioc__zip_fentry *hit(struct shard *s, struct ioc__zip_fentry *e, int *state)
+static void hit(struct shard *s, struct ioc__zip_fentry *e, int *state)
 {
 	s->hits++;
 	e->used = true;
 	atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
 	*state = e->state;
-	return e;
 }
 
-struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t key,
-					    size_t len, bool *created, int *state)
+/* get (inplace false: an entry with len bytes of data, on probation or,
+ * if the ghost remembers key, in the ring) and claim (inplace true: no
+ * data, in neither queue, only findable). */
+static struct ioc__zip_fentry *find_or_add(struct ioc__zip_fcache *c, uint64_t key,
+					   size_t len, bool inplace, bool *created,
+					   int *state)
 {
 	size_t b, g;
 	struct shard *s = shard_of(c, key, &b);
@@ -427,16 +430,17 @@ struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t 
 	/* Miss: allocate outside the lock, then insert unless another thread
 	 * inserted first. */
 	fresh = calloc(1, sizeof(*fresh));
-	if (fresh)
+	if (fresh && !inplace)
 		fresh->data = buf_get(c, len, &fresh->pooled);
-	if (!fresh || !fresh->data) {
+	if (!fresh || (!inplace && !fresh->data)) {
 		free(fresh);
 		return NULL;
 	}
 	fresh->key = key;
-	fresh->len = len;
+	fresh->len = inplace ? 0 : len;
 	fresh->state = IOC__ZIP_FC_BUSY;
 	fresh->in_table = true;
+	fresh->inplace = inplace;
 	atomic_init(&fresh->refs, 2); /* the table's and the caller's */
 
 	pthread_mutex_lock(&s->lock);
@@ -447,92 +451,44 @@ struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t 
 		entry_free(c, fresh);
 		return e;
 	}
-	s->misses++;
 	fresh->hnext = s->buckets[b];
 	s->buckets[b] = fresh;
-	g = ghost_slot(s, key);
-	if (s->ghost[g] == key + 1) {
-		/* Dropped from probation lately and wanted again: keep it. */
-		s->ghost[g] = 0;
-		s->admitted++;
-		fresh->used = true;
-		ring_add(&s->hand, fresh);
-	} else {
-		fresh->probation = true;
-		ring_add(&s->fifo, fresh);
-		atomic_fetch_add_explicit(&c->fifo_bytes, len, memory_order_relaxed);
-	}
 	s->count++;
-	atomic_fetch_add_explicit(&c->bytes, len, memory_order_relaxed);
+	if (!inplace) {
+		s->misses++;
+		g = ghost_slot(s, key);
+		if (s->ghost[g] == key + 1) {
+			/* Dropped from probation lately and wanted again:
+			 * keep it. */
+			s->ghost[g] = 0;
+			s->admitted++;
+			fresh->used = true;
+			ring_add(&s->hand, fresh);
+		} else {
+			fresh->probation = true;
+			ring_add(&s->fifo, fresh);
+			atomic_fetch_add_explicit(&c->fifo_bytes, len, memory_order_relaxed);
+		}
+		atomic_fetch_add_explicit(&c->bytes, len, memory_order_relaxed);
+	}
 	pthread_mutex_unlock(&s->lock);
 	*created = true;
 	*state = IOC__ZIP_FC_BUSY;
-	if (over_budget(c))
+	if (!inplace && over_budget(c))
 		make_room(c);
 	return fresh;
+}
+
+struct ioc__zip_fentry *ioc__zip_fcache_get(struct ioc__zip_fcache *c, uint64_t key,
+					    size_t len, bool *created, int *state)
+{
+	return find_or_add(c, key, len, false, created, state);
 }
 
 struct ioc__zip_fentry *ioc__zip_fcache_claim(struct ioc__zip_fcache *c, uint64_t key,
 					      bool *created, int *state)
 {
-	size_t b;
-	struct shard *s = shard_of(c, key, &b);
-	struct ioc__zip_fentry *e, *fresh = calloc(1, sizeof(*fresh));
-
-	*created = false;
-	pthread_mutex_lock(&s->lock);
-	e = lookup(s, b, key);
-	if (e) {
-		hit(s, e, state);
-		pthread_mutex_unlock(&s->lock);
-		free(fresh);
-		return e;
-	}
-	if (!fresh) {
-		pthread_mutex_unlock(&s->lock);
-		return NULL;
-	}
-	/* No data, no bytes, in neither queue: only findable. */
-	fresh->key = key;
-	fresh->state = IOC__ZIP_FC_BUSY;
-	fresh->in_table = true;
-	fresh->inplace = true;
-	atomic_init(&fresh->refs, 2); /* the table's and the caller's */
-	fresh->hnext = s->buckets[b];
-	s->buckets[b] = fresh;
-	s->count++;
-	pthread_mutex_unlock(&s->lock);
-	*created = true;
-	*state = IOC__ZIP_FC_BUSY;
-	return fresh;
-}
-
-void ioc__zip_fcache_publish_inplace(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
-				     const uint8_t *src, int error)
-{
-	size_t b;
-	struct shard *s = shard_of(c, e->key, &b);
-	struct ioc__zip_fc_waiter *w;
-
-	pthread_mutex_lock(&s->lock);
-	e->error = error;
-	e->state = error ? IOC__ZIP_FC_FAILED : IOC__ZIP_FC_READY;
-	w = e->waiters;
-	e->waiters = NULL;
-	detach(c, s, e);
-	pthread_mutex_unlock(&s->lock);
-	while (w) {
-		/* As in publish: next first, the wake may end w's life.  The
-		 * copy comes before the wake, which orders it before the
-		 * waiter's reads. */
-		struct ioc__zip_fc_waiter *next = w->next;
-
-		if (!error && w->len)
-			memcpy(w->dst, src + w->lo, w->len);
-		ioc_co_await_done(&w->aw, error);
-		w = next;
-	}
-	unref(c, e);
+	return find_or_add(c, key, 0, true, created, state);
 }
 
 bool ioc__zip_fcache_contains(struct ioc__zip_fcache *c, uint64_t key)
@@ -567,7 +523,12 @@ bool ioc__zip_fcache_wait_prepare(struct ioc__zip_fcache *c, struct ioc__zip_fen
 	return done;
 }
 
-void ioc__zip_fcache_publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e, int error)
+/* Publish e: final state under the shard lock, then the queued waiters
+ * woken after unlocking.  A failed entry, or one decoded in place (src:
+ * where its bytes are, copied to each waiter's part first), leaves the
+ * table. */
+static void publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
+		    const uint8_t *src, int error)
 {
 	size_t b;
 	struct shard *s = shard_of(c, e->key, &b);
@@ -579,21 +540,36 @@ void ioc__zip_fcache_publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *
 	e->state = error ? IOC__ZIP_FC_FAILED : IOC__ZIP_FC_READY;
 	w = e->waiters;
 	e->waiters = NULL;
-	if (error && e->in_table) {
+	if ((error || e->inplace) && e->in_table) {
 		detach(c, s, e);
 		dropped = true;
 	}
 	pthread_mutex_unlock(&s->lock);
 	while (w) {
 		/* w lives on the waiter's stack: read next before the wake,
-		 * which may let it return and reuse that memory. */
+		 * which may let it return and reuse that memory.  The copy
+		 * comes before the wake, which orders it before the waiter's
+		 * reads. */
 		struct ioc__zip_fc_waiter *next = w->next;
 
+		if (src && !error && w->len)
+			memcpy(w->dst, src + w->lo, w->len);
 		ioc_co_await_done(&w->aw, error);
 		w = next;
 	}
 	if (dropped)
 		unref(c, e);
+}
+
+void ioc__zip_fcache_publish(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e, int error)
+{
+	publish(c, e, NULL, error);
+}
+
+void ioc__zip_fcache_publish_inplace(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e,
+				     const uint8_t *src, int error)
+{
+	publish(c, e, src, error);
 }
 
 void ioc__zip_fcache_put(struct ioc__zip_fcache *c, struct ioc__zip_fentry *e)
