@@ -184,9 +184,12 @@ int ioc__zip_stream(struct ioc__zip_dctx *d, const uint8_t *in, size_t inlen, si
 void ioc__zip_set_base(struct ioc_zip *z, uint64_t off);
 
 /* index.c, shared with image.c: format a message into msg (when given)
- * and return err; read exactly len bytes at off (-ENODATA at EOF). */
+ * and return err; read exactly len bytes at off, or fill n iovecs (which
+ * it advances) from off (-ENODATA at EOF). */
 int ioc__zip_say(char *msg, size_t msglen, int err, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 int ioc__zip_pread_all(int fd, void *buf, size_t len, uint64_t off);
+struct iovec;
+int ioc__zip_preadv_all(int fd, struct iovec *iov, int n, uint64_t off);
 
 #endif /* IOC_ZIP_CODEC_H */

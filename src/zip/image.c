@@ -406,32 +406,6 @@ static bool maybe_stored(struct ioc_zip_image *img, size_t i)
 	return !atomic_load_explicit(&img->unstored[i], memory_order_relaxed);
 }
 
-#if IOC_HAVE_XXHASH
-static int preadv_all(int fd, struct iovec *iov, int n, uint64_t off)
-{
-	while (n) {
-		ssize_t got = preadv(fd, iov, n, (off_t)off);
-
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got < 0)
-			return -errno;
-		if (got == 0)
-			return -ENODATA;
-		off += (uint64_t)got;
-		while (n && (size_t)got >= iov->iov_len) {
-			got -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n) {
-			iov->iov_base = (uint8_t *)iov->iov_base + got;
-			iov->iov_len -= (size_t)got;
-		}
-	}
-	return 0;
-}
-#endif
 
 /* Frame i, whole, into dst: 0, -EIO (damaged: logged), or 1 when it turns
  * out not to be a stored frame (remembered; decode it instead). */
@@ -447,7 +421,7 @@ static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 	struct ioc__zip_frame zf = { 0 };
 	const char *why = NULL;
 	uint32_t bh;
-	int r = preadv_all(img->fd, iov, 3, f->coff);
+	int r = ioc__zip_preadv_all(img->fd, iov, 3, f->coff);
 
 	if (r < 0) {
 		frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
@@ -474,34 +448,37 @@ static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 #endif
 }
 
-/* [lo, lo + len) of frame i into dst, not through the cache: read from
- * the file (a stored frame) or decoded.  0 or -errno.  On the calling
- * thread: for a stored frame a pread and a checksum. */
+/* Frame i whole into dst: read from the file (a stored frame) or decoded
+ * (counted; *decoded set).  0 or -errno.  On the calling thread: for a
+ * stored frame a pread and a checksum. */
+static int frame_whole(struct ioc_zip_image *img, size_t i, uint8_t *dst, bool *decoded)
+{
+	int r = maybe_stored(img, i) ? stored_read(img, i, dst) : 1;
+
+	*decoded = r == 1;
+	if (r == 1) {
+		r = decode_frame(img, i, dst);
+		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+	}
+	return r;
+}
+
+/* [lo, lo + len) of frame i into dst, not through the cache.  0 or
+ * -errno. */
 static int frame_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t *dst,
 		      size_t len)
 {
 	const struct zframe *f = &img->frames[i];
 	struct dslot *s;
-	int r = 1;
+	bool decoded;
+	int r;
 
-	if (lo == 0 && len == f->dsize) {
-		if (maybe_stored(img, i))
-			r = stored_read(img, i, dst);
-		if (r == 1) {
-			r = decode_frame(img, i, dst);
-			atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
-		}
-		return r;
-	}
+	if (lo == 0 && len == f->dsize)
+		return frame_whole(img, i, dst, &decoded);
 	s = dslot_get(img, (size_t)f->dsize);
 	if (!s)
 		return -ENOMEM;
-	if (maybe_stored(img, i))
-		r = stored_read(img, i, s->cbuf);
-	if (r == 1) {
-		r = decode_frame(img, i, s->cbuf);
-		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
-	}
+	r = frame_whole(img, i, s->cbuf, &decoded);
 	if (r == 0)
 		memcpy(dst, s->cbuf + lo, len);
 	dslot_put(img, s);
@@ -631,12 +608,11 @@ static int64_t xjob_run(void *arg)
 
 	for (unsigned k = 0; k < j->n; k++) {
 		const struct zframe *f = &img->frames[j->f[k].idx];
+		bool decoded;
 
-		if (maybe_stored(img, j->f[k].idx) &&
-		    (j->f[k].r = stored_read(img, j->f[k].idx, j->f[k].dst)) != 1)
-			continue;
-		j->f[k].r = decode_frame(img, j->f[k].idx, j->f[k].dst);
-		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+		j->f[k].r = frame_whole(img, j->f[k].idx, j->f[k].dst, &decoded);
+		if (!decoded)
+			continue; /* a stored frame, read from the file */
 		atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
 		if (j->f[k].r == 0 && ioc__zip_all_zero(j->f[k].dst, (size_t)f->dsize))
 			atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "iocore/zip.h"
@@ -32,25 +33,36 @@ int ioc__zip_say(char *msg, size_t msglen, int err, const char *fmt, ...)
 	return err;
 }
 
-int ioc__zip_pread_all(int fd, void *buf, size_t len, uint64_t off)
+int ioc__zip_preadv_all(int fd, struct iovec *iov, int n, uint64_t off)
 {
-	uint8_t *p = buf;
+	while (n) {
+		ssize_t got = preadv(fd, iov, n, (off_t)off);
 
-	while (len) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
 			return -errno;
-		}
-		if (n == 0)
+		if (got == 0)
 			return -ENODATA;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
+		off += (uint64_t)got;
+		while (n && (size_t)got >= iov->iov_len) {
+			got -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n) {
+			iov->iov_base = (uint8_t *)iov->iov_base + got;
+			iov->iov_len -= (size_t)got;
+		}
 	}
 	return 0;
+}
+
+int ioc__zip_pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	struct iovec iov = { buf, len };
+
+	return ioc__zip_preadv_all(fd, &iov, 1, off);
 }
 
 void ioc_zip_index_free(struct ioc_zip_index *ix)
