@@ -337,5 +337,8 @@ void ioc__blk_threads_submit(struct blk_req *r);
 int64_t ioc__blk_sync_rw(struct blk_req *r);
 int64_t ioc__blk_sync_op(struct blk_req *r);
 int64_t ioc__blk_sync_rmw(struct blk_req *r);
+/* Read len bytes at off into p, zeroes past the end of the file: 0 or
+ * -errno (blk-threads.c). */
+int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off);
 
 #endif /* IOC_BLK_INT_H */

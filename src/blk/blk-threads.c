@@ -80,8 +80,10 @@ int64_t ioc__blk_sync_rw(struct blk_req *r)
 	return 0;
 }
 
-static int pread_full(int fd, char *buf, uint64_t len, uint64_t off)
+int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off)
 {
+	char *buf = p;
+
 	while (len) {
 		ssize_t n = pread(fd, buf, len, (off_t)off);
 
@@ -142,12 +144,12 @@ static int rmw_write(struct ioc_blk *blk, uint64_t off, const struct iovec *iov,
 	if (posix_memalign((void **)&buf, balign, a1 - a0))
 		return -ENOMEM;
 	if (off != a0) {
-		ret = pread_full(blk->fd, buf, al, a0);
+		ret = ioc__blk_pread_full(blk->fd, buf, al, a0);
 		if (ret < 0)
 			goto out;
 	}
 	if (off + len != a1 && (a1 - al != a0 || off == a0)) {
-		ret = pread_full(blk->fd, buf + (a1 - al - a0), al, a1 - al);
+		ret = ioc__blk_pread_full(blk->fd, buf + (a1 - al - a0), al, a1 - al);
 		if (ret < 0)
 			goto out;
 	}

@@ -271,25 +271,9 @@ const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
 
 int ioc_blk_map_fault(struct ioc_blk *blk, uint64_t offset, void *buf, size_t len)
 {
-	size_t done = 0;
-
 	/* Relaxed: pairs with the load in ioc_blk_map_read(). */
 	atomic_store_explicit(&blk->map_broken, true, memory_order_relaxed);
-	while (done < len) {
-		ssize_t n = pread(blk->fd, (uint8_t *)buf + done, len - done,
-				  (off_t)(offset + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0) {
-			memset((uint8_t *)buf + done, 0, len - done); /* past EOF */
-			break;
-		}
-		done += (size_t)n;
-	}
-	return 0;
+	return ioc__blk_pread_full(blk->fd, buf, len, offset);
 }
 
 int ioc_blk_open(struct ioc_blk **out, const char *path,
