@@ -313,6 +313,9 @@ struct ioc_zip_image_info {
 	uint64_t cache_probation_bytes; /* of cache_bytes, on probation */
 	uint64_t stored_reads;      /* stored (raw) frames read from the file
 				     * and checked, not decoded nor cached */
+	unsigned decode_threads;    /* pool threads that decode at once, at
+				     * most (online CPUs + 1) */
+	unsigned decode_threads_peak; /* most that did so far */
 };
 /* Any thread. */
 void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info);

@@ -3,7 +3,8 @@
  * cache, driven directly by coroutines on several I/O threads:
  *   - many coroutines on two threads read random ranges through a cache of
  *     eight frames (constant eviction, waits on frames another thread is
- *     decoding) and every byte matches the original;
+ *     decoding) and every byte matches the original, decoded on at most
+ *     CPUs + 1 pool threads at once;
  *   - sixteen coroutines reading one cold frame at once decode it once;
  *   - on a fresh image, cold reads at the start, middle and end of a
  *     frame and across frame boundaries (decoded on the reader's thread
@@ -205,6 +206,11 @@ static void test_random_reads_small_cache(void)
 	ASSERT_UGT(info.cache_evictions, 0);
 	ASSERT_ULE(info.cache_bytes, 8 * FRAME);
 	ASSERT_UEQ(info.errors, 0);
+	/* 32 readers of up to 300000 bytes on two threads: never more
+	 * decoding pool threads than CPUs + 1. */
+	ASSERT_UEQ(info.decode_threads, (unsigned)sysconf(_SC_NPROCESSORS_ONLN) + 1);
+	ASSERT_UGE(info.decode_threads_peak, 1);
+	ASSERT_ULE(info.decode_threads_peak, info.decode_threads);
 	ioc_zip_image_close(img);
 }
 
