@@ -146,6 +146,25 @@ const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len);
 int ioc_blk_map_fault(struct ioc_blk *blk, uint64_t offset, void *buf, size_t len);
 
 /*
+ * Where a write's bytes can be put without a write(2): a pointer to the
+ * len bytes at offset in the same mapping, made writable for writable
+ * images, or NULL (write the ordinary way).  The rules of
+ * ioc_blk_map_read(), and flags 0 (IOC_BLK_FUA: NULL).  Persistent dirty
+ * bitmaps are prepared before it returns; once the bytes are in, or when
+ * the caller gives up after storing part of them, it calls
+ * ioc_blk_map_written() with the same range (0 or -errno, as a write's
+ * bitmap marking).  Meant for the kernel to copy into (an iovec for
+ * recvmsg), as with ioc_blk_map_read(): a file cut short fails that copy
+ * with EFAULT.  Concurrent writes to one range end as concurrent pwritev
+ * calls would: in some order, perhaps torn.  Thread-safe.
+ */
+void *ioc_blk_map_write(struct ioc_blk *blk, uint64_t offset, size_t len, uint32_t flags);
+int ioc_blk_map_written(struct ioc_blk *blk, uint64_t offset, size_t len);
+/* Between the two, bytes from a buffer into part of that range: a pwrite
+ * (the image never waits), with no bitmap work of its own.  0 or -errno. */
+int ioc_blk_map_store(struct ioc_blk *blk, uint64_t offset, const void *buf, size_t len);
+
+/*
  * Write len bytes taken from the pipe pipe_fd at offset (one copy, into
  * the page cache), inline.  Returns 0; -ENOTSUP with the pipe untouched
  * where it cannot be done without waiting (all but tmpfs without swap,

@@ -22,7 +22,7 @@
  *   never hits from paying for the syscall (probing one request in 32).
  *   Without RWF_NOWAIT (tmpfs) cachestat(2) says whether the range is
  *   cached; tmpfs without swap needs neither (large writes: below).  Pages
- *   also go to a pipe (splice_read) or are lent from a mapping (map_read).
+ *   also go to a pipe (splice_read), or to and from a mapping (map_*).
  * - Backends are chosen per request: io_uring on the current loop's ring
  *   (one io_uring_enter per loop iteration), else the loop's thread pool,
  *   which also takes what io_uring cannot express cheaply (ioctls, the
@@ -187,6 +187,7 @@ static void discover_alignment(struct ioc_blk *blk)
  * boundary: ranges in huge pages (huge.c) are then mapped by one entry
  * each, and the kernel's copy takes no TLB miss per 4 KiB page (with
  * 4 KiB pages the one copy left cost about what the two it replaced did).
+ * Writable images are mapped writable, for ioc_blk_map_write() (below).
  * Cost: address space the size of the image, page tables (2 MiB per GiB
  * read in 4 KiB pages, 4 KiB per GiB in huge pages), a bit per chunk.
  */
@@ -224,7 +225,9 @@ static void map_setup(struct ioc_blk *blk, const struct stat *st)
 			munmap(lo, (size_t)(at - lo));
 		if (tail)
 			munmap(at + size, tail);
-		p = mmap(at, (size_t)size, PROT_READ, MAP_SHARED | MAP_FIXED, blk->fd, 0);
+		/* Writable unless the image is read-only: ioc_blk_map_write(). */
+		p = mmap(at, (size_t)size, blk->read_only ? PROT_READ : PROT_READ | PROT_WRITE,
+			 MAP_SHARED | MAP_FIXED, blk->fd, 0);
 		if (p == MAP_FAILED)
 			munmap(at, (size_t)size);
 	}
@@ -237,16 +240,10 @@ static void map_setup(struct ioc_blk *blk, const struct stat *st)
 	blk->map_len = size;
 }
 
-const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
+/* The page tables of the chunks under [offset, offset + len) filled; false:
+ * not now (cut short, no memory). */
+static bool map_fill(struct ioc_blk *blk, uint64_t offset, size_t len)
 {
-	/* Relaxed: pairs with the stores in ioc_blk_map_fault() and
-	 * map_stop(); a thread that lends once more after the first takes
-	 * the same fallback, after the second reads zeroes from a hole. */
-	if (!blk->map || atomic_load_explicit(&blk->map_broken, memory_order_relaxed) ||
-	    !blk->never_waits || !blk->fast_path || blk->fault ||
-	    len == 0 || offset > blk->map_len || len > blk->map_len - offset ||
-	    offset + len > blk_size(blk))
-		return NULL;
 	for (uint64_t k = offset / MAP_CHUNK; k <= (offset + len - 1) / MAP_CHUNK; k++) {
 		_Atomic uint64_t *w = &blk->map_filled[k / MAP_BITS];
 		uint64_t bit = 1ull << (k % MAP_BITS);
@@ -261,12 +258,72 @@ const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
 			continue;
 		if (madvise((void *)(blk->map + at), n, MADV_POPULATE_READ) < 0 &&
 		    errno != EINVAL)
-			return NULL; /* cut short, or no memory: not now */
+			return false; /* cut short, or no memory: not now */
 		/* EINVAL: a kernel without MADV_POPULATE_READ (before 5.14);
 		 * pages then fault in one by one. */
 		atomic_fetch_or_explicit(w, bit, memory_order_relaxed);
 	}
+	return true;
+}
+
+/* Whether [offset, offset + len) may be lent now (ioc_blk_map_read()). */
+static bool map_ok(struct ioc_blk *blk, uint64_t offset, size_t len)
+{
+	/* Relaxed: pairs with the stores in ioc_blk_map_fault() and
+	 * map_stop(); a thread that lends once more after the first takes
+	 * the same fallback, after the second reads zeroes from a hole. */
+	return blk->map && !atomic_load_explicit(&blk->map_broken, memory_order_relaxed) &&
+	       blk->never_waits && blk->fast_path && !blk->fault &&
+	       len != 0 && offset <= blk->map_len && len <= blk->map_len - offset &&
+	       offset + len <= blk_size(blk);
+}
+
+const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
+{
+	if (!map_ok(blk, offset, len) || !map_fill(blk, offset, len))
+		return NULL;
 	return blk->map + offset;
+}
+
+/*
+ * Writes into the mapping: a caller that receives a WRITE's payload from a
+ * socket has the kernel copy it straight into the page cache, one copy
+ * with no write(2) after it, where a receive into a buffer and a pwritev
+ * made two.  The rules of map_read, plus a writable image and no FUA (the
+ * mapping has no durable write).  Dirty bitmaps are prepared here, before
+ * the bytes land, and marked by ioc_blk_map_written().  A file cut short
+ * meanwhile makes the kernel's copy fail with EFAULT, never a SIGBUS.
+ */
+void *ioc_blk_map_write(struct ioc_blk *blk, uint64_t offset, size_t len, uint32_t flags)
+{
+	if (blk->read_only || (flags & IOC_BLK_FUA) || flags & ~IOC_BLK_FUA ||
+	    !map_ok(blk, offset, len) || !map_fill(blk, offset, len) ||
+	    blk_dirty_prepare(blk, offset, len) < 0)
+		return NULL;
+	return (void *)(blk->map + offset);
+}
+
+int ioc_blk_map_written(struct ioc_blk *blk, uint64_t offset, size_t len)
+{
+	return blk_dirty_mark(blk, offset, len);
+}
+
+int ioc_blk_map_store(struct ioc_blk *blk, uint64_t offset, const void *buf, size_t len)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pwrite(blk->fd, (const uint8_t *)buf + done, len - done,
+				   (off_t)(offset + done));
+
+		if (n > 0)
+			done += (size_t)n;
+		else if (n == 0)
+			return -EIO;
+		else if (errno != EINTR)
+			return -errno;
+	}
+	return 0;
 }
 
 int ioc_blk_map_fault(struct ioc_blk *blk, uint64_t offset, void *buf, size_t len)

@@ -1157,6 +1157,75 @@ out:
 	free(sparse);
 }
 
+/* Writes into the mapping: the kernel's copy into what
+ * ioc_blk_map_write() gives lands in the file, ioc_blk_map_store() too,
+ * and ioc_blk_map_written() marks the dirty bitmap; never for FUA,
+ * unknown flags, a read-only image or after a discard. */
+static void test_map_write(void)
+{
+	char *path = bt_make_image(NULL, "mapw.img", MAP_IMG, true);
+	struct ioc_blk_opts ro = { .read_only = true };
+	struct ioc_blk_dirty_opts dopts = { .name = "mw" };
+	struct ioc_blk_dirty *bm;
+	struct map_arg a = { 0 };
+	struct ioc_blk *blk;
+	uint8_t src[8192], got[8192];
+	uint64_t len;
+	int fd = open(path, O_RDWR), pp[2];
+	uint8_t *p;
+
+	ASSERT_GE(fd, 0);
+	bt_get_loop();
+	ASSERT_OK(ioc_blk_open(&blk, path, NULL));
+	if (!blk->never_waits) {
+		ioc_test_diag("map_write: the test directory is not tmpfs without swap");
+		ASSERT_NULL(ioc_blk_map_write(blk, 0, 4096, 0));
+		ioc_blk_close(blk);
+		goto out;
+	}
+	ASSERT_OK(ioc_blk_dirty_add(blk, &dopts, &bm));
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (uint8_t)(i * 7 + 3);
+	/* Across a chunk edge, from a pipe by the kernel's copy. */
+	const uint64_t off = (2u << 20) - 4096 - 100;
+	p = ioc_blk_map_write(blk, off, sizeof(src), 0);
+	ASSERT_NOT_NULL(p);
+	ASSERT_TRUE(p == (const uint8_t *)ioc_blk_map_read(blk, off, sizeof(src)));
+	ASSERT_OK(pipe2(pp, O_CLOEXEC));
+	ASSERT_EQ(write(pp[1], src, 5000), 5000);
+	ASSERT_EQ(read(pp[0], p, 5000), 5000);
+	ASSERT_OK(ioc_blk_map_store(blk, off + 5000, src + 5000, sizeof(src) - 5000));
+	ASSERT_EQ(pread(fd, got, sizeof(got), (off_t)off), (ssize_t)sizeof(got));
+	ASSERT_OK(memcmp(got, src, sizeof(src)));
+	/* Marked by ioc_blk_map_written(), not before. */
+	ASSERT_EQ(ioc_blk_dirty_extent(bm, 0, MAP_IMG, &len), 0);
+	ASSERT_OK(ioc_blk_map_written(blk, off, sizeof(src)));
+	ASSERT_EQ(ioc_blk_dirty_extent(bm, off / 65536 * 65536, 65536, &len), 1);
+	ASSERT_EQ(ioc_blk_dirty_extent(bm, 0, 65536, &len), 0);
+	ASSERT_NULL(ioc_blk_map_write(blk, 0, 4096, IOC_BLK_FUA));
+	ASSERT_NULL(ioc_blk_map_write(blk, 0, 4096, 1u << 20));
+	ASSERT_NULL(ioc_blk_map_write(blk, 0, 0, 0));
+	ASSERT_NULL(ioc_blk_map_write(blk, MAP_IMG - 10, 20, 0));
+	/* A discard ends it, as it ends lending. */
+	a.blk = blk;
+	bt_run_co_fn(map_discard_body, &a);
+	ASSERT_OK(a.ret);
+	ASSERT_NULL(ioc_blk_map_write(blk, 0, 4096, 0));
+	close(pp[0]);
+	close(pp[1]);
+	ioc_blk_close(blk);
+	/* Read-only: lent, never written. */
+	ASSERT_OK(fallocate(fd, 0, 0, MAP_IMG));
+	ASSERT_OK(ioc_blk_open(&blk, path, &ro));
+	ASSERT_NOT_NULL(ioc_blk_map_read(blk, 0, 4096));
+	ASSERT_NULL(ioc_blk_map_write(blk, 0, 4096, 0));
+	ioc_blk_close(blk);
+out:
+	close(fd);
+	unlink(path);
+	free(path);
+}
+
 static void test_cleanup(void)
 {
 	rmdir(ioc_test_tmpdir());
@@ -1175,5 +1244,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_splice_read),
 	IOC_TEST(test_writer),
 	IOC_TEST(test_map_read),
+	IOC_TEST(test_map_write),
 	IOC_TEST(test_cleanup),
 )
