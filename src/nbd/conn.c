@@ -15,8 +15,9 @@
  *   and parses every complete request in it (transmission.c), so one recv
  *   carries many requests.  A short recv means the socket is empty: no
  *   second recv just to see EAGAIN.  A large WRITE payload still arriving
- *   goes straight into its buffer, the next header with it (recvmsg), or
- *   into a pipe, the next header alone: so the next payload does too.
+ *   goes straight into a tmpfs image's map, whole blocks (wmap_begin()), or
+ *   its buffer, the next header with it (recvmsg), or into a pipe (then to
+ *   the file), the next header alone: so the next payload does too.
  * - One coroutine per request, from the coroutine pool, runs it against
  *   the block layer (a cached read on the inline fast path never yields)
  *   and queues the reply.  Handshake output travels in the same queue.
@@ -27,8 +28,7 @@
  *   works on the first replies while we parse on.  READ data is read into
  *   the buffer the reply iovec points at, or lent by a tmpfs image's map
  *   (map_reads), or (zc_read_min, off by default: the client pays more
- *   than we save) spliced into a pipe, then on to the socket.  A large
- *   WRITE payload is spliced socket -> pipe -> file: one copy, not two.
+ *   than we save) spliced into a pipe, then on to the socket.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
  *   reading until replies drain, so a client that never reads stalls only
@@ -111,6 +111,14 @@ struct conn {
 	bool hdr_first;                 /* a large WRITE just arrived: receive
 					 * the next request's header alone */
 	bool zc_wr_off;                 /* the socket refused to splice out */
+	/* The partial WRITE's payload goes into the image's mapping here
+	 * (map_write; NULL: not now): see wmap_begin(). */
+	uint8_t *wmap;
+	/* Its payload's bytes from wmap_from to partial_got wait in the
+	 * request's buf (wmap_held) until their block is whole. */
+	uint64_t wmap_from;
+	bool wmap_held;
+	int wmap_err;                   /* a held block failed to store */
 
 	/* TLS (tls.c).  STARTTLS queues its ACK in the clear (ACKED); once
 	 * the ACK is out, the handshake (HANDSHAKE); then every byte goes
@@ -253,6 +261,8 @@ static void req_release(struct conn *c, struct ioc__nbd_req *r)
 	c->inflight--;
 	c->inflight_bytes -= req_bytes(r);
 	r->mapped = false; /* a recycled request lends nothing */
+	r->wmap_len = 0;
+	r->wmap_tried = false;
 	if (r->pipe) {
 		zc_put(r, r->pipe);
 		r->pipe = NULL;
@@ -665,6 +675,17 @@ static void gate_report(struct ioc_nbd_server *srv)
 	pthread_mutex_unlock(&srv->gate_lock);
 }
 
+/* A request past the gate is done with the image. */
+static void exec_end(struct nbd_thread *t)
+{
+	if (--t->executing == 0 && t->gate_draining) {
+		t->gate_draining = false;
+		gate_report(t->srv);
+	}
+}
+
+static void wmap_end(struct conn *c, struct ioc__nbd_req *p, uint64_t got);
+
 static void gate_apply(struct ioc_task *task)
 {
 	struct nbd_thread *t = ioc_container_of(task, struct nbd_thread, gate_task);
@@ -672,6 +693,11 @@ static void gate_apply(struct ioc_task *task)
 	/* relaxed: ordered after the changer's store by the task's post. */
 	int state = atomic_load_explicit(&srv->gate, memory_order_relaxed);
 
+	/* A payload arriving into the mapping stops there: its bytes so
+	 * far count as written, the rest waits in buf for the gate. */
+	for (struct conn *c = t->conns; c && state != IOC__NBD_GATE_OPEN; c = c->next)
+		if (c->wmap)
+			wmap_end(c, c->core.partial, c->core.partial_got);
 	if (state == IOC__NBD_GATE_HOLD) {
 		if (t->executing) {
 			t->gate_draining = true; /* the last request reports */
@@ -759,10 +785,7 @@ static void ioc_coroutine_fn req_co(void *opaque)
 	ioc__nbd_execute(&c->core, r);
 	t1 = ioc_now_ns();
 	account(c, r, t1 - t0);
-	if (--t->executing == 0 && t->gate_draining) {
-		t->gate_draining = false;
-		gate_report(t->srv);
-	}
+	exec_end(t);
 	/* Active mirroring: acquire pairs with the migration thread's release
 	 * store of srv->mirror (migrate-source.c, mirror_start). */
 	if (!r->failed && atomic_load_explicit(&t->srv->mirror, memory_order_acquire)) {
@@ -973,6 +996,131 @@ static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
 				    (p->flags & NBD_CMD_FLAG_FUA) ? IOC_NBD_BE_FUA : 0) == 0;
 }
 
+/*
+ * A large WRITE's payload may instead be received straight into the
+ * image's mapping (map_write): the kernel's one copy lands in the page
+ * cache, and no pwritev follows.  The bytes change the image as they
+ * arrive, before the request reaches the gate, so from here until
+ * wmap_end() the request counts as past the gate (t->executing): a HOLD
+ * waits for it, or ends it early (gate_apply()), the rest of the payload
+ * then going to buf and written the ordinary way.  Whole blocks only: each
+ * receive asks for what the socket holds (FIONREAD) cut at a block
+ * boundary of the image, and a block's first part that arrived without
+ * its end waits in buf until it is whole, so a client that hangs up in
+ * the middle of a payload leaves no block of it torn (the whole blocks
+ * that arrived are written).  What came before (with the header, now in
+ * buf) is stored at the start the same way.  Only in the clear (the
+ * kernel copies: a file cut short is an EFAULT, not a SIGBUS).
+ */
+#define IOC_NBD_WMAP_BLOCK 4096u
+
+static void wmap_begin(struct conn *c, struct ioc__nbd_req *p)
+{
+	const struct ioc__nbd_export *e = c->core.exp;
+	struct nbd_thread *t = c->t;
+	uint64_t got = c->core.partial_got, whole;
+
+	if (p->wmap_tried)
+		return;
+	p->wmap_tried = true;
+	if (p->type != NBD_CMD_WRITE || !t->srv->map_writes ||
+	    p->len - got < IOC_NBD_DIRECT_MIN ||
+	    c->tls_state != TLS_NONE || !e->ops->map_write || !e->ops->map_store ||
+	    /* relaxed: as in req_co(); a change is applied by gate_apply()
+	     * on this thread, which then sees the count. */
+	    atomic_load_explicit(&t->srv->gate, memory_order_relaxed) != IOC__NBD_GATE_OPEN)
+		return;
+	c->wmap = e->ops->map_write(e->be, p->offset, (size_t)p->len,
+				    (p->flags & NBD_CMD_FLAG_FUA) && e->can_fua ?
+				    IOC_NBD_BE_FUA : 0);
+	if (!c->wmap)
+		return;
+	c->wmap_err = 0;
+	t->executing++;
+	/* What came with the header (in buf): its whole blocks now, the
+	 * rest held. */
+	whole = (p->offset + got) / IOC_NBD_WMAP_BLOCK * IOC_NBD_WMAP_BLOCK;
+	whole = whole > p->offset ? whole - p->offset : 0;
+	if (whole)
+		c->wmap_err = e->ops->map_store(e->be, p->offset, p->buf, (size_t)whole);
+	c->wmap_held = got > whole;
+	c->wmap_from = whole;
+}
+
+/* No more of p's payload goes into the mapping: what is there (all of it
+ * before a held block) is marked (dirty bitmaps), the rest comes from buf,
+ * and the request leaves the gate's count. */
+static void wmap_end(struct conn *c, struct ioc__nbd_req *p, uint64_t got)
+{
+	const struct ioc__nbd_export *e = c->core.exp;
+	uint64_t in = c->wmap_held ? c->wmap_from : got;
+	int ret = in ? e->ops->map_written(e->be, p->offset, (size_t)in) : 0;
+
+	p->wmap_len = in;
+	p->wmap_ret = c->wmap_err ? c->wmap_err : ret;
+	c->wmap = NULL;
+	exec_end(c->t);
+}
+
+/* One receive of p's payload into the mapping (whole blocks) and buf (a
+ * block's first part), and with the payload's end the next header into
+ * in[] (as conn_recv_hdr()).  Bytes received in all, 0 at EOF or -errno;
+ * *take: how many of them were asked for as payload. */
+static ssize_t wmap_recv(struct conn *c, struct ioc__nbd_req *p, size_t hsz, size_t *take)
+{
+	struct ioc__nbd_conn *core = &c->core;
+	const struct ioc__nbd_export *e = core->exp;
+	const uint64_t B = IOC_NBD_WMAP_BLOCK;
+	uint64_t got = core->partial_got, want = p->len - got, end, mid, nb = got;
+	struct iovec iov[4];
+	struct msghdr m = { .msg_iov = iov };
+	int avail = 0;
+	ssize_t n;
+
+	if (ioctl(c->fd, FIONREAD, &avail) < 0 || avail <= 0 || (uint64_t)avail >= want)
+		avail = 0; /* ask for all of it */
+	end = avail ? got + (uint64_t)avail : p->len;
+	/* [got, nb): the held block's rest, into buf; [nb, mid): whole
+	 * blocks, into the mapping; [mid, end): a block's first part. */
+	if (c->wmap_held) {
+		nb = ((p->offset + c->wmap_from) / B + 1) * B - p->offset;
+		if (nb > end)
+			nb = end;
+		iov[m.msg_iovlen++] = (struct iovec){ p->buf + got, (size_t)(nb - got) };
+	}
+	mid = end == p->len ? end : (p->offset + end) / B * B;
+	mid = end == p->len ? end : mid > p->offset + nb ? mid - p->offset : nb;
+	if (mid > nb)
+		iov[m.msg_iovlen++] = (struct iovec){ c->wmap + nb, (size_t)(mid - nb) };
+	if (end > mid)
+		iov[m.msg_iovlen++] = (struct iovec){ p->buf + mid, (size_t)(end - mid) };
+	if (end == p->len && hsz) {
+		ioc__nbd_conn_compact(core);
+		iov[m.msg_iovlen++] = (struct iovec){ core->in + core->in_end, hsz };
+	}
+	*take = (size_t)(end - got);
+	do {
+		n = recvmsg(c->fd, &m, MSG_DONTWAIT);
+	} while (n < 0 && errno == EINTR);
+	if (n <= 0)
+		return n < 0 ? -errno : 0;
+	got += (uint64_t)n < *take ? (uint64_t)n : *take;
+	if (c->wmap_held && got >= nb && (nb == p->len || (p->offset + nb) % B == 0)) {
+		/* The held block is whole (or the payload's end): store it. */
+		int r = e->ops->map_store(e->be, p->offset + c->wmap_from,
+					  p->buf + c->wmap_from, (size_t)(nb - c->wmap_from));
+
+		if (r < 0 && !c->wmap_err)
+			c->wmap_err = r;
+		c->wmap_held = false;
+	}
+	if (!c->wmap_held && got > mid) {
+		c->wmap_held = true;
+		c->wmap_from = mid;
+	}
+	return n;
+}
+
 /* Move what p's pipe holds (all of the payload received so far) into
  * p->buf and give the pipe back: the payload goes on the ordinary way. */
 static ssize_t pipe_back_to_buf(struct conn *c, struct ioc__nbd_req *p)
@@ -1095,7 +1243,10 @@ static void tx_process(struct conn *c)
 		struct ioc__nbd_req *p = core->partial;
 		ssize_t n;
 		size_t want;
-		if (p && !p->error && core->in_start == core->in_end &&
+		if (p && !p->error && core->in_start == core->in_end && !p->pipe &&
+		    !c->wmap && !p->wmap_tried)
+			wmap_begin(c, p);
+		if (p && !p->error && core->in_start == core->in_end && !c->wmap &&
 		    (p->pipe || (core->partial_got == 0 && zc_write_ok(c, p) &&
 				 (p->pipe = zc_get(p))))) {
 			want = (size_t)(p->len - core->partial_got);
@@ -1114,22 +1265,40 @@ static void tx_process(struct conn *c)
 				continue;
 			}
 		} else if (p && !p->error && core->in_start == core->in_end &&
-		    p->len - core->partial_got >= IOC_NBD_DIRECT_MIN) {
+		    (c->wmap || p->len - core->partial_got >= IOC_NBD_DIRECT_MIN)) {
 			/* In the clear, the next request's header comes in
 			 * the same recvmsg, into in[] (see conn_recv_hdr()). */
 			size_t hsz = c->tls_state != TLS_NONE ? 0 :
 				     core->extended ? NBD_EXT_REQUEST_SIZE : NBD_REQUEST_SIZE;
 			want = (size_t)(p->len - core->partial_got);
-			if (hsz)
-				ioc__nbd_conn_compact(core);
-			n = hsz ? conn_recv_hdr(c, p->buf + core->partial_got, want,
-						core->in + core->in_end, hsz)
-				: conn_recv(c, p->buf + core->partial_got, want);
+			if (c->wmap) {
+				size_t take;
+
+				n = wmap_recv(c, p, hsz, &take);
+				if (n == -EFAULT) {
+					/* The image was cut short under the
+					 * mapping: the rest into buf, written
+					 * the ordinary way. */
+					wmap_end(c, p, core->partial_got);
+					continue;
+				}
+				if (take < want)
+					hsz = 0; /* not asked for this time */
+				want = take;
+			} else {
+				if (hsz)
+					ioc__nbd_conn_compact(core);
+				n = hsz ? conn_recv_hdr(c, p->buf + core->partial_got, want,
+							core->in + core->in_end, hsz)
+					: conn_recv(c, p->buf + core->partial_got, want);
+			}
 			if (n > 0) {
 				size_t pay = (size_t)n < want ? (size_t)n : want;
 
 				drained = (size_t)n < want + hsz && !tls_pending(c);
 				core->in_end += (size_t)n - pay;
+				if (c->wmap && core->partial_got + pay == p->len)
+					wmap_end(c, p, p->len);
 				struct ioc__nbd_req *done =
 					ioc__nbd_payload_arrived(core, pay);
 				if (done) {
@@ -1263,6 +1432,8 @@ static void conn_destroy(struct conn *c)
 	free(c->tls_out);
 	close(c->fd);
 	if (c->core.partial) {
+		if (c->wmap) /* what arrived is in the image */
+			wmap_end(c, c->core.partial, c->core.partial_got);
 		if (c->core.partial->pipe)
 			zc_put(c->core.partial, c->core.partial->pipe);
 		req_free(c->core.partial);

@@ -49,6 +49,21 @@ static int be_map_fault(void *be, uint64_t off, void *buf, size_t len)
 	return ioc_blk_map_fault(be, off, buf, len);
 }
 
+static void *be_map_write(void *be, uint64_t off, size_t len, uint32_t flags)
+{
+	return ioc_blk_map_write(be, off, len, (flags & IOC_NBD_BE_FUA) ? IOC_BLK_FUA : 0);
+}
+
+static int be_map_written(void *be, uint64_t off, size_t len)
+{
+	return ioc_blk_map_written(be, off, len);
+}
+
+static int be_map_store(void *be, uint64_t off, const void *buf, size_t len)
+{
+	return ioc_blk_map_store(be, off, buf, len);
+}
+
 static int ioc_coroutine_fn be_splice_write(void *be, uint64_t off, size_t len,
 					    int pipe_fd, uint32_t flags)
 {
@@ -142,6 +157,9 @@ static const struct ioc__nbd_backend_ops blk_ops = {
 	.splice_write = be_splice_write,
 	.map_read = be_map_read,
 	.map_fault = be_map_fault,
+	.map_write = be_map_write,
+	.map_written = be_map_written,
+	.map_store = be_map_store,
 };
 
 int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,

@@ -87,6 +87,9 @@ struct ioc_nbd_server {
 	 * connections' map_reads; off only for tests and A/B runs). */
 	bool map_reads;
 	bool map_all;                   /* IOC_NBD_TEST_MAP=all: map_small always */
+	/* WRITE payloads may be received into the image's mapping (conn.c,
+	 * wmap_begin(); IOC_NBD_TEST_MAPW=off: never, tests and A/B runs). */
+	bool map_writes;
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */

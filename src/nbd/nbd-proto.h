@@ -260,6 +260,16 @@ struct ioc__nbd_backend_ops {
 	 * at offset into buf the ordinary way, zeroes past the end of the
 	 * file.  0 or -errno.  Not a coroutine: it never waits. */
 	int (*map_fault)(void *be, uint64_t offset, void *buf, size_t len);
+	/* Writes without a write(2) (NULL: none): where the transport's
+	 * kernel may copy a WRITE's len bytes at offset (ioc_blk_map_write()),
+	 * or NULL: write the ordinary way.  Flags as for pwrite.  Once bytes
+	 * are in (or the transport gives up part way), map_written() with
+	 * the range stored: 0 or -errno.  Neither waits. */
+	void *(*map_write)(void *be, uint64_t offset, size_t len, uint32_t flags);
+	int (*map_written)(void *be, uint64_t offset, size_t len);
+	/* Between the two: put len bytes of buf at offset, inside the range
+	 * map_write gave (a kernel copy, never waiting).  0 or -errno. */
+	int (*map_store)(void *be, uint64_t offset, const void *buf, size_t len);
 };
 
 struct ioc__nbd_export {
@@ -322,6 +332,12 @@ struct ioc__nbd_req {
 	bool no_reply;                  /* DISC */
 	bool failed;                    /* the reply is an error */
 	bool mapped;                    /* READ data iovec lent by map_read */
+	/* WRITE: the transport received the payload's first wmap_len bytes
+	 * into the image's mapping (map_write), the rest, if any, into buf;
+	 * wmap_ret is map_written()'s answer. */
+	uint64_t wmap_len;
+	int wmap_ret;
+	bool wmap_tried;                /* the transport asked map_write */
 
 	void *transport;                /* the transport's per-request object */
 	/* READ data spliced into a pipe instead of buf: the reply iovec

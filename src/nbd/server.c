@@ -153,6 +153,8 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 	const char *map = getenv("IOC_NBD_TEST_MAP");
 	srv->map_reads = !(map && strcmp(map, "off") == 0);
 	srv->map_all = map && strcmp(map, "all") == 0;
+	map = getenv("IOC_NBD_TEST_MAPW");
+	srv->map_writes = !(map && strcmp(map, "off") == 0);
 	pthread_mutex_init(&srv->gate_lock, NULL);
 	pthread_cond_init(&srv->gate_cond, NULL);
 	*out = srv;

@@ -710,7 +710,14 @@ void ioc_coroutine_fn ioc__nbd_execute(const struct ioc__nbd_conn *c,
 			read_plain(c, r);
 		return;
 	case NBD_CMD_WRITE:
-		if (r->pipe)
+		if (r->wmap_len) {
+			/* In the image already, all or the first part. */
+			ret = r->wmap_ret;
+			if (ret == 0 && r->wmap_len < r->len)
+				ret = e->ops->pwrite(e->be, r->offset + r->wmap_len,
+						     r->buf + r->wmap_len,
+						     r->len - r->wmap_len, f);
+		} else if (r->pipe)
 			ret = write_from_pipe(c, r, f);
 		else
 			ret = e->ops->pwrite(e->be, r->offset, r->buf, r->len, f);

@@ -17,7 +17,9 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/magic.h>
 #include <sched.h>
+#include <sys/statfs.h>
 
 #include "nbd-test-server.h"
 
@@ -481,6 +483,131 @@ static void test_hangup_mid_payload(void)
 	ts_stop(&s);
 }
 
+/* An image the block layer maps: every block allocated (a sparse one is
+ * never mapped; see ioc_blk_map_read()).  True when WRITE payloads may be
+ * received into that mapping: tmpfs with no swap configured. */
+static bool prepare_mapped(struct ts_srv *s)
+{
+	struct statfs sf;
+	char line[256];
+	int lines = 0;
+	int fd;
+	FILE *f;
+
+	ts_prepare(s, NULL, IMG_SIZE);
+	fd = open(s->img, O_RDWR);
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(fallocate(fd, 0, 0, IMG_SIZE));
+	ASSERT_OK(fstatfs(fd, &sf));
+	close(fd);
+	f = fopen("/proc/swaps", "r");
+	while (f && fgets(line, sizeof(line), f))
+		lines++;
+	if (f)
+		fclose(f);
+	return sf.f_type == TMPFS_MAGIC && f && lines == 1;
+}
+
+/* Payloads received into the image's mapping (the default on a mapped
+ * image): the pipelined mix, and payloads arriving in small pieces. */
+static void test_map_writes(void)
+{
+	static const struct { uint64_t off, len; } w[] = {
+		{ 100, 1u << 20 }, { (2u << 20) + 4096, (3u << 20) + 5 }, { 7u << 20, 300000 },
+	};
+	uint8_t *b = malloc(4u << 20);
+	struct ts_srv s;
+	struct cl_conn c;
+
+	ASSERT_NOT_NULL(b);
+	if (!prepare_mapped(&s))
+		ioc_test_diag("map writes: the test directory is not tmpfs without swap");
+	start(&s, "io_uring", false, "off");
+	for (int mode = 0; mode < 3; mode++)
+		exercise(&s, false, mode, (unsigned)mode * 3 + 40);
+	connect_to(&s, false, &c, 1);
+	for (unsigned i = 0; i < 3; i++) {
+		fill(b, w[i].off, w[i].len, 12);
+		ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 10 + i, w[i].off, w[i].len, NULL));
+		for (size_t at = 0, k = 0; at < w[i].len; k++) {
+			size_t piece = 100 + (k * 7919) % 9000;
+
+			if (piece > w[i].len - at)
+				piece = w[i].len - at;
+			ASSERT_OK(cl_write(c.fd, b + at, piece));
+			at += piece;
+			if (k % 8 == 0)
+				sched_yield();
+		}
+	}
+	for (unsigned i = 0; i < 3; i++) {
+		struct cl_reply rep;
+		uint8_t pl[512];
+
+		ASSERT_OK(cl_reply(&c, &rep, pl, sizeof(pl), 0));
+		ASSERT_EQ(cl_reply_error(&rep, pl), 0);
+	}
+	for (unsigned i = 0; i < 3; i++)
+		check_range(&c, w[i].off, w[i].len, 12);
+	close(c.fd);
+	ts_stop(&s);
+	free(b);
+}
+
+/* A client hangs up in the middle of a payload going into the mapping:
+ * the whole 4 KiB blocks of the image that arrived are written, the block
+ * the payload stopped in and everything after it are not (no block is
+ * torn); a payload sent in one piece or many, from a block boundary or
+ * not.  Without the mapping nothing of the cut write lands. */
+static void test_map_write_hangup(void)
+{
+	const size_t len = 1u << 20, sent = 600000;
+	uint8_t *b = malloc(len), *got = malloc(len), *want = malloc(len);
+
+	ASSERT_NOT_NULL(b);
+	ASSERT_NOT_NULL(got);
+	ASSERT_NOT_NULL(want);
+	for (int run = 0; run < 4; run++) {
+		uint64_t off = (8u << 20) + (run & 1 ? 1000 : 0), landed = 0;
+		struct ts_srv s;
+		struct cl_conn c;
+		bool mapped = prepare_mapped(&s);
+		char eof;
+
+		start(&s, "io_uring", false, NULL);
+		connect_to(&s, false, &c, 1);
+		fill(b, off, len, 21);
+		ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 1, off, len, NULL));
+		for (size_t at = 0, k = 0; at < sent; k++) {
+			size_t piece = run & 2 ? 1 + (k * 4049) % 7000 : sent;
+
+			if (piece > sent - at)
+				piece = sent - at;
+			ASSERT_OK(cl_write(c.fd, b + at, piece));
+			at += piece;
+			if (k % 8 == 0)
+				sched_yield();
+		}
+		ASSERT_OK(shutdown(c.fd, SHUT_WR));
+		ASSERT_EQ(read(c.fd, &eof, 1), 0); /* nothing answered, closed */
+		close(c.fd);
+		if (mapped)
+			landed = (off + sent) / 4096 * 4096 - off;
+		else
+			ioc_test_diag("map writes: the test directory is not tmpfs without swap");
+		memcpy(want, b, landed);
+		memset(want + landed, 0, len - landed);
+		connect_to(&s, false, &c, 1);
+		ASSERT_EQ(cl_pread(&c, 0, got, off, len, NULL, NULL), 0);
+		ASSERT_OK(memcmp(got, want, len));
+		close(c.fd);
+		ts_stop(&s);
+	}
+	free(b);
+	free(got);
+	free(want);
+}
+
 static void test_cleanup(void)
 {
 	ASSERT_OK(rmdir(ioc_test_tmpdir()));
@@ -501,5 +628,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_hangup_with_large_replies),
 	IOC_TEST(test_payload_in_pieces),
 	IOC_TEST(test_hangup_mid_payload),
+	IOC_TEST(test_map_writes),
+	IOC_TEST(test_map_write_hangup),
 	IOC_TEST(test_cleanup),
 )
