@@ -1270,6 +1270,7 @@ static void tx_process(struct conn *c)
 			 * the same recvmsg, into in[] (see conn_recv_hdr()). */
 			size_t hsz = c->tls_state != TLS_NONE ? 0 :
 				     core->extended ? NBD_EXT_REQUEST_SIZE : NBD_REQUEST_SIZE;
+			bool emptied = false;
 			want = (size_t)(p->len - core->partial_got);
 			if (c->wmap) {
 				size_t take;
@@ -1282,8 +1283,12 @@ static void tx_process(struct conn *c)
 					wmap_end(c, p, core->partial_got);
 					continue;
 				}
-				if (take < want)
-					hsz = 0; /* not asked for this time */
+				if (take < want) {
+					/* All the socket held: empty once it
+					 * is in, as after a short recv. */
+					hsz = 0;
+					emptied = true;
+				}
 				want = take;
 			} else {
 				if (hsz)
@@ -1295,7 +1300,7 @@ static void tx_process(struct conn *c)
 			if (n > 0) {
 				size_t pay = (size_t)n < want ? (size_t)n : want;
 
-				drained = (size_t)n < want + hsz && !tls_pending(c);
+				drained = (emptied || (size_t)n < want + hsz) && !tls_pending(c);
 				core->in_end += (size_t)n - pay;
 				if (c->wmap && core->partial_got + pay == p->len)
 					wmap_end(c, p, p->len);
