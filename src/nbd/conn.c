@@ -1077,8 +1077,24 @@ static ssize_t wmap_recv(struct conn *c, struct ioc__nbd_req *p, size_t hsz, siz
 	int avail = 0;
 	ssize_t n;
 
-	if (ioctl(c->fd, FIONREAD, &avail) < 0 || avail <= 0 || (uint64_t)avail >= want)
-		avail = 0; /* ask for all of it */
+	*take = 0;
+	for (;;) {
+		if (ioctl(c->fd, FIONREAD, &avail) < 0)
+			return -errno;
+		if (avail > 0)
+			break;
+		/* Nothing there, says FIONREAD.  A receive into the mapping
+		 * now could take a block's first part that arrives meanwhile,
+		 * which a hang-up would leave torn: peek instead.  EAGAIN:
+		 * wait; 0: the client is gone; a byte: look again. */
+		do {
+			n = recv(c->fd, &(char){ 0 }, 1, MSG_PEEK | MSG_DONTWAIT);
+		} while (n < 0 && errno == EINTR);
+		if (n <= 0)
+			return n < 0 ? -errno : 0;
+	}
+	if ((uint64_t)avail >= want)
+		avail = 0; /* all of it, the payload's last block too */
 	end = avail ? got + (uint64_t)avail : p->len;
 	/* [got, nb): the held block's rest, into buf; [nb, mid): whole
 	 * blocks, into the mapping; [mid, end): a block's first part. */
