@@ -98,6 +98,8 @@ struct ioc_blk {
 	uint64_t map_len;
 	_Atomic uint64_t *map_filled;
 	_Atomic bool map_broken;     /* a copy failed, or a hole: lend no more */
+	_Atomic bool map_touched;    /* written through the mapping since the
+				      * last flush: the file's mtime is due */
 	uint32_t mem_align;          /* buffer alignment for O_DIRECT, else 1 */
 	uint32_t req_align;          /* offset/length alignment, else 1 */
 	uint32_t opt_align;

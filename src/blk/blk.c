@@ -305,7 +305,25 @@ void *ioc_blk_map_write(struct ioc_blk *blk, uint64_t offset, size_t len, uint32
 
 int ioc_blk_map_written(struct ioc_blk *blk, uint64_t offset, size_t len)
 {
+	/* Release: pairs with the exchange in map_touch(). */
+	atomic_store_explicit(&blk->map_touched, true, memory_order_release);
 	return blk_dirty_mark(blk, offset, len);
+}
+
+/* Bytes stored through a shared mapping of tmpfs leave the file's mtime
+ * alone (no write(2) runs, and tmpfs has no page_mkwrite hook), so tools
+ * that look at it (backups, make) would miss them.  A flush or the close
+ * sets it, once for every write through the mapping since the last:
+ * one syscall per flush, not one per write.  Acq_rel: pairs with the
+ * release store in ioc_blk_map_written(). */
+static void map_touch(struct ioc_blk *blk)
+{
+	static const struct timespec now[2] = {
+		{ .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_NOW },
+	};
+
+	if (atomic_exchange_explicit(&blk->map_touched, false, memory_order_acq_rel))
+		(void)futimens(blk->fd, now); /* best effort: the data is in */
 }
 
 int ioc_blk_map_store(struct ioc_blk *blk, uint64_t offset, const void *buf, size_t len)
@@ -478,8 +496,10 @@ void ioc_blk_close(struct ioc_blk *blk)
 	/* Relaxed: no request is in flight, so none creates a writer now. */
 	ioc_pool_free(atomic_load_explicit(&blk->writer, memory_order_relaxed));
 	ioc__blk_dirty_close(blk);
-	if (blk->map)
+	if (blk->map) {
+		map_touch(blk);
 		munmap((void *)blk->map, (size_t)blk->map_len);
+	}
 	free(blk->map_filled);
 	if (blk->fd >= 0)
 		close(blk->fd);
@@ -1276,6 +1296,7 @@ int ioc_coroutine_fn ioc_blk_co_flush(struct ioc_blk *blk, uint32_t flags)
 
 	if (ret < 0)
 		return ret;
+	map_touch(blk);
 	return co_run(blk, BLK_OP_FLUSH, 0, 0, NULL, 0, flags, 0);
 }
 

@@ -1047,6 +1047,13 @@ static void map_truncate_body(void *opaque)
 	a->ret = ioc_blk_co_truncate(a->blk, a->size, 0);
 }
 
+static void map_flush_body(void *opaque)
+{
+	struct map_arg *a = opaque;
+
+	a->ret = ioc_blk_co_flush(a->blk, 0);
+}
+
 static void map_discard_body(void *opaque)
 {
 	struct map_arg *a = opaque;
@@ -1173,6 +1180,8 @@ static void test_map_write(void)
 	uint64_t len;
 	int fd = open(path, O_RDWR), pp[2];
 	uint8_t *p;
+	const struct timespec old[2] = { { .tv_sec = 1000 }, { .tv_sec = 1000 } };
+	struct stat st;
 
 	ASSERT_GE(fd, 0);
 	bt_get_loop();
@@ -1199,7 +1208,20 @@ static void test_map_write(void)
 	ASSERT_OK(memcmp(got, src, sizeof(src)));
 	/* Marked by ioc_blk_map_written(), not before. */
 	ASSERT_EQ(ioc_blk_dirty_extent(bm, 0, MAP_IMG, &len), 0);
+	ASSERT_OK(futimens(fd, old));
 	ASSERT_OK(ioc_blk_map_written(blk, off, sizeof(src)));
+	/* The file's mtime: set by the next flush, once. */
+	ASSERT_OK(fstat(fd, &st));
+	ASSERT_EQ(st.st_mtim.tv_sec, 1000);
+	a.blk = blk;
+	bt_run_co_fn(map_flush_body, &a);
+	ASSERT_OK(a.ret);
+	ASSERT_OK(fstat(fd, &st));
+	ASSERT_GT(st.st_mtim.tv_sec, 1000);
+	ASSERT_OK(futimens(fd, old));
+	bt_run_co_fn(map_flush_body, &a);
+	ASSERT_OK(fstat(fd, &st));
+	ASSERT_EQ(st.st_mtim.tv_sec, 1000);
 	ASSERT_EQ(ioc_blk_dirty_extent(bm, off / 65536 * 65536, 65536, &len), 1);
 	ASSERT_EQ(ioc_blk_dirty_extent(bm, 0, 65536, &len), 0);
 	ASSERT_NULL(ioc_blk_map_write(blk, 0, 4096, IOC_BLK_FUA));
