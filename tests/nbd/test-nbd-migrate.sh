@@ -186,40 +186,37 @@ check "verify pass through the destination's NBD socket" \
 expect "the writer wrote during the migration" yes \
 	"$([ "$(cat "$dir/w.rounds")" -gt 0 ] && ! cmp -s "$img" "$dir/a.ref" && echo yes || echo no)"
 if have fio; then
-	# fio writing until the switch-over, on a fresh pair.
-	cp "$dir/a.ref" "$dir/f.img"; rm -f "$dir/fb.img"
-	source_start s3 "$dir/f.img"
-	ctl s3 migrate-set-parameters max-bandwidth=16000000 >/dev/null
-	port=$(free_port)
-	dest_start d3 "$dir/fb.img" tcp:127.0.0.1:$port
-	fio --name=w --ioengine=nbd --uri="nbd+unix:///?socket=$dir/s3.sock" --rw=randwrite \
-		--bs=4k --offset=32M --size=2M --time_based --runtime=30 --iodepth=4 \
-		--continue_on_error=none >"$dir/fio.out" 2>&1 &
-	fpid=$!
-	ctl s3 migrate uri=tcp:127.0.0.1:$port >/dev/null
-	st=$(wait_status s3 completed failed cancelled)
-	wait $fpid
-	expect "fio: completes, images equal" "completed same" \
-		"$st $(cmp -s "$dir/f.img" "$dir/fb.img" && echo same || echo differ)"
-	stop s3; stop d3
+	# fio_migrate NAME IMG WHAT FIO-OPTIONS...: a fresh pair (NAME's
+	# source on IMG, made from a.ref), fio writing through the source
+	# until the switch-over cuts it; the migration completes and the two
+	# images are equal.
+	fio_migrate() {
+		fm=$1 fimg=$2 fwhat=$3
+		shift 3
+		rm -f "$fimg.dst"
+		source_start "s$fm" "$fimg"
+		ctl "s$fm" migrate-set-parameters max-bandwidth=16000000 >/dev/null
+		port=$(free_port)
+		dest_start "d$fm" "$fimg.dst" tcp:127.0.0.1:$port
+		fio --name=w --ioengine=nbd --uri="nbd+unix:///?socket=$dir/s$fm.sock" \
+			--offset=32M --time_based --runtime=30 --iodepth=4 \
+			--continue_on_error=none "$@" >"$dir/fio$fm.out" 2>&1 &
+		fpid=$!
+		ctl "s$fm" migrate uri=tcp:127.0.0.1:$port >/dev/null
+		fst=$(wait_status "s$fm" completed failed cancelled)
+		wait $fpid
+		expect "$fwhat: completes, images equal" "completed same" \
+			"$fst $(cmp -s "$fimg" "$fimg.dst" && echo same || echo differ)"
+		stop "s$fm"; stop "d$fm"
+	}
+	cp "$dir/a.ref" "$dir/f.img"
+	fio_migrate 3 "$dir/f.img" "fio" --rw=randwrite --bs=4k --size=2M
 	# 1 MiB writes on an image without holes (on tmpfs without swap
 	# their payloads are received into the image's mapping), racing the
 	# copy, the dirty passes and the switch-over's hold.
-	cp "$dir/a.ref" "$dir/m.img"; fallocate -l 48M "$dir/m.img"; rm -f "$dir/mb.img"
-	source_start sm "$dir/m.img"
-	ctl sm migrate-set-parameters max-bandwidth=16000000 >/dev/null
-	port=$(free_port)
-	dest_start dm "$dir/mb.img" tcp:127.0.0.1:$port
-	fio --name=w --ioengine=nbd --uri="nbd+unix:///?socket=$dir/sm.sock" --rw=write \
-		--bs=1m --offset=32M --size=8M --time_based --runtime=30 --iodepth=4 \
-		--continue_on_error=none >"$dir/fiom.out" 2>&1 &
-	fpid=$!
-	ctl sm migrate uri=tcp:127.0.0.1:$port >/dev/null
-	st=$(wait_status sm completed failed cancelled)
-	wait $fpid
-	expect "fio 1 MiB writes, image without holes: completes, images equal" "completed same" \
-		"$st $(cmp -s "$dir/m.img" "$dir/mb.img" && echo same || echo differ)"
-	stop sm; stop dm
+	cp "$dir/a.ref" "$dir/m.img"; fallocate -l 48M "$dir/m.img"
+	fio_migrate m "$dir/m.img" "fio 1 MiB writes, image without holes" \
+		--rw=write --bs=1m --size=8M
 else
 	skip "fio: completes, images equal" "fio missing"
 	skip "fio 1 MiB writes, image without holes: completes, images equal" "fio missing"

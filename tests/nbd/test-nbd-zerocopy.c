@@ -372,6 +372,35 @@ static void check_range(struct cl_conn *c, uint64_t off, size_t len, unsigned ge
 	free(want);
 }
 
+/* len bytes of b in pieces of 100 + (k * mul) % mod bytes, yielding
+ * after every few: the server sees the socket run dry again and again. */
+static void send_pieces(int fd, const uint8_t *b, size_t len, size_t mul, size_t mod,
+			unsigned every)
+{
+	for (size_t at = 0, k = 0; at < len; k++) {
+		size_t piece = 100 + (k * mul) % mod;
+
+		if (piece > len - at)
+			piece = len - at;
+		ASSERT_OK(cl_write(fd, b + at, piece));
+		at += piece;
+		if (k % every == 0)
+			sched_yield();
+	}
+}
+
+/* The next n replies, each without an error. */
+static void replies_ok(struct cl_conn *c, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct cl_reply rep;
+		uint8_t pl[512];
+
+		ASSERT_OK(cl_reply(c, &rep, pl, sizeof(pl), 0));
+		ASSERT_EQ(cl_reply_error(&rep, pl), 0);
+	}
+}
+
 /* Large WRITE payloads that arrive in many small pieces (the spliced
  * path sees the socket run dry again and again, and a pipe's slots fill
  * with small segments; the direct path gets the next header with a
@@ -397,26 +426,11 @@ static void test_payload_in_pieces(void)
 		for (unsigned i = 0; i < 3; i++) {
 			fill(b, w[i].off, w[i].len, 11);
 			ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 10 + i, w[i].off, w[i].len, NULL));
-			for (size_t at = 0, k = 0; at < w[i].len; k++) {
-				size_t piece = 100 + (k * 997) % 3000;
-
-				if (piece > w[i].len - at)
-					piece = w[i].len - at;
-				ASSERT_OK(cl_write(c.fd, b + at, piece));
-				at += piece;
-				if (k % 16 == 0)
-					sched_yield();
-			}
+			send_pieces(c.fd, b, w[i].len, 997, 3000, 16);
 			/* A small request between the large ones. */
 			ASSERT_OK(cl_req(&c, 0, NBD_CMD_FLUSH, 20 + i, 0, 0, NULL));
 		}
-		for (unsigned i = 0; i < 6; i++) {
-			struct cl_reply rep;
-			uint8_t pl[512];
-
-			ASSERT_OK(cl_reply(&c, &rep, pl, sizeof(pl), 0));
-			ASSERT_EQ(cl_reply_error(&rep, pl), 0);
-		}
+		replies_ok(&c, 6);
 		for (unsigned i = 0; i < 3; i++)
 			check_range(&c, w[i].off, w[i].len, 11);
 		close(c.fd);
@@ -529,24 +543,9 @@ static void test_map_writes(void)
 	for (unsigned i = 0; i < 3; i++) {
 		fill(b, w[i].off, w[i].len, 12);
 		ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 10 + i, w[i].off, w[i].len, NULL));
-		for (size_t at = 0, k = 0; at < w[i].len; k++) {
-			size_t piece = 100 + (k * 7919) % 9000;
-
-			if (piece > w[i].len - at)
-				piece = w[i].len - at;
-			ASSERT_OK(cl_write(c.fd, b + at, piece));
-			at += piece;
-			if (k % 8 == 0)
-				sched_yield();
-		}
+		send_pieces(c.fd, b, w[i].len, 7919, 9000, 8);
 	}
-	for (unsigned i = 0; i < 3; i++) {
-		struct cl_reply rep;
-		uint8_t pl[512];
-
-		ASSERT_OK(cl_reply(&c, &rep, pl, sizeof(pl), 0));
-		ASSERT_EQ(cl_reply_error(&rep, pl), 0);
-	}
+	replies_ok(&c, 3);
 	for (unsigned i = 0; i < 3; i++)
 		check_range(&c, w[i].off, w[i].len, 12);
 	close(c.fd);
