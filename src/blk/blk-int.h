@@ -342,5 +342,8 @@ int64_t ioc__blk_sync_rmw(struct blk_req *r);
 /* Read len bytes at off into p, zeroes past the end of the file: 0 or
  * -errno (blk-threads.c). */
 int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off);
+/* Write all len bytes of p at off: 0 or -errno (-EIO if the file takes
+ * none). */
+int ioc__blk_pwrite_full(int fd, const void *p, uint64_t len, uint64_t off);
 
 #endif /* IOC_BLK_INT_H */

@@ -103,8 +103,10 @@ int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off)
 	return 0;
 }
 
-static int pwrite_full(int fd, const char *buf, uint64_t len, uint64_t off)
+int ioc__blk_pwrite_full(int fd, const void *p, uint64_t len, uint64_t off)
 {
+	const char *buf = p;
+
 	while (len) {
 		ssize_t n = pwrite(fd, buf, len, (off_t)off);
 
@@ -163,7 +165,7 @@ static int rmw_write(struct ioc_blk *blk, uint64_t off, const struct iovec *iov,
 	} else {
 		memset(buf + (off - a0), 0, len);
 	}
-	ret = pwrite_full(blk->fd, buf, a1 - a0, a0);
+	ret = ioc__blk_pwrite_full(blk->fd, buf, a1 - a0, a0);
 	if (ret == 0 && a1 > size && !blk->is_blockdev &&
 	    ftruncate(blk->fd, (off_t)size) < 0)
 		ret = -errno;
@@ -212,7 +214,7 @@ static int write_zero_bytes(struct ioc_blk *blk, uint64_t off, uint64_t len)
 				n = end - off;
 			ret = rmw_write(blk, off, NULL, 0, n);
 		} else {
-			ret = pwrite_full(blk->fd, zero, n, off);
+			ret = ioc__blk_pwrite_full(blk->fd, zero, n, off);
 		}
 		off += n;
 		len -= n;

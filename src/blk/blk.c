@@ -328,20 +328,7 @@ static void map_touch(struct ioc_blk *blk)
 
 int ioc_blk_map_store(struct ioc_blk *blk, uint64_t offset, const void *buf, size_t len)
 {
-	size_t done = 0;
-
-	while (done < len) {
-		ssize_t n = pwrite(blk->fd, (const uint8_t *)buf + done, len - done,
-				   (off_t)(offset + done));
-
-		if (n > 0)
-			done += (size_t)n;
-		else if (n == 0)
-			return -EIO;
-		else if (errno != EINTR)
-			return -errno;
-	}
-	return 0;
+	return ioc__blk_pwrite_full(blk->fd, buf, len, offset);
 }
 
 int ioc_blk_map_fault(struct ioc_blk *blk, uint64_t offset, void *buf, size_t len)
