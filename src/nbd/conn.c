@@ -1497,11 +1497,19 @@ static void rest_maybe(struct conn *c)
 	if (c->resting)
 		return;
 	c->rest_again = false;
-	if (!c->rest_unix || !c->emptied || c->rx_big || c->eof || c->dead ||
-	    c->draining || c->stalled || c->sq_head || c->core.partial ||
-	    c->tls_state != TLS_NONE || c->core.phase != IOC_NBD_PHASE_TRANSMISSION ||
-	    (!again && ((c->rest_off_until && ioc_now_ns() < c->rest_off_until) ||
-			!client_busy(c, unread(c))))) {
+	if (!c->rest_unix || c->eof || c->dead || c->draining ||
+	    c->tls_state != TLS_NONE || c->core.phase != IOC_NBD_PHASE_TRANSMISSION)
+		return;
+	/* Replies fill the socket: the client is a full buffer behind, and
+	 * lending cannot answer it sooner. */
+	if (c->want_write) {
+		set_behind(c, true);
+		return;
+	}
+	if (!c->emptied || c->rx_big || c->stalled || c->core.partial)
+		return;
+	if (!again && ((c->rest_off_until && ioc_now_ns() < c->rest_off_until) ||
+		       !client_busy(c, unread(c)))) {
 		set_behind(c, false);
 		return;
 	}
