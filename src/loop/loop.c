@@ -37,6 +37,9 @@
  *    one spin serves every handler and the CQ, which finds most work (an
  *    NBD socket's poll completion, a read's) and belongs to no handler.
  *    Counters: ioc_loop_get_poll_stats(); details in bench/loop/NOTES.md.
+ *    The loop cannot tell a slow peer from an idle one; the NBD server
+ *    can, and rests a connection whose client is behind (conn.c), so that
+ *    its requests come in batches rather than one per wakeup.
  *  - The NBD connection is not a polled handler.  With io_uring its
  *    socket's poll completion shows up in the CQ peek without a syscall;
  *    an io_poll doing recv(MSG_PEEK) would add one syscall per connection

@@ -10,53 +10,53 @@
  * Design.
  * - A connection belongs to one I/O thread for its whole life (server.c
  *   hands it over with a task); all here runs on that thread, in fd
- *   handlers, a bottom half and request coroutines: no lock.
+ *   handlers, a bottom half, timers and request coroutines: no lock.
  * - Reading: the fd handler recv()s as much as fits into the input buffer
- *   and parses every complete request in it (transmission.c), so one recv
- *   carries many requests.  A short recv means the socket is empty: no
- *   second recv just to see EAGAIN.  A large WRITE payload still arriving
- *   goes straight into a tmpfs image's map, whole blocks (wmap_begin()), or
- *   its buffer, the next header with it (recvmsg), or into a pipe (then to
- *   the file), the next header alone: so the next payload does too.
+ *   and parses every complete request in it (transmission.c); a short
+ *   recv means the socket is empty, no recv just to see EAGAIN.  A large
+ *   WRITE payload still arriving goes straight into a tmpfs image's map,
+ *   whole blocks (wmap_begin()), or its buffer, the next header with it
+ *   (recvmsg), or into a pipe (then to the file).
+ * - Resting (rest_maybe()): when the socket is empty, every reply is out
+ *   and a Unix-socket client still has 8 or more of them unread
+ *   (SIOCOUTQ), the client is the bottleneck: stop reading for rest_ns
+ *   (50-200 us), then take what came in one batch.  A client that cannot
+ *   keep up sends a request at a time, and answering each as it comes
+ *   costs a wakeup, a recv and a sendmsg per request while saving it
+ *   nothing.  A rest that ends with every reply read halves the next.
  * - One coroutine per request, from the coroutine pool, runs it against
  *   the block layer (a cached read on the inline fast path never yields)
  *   and queues the reply.  Handshake output travels in the same queue.
  * - Writing: queued replies go out together in one sendmsg() of up to 64
- *   iovecs, right after a parse batch or from a bottom half that runs once
- *   per loop iteration, so a burst of completions costs one syscall.  A
- *   long batch is sent every IOC_NBD_FLUSH_EVERY replies, so the client
- *   works on the first replies while we parse on.  READ data is read into
- *   the buffer the reply iovec points at, or lent by a tmpfs image's map
- *   (map_reads), or (zc_read_min, off by default: the client pays more
- *   than we save) spliced into a pipe, then on to the socket.
+ *   iovecs, after a parse batch or from a bottom half that runs once per
+ *   loop iteration; a long batch is sent every IOC_NBD_FLUSH_EVERY
+ *   replies.  READ data is read into the buffer the reply iovec points
+ *   at, or lent by a tmpfs image's map (map_reads), or (zc_read_min, off
+ *   by default) spliced into a pipe, then on to the socket.
  * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
  *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
  *   reading until replies drain, so a client that never reads stalls only
  *   itself.  The handshake has a deadline (a loop timer).  A protocol
  *   violation closes this connection.
- * - TLS (tls.c): STARTTLS's ACK is queued in the clear; once it is out the
- *   GnuTLS handshake runs from the same handlers, then recv and send go
- *   through the session, gathering replies into 16 KiB records.  Bytes
- *   GnuTLS already decrypted raise no readiness event, so the short-read
- *   shortcut is off while GnuTLS holds input and the bottom half returns.
- * - The end: EOF or NBD_CMD_DISC stop reading; the connection is freed
- *   once every request it started is answered (or dropped: dead socket).
- *   On server shutdown it first reads until the socket is empty once, so
- *   everything the client already sent is answered.
+ * - TLS (tls.c): STARTTLS's ACK is queued in the clear, then the GnuTLS
+ *   handshake runs from the same handlers, then recv and send go through
+ *   the session, replies gathered into 16 KiB records.  Bytes GnuTLS
+ *   already decrypted raise no readiness event, so then the bottom half
+ *   comes back instead.
+ * - The end: EOF or NBD_CMD_DISC stop reading; freed once every request
+ *   is answered or dropped.  At shutdown it reads until empty once.
  *
  * Alternatives rejected (measurements in bench/nbd/NOTES.md).
  * - A coroutine per connection reading requests in a loop (QEMU): a
  *   context switch per request and a stack per idle client.
- * - A sendmsg per reply as it completes: a syscall per request.
- * - Edge-triggered sockets: no gain, and multishot polls post a CQE per
- *   client send where one-shot polls coalesce them.
- * - Reads through io_uring instead of the inline fast path, no adaptive
- *   polling, one I/O thread: each clearly slower.  MSG_ZEROCOPY: Unix
- *   sockets refuse it, loopback TCP copies anyway and costs more.
+ * - A sendmsg per reply as it completes; edge-triggered sockets (multishot
+ *   polls post a CQE per client send); reads through io_uring instead of
+ *   the inline path; MSG_ZEROCOPY (Unix sockets refuse it, loopback TCP
+ *   copies anyway).  Resting on TCP: SIOCOUTQ there counts bytes not yet
+ *   acknowledged, which a busy client's kernel acknowledges at once.
  *
  * Cost notes.  Per connection ~1 KiB of state, a 128 KiB input buffer
- * (untouched pages are not resident), up to 16 pipes.  Per in-flight
- * request the request object (~1.5 KiB, recycled) and its data buffer.
+ * (untouched pages are not resident), up to 16 pipes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -66,6 +66,7 @@
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -81,6 +82,14 @@
 #define IOC_NBD_FLUSH_EVERY     16
 #define IOC_NBD_KEEP_BUF        (1u << 20)
 #define IOC_NBD_DIRECT_MIN      (16u << 10) /* payload left: recv it directly */
+#define IOC_NBD_REST_REPLIES    8      /* unread replies: the client is busy */
+#define IOC_NBD_REST_RING       (IOC_NBD_REST_REPLIES + 1)
+#define IOC_NBD_REST_SLACK      (64u << 10) /* see client_busy() */
+#define IOC_NBD_REST_START_NS   50000  /* a rest's first length */
+#define IOC_NBD_REST_MIN_NS     25000  /* shorter: stop resting a while */
+#define IOC_NBD_REST_MAX_NS     200000
+#define IOC_NBD_REST_OFF_NS     100000000 /* the first pause in resting */
+#define IOC_NBD_REST_OFF_SHIFT  4      /* pauses double up to 16x */
 #define IOC_NBD_REQ_HS          0xffff /* a request carrying handshake output */
 #define IOC_NBD_TLS_RECORD      16384  /* TLS's largest record payload */
 #define IOC_NBD_PIPES           16     /* zero-copy pipes per connection */
@@ -119,6 +128,22 @@ struct conn {
 	uint64_t wmap_from;
 	bool wmap_held;
 	int wmap_err;                   /* a held block failed to store */
+
+	/* Resting (see rest_maybe()): reading paused for rest_ns while the
+	 * client has a backlog of our replies to read. */
+	struct ioc_timer rest_timer;
+	bool rest_unix;                 /* AF_UNIX: SIOCOUTQ counts unread bytes */
+	bool resting;                   /* rest_timer pending, not reading */
+	bool rest_again;                /* the last rest left the client busy */
+	bool behind;                    /* resting: lend small reads too */
+	bool emptied;                   /* tx_process() found the socket empty */
+	bool rx_big;                    /* ... and took a large WRITE's payload */
+	unsigned rest_off_shift;        /* pauses in a row */
+	uint32_t rest_ns;
+	int64_t rest_off_until;         /* no rest before this (ns) */
+	uint64_t sent_bytes;            /* in the clear, all sent */
+	uint64_t reply_end[IOC_NBD_REST_RING]; /* where the last replies end */
+	unsigned reply_n;               /* replies sent */
 
 	/* TLS (tls.c).  STARTTLS queues its ACK in the clear (ACKED); once
 	 * the ACK is out, the handshake (HANDSHAKE); then every byte goes
@@ -346,8 +371,32 @@ static void conn_kill(struct conn *c)
 	c->sq_tail = &c->sq_head;
 }
 
+/* Where each reply that bytes completes ends in the byte stream: see
+ * client_busy().  Before ioc__nbd_sent() moves the iovecs on. */
+static void note_sent(struct conn *c, size_t bytes)
+{
+	uint64_t pos = c->sent_bytes;
+	size_t left = bytes;
+
+	for (struct ioc__nbd_req *r = c->sq_head; r && left; r = r->next) {
+		size_t rem = 0;
+
+		for (int i = r->iov_done; i < r->iovcnt; i++)
+			rem += r->iov[i].iov_len;
+		rem -= r->iov_off;
+		if (rem > left)
+			break;
+		left -= rem;
+		pos += rem;
+		c->reply_end[c->reply_n++ % IOC_NBD_REST_RING] = pos;
+	}
+	c->sent_bytes += bytes;
+}
+
 static void release_sent(struct conn *c, size_t bytes)
 {
+	if (c->rest_unix && c->tls_state == TLS_NONE)
+		note_sent(c, bytes);
 	unsigned done = ioc__nbd_sent(c->sq_head, bytes);
 
 	while (done--) {
@@ -520,7 +569,7 @@ static void update_handlers(struct conn *c)
 	/* Not while STARTTLS's ACK waits to go out, nor while GnuTLS waits
 	 * to write: input then cannot be consumed, and a readable socket
 	 * would fire again and again. */
-	bool r = !c->eof && !c->dead && !conn_bounded(c) &&
+	bool r = !c->eof && !c->dead && !conn_bounded(c) && !c->resting &&
 		 c->tls_state != TLS_ACKED && !c->tls_want_write;
 	bool w = (c->want_write || c->tls_want_write) && !c->dead;
 
@@ -753,12 +802,16 @@ static bool ioc_coroutine_fn gate_wait(struct nbd_thread *t)
 /* Small reads are lent from the image's mapping only while the thread
  * serves more than one connection (transmission.c, map_small): O(conns),
  * at connect and close only. */
+static void conn_map_policy(struct conn *c)
+{
+	c->core.map_small = c->t->map_shared || c->t->srv->map_all || c->behind;
+}
+
 static void thread_map_policy(struct nbd_thread *t)
 {
-	bool shared = t->conns && t->conns->next;
-
+	t->map_shared = t->conns && t->conns->next;
 	for (struct conn *c = t->conns; c; c = c->next)
-		c->core.map_small = shared || t->srv->map_all;
+		conn_map_policy(c);
 }
 
 static void ioc_coroutine_fn req_co(void *opaque)
@@ -802,6 +855,8 @@ static void start_request(struct conn *c, struct ioc__nbd_req *r)
 
 	c->inflight++;
 	c->inflight_bytes += req_bytes(r);
+	if (r->type == NBD_CMD_WRITE && r->len >= IOC_NBD_DIRECT_MIN)
+		c->rx_big = true; /* see rest_maybe() */
 	/* relaxed: a statistic; only this thread writes it. */
 	atomic_store_explicit(&t->requests,
 			      atomic_load_explicit(&t->requests, memory_order_relaxed) + 1,
@@ -1226,6 +1281,7 @@ static void tx_process(struct conn *c)
 	int reads = 0;
 	bool drained = false;
 
+	c->emptied = c->rx_big = false;
 	while (!c->dead) {
 		c->t->clk = 0; /* a recv came before: see req_co() */
 		/* Parse every complete request in the buffer, unless the
@@ -1269,6 +1325,7 @@ static void tx_process(struct conn *c)
 		if (drained) {
 			if (c->draining)
 				c->eof = true;
+			c->emptied = true;
 			return;
 		}
 		/* A big payload still arriving goes straight into its pipe
@@ -1366,9 +1423,135 @@ static void tx_process(struct conn *c)
 				continue;
 			}
 		}
+		c->emptied = n == -EAGAIN || n == -EWOULDBLOCK;
 		handle_recv_end(c, n);
 		return;
 	}
+}
+
+/* ---- resting ----------------------------------------------------------------
+ *
+ * A client that cannot keep up (fio's one thread at queue depth 64, say)
+ * has most of its requests answered and unread at any moment, and sends
+ * the next one each time it has handled a reply.  Answered as they come,
+ * each request costs this thread a wakeup, a recv, a sendmsg and the
+ * client a wakeup too, and buys nothing: the client had replies to read
+ * anyway.  So when tx_process() has emptied the socket, every reply is
+ * out, no payload is arriving and the client has not read our last
+ * IOC_NBD_REST_REPLIES replies (SIOCOUTQ on a Unix socket: bytes sent and
+ * not yet read, against where those replies ended, note_sent()), the
+ * connection stops reading for rest_ns.  What arrived meanwhile is read,
+ * run and answered in one batch, and reads under IOC_NBD_MAP_ALONE_MIN
+ * are lent from the image's mapping (behind: the early answer that made
+ * lending cost a lone client is gone).
+ *
+ * The verdict comes at the rest's end (rest_end()): the client still
+ * behind by as many replies never waited, so the next rest follows the
+ * next batch without asking and is twice as long, up to
+ * IOC_NBD_REST_MAX_NS; a client that read everything may have waited for
+ * us, so the next rest is half as long, and below IOC_NBD_REST_MIN_NS
+ * resting stops for 100 ms, doubling to 1.6 s.  A client with fewer
+ * replies in flight never meets the rule, so latency at low depth is
+ * untouched.  After a large WRITE's payload (rx_big) there is no rest:
+ * such a client may be blocked sending into a full socket, with our
+ * replies unread only because it is not reading. */
+
+/* Bytes we sent that the client has not read yet, or -1. */
+static int unread(const struct conn *c)
+{
+	int q;
+
+	return ioctl(c->fd, SIOCOUTQ, &q) == 0 ? q : -1;
+}
+
+/* Has the client not yet read our last IOC_NBD_REST_REPLIES replies?  q
+ * (SIOCOUTQ) is the kernel's memory for the unread bytes, not their
+ * length: each buffer of up to ~36 KiB costs its bytes rounded up to
+ * pages plus a head of up to ~5 KiB.  So a client counts as behind only
+ * with more than 1.5 times the bytes of those replies plus
+ * IOC_NBD_REST_SLACK unread, which fewer replies cannot reach.  Replies
+ * of a few bytes (to writes) rarely reach the slack: a client that only
+ * writes small blocks is not rested. */
+static bool client_busy(const struct conn *c, int q)
+{
+	if (q <= 0 || c->reply_n <= IOC_NBD_REST_REPLIES)
+		return false;
+	uint64_t last = c->sent_bytes - c->reply_end[c->reply_n % IOC_NBD_REST_RING];
+	return (uint64_t)q > last + last / 2 + IOC_NBD_REST_SLACK;
+}
+
+static void set_behind(struct conn *c, bool behind)
+{
+	if (c->behind != behind) {
+		c->behind = behind;
+		conn_map_policy(c);
+	}
+}
+
+/* The socket is empty and every reply is out: rest rather than wake for
+ * each request, if the client is busy reading replies. */
+static void rest_maybe(struct conn *c)
+{
+	bool again = c->rest_again;
+
+	if (c->resting)
+		return;
+	c->rest_again = false;
+	if (!c->rest_unix || c->eof || c->dead || c->draining ||
+	    c->tls_state != TLS_NONE || c->core.phase != IOC_NBD_PHASE_TRANSMISSION)
+		return;
+	/* Replies fill the socket: the client is a full buffer behind, and
+	 * lending cannot answer it sooner. */
+	if (c->want_write) {
+		set_behind(c, true);
+		return;
+	}
+	if (!c->emptied || c->rx_big || c->stalled || c->core.partial)
+		return;
+	if (!again && ((c->rest_off_until && ioc_now_ns() < c->rest_off_until) ||
+		       !client_busy(c, unread(c)))) {
+		set_behind(c, false);
+		return;
+	}
+	c->resting = true;
+	set_behind(c, true);
+	ioc_timer_arm_in(&c->rest_timer, c->rest_ns);
+	/* Relaxed load + store: this thread is the only writer; the control
+	 * socket reads it (cmd_query_polling()). */
+	atomic_store_explicit(&c->t->rests,
+		atomic_load_explicit(&c->t->rests, memory_order_relaxed) + 1,
+		memory_order_relaxed);
+}
+
+static void rest_end(void *opaque)
+{
+	struct conn *c = opaque;
+	bool adapt = !c->t->srv->rest_fixed_ns;
+	int q = unread(c);
+
+	c->resting = false;
+	if (client_busy(c, q)) {
+		/* It never ran dry: rest again after this batch, longer. */
+		c->rest_again = true;
+		c->rest_off_shift = 0;
+		if (adapt)
+			c->rest_ns = c->rest_ns >= IOC_NBD_REST_MAX_NS / 2 ? IOC_NBD_REST_MAX_NS
+									: c->rest_ns * 2;
+	} else if (q == 0) {
+		/* It read everything: it may have waited for us. */
+		/* Relaxed: as in rest_maybe(). */
+		atomic_store_explicit(&c->t->rests_late,
+			atomic_load_explicit(&c->t->rests_late, memory_order_relaxed) + 1,
+			memory_order_relaxed);
+		if (adapt && (c->rest_ns /= 2) < IOC_NBD_REST_MIN_NS) {
+			c->rest_ns = IOC_NBD_REST_START_NS;
+			c->rest_off_until = ioc_now_ns() +
+				((int64_t)IOC_NBD_REST_OFF_NS << c->rest_off_shift);
+			if (c->rest_off_shift < IOC_NBD_REST_OFF_SHIFT)
+				c->rest_off_shift++;
+		}
+	}
+	conn_process(c); /* rest_maybe() at its end: again, or not behind */
 }
 
 /* Run everything that can make progress now; then send, re-arm, reap. */
@@ -1392,6 +1575,7 @@ static void conn_process(struct conn *c)
 		c->stalled = true;
 		ioc_bh_schedule(c->bh);
 	}
+	rest_maybe(c);
 	update_handlers(c);
 	conn_maybe_reap(c);
 }
@@ -1459,6 +1643,7 @@ static void conn_destroy(struct conn *c)
 		if (c->reg_read || c->reg_write)
 			ioc_loop_set_fd(t->loop, c->fd, NULL, NULL, NULL, NULL, NULL);
 		ioc_timer_cancel(&c->hs_timer);
+		ioc_timer_cancel(&c->rest_timer);
 	}
 	if (c->bh)
 		ioc_bh_delete(c->bh);
@@ -1557,6 +1742,12 @@ static void conn_start(struct ioc_task *task)
 	c->core.zc_get = zc_get;
 	c->core.zc_put = zc_put;
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);
+	ioc_timer_init(&c->rest_timer, t->loop, rest_end, c);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	c->rest_unix = !srv->rest_off && getsockname(c->fd, (struct sockaddr *)&ss, &sl) == 0 &&
+		       ss.ss_family == AF_UNIX;
+	c->rest_ns = srv->rest_fixed_ns ? srv->rest_fixed_ns : IOC_NBD_REST_START_NS;
 	c->started = true;
 	/* relaxed: the stop flag is re-checked by every stop task too. */
 	if (atomic_load_explicit(&srv->stopping, memory_order_relaxed)) {

@@ -489,7 +489,7 @@ static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *e
 
 		ioc_loop_get_poll_stats(srv->threads[t].loop, &ps);
 		json_array_append_new(list, json_pack(
-			"{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b}",
+			"{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
 			"thread", (int)t,
 			"poll-ns-total", (json_int_t)ps.poll_ns_total,
 			"polls", (json_int_t)ps.polls,
@@ -498,7 +498,12 @@ static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *e
 			"backoffs", (json_int_t)ps.backoffs,
 			"sleeps", (json_int_t)ps.sleeps,
 			"poll-ns-current", (json_int_t)ps.poll_ns,
-			"backing-off", ps.backing_off));
+			"backing-off", ps.backing_off,
+			/* relaxed: counters, written by that thread only. */
+			"rests", (json_int_t)atomic_load_explicit(&srv->threads[t].rests,
+								  memory_order_relaxed),
+			"rests-late", (json_int_t)atomic_load_explicit(
+				&srv->threads[t].rests_late, memory_order_relaxed)));
 	}
 	return list;
 }

@@ -53,6 +53,10 @@ struct nbd_thread {
 	 * parsed right after it to start from (conn.c, req_co()); 0 when a
 	 * recv, a send or a loop iteration came between: read the clock. */
 	int64_t clk;
+	/* Rests of this thread's connections (conn.c), written by this
+	 * thread only, read by the control socket. */
+	_Atomic uint64_t rests, rests_late;
+	bool map_shared;                /* more than one connection (conn.c) */
 } IOC_CACHE_ALIGNED;
 
 
@@ -90,6 +94,9 @@ struct ioc_nbd_server {
 	/* WRITE payloads may be received into the image's mapping (conn.c,
 	 * wmap_begin(); IOC_NBD_TEST_MAPW=off: never, tests and A/B runs). */
 	bool map_writes;
+	/* IOC_NBD_TEST_REST: "off", or a fixed rest length in ns (conn.c). */
+	bool rest_off;
+	uint32_t rest_fixed_ns;
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */

@@ -19,10 +19,11 @@
  *   may have the iovec point into the backend's mapping instead (tmpfs
  *   images): one copy, page cache -> socket, and no read syscall.  Reads
  *   under IOC_NBD_MAP_ALONE_MIN are lent only while the thread serves
- *   other connections (map_small): a lone client is the bottleneck, and a
- *   server that answers sooner wakes it more often (fio, 64 KiB, one
- *   connection: 0.24-0.28 context switches per read against 0.10-0.16,
- *   0.8x the rate; bench/nbd/NOTES.md).
+ *   other connections or the connection rests (map_small, conn.c): a lone
+ *   client is the bottleneck, and a server that answers sooner wakes it
+ *   more often (fio, 64 KiB, one connection: 0.24-0.28 context switches
+ *   per read against 0.10-0.16, 0.8x the rate; bench/nbd/NOTES.md), unless
+ *   rests gather its requests.
  *   Reads of at least IOC_NBD_SPARSE_READ_MIN bytes (a page over TLS) ask
  *   the backend for block status first and send OFFSET_HOLE chunks for
  *   zero extents.

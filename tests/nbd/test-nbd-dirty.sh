@@ -250,6 +250,16 @@ for e in p:
     ok = ok and (e["poll-ns-current"] == 0 or not e["backing-off"])
 print(ok, sum(e["sleeps"] + e["polls"] for e in p))'
 }
+# Rests (conn.c): the sum over the I/O threads of rests and of rests
+# that ended with the client idle, and whether rests-late <= rests.
+restq() {
+	ctl --json __org.iocore_query-polling | python3 -c 'import json,sys
+p = json.load(sys.stdin)
+r, l = sum(e["rests"] for e in p), sum(e["rests-late"] for e in p)
+print(r, l, 0 <= l <= r)'
+}
+set -- $(restq)
+rests0=${1:-x}
 qemu-img bench -f raw -c 2000 -d 1 -s 4096 "$U" >/dev/null 2>&1
 set -- $(pollq)
 qemu-img bench -f raw -c 2000 -d 4 -s 4096 "$U" >/dev/null 2>&1
@@ -258,6 +268,16 @@ expect "__org.iocore_query-polling: sane counters that grow with I/O" "True True
 	"$1 $3 $([ "${4:-0}" -gt "${2:-0}" ] && echo True)"
 expect "query-commands lists __org.iocore_query-polling" "True" \
 	"$(ctl --json query-commands | python3 -c 'import json,sys; print(any(c["name"] == "__org.iocore_query-polling" for c in json.load(sys.stdin)))')"
+# A client at depth 1 or 4 never has 8 replies unread: no rest.  One
+# that leaves 64 replies unread before its next request gets rests, and
+# every reply, right.
+set -- $(restq)
+expect "no rest for clients at depth 1 and 4" "$rests0" "$1"
+expect "a client that reads late is served in full" "ok" \
+	"$(python3 "$SRCDIR/nbd-lazy-client.py" "$dir/nbd.sock" disk 64 2>&1)"
+set -- $(restq)
+expect "it made the server rest; rests-late <= rests" "True True" \
+	"$([ "${1:-0}" -gt "$rests0" ] && echo True) ${3:-}"
 
 # 28-30: persistence across SIGTERM: f4k (persistent) comes back exactly, b0 not.
 before=$(map f4k)
