@@ -47,6 +47,10 @@ struct ioc_nbd_server_opts {
 	 * 0 = never (the default: it saves the server CPU but costs a client
 	 * on the same host more than it saves, iocore-nbd(8)). */
 	size_t splice_read_min;
+	/* A connection whose client has our replies unread rests (reads no
+	 * requests) up to this long between batches; 0 = 200 us, negative =
+	 * never (iocore-nbd(8), --rest-max-ns). */
+	int64_t rest_max_ns;
 };
 
 struct ioc_nbd_export_opts {

@@ -87,7 +87,6 @@
 #define IOC_NBD_REST_SLACK      (64u << 10) /* see client_busy() */
 #define IOC_NBD_REST_START_NS   50000  /* a rest's first length */
 #define IOC_NBD_REST_MIN_NS     25000  /* shorter: stop resting a while */
-#define IOC_NBD_REST_MAX_NS     200000
 #define IOC_NBD_REST_OFF_NS     100000000 /* the first pause in resting */
 #define IOC_NBD_REST_OFF_SHIFT  4      /* pauses double up to 16x */
 #define IOC_NBD_REQ_HS          0xffff /* a request carrying handshake output */
@@ -1447,9 +1446,9 @@ static void tx_process(struct conn *c)
  *
  * The verdict comes at the rest's end (rest_end()): the client still
  * behind by as many replies never waited, so the next rest follows the
- * next batch without asking and is twice as long, up to
- * IOC_NBD_REST_MAX_NS; a client that read everything may have waited for
- * us, so the next rest is half as long, and below IOC_NBD_REST_MIN_NS
+ * next batch without asking and is twice as long, up to rest_max_ns
+ * (--rest-max-ns); a client that read everything may have waited for us,
+ * so the next rest is half as long, and below IOC_NBD_REST_MIN_NS
  * resting stops for 100 ms, doubling to 1.6 s.  A client with fewer
  * replies in flight never meets the rule, so latency at low depth is
  * untouched.  After a large WRITE's payload (rx_big) there is no rest:
@@ -1478,6 +1477,13 @@ static bool client_busy(const struct conn *c, int q)
 		return false;
 	uint64_t last = c->sent_bytes - c->reply_end[c->reply_n % IOC_NBD_REST_RING];
 	return (uint64_t)q > last + last / 2 + IOC_NBD_REST_SLACK;
+}
+
+static uint32_t rest_start(const struct conn *c)
+{
+	uint32_t max = c->t->srv->rest_max_ns;
+
+	return max < IOC_NBD_REST_START_NS ? max : IOC_NBD_REST_START_NS;
 }
 
 static void set_behind(struct conn *c, bool behind)
@@ -1526,7 +1532,7 @@ static void rest_maybe(struct conn *c)
 static void rest_end(void *opaque)
 {
 	struct conn *c = opaque;
-	bool adapt = !c->t->srv->rest_fixed_ns;
+	uint32_t max = c->t->srv->rest_max_ns;
 	int q = unread(c);
 
 	c->resting = false;
@@ -1534,17 +1540,15 @@ static void rest_end(void *opaque)
 		/* It never ran dry: rest again after this batch, longer. */
 		c->rest_again = true;
 		c->rest_off_shift = 0;
-		if (adapt)
-			c->rest_ns = c->rest_ns >= IOC_NBD_REST_MAX_NS / 2 ? IOC_NBD_REST_MAX_NS
-									: c->rest_ns * 2;
+		c->rest_ns = c->rest_ns >= max / 2 ? max : c->rest_ns * 2;
 	} else if (q == 0) {
 		/* It read everything: it may have waited for us. */
 		/* Relaxed: as in rest_maybe(). */
 		atomic_store_explicit(&c->t->rests_late,
 			atomic_load_explicit(&c->t->rests_late, memory_order_relaxed) + 1,
 			memory_order_relaxed);
-		if (adapt && (c->rest_ns /= 2) < IOC_NBD_REST_MIN_NS) {
-			c->rest_ns = IOC_NBD_REST_START_NS;
+		if ((c->rest_ns /= 2) < IOC_NBD_REST_MIN_NS) {
+			c->rest_ns = rest_start(c);
 			c->rest_off_until = ioc_now_ns() +
 				((int64_t)IOC_NBD_REST_OFF_NS << c->rest_off_shift);
 			if (c->rest_off_shift < IOC_NBD_REST_OFF_SHIFT)
@@ -1745,9 +1749,9 @@ static void conn_start(struct ioc_task *task)
 	ioc_timer_init(&c->rest_timer, t->loop, rest_end, c);
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
-	c->rest_unix = !srv->rest_off && getsockname(c->fd, (struct sockaddr *)&ss, &sl) == 0 &&
+	c->rest_unix = srv->rest_max_ns && getsockname(c->fd, (struct sockaddr *)&ss, &sl) == 0 &&
 		       ss.ss_family == AF_UNIX;
-	c->rest_ns = srv->rest_fixed_ns ? srv->rest_fixed_ns : IOC_NBD_REST_START_NS;
+	c->rest_ns = rest_start(c);
 	c->started = true;
 	/* relaxed: the stop flag is re-checked by every stop task too. */
 	if (atomic_load_explicit(&srv->stopping, memory_order_relaxed)) {

@@ -34,6 +34,8 @@ struct ioc__nbd_stats {
 };
 
 /* One I/O thread of the server; its connections live in conn.c. */
+#define IOC_NBD_REST_MAX_NS 200000  /* default longest rest (conn.c) */
+
 struct nbd_thread {
 	struct ioc_nbd_server *srv;
 	struct ioc_iothread *th;
@@ -94,9 +96,7 @@ struct ioc_nbd_server {
 	/* WRITE payloads may be received into the image's mapping (conn.c,
 	 * wmap_begin(); IOC_NBD_TEST_MAPW=off: never, tests and A/B runs). */
 	bool map_writes;
-	/* IOC_NBD_TEST_REST: "off", or a fixed rest length in ns (conn.c). */
-	bool rest_off;
-	uint32_t rest_fixed_ns;
+	uint32_t rest_max_ns;           /* 0: no rests (conn.c) */
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */

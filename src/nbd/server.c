@@ -155,11 +155,10 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 	srv->map_all = map && strcmp(map, "all") == 0;
 	map = getenv("IOC_NBD_TEST_MAPW");
 	srv->map_writes = !(map && strcmp(map, "off") == 0);
-	/* For tests and A/B runs: "off", or a fixed rest length in ns. */
-	const char *rest = getenv("IOC_NBD_TEST_REST");
-	srv->rest_off = rest && strcmp(rest, "off") == 0;
-	if (rest && !srv->rest_off)
-		srv->rest_fixed_ns = (uint32_t)strtoul(rest, NULL, 0);
+	srv->rest_max_ns = srv->opts.rest_max_ns == 0 ? IOC_NBD_REST_MAX_NS :
+			   srv->opts.rest_max_ns < 0 ? 0 :
+			   srv->opts.rest_max_ns > UINT32_MAX ? UINT32_MAX :
+			   (uint32_t)srv->opts.rest_max_ns;
 	pthread_mutex_init(&srv->gate_lock, NULL);
 	pthread_cond_init(&srv->gate_cond, NULL);
 	*out = srv;

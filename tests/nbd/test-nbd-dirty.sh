@@ -278,6 +278,15 @@ expect "a client that reads late is served in full" "ok" \
 set -- $(restq)
 expect "it made the server rest; rests-late <= rests" "True True" \
 	"$([ "${1:-0}" -gt "$rests0" ] && echo True) ${3:-}"
+# --rest-max-ns 0: the same client on a server of its own, no rest.
+truncate -s 1M "$dir/r0.img"
+srv --fork --pid-file "$dir/r0.pid" -U "$dir/r0.sock" -x disk \
+	--control "$dir/r0ctl.sock" --rest-max-ns 0 "$dir/r0.img"
+expect "--rest-max-ns 0: served in full, no rest" "ok 0" \
+	"$(python3 "$SRCDIR/nbd-lazy-client.py" "$dir/r0.sock" disk 64 2>&1) $(
+	${MESON_EXE_WRAPPER:-} "$CTL" -s "$dir/r0ctl.sock" --json __org.iocore_query-polling |
+	python3 -c 'import json,sys; print(sum(e["rests"] for e in json.load(sys.stdin)))')"
+stop r0
 
 # 28-30: persistence across SIGTERM: f4k (persistent) comes back exactly, b0 not.
 before=$(map f4k)

@@ -60,6 +60,9 @@ static void usage(FILE *f)
 "                             page cache by splice, without a copy (default: off)\n"
 "      --poll-max-ns N        I/O threads busy-poll up to N ns before sleeping\n"
 "                             (0 = off; default: the loop's adaptive default)\n"
+"      --rest-max-ns N        a connection whose client has replies unread reads\n"
+"                             requests in batches, up to N ns apart\n"
+"                             (0 = never; default 200000)\n"
 "      --tls off|on|require   TLS via NBD_OPT_STARTTLS (default: off, or require\n"
 "                             when credentials are given)\n"
 "      --tls-certificates DIR X.509: DIR/server-cert.pem, DIR/server-key.pem\n"
@@ -251,7 +254,7 @@ static void on_quit(void *opaque)
 int main(int argc, char **argv)
 {
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
-	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
+	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_REST, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
 	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE, OPT_OVERLAY,
 	       OPT_INCOMING, OPT_SPLICE_READS };
 	static const struct option longopts[] = {
@@ -269,6 +272,7 @@ int main(int argc, char **argv)
 		{ "fork", no_argument, NULL, OPT_FORK },
 		{ "pid-file", required_argument, NULL, OPT_PIDFILE },
 		{ "poll-max-ns", required_argument, NULL, OPT_POLL },
+		{ "rest-max-ns", required_argument, NULL, OPT_REST },
 		{ "tls", required_argument, NULL, OPT_TLS },
 		{ "tls-certificates", required_argument, NULL, OPT_TLS_CERTS },
 		{ "tls-psk", required_argument, NULL, OPT_TLS_PSK },
@@ -338,6 +342,11 @@ int main(int argc, char **argv)
 		case OPT_POLL: {
 			long v = strtol(optarg, NULL, 10);
 			so.loop.poll_max_ns = v > 0 ? v : -1;
+			break;
+		}
+		case OPT_REST: {
+			unsigned long v = parse_num(optarg, "--rest-max-ns", 1000000000);
+			so.rest_max_ns = v ? (int64_t)v : -1;
 			break;
 		}
 		case OPT_TLS:
