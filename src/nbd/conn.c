@@ -134,9 +134,11 @@ struct conn {
 	bool rest_unix;                 /* AF_UNIX: SIOCOUTQ counts unread bytes */
 	bool resting;                   /* rest_timer pending, not reading */
 	bool rest_again;                /* the last rest left the client busy */
+	bool rested;                    /* conn_process() after a rest */
 	bool behind;                    /* resting: lend small reads too */
 	bool emptied;                   /* tx_process() found the socket empty */
 	bool rx_big;                    /* ... and took a large WRITE's payload */
+	unsigned rx_reqs;               /* ... and this many requests */
 	unsigned rest_off_shift;        /* pauses in a row */
 	uint32_t rest_ns;
 	int64_t rest_off_until;         /* no rest before this (ns) */
@@ -856,6 +858,7 @@ static void start_request(struct conn *c, struct ioc__nbd_req *r)
 	c->inflight_bytes += req_bytes(r);
 	if (r->type == NBD_CMD_WRITE && r->len >= IOC_NBD_DIRECT_MIN)
 		c->rx_big = true; /* see rest_maybe() */
+	c->rx_reqs++;
 	/* relaxed: a statistic; only this thread writes it. */
 	atomic_store_explicit(&t->requests,
 			      atomic_load_explicit(&t->requests, memory_order_relaxed) + 1,
@@ -1281,6 +1284,7 @@ static void tx_process(struct conn *c)
 	bool drained = false;
 
 	c->emptied = c->rx_big = false;
+	c->rx_reqs = 0;
 	while (!c->dead) {
 		c->t->clk = 0; /* a recv came before: see req_co() */
 		/* Parse every complete request in the buffer, unless the
@@ -1449,7 +1453,10 @@ static void tx_process(struct conn *c)
  * next batch without asking and is twice as long, up to rest_max_ns
  * (--rest-max-ns); a client that read everything may have waited for us,
  * so the next rest is half as long, and below IOC_NBD_REST_MIN_NS
- * resting stops for 100 ms, doubling to 1.6 s.  A client with fewer
+ * resting stops for 100 ms, doubling to 1.6 s.  A rest that brought no
+ * request ends resting until the client sends again: a client that
+ * stopped reading and sending would otherwise cost a wakeup per rest
+ * for as long as it stays connected.  A client with fewer
  * replies in flight never meets the rule, so latency at low depth is
  * untouched.  After a large WRITE's payload (rx_big) there is no rest:
  * such a client may be blocked sending into a full socket, with our
@@ -1498,11 +1505,15 @@ static void set_behind(struct conn *c, bool behind)
  * each request, if the client is busy reading replies. */
 static void rest_maybe(struct conn *c)
 {
-	bool again = c->rest_again;
+	bool again = c->rest_again, rested = c->rested;
 
 	if (c->resting)
 		return;
-	c->rest_again = false;
+	c->rest_again = c->rested = false;
+	/* A rest that brought no request: the client stopped sending, and
+	 * waiting on the socket costs nothing, where rests wake the thread. */
+	if (rested && !c->rx_reqs && c->emptied)
+		return;
 	if (!c->rest_unix || c->eof || c->dead || c->draining ||
 	    c->tls_state != TLS_NONE || c->core.phase != IOC_NBD_PHASE_TRANSMISSION)
 		return;
@@ -1536,6 +1547,7 @@ static void rest_end(void *opaque)
 	int q = unread(c);
 
 	c->resting = false;
+	c->rested = true;
 	if (client_busy(c, q)) {
 		/* It never ran dry: rest again after this batch, longer. */
 		c->rest_again = true;
