@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """An NBD client that reads its replies late, for iocore-nbd's tests.
 
-Usage: nbd-lazy-client.py SOCKET EXPORT COUNT
+Usage: nbd-lazy-client.py SOCKET EXPORT COUNT [IDLE]
 
 Over the Unix socket it negotiates EXPORT with NBD_OPT_GO (simple replies),
 queues COUNT 4 KiB READs in one send, waits until every reply to them sits
 unread in its socket (so the server sees a client with a backlog of
-replies, which is what makes it rest between reads), queues one READ more,
+replies, which is what makes it rest between reads), stays idle for IDLE
+seconds (default 0) neither reading nor sending, queues one READ more,
 then reads every reply and checks cookies (each once), errors and lengths.  Exits 0
 and prints "ok" on success; prints what went wrong otherwise.
 """
@@ -71,9 +72,10 @@ def unread(s):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         fail(__doc__)
     count = int(sys.argv[3])
+    idle = float(sys.argv[4]) if len(sys.argv) == 5 else 0.0
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(sys.argv[1])
     size = handshake(s, sys.argv[2])
@@ -91,6 +93,7 @@ def main():
         if time.monotonic() > deadline:
             fail("only %d of %d reply bytes arrived" % (unread(s), want))
         time.sleep(0.005)
+    time.sleep(idle)
     s.sendall(read_req(count))
     seen = set()
     for i in range(count + 1):
