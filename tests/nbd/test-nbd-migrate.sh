@@ -21,7 +21,7 @@ for t in qemu-io qemu-img python3; do
 	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
 done
 workdir ioc-nbd-migrate
-echo "1..52"
+echo "1..60"
 
 # wait_gone PID: until the process has exited (30 s at most).
 wait_gone() {
@@ -251,6 +251,57 @@ expect "events with pause-before-switchover" \
 wait_status d4 completed failed >/dev/null
 check "images equal after the paused switch-over" cmp "$img" "$dir/b.img"
 stop s4; stop d4
+
+# ---- a WRITE's payload half received at the switch-over ----
+# A 1 MiB WRITE whose client stops after 600000 bytes of its payload.  On
+# tmpfs without swap the payload goes straight into the image's mapping,
+# whole 4 KiB blocks only, and counts as past the gate: the switch-over's
+# hold must end it there, or pre-switchover would wait for a client that
+# waits for it.  The 146 whole blocks that arrived stay written and reach
+# the destination, the block it stopped in does not (no torn block), and
+# the request, once whole, waits at the gate and fails with ESHUTDOWN.
+dd if="$dir/a.ref" of="$dir/p.img" bs=1M count=4 2>/dev/null
+cp "$dir/p.img" "$dir/p.ref"
+rm -f "$dir/p.dst" "$dir/p.go"
+mapped=no
+[ "$(stat -f -c %T "$dir")" = tmpfs ] && ! awk 'NR > 1' /proc/swaps | grep -q . && mapped=yes
+# image_is WHOLE: p.img is p.ref with the pattern's first WHOLE bytes at 64 KiB.
+image_is() {
+	python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from nbdraw import pattern
+img, ref, n = open(sys.argv[2], "rb").read(), open(sys.argv[3], "rb").read(), int(sys.argv[4])
+print(img == ref[:65536] + pattern(n) + ref[65536 + n:])' "$SRCDIR" "$dir/p.img" "$dir/p.ref" "$1"
+}
+source_start s5 "$dir/p.img"
+caps s5 pause-before-switchover=true
+port=$(free_port)
+dest_start d5 "$dir/p.dst" tcp:127.0.0.1:$port
+python3 "$SRCDIR/nbd-split-write.py" "$dir/s5.sock" "" 65536 1048576 600000 "$dir/p.go" \
+	>"$dir/p.out" 2>&1 &
+ppid=$!
+if [ $mapped = yes ]; then
+	i=0
+	until [ "$(image_is 598016)" = True ] || [ $i -gt 600 ]; do i=$((i + 1)); sleep 0.05; done
+	expect "the payload's whole blocks are in the image before the switch-over" True \
+		"$(image_is 598016)"
+else
+	skip "the payload's whole blocks are in the image before the switch-over" \
+		"not tmpfs without swap: the payload waits in a buffer"
+fi
+ctl s5 migrate uri=tcp:127.0.0.1:$port >/dev/null
+expect "pauses in pre-switchover with the payload half received" pre-switchover \
+	"$(wait_status s5 pre-switchover completed failed)"
+touch "$dir/p.go"
+wait_held s5
+expect "the WRITE, whole now, waits at the gate" 1 "$(in_flight s5)"
+check "migrate-continue" ctl s5 migrate-continue state=pre-switchover
+expect "completes" completed "$(wait_status s5 completed failed)"
+wait $ppid
+expect "the WRITE fails with ESHUTDOWN" 108 "$(cat "$dir/p.out")"
+wait_status d5 completed failed >/dev/null
+expect "the source image has the whole blocks that arrived, no torn block" True \
+	"$(image_is $([ $mapped = yes ] && echo 598016 || echo 0))"
+check "the destination's image equals the source's" cmp "$dir/p.img" "$dir/p.dst"
+stop s5; stop d5
 
 # ---- the destination dies while the source is paused, clients held ----
 cp "$dir/a.ref" "$img"; rm -f "$dir/b.img"
