@@ -10,24 +10,24 @@
  *
  * Design: at open, an index of frames (compressed and decompressed offsets
  * and sizes), from the seek table when there is one, else by walking the
- * frame headers once (zstd's frame header carries the content size; a frame
- * without one is decoded once to learn it, and the log says so).  A read
- * finds its frames by binary search and takes each from the frame cache
- * (frame-cache.c).  A read of at most 64 KiB decodes the frames it misses
- * (of at most 64 KiB each) itself, on its loop thread: a 16 KiB frame
- * decodes in about the time of the pool's round trip, which it saves.
- * Larger reads and frames go to the calling loop's thread pool, one job
- * per run of frames (~128 KiB), all requested before the first wait so a
- * large read decodes in parallel while the I/O thread keeps serving, on
- * at most CPUs + 1 threads ("runners" below); the frames such a read
- * covers whole, and nobody has cached, are decoded straight into its
- * buffer in jobs of ~512 KiB (no entry to allocate, fill and copy out:
- * fresh memory costs more than the decode).  A second reader of a frame
- * being decoded through the cache waits for that decode.  A read of 64
- * KiB or more (or of a frame that large) ending on a frame's last byte
- * starts decoding as much again after it (readahead, up to 1 MiB), unless
- * other large reads are in flight (queued reads decode themselves); small
- * reads of small frames do not: a 4 KiB read ends a 16 KiB frame 1 in 4.
+ * frame headers once (a frame without a content size is decoded once to
+ * learn it; the log says so).  A read finds the frames it wants by a
+ * binary search of the index and takes each of them from the frame cache
+ * (frame-cache.c).  A read of at most 64 KiB decodes
+ * the frames it misses (of at most 64 KiB each) itself, on its loop
+ * thread: a 16 KiB frame decodes in about the time of the pool's round
+ * trip, which it saves.  Larger reads and frames go to the calling loop's
+ * thread pool, one job per run of frames (~128 KiB), all requested before
+ * the first wait so a large read decodes in parallel while the I/O thread
+ * keeps serving, on at most CPUs + 1 threads ("runners" below); the frames
+ * such a read covers whole, and nobody has cached, are decoded straight
+ * into its buffer in jobs of ~512 KiB (no entry to
+ * allocate, fill and copy out: fresh memory costs more than the decode).
+ * A second reader of a frame being decoded through the cache waits for
+ * that decode.  A read of 64 KiB or more (or of a frame that large) ending
+ * on a frame's last byte starts decoding as much again after it
+ * (readahead, up to 1 MiB), unless other large reads are in flight (queued
+ * reads decode themselves); small reads of small frames do not.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
  * byte 0 (zstd) or deflate's few hundred bytes (gzip); such frames are
@@ -35,28 +35,28 @@
  * headers; a gzip member's trailer, then, if its CRC-32 is that of zeros,
  * a decode), or after a decode finds zeros.  Reads fill zeroes, block
  * status reports holes.  Stored frames (zstd keeps data it cannot shrink
- * as one raw block) are read from the file straight into the reply, with
- * their checksum (XXH64, libxxhash) checked on every read: no decode, no
- * copy, no cache entry (random data would only push text out).
+ * as one raw block) are read from the file straight into the reply: no
+ * decode, no copy, no cache entry (random data would only push text out).
+ * A stored frame's first read checks its checksum (XXH64, libxxhash) over
+ * all of it; once that passed, a per-frame state says so and later reads
+ * take only their bytes: the check is trusted as a cached frame's decode
+ * is (neither sees the file change under a running server).
  *
  * Frames over half the cache (a stock single-frame file) are not cached:
- * each read decodes from the frame's start up to its range, on the pool,
- * through a 1 MiB window.  Slow for random access; the open logs it.
+ * each read decodes from the frame's start up to its range, on the pool.
  *
- * Corruption: a frame that fails to decode (checksum, bad block, bad
- * sizes) fails the reads of it with -EIO, logs its offsets, is retried.
+ * Corruption: a frame that fails to decode or its first check (checksum,
+ * bad block, bad sizes) fails the reads of it with -EIO, logs its offsets
+ * and is tried again by the next read: damaged before it was first read,
+ * it fails every read.
  *
- * Rejected: decoding a frame only as far as a read needs (zstd's
- * streaming decoder): a frame of up to 128 KiB is one zstd block, which
- * is decoded whole before any byte comes out, so it saves nothing; small
- * frames at a higher level (iocore-zip -12 --block-size 16K) cut the
- * work of a first touch instead.  ioc_zip_extract() per read (threads
- * and a copy per request: ~10x one frame's decode for 4 KiB); mmap of the
- * compressed file for decoding (a truncated file would turn into SIGBUS
- * on a pool thread; pread turns it into an error; the open-time walk
- * does use mmap).  Trusting a stored frame after one check (a partial
- * read would need only its bytes): the cache's copy is checked once, but
- * the file may change under us; reading 16 KiB to check costs ~2 us.
+ * Rejected: decoding a frame only as far as a read needs (a frame of up
+ * to 128 KiB is one zstd block, decoded whole before any byte comes out);
+ * ioc_zip_extract() per read (threads and a copy per request: ~10x one
+ * frame's decode for 4 KiB); mmap of the compressed file for decoding (a
+ * truncated file would be SIGBUS on a pool thread; pread turns it into an
+ * error).  Checking stored frames on every read: a 4 KiB read read and
+ * hashed 16 KiB (a third of its CPU) for changes no cache hit would see.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -120,10 +120,11 @@ struct ioc_zip_image {
 	uint64_t size;
 	_Atomic uint8_t *zero;          /* per frame: 1 = all zero (relaxed:
 					 * a hint; both values read correctly) */
-	_Atomic uint8_t *unstored;      /* per frame: 1 = not a stored frame;
-					 * 0 = may be one, read from the file
-					 * (relaxed: a hint, the frame's bytes
-					 * are checked on every read) */
+	_Atomic uint8_t *sstate;        /* per frame: SS_NOT = not a stored
+					 * frame; SS_MAYBE = may be one, read
+					 * from the file and checked;
+					 * SS_CHECKED = one whose checksum
+					 * passed (see stored_state()) */
 	struct ioc__zip_fcache *cache;
 	size_t max_cached;              /* larger frames decode streaming */
 	bool readahead;
@@ -141,7 +142,8 @@ struct ioc_zip_image {
 
 	/* Statistics: relaxed increments, read by get_info; no pairing,
 	 * nothing is ordered by them. */
-	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct, stored;
+	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct, stored,
+			 stored_checks;
 };
 
 static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
@@ -332,7 +334,7 @@ static struct dslot *dslot_get(struct ioc_zip_image *img, size_t csize)
 		if (!nb) {
 			ioc__zip_dctx_fini(&s->d);
 			free(s->cbuf);
-			free(s);
+				free(s);
 			return NULL;
 		}
 		s->cbuf = nb;
@@ -526,12 +528,65 @@ static int decode_frame(struct ioc_zip_image *img, size_t i, uint8_t *dst)
  * random bytes is its header, one 3-byte block header, the data and the
  * checksum (XXH64's low 32 bits).  Such a frame is read straight into the
  * reader's buffer (one preadv: header and checksum aside) and its
- * checksum checked, on every read: no decode, no copy, no cache entry. */
-static bool maybe_stored(struct ioc_zip_image *img, size_t i)
+ * checksum checked on its first read; once that passed, later reads read
+ * only the bytes they want (the frame's data sits at a known offset) and
+ * trust the check, as a cache hit trusts its frame's decode.  No decode,
+ * no copy, no cache entry. */
+enum { SS_MAYBE, SS_NOT, SS_CHECKED };
+
+static unsigned stored_state(struct ioc_zip_image *img, size_t i)
 {
-	return !atomic_load_explicit(&img->unstored[i], memory_order_relaxed);
+	/* Pairs with the relaxed stores in stored_read() and at open: the
+	 * state describes the file's bytes, it publishes no memory, and a
+	 * reader that sees an older value only does more work (checks the
+	 * frame again), so no ordering is needed. */
+	return atomic_load_explicit(&img->sstate[i], memory_order_relaxed);
 }
 
+static bool maybe_stored(struct ioc_zip_image *img, size_t i)
+{
+	return stored_state(img, i) != SS_NOT;
+}
+
+/* Where a stored frame's data starts in the file. */
+static uint64_t stored_data(const struct zframe *f)
+{
+	return f->coff + (f->csize - f->dsize - 4);
+}
+
+#if IOC_HAVE_XXHASH
+/* Frame i read as a stored frame: its header up to the block's (head, of
+ * csize - dsize - 4 bytes), its data (dst) and checksum (tail).  0, -EIO
+ * (damaged: logged), or 1 when it is not a stored frame (remembered). */
+static int stored_check(struct ioc_zip_image *img, size_t i, const uint8_t *head,
+			const uint8_t *dst, const uint8_t *tail)
+{
+	const struct zframe *f = &img->frames[i];
+	size_t h = (size_t)(f->csize - f->dsize - 4);
+	struct ioc__zip_frame zf = { 0 };
+	const char *why = NULL;
+	uint32_t bh;
+
+	/* The header up to the block's: scan parses it and stops there. */
+	(void)ioc__zip_scan(&zf, head, h, &why);
+	bh = (uint32_t)head[h - 3] | (uint32_t)head[h - 2] << 8 | (uint32_t)head[h - 1] << 16;
+	if (!zf.hdr_done || zf.kind != IOC__ZIP_K_ZSTD || !zf.has_sum || zf.hdr_len + 3 != h ||
+	    zf.dsize != f->dsize || bh != ((uint32_t)f->dsize << 3 | 1)) {
+		/* Pairs with the load in stored_state(). */
+		atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
+		return 1;
+	}
+	if ((uint32_t)XXH64(dst, (size_t)f->dsize, 0) != ioc__zip_le32(tail)) {
+		frame_failed(img, i, "checksum mismatch (stored frame)");
+		return -EIO;
+	}
+	/* Pairs with the load in stored_state(). */
+	atomic_store_explicit(&img->sstate[i], SS_CHECKED, memory_order_relaxed);
+	atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&img->stored_checks, 1, memory_order_relaxed);
+	return 0;
+}
+#endif
 
 /* Frame i, whole, into dst: 0, -EIO (damaged: logged), or 1 when it turns
  * out not to be a stored frame (remembered; decode it instead). */
@@ -544,39 +599,34 @@ static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 	struct iovec iov[3] = {
 		{ head, h }, { dst, (size_t)f->dsize }, { tail, sizeof(tail) },
 	};
-	struct ioc__zip_frame zf = { 0 };
-	const char *why = NULL;
-	uint32_t bh;
-	int r = ioc__zip_preadv_all(img->fd, iov, 3, f->coff);
+	int r;
 
+	if (stored_state(img, i) == SS_CHECKED) {
+		r = ioc__zip_pread_all(img->fd, dst, (size_t)f->dsize, stored_data(f));
+		if (r < 0) {
+			frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
+			return -EIO;
+		}
+		atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+		return 0;
+	}
+	r = ioc__zip_preadv_all(img->fd, iov, 3, f->coff);
 	if (r < 0) {
 		frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
 		return -EIO;
 	}
-	/* The header up to the block's: scan parses it and stops there. */
-	(void)ioc__zip_scan(&zf, head, h, &why);
-	bh = (uint32_t)head[h - 3] | (uint32_t)head[h - 2] << 8 | (uint32_t)head[h - 1] << 16;
-	if (!zf.hdr_done || zf.kind != IOC__ZIP_K_ZSTD || !zf.has_sum || zf.hdr_len + 3 != h ||
-	    zf.dsize != f->dsize || bh != ((uint32_t)f->dsize << 3 | 1)) {
-		atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
-		return 1;
-	}
-	if ((uint32_t)XXH64(dst, (size_t)f->dsize, 0) != ioc__zip_le32(tail)) {
-		frame_failed(img, i, "checksum mismatch (stored frame)");
-		return -EIO;
-	}
-	atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
-	return 0;
+	return stored_check(img, i, head, dst, tail);
 #else
 	(void)dst;
-	atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+	/* Pairs with the load in stored_state(). */
+	atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
 	return 1;
 #endif
 }
 
 /* Frame i whole into dst: read from the file (a stored frame) or decoded
  * (counted; *decoded set).  0 or -errno.  On the calling thread: for a
- * stored frame a pread and a checksum. */
+ * stored frame a pread (and a checksum on its first read). */
 static int frame_whole(struct ioc_zip_image *img, size_t i, uint8_t *dst, bool *decoded)
 {
 	int r = maybe_stored(img, i) ? stored_read(img, i, dst) : 1;
@@ -601,6 +651,15 @@ static int frame_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t 
 
 	if (lo == 0 && len == f->dsize)
 		return frame_whole(img, i, dst, &decoded);
+	if (stored_state(img, i) == SS_CHECKED) {
+		r = ioc__zip_pread_all(img->fd, dst, len, stored_data(f) + lo);
+		if (r < 0) {
+			frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
+			return -EIO;
+		}
+		atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+		return 0;
+	}
 	s = dslot_get(img, (size_t)f->dsize);
 	if (!s)
 		return -ENOMEM;
@@ -874,9 +933,11 @@ static int ioc_coroutine_fn stream_read(struct ioc_zip_image *img, size_t i, uin
 
 /* ---- reads ---------------------------------------------------------- */
 
+/* The first frame that ends after off (nframes if none). */
 static size_t find_frame(const struct ioc_zip_image *img, uint64_t off)
 {
 	size_t lo = 0, hi = img->nframes;
+
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -1422,8 +1483,8 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 			r = ioc__zip_say(msg, msglen, -EFBIG, "frame %zu is too big", i);
 			goto fail;
 		}
-	img->unstored = calloc(img->nframes ? img->nframes : 1, sizeof(*img->unstored));
-	if (!img->unstored) {
+	img->sstate = calloc(img->nframes ? img->nframes : 1, sizeof(*img->sstate));
+	if (!img->sstate) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -1435,8 +1496,8 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 			   f->dsize <= STORED_MAX && f->csize >= f->dsize + 12 &&
 			   f->csize <= f->dsize + 25;
 
-		if (!may)
-			atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+		if (!may) /* before any reader: pairs with nothing */
+			atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
 	}
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
@@ -1489,7 +1550,7 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 		close(img->fd);
 	free(img->frames);
 	free(img->zero);
-	free(img->unstored);
+	free(img->sstate);
 	pthread_cond_destroy(&img->idle);
 	pthread_mutex_destroy(&img->lock);
 	free(img);
@@ -1520,6 +1581,7 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	info->errors = atomic_load_explicit(&img->errors, memory_order_relaxed);
 	info->direct_decodes = atomic_load_explicit(&img->direct, memory_order_relaxed);
 	info->stored_reads = atomic_load_explicit(&img->stored, memory_order_relaxed);
+	info->stored_checks = atomic_load_explicit(&img->stored_checks, memory_order_relaxed);
 	info->decode_threads = img->max_runners;
 	pthread_mutex_lock(&img->lock);
 	info->decode_threads_peak = img->runners_peak;
