@@ -11,9 +11,9 @@
  * Design: at open, an index of frames (compressed and decompressed offsets
  * and sizes), from the seek table when there is one, else by walking the
  * frame headers once (a frame without a content size is decoded once to
- * learn it; the log says so).  A read finds the frames it wants by a
- * binary search of the index and takes each of them from the frame cache
- * (frame-cache.c).  A read of at most 64 KiB decodes
+ * learn it; the log says so).  A read finds its frames by binary search
+ * (by a division when all frames but the last are one size) and takes each
+ * from the frame cache (frame-cache.c).  A read of at most 64 KiB decodes
  * the frames it misses (of at most 64 KiB each) itself, on its loop
  * thread: a 16 KiB frame decodes in about the time of the pool's round
  * trip, which it saves.  Larger reads and frames go to the calling loop's
@@ -127,6 +127,8 @@ struct ioc_zip_image {
 					 * passed (see stored_state()) */
 	struct ioc__zip_fcache *cache;
 	size_t max_cached;              /* larger frames decode streaming */
+	uint64_t fixed;                 /* every frame but the last has this
+					 * size (0: not so) */
 	bool readahead;
 	_Atomic unsigned large_reads;   /* in flight, decoding in place */
 	struct ioc_zip_image_opts opts;
@@ -938,6 +940,15 @@ static size_t find_frame(const struct ioc_zip_image *img, uint64_t off)
 {
 	size_t lo = 0, hi = img->nframes;
 
+	/* iocore-zip's frames are one size but the last: no search, which
+	 * would touch ~log2(frames) cache lines of a large index. */
+	if (img->fixed) {
+		uint64_t k = off / img->fixed;
+
+		if (k + 1 < img->nframes)
+			return (size_t)k;
+		lo = img->nframes - 1;
+	}
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -1499,6 +1510,10 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		if (!may) /* before any reader: pairs with nothing */
 			atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
 	}
+	img->fixed = img->nframes > 1 ? img->frames[0].dsize : 0;
+	for (size_t i = 0; img->fixed && i + 1 < img->nframes; i++)
+		if (img->frames[i].dsize != img->fixed || img->frames[i].doff != i * img->fixed)
+			img->fixed = 0;
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
 	/* The pool's buffers fit the usual frame: iocore-zip's are all one
