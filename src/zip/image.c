@@ -21,7 +21,7 @@
  * the first wait so a large read decodes in parallel while the I/O thread
  * keeps serving, on at most CPUs + 1 threads ("runners" below); the frames
  * such a read covers whole, and nobody has cached, are decoded straight
- * into its buffer in jobs of ~512 KiB (no entry to
+ * into its buffer in jobs of ~512 KiB, one preadv per job (no entry to
  * allocate, fill and copy out: fresh memory costs more than the decode).
  * A second reader of a frame being decoded through the cache waits for
  * that decode.  A read of 64 KiB or more (or of a frame that large) ending
@@ -104,6 +104,19 @@ struct zframe {
 	enum ioc__zip_kind kind;
 };
 
+#define RUN_IOV         (4 * BATCH)  /* iovecs of one preadv of a run */
+#define RUN_GAP         4096         /* bytes between two frames of a run
+					* (zero frames, ~20 bytes each) */
+#define RUN_CBYTES      (1u << 20)   /* compressed bytes of a run, at most */
+
+/* A run's preadv: where the bytes it does not keep go. */
+struct run_scratch {
+	struct iovec iov[RUN_IOV];
+	uint8_t head[BATCH][32], tail[BATCH][4];
+	uint8_t state[BATCH];           /* each frame's SS_* when read */
+	uint8_t sink[RUN_GAP];
+};
+
 /* A decoder context and its compressed-input buffer; one per pool thread
  * at most in use, kept on a free list. */
 struct dslot {
@@ -111,6 +124,7 @@ struct dslot {
 	struct ioc__zip_dctx d;
 	uint8_t *cbuf;
 	size_t ccap;
+	struct run_scratch *rs;         /* made by the first run read */
 };
 
 struct ioc_zip_image {
@@ -336,7 +350,8 @@ static struct dslot *dslot_get(struct ioc_zip_image *img, size_t csize)
 		if (!nb) {
 			ioc__zip_dctx_fini(&s->d);
 			free(s->cbuf);
-				free(s);
+			free(s->rs);
+			free(s);
 			return NULL;
 		}
 		s->cbuf = nb;
@@ -793,21 +808,145 @@ struct xjob {
 	} f[BATCH];
 };
 
+/* A decode in place is done: count it, note zeros. */
+static void xjob_decoded(struct ioc_zip_image *img, struct xjob *j, unsigned k)
+{
+	atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
+	if (j->f[k].r == 0 &&
+	    ioc__zip_all_zero(j->f[k].dst, (size_t)img->frames[j->f[k].idx].dsize))
+		/* A hint (see zero): pairs with nothing. */
+		atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);
+}
+
+/* The frames of a job are mostly neighbours in the file (those between
+ * them are zero or cached ones, a few bytes or a frame); one preadv reads
+ * a run of them: stored frames' data straight into the reply, compressed
+ * frames into one buffer, headers and checksums of stored frames not yet
+ * checked into the scratch, the rest (checked stored frames' headers,
+ * bytes between frames) into a sink.  Frames k.. of j: how many it did
+ * (0: none, do frame k alone). */
+static unsigned xjob_run_read(struct ioc_zip_image *img, struct xjob *j, unsigned k)
+{
+	struct run_scratch *rs;
+	struct dslot *s;
+	size_t cbytes = 0, niov = 0, cpos = 0;
+	uint64_t at = img->frames[j->f[k].idx].coff, end = at;
+	unsigned m, q;
+	int r;
+
+	for (m = k; m < j->n; m++) {
+		const struct zframe *f = &img->frames[j->f[m].idx];
+		bool packed = !maybe_stored(img, j->f[m].idx);
+
+		if (f->coff < end || f->coff - end > RUN_GAP || niov + 4 > RUN_IOV ||
+		    (packed && cbytes + f->csize > RUN_CBYTES))
+			break;
+		if (packed)
+			cbytes += (size_t)f->csize;
+		niov += 4;
+		end = f->coff + f->csize;
+	}
+	if (m - k < 2)
+		return 0;
+	s = dslot_get(img, cbytes);
+	if (!s)
+		return 0;
+	if (!s->rs && !(s->rs = malloc(sizeof(*s->rs)))) {
+		dslot_put(img, s);
+		return 0;
+	}
+	rs = s->rs;
+	end = at;
+	niov = 0;
+	for (q = k; q < m; q++) {
+		const struct zframe *f = &img->frames[j->f[q].idx];
+		struct iovec *iov = rs->iov;
+		size_t h = (size_t)(f->csize - f->dsize - 4);
+
+		if (f->coff > end)
+			iov[niov++] = (struct iovec){ rs->sink, (size_t)(f->coff - end) };
+		end = f->coff + f->csize;
+		rs->state[q - k] = (uint8_t)stored_state(img, j->f[q].idx);
+		switch (rs->state[q - k]) {
+		case SS_CHECKED:
+			iov[niov++] = (struct iovec){ rs->sink, h };
+			iov[niov++] = (struct iovec){ j->f[q].dst, (size_t)f->dsize };
+			iov[niov++] = (struct iovec){ rs->sink, 4 };
+			break;
+		case SS_MAYBE:
+			iov[niov++] = (struct iovec){ rs->head[q - k], h };
+			iov[niov++] = (struct iovec){ j->f[q].dst, (size_t)f->dsize };
+			iov[niov++] = (struct iovec){ rs->tail[q - k], 4 };
+			break;
+		default:
+			iov[niov++] = (struct iovec){ s->cbuf + cpos, (size_t)f->csize };
+			cpos += (size_t)f->csize;
+			break;
+		}
+	}
+	r = ioc__zip_preadv_all(img->fd, rs->iov, (int)niov, at);
+	if (r < 0) {
+		/* Frame by frame, to log which one fails. */
+		dslot_put(img, s);
+		return 0;
+	}
+	cpos = 0;
+	for (q = k; q < m; q++) {
+		size_t i = j->f[q].idx;
+		const struct zframe *f = &img->frames[i];
+		const char *why = NULL;
+		bool decoded;
+
+		/* As read: another reader may have changed the state since. */
+		if (rs->state[q - k] == SS_CHECKED) {
+			atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+			j->f[q].r = 0;
+			continue;
+		}
+		if (rs->state[q - k] == SS_MAYBE) {
+#if IOC_HAVE_XXHASH
+			j->f[q].r = stored_check(img, i, rs->head[q - k], j->f[q].dst,
+						 rs->tail[q - k]);
+#else
+			j->f[q].r = 1;  /* never: SS_MAYBE needs libxxhash */
+#endif
+			if (j->f[q].r != 1)
+				continue;
+			/* Not a stored frame after all: decode it alone. */
+			j->f[q].r = frame_whole(img, i, j->f[q].dst, &decoded);
+			xjob_decoded(img, j, q);
+			continue;
+		}
+		r = ioc__zip_decompress(&s->d, f->kind, j->f[q].dst, (size_t)f->dsize,
+					s->cbuf + cpos, (size_t)f->csize, &why);
+		cpos += (size_t)f->csize;
+		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+		if (r < 0)
+			frame_failed(img, i, why ? why : ioc_strerror(r));
+		j->f[q].r = r < 0 ? -EIO : 0;
+		xjob_decoded(img, j, q);
+	}
+	dslot_put(img, s);
+	return m - k;
+}
+
 static void xjob_run(struct zwork *w)
 {
 	struct xjob *j = (struct xjob *)w;
 	struct ioc_zip_image *img = j->img;
 
-	for (unsigned k = 0; k < j->n; k++) {
-		const struct zframe *f = &img->frames[j->f[k].idx];
+	for (unsigned k = 0; k < j->n;) {
+		unsigned done = xjob_run_read(img, j, k);
 		bool decoded;
 
+		if (done) {
+			k += done;
+			continue;
+		}
 		j->f[k].r = frame_whole(img, j->f[k].idx, j->f[k].dst, &decoded);
-		if (!decoded)
-			continue; /* a stored frame, read from the file */
-		atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
-		if (j->f[k].r == 0 && ioc__zip_all_zero(j->f[k].dst, (size_t)f->dsize))
-			atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);
+		if (decoded)
+			xjob_decoded(img, j, k);
+		k++;
 	}
 	ioc_co_await_done(&j->aw, 0);   /* the last touch of j */
 }
@@ -1559,6 +1698,7 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 		img->dfree = s->next;
 		ioc__zip_dctx_fini(&s->d);
 		free(s->cbuf);
+		free(s->rs);
 		free(s);
 	}
 	if (img->fd >= 0)

@@ -428,8 +428,9 @@ static void stored_checked_once(struct ioc_zip_image *img, bool *ok)
 	*ok &= check_range(img, 5 * SMALL, SMALL);
 	ioc_zip_image_get_info(img, &info);
 	*ok &= info.stored_reads == 4 && info.stored_checks == 1;
-	/* A large read covering frames 4-8 whole: 5 as checked, 4, 6 and 7
-	 * checked now, 8 (text) decoded in place. */
+	/* A large read covering frames 4-8 whole, read from the file with
+	 * one preadv: 5 as checked, 4, 6 and 7 checked now, 8 (text)
+	 * decoded in place. */
 	*ok &= check_range(img, 4 * SMALL, 5 * SMALL);
 	ioc_zip_image_get_info(img, &info);
 	*ok &= info.stored_reads == 8 && info.stored_checks == 4 && info.errors == 0 &&
