@@ -113,7 +113,6 @@ struct zframe {
 struct run_scratch {
 	struct iovec iov[RUN_IOV];
 	uint8_t head[BATCH][32], tail[BATCH][4];
-	uint8_t state[BATCH];           /* each frame's SS_* when read */
 	uint8_t sink[RUN_GAP];
 };
 
@@ -831,12 +830,17 @@ static unsigned xjob_run_read(struct ioc_zip_image *img, struct xjob *j, unsigne
 	struct dslot *s;
 	size_t cbytes = 0, niov = 0, cpos = 0;
 	uint64_t at = img->frames[j->f[k].idx].coff, end = at;
+	uint8_t st[BATCH];      /* each frame's state, read once: the sizes
+				 * below and the iovecs must agree */
 	unsigned m, q;
 	int r;
 
 	for (m = k; m < j->n; m++) {
 		const struct zframe *f = &img->frames[j->f[m].idx];
-		bool packed = !maybe_stored(img, j->f[m].idx);
+		bool packed;
+
+		st[m - k] = (uint8_t)stored_state(img, j->f[m].idx);
+		packed = st[m - k] == SS_NOT;
 
 		if (f->coff < end || f->coff - end > RUN_GAP || niov + 4 > RUN_IOV ||
 		    (packed && cbytes + f->csize > RUN_CBYTES))
@@ -866,8 +870,7 @@ static unsigned xjob_run_read(struct ioc_zip_image *img, struct xjob *j, unsigne
 		if (f->coff > end)
 			iov[niov++] = (struct iovec){ rs->sink, (size_t)(f->coff - end) };
 		end = f->coff + f->csize;
-		rs->state[q - k] = (uint8_t)stored_state(img, j->f[q].idx);
-		switch (rs->state[q - k]) {
+		switch (st[q - k]) {
 		case SS_CHECKED:
 			iov[niov++] = (struct iovec){ rs->sink, h };
 			iov[niov++] = (struct iovec){ j->f[q].dst, (size_t)f->dsize };
@@ -898,12 +901,12 @@ static unsigned xjob_run_read(struct ioc_zip_image *img, struct xjob *j, unsigne
 		bool decoded;
 
 		/* As read: another reader may have changed the state since. */
-		if (rs->state[q - k] == SS_CHECKED) {
+		if (st[q - k] == SS_CHECKED) {
 			atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
 			j->f[q].r = 0;
 			continue;
 		}
-		if (rs->state[q - k] == SS_MAYBE) {
+		if (st[q - k] == SS_MAYBE) {
 #if IOC_HAVE_XXHASH
 			j->f[q].r = stored_check(img, i, rs->head[q - k], j->f[q].dst,
 						 rs->tail[q - k]);
