@@ -311,8 +311,11 @@ struct ioc_zip_image_info {
 				     * buffer (frames a large read covers whole) */
 	uint64_t cache_admitted;    /* misses kept past probation (read again) */
 	uint64_t cache_probation_bytes; /* of cache_bytes, on probation */
-	uint64_t stored_reads;      /* stored (raw) frames read from the file
-				     * and checked, not decoded nor cached */
+	uint64_t stored_reads;      /* stored (raw) frames read from the file,
+				     * not decoded nor cached */
+	uint64_t stored_checks;     /* of those, reads that checked the whole
+				     * frame's checksum: each frame's first
+				     * (later reads trust it) */
 	unsigned decode_threads;    /* pool threads that decode at once, at
 				     * most (online CPUs + 1) */
 	unsigned decode_threads_peak; /* most that did so far */

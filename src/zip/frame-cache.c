@@ -35,7 +35,9 @@
  * when every entry is in use the cache overshoots and each put evicts
  * until it is back under budget; evicted entries live until their last
  * reference is dropped.  Buffers freed by either queue go back to the
- * pool while it holds less than probation's share, else to malloc.
+ * pool while it holds less than probation's share, else to malloc.  The
+ * pool starts full (up to 16 MiB, touched at creation): a first pass would
+ * otherwise fault a fresh buffer in for each of its first misses.
  *
  * Rejected: admitting every miss (a scan fills the budget with frames
  * never read again, in fresh memory); a doorkeeper alone with no
@@ -57,6 +59,7 @@
 #include "frame-cache.h"
 
 #define NSHARDS 16u
+#define PREFILL (16u << 20)     /* probation buffers made at creation */
 
 struct shard {
 	pthread_mutex_t lock;
@@ -139,6 +142,18 @@ int ioc__zip_fcache_new(struct ioc__zip_fcache **out, size_t budget, size_t nkey
 		if (!c->pool) {
 			ioc__zip_fcache_free(c);
 			return -ENOMEM;
+		}
+		/* Probation's buffers (up to PREFILL bytes of them) made and
+		 * touched now: the first misses would otherwise each fault a
+		 * fresh buffer in, ~10 us for 16 KiB, as much as its decode.
+		 * Short of memory, the misses make the rest. */
+		while (c->pool_n < c->pool_max && (c->pool_n + 1) * slot <= PREFILL) {
+			void *p = malloc(slot);
+
+			if (!p)
+				break;
+			memset(p, 0, slot);
+			c->pool[c->pool_n++] = p;
 		}
 	}
 	for (unsigned i = 0; i < NSHARDS; i++) {

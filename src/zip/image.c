@@ -10,24 +10,24 @@
  *
  * Design: at open, an index of frames (compressed and decompressed offsets
  * and sizes), from the seek table when there is one, else by walking the
- * frame headers once (zstd's frame header carries the content size; a frame
- * without one is decoded once to learn it, and the log says so).  A read
- * finds its frames by binary search and takes each from the frame cache
- * (frame-cache.c).  A read of at most 64 KiB decodes the frames it misses
- * (of at most 64 KiB each) itself, on its loop thread: a 16 KiB frame
- * decodes in about the time of the pool's round trip, which it saves.
- * Larger reads and frames go to the calling loop's thread pool, one job
- * per run of frames (~128 KiB), all requested before the first wait so a
- * large read decodes in parallel while the I/O thread keeps serving, on
- * at most CPUs + 1 threads ("runners" below); the frames such a read
- * covers whole, and nobody has cached, are decoded straight into its
- * buffer in jobs of ~512 KiB (no entry to allocate, fill and copy out:
- * fresh memory costs more than the decode).  A second reader of a frame
- * being decoded through the cache waits for that decode.  A read of 64
- * KiB or more (or of a frame that large) ending on a frame's last byte
- * starts decoding as much again after it (readahead, up to 1 MiB), unless
- * other large reads are in flight (queued reads decode themselves); small
- * reads of small frames do not: a 4 KiB read ends a 16 KiB frame 1 in 4.
+ * frame headers once (a frame without a content size is decoded once to
+ * learn it; the log says so).  A read finds its frames by binary search
+ * (by a division when all frames but the last are one size) and takes each
+ * from the frame cache (frame-cache.c).  A read of at most 64 KiB decodes
+ * the frames it misses (of at most 64 KiB each) itself, on its loop
+ * thread: a 16 KiB frame decodes in about the time of the pool's round
+ * trip, which it saves.  Larger reads and frames go to the calling loop's
+ * thread pool, one job per run of frames (~128 KiB), all requested before
+ * the first wait so a large read decodes in parallel while the I/O thread
+ * keeps serving, on at most CPUs + 1 threads ("runners" below); the frames
+ * such a read covers whole, and nobody has cached, are decoded straight
+ * into its buffer in jobs of ~512 KiB, one preadv per job (no entry to
+ * allocate, fill and copy out: fresh memory costs more than the decode).
+ * A second reader of a frame being decoded through the cache waits for
+ * that decode.  A read of 64 KiB or more (or of a frame that large) ending
+ * on a frame's last byte starts decoding as much again after it
+ * (readahead, up to 1 MiB), unless other large reads are in flight (queued
+ * reads decode themselves); small reads of small frames do not.
  *
  * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
  * byte 0 (zstd) or deflate's few hundred bytes (gzip); such frames are
@@ -35,28 +35,28 @@
  * headers; a gzip member's trailer, then, if its CRC-32 is that of zeros,
  * a decode), or after a decode finds zeros.  Reads fill zeroes, block
  * status reports holes.  Stored frames (zstd keeps data it cannot shrink
- * as one raw block) are read from the file straight into the reply, with
- * their checksum (XXH64, libxxhash) checked on every read: no decode, no
- * copy, no cache entry (random data would only push text out).
+ * as one raw block) are read from the file straight into the reply: no
+ * decode, no copy, no cache entry (random data would only push text out).
+ * A stored frame's first read checks its checksum (XXH64, libxxhash) over
+ * all of it; once that passed, a per-frame state says so and later reads
+ * take only their bytes: the check is trusted as a cached frame's decode
+ * is (neither sees the file change under a running server).
  *
  * Frames over half the cache (a stock single-frame file) are not cached:
- * each read decodes from the frame's start up to its range, on the pool,
- * through a 1 MiB window.  Slow for random access; the open logs it.
+ * each read decodes from the frame's start up to its range, on the pool.
  *
- * Corruption: a frame that fails to decode (checksum, bad block, bad
- * sizes) fails the reads of it with -EIO, logs its offsets, is retried.
+ * Corruption: a frame that fails to decode or its first check (checksum,
+ * bad block, bad sizes) fails the reads of it with -EIO, logs its offsets
+ * and is tried again by the next read: damaged before it was first read,
+ * it fails every read.
  *
- * Rejected: decoding a frame only as far as a read needs (zstd's
- * streaming decoder): a frame of up to 128 KiB is one zstd block, which
- * is decoded whole before any byte comes out, so it saves nothing; small
- * frames at a higher level (iocore-zip -12 --block-size 16K) cut the
- * work of a first touch instead.  ioc_zip_extract() per read (threads
- * and a copy per request: ~10x one frame's decode for 4 KiB); mmap of the
- * compressed file for decoding (a truncated file would turn into SIGBUS
- * on a pool thread; pread turns it into an error; the open-time walk
- * does use mmap).  Trusting a stored frame after one check (a partial
- * read would need only its bytes): the cache's copy is checked once, but
- * the file may change under us; reading 16 KiB to check costs ~2 us.
+ * Rejected: decoding a frame only as far as a read needs (a frame of up
+ * to 128 KiB is one zstd block, decoded whole before any byte comes out);
+ * ioc_zip_extract() per read (threads and a copy per request: ~10x one
+ * frame's decode for 4 KiB); mmap of the compressed file for decoding (a
+ * truncated file would be SIGBUS on a pool thread; pread turns it into an
+ * error).  Checking stored frames on every read: a 4 KiB read read and
+ * hashed 16 KiB (a third of its CPU) for changes no cache hit would see.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -104,6 +104,18 @@ struct zframe {
 	enum ioc__zip_kind kind;
 };
 
+#define RUN_IOV         (4 * BATCH)  /* iovecs of one preadv of a run */
+#define RUN_GAP         4096         /* bytes between two frames of a run
+					* (zero frames, ~20 bytes each) */
+#define RUN_CBYTES      (1u << 20)   /* compressed bytes of a run, at most */
+
+/* A run's preadv: where the bytes it does not keep go. */
+struct run_scratch {
+	struct iovec iov[RUN_IOV];
+	uint8_t head[BATCH][32], tail[BATCH][4];
+	uint8_t sink[RUN_GAP];
+};
+
 /* A decoder context and its compressed-input buffer; one per pool thread
  * at most in use, kept on a free list. */
 struct dslot {
@@ -111,6 +123,7 @@ struct dslot {
 	struct ioc__zip_dctx d;
 	uint8_t *cbuf;
 	size_t ccap;
+	struct run_scratch *rs;         /* made by the first run read */
 };
 
 struct ioc_zip_image {
@@ -120,12 +133,15 @@ struct ioc_zip_image {
 	uint64_t size;
 	_Atomic uint8_t *zero;          /* per frame: 1 = all zero (relaxed:
 					 * a hint; both values read correctly) */
-	_Atomic uint8_t *unstored;      /* per frame: 1 = not a stored frame;
-					 * 0 = may be one, read from the file
-					 * (relaxed: a hint, the frame's bytes
-					 * are checked on every read) */
+	_Atomic uint8_t *sstate;        /* per frame: SS_NOT = not a stored
+					 * frame; SS_MAYBE = may be one, read
+					 * from the file and checked;
+					 * SS_CHECKED = one whose checksum
+					 * passed (see stored_state()) */
 	struct ioc__zip_fcache *cache;
 	size_t max_cached;              /* larger frames decode streaming */
+	uint64_t fixed;                 /* every frame but the last has this
+					 * size (0: not so) */
 	bool readahead;
 	_Atomic unsigned large_reads;   /* in flight, decoding in place */
 	struct ioc_zip_image_opts opts;
@@ -141,7 +157,8 @@ struct ioc_zip_image {
 
 	/* Statistics: relaxed increments, read by get_info; no pairing,
 	 * nothing is ordered by them. */
-	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct, stored;
+	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct, stored,
+			 stored_checks;
 };
 
 static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
@@ -332,6 +349,7 @@ static struct dslot *dslot_get(struct ioc_zip_image *img, size_t csize)
 		if (!nb) {
 			ioc__zip_dctx_fini(&s->d);
 			free(s->cbuf);
+			free(s->rs);
 			free(s);
 			return NULL;
 		}
@@ -526,12 +544,65 @@ static int decode_frame(struct ioc_zip_image *img, size_t i, uint8_t *dst)
  * random bytes is its header, one 3-byte block header, the data and the
  * checksum (XXH64's low 32 bits).  Such a frame is read straight into the
  * reader's buffer (one preadv: header and checksum aside) and its
- * checksum checked, on every read: no decode, no copy, no cache entry. */
-static bool maybe_stored(struct ioc_zip_image *img, size_t i)
+ * checksum checked on its first read; once that passed, later reads read
+ * only the bytes they want (the frame's data sits at a known offset) and
+ * trust the check, as a cache hit trusts its frame's decode.  No decode,
+ * no copy, no cache entry. */
+enum { SS_MAYBE, SS_NOT, SS_CHECKED };
+
+static unsigned stored_state(struct ioc_zip_image *img, size_t i)
 {
-	return !atomic_load_explicit(&img->unstored[i], memory_order_relaxed);
+	/* Pairs with the relaxed stores in stored_read() and at open: the
+	 * state describes the file's bytes, it publishes no memory, and a
+	 * reader that sees an older value only does more work (checks the
+	 * frame again), so no ordering is needed. */
+	return atomic_load_explicit(&img->sstate[i], memory_order_relaxed);
 }
 
+static bool maybe_stored(struct ioc_zip_image *img, size_t i)
+{
+	return stored_state(img, i) != SS_NOT;
+}
+
+/* Where a stored frame's data starts in the file. */
+static uint64_t stored_data(const struct zframe *f)
+{
+	return f->coff + (f->csize - f->dsize - 4);
+}
+
+#if IOC_HAVE_XXHASH
+/* Frame i read as a stored frame: its header up to the block's (head, of
+ * csize - dsize - 4 bytes), its data (dst) and checksum (tail).  0, -EIO
+ * (damaged: logged), or 1 when it is not a stored frame (remembered). */
+static int stored_check(struct ioc_zip_image *img, size_t i, const uint8_t *head,
+			const uint8_t *dst, const uint8_t *tail)
+{
+	const struct zframe *f = &img->frames[i];
+	size_t h = (size_t)(f->csize - f->dsize - 4);
+	struct ioc__zip_frame zf = { 0 };
+	const char *why = NULL;
+	uint32_t bh;
+
+	/* The header up to the block's: scan parses it and stops there. */
+	(void)ioc__zip_scan(&zf, head, h, &why);
+	bh = (uint32_t)head[h - 3] | (uint32_t)head[h - 2] << 8 | (uint32_t)head[h - 1] << 16;
+	if (!zf.hdr_done || zf.kind != IOC__ZIP_K_ZSTD || !zf.has_sum || zf.hdr_len + 3 != h ||
+	    zf.dsize != f->dsize || bh != ((uint32_t)f->dsize << 3 | 1)) {
+		/* Pairs with the load in stored_state(). */
+		atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
+		return 1;
+	}
+	if ((uint32_t)XXH64(dst, (size_t)f->dsize, 0) != ioc__zip_le32(tail)) {
+		frame_failed(img, i, "checksum mismatch (stored frame)");
+		return -EIO;
+	}
+	/* Pairs with the load in stored_state(). */
+	atomic_store_explicit(&img->sstate[i], SS_CHECKED, memory_order_relaxed);
+	atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&img->stored_checks, 1, memory_order_relaxed);
+	return 0;
+}
+#endif
 
 /* Frame i, whole, into dst: 0, -EIO (damaged: logged), or 1 when it turns
  * out not to be a stored frame (remembered; decode it instead). */
@@ -544,39 +615,34 @@ static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 	struct iovec iov[3] = {
 		{ head, h }, { dst, (size_t)f->dsize }, { tail, sizeof(tail) },
 	};
-	struct ioc__zip_frame zf = { 0 };
-	const char *why = NULL;
-	uint32_t bh;
-	int r = ioc__zip_preadv_all(img->fd, iov, 3, f->coff);
+	int r;
 
+	if (stored_state(img, i) == SS_CHECKED) {
+		r = ioc__zip_pread_all(img->fd, dst, (size_t)f->dsize, stored_data(f));
+		if (r < 0) {
+			frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
+			return -EIO;
+		}
+		atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+		return 0;
+	}
+	r = ioc__zip_preadv_all(img->fd, iov, 3, f->coff);
 	if (r < 0) {
 		frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
 		return -EIO;
 	}
-	/* The header up to the block's: scan parses it and stops there. */
-	(void)ioc__zip_scan(&zf, head, h, &why);
-	bh = (uint32_t)head[h - 3] | (uint32_t)head[h - 2] << 8 | (uint32_t)head[h - 1] << 16;
-	if (!zf.hdr_done || zf.kind != IOC__ZIP_K_ZSTD || !zf.has_sum || zf.hdr_len + 3 != h ||
-	    zf.dsize != f->dsize || bh != ((uint32_t)f->dsize << 3 | 1)) {
-		atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
-		return 1;
-	}
-	if ((uint32_t)XXH64(dst, (size_t)f->dsize, 0) != ioc__zip_le32(tail)) {
-		frame_failed(img, i, "checksum mismatch (stored frame)");
-		return -EIO;
-	}
-	atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
-	return 0;
+	return stored_check(img, i, head, dst, tail);
 #else
 	(void)dst;
-	atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+	/* Pairs with the load in stored_state(). */
+	atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
 	return 1;
 #endif
 }
 
 /* Frame i whole into dst: read from the file (a stored frame) or decoded
  * (counted; *decoded set).  0 or -errno.  On the calling thread: for a
- * stored frame a pread and a checksum. */
+ * stored frame a pread (and a checksum on its first read). */
 static int frame_whole(struct ioc_zip_image *img, size_t i, uint8_t *dst, bool *decoded)
 {
 	int r = maybe_stored(img, i) ? stored_read(img, i, dst) : 1;
@@ -601,6 +667,15 @@ static int frame_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t 
 
 	if (lo == 0 && len == f->dsize)
 		return frame_whole(img, i, dst, &decoded);
+	if (stored_state(img, i) == SS_CHECKED) {
+		r = ioc__zip_pread_all(img->fd, dst, len, stored_data(f) + lo);
+		if (r < 0) {
+			frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
+			return -EIO;
+		}
+		atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+		return 0;
+	}
 	s = dslot_get(img, (size_t)f->dsize);
 	if (!s)
 		return -ENOMEM;
@@ -732,21 +807,149 @@ struct xjob {
 	} f[BATCH];
 };
 
+/* A decode in place is done: count it, note zeros. */
+static void xjob_decoded(struct ioc_zip_image *img, struct xjob *j, unsigned k)
+{
+	atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
+	if (j->f[k].r == 0 &&
+	    ioc__zip_all_zero(j->f[k].dst, (size_t)img->frames[j->f[k].idx].dsize))
+		/* A hint (see zero): pairs with nothing. */
+		atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);
+}
+
+/* The frames of a job are mostly neighbours in the file (those between
+ * them are zero or cached ones, a few bytes or a frame); one preadv reads
+ * a run of them: stored frames' data straight into the reply, compressed
+ * frames into one buffer, headers and checksums of stored frames not yet
+ * checked into the scratch, the rest (checked stored frames' headers,
+ * bytes between frames) into a sink.  Frames k.. of j: how many it did
+ * (0: none, do frame k alone). */
+static unsigned xjob_run_read(struct ioc_zip_image *img, struct xjob *j, unsigned k)
+{
+	struct run_scratch *rs;
+	struct dslot *s;
+	size_t cbytes = 0, niov = 0, cpos = 0;
+	uint64_t at = img->frames[j->f[k].idx].coff, end = at;
+	uint8_t st[BATCH];      /* each frame's state, read once: the sizes
+				 * below and the iovecs must agree */
+	unsigned m, q;
+	int r;
+
+	for (m = k; m < j->n; m++) {
+		const struct zframe *f = &img->frames[j->f[m].idx];
+		bool packed;
+
+		st[m - k] = (uint8_t)stored_state(img, j->f[m].idx);
+		packed = st[m - k] == SS_NOT;
+
+		if (f->coff < end || f->coff - end > RUN_GAP || niov + 4 > RUN_IOV ||
+		    (packed && cbytes + f->csize > RUN_CBYTES))
+			break;
+		if (packed)
+			cbytes += (size_t)f->csize;
+		niov += 4;
+		end = f->coff + f->csize;
+	}
+	if (m - k < 2)
+		return 0;
+	s = dslot_get(img, cbytes);
+	if (!s)
+		return 0;
+	if (!s->rs && !(s->rs = malloc(sizeof(*s->rs)))) {
+		dslot_put(img, s);
+		return 0;
+	}
+	rs = s->rs;
+	end = at;
+	niov = 0;
+	for (q = k; q < m; q++) {
+		const struct zframe *f = &img->frames[j->f[q].idx];
+		struct iovec *iov = rs->iov;
+		size_t h = (size_t)(f->csize - f->dsize - 4);
+
+		if (f->coff > end)
+			iov[niov++] = (struct iovec){ rs->sink, (size_t)(f->coff - end) };
+		end = f->coff + f->csize;
+		switch (st[q - k]) {
+		case SS_CHECKED:
+			iov[niov++] = (struct iovec){ rs->sink, h };
+			iov[niov++] = (struct iovec){ j->f[q].dst, (size_t)f->dsize };
+			iov[niov++] = (struct iovec){ rs->sink, 4 };
+			break;
+		case SS_MAYBE:
+			iov[niov++] = (struct iovec){ rs->head[q - k], h };
+			iov[niov++] = (struct iovec){ j->f[q].dst, (size_t)f->dsize };
+			iov[niov++] = (struct iovec){ rs->tail[q - k], 4 };
+			break;
+		default:
+			iov[niov++] = (struct iovec){ s->cbuf + cpos, (size_t)f->csize };
+			cpos += (size_t)f->csize;
+			break;
+		}
+	}
+	r = ioc__zip_preadv_all(img->fd, rs->iov, (int)niov, at);
+	if (r < 0) {
+		/* Frame by frame, to log which one fails. */
+		dslot_put(img, s);
+		return 0;
+	}
+	cpos = 0;
+	for (q = k; q < m; q++) {
+		size_t i = j->f[q].idx;
+		const struct zframe *f = &img->frames[i];
+		const char *why = NULL;
+		bool decoded;
+
+		/* As read: another reader may have changed the state since. */
+		if (st[q - k] == SS_CHECKED) {
+			atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+			j->f[q].r = 0;
+			continue;
+		}
+		if (st[q - k] == SS_MAYBE) {
+#if IOC_HAVE_XXHASH
+			j->f[q].r = stored_check(img, i, rs->head[q - k], j->f[q].dst,
+						 rs->tail[q - k]);
+#else
+			j->f[q].r = 1;  /* never: SS_MAYBE needs libxxhash */
+#endif
+			if (j->f[q].r != 1)
+				continue;
+			/* Not a stored frame after all: decode it alone. */
+			j->f[q].r = frame_whole(img, i, j->f[q].dst, &decoded);
+			xjob_decoded(img, j, q);
+			continue;
+		}
+		r = ioc__zip_decompress(&s->d, f->kind, j->f[q].dst, (size_t)f->dsize,
+					s->cbuf + cpos, (size_t)f->csize, &why);
+		cpos += (size_t)f->csize;
+		atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
+		if (r < 0)
+			frame_failed(img, i, why ? why : ioc_strerror(r));
+		j->f[q].r = r < 0 ? -EIO : 0;
+		xjob_decoded(img, j, q);
+	}
+	dslot_put(img, s);
+	return m - k;
+}
+
 static void xjob_run(struct zwork *w)
 {
 	struct xjob *j = (struct xjob *)w;
 	struct ioc_zip_image *img = j->img;
 
-	for (unsigned k = 0; k < j->n; k++) {
-		const struct zframe *f = &img->frames[j->f[k].idx];
+	for (unsigned k = 0; k < j->n;) {
+		unsigned done = xjob_run_read(img, j, k);
 		bool decoded;
 
+		if (done) {
+			k += done;
+			continue;
+		}
 		j->f[k].r = frame_whole(img, j->f[k].idx, j->f[k].dst, &decoded);
-		if (!decoded)
-			continue; /* a stored frame, read from the file */
-		atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
-		if (j->f[k].r == 0 && ioc__zip_all_zero(j->f[k].dst, (size_t)f->dsize))
-			atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);
+		if (decoded)
+			xjob_decoded(img, j, k);
+		k++;
 	}
 	ioc_co_await_done(&j->aw, 0);   /* the last touch of j */
 }
@@ -874,9 +1077,20 @@ static int ioc_coroutine_fn stream_read(struct ioc_zip_image *img, size_t i, uin
 
 /* ---- reads ---------------------------------------------------------- */
 
+/* The first frame that ends after off (nframes if none). */
 static size_t find_frame(const struct ioc_zip_image *img, uint64_t off)
 {
 	size_t lo = 0, hi = img->nframes;
+
+	/* iocore-zip's frames are one size but the last: no search, which
+	 * would touch ~log2(frames) cache lines of a large index. */
+	if (img->fixed) {
+		uint64_t k = off / img->fixed;
+
+		if (k + 1 < img->nframes)
+			return (size_t)k;
+		lo = img->nframes - 1;
+	}
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -1422,8 +1636,8 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 			r = ioc__zip_say(msg, msglen, -EFBIG, "frame %zu is too big", i);
 			goto fail;
 		}
-	img->unstored = calloc(img->nframes ? img->nframes : 1, sizeof(*img->unstored));
-	if (!img->unstored) {
+	img->sstate = calloc(img->nframes ? img->nframes : 1, sizeof(*img->sstate));
+	if (!img->sstate) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -1435,9 +1649,13 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 			   f->dsize <= STORED_MAX && f->csize >= f->dsize + 12 &&
 			   f->csize <= f->dsize + 25;
 
-		if (!may)
-			atomic_store_explicit(&img->unstored[i], 1, memory_order_relaxed);
+		if (!may) /* before any reader: pairs with nothing */
+			atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
 	}
+	img->fixed = img->nframes > 1 ? img->frames[0].dsize : 0;
+	for (size_t i = 0; img->fixed && i + 1 < img->nframes; i++)
+		if (img->frames[i].dsize != img->fixed || img->frames[i].doff != i * img->fixed)
+			img->fixed = 0;
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
 	/* The pool's buffers fit the usual frame: iocore-zip's are all one
@@ -1483,13 +1701,14 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 		img->dfree = s->next;
 		ioc__zip_dctx_fini(&s->d);
 		free(s->cbuf);
+		free(s->rs);
 		free(s);
 	}
 	if (img->fd >= 0)
 		close(img->fd);
 	free(img->frames);
 	free(img->zero);
-	free(img->unstored);
+	free(img->sstate);
 	pthread_cond_destroy(&img->idle);
 	pthread_mutex_destroy(&img->lock);
 	free(img);
@@ -1520,6 +1739,7 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	info->errors = atomic_load_explicit(&img->errors, memory_order_relaxed);
 	info->direct_decodes = atomic_load_explicit(&img->direct, memory_order_relaxed);
 	info->stored_reads = atomic_load_explicit(&img->stored, memory_order_relaxed);
+	info->stored_checks = atomic_load_explicit(&img->stored_checks, memory_order_relaxed);
 	info->decode_threads = img->max_runners;
 	pthread_mutex_lock(&img->lock);
 	info->decode_threads_peak = img->runners_peak;

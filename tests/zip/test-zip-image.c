@@ -15,7 +15,8 @@
  *     buffer (zero, stored and compressed frames, starts and ends inside
  *     frames), a damaged one among them fails the read with EIO;
  *   - stored (raw) frames are read from the file, not decoded nor cached,
- *     their checksum checked (a damaged one fails with EIO);
+ *     their checksum checked (a damaged one fails with EIO) on a frame's
+ *     first read only, later reads taking just their bytes;
  *   - a scan admits nothing past probation, frames read again are kept,
  *     4 KiB reads walking through frames decode each once;
  *   - concurrent large reads of the same frames decode them once in
@@ -401,12 +402,57 @@ static void test_damaged_frame_inline(void)
 	run_one(img, damaged_reads);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.errors, 3);     /* not cached: each read tried again */
+	/* Checked: frame 9 (the last read's); never frame 5, which fails. */
+	ASSERT_UEQ(info.stored_checks, ST);
 	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
 	ASSERT_NOT_NULL(strstr(badlog, want));
 	if (ST)         /* frame 5 is random bytes: a stored frame */
 		ASSERT_NOT_NULL(strstr(badlog, "stored frame"));
 	ioc_zip_image_close(img);
 	unlink(badpath);
+}
+
+/* A stored frame's checksum is checked over the whole frame on its first
+ * read only; later reads, small or covering it whole, take just their
+ * bytes.  Frames 1 and 5 of smallpath are random bytes (stored). */
+static void stored_checked_once(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	*ok &= check_range(img, 5 * SMALL + 8192, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.stored_reads == 1 && info.stored_checks == 1 && info.decodes == 0;
+	/* The same frame again, other parts of it: no check, right bytes. */
+	*ok &= check_range(img, 5 * SMALL + 100, 3000);
+	*ok &= check_range(img, 6 * SMALL - 1, 1);
+	*ok &= check_range(img, 5 * SMALL, SMALL);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.stored_reads == 4 && info.stored_checks == 1;
+	/* A large read covering frames 4-8 whole, read from the file with
+	 * one preadv: 5 as checked, 4, 6 and 7 checked now, 8 (text)
+	 * decoded in place. */
+	*ok &= check_range(img, 4 * SMALL, 5 * SMALL);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.stored_reads == 8 && info.stored_checks == 4 && info.errors == 0 &&
+	       info.decodes == 1 && info.direct_decodes == 1;
+	if (!*ok)
+		ioc_test_diag("stored reads %llu checks %llu decodes %llu",
+			      (unsigned long long)info.stored_reads,
+			      (unsigned long long)info.stored_checks,
+			      (unsigned long long)info.decodes);
+}
+
+static void test_stored_checked_once(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	char msg[256];
+
+	if (!ST)
+		IOC_SKIP("stored frames need libxxhash");
+	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
+	run_one(img, stored_checked_once);
+	ioc_zip_image_close(img);
 }
 
 static void ra_steps(struct ioc_zip_image *img, bool *ok)
@@ -686,6 +732,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_random_reads_small_cache),
 	IOC_TEST(test_cold_edge_reads),
 	IOC_TEST(test_damaged_frame_inline),
+	IOC_TEST(test_stored_checked_once),
 	IOC_TEST(test_readahead),
 	IOC_TEST(test_direct_reads),
 	IOC_TEST(test_admission),
