@@ -17,6 +17,11 @@
  * see the same bytes before and after.  The file's contents do not change;
  * only how the kernel keeps them.  Ranges holding a hole are skipped (a
  * collapse would allocate it: a sparse image would grow to its full size).
+ * tmpfs answers SEEK_HOLE by walking the page cache to the next hole, the
+ * end of a fully written file, so one lseek per range made the pass
+ * quadratic (9.9 s of CPU for 1 GiB); the pass asks the block layer's
+ * known-data region first (block status's, blk.c), which a discard or
+ * write-zeroes drops before it runs: one walk for a fully written image.
  * The first EINVAL (no THP, or shmem_enabled=deny) or ENOMEM (no free huge
  * page) ends the pass; EAGAIN (a page busy) skips the range.  Best effort
  * throughout: a failure costs nothing but the gain.  The pass copies the
@@ -95,15 +100,22 @@ static void *huge_main(void *arg)
 		 * the join there orders everything else. */
 		if (atomic_load_explicit(&blk->huge_stop, memory_order_relaxed))
 			break;
-		off_t hole = lseek(blk->fd, (off_t)off, SEEK_HOLE);
+		/* Through the known-data region (see the comment above). */
+		uint64_t gen, known = ioc__blk_data_lookup(blk, off, &gen);
 
-		if (hole < 0) {
-			blk->huge_err = -errno;
-			break;
-		}
-		if ((uint64_t)hole < off + HUGE_SZ) {
-			blk->huge_skipped++;
-			continue;
+		if (known < HUGE_SZ) {
+			off_t hole = lseek(blk->fd, (off_t)off, SEEK_HOLE);
+
+			if (hole < 0) {
+				blk->huge_err = -errno;
+				break;
+			}
+			if ((uint64_t)hole > off)
+				ioc__blk_data_store(blk, gen, off, (uint64_t)hole);
+			if ((uint64_t)hole < off + HUGE_SZ) {
+				blk->huge_skipped++;
+				continue;
+			}
 		}
 		void *p = mmap(at, HUGE_SZ, PROT_READ, MAP_SHARED | MAP_FIXED, blk->fd,
 			       (off_t)off);
