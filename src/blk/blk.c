@@ -296,7 +296,7 @@ const void *ioc_blk_map_read(struct ioc_blk *blk, uint64_t offset, size_t len)
  */
 void *ioc_blk_map_write(struct ioc_blk *blk, uint64_t offset, size_t len, uint32_t flags)
 {
-	if (blk->read_only || (flags & IOC_BLK_FUA) || flags & ~IOC_BLK_FUA ||
+	if (blk->read_only || flags != 0 || /* FUA: the mapping has no durable write */
 	    !map_ok(blk, offset, len) || !map_fill(blk, offset, len) ||
 	    blk_dirty_prepare(blk, offset, len) < 0)
 		return NULL;

@@ -1167,8 +1167,12 @@ static ssize_t wmap_recv(struct conn *c, struct ioc__nbd_req *p, size_t hsz, siz
 			nb = end;
 		iov[m.msg_iovlen++] = (struct iovec){ p->buf + got, (size_t)(nb - got) };
 	}
-	mid = end == p->len ? end : (p->offset + end) / B * B;
-	mid = end == p->len ? end : mid > p->offset + nb ? mid - p->offset : nb;
+	mid = end;
+	if (end != p->len) {
+		uint64_t edge = (p->offset + end) / B * B; /* in the image */
+
+		mid = edge > p->offset + nb ? edge - p->offset : nb;
+	}
 	if (mid > nb)
 		iov[m.msg_iovlen++] = (struct iovec){ c->wmap + nb, (size_t)(mid - nb) };
 	if (end > mid)
