@@ -150,7 +150,7 @@
 #define IOC_NBD_SPARSE_READ_MIN   (64u << 10)     /* reads this large look for holes */
 #define IOC_NBD_TLS_SPARSE_READ_MIN 4096u         /* the same over TLS (transmission.c) */
 #define IOC_NBD_ZC_WRITE_MIN      (64u << 10)     /* writes this large are spliced (conn.c) */
-#define IOC_NBD_MAP_ALONE_MIN     (256u << 10)    /* lent alone on a thread (transmission.c) */
+#define IOC_NBD_MAP_ALONE_MIN     (64u << 10)     /* lent alone on a thread (transmission.c) */
 #define IOC_NBD_MAX_READ_CHUNKS   16
 
 /* ---- big-endian access to unaligned bytes ------------------------------ */

@@ -18,12 +18,12 @@
  *   A transport that sets map_reads (its kernel copies from the iovecs)
  *   may have the iovec point into the backend's mapping instead (tmpfs
  *   images): one copy, page cache -> socket, and no read syscall.  Reads
- *   under IOC_NBD_MAP_ALONE_MIN are lent only while the thread serves
- *   other connections or the connection rests (map_small, conn.c): a lone
- *   client is the bottleneck, and a server that answers sooner wakes it
- *   more often (fio, 64 KiB, one connection: 0.24-0.28 context switches
- *   per read against 0.10-0.16, 0.8x the rate; bench/nbd/NOTES.md), unless
- *   rests gather its requests.
+ *   under IOC_NBD_MAP_ALONE_MIN (64 KiB) are lent only while the thread
+ *   serves other connections or the connection rests (map_small, conn.c):
+ *   below 64 KiB, lending to a lone client measured no better (4 KiB
+ *   random reads: the same CPU per read).  From 64 KiB on it measured
+ *   0.86x the server CPU per read at the same rate, with fewer client
+ *   wakeups; an older tree had measured more (bench/nbd/NOTES.md).
  *   Reads of at least IOC_NBD_SPARSE_READ_MIN bytes (a page over TLS) ask
  *   the backend for block status first and send OFFSET_HOLE chunks for
  *   zero extents.
