@@ -92,7 +92,7 @@ struct ioc_blk {
 	bool null_read_zeroes;
 	bool never_waits;            /* tmpfs without swap: reads do no I/O */
 	/* ioc_blk_map_read(): the image mapped shared, read-only, as of
-	 * open (map_len bytes; NULL: not mapped), and which MAP_CHUNK-sized
+	 * open (map_len bytes; NULL: not mapped), and which MAP_FILL-sized
 	 * pieces of it have had their page tables filled (relaxed bits). */
 	const uint8_t *map;
 	uint64_t map_len;
