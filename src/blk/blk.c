@@ -186,10 +186,11 @@ static void discover_alignment(struct ioc_blk *blk)
  * 4 KiB pages map the range, 512 of them: 1024 first 4 KiB reads at
  * random in 1 GiB took 140 ms of CPU, 11 ms filling 64 KiB); copying
  * out of the mapping in user space: a file cut short under it would
- * raise SIGBUS there, where the kernel's copy fails with EFAULT.  The mapping starts on a 2 MiB
- * boundary: ranges in huge pages (huge.c) are then mapped by one entry
- * each, and the kernel's copy takes no TLB miss per 4 KiB page (with
- * 4 KiB pages the one copy left cost about what the two it replaced did).
+ * raise SIGBUS there, where the kernel's copy fails with EFAULT.  The
+ * mapping starts on a 2 MiB boundary: ranges in huge pages (huge.c) are
+ * then mapped by one entry each, and the kernel's copy takes no TLB miss
+ * per 4 KiB page (with 4 KiB pages the one copy left cost about what the
+ * two it replaced did).
  * Writable images are mapped writable, for ioc_blk_map_write() (below).
  * Cost: address space the size of the image, page tables (2 MiB per GiB
  * read in 4 KiB pages, 4 KiB per GiB in huge pages), a bit per 64 KiB.

@@ -1060,9 +1060,9 @@ static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
  * one copy lands in the page cache, and no pwritev follows.  From 4 KiB
  * (IOC_NBD_WMAP_MIN), not only from IOC_NBD_DIRECT_MIN: QEMU's client
  * writing 4 KiB blocks cost 0.80x the server CPU per write and ran 1.24x
- * faster with its payloads received here (one FIONREAD and one recvmsg
- * per write, for a pwritev and a share of a batched recv); fio's, whose
- * small writes mostly arrive whole in a batch, the same either way.  The bytes change the image as they
+ * faster so (a FIONREAD and a recvmsg per write, for a pwritev and a
+ * share of a batched recv); fio's, whose small writes mostly arrive whole
+ * in a batch, the same either way.  The bytes change the image as they
  * arrive, before the request reaches the gate, so from here until
  * wmap_end() the request counts as past the gate (t->executing): a HOLD
  * waits for it, or ends it early (gate_apply()), the rest of the payload
