@@ -18,7 +18,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <linux/magic.h>
+#include <linux/sockios.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/statfs.h>
 
 #include "nbd-test-server.h"
@@ -522,12 +524,29 @@ static bool prepare_mapped(struct ts_srv *s)
 	return sf.f_type == TMPFS_MAGIC && f && lines == 1;
 }
 
+/* Until the server has read everything sent on fd (a Unix socket:
+ * SIOCOUTQ counts what the peer has not read), for at most 10 s. */
+static void wait_read(int fd)
+{
+	int q = -1;
+
+	for (int i = 0; i < 100000; i++) {
+		ASSERT_OK(ioctl(fd, SIOCOUTQ, &q));
+		if (q == 0)
+			break;
+		usleep(100);
+	}
+	ASSERT_EQ(q, 0);
+}
+
 /* Payloads received into the image's mapping (the default on a mapped
- * image): the pipelined mix, and payloads arriving in small pieces. */
+ * image): the pipelined mix, and payloads arriving in small pieces, large
+ * ones and small ones whose header the server read first. */
 static void test_map_writes(void)
 {
 	static const struct { uint64_t off, len; } w[] = {
 		{ 100, 1u << 20 }, { (2u << 20) + 4096, (3u << 20) + 5 }, { 7u << 20, 300000 },
+		{ (10u << 20) + 300, 4096 }, { 11u << 20, 8192 }, { (12u << 20) - 100, 6000 },
 	};
 	uint8_t *b = malloc(4u << 20);
 	struct ts_srv s;
@@ -540,13 +559,15 @@ static void test_map_writes(void)
 	for (int mode = 0; mode < 3; mode++)
 		exercise(&s, false, mode, (unsigned)mode * 3 + 40);
 	connect_to(&s, false, &c, 1);
-	for (unsigned i = 0; i < 3; i++) {
+	for (unsigned i = 0; i < 6; i++) {
 		fill(b, w[i].off, w[i].len, 12);
 		ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 10 + i, w[i].off, w[i].len, NULL));
+		if (w[i].len < 16384)
+			wait_read(c.fd);
 		send_pieces(c.fd, b, w[i].len, 7919, 9000, 8);
 	}
-	replies_ok(&c, 3);
-	for (unsigned i = 0; i < 3; i++)
+	replies_ok(&c, 6);
+	for (unsigned i = 0; i < 6; i++)
 		check_range(&c, w[i].off, w[i].len, 12);
 	close(c.fd);
 	ts_stop(&s);
@@ -557,16 +578,19 @@ static void test_map_writes(void)
  * the whole 4 KiB blocks of the image that arrived are written, the block
  * the payload stopped in and everything after it are not (no block is
  * torn); a payload sent in one piece or many, from a block boundary or
- * not.  Without the mapping nothing of the cut write lands. */
+ * not; a large one, and a small one (8 KiB) whose header the server read
+ * before any of it came.  Without the mapping nothing of the cut write
+ * lands. */
 static void test_map_write_hangup(void)
 {
-	const size_t len = 1u << 20, sent = 600000;
-	uint8_t *b = malloc(len), *got = malloc(len), *want = malloc(len);
+	uint8_t *b = malloc(1u << 20), *got = malloc(1u << 20), *want = malloc(1u << 20);
 
 	ASSERT_NOT_NULL(b);
 	ASSERT_NOT_NULL(got);
 	ASSERT_NOT_NULL(want);
-	for (int run = 0; run < 4; run++) {
+	for (int run = 0; run < 8; run++) {
+		bool small = run >= 4;
+		const size_t len = small ? 8192 : 1u << 20, sent = small ? 5000 : 600000;
 		uint64_t off = (8u << 20) + (run & 1 ? 1000 : 0), landed = 0;
 		struct ts_srv s;
 		struct cl_conn c;
@@ -577,6 +601,8 @@ static void test_map_write_hangup(void)
 		connect_to(&s, false, &c, 1);
 		fill(b, off, len, 21);
 		ASSERT_OK(cl_req(&c, 0, NBD_CMD_WRITE, 1, off, len, NULL));
+		if (small)
+			wait_read(c.fd);
 		for (size_t at = 0, k = 0; at < sent; k++) {
 			size_t piece = run & 2 ? 1 + (k * 4049) % 7000 : sent;
 
