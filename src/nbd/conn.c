@@ -1056,23 +1056,23 @@ static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
 
 /*
  * A WRITE's payload of a block or more not yet received may instead be
- * received straight into the image's mapping (map_write): the kernel's
- * one copy lands in the page cache, and no pwritev follows.  From 4 KiB
+ * received straight into the image's mapping (map_write): the kernel's one
+ * copy lands in the page cache, and no pwritev follows.  From 4 KiB
  * (IOC_NBD_WMAP_MIN), not only from IOC_NBD_DIRECT_MIN: QEMU's client
- * writing 4 KiB blocks cost 0.80x the server CPU per write and ran 1.24x
- * faster so (a FIONREAD and a recvmsg per write, for a pwritev and a
- * share of a batched recv); fio's, whose small writes mostly arrive whole
- * in a batch, the same either way.  The bytes change the image as they
- * arrive, before the request reaches the gate, so from here until
- * wmap_end() the request counts as past the gate (t->executing): a HOLD
- * waits for it, or ends it early (gate_apply()), the rest of the payload
- * then going to buf and written the ordinary way.  Whole blocks only: each
- * receive asks for what the socket holds (FIONREAD) cut at a block
- * boundary of the image, and a block's first part that arrived without
- * its end waits in buf until it is whole, so a client that hangs up in
- * the middle of a payload leaves no block of it torn (the whole blocks
- * that arrived are written).  What came before (with the header, now in
- * buf) is stored at the start the same way.  Only in the clear (the
+ * writing 4 KiB blocks then costs a FIONREAD and a recvmsg per write where
+ * it cost a pwritev and a share of a batched recv (server CPU per write
+ * 0.80x in one A/B, within the noise in three more); fio's small writes
+ * mostly arrive whole in a batch and go the old way.  The bytes change the
+ * image as they arrive, before the request reaches the gate, so from here
+ * until wmap_end() the request counts as past the gate (t->executing): a
+ * HOLD waits for it, or ends it early (gate_apply()), the rest of the
+ * payload then going to buf and written the ordinary way.  Whole blocks
+ * only: each receive asks for what the socket holds (FIONREAD) cut at a
+ * block boundary of the image, and a block's first part that arrived
+ * without its end waits in buf until it is whole, so a client that hangs
+ * up in the middle of a payload leaves no block of it torn (the whole
+ * blocks that arrived are written).  What came before (with the header,
+ * now in buf) is stored at the start the same way.  Only in the clear (the
  * kernel copies: a file cut short is an EFAULT, not a SIGBUS).
  */
 #define IOC_NBD_WMAP_BLOCK 4096u
