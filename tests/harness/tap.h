@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,44 @@ static inline void ioc_test_diag(const char *fmt, ...)
 	fflush(stdout);
 }
 
+/* Daemons a test started (servers run with --fork): a failing ASSERT ends
+ * the executable with _exit(), so nothing else would stop them, and one
+ * failed case would leave servers holding memory and sockets while the
+ * rest of the suite runs.  ioc_test_fail() kills those still registered,
+ * in the process that registered them (a forked child that fails leaves
+ * them to its parent, which fails in turn).  A daemon is registered once
+ * started and forgotten once seen gone. */
+#define IOC_TEST_MAX_DAEMONS 32
+static pid_t ioc_test_daemons[IOC_TEST_MAX_DAEMONS];
+static pid_t ioc_test_daemons_owner;
+
+static inline void ioc_test_daemon_started(pid_t pid)
+{
+	ioc_test_daemons_owner = getpid();
+	for (int i = 0; i < IOC_TEST_MAX_DAEMONS; i++) {
+		if (!ioc_test_daemons[i]) {
+			ioc_test_daemons[i] = pid;
+			return;
+		}
+	}
+}
+
+static inline void ioc_test_daemon_gone(pid_t pid)
+{
+	for (int i = 0; i < IOC_TEST_MAX_DAEMONS; i++)
+		if (ioc_test_daemons[i] == pid)
+			ioc_test_daemons[i] = 0;
+}
+
+static inline void ioc_test_kill_daemons(void)
+{
+	if (getpid() != ioc_test_daemons_owner)
+		return;
+	for (int i = 0; i < IOC_TEST_MAX_DAEMONS; i++)
+		if (ioc_test_daemons[i] > 0)
+			kill(ioc_test_daemons[i], SIGKILL);
+}
+
 static inline __attribute__((noreturn)) void
 ioc_test_fail(const char *file, int line, const char *fmt, ...)
 {
@@ -69,6 +108,7 @@ ioc_test_fail(const char *file, int line, const char *fmt, ...)
 	fputc('\n', stdout);
 	fflush(stdout);
 	fflush(stderr);
+	ioc_test_kill_daemons();
 	_exit(1);
 }
 

@@ -93,31 +93,38 @@ static inline void ts_start(struct ts_srv *s, const char *const *extra)
 	ASSERT_EQ(fscanf(f, "%d", &pid), 1);
 	fclose(f);
 	s->pid = pid;
+	ioc_test_daemon_started(pid);
 }
 
-/* The server is not our child (its parent was), so it cannot be waited
- * for: poll until it is gone or a zombie.  A bounded wait for an exit we
- * caused, not synchronisation. */
+/* Whether the server is gone or a zombie.  It is not our child (its
+ * parent was), so it cannot be waited for. */
+static inline bool ts_gone_now(const struct ts_srv *s)
+{
+	char path[64], st[256] = "";
+	FILE *f;
+
+	if (kill(s->pid, 0) < 0 && errno == ESRCH)
+		return true;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
+	f = fopen(path, "r");
+	if (f) {
+		if (!fgets(st, sizeof(st), f))
+			st[0] = 0;
+		fclose(f);
+	}
+	char *rp = strrchr(st, ')');
+	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+/* Poll ts_gone_now(): a bounded wait for an exit we caused, not
+ * synchronisation. */
 static inline bool ts_wait_gone(const struct ts_srv *s, int timeout_ms)
 {
-	char path[64];
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
 	for (int i = 0; i < timeout_ms; i++) {
-		char st[256] = "";
-		FILE *f;
-
-		if (kill(s->pid, 0) < 0 && errno == ESRCH)
+		if (ts_gone_now(s)) {
+			ioc_test_daemon_gone(s->pid);
 			return true;
-		f = fopen(path, "r");
-		if (f) {
-			if (!fgets(st, sizeof(st), f))
-				st[0] = 0;
-			fclose(f);
 		}
-		char *rp = strrchr(st, ')');
-		if (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'))
-			return true;
 		usleep(1000);
 	}
 	return false;

@@ -87,30 +87,38 @@ static void srv_start(struct srv *s, const char *const *extra)
 	ASSERT_EQ(fscanf(f, "%d", &pid), 1);
 	fclose(f);
 	s->pid = pid;
+	ioc_test_daemon_started(pid);
 }
 
-/* The server is not our child (it was forked by the parent we reaped), so
- * it cannot be waited for: poll its state until it is gone or a zombie. */
+/* Whether the server is gone.  It is not our child (it was forked by the
+ * parent we reaped), so it cannot be waited for. */
+static bool srv_gone_now(const struct srv *s)
+{
+	char path[64], st[256] = "";
+	FILE *f;
+
+	if (kill(s->pid, 0) < 0 && errno == ESRCH)
+		return true;
+	/* Exited but not yet reaped by init: a zombie counts as gone. */
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
+	f = fopen(path, "r");
+	if (f) {
+		if (!fgets(st, sizeof(st), f))
+			st[0] = 0;
+		fclose(f);
+	}
+	char *rp = strrchr(st, ')');
+	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+/* Not synchronisation: a bounded wait for an exit we caused. */
 static bool srv_wait_gone(struct srv *s, int timeout_ms)
 {
-	char path[64];
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
 	for (int i = 0; i < timeout_ms; i++) {
-		if (kill(s->pid, 0) < 0 && errno == ESRCH)
+		if (srv_gone_now(s)) {
+			ioc_test_daemon_gone(s->pid);
 			return true;
-		/* Exited but not yet reaped by init: a zombie counts as gone. */
-		char st[256] = "";
-		FILE *f = fopen(path, "r");
-		if (f) {
-			if (!fgets(st, sizeof(st), f))
-				st[0] = 0;
-			fclose(f);
 		}
-		char *rp = strrchr(st, ')');
-		if (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'))
-			return true;
-		/* Not synchronisation: a bounded wait for an exit we caused. */
 		usleep(1000);
 	}
 	return false;
