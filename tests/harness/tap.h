@@ -25,6 +25,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,40 @@ static inline void ioc_test_daemon_gone(pid_t pid)
 	for (int i = 0; i < IOC_TEST_MAX_DAEMONS; i++)
 		if (ioc_test_daemons[i] == pid)
 			ioc_test_daemons[i] = 0;
+}
+
+/* Whether a daemon is gone: exited, or a zombie not yet reaped by init.
+ * It is not our child (its parent was), so it cannot be waited for. */
+static inline bool ioc_test_daemon_exited(pid_t pid)
+{
+	char path[64], st[256] = "";
+	FILE *f;
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return true;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (f) {
+		if (!fgets(st, sizeof(st), f))
+			st[0] = 0;
+		fclose(f);
+	}
+	char *rp = strrchr(st, ')');
+	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+/* Poll for a daemon's exit (and forget it): a bounded wait for an exit the
+ * test caused, not synchronisation.  False after timeout_ms. */
+static inline bool ioc_test_daemon_wait_gone(pid_t pid, int timeout_ms)
+{
+	for (int i = 0; i < timeout_ms; i++) {
+		if (ioc_test_daemon_exited(pid)) {
+			ioc_test_daemon_gone(pid);
+			return true;
+		}
+		usleep(1000);
+	}
+	return false;
 }
 
 static inline void ioc_test_kill_daemons(void)

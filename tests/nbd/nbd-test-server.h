@@ -96,38 +96,10 @@ static inline void ts_start(struct ts_srv *s, const char *const *extra)
 	ioc_test_daemon_started(pid);
 }
 
-/* Whether the server is gone or a zombie.  It is not our child (its
- * parent was), so it cannot be waited for. */
-static inline bool ts_gone_now(const struct ts_srv *s)
-{
-	char path[64], st[256] = "";
-	FILE *f;
-
-	if (kill(s->pid, 0) < 0 && errno == ESRCH)
-		return true;
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
-	f = fopen(path, "r");
-	if (f) {
-		if (!fgets(st, sizeof(st), f))
-			st[0] = 0;
-		fclose(f);
-	}
-	char *rp = strrchr(st, ')');
-	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
-}
-
-/* Poll ts_gone_now(): a bounded wait for an exit we caused, not
- * synchronisation. */
+/* A bounded wait for an exit we caused (see ioc_test_daemon_wait_gone()). */
 static inline bool ts_wait_gone(const struct ts_srv *s, int timeout_ms)
 {
-	for (int i = 0; i < timeout_ms; i++) {
-		if (ts_gone_now(s)) {
-			ioc_test_daemon_gone(s->pid);
-			return true;
-		}
-		usleep(1000);
-	}
-	return false;
+	return ioc_test_daemon_wait_gone(s->pid, timeout_ms);
 }
 
 /* Remove the server's files and directory. */

@@ -90,38 +90,10 @@ static void srv_start(struct srv *s, const char *const *extra)
 	ioc_test_daemon_started(pid);
 }
 
-/* Whether the server is gone.  It is not our child (it was forked by the
- * parent we reaped), so it cannot be waited for. */
-static bool srv_gone_now(const struct srv *s)
-{
-	char path[64], st[256] = "";
-	FILE *f;
-
-	if (kill(s->pid, 0) < 0 && errno == ESRCH)
-		return true;
-	/* Exited but not yet reaped by init: a zombie counts as gone. */
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)s->pid);
-	f = fopen(path, "r");
-	if (f) {
-		if (!fgets(st, sizeof(st), f))
-			st[0] = 0;
-		fclose(f);
-	}
-	char *rp = strrchr(st, ')');
-	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
-}
-
-/* Not synchronisation: a bounded wait for an exit we caused. */
+/* A bounded wait for an exit we caused (see ioc_test_daemon_wait_gone()). */
 static bool srv_wait_gone(struct srv *s, int timeout_ms)
 {
-	for (int i = 0; i < timeout_ms; i++) {
-		if (srv_gone_now(s)) {
-			ioc_test_daemon_gone(s->pid);
-			return true;
-		}
-		usleep(1000);
-	}
-	return false;
+	return ioc_test_daemon_wait_gone(s->pid, timeout_ms);
 }
 
 static void srv_stop(struct srv *s)
