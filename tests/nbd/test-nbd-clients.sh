@@ -6,7 +6,7 @@ BUILD=${IOC_BUILD_ROOT:-build}
 SRV="$BUILD/tools/nbd/iocore-nbd"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-echo "1..19"
+echo "1..21"
 if [ ! -x "$SRV" ]; then
 	echo "# $SRV not built"; exit 77
 fi
@@ -210,6 +210,43 @@ if srv -U "$dir/both.sock" -p "$tport" "$img" 2>"$dir/both.err"; then
 	notok "-U with -p is refused"
 else
 	check "-U with -p is refused" grep -q "cannot be combined" "$dir/both.err"
+fi
+
+# gone PID: waits (10 s at most) until PID has exited (or is a zombie);
+# prints "true" if it has, else "false", for a check's command line.
+gone() {
+	i=0
+	while [ $i -lt 500 ]; do
+		case $(cut -d' ' -f3 /proc/$1/stat 2>/dev/null) in ''|Z|X) echo true; return;; esac
+		sleep 0.02; i=$((i + 1))
+	done
+	echo false
+}
+
+# 20-21: a restart.  The next server takes the socket and pid file while
+# the old one still runs (it replaces them); the old one, stopped after,
+# must leave the successor's alone, and the successor, stopped last,
+# removes both.
+if have nbdinfo; then
+	cp "$img" "$dir/re2.img"
+	if srv --fork --pid-file "$dir/re.pid" -U "$dir/re.sock" -r "$img" &&
+	   oldpid=$(cat "$dir/re.pid") &&
+	   srv --fork --pid-file "$dir/re.pid" -U "$dir/re.sock" -r "$dir/re2.img"; then
+		newpid=$(cat "$dir/re.pid")
+		kill "$oldpid"
+		check "a server stopped after its successor started leaves its socket and pid file" \
+			sh -c "[ '$newpid' != '$oldpid' ] && $(gone "$oldpid") &&
+			       [ \"\$(cat '$dir/re.pid')\" = '$newpid' ] &&
+			       nbdinfo 'nbd+unix:///?socket=$dir/re.sock' | grep -q 'export-size: 67108864'"
+		kill "$newpid"
+		check "the last server stopped removes its socket and pid file" \
+			sh -c "$(gone "$newpid") && [ ! -e '$dir/re.sock' ] && [ ! -e '$dir/re.pid' ]"
+	else
+		notok "a restart: servers did not start"; notok "a restart: no second server"
+	fi
+else
+	skip "restart keeps the successor's socket" "nbdinfo missing"
+	skip "restart: the last server cleans up" "nbdinfo missing"
 fi
 
 [ -f "$dir/main.pid" ] && stop main

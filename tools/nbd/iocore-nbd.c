@@ -175,6 +175,67 @@ static void on_signal(void *opaque)
 	ioc_loop_stop(ioc_loop_current());
 }
 
+/*
+ * The files this process makes (its Unix socket, control socket and pid
+ * file) are removed at exit only while they are still the ones it made:
+ * a restart may start the next server before this one has finished
+ * closing (the frame cache, the image's flush), and that server replaces
+ * the socket and pid file at the same paths.  Removing them by name would
+ * take the new server's socket away, leaving it serving with no way in.
+ * A file is told by its inode, taken when it was made; the pid file is
+ * written under a temporary name and renamed into place, so each server's
+ * is a new inode (and no reader sees half of it).  Between the check and
+ * the unlink a successor could still replace the file: a window of two
+ * syscalls, not the whole shutdown.
+ */
+struct owned {
+	const char *path;
+	dev_t dev;
+	ino_t ino;
+};
+
+static struct owned owned_sock, owned_ctl, owned_pid;
+
+static void own(struct owned *o, const char *path)
+{
+	struct stat st;
+
+	o->path = NULL;
+	if (lstat(path, &st) == 0) {
+		o->path = path;
+		o->dev = st.st_dev;
+		o->ino = st.st_ino;
+	}
+}
+
+static void unlink_owned(struct owned *o)
+{
+	struct stat st;
+
+	if (o->path && lstat(o->path, &st) == 0 && st.st_dev == o->dev && st.st_ino == o->ino)
+		unlink(o->path);
+}
+
+static void write_pid_file(const char *path)
+{
+	char tmp[4096];
+	FILE *f;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid()) >= (int)sizeof(tmp))
+		die("%s: name too long", path);
+	f = fopen(tmp, "w");
+	if (!f)
+		die("cannot write %s: %s", tmp, strerror(errno));
+	fprintf(f, "%d\n", (int)getpid());
+	if (fclose(f) != 0 || rename(tmp, path) < 0) {
+		int e = errno;
+
+		unlink(tmp);
+		die("cannot write %s: %s", path, strerror(e));
+	}
+	own(&owned_pid, path);
+}
+
 /* --incoming: what the end of the migration needs to start serving. */
 struct incoming {
 	struct ioc_loop *loop;
@@ -230,6 +291,8 @@ static void incoming_done(void *opaque, int result, const char *why)
 			      in->unix_path ? in->unix_path : in->bind_addr, strerror(-fd));
 		return;
 	}
+	if (in->unix_path)
+		own(&owned_sock, in->unix_path);
 	if ((r = ioc_nbd_server_add_listener(in->srv, fd)) < 0 ||
 	    (r = ioc_nbd_server_serve(in->srv)) < 0) {
 		incoming_fail(in, "serve: %s", strerror(-r));
@@ -440,6 +503,8 @@ int main(int argc, char **argv)
 		if (lfds[0] < 0)
 			die("cannot listen on %s: %s",
 			    unix_path ? unix_path : bind_addr, strerror(-lfds[0]));
+		if (unix_path)
+			own(&owned_sock, unix_path);
 		nl = 1;
 	}
 
@@ -541,6 +606,7 @@ int main(int argc, char **argv)
 		umask(old);
 		if (cfd < 0)
 			die("control socket %s: %s", control_path, strerror(-cfd));
+		own(&owned_ctl, control_path);
 		struct ioc_nbd_control_opts co = { .quit = on_quit, .opaque = loop };
 		if ((r = ioc_nbd_server_add_control(srv, cfd, &co)) < 0)
 			die("control socket: %s", strerror(-r));
@@ -559,13 +625,8 @@ int main(int argc, char **argv)
 	if (sfd < 0 || ioc_loop_set_fd(loop, sfd, on_signal, NULL, NULL, NULL, &sfd) < 0)
 		die("signalfd: %s", strerror(errno));
 
-	if (pid_file) {
-		FILE *f = fopen(pid_file, "w");
-		if (!f)
-			die("cannot write %s: %s", pid_file, strerror(errno));
-		fprintf(f, "%d\n", (int)getpid());
-		fclose(f);
-	}
+	if (pid_file)
+		write_pid_file(pid_file);
 	if (verbose && incoming_uri) {
 		fprintf(stderr, "%s: waiting for an incoming migration on %s into %s\n",
 			prog, incoming_uri, image);
@@ -647,11 +708,8 @@ int main(int argc, char **argv)
 	if (in.blk)
 		ioc_blk_close(in.blk);
 	ioc_loop_free(loop);
-	if (unix_path)
-		unlink(unix_path);
-	if (control_path)
-		unlink(control_path);
-	if (pid_file)
-		unlink(pid_file);
+	unlink_owned(&owned_sock);
+	unlink_owned(&owned_ctl);
+	unlink_owned(&owned_pid);
 	return r < 0 || in.exit_code ? 1 : 0;
 }
