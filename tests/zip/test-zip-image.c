@@ -14,6 +14,9 @@
  *   - large reads decode the frames they cover whole into the caller's
  *     buffer (zero, stored and compressed frames, starts and ends inside
  *     frames), a damaged one among them fails the read with EIO;
+ *   - the file cut short under an open image fails the reads that need
+ *     bytes past the cut with EIO ("file truncated" in the log) and
+ *     serves the rest;
  *   - stored (raw) frames are read from the file, not decoded nor cached,
  *     their checksum checked (a damaged one fails with EIO) on a frame's
  *     first read only, later reads taking just their bytes;
@@ -412,6 +415,81 @@ static void test_damaged_frame_inline(void)
 	unlink(badpath);
 }
 
+/* The compressed file cut short under an open image (someone truncated
+ * it in the middle of frame 9, random bytes: a stored frame): the reads
+ * that need bytes past the cut fail with EIO and the log says "file
+ * truncated"; frames before it, and zero frames (known at open) on either
+ * side, are still served, by small and large reads alike. */
+static char cutpath[64];
+static uint64_t cut_at;
+static char cutlog[512];
+
+static void cut_log_fn(void *opaque, const char *msg)
+{
+	if (strstr(msg, "file truncated"))
+		snprintf(cutlog, sizeof(cutlog), "%s", msg);
+}
+
+static void cut_reads(struct ioc_zip_image *img, bool *ok)
+{
+	uint8_t buf[4096];
+
+	*ok &= check_range(img, 3 * FRAME + 100, 4096);         /* text */
+	*ok &= check_range(img, 5 * FRAME + 100, 4096);         /* stored */
+	*ok &= truncate(cutpath, (off_t)cut_at) == 0;
+	/* Past the cut: text frame 10, stored frame 9 (across it), and a
+	 * large read covering 7-9 whole (one preadv for the run, then frame
+	 * by frame). */
+	*ok &= ioc_zip_image_co_pread(img, 10 * FRAME + 8192, buf, 4096, 0) == -EIO;
+	*ok &= ioc_zip_image_co_pread(img, 9 * FRAME + 8192, buf, 4096, 0) == -EIO;
+	*ok &= ioc_zip_image_co_pread(img, 7 * FRAME, big, 3 * FRAME, 0) == -EIO;
+	/* Before it: frames read before the cut and frames never read, small
+	 * and large; zero frames 8 and 12 (past it) need no bytes of the file. */
+	*ok &= check_range(img, 3 * FRAME + 5000, 4096);
+	*ok &= check_range(img, 5 * FRAME + 9000, 4096);
+	*ok &= check_range(img, 6 * FRAME + 100, 4096);
+	*ok &= check_range(img, 1 * FRAME, 3 * FRAME);
+	*ok &= check_range(img, 8 * FRAME + 100, 4096);
+	*ok &= check_range(img, 12 * FRAME + 100, 4096);
+}
+
+static void test_truncated_file(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = cut_log_fn };
+	struct ioc_zip_index *ix;
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	char msg[256];
+	uint8_t *file;
+	off_t fsize;
+	int fd = open(path, O_RDONLY), out;
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+	ASSERT_UGT(ix->frames[9].csize, FRAME);        /* stored: random bytes */
+	cut_at = ix->frames[9].coff + ix->frames[9].csize / 2;
+	ioc_zip_index_free(ix);
+	fsize = lseek(fd, 0, SEEK_END);
+	file = malloc((size_t)fsize);
+	ASSERT_NOT_NULL(file);
+	ASSERT_EQ(pread(fd, file, (size_t)fsize, 0), fsize);
+	close(fd);
+	snprintf(cutpath, sizeof(cutpath), "/tmp/ioc-zip-image-cut.XXXXXX");
+	out = mkstemp(cutpath);
+	ASSERT_GE(out, 0);
+	ASSERT_EQ(write(out, file, (size_t)fsize), fsize);
+	close(out);
+	free(file);
+
+	ASSERT_OK(ioc_zip_image_open(&img, cutpath, &zo, msg, sizeof(msg)));
+	run_one(img, cut_reads);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UGE(info.errors, 3);
+	ASSERT_NOT_NULL(strstr(cutlog, "file truncated"));
+	ioc_zip_image_close(img);
+	unlink(cutpath);
+}
+
 /* A stored frame's checksum is checked over the whole frame on its first
  * read only; later reads, small or covering it whole, take just their
  * bytes.  Frames 1 and 5 of smallpath are random bytes (stored). */
@@ -732,6 +810,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_random_reads_small_cache),
 	IOC_TEST(test_cold_edge_reads),
 	IOC_TEST(test_damaged_frame_inline),
+	IOC_TEST(test_truncated_file),
 	IOC_TEST(test_stored_checked_once),
 	IOC_TEST(test_readahead),
 	IOC_TEST(test_direct_reads),
