@@ -343,6 +343,40 @@ static void test_cold_edge_reads(void)
 	ioc_zip_image_close(img);
 }
 
+/* The image file's bytes (*fsize of them), and frame f's compressed
+ * offset and size in it; for the tests that damage a copy. */
+static uint8_t *read_image(size_t f, uint64_t *coff, uint64_t *csize, off_t *fsize)
+{
+	struct ioc_zip_index *ix;
+	char msg[256];
+	uint8_t *file;
+	int fd = open(path, O_RDONLY);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+	*coff = ix->frames[f].coff;
+	*csize = ix->frames[f].csize;
+	ioc_zip_index_free(ix);
+	*fsize = lseek(fd, 0, SEEK_END);
+	file = malloc((size_t)*fsize);
+	ASSERT_NOT_NULL(file);
+	ASSERT_EQ(pread(fd, file, (size_t)*fsize, 0), *fsize);
+	close(fd);
+	return file;
+}
+
+/* file's fsize bytes into a new file named from tmpl (into out, 64 bytes). */
+static void write_copy(char *out, const char *tmpl, const uint8_t *file, off_t fsize)
+{
+	int fd;
+
+	snprintf(out, 64, "%s", tmpl);
+	fd = mkstemp(out);
+	ASSERT_GE(fd, 0);
+	ASSERT_EQ(write(fd, file, (size_t)fsize), fsize);
+	close(fd);
+}
+
 /* A copy of the image with one byte of frame 5's compressed data (random
  * bytes, stored) flipped: its checksum fails. */
 static char badpath[64];
@@ -374,31 +408,16 @@ static void damaged_reads(struct ioc_zip_image *img, bool *ok)
 static void test_damaged_frame_inline(void)
 {
 	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = log_fn };
-	struct ioc_zip_index *ix;
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
 	char msg[256], want[64];
-	uint64_t coff;
-	uint8_t *file;
+	uint64_t coff, csize;
 	off_t fsize;
-	int fd = open(path, O_RDONLY), out;
+	uint8_t *file = read_image(5, &coff, &csize, &fsize);
 
-	ASSERT_GE(fd, 0);
-	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
-	coff = ix->frames[5].coff;
-	ASSERT_UGT(ix->frames[5].csize, 64);
-	fsize = lseek(fd, 0, SEEK_END);
-	file = malloc((size_t)fsize);
-	ASSERT_NOT_NULL(file);
-	ASSERT_EQ(pread(fd, file, (size_t)fsize, 0), fsize);
-	close(fd);
-	file[coff + ix->frames[5].csize / 2] ^= 0x40;
-	ioc_zip_index_free(ix);
-	snprintf(badpath, sizeof(badpath), "/tmp/ioc-zip-image-bad.XXXXXX");
-	out = mkstemp(badpath);
-	ASSERT_GE(out, 0);
-	ASSERT_EQ(write(out, file, (size_t)fsize), fsize);
-	close(out);
+	ASSERT_UGT(csize, 64);
+	file[coff + csize / 2] ^= 0x40;
+	write_copy(badpath, "/tmp/ioc-zip-image-bad.XXXXXX", file, fsize);
 	free(file);
 
 	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
@@ -444,7 +463,8 @@ static void cut_reads(struct ioc_zip_image *img, bool *ok)
 	*ok &= ioc_zip_image_co_pread(img, 9 * FRAME + 8192, buf, 4096, 0) == -EIO;
 	*ok &= ioc_zip_image_co_pread(img, 7 * FRAME, big, 3 * FRAME, 0) == -EIO;
 	/* Before it: frames read before the cut and frames never read, small
-	 * and large; zero frames 8 and 12 (past it) need no bytes of the file. */
+	 * and large; zero frames (8 before it, 12 past it) need no bytes of
+	 * the file. */
 	*ok &= check_range(img, 3 * FRAME + 5000, 4096);
 	*ok &= check_range(img, 5 * FRAME + 9000, 4096);
 	*ok &= check_range(img, 6 * FRAME + 100, 4096);
@@ -456,29 +476,16 @@ static void cut_reads(struct ioc_zip_image *img, bool *ok)
 static void test_truncated_file(void)
 {
 	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = cut_log_fn };
-	struct ioc_zip_index *ix;
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
 	char msg[256];
-	uint8_t *file;
+	uint64_t coff, csize;
 	off_t fsize;
-	int fd = open(path, O_RDONLY), out;
+	uint8_t *file = read_image(9, &coff, &csize, &fsize);
 
-	ASSERT_GE(fd, 0);
-	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
-	ASSERT_UGT(ix->frames[9].csize, FRAME);        /* stored: random bytes */
-	cut_at = ix->frames[9].coff + ix->frames[9].csize / 2;
-	ioc_zip_index_free(ix);
-	fsize = lseek(fd, 0, SEEK_END);
-	file = malloc((size_t)fsize);
-	ASSERT_NOT_NULL(file);
-	ASSERT_EQ(pread(fd, file, (size_t)fsize, 0), fsize);
-	close(fd);
-	snprintf(cutpath, sizeof(cutpath), "/tmp/ioc-zip-image-cut.XXXXXX");
-	out = mkstemp(cutpath);
-	ASSERT_GE(out, 0);
-	ASSERT_EQ(write(out, file, (size_t)fsize), fsize);
-	close(out);
+	ASSERT_UGT(csize, FRAME);       /* stored: random bytes */
+	cut_at = coff + csize / 2;
+	write_copy(cutpath, "/tmp/ioc-zip-image-cut.XXXXXX", file, fsize);
 	free(file);
 
 	ASSERT_OK(ioc_zip_image_open(&img, cutpath, &zo, msg, sizeof(msg)));
