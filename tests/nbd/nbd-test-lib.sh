@@ -27,16 +27,26 @@ workdir() {
 	trap 'for f in "$dir"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; done; rm -rf "$dir"' EXIT
 }
 
+# wait_gone PID [SECONDS]: wait until PID has exited (a zombie counts;
+# SECONDS at most, 10 by default); fails if it still runs then.  An
+# empty PID (a pid file its server already removed) is gone: it must not
+# reach /proc//stat, which is /proc/stat.
+wait_gone() {
+	[ -n "$1" ] || return 0
+	_wg=0
+	while [ $_wg -lt $(( ${2:-10} * 50 )) ]; do
+		case $(cut -d' ' -f3 /proc/$1/stat 2>/dev/null) in ''|Z|X) return 0;; esac
+		sleep 0.02; _wg=$((_wg + 1))
+	done
+	return 1
+}
+
 # stop NAME: SIGTERM the server of $dir/NAME.pid and wait (10 s at most)
 # until it has exited.
 stop() {
 	pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 0
 	kill "$pid"
-	i=0
-	while kill -0 "$pid" 2>/dev/null && [ $i -lt 500 ]; do
-		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
-		sleep 0.02; i=$((i + 1))
-	done
+	wait_gone "$pid"
 	rm -f "$dir/$1.pid"
 }
 

@@ -150,13 +150,10 @@ if have fio && fio --enghelp 2>/dev/null | grep -q nbd; then
 	# fio fails once the server is gone; what matters is that the server
 	# exited by itself (it drained) within the grace period.
 	pid=$(cat "$dir/term.pid" 2>/dev/null)
-	i=0
-	while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $i -lt 300 ]; do
-		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
-		sleep 0.05; i=$((i + 1))
-	done
+	gone=false
+	wait_gone "$pid" 15 && gone=true
 	wait $logcat
-	if [ $i -lt 300 ] && [ ! -e "$dir/term.sock" ]; then
+	if $gone && [ ! -e "$dir/term.sock" ]; then
 		ok "SIGTERM with fio in flight: server drains and exits"
 	else
 		notok "SIGTERM with fio in flight: server drains and exits"
@@ -212,17 +209,6 @@ else
 	check "-U with -p is refused" grep -q "cannot be combined" "$dir/both.err"
 fi
 
-# gone PID: waits (10 s at most) until PID has exited (or is a zombie);
-# prints "true" if it has, else "false", for a check's command line.
-gone() {
-	i=0
-	while [ $i -lt 500 ]; do
-		case $(cut -d' ' -f3 /proc/$1/stat 2>/dev/null) in ''|Z|X) echo true; return;; esac
-		sleep 0.02; i=$((i + 1))
-	done
-	echo false
-}
-
 # 20-21: a restart.  The next server takes the socket and pid file while
 # the old one still runs (it replaces them); the old one, stopped after,
 # must leave the successor's alone, and the successor, stopped last,
@@ -234,13 +220,17 @@ if have nbdinfo; then
 	   srv --fork --pid-file "$dir/re.pid" -U "$dir/re.sock" -r "$dir/re2.img"; then
 		newpid=$(cat "$dir/re.pid")
 		kill "$oldpid"
+		gone=false
+		wait_gone "$oldpid" && gone=true
 		check "a server stopped after its successor started leaves its socket and pid file" \
-			sh -c "[ '$newpid' != '$oldpid' ] && $(gone "$oldpid") &&
+			sh -c "[ '$newpid' != '$oldpid' ] && $gone &&
 			       [ \"\$(cat '$dir/re.pid')\" = '$newpid' ] &&
 			       nbdinfo 'nbd+unix:///?socket=$dir/re.sock' | grep -q 'export-size: 67108864'"
 		kill "$newpid"
+		gone=false
+		wait_gone "$newpid" && gone=true
 		check "the last server stopped removes its socket and pid file" \
-			sh -c "$(gone "$newpid") && [ ! -e '$dir/re.sock' ] && [ ! -e '$dir/re.pid' ]"
+			sh -c "$gone && [ ! -e '$dir/re.sock' ] && [ ! -e '$dir/re.pid' ]"
 	else
 		notok "a restart: servers did not start"; notok "a restart: no second server"
 	fi

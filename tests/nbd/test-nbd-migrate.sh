@@ -23,14 +23,6 @@ done
 workdir ioc-nbd-migrate
 echo "1..60"
 
-# wait_gone PID: until the process has exited (30 s at most).
-wait_gone() {
-	i=0
-	while kill -0 "$1" 2>/dev/null && [ $i -lt 600 ]; do
-		case $(cut -d' ' -f3 /proc/$1/stat 2>/dev/null) in Z|X) break;; esac
-		i=$((i + 1)); sleep 0.05
-	done
-}
 # events CTL FILE: follow the control socket's events into FILE until a
 # migration ends; FILE.ready appears once negotiated.  $evpid.
 events() {

@@ -147,14 +147,11 @@ if have nbdcopy; then
 	await_log drain 'export ""'
 	pid=$(cat "$dir/drain.pid")
 	kill -TERM "$pid"
-	i=0
-	while kill -0 "$pid" 2>/dev/null && [ $i -lt 400 ]; do
-		case $(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null) in Z|X) break;; esac
-		sleep 0.05; i=$((i + 1))
-	done
+	gone=false
+	wait_gone "$pid" 20 && gone=true
 	wait $cpid 2>/dev/null
 	wait $logcat
-	if [ $i -lt 400 ] && grep -q "stopping: 1 connection(s) open" "$dir/drain.log"; then
+	if $gone && grep -q "stopping: 1 connection(s) open" "$dir/drain.log"; then
 		ok "SIGTERM with a TLS client in flight: the server drains and exits"
 	else
 		notok "SIGTERM with a TLS client in flight: the server drains and exits"

@@ -213,10 +213,7 @@ check "overlay: allocation depth 1 for the overlay, 2 for the base" sh -c \
 qemu-io -f raw -c 'write -P 0x99 8388608 64k' -c 'flush' "$(uri ov)" >/dev/null
 qemu-io -f raw -c 'write -P 0x99 8388608 64k' "$dir/expect" >/dev/null
 kill -9 "$(cat "$dir/ov.pid")"
-while kill -0 "$(cat "$dir/ov.pid")" 2>/dev/null; do
-	case $(cut -d' ' -f3 /proc/"$(cat "$dir/ov.pid")"/stat 2>/dev/null) in Z|X) break;; esac
-	sleep 0.02
-done
+wait_gone "$(cat "$dir/ov.pid")"
 rm -f "$dir/ov.pid" "$dir/ov.sock"
 start ov --overlay "$dir/ov" "$dir/img.zst"
 check "overlay after kill -9: flushed writes are there" sh -c \
