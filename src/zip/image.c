@@ -29,8 +29,8 @@
  * (readahead, up to 1 MiB), unless other large reads are in flight (queued
  * reads decode themselves); small reads of small frames do not.
  *
- * Zeros: iocore-zip writes an all-zero block as a frame of RLE blocks of
- * byte 0 (zstd) or deflate's few hundred bytes (gzip); such frames are
+ * Zeros: iocore-zip writes an all-zero block (zstd: a run of them) as a
+ * frame of RLE blocks of byte 0, or (gzip) deflate's few hundred bytes;
  * known at open from their bytes (frames of at most 4 KiB: the RLE block
  * headers; a gzip member's trailer, then, if its CRC-32 is that of zeros,
  * a decode), or after a decode finds zeros.  Reads fill zeroes, block
@@ -1659,11 +1659,13 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
 	/* The pool's buffers fit the usual frame: iocore-zip's are all one
-	 * size but the last. */
+	 * size but the last, and but its runs of zeros, one frame each,
+	 * which are never cached (sized by them, each buffer would be a
+	 * run's megabyte, and the ghost would remember a handful of keys). */
 	size_t slot = 0;
 	for (size_t i = 0; i < img->nframes; i++)
-		if (img->frames[i].dsize <= img->max_cached && img->frames[i].dsize <= (1u << 20) &&
-		    img->frames[i].dsize > slot)
+		if (!is_zero(img, i) && img->frames[i].dsize <= img->max_cached &&
+		    img->frames[i].dsize <= (1u << 20) && img->frames[i].dsize > slot)
 			slot = (size_t)img->frames[i].dsize;
 	r = ioc__zip_fcache_new(&img->cache, budget, img->nframes, slot);
 	if (r < 0)
