@@ -24,7 +24,8 @@
  *         with the member's compressed size so decoders can split the
  *         file without inflating it.
  * An all-zero block becomes a minimal frame (zstd: RLE blocks) without
- * running the compressor.
+ * running the compressor; with opts.zero_runs a run of them becomes one
+ * such frame.
  *
  * Memory: opts.in_flight slots (default 2 * workers + 2), each a block of input
  * (blocks under 256 KiB are batched, 1 MiB of them per slot: one job per
@@ -104,6 +105,12 @@ struct ioc_zip_opts {
 					 slot) */
 	bool no_checksum;             /* zstd: omit frame checksums */
 	bool no_seek_table;           /* zstd: omit the seek table */
+	bool zero_runs;               /* zstd: all-zero blocks that follow
+					 each other in one batch (blocks
+					 under 256 KiB) become one frame, so
+					 frames vary in size; needs
+					 libxxhash when checksums are on
+					 (without it, one frame per block) */
 	enum ioc_zip_deflate deflate;
 	/* Decompression limits against hostile input. */
 	unsigned window_log_max;      /* 0 = 27 (128 MiB), as zstd -d */

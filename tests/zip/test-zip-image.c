@@ -50,7 +50,7 @@
 #define SIZE    ((size_t)FRAME * NFRAMES + 777)   /* a short last frame */
 
 static uint8_t *raw;
-static char path[64], gzpath[64], smallpath[64];
+static char path[64], gzpath[64], smallpath[64], runspath[64];
 #define SMALL   (16u << 10)     /* frames of smallpath */
 
 static int write_fd(void *opaque, const void *buf, size_t len)
@@ -59,11 +59,12 @@ static int write_fd(void *opaque, const void *buf, size_t len)
 }
 
 /* 64 KiB runs of zeros (every 4th), random bytes and text; the image in
- * out, compressed as format in frames of block bytes. */
-static void make_image(char *out, enum ioc_zip_format format, size_t block)
+ * out, compressed as format in frames of block bytes (with runs, a run of
+ * zero blocks is one frame). */
+static void make_image(char *out, enum ioc_zip_format format, size_t block, bool runs)
 {
 	struct ioc_zip_opts o = { .format = format, .block_size = block, .workers = 2,
-				  .write = write_fd };
+				  .write = write_fd, .zero_runs = runs };
 	struct ioc_zip *z;
 	unsigned seed = 12345;
 	int fd;
@@ -792,13 +793,57 @@ static void test_gzip_zero_members_known_at_open(void)
 	zero_frames_known_at_open(gzpath);
 }
 
+/* Frames of two sizes, as iocore-zip writes them: 16 KiB blocks, each
+ * 64 KiB run of zeros one frame (zero_runs).  The runs are known at open
+ * and reported whole, nothing is decoded for them, and random reads of
+ * any length across runs and data (found by binary search, not by
+ * division) through a small cache read the right bytes. */
+static void test_zero_run_frames(void)
+{
+	struct ioc_zip_image_opts zo = { .frame_cache = 16 * SMALL };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	struct reader rd[2][8];
+	struct spawn sp[2];
+	uint64_t pnum;
+	char msg[256];
+	/* Without libxxhash, checksummed runs are not merged. */
+	size_t zeros = IOC_HAVE_XXHASH ? NFRAMES / 4 + 1 : (NFRAMES / 4) * (FRAME / SMALL) + 1;
+
+	ASSERT_OK(ioc_zip_image_open(&img, runspath, &zo, msg, sizeof(msg)));
+	ioc_zip_image_get_info(img, &info);
+	/* A run cut by the end of a batch (about 1 MiB of blocks) is two
+	 * frames: at most one more per MiB. */
+	ASSERT_UGE(info.zero_frames, zeros);
+	ASSERT_ULE(info.zero_frames, zeros + SIZE / (1u << 20) + 1);
+	ASSERT_UEQ(info.frames, info.zero_frames + (NFRAMES * 3 / 4) * (FRAME / SMALL));
+	ASSERT_EQ(ioc_zip_image_block_status(img, 0, SIZE, &pnum, 0), IOC_ZIP_STATUS_ZERO);
+	ASSERT_UEQ(pnum, FRAME);
+	ASSERT_EQ(ioc_zip_image_block_status(img, 4 * FRAME + 100, SIZE - 4 * FRAME - 100, &pnum,
+					     0), IOC_ZIP_STATUS_ZERO);
+	ASSERT_UEQ(pnum, FRAME - 100);
+	ASSERT_UEQ(info.decodes, 0);
+	for (int t = 0; t < 2; t++) {
+		for (int i = 0; i < 8; i++)
+			rd[t][i] = (struct reader){ .img = img, .seed = (unsigned)(t * 8 + i + 77),
+						    .reads = 40 };
+		sp[t] = (struct spawn){ rd[t], 8 };
+	}
+	run_readers(sp, 2);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 0);
+	ASSERT_UGT(info.decodes, 0);
+	ioc_zip_image_close(img);
+}
+
 static void setup(void)
 {
 	raw = malloc(SIZE);
 	ASSERT_NOT_NULL(raw);
-	make_image(path, IOC_ZIP_ZSTD, FRAME);
-	make_image(gzpath, IOC_ZIP_GZIP, FRAME);
-	make_image(smallpath, IOC_ZIP_ZSTD, SMALL);
+	make_image(path, IOC_ZIP_ZSTD, FRAME, false);
+	make_image(gzpath, IOC_ZIP_GZIP, FRAME, false);
+	make_image(smallpath, IOC_ZIP_ZSTD, SMALL, false);
+	make_image(runspath, IOC_ZIP_ZSTD, SMALL, true);
 }
 
 static void cleanup(void)
@@ -806,6 +851,7 @@ static void cleanup(void)
 	unlink(path);
 	unlink(gzpath);
 	unlink(smallpath);
+	unlink(runspath);
 	free(raw);
 }
 
@@ -823,5 +869,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_direct_reads),
 	IOC_TEST(test_admission),
 	IOC_TEST(test_inplace_decoded_once),
+	IOC_TEST(test_zero_run_frames),
 	IOC_TEST(cleanup),
 )

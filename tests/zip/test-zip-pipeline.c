@@ -167,6 +167,78 @@ static void test_zero_blocks(void)
 	free(src); free(c.p); free(d.p);
 }
 
+/* opts.zero_runs: all-zero blocks that follow each other in one batch are
+ * one frame.  Each frame of the seek table is decoded alone by libzstd,
+ * which checks its checksum (XXH64 of the whole run's zeros), and equals
+ * its slice of the input; the run frames are the zero slices, longer than
+ * a block; a run across two batches is two frames at most.  Without the
+ * option, or for gzip, one frame per block as before. */
+static void check_zero_runs(enum ioc_zip_format fmt, bool runs, bool no_sum)
+{
+	const size_t bs = 4096, nb = 300, n = nb * bs;
+	uint8_t *src = calloc(1, n), *one = malloc(1u << 20);
+	struct ioc_zip_opts o = { .format = fmt, .block_size = bs, .workers = 2,
+				  .zero_runs = runs, .no_checksum = no_sum };
+	struct ioc_zip_stats st;
+	struct buf c = { 0 }, d = { 0 };
+	bool merged = runs && fmt == IOC_ZIP_ZSTD && (no_sum || IOC_HAVE_XXHASH);
+
+	ASSERT_NOT_NULL(src);
+	ASSERT_NOT_NULL(one);
+	/* Data in blocks 0, 4, 10 and 200; runs of 3, 5, 189 and 99 zero
+	 * blocks (the last from block 201 to the end, across the first
+	 * batch's end at 1 MiB). */
+	for (size_t b = 0; b < nb; b++)
+		if (b == 0 || b == 4 || b == 10 || b == 200)
+			zt_fill(src + b * bs, bs, b + 1);
+	compress_buf(&o, src, n, 70000, &c, &st);
+	ASSERT_OK(decompress_buf(c.p, c.len, 777, 2, &d, NULL, 0, NULL));
+	ASSERT_UEQ(d.len, n);
+	ASSERT_MEM_EQ(d.p, src, n);
+	if (!merged) {
+		ASSERT_UEQ(st.frames, nb);
+		ASSERT_UEQ(st.zero_frames, nb - 4);
+		goto out;
+	}
+	ASSERT_UGE(st.frames, 8);
+	ASSERT_ULE(st.frames, 9);
+	ASSERT_UEQ(st.zero_frames, st.frames - 4);
+
+	uint32_t nf = ioc__zip_le32(c.p + c.len - 9);
+	bool with_sum = c.p[c.len - 5] & 0x80;
+	size_t need = ioc__zip_seektable_size(nf, with_sum);
+	struct ioc_zip_index ix;
+	const char *why = NULL;
+
+	ASSERT_UEQ(nf, st.frames);
+	ASSERT_EQ(with_sum, !no_sum);
+	ASSERT_OK(ioc__zip_seektable_parse(c.p + c.len - need, need, c.len, &ix, &why));
+	ASSERT_UEQ(ix.dsize, n);
+	for (size_t i = 0; i < ix.nframes; i++) {
+		const struct ioc_zip_frame_info *f = &ix.frames[i];
+		size_t r = ZSTD_decompress(one, 1u << 20, c.p + f->coff, f->csize);
+
+		ASSERT_FALSE(ZSTD_isError(r));
+		ASSERT_UEQ(r, f->dsize);
+		ASSERT_MEM_EQ(one, src + f->doff, r);
+		if (f->dsize > bs)
+			ASSERT_TRUE(ioc__zip_all_zero(src + f->doff, f->dsize));
+		else
+			ASSERT_FALSE(ioc__zip_all_zero(src + f->doff, f->dsize));
+	}
+	free(ix.frames);
+out:
+	free(src); free(one); free(c.p); free(d.p);
+}
+
+static void test_zero_runs(void)
+{
+	check_zero_runs(IOC_ZIP_ZSTD, true, false);
+	check_zero_runs(IOC_ZIP_ZSTD, true, true);
+	check_zero_runs(IOC_ZIP_ZSTD, false, false);
+	check_zero_runs(IOC_ZIP_GZIP, true, false);
+}
+
 /* Worker statistics add up: every frame is counted once, in one job per
  * batch of small blocks (64 KiB blocks: 16 per 1 MiB job). */
 static void test_worker_stats(void)
@@ -938,6 +1010,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_empty_tiny),
 	IOC_TEST(test_order_many_blocks),
 	IOC_TEST(test_zero_blocks),
+	IOC_TEST(test_zero_runs),
 	IOC_TEST(test_zero_copy_feed),
 	IOC_TEST(test_write_ref),
 	IOC_TEST(test_write_ref_compress),

@@ -352,10 +352,12 @@ static int run_stream(struct job *j, char *err, size_t errlen)
 	/* Compressed output is written by the workers (write_from_workers):
 	 * on the memory image, whose blocks compress fast, the feeding
 	 * thread's writes took 10-15% of one core from the worker sharing
-	 * it (see src/zip/pipeline.c). */
+	 * it (see src/zip/pipeline.c).  A run of zero blocks is one frame
+	 * (zero_runs): the seek table says where each frame is, so readers
+	 * (ours, or any of zstd's seekable format) need no fixed size. */
 	struct ioc_zip_opts o = {
 		.format = cli->format, .level = cli->level, .block_size = cli->block,
-		.deflate = cli->deflate,
+		.deflate = cli->deflate, .zero_runs = true,
 		.workers = cli->threads, .write = out_write, .opaque = j,
 		.write_from_workers = !cli->decompress,
 	};
