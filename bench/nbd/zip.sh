@@ -3,7 +3,7 @@
 #                  [--block-size=SIZE] [--level=N]
 #
 # Compressed images served over NBD, same data for everyone: iocore-nbd on
-# iocore-zip -12 --block-size 16K output (--block-size=SIZE, --level=N to
+# iocore-zip -12 --block-size 12K output (--block-size=SIZE, --level=N to
 # try others), qemu-nbd on a qcow2 made by qemu-img convert -c -o
 # compression_type=zstd, nbdkit --filter=xz file on xz -T0
 # --block-size=1MiB output.  The image (2 GiB by default, 128 MiB
@@ -45,7 +45,7 @@ except ValueError:
 if size_mb < 3 or runtime < 1:
     sys.exit(USAGE)
 frame_cache = ["--frame-cache", opts["frame-cache"]] if opts.get("frame-cache") else []
-block_size = opts.get("block-size") or "16K"
+block_size = opts.get("block-size") or "12K"
 level = opts.get("level") or "12"
 if not level.isdigit() or not 1 <= int(level) <= 19:
     sys.exit(USAGE)
