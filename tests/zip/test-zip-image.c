@@ -188,23 +188,32 @@ static void run_readers(struct spawn *sp, int nt)
 	ASSERT_EQ(done.bad, 0);
 }
 
+/* n readers on each of two I/O threads, each making reads random reads
+ * (seeds from seed on), all checked. */
+static void random_readers(struct ioc_zip_image *img, unsigned n, unsigned reads, unsigned seed)
+{
+	struct reader rd[2][16];
+	struct spawn sp[2];
+
+	ASSERT_ULE(n, 16);
+	for (unsigned t = 0; t < 2; t++) {
+		for (unsigned i = 0; i < n; i++)
+			rd[t][i] = (struct reader){ .img = img, .seed = t * n + i + seed,
+						    .reads = reads };
+		sp[t] = (struct spawn){ rd[t], n };
+	}
+	run_readers(sp, 2);
+}
+
 static void test_random_reads_small_cache(void)
 {
 	struct ioc_zip_image_opts zo = { .frame_cache = 8 * FRAME };
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
-	struct reader rd[2][16];
-	struct spawn sp[2];
 	char msg[256];
 
 	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
-	for (int t = 0; t < 2; t++) {
-		for (int i = 0; i < 16; i++)
-			rd[t][i] = (struct reader){ .img = img, .seed = (unsigned)(t * 16 + i + 1),
-						    .reads = 60 };
-		sp[t] = (struct spawn){ rd[t], 16 };
-	}
-	run_readers(sp, 2);
+	random_readers(img, 16, 60, 1);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.size, SIZE);
 	ASSERT_UGT(info.cache_hits, 0);
@@ -803,8 +812,6 @@ static void test_zero_run_frames(void)
 	struct ioc_zip_image_opts zo = { .frame_cache = 16 * SMALL };
 	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
-	struct reader rd[2][8];
-	struct spawn sp[2];
 	uint64_t pnum;
 	char msg[256];
 	/* Without libxxhash, checksummed runs are not merged. */
@@ -823,13 +830,7 @@ static void test_zero_run_frames(void)
 					     0), IOC_ZIP_STATUS_ZERO);
 	ASSERT_UEQ(pnum, FRAME - 100);
 	ASSERT_UEQ(info.decodes, 0);
-	for (int t = 0; t < 2; t++) {
-		for (int i = 0; i < 8; i++)
-			rd[t][i] = (struct reader){ .img = img, .seed = (unsigned)(t * 8 + i + 77),
-						    .reads = 40 };
-		sp[t] = (struct spawn){ rd[t], 8 };
-	}
-	run_readers(sp, 2);
+	random_readers(img, 8, 40, 77);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.errors, 0);
 	ASSERT_UGT(info.decodes, 0);
