@@ -829,6 +829,7 @@ static void test_zero_run_frames(void)
 	ASSERT_EQ(ioc_zip_image_block_status(img, 4 * FRAME + 100, SIZE - 4 * FRAME - 100, &pnum,
 					     0), IOC_ZIP_STATUS_ZERO);
 	ASSERT_UEQ(pnum, FRAME - 100);
+	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.decodes, 0);
 	random_readers(img, 8, 40, 77);
 	ioc_zip_image_get_info(img, &info);
