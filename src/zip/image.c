@@ -1119,10 +1119,10 @@ static size_t find_frame(const struct ioc_zip_image *img, uint64_t off)
 
 /* The rank index of frame starts (see struct ioc_zip_image), when every
  * frame starts on a multiple of some unit of at least 4 KiB (the gcd of
- * their offsets): 16 bytes per 64 units, 0.03% of the image in 12 KiB
+ * their offsets): 16 bytes per 64 units, 0.002% of the image in 12 KiB
  * units.  Its first frame may be a run of zeros: the unit is not frame
  * 0's size. */
-static int build_rank(struct ioc_zip_image *img)
+static void build_rank(struct ioc_zip_image *img)
 {
 	uint64_t unit = 0;
 	size_t nwords;
@@ -1131,7 +1131,7 @@ static int build_rank(struct ioc_zip_image *img)
 		uint64_t a = img->frames[i].doff, b = unit;
 
 		if (i && !img->frames[i - 1].dsize)
-			return 0;
+			return;
 		while (b) {
 			uint64_t t = a % b;
 
@@ -1141,11 +1141,16 @@ static int build_rank(struct ioc_zip_image *img)
 		unit = a;
 	}
 	if (unit < 4096 || !img->frames[img->nframes - 1].dsize)
-		return 0;
+		return;
 	nwords = (size_t)((img->size + unit - 1) / unit + 63) / 64;
+	/* Sparse starts (a small unit under huge frames, as a damaged or
+	 * hostile index may claim) would make the bitmap outweigh the index
+	 * it saves searching: search instead, as when memory is short. */
+	if (nwords / 4 > img->nframes)
+		return;
 	img->rank = calloc(nwords, sizeof(*img->rank));
 	if (!img->rank)
-		return -ENOMEM;
+		return;
 	img->unit = unit;
 	for (size_t i = 0; i < img->nframes; i++) {
 		uint64_t u = img->frames[i].doff / unit;
@@ -1156,7 +1161,6 @@ static int build_rank(struct ioc_zip_image *img)
 		n += (size_t)__builtin_popcountll(img->rank[w - 1].bits);
 		img->rank[w].before = n;
 	}
-	return 0;
 }
 
 static bool is_zero(struct ioc_zip_image *img, size_t i)
@@ -1712,11 +1716,8 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 	for (size_t i = 0; img->fixed && i + 1 < img->nframes; i++)
 		if (img->frames[i].dsize != img->fixed || img->frames[i].doff != i * img->fixed)
 			img->fixed = 0;
-	if (!img->fixed) {
-		r = build_rank(img);
-		if (r < 0)
-			goto fail;
-	}
+	if (!img->fixed)
+		build_rank(img);
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
 	img->max_cached = budget / 2;
 	/* The pool's buffers fit the usual frame: iocore-zip's are all one
