@@ -1130,7 +1130,7 @@ static void build_rank(struct ioc_zip_image *img)
 	for (size_t i = 0; i < img->nframes; i++) {
 		uint64_t a = img->frames[i].doff, b = unit;
 
-		if (i && !img->frames[i - 1].dsize)
+		if (!img->frames[i].dsize)      /* two frames would share a bit */
 			return;
 		while (b) {
 			uint64_t t = a % b;
@@ -1140,7 +1140,7 @@ static void build_rank(struct ioc_zip_image *img)
 		}
 		unit = a;
 	}
-	if (unit < 4096 || !img->frames[img->nframes - 1].dsize)
+	if (unit < 4096)
 		return;
 	nwords = (size_t)((img->size + unit - 1) / unit + 63) / 64;
 	/* Sparse starts (a small unit under huge frames, as a damaged or

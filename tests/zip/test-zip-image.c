@@ -805,8 +805,9 @@ static void test_gzip_zero_members_known_at_open(void)
 /* Frames of two sizes, as iocore-zip writes them: 16 KiB blocks, each
  * 64 KiB run of zeros one frame (zero_runs).  The runs are known at open
  * and reported whole, nothing is decoded for them, and random reads of
- * any length across runs and data (found by the rank index of frame
- * starts, in units of 16 KiB: neither division nor search) through a small cache read the right bytes. */
+ * any length across runs and data (found by the bitmap of frame starts,
+ * in units of 16 KiB: neither division nor search) through a small cache
+ * read the right bytes. */
 static void test_zero_run_frames(void)
 {
 	struct ioc_zip_image_opts zo = { .frame_cache = 16 * SMALL };
