@@ -111,6 +111,10 @@ struct ioc_zip_opts {
 					 frames vary in size; needs
 					 libxxhash when checksums are on
 					 (without it, one frame per block) */
+	bool no_page_checks;          /* zstd with a seek table: no checksum
+					 per 4 KiB page of stored frames
+					 (~0.1% of them; they let a reader
+					 check only what it reads) */
 	enum ioc_zip_deflate deflate;
 	/* Decompression limits against hostile input. */
 	unsigned window_log_max;      /* 0 = 27 (128 MiB), as zstd -d */
@@ -236,6 +240,10 @@ struct ioc_zip_index {
 	uint64_t csize;   /* compressed bytes described (file size) */
 	uint64_t dsize;   /* total decompressed size */
 	struct ioc_zip_frame_info *frames;
+	/* zstd: iocore-zip's page checks of stored frames, a skippable frame
+	 * of pck_len bytes at pck_off between the data and the seek table
+	 * (both 0 when the file has none). */
+	uint64_t pck_off, pck_len;
 };
 
 /* Builds an index of the file open on fd: the seek table for zstd, the
@@ -323,6 +331,9 @@ struct ioc_zip_image_info {
 	uint64_t stored_checks;     /* of those, reads that checked the whole
 				     * frame's checksum: each frame's first
 				     * (later reads trust it) */
+	uint64_t page_checks;       /* pages of stored frames checked on their
+				     * own (files with page checks): each
+				     * page's first read checks just it */
 	unsigned decode_threads;    /* pool threads that decode at once, at
 				     * most (online CPUs + 1) */
 	unsigned decode_threads_peak; /* most that did so far */

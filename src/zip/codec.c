@@ -65,6 +65,9 @@
 #include <isa-l/crc.h>
 #include <isa-l/igzip_lib.h>
 #endif
+#if IOC_HAVE_XXHASH
+#include <xxhash.h>
+#endif
 
 #include "codec.h"
 
@@ -604,9 +607,11 @@ int ioc__zip_seektable_parse(const uint8_t *buf, size_t len, uint64_t file_size,
 			goto bad;
 		}
 	}
+	/* A gap before the table may be our page checks: the caller reads
+	 * its head (ioc__zip_pck_head()) and fails the file if it is not. */
 	if (coff != file_size - need) {
-		*why = "seek table frame sizes do not add up to the file size";
-		goto bad;
+		ix->pck_off = coff;
+		ix->pck_len = file_size - need - coff;
 	}
 	ix->format = IOC_ZIP_ZSTD;
 	ix->nframes = n;
@@ -617,6 +622,90 @@ bad:
 	free(ix->frames);
 	ix->frames = NULL;
 	return -EBADMSG;
+}
+
+/* ---- page checks ------------------------------------------------- */
+
+/*
+ * A stored frame's own checksum covers all of it, so its first read had to
+ * read and hash the whole frame (12-128 KiB) for a 4 KiB request.  The
+ * page-check frame carries a checksum per 4 KiB page of each stored frame;
+ * a read checks only the pages it reads.  Layout, little-endian: the
+ * skippable frame header (magic, size), the tag "IOCP", the page shift
+ * (12), the hash (1: XXH64's low 32 bits), two reserved zero bytes, the
+ * frame count, the check count, a bitmap of stored frames (bit i of byte
+ * i / 8) and the checks, frame by frame.  It sits between the last data
+ * frame and the seek table, where a zstd decoder skips it and zstd's
+ * seekable reader never looks.
+ */
+bool ioc__zip_is_stored(const uint8_t *frame, size_t csize, size_t dsize)
+{
+	struct ioc__zip_frame f = { 0 };
+	const char *why = NULL;
+	size_t h;
+	uint32_t bh;
+
+	if (csize < dsize + 12 || csize > dsize + 25)
+		return false;
+	h = csize - dsize - 4;
+	(void)ioc__zip_scan(&f, frame, h, &why);
+	if (!f.hdr_done || f.kind != IOC__ZIP_K_ZSTD || !f.has_sum || f.hdr_len + 3 != h ||
+	    f.dsize != dsize)
+		return false;
+	bh = (uint32_t)frame[h - 3] | (uint32_t)frame[h - 2] << 8 | (uint32_t)frame[h - 1] << 16;
+	return bh == ((uint32_t)dsize << 3 | 1);
+}
+
+#if IOC_HAVE_XXHASH
+uint32_t ioc__zip_page_check(const void *p, size_t len)
+{
+	return (uint32_t)XXH64(p, len, 0);
+}
+#endif
+
+size_t ioc__zip_pck_size(size_t nframes, size_t nchecks)
+{
+	return IOC__ZIP_PCK_HEAD + (nframes + 7) / 8 + nchecks * 4;
+}
+
+void ioc__zip_pck_write(uint8_t *dst, size_t nframes, const uint8_t *map,
+			const uint32_t *checks, size_t nchecks)
+{
+	size_t len = ioc__zip_pck_size(nframes, nchecks);
+	uint8_t *p = dst + IOC__ZIP_PCK_HEAD;
+
+	ioc__zip_put_le32(dst, IOC__ZIP_PCK_SKIP_MAGIC);
+	ioc__zip_put_le32(dst + 4, (uint32_t)(len - 8));
+	ioc__zip_put_le32(dst + 8, IOC__ZIP_PCK_TAG);
+	dst[12] = 12;
+	dst[13] = 1;
+	dst[14] = dst[15] = 0;
+	ioc__zip_put_le32(dst + 16, (uint32_t)nframes);
+	ioc__zip_put_le32(dst + 20, (uint32_t)nchecks);
+	memcpy(p, map, (nframes + 7) / 8);
+	p += (nframes + 7) / 8;
+	for (size_t i = 0; i < nchecks; i++, p += 4)
+		ioc__zip_put_le32(p, checks[i]);
+}
+
+int ioc__zip_pck_head(const uint8_t *head, uint64_t len, size_t nframes, size_t *nchecks,
+		      const char **why)
+{
+	uint64_t n;
+
+	if (len < IOC__ZIP_PCK_HEAD || ioc__zip_le32(head) != IOC__ZIP_PCK_SKIP_MAGIC ||
+	    ioc__zip_le32(head + 4) != len - 8 || ioc__zip_le32(head + 8) != IOC__ZIP_PCK_TAG) {
+		*why = "seek table frame sizes do not add up to the file size";
+		return -EBADMSG;
+	}
+	n = ioc__zip_le32(head + 20);
+	if (head[12] != 12 || head[13] != 1 || head[14] || head[15] ||
+	    ioc__zip_le32(head + 16) != nframes || ioc__zip_pck_size(nframes, n) != len) {
+		*why = "page-check frame does not match the seek table";
+		return -EBADMSG;
+	}
+	*nchecks = (size_t)n;
+	return 0;
 }
 
 /* ---- frame scanning ----------------------------------------------- */

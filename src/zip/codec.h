@@ -25,6 +25,12 @@
 #define IOC__ZIP_GZ_HEADER       20u           /* our member header */
 #define IOC__ZIP_GZ_TRAILER      8u
 #define IOC__ZIP_ZSTD_BLOCK_MAX  (128u << 10)
+/* Page checks (codec.c): iocore-zip's skippable frame just before the
+ * seek table, a checksum per 4 KiB page of each stored frame. */
+#define IOC__ZIP_PCK_SKIP_MAGIC  0x184D2A5Bu
+#define IOC__ZIP_PCK_TAG         0x50434F49u   /* "IOCP" */
+#define IOC__ZIP_PCK_HEAD        24u           /* skippable header + ours */
+#define IOC__ZIP_PAGE            4096u
 
 static inline uint32_t ioc__zip_le32(const uint8_t *p)
 {
@@ -178,6 +184,37 @@ int ioc__zip_decompress(struct ioc__zip_dctx *d, enum ioc__zip_kind k, void *dst
 int ioc__zip_stream_begin(struct ioc__zip_dctx *d, enum ioc__zip_kind k, const char **why);
 int ioc__zip_stream(struct ioc__zip_dctx *d, const uint8_t *in, size_t inlen, size_t *used,
 		    uint8_t *out, size_t outcap, size_t *produced, const char **why);
+
+/* ---- page checks of stored frames ----------------------------------- */
+
+/* A stored frame is zstd's answer to data it cannot shrink: the frame
+ * header, one raw block and the checksum.  True if frame (csize bytes,
+ * dsize of data, checksum flag set) is one, from its bytes. */
+bool ioc__zip_is_stored(const uint8_t *frame, size_t csize, size_t dsize);
+
+/* Pages of a stored frame of dsize bytes (0 above IOC__ZIP_ZSTD_BLOCK_MAX:
+ * such frames get no checks). */
+static inline unsigned ioc__zip_pck_pages(size_t dsize)
+{
+	return dsize && dsize <= IOC__ZIP_ZSTD_BLOCK_MAX ?
+	       (unsigned)((dsize + IOC__ZIP_PAGE - 1) / IOC__ZIP_PAGE) : 0;
+}
+
+/* The check of one page (at most IOC__ZIP_PAGE bytes): XXH64's low 32
+ * bits, as a zstd frame's own checksum.  Needs IOC_HAVE_XXHASH. */
+uint32_t ioc__zip_page_check(const void *p, size_t len);
+
+/* The page-check frame for nframes frames: size, and writing it from a
+ * bitmap of stored frames (bit i of map[i / 8]) and their checks. */
+size_t ioc__zip_pck_size(size_t nframes, size_t nchecks);
+void ioc__zip_pck_write(uint8_t *dst, size_t nframes, const uint8_t *map,
+			const uint32_t *checks, size_t nchecks);
+
+/* Checks the head (IOC__ZIP_PCK_HEAD bytes) of what should be a page-check
+ * frame of len bytes in all describing nframes frames; on success sets
+ * *nchecks.  -EBADMSG otherwise (*why says why). */
+int ioc__zip_pck_head(const uint8_t *head, uint64_t len, size_t nframes, size_t *nchecks,
+		      const char **why);
 
 /* pipeline.c: offsets in a decompressor's messages start at off (used by
  * range extraction, which feeds it from the middle of a file). */

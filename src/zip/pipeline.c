@@ -337,6 +337,7 @@ static void compress_job(struct ioc_wq_job *job)
 	 * short); each becomes one frame, back to back in out. */
 	s->out_len = 0;
 	s->nf = 0;
+	s->npck = 0;
 	s->err = 0;
 	/* The open zero run: its frame fd[run_f] at out offset run_at, its
 	 * data at src offset run_in, run_len bytes in run_n blocks. */
@@ -372,6 +373,22 @@ static void compress_job(struct ioc_wq_job *job)
 		}
 		f->dsize = (uint32_t)len;
 		f->csize = (uint32_t)r;
+		f->pck_n = 0;
+#if IOC_HAVE_XXHASH
+		if (z->pck_on && !f->zero &&
+		    ioc__zip_is_stored(s->out + s->out_len, (size_t)r, len)) {
+			unsigned np = ioc__zip_pck_pages(len);
+
+			f->pck_at = (uint32_t)s->npck;
+			f->pck_n = (uint8_t)np;
+			for (unsigned pg = 0; pg < np; pg++) {
+				size_t at = (size_t)pg * IOC__ZIP_PAGE;
+				size_t n = len - at < IOC__ZIP_PAGE ? len - at : IOC__ZIP_PAGE;
+
+				s->pck[s->npck++] = ioc__zip_page_check(s->src + off + at, n);
+			}
+		}
+#endif
 		if (runs && f->zero) {
 			run_f = s->nf - 1;
 			run_n = 1;
@@ -411,6 +428,39 @@ int ioc__zip_push_entry(struct ioc_zip *z, uint32_t csize, uint32_t dsize, uint3
 	return 0;
 }
 
+/* Frame f, just pushed as seek-table entry nents - 1, into the page-check
+ * frame: its bit (0 unless stored) and its checks from pck. */
+static int push_pck(struct ioc_zip *z, const struct fdesc *f, const uint32_t *pck)
+{
+	size_t i = z->nents - 1;
+
+	if (i / 8 >= z->pck_map_cap) {
+		size_t cap = z->pck_map_cap ? z->pck_map_cap * 2 : 256;
+		uint8_t *p = realloc(z->pck_map, cap);
+
+		if (!p)
+			return -ENOMEM;
+		memset(p + z->pck_map_cap, 0, cap - z->pck_map_cap);
+		z->pck_map = p;
+		z->pck_map_cap = cap;
+	}
+	if (!f->pck_n)
+		return 0;
+	if (z->npcks + f->pck_n > z->pcks_cap) {
+		size_t cap = z->pcks_cap ? z->pcks_cap * 2 : 1024;
+		uint32_t *p = realloc(z->pcks, cap * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		z->pcks = p;
+		z->pcks_cap = cap;
+	}
+	z->pck_map[i / 8] |= (uint8_t)(1u << (i % 8));
+	memcpy(z->pcks + z->npcks, pck + f->pck_at, f->pck_n * sizeof(*pck));
+	z->npcks += f->pck_n;
+	return 0;
+}
+
 /* Write out a finished slot (the oldest one). */
 static int emit(struct ioc_zip *z, struct slot *s)
 {
@@ -447,6 +497,8 @@ static int emit(struct ioc_zip *z, struct slot *s)
 		z->st.zero_frames += s->fd[i].zero;
 		if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
 			r = ioc__zip_push_entry(z, s->fd[i].csize, s->fd[i].dsize, s->fd[i].sum);
+			if (r == 0 && z->pck_on)
+				r = push_pck(z, &s->fd[i], s->pck);
 			if (r < 0)
 				return ioc__zip_fail(z, r, "seek table: %s", ioc_strerror(r));
 		}
@@ -643,6 +695,9 @@ int ioc__zip_create(struct ioc_zip **out, const struct ioc_zip_opts *opts,
 	}
 	if (z->nslots < 2)
 		z->nslots = 2;
+	z->pck_on = IOC_HAVE_XXHASH && !decomp && opts->format == IOC_ZIP_ZSTD &&
+		    !opts->no_seek_table && !opts->no_checksum && !opts->no_page_checks &&
+		    ioc__zip_pck_pages(z->block);
 
 	wo.workers = z->workers;
 	wo.ring_size = 4;
@@ -710,7 +765,10 @@ int ioc__zip_create(struct ioc_zip **out, const struct ioc_zip_opts *opts,
 		s->out_cap = ioc__zip_compress_bound(opts->format, z->block) * z->bps;
 		s->in = ioc__zip_buf_alloc(s->in_cap);
 		s->out = ioc__zip_buf_alloc(s->out_cap);
-		if (!s->in || !s->out) {
+		if (z->pck_on)
+			s->pck = calloc((size_t)z->bps * ioc__zip_pck_pages(z->block),
+					sizeof(*s->pck));
+		if (!s->in || !s->out || (z->pck_on && !s->pck)) {
 			r = -ENOMEM;
 			goto fail;
 		}
@@ -745,6 +803,7 @@ void ioc_zip_free(struct ioc_zip *z)
 			ioc__zip_buf_free(z->slots[i].in, z->slots[i].in_cap);
 			ioc__zip_buf_free(z->slots[i].out, z->slots[i].out_cap);
 			free(z->slots[i].fd);
+			free(z->slots[i].pck);
 		}
 	free(z->slots);
 	if (z->cells)
@@ -764,6 +823,8 @@ void ioc_zip_free(struct ioc_zip *z)
 	free(z->sout);
 	free(z->stage);
 	free(z->ents);
+	free(z->pck_map);
+	free(z->pcks);
 	free(z);
 }
 
@@ -823,6 +884,22 @@ static int comp_finish(struct ioc_zip *z)
 	r = ioc__zip_drain(z);
 	if (r < 0)
 		return r;
+	/* Page checks, if any frame was stored and they fit a skippable
+	 * frame (~0.1% of the stored data). */
+	if (z->pck_on && z->npcks &&
+	    ioc__zip_pck_size(z->nents, z->npcks) - 8 <= UINT32_MAX) {
+		size_t len = ioc__zip_pck_size(z->nents, z->npcks);
+		uint8_t *t = malloc(len);
+
+		if (!t)
+			return ioc__zip_fail(z, -ENOMEM, "page checks: out of memory");
+		ioc__zip_pck_write(t, z->nents, z->pck_map, z->pcks, z->npcks);
+		r = z->o.write(z->o.opaque, t, len);
+		free(t);
+		if (r < 0)
+			return ioc__zip_fail(z, r, "write: %s", ioc_strerror(r));
+		z->st.out_bytes += len;
+	}
 	if (z->o.format == IOC_ZIP_ZSTD && !z->o.no_seek_table) {
 		bool with_sum = !z->o.no_checksum;
 		size_t len = ioc__zip_seektable_size(z->nents, with_sum);

@@ -35,6 +35,8 @@ struct fdesc {
 	enum ioc__zip_kind kind;  /* decompression */
 	uint32_t sum;             /* compression: the frame's checksum */
 	bool zero;                /* compression: all-zero shortcut taken */
+	uint8_t pck_n;            /* compression: page checks of a stored */
+	uint32_t pck_at;          /* frame, in its slot's pck from pck_at */
 };
 
 /* Frames under BATCH_FRAME are batched into one slot, up to BATCH_BYTES of
@@ -61,6 +63,8 @@ struct slot {
 	/* Decompression of small frames: several per slot (see batching). */
 	struct fdesc *fd;
 	unsigned nf;
+	uint32_t *pck;            /* compression: page checks of its frames */
+	size_t npck;
 	uint64_t err_off;         /* offset of the frame that failed */
 	/* Set by the feeding thread when the wq hands the job back (only then
 	 * may the slot be reused); err/why/out_len, written by the worker,
@@ -134,6 +138,13 @@ struct ioc_zip {
 	struct ioc__zip_seek_entry *ents;
 	size_t nents, ents_cap;
 	bool ents_overflow;       /* decompression: too many to check */
+	/* Compression: the page-check frame (codec.c) being gathered, a bit
+	 * per seek-table entry (set for stored frames) and their checks. */
+	bool pck_on;
+	uint8_t *pck_map;
+	size_t pck_map_cap;
+	uint32_t *pcks;
+	size_t npcks, pcks_cap;
 
 	/* decompression */
 	uint8_t *stage;

@@ -227,6 +227,15 @@ static void test_interop_zstd(void)
 		     tool), 0);
 	/* zstd reads our file inside a concatenation too. */
 	ASSERT_EQ(sh("cd %s && zstd -q -dc multi | cmp - out", dir), 0);
+	/* Small blocks of random bytes are stored, with page checks in a
+	 * skippable frame of their own: zstd skips it, -l tells. */
+	ASSERT_EQ(sh("cd %s && { head -c 100000 /dev/urandom; head -c 50000 in; } > r && "
+		     "%s -q -f --block-size=12K r -o rc && zstd -q -t rc && "
+		     "zstd -q -dc rc | cmp - r && %s -q -dc rc | cmp - r && "
+		     "%s -l rc | grep -q '%s' && cat rc c > rcc && "
+		     "zstd -q -dc rcc > out3 && %s -q -dc rcc | cmp - out3 && cat r in | cmp - out3",
+		     dir, tool, tool, tool, IOC_HAVE_XXHASH ? "page checks" : "checksums",
+		     tool), 0);
 }
 
 static void test_interop_gzip(void)

@@ -1004,6 +1004,75 @@ static void test_extract(void)
 	free(src);
 }
 
+/* Stored frames get a check per 4 KiB page in a skippable frame before
+ * the seek table: the index finds it, our decompressor and stock zstd
+ * skip it, and a gap before the table that is not one fails the index.
+ * Blocks 1, 4, 7 and 10 of 13 are random bytes (stored: 3 pages each). */
+static void test_page_checks(void)
+{
+	size_t n = 12 * 12288 + 100;
+	uint8_t *src = zt_data(n, 5);
+	uint64_t x = 88172645463325252ull;
+	char path[512], msg[256];
+
+	for (size_t i = 0; i < n; i++)
+		if (i / 12288 % 3 == 1) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			src[i] = (uint8_t)x;
+		}
+	for (int plain = 0; plain < 2; plain++) {
+		struct ioc_zip_opts o = { .block_size = 12288, .workers = 2,
+					  .no_page_checks = plain };
+		struct buf c = { 0 }, d = { 0 };
+		struct ioc_zip_index *ix;
+		size_t want = !plain && IOC_HAVE_XXHASH ? IOC__ZIP_PCK_HEAD + 2 + 12 * 4 : 0;
+		uint64_t pck_off;
+		int fd;
+
+		compress_buf(&o, src, n, n, &c, NULL);
+		snprintf(path, sizeof(path), "%s/p%d", ioc_test_tmpdir(), plain);
+		fd = write_file(path, c.p, c.len);
+		ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+		ASSERT_UEQ(ix->nframes, 13);
+		ASSERT_UEQ(ix->pck_len, want);
+		pck_off = ix->pck_off;
+		if (want) {
+			const uint8_t *m = c.p + ix->pck_off + IOC__ZIP_PCK_HEAD;
+			const uint8_t *k = m + 2;
+
+			ASSERT_UEQ(ix->pck_off, ix->frames[12].coff + ix->frames[12].csize);
+			ASSERT_EQ(m[0], 0x92);                  /* frames 1, 4, 7 */
+			ASSERT_EQ(m[1], 0x04);                  /* and 10 */
+#if IOC_HAVE_XXHASH
+			/* Frame 4's third page. */
+			ASSERT_UEQ(ioc__zip_le32(k + 5 * 4),
+				   ioc__zip_page_check(src + 4 * 12288 + 8192, 4096));
+#endif
+			(void)k;
+		}
+		ioc_zip_index_free(ix);
+		ASSERT_OK(decompress_buf(c.p, c.len, c.len, 2, &d, msg, sizeof(msg), NULL));
+		ASSERT_UEQ(d.len, n);
+		ASSERT_MEM_EQ(d.p, src, n);
+		free(d.p);
+		if (want) {
+			/* Not our frame (its tag changed): the sizes no longer
+			 * add up. */
+			c.p[pck_off + 8] ^= 1;
+			ASSERT_EQ(pwrite(fd, c.p, c.len, 0), (ssize_t)c.len);
+			ASSERT_EQ(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)), -EBADMSG);
+			ioc_test_diag("gap before the table: %s", msg);
+			ASSERT_TRUE(strstr(msg, "do not add up") != NULL);
+		}
+		close(fd);
+		unlink(path);
+		free(c.p);
+	}
+	free(src);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_roundtrip_zstd),
 	IOC_TEST(test_roundtrip_gzip),
@@ -1025,5 +1094,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_write_at),
 	IOC_TEST(test_out_buf),
 	IOC_TEST(test_flush),
+	IOC_TEST(test_page_checks),
 	IOC_TEST(test_extract),
 )

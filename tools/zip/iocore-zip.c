@@ -497,11 +497,12 @@ static int list_file(const struct cli *cli, const char *name, int fd)
 	int r = ioc_zip_index_read(fd, &ix, msg, sizeof(msg));
 
 	if (r == 0) {
-		printf("%s: %s, %zu %s, %" PRIu64 " -> %" PRIu64 " bytes, ratio %.3f%s\n", name,
+		printf("%s: %s, %zu %s, %" PRIu64 " -> %" PRIu64 " bytes, ratio %.3f%s%s\n", name,
 		       ix->format == IOC_ZIP_GZIP ? "gzip" : "zstd", ix->nframes,
 		       ix->format == IOC_ZIP_GZIP ? "members" : "frames", ix->csize, ix->dsize,
 		       ix->dsize ? (double)ix->csize / (double)ix->dsize : 0.0,
-		       ix->nframes && ix->frames[0].has_sum ? ", checksums" : "");
+		       ix->nframes && ix->frames[0].has_sum ? ", checksums" : "",
+		       ix->pck_len ? ", page checks" : "");
 		if (cli->verbose)
 			for (size_t i = 0; i < ix->nframes; i++)
 				printf("  %6zu  at %12" PRIu64 "  %10u -> %10u  data at %12" PRIu64
