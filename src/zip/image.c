@@ -40,15 +40,16 @@
  * A stored frame's first read checks its checksum (XXH64, libxxhash) over
  * all of it; once that passed, a per-frame state says so and later reads
  * take only their bytes: the check is trusted as a cached frame's decode
- * is (neither sees the file change under a running server).
+ * is (neither sees the file change under a running server).  With page
+ * checks (iocore-zip's checksum per 4 KiB page of stored frames, codec.c)
+ * a small read reads and checks only its pages, each once; a page that
+ * fails sends it to the whole-frame check, which decides.
  *
  * Frames over half the cache (a stock single-frame file) are not cached:
  * each read decodes from the frame's start up to its range, on the pool.
- *
  * Corruption: a frame that fails to decode or its first check (checksum,
  * bad block, bad sizes) fails the reads of it with -EIO, logs its offsets
- * and is tried again by the next read: damaged before it was first read,
- * it fails every read.
+ * and is tried again by the next read.
  *
  * Rejected: decoding a frame only as far as a read needs (a frame of up
  * to 128 KiB is one zstd block, decoded whole before any byte comes out);
@@ -138,6 +139,11 @@ struct ioc_zip_image {
 					 * from the file and checked;
 					 * SS_CHECKED = one whose checksum
 					 * passed (see stored_state()) */
+	/* Page checks (codec.c) of stored frames, when the file has them:
+	 * per frame the index of its first check in pcks (NO_PCK: none) and
+	 * a bit per page whose check passed (see paged_read()). */
+	struct pck_ref { uint32_t first; _Atomic uint32_t done; } *pref;
+	uint32_t *pcks;
 	struct ioc__zip_fcache *cache;
 	size_t max_cached;              /* larger frames decode streaming */
 	uint64_t fixed;                 /* every frame but the last has this
@@ -164,8 +170,10 @@ struct ioc_zip_image {
 	/* Statistics: relaxed increments, read by get_info; no pairing,
 	 * nothing is ordered by them. */
 	_Atomic uint64_t decodes, readaheads, stream_reads, errors, direct, stored,
-			 stored_checks;
+			 stored_checks, page_checks;
 };
+
+#define NO_PCK UINT32_MAX
 
 static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -646,6 +654,80 @@ static int stored_read(struct ioc_zip_image *img, size_t i, uint8_t *dst)
 #endif
 }
 
+#if IOC_HAVE_XXHASH
+/* [lo, lo + len) of stored frame i, which has page checks, into dst: only
+ * the pages it covers are read, and checked unless done says they passed
+ * before (into dst itself when the range is whole pages).  0, -EIO (file
+ * error: logged), -ENOMEM, or 1 when a page fails its check: the caller
+ * then reads the frame whole, whose own checksum decides (a damaged frame
+ * fails there and is logged; a wrong table costs only the detour). */
+static int paged_read(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t *dst,
+		      size_t len)
+{
+	const struct zframe *f = &img->frames[i];
+	struct pck_ref *pr = &img->pref[i];
+	unsigned p0 = (unsigned)(lo / IOC__ZIP_PAGE);
+	unsigned p1 = (unsigned)((lo + len - 1) / IOC__ZIP_PAGE);
+	uint32_t want = (p1 - p0 == 31 ? UINT32_MAX : (1u << (p1 - p0 + 1)) - 1) << p0;
+	uint64_t plo = (uint64_t)p0 * IOC__ZIP_PAGE;
+	uint64_t phi = (uint64_t)(p1 + 1) * IOC__ZIP_PAGE;
+	struct dslot *s = NULL;
+	uint8_t *buf = dst;
+	bool checked;
+	int r;
+
+	if (phi > f->dsize)
+		phi = f->dsize;
+	/* Relaxed, pairs with the fetch_or below: the bits describe the
+	 * file's bytes and publish no memory; a reader that misses a bit
+	 * only checks its page again. */
+	checked = (atomic_load_explicit(&pr->done, memory_order_relaxed) & want) == want;
+	if (checked) {
+		plo = lo;
+		phi = lo + len;
+	} else if (plo != lo || phi != lo + len) {
+		s = dslot_get(img, (size_t)(phi - plo));
+		if (!s)
+			return -ENOMEM;
+		buf = s->cbuf;
+	}
+	r = ioc__zip_pread_all(img->fd, buf, (size_t)(phi - plo), stored_data(f) + plo);
+	if (r < 0) {
+		frame_failed(img, i, r == -ENODATA ? "file truncated" : ioc_strerror(r));
+		r = -EIO;
+		goto out;
+	}
+	if (!checked) {
+		for (unsigned p = p0; p <= p1; p++) {
+			uint64_t at = (uint64_t)p * IOC__ZIP_PAGE;
+			size_t n = f->dsize - at < IOC__ZIP_PAGE ? (size_t)(f->dsize - at)
+								 : IOC__ZIP_PAGE;
+
+			if (ioc__zip_page_check(buf + (at - plo), n) !=
+			    img->pcks[pr->first + p]) {
+				r = 1;
+				goto out;
+			}
+		}
+		if (s)
+			memcpy(dst, buf + (lo - plo), len);
+		/* Pairs with the relaxed load above.  Counted: pages that
+		 * passed for the first time (a race may check one twice). */
+		uint32_t was = atomic_fetch_or_explicit(&pr->done, want, memory_order_relaxed);
+
+		atomic_fetch_add_explicit(&img->page_checks,
+					  (unsigned)__builtin_popcount(want & ~was),
+					  memory_order_relaxed);
+	}
+	atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
+	r = 0;
+out:
+	if (s)
+		dslot_put(img, s);
+	return r;
+}
+#endif
+
 /* Frame i whole into dst: read from the file (a stored frame) or decoded
  * (counted; *decoded set).  0 or -errno.  On the calling thread: for a
  * stored frame a pread (and a checksum on its first read). */
@@ -682,6 +764,13 @@ static int frame_part(struct ioc_zip_image *img, size_t i, uint64_t lo, uint8_t 
 		atomic_fetch_add_explicit(&img->stored, 1, memory_order_relaxed);
 		return 0;
 	}
+#if IOC_HAVE_XXHASH
+	if (img->pref && img->pref[i].first != NO_PCK && stored_state(img, i) != SS_NOT) {
+		r = paged_read(img, i, lo, dst, len);
+		if (r != 1)
+			return r;
+	}
+#endif
 	s = dslot_get(img, (size_t)f->dsize);
 	if (!s)
 		return -ENOMEM;
@@ -1617,11 +1706,73 @@ out:
 	return r;
 }
 
+/* The page checks of len bytes at off (a frame whose head the index has
+ * checked): kept if they describe stored-looking frames exactly, else
+ * ignored with a log line (the frames' own checksums still guard every
+ * read).  0, or -errno when the file cannot be read or memory is short. */
+static int load_page_checks(struct ioc_zip_image *img, uint64_t off, uint64_t len)
+{
+	size_t mapb = (img->nframes + 7) / 8, n = 0, k = 0;
+	const char *bad = NULL;
+	uint8_t *buf;
+	int r;
+
+	if (!IOC_HAVE_XXHASH || len > SIZE_MAX)
+		return 0;
+	buf = malloc((size_t)len);
+	if (!buf)
+		return -ENOMEM;
+	r = ioc__zip_pread_all(img->fd, buf, (size_t)len, off);
+	if (r < 0)
+		goto out;
+	n = ioc__zip_le32(buf + 20);    /* < NO_PCK: ioc__zip_pck_size() */
+	img->pref = calloc(img->nframes ? img->nframes : 1, sizeof(*img->pref));
+	img->pcks = malloc(n ? n * sizeof(*img->pcks) : 1);
+	if (!img->pref || !img->pcks) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < img->nframes; i++) {
+		const struct zframe *f = &img->frames[i];
+		unsigned np = ioc__zip_pck_pages((size_t)f->dsize);
+
+		img->pref[i].first = NO_PCK;
+		if (!(buf[IOC__ZIP_PCK_HEAD + i / 8] >> (i % 8) & 1))
+			continue;
+		if (stored_state(img, i) == SS_NOT || !np) {
+			bad = "a frame marked stored cannot be one";
+			break;
+		}
+		if (n - k < np) {
+			bad = "fewer checks than pages";
+			break;
+		}
+		img->pref[i].first = (uint32_t)k;
+		for (unsigned p = 0; p < np; p++, k++)
+			img->pcks[k] = ioc__zip_le32(buf + IOC__ZIP_PCK_HEAD + mapb + k * 4);
+	}
+	if (!bad && k != n)
+		bad = "more checks than pages";
+	if (bad) {
+		ilog(img, "ignoring the page checks at offset %llu: %s",
+		     (unsigned long long)off, bad);
+		free(img->pref);
+		free(img->pcks);
+		img->pref = NULL;
+		img->pcks = NULL;
+	}
+	r = 0;
+out:
+	free(buf);
+	return r;
+}
+
 int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		       const struct ioc_zip_image_opts *opts, char *msg, size_t msglen)
 {
 	struct ioc_zip_image *img;
 	struct ioc_zip_index *ix = NULL;
+	uint64_t pck_off = 0, pck_len = 0;
 	struct stat st;
 	long ncpu;
 	int r;
@@ -1660,6 +1811,8 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		snprintf(img->how, sizeof(img->how), "%s: %zu frame(s)",
 			 ix->format == IOC_ZIP_GZIP ? "gzip member sizes" : "seek table",
 			 ix->nframes);
+		pck_off = ix->pck_off;
+		pck_len = ix->pck_len;
 		ioc_zip_index_free(ix);
 		if (r < 0)
 			goto fail;
@@ -1711,6 +1864,13 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 
 		if (!may) /* before any reader: pairs with nothing */
 			atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
+	}
+	if (pck_len) {
+		r = load_page_checks(img, pck_off, pck_len);
+		if (r < 0) {
+			ioc__zip_say(msg, msglen, r, "%s: page checks: %s", path, ioc_strerror(r));
+			goto fail;
+		}
 	}
 	img->fixed = img->nframes > 1 ? img->frames[0].dsize : 0;
 	for (size_t i = 0; img->fixed && i + 1 < img->nframes; i++)
@@ -1774,6 +1934,8 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 	free(img->rank);
 	free(img->zero);
 	free(img->sstate);
+	free(img->pref);
+	free(img->pcks);
 	pthread_cond_destroy(&img->idle);
 	pthread_mutex_destroy(&img->lock);
 	free(img);
@@ -1805,6 +1967,7 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	info->direct_decodes = atomic_load_explicit(&img->direct, memory_order_relaxed);
 	info->stored_reads = atomic_load_explicit(&img->stored, memory_order_relaxed);
 	info->stored_checks = atomic_load_explicit(&img->stored_checks, memory_order_relaxed);
+	info->page_checks = atomic_load_explicit(&img->page_checks, memory_order_relaxed);
 	info->decode_threads = img->max_runners;
 	pthread_mutex_lock(&img->lock);
 	info->decode_threads_peak = img->runners_peak;

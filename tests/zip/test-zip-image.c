@@ -20,6 +20,10 @@
  *   - stored (raw) frames are read from the file, not decoded nor cached,
  *     their checksum checked (a damaged one fails with EIO) on a frame's
  *     first read only, later reads taking just their bytes;
+ *   - with page checks, a small read of a stored frame reads and checks
+ *     only its pages, once each; a damaged page fails the reads that touch
+ *     it (logged), a wrong check falls back to the frame's checksum, and
+ *     a table that cannot be right is ignored at open;
  *   - a scan admits nothing past probation, frames read again are kept,
  *     4 KiB reads walking through frames decode each once;
  *   - concurrent large reads of the same frames decode them once in
@@ -50,7 +54,7 @@
 #define SIZE    ((size_t)FRAME * NFRAMES + 777)   /* a short last frame */
 
 static uint8_t *raw;
-static char path[64], gzpath[64], smallpath[64], runspath[64];
+static char path[64], gzpath[64], smallpath[64], runspath[64], plainpath[64];
 #define SMALL   (16u << 10)     /* frames of smallpath */
 
 static int write_fd(void *opaque, const void *buf, size_t len)
@@ -60,11 +64,14 @@ static int write_fd(void *opaque, const void *buf, size_t len)
 
 /* 64 KiB runs of zeros (every 4th), random bytes and text; the image in
  * out, compressed as format in frames of block bytes (with runs, a run of
- * zero blocks is one frame). */
-static void make_image(char *out, enum ioc_zip_format format, size_t block, bool runs)
+ * zero blocks is one frame; with plain, no page checks of stored frames:
+ * their whole-frame checks are tested on those). */
+static void make_image(char *out, enum ioc_zip_format format, size_t block, bool runs,
+		       bool plain)
 {
 	struct ioc_zip_opts o = { .format = format, .block_size = block, .workers = 2,
-				  .write = write_fd, .zero_runs = runs };
+				  .write = write_fd, .zero_runs = runs,
+				  .no_page_checks = plain };
 	struct ioc_zip *z;
 	unsigned seed = 12345;
 	int fd;
@@ -353,14 +360,15 @@ static void test_cold_edge_reads(void)
 	ioc_zip_image_close(img);
 }
 
-/* The image file's bytes (*fsize of them), and frame f's compressed
- * offset and size in it; for the tests that damage a copy. */
-static uint8_t *read_image(size_t f, uint64_t *coff, uint64_t *csize, off_t *fsize)
+/* The bytes (*fsize of them) of image file `from`, and frame f's
+ * compressed offset and size in it; for the tests that damage a copy. */
+static uint8_t *read_image(const char *from, size_t f, uint64_t *coff, uint64_t *csize,
+			   off_t *fsize)
 {
 	struct ioc_zip_index *ix;
 	char msg[256];
 	uint8_t *file;
-	int fd = open(path, O_RDONLY);
+	int fd = open(from, O_RDONLY);
 
 	ASSERT_GE(fd, 0);
 	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
@@ -423,7 +431,7 @@ static void test_damaged_frame_inline(void)
 	char msg[256], want[64];
 	uint64_t coff, csize;
 	off_t fsize;
-	uint8_t *file = read_image(5, &coff, &csize, &fsize);
+	uint8_t *file = read_image(plainpath, 5, &coff, &csize, &fsize);
 
 	ASSERT_UGT(csize, 64);
 	file[coff + csize / 2] ^= 0x40;
@@ -491,7 +499,7 @@ static void test_truncated_file(void)
 	char msg[256];
 	uint64_t coff, csize;
 	off_t fsize;
-	uint8_t *file = read_image(9, &coff, &csize, &fsize);
+	uint8_t *file = read_image(plainpath, 9, &coff, &csize, &fsize);
 
 	ASSERT_UGT(csize, FRAME);       /* stored: random bytes */
 	cut_at = coff + csize / 2;
@@ -548,6 +556,176 @@ static void test_stored_checked_once(void)
 	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
 	run_one(img, stored_checked_once);
 	ioc_zip_image_close(img);
+}
+
+/* Page checks (iocore-zip writes them unless told not to): a read of a
+ * stored frame reads and checks only the 4 KiB pages it covers, each on
+ * its first read.  Frame 5 of path is random bytes: stored, 16 pages. */
+static void paged_reads(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	*ok &= check_range(img, 5 * FRAME + 8192, 4096);        /* page 2 */
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.stored_reads == 1 && info.page_checks == 1 && info.stored_checks == 0;
+	/* Page 2 again; 2-3 unaligned (3 is new); the frame's last byte. */
+	*ok &= check_range(img, 5 * FRAME + 8192, 4096);
+	*ok &= check_range(img, 5 * FRAME + 9000, 4096);
+	*ok &= check_range(img, 6 * FRAME - 1, 1);
+	/* Across into frame 6 (text, decoded): page 15 is checked already. */
+	*ok &= check_range(img, 6 * FRAME - 100, 200);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.stored_reads == 5 && info.page_checks == 3 && info.stored_checks == 0 &&
+	       info.errors == 0 && info.decodes == 1;
+	if (!*ok)
+		ioc_test_diag("stored reads %llu page checks %llu frame checks %llu",
+			      (unsigned long long)info.stored_reads,
+			      (unsigned long long)info.page_checks,
+			      (unsigned long long)info.stored_checks);
+}
+
+static void test_page_checked_reads(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true };
+	struct ioc_zip_image *img;
+	char msg[256];
+
+	if (!ST)
+		IOC_SKIP("stored frames need libxxhash");
+	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
+	run_one(img, paged_reads);
+	ioc_zip_image_close(img);
+}
+
+/* Where page p of frame f's data is in the file, and where its check is
+ * (stored frames 1, 5, 9, ... of path: frame f is the (f / 4)th). */
+static uint64_t page_at(uint64_t coff, uint64_t csize, unsigned p)
+{
+	return coff + csize - 4 - FRAME + (uint64_t)p * 4096;
+}
+
+static uint64_t check_at(size_t f, unsigned p)
+{
+	struct ioc_zip_index *ix;
+	char msg[256];
+	uint64_t at;
+	int fd = open(path, O_RDONLY);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_OK(ioc_zip_index_read(fd, &ix, msg, sizeof(msg)));
+	ASSERT_UGT(ix->pck_len, 0);
+	at = ix->pck_off + 24 + (ix->nframes + 7) / 8 + ((f / 4) * (FRAME / 4096) + p) * 4;
+	ioc_zip_index_free(ix);
+	close(fd);
+	return at;
+}
+
+/* One byte of frame 5's page 2 flipped: the reads that touch page 2 fail
+ * with EIO and a logged offset (the frame's own checksum decides), small
+ * reads of its other pages are served, and a large read covering the
+ * frame whole fails. */
+static void damaged_page_reads(struct ioc_zip_image *img, bool *ok)
+{
+	uint8_t buf[4096];
+
+	*ok &= ioc_zip_image_co_pread(img, 5 * FRAME + 8192, buf, 4096, 0) == -EIO;
+	*ok &= ioc_zip_image_co_pread(img, 5 * FRAME + 8000, buf, 300, 0) == -EIO;
+	*ok &= check_range(img, 5 * FRAME + 12288, 4096);
+	*ok &= check_range(img, 5 * FRAME, 4096);
+	*ok &= ioc_zip_image_co_pread(img, 4 * FRAME + 10, big, 3 * FRAME, 0) == -EIO;
+	*ok &= check_range(img, 6 * FRAME, 3 * FRAME + 1);
+}
+
+static void test_damaged_page(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = log_fn };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	char msg[256], want[64];
+	uint64_t coff, csize;
+	off_t fsize;
+	uint8_t *file;
+
+	if (!ST)
+		IOC_SKIP("stored frames need libxxhash");
+	file = read_image(path, 5, &coff, &csize, &fsize);
+	file[page_at(coff, csize, 2) + 100] ^= 0x40;
+	write_copy(badpath, "/tmp/ioc-zip-image-bad.XXXXXX", file, fsize);
+	free(file);
+	badlog[0] = 0;
+
+	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
+	run_one(img, damaged_page_reads);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 3);
+	ASSERT_UEQ(info.page_checks, 3);        /* pages 0, 3; 0 of frame 9 */
+	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
+	ASSERT_NOT_NULL(strstr(badlog, want));
+	ASSERT_NOT_NULL(strstr(badlog, "stored frame"));
+	ioc_zip_image_close(img);
+	unlink(badpath);
+}
+
+/* The page-check frame, not the data, damaged.  A wrong check: the read
+ * falls back to the frame's own checksum, which passes, and gets the
+ * right bytes.  A table that marks a compressed frame stored: ignored at
+ * open with a log line, every read still right. */
+static char pcklog[512];
+
+static void pck_log_fn(void *opaque, const char *msg)
+{
+	(void)opaque;
+	if (strstr(msg, "page checks"))
+		snprintf(pcklog, sizeof(pcklog), "%s", msg);
+}
+
+static void wrong_check_reads(struct ioc_zip_image *img, bool *ok)
+{
+	struct ioc_zip_image_info info;
+
+	*ok &= check_range(img, 5 * FRAME + 8192, 4096);        /* its page */
+	*ok &= check_range(img, 5 * FRAME + 16384, 4096);
+	*ok &= check_range(img, 1 * FRAME + 4096, 4096);
+	ioc_zip_image_get_info(img, &info);
+	*ok &= info.errors == 0 && info.stored_checks == 1 && info.page_checks == 1;
+}
+
+static void test_damaged_page_checks(void)
+{
+	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = pck_log_fn };
+	struct ioc_zip_image *img;
+	struct ioc_zip_image_info info;
+	char msg[256];
+	uint64_t coff, csize, map;
+	off_t fsize;
+	uint8_t *file;
+
+	if (!ST)
+		IOC_SKIP("stored frames need libxxhash");
+	file = read_image(path, 5, &coff, &csize, &fsize);
+	file[check_at(5, 2)] ^= 1;
+	write_copy(badpath, "/tmp/ioc-zip-image-bad.XXXXXX", file, fsize);
+	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
+	run_one(img, wrong_check_reads);
+	ioc_zip_image_close(img);
+	unlink(badpath);
+
+	/* Frame 2 (text) marked stored: the bitmap is after the head. */
+	file[check_at(5, 2)] ^= 1;
+	map = check_at(0, 0) - (NFRAMES + 1 + 7) / 8;
+	file[map] |= 1 << 2;
+	write_copy(badpath, "/tmp/ioc-zip-image-bad.XXXXXX", file, fsize);
+	free(file);
+	pcklog[0] = 0;
+	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
+	ioc_test_diag("%s", pcklog);
+	ASSERT_NOT_NULL(strstr(pcklog, "ignoring the page checks"));
+	random_readers(img, 4, 20, 99);
+	ioc_zip_image_get_info(img, &info);
+	ASSERT_UEQ(info.errors, 0);
+	ASSERT_UEQ(info.page_checks, 0);
+	ioc_zip_image_close(img);
+	unlink(badpath);
 }
 
 static void ra_steps(struct ioc_zip_image *img, bool *ok)
@@ -843,15 +1021,17 @@ static void setup(void)
 {
 	raw = malloc(SIZE);
 	ASSERT_NOT_NULL(raw);
-	make_image(path, IOC_ZIP_ZSTD, FRAME, false);
-	make_image(gzpath, IOC_ZIP_GZIP, FRAME, false);
-	make_image(smallpath, IOC_ZIP_ZSTD, SMALL, false);
-	make_image(runspath, IOC_ZIP_ZSTD, SMALL, true);
+	make_image(path, IOC_ZIP_ZSTD, FRAME, false, false);
+	make_image(plainpath, IOC_ZIP_ZSTD, FRAME, false, true);
+	make_image(gzpath, IOC_ZIP_GZIP, FRAME, false, false);
+	make_image(smallpath, IOC_ZIP_ZSTD, SMALL, false, true);
+	make_image(runspath, IOC_ZIP_ZSTD, SMALL, true, false);
 }
 
 static void cleanup(void)
 {
 	unlink(path);
+	unlink(plainpath);
 	unlink(gzpath);
 	unlink(smallpath);
 	unlink(runspath);
@@ -868,6 +1048,9 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_damaged_frame_inline),
 	IOC_TEST(test_truncated_file),
 	IOC_TEST(test_stored_checked_once),
+	IOC_TEST(test_page_checked_reads),
+	IOC_TEST(test_damaged_page),
+	IOC_TEST(test_damaged_page_checks),
 	IOC_TEST(test_readahead),
 	IOC_TEST(test_direct_reads),
 	IOC_TEST(test_admission),
