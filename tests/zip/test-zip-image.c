@@ -423,33 +423,50 @@ static void damaged_reads(struct ioc_zip_image *img, bool *ok)
 	*ok &= check_range(img, 6 * FRAME, 3 * FRAME + 1);
 }
 
-static void test_damaged_frame_inline(void)
+/* fn on a copy of image `from` whose byte at where(frame 5's compressed
+ * offset and size) is flipped, logging to badlog; the image's info after
+ * it in *info.  The log must name frame 5's compressed offset. */
+static void run_damaged(const char *from, uint64_t (*where)(uint64_t, uint64_t),
+			void (*fn)(struct ioc_zip_image *, bool *),
+			struct ioc_zip_image_info *info)
 {
 	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = log_fn };
 	struct ioc_zip_image *img;
-	struct ioc_zip_image_info info;
 	char msg[256], want[64];
 	uint64_t coff, csize;
 	off_t fsize;
-	uint8_t *file = read_image(plainpath, 5, &coff, &csize, &fsize);
+	uint8_t *file = read_image(from, 5, &coff, &csize, &fsize);
 
 	ASSERT_UGT(csize, 64);
-	file[coff + csize / 2] ^= 0x40;
+	file[where(coff, csize)] ^= 0x40;
 	write_copy(badpath, "/tmp/ioc-zip-image-bad.XXXXXX", file, fsize);
 	free(file);
+	badlog[0] = 0;
 
 	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
-	run_one(img, damaged_reads);
-	ioc_zip_image_get_info(img, &info);
+	run_one(img, fn);
+	ioc_zip_image_get_info(img, info);
+	ioc_zip_image_close(img);
+	unlink(badpath);
+	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
+	ASSERT_NOT_NULL(strstr(badlog, want));
+}
+
+static uint64_t mid_frame(uint64_t coff, uint64_t csize)
+{
+	return coff + csize / 2;
+}
+
+static void test_damaged_frame_inline(void)
+{
+	struct ioc_zip_image_info info;
+
+	run_damaged(plainpath, mid_frame, damaged_reads, &info);
 	ASSERT_UEQ(info.errors, 3);     /* not cached: each read tried again */
 	/* Checked: frame 9 (the last read's); never frame 5, which fails. */
 	ASSERT_UEQ(info.stored_checks, ST);
-	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
-	ASSERT_NOT_NULL(strstr(badlog, want));
 	if (ST)         /* frame 5 is random bytes: a stored frame */
 		ASSERT_NOT_NULL(strstr(badlog, "stored frame"));
-	ioc_zip_image_close(img);
-	unlink(badpath);
 }
 
 /* The compressed file cut short under an open image (someone truncated
@@ -515,6 +532,15 @@ static void test_truncated_file(void)
 	unlink(cutpath);
 }
 
+static void stored_diag(const struct ioc_zip_image_info *info)
+{
+	ioc_test_diag("stored reads %llu, frame checks %llu, page checks %llu, decodes %llu",
+		      (unsigned long long)info->stored_reads,
+		      (unsigned long long)info->stored_checks,
+		      (unsigned long long)info->page_checks,
+		      (unsigned long long)info->decodes);
+}
+
 /* A stored frame's checksum is checked over the whole frame on its first
  * read only; later reads, small or covering it whole, take just their
  * bytes.  Frames 1 and 5 of smallpath are random bytes (stored). */
@@ -539,13 +565,11 @@ static void stored_checked_once(struct ioc_zip_image *img, bool *ok)
 	*ok &= info.stored_reads == 8 && info.stored_checks == 4 && info.errors == 0 &&
 	       info.decodes == 1 && info.direct_decodes == 1;
 	if (!*ok)
-		ioc_test_diag("stored reads %llu checks %llu decodes %llu",
-			      (unsigned long long)info.stored_reads,
-			      (unsigned long long)info.stored_checks,
-			      (unsigned long long)info.decodes);
+		stored_diag(&info);
 }
 
-static void test_stored_checked_once(void)
+/* fn on a fresh image of file, without readahead (stored frames only). */
+static void run_stored(const char *file, void (*fn)(struct ioc_zip_image *, bool *))
 {
 	struct ioc_zip_image_opts zo = { .no_readahead = true };
 	struct ioc_zip_image *img;
@@ -553,9 +577,14 @@ static void test_stored_checked_once(void)
 
 	if (!ST)
 		IOC_SKIP("stored frames need libxxhash");
-	ASSERT_OK(ioc_zip_image_open(&img, smallpath, &zo, msg, sizeof(msg)));
-	run_one(img, stored_checked_once);
+	ASSERT_OK(ioc_zip_image_open(&img, file, &zo, msg, sizeof(msg)));
+	run_one(img, fn);
 	ioc_zip_image_close(img);
+}
+
+static void test_stored_checked_once(void)
+{
+	run_stored(smallpath, stored_checked_once);
 }
 
 /* Page checks (iocore-zip writes them unless told not to): a read of a
@@ -578,23 +607,12 @@ static void paged_reads(struct ioc_zip_image *img, bool *ok)
 	*ok &= info.stored_reads == 5 && info.page_checks == 3 && info.stored_checks == 0 &&
 	       info.errors == 0 && info.decodes == 1;
 	if (!*ok)
-		ioc_test_diag("stored reads %llu page checks %llu frame checks %llu",
-			      (unsigned long long)info.stored_reads,
-			      (unsigned long long)info.page_checks,
-			      (unsigned long long)info.stored_checks);
+		stored_diag(&info);
 }
 
 static void test_page_checked_reads(void)
 {
-	struct ioc_zip_image_opts zo = { .no_readahead = true };
-	struct ioc_zip_image *img;
-	char msg[256];
-
-	if (!ST)
-		IOC_SKIP("stored frames need libxxhash");
-	ASSERT_OK(ioc_zip_image_open(&img, path, &zo, msg, sizeof(msg)));
-	run_one(img, paged_reads);
-	ioc_zip_image_close(img);
+	run_stored(path, paged_reads);
 }
 
 /* Where page p of frame f's data is in the file, and where its check is
@@ -636,34 +654,21 @@ static void damaged_page_reads(struct ioc_zip_image *img, bool *ok)
 	*ok &= check_range(img, 6 * FRAME, 3 * FRAME + 1);
 }
 
+static uint64_t in_page_2(uint64_t coff, uint64_t csize)
+{
+	return page_at(coff, csize, 2) + 100;
+}
+
 static void test_damaged_page(void)
 {
-	struct ioc_zip_image_opts zo = { .no_readahead = true, .log = log_fn };
-	struct ioc_zip_image *img;
 	struct ioc_zip_image_info info;
-	char msg[256], want[64];
-	uint64_t coff, csize;
-	off_t fsize;
-	uint8_t *file;
 
 	if (!ST)
 		IOC_SKIP("stored frames need libxxhash");
-	file = read_image(path, 5, &coff, &csize, &fsize);
-	file[page_at(coff, csize, 2) + 100] ^= 0x40;
-	write_copy(badpath, "/tmp/ioc-zip-image-bad.XXXXXX", file, fsize);
-	free(file);
-	badlog[0] = 0;
-
-	ASSERT_OK(ioc_zip_image_open(&img, badpath, &zo, msg, sizeof(msg)));
-	run_one(img, damaged_page_reads);
-	ioc_zip_image_get_info(img, &info);
+	run_damaged(path, in_page_2, damaged_page_reads, &info);
 	ASSERT_UEQ(info.errors, 3);
 	ASSERT_UEQ(info.page_checks, 3);        /* pages 0, 3; 0 of frame 9 */
-	snprintf(want, sizeof(want), "compressed offset %llu", (unsigned long long)coff);
-	ASSERT_NOT_NULL(strstr(badlog, want));
 	ASSERT_NOT_NULL(strstr(badlog, "stored frame"));
-	ioc_zip_image_close(img);
-	unlink(badpath);
 }
 
 /* The page-check frame, not the data, damaged.  A wrong check: the read
