@@ -47,9 +47,8 @@
  *
  * Frames over half the cache (a stock single-frame file) are not cached:
  * each read decodes from the frame's start up to its range, on the pool.
- * Corruption: a frame that fails to decode or its first check (checksum,
- * bad block, bad sizes) fails the reads of it with -EIO, logs its offsets
- * and is tried again by the next read.
+ * Corruption: a frame failing its decode or first check fails the reads
+ * of it with -EIO, logs its offsets and is tried again by the next read.
  *
  * Rejected: decoding a frame only as far as a read needs (a frame of up
  * to 128 KiB is one zstd block, decoded whole before any byte comes out);
@@ -592,16 +591,9 @@ static int stored_check(struct ioc_zip_image *img, size_t i, const uint8_t *head
 			const uint8_t *dst, const uint8_t *tail)
 {
 	const struct zframe *f = &img->frames[i];
-	size_t h = (size_t)(f->csize - f->dsize - 4);
-	struct ioc__zip_frame zf = { 0 };
-	const char *why = NULL;
-	uint32_t bh;
 
-	/* The header up to the block's: scan parses it and stops there. */
-	(void)ioc__zip_scan(&zf, head, h, &why);
-	bh = (uint32_t)head[h - 3] | (uint32_t)head[h - 2] << 8 | (uint32_t)head[h - 1] << 16;
-	if (!zf.hdr_done || zf.kind != IOC__ZIP_K_ZSTD || !zf.has_sum || zf.hdr_len + 3 != h ||
-	    zf.dsize != f->dsize || bh != ((uint32_t)f->dsize << 3 | 1)) {
+	/* ioc__zip_is_stored() reads only the header up to the block's. */
+	if (!ioc__zip_is_stored(head, (size_t)f->csize, (size_t)f->dsize)) {
 		/* Pairs with the load in stored_state(). */
 		atomic_store_explicit(&img->sstate[i], SS_NOT, memory_order_relaxed);
 		return 1;
@@ -1725,7 +1717,13 @@ static int load_page_checks(struct ioc_zip_image *img, uint64_t off, uint64_t le
 	r = ioc__zip_pread_all(img->fd, buf, (size_t)len, off);
 	if (r < 0)
 		goto out;
-	n = ioc__zip_le32(buf + 20);    /* < NO_PCK: ioc__zip_pck_size() */
+	/* Checked again: the file may have changed since the index read it.
+	 * n < NO_PCK follows from the frame's 32-bit size. */
+	if (ioc__zip_pck_head(buf, len, img->nframes, &n, &bad) < 0) {
+		ilog(img, "ignoring the page checks at offset %llu: %s",
+		     (unsigned long long)off, bad);
+		goto out;
+	}
 	img->pref = calloc(img->nframes ? img->nframes : 1, sizeof(*img->pref));
 	img->pcks = malloc(n ? n * sizeof(*img->pcks) : 1);
 	if (!img->pref || !img->pcks) {

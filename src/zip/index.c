@@ -166,14 +166,12 @@ static int index_zstd(int fd, uint64_t size, struct ioc_zip_index *ix, char *msg
 		uint8_t head[IOC__ZIP_PCK_HEAD];
 		size_t nchecks;
 
-		if (ix->pck_len < sizeof(head))
-			r = -EBADMSG;
-		else
+		/* Too short to be one: ioc__zip_pck_head() says so. */
+		memset(head, 0, sizeof(head));
+		if (ix->pck_len >= sizeof(head))
 			r = ioc__zip_pread_all(fd, head, sizeof(head), ix->pck_off);
 		if (r == 0)
 			r = ioc__zip_pck_head(head, ix->pck_len, ix->nframes, &nchecks, &why);
-		else if (r == -EBADMSG)
-			why = "seek table frame sizes do not add up to the file size";
 	}
 	if (r < 0)
 		return ioc__zip_say(msg, msglen, r, "seek table at offset %llu: %s",
