@@ -319,7 +319,9 @@ int ioc_zip_image_block_status(struct ioc_zip_image *img, uint64_t off, uint64_t
 struct ioc_zip_image_info {
 	uint64_t size;              /* decompressed bytes */
 	size_t frames, zero_frames;
+	const char *path;           /* as opened (valid while open) */
 	const char *indexed_by;     /* how the index was found (valid while open) */
+	uint64_t cache_budget;      /* the frame cache's size (opts.frame_cache) */
 	uint64_t cache_hits, cache_misses, cache_evictions, cache_bytes;
 	uint64_t decodes, readaheads, stream_reads, errors;
 	uint64_t direct_decodes;    /* of those decodes, straight into a read's
@@ -355,6 +357,15 @@ int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *bas
 /* No request may be in flight; does not flush.  Safe on NULL. */
 void ioc_zip_overlay_close(struct ioc_zip_overlay *ov);
 uint64_t ioc_zip_overlay_size(struct ioc_zip_overlay *ov);
+struct ioc_zip_overlay_info {
+	const char *path;           /* the overlay file (valid while open) */
+	uint64_t size;              /* the image's, as the base's */
+	uint64_t cluster_size;
+	uint64_t clusters_written;  /* clusters whose data the overlay holds */
+	uint64_t clusters_zero;     /* clusters zeroed or trimmed over the base */
+};
+/* Any thread; a snapshot of the map, racing writes may or may not count. */
+void ioc_zip_overlay_get_info(struct ioc_zip_overlay *ov, struct ioc_zip_overlay_info *info);
 int ioc_coroutine_fn ioc_zip_overlay_co_pread(struct ioc_zip_overlay *ov, uint64_t off,
 					      void *buf, size_t len, uint32_t flags);
 /* flags: 0 or IOC_ZIP_OVERLAY_FUA. */

@@ -4,9 +4,14 @@
  * bitmaps, block nodes, exports, statistics), and names under the
  * __org.iocore_ prefix, QEMU's rule for vendor extensions, for the rest.
  *
- * Every export is a block node whose node name is the export name.  The
- * table below is the only list of commands: qmp.c dispatches from it,
- * checks arguments against its specs, and query-commands prints it.
+ * Every export is a block node whose node name is the export name.  A
+ * compressed export is a node of a vendor format, __org.iocore_zip (its
+ * frame cache and decode counters in its image info), or its overlay over
+ * it, shown as QEMU shows a backing chain; the bitmap commands refuse
+ * it, since nothing tracks its changes.
+ *
+ * The table below is the only list of commands: qmp.c dispatches from
+ * it, checks arguments against its specs, and query-commands prints it.
  *
  * Threads: everything here runs on the server's main loop.  Statistics
  * come from counters the I/O threads own (relaxed reads); the per-
@@ -22,6 +27,7 @@
 #include <sys/stat.h>
 
 #include "ioc-config.h"
+#include "iocore/zip.h"
 #include "migrate-int.h"
 #include "nbd-int.h"
 #include "qmp.h"
@@ -47,14 +53,23 @@ static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* The node of a bitmap command: an export of the block layer. */
 static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const char *node,
 					 struct ioc__qmp_err *err)
 {
 	struct ioc_nbd_server *srv = ctl->srv;
 
-	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		if (strcmp(srv->exports[i]->name, node) == 0 && srv->exports[i]->blk)
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
+		if (strcmp(srv->exports[i]->name, node) != 0)
+			continue;
+		if (srv->exports[i]->blk)
 			return srv->exports[i];
+		/* A compressed export is a node, but its changes are not
+		 * tracked (an overlay could be, one day). */
+		errf(err, "Node '%s' is a compressed image: dirty bitmaps are not "
+		     "supported on it", node);
+		return NULL;
+	}
 	errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
 	return NULL;
 }
@@ -285,6 +300,90 @@ static json_t *bitmaps_json(struct ioc_blk *blk)
 	return a;
 }
 
+/* QEMU's ImageInfo for one file: path, the format it is read as, the
+ * size it serves and what it takes on disk. */
+static json_t *image_json(const char *path, const char *format, uint64_t vsize)
+{
+	struct stat st;
+	uint64_t actual = 0;
+
+	if (path && stat(path, &st) == 0)
+		actual = (uint64_t)st.st_blocks * 512;
+	return json_pack("{s:I,s:s,s:s,s:I,s:b}", "virtual-size", (json_int_t)vsize,
+			 "filename", path ? path : "", "format", format,
+			 "actual-size", (json_int_t)actual, "dirty-flag", 0);
+}
+
+/* QEMU's BlockDeviceInfo around an image (steals it); no I/O limits. */
+static json_t *node_json(const char *name, const char *drv, const char *file, bool ro,
+			 const char *backing, json_t *image, bool direct)
+{
+	json_t *n = json_pack("{s:s,s:s,s:s,s:b,s:b,s:s,s:i,s:o,s:{s:b,s:b,s:b},"
+			      "s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
+		"node-name", name, "drv", drv, "file", file, "ro", ro, "encrypted", 0,
+		"detect_zeroes", "off", "backing_file_depth", backing ? 1 : 0,
+		"image", image, "cache", "no-flush", 0, "direct", direct, "writeback", 1,
+		"bps", 0, "bps_rd", 0, "bps_wr", 0, "iops", 0, "iops_rd", 0,
+		"iops_wr", 0, "write_threshold", 0);
+
+	if (n && backing)
+		json_object_set_new(n, "backing_file", json_string(backing));
+	return n;
+}
+
+#define ZIP_FORMAT "__org.iocore_zip"
+#define OVERLAY_FORMAT "__org.iocore_zip-overlay"
+
+/* A compressed export: the image (format __org.iocore_zip, with its
+ * frame cache and decode counters), or the overlay (__org.iocore_zip-
+ * overlay) with the image as its backing, as QEMU shows a backing chain. */
+static json_t *zip_node_json(struct ioc__nbd_export *e)
+{
+	struct ioc_zip_image_info zi;
+	struct ioc_zip_overlay_info oi;
+	json_t *base, *img;
+
+	ioc_zip_image_get_info(e->zip, &zi);
+	base = image_json(zi.path, ZIP_FORMAT, zi.size);
+	if (!base)
+		return NULL;
+	json_object_set_new(base, "__org.iocore_zip", json_pack(
+		"{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+		"frames", (json_int_t)zi.frames, "zero-frames", (json_int_t)zi.zero_frames,
+		"indexed-by", zi.indexed_by ? zi.indexed_by : "",
+		"frame-cache-size", (json_int_t)zi.cache_budget,
+		"frame-cache-bytes", (json_int_t)zi.cache_bytes,
+		"cache-hits", (json_int_t)zi.cache_hits,
+		"cache-misses", (json_int_t)zi.cache_misses,
+		"cache-evictions", (json_int_t)zi.cache_evictions,
+		"cache-admitted", (json_int_t)zi.cache_admitted,
+		"decodes", (json_int_t)zi.decodes,
+		"readahead-decodes", (json_int_t)zi.readaheads,
+		"in-place-decodes", (json_int_t)zi.direct_decodes,
+		"stored-reads", (json_int_t)zi.stored_reads,
+		"stored-checks", (json_int_t)zi.stored_checks,
+		"page-checks", (json_int_t)zi.page_checks,
+		"streaming-reads", (json_int_t)zi.stream_reads,
+		"errors", (json_int_t)zi.errors));
+	if (!e->zip_overlay)
+		return node_json(e->name, ZIP_FORMAT, zi.path, true, NULL, base, false);
+	ioc_zip_overlay_get_info(e->zip_overlay, &oi);
+	img = image_json(oi.path, OVERLAY_FORMAT, oi.size);
+	if (!img) {
+		json_decref(base);
+		return NULL;
+	}
+	json_object_set_new(img, "cluster-size", json_integer((json_int_t)oi.cluster_size));
+	json_object_set_new(img, "backing-filename", json_string(zi.path));
+	json_object_set_new(img, "full-backing-filename", json_string(zi.path));
+	json_object_set_new(img, "backing-filename-format", json_string(ZIP_FORMAT));
+	json_object_set_new(img, "backing-image", base);
+	json_object_set_new(img, "__org.iocore_zip-overlay", json_pack("{s:I,s:I}",
+		"clusters-written", (json_int_t)oi.clusters_written,
+		"clusters-zero", (json_int_t)oi.clusters_zero));
+	return node_json(e->name, OVERLAY_FORMAT, oi.path, e->read_only, zi.path, img, false);
+}
+
 static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 					   struct ioc__qmp_err *err)
 {
@@ -295,31 +394,22 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
 		struct ioc__nbd_export *e = srv->exports[i];
 		struct ioc_blk_info bi;
-		struct stat st;
-		const char *file;
-		uint64_t actual = 0;
+		const char *drv;
+		json_t *n;
 
+		if (e->zip) {
+			json_array_append_new(list, zip_node_json(e));
+			continue;
+		}
 		if (!e->blk)
 			continue;
 		ioc_blk_get_info(e->blk, &bi);
-		file = bi.path ? bi.path : "";
-		if (bi.path && stat(bi.path, &st) == 0)
-			actual = (uint64_t)st.st_blocks * 512;
-		json_array_append_new(list, json_pack(
-			"{s:s,s:s,s:s,s:b,s:b,s:s,s:i,"
-			"s:{s:I,s:s,s:s,s:I,s:b},"
-			"s:{s:b,s:b,s:b},"
-			"s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o}",
-			"node-name", e->name, "drv", bi.is_blockdev ? "host_device" : "file",
-			"file", file, "ro", e->read_only, "encrypted", 0,
-			"detect_zeroes", "off", "backing_file_depth", 0,
-			"image", "virtual-size", (json_int_t)e->size, "filename", file,
-			"format", bi.is_blockdev ? "host_device" : "file",
-			"actual-size", (json_int_t)actual, "dirty-flag", 0,
-			"cache", "no-flush", 0, "direct", bi.direct, "writeback", 1,
-			"bps", 0, "bps_rd", 0, "bps_wr", 0, "iops", 0, "iops_rd", 0,
-			"iops_wr", 0, "write_threshold", 0,
-			"dirty-bitmaps", bitmaps_json(e->blk)));
+		drv = bi.is_blockdev ? "host_device" : "file";
+		n = node_json(e->name, drv, bi.path ? bi.path : "", e->read_only, NULL,
+			      image_json(bi.path, drv, e->size), bi.direct);
+		if (n)
+			json_object_set_new(n, "dirty-bitmaps", bitmaps_json(e->blk));
+		json_array_append_new(list, n);
 	}
 	return list;
 }

@@ -158,6 +158,8 @@ int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
 	e->read_only = true;
 	e->ops = &zip_ops;
 	e->be = opts->zip;
+	e->zip = opts->zip;
+	e->zip_overlay = opts->zip_overlay;
 	if (opts->zip_overlay) {
 		e->read_only = opts->read_only;
 		e->can_trim = e->can_zero = e->can_fast_zero = e->can_fua = true;

@@ -283,6 +283,10 @@ struct ioc__nbd_export {
 	void *be;
 	struct ioc_blk *blk;            /* block-layer exports: the image
 					 * (dirty bitmaps), else NULL */
+	/* Compressed exports: the image and its overlay (or NULL), for
+	 * the control socket's reports; the backend is be. */
+	struct ioc_zip_image *zip;
+	struct ioc_zip_overlay *zip_overlay;
 	unsigned index;                 /* in the server's exports[] */
 };
 

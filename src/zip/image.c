@@ -157,6 +157,8 @@ struct ioc_zip_image {
 	_Atomic unsigned large_reads;   /* in flight, decoding in place */
 	struct ioc_zip_image_opts opts;
 	char how[160];
+	char *path;                     /* as opened */
+	size_t budget;                  /* the frame cache's */
 
 	pthread_mutex_t lock;           /* free dslots, jobs, work, runners */
 	pthread_cond_t idle;            /* jobs and runners reached 0 */
@@ -1797,6 +1799,11 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 		r = ioc__zip_say(msg, msglen, -EINVAL, "%s: not a regular file", path);
 		goto fail;
 	}
+	img->path = strdup(path);
+	if (!img->path) {
+		r = -ENOMEM;
+		goto fail;
+	}
 	r = ioc_zip_index_read(img->fd, &ix, msg, msglen);
 	if (r == -EBADMSG && !has_seekable_footer(img->fd, (uint64_t)st.st_size)) {
 		/* Not a broken seek table but none at all: stock zstd. */
@@ -1877,6 +1884,7 @@ int ioc_zip_image_open(struct ioc_zip_image **out, const char *path,
 	if (!img->fixed)
 		build_rank(img);
 	size_t budget = img->opts.frame_cache ? img->opts.frame_cache : DEFAULT_CACHE;
+	img->budget = budget;
 	img->max_cached = budget / 2;
 	/* The pool's buffers fit the usual frame: iocore-zip's are all one
 	 * size but the last, and but its runs of zeros, one frame each,
@@ -1934,6 +1942,7 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 	free(img->sstate);
 	free(img->pref);
 	free(img->pcks);
+	free(img->path);
 	pthread_cond_destroy(&img->idle);
 	pthread_mutex_destroy(&img->lock);
 	free(img);
@@ -1950,7 +1959,9 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	for (size_t i = 0; i < img->nframes; i++)
 		zeros += is_zero(img, i);
 	info->zero_frames = zeros;
+	info->path = img->path;
 	info->indexed_by = img->how;
+	info->cache_budget = img->budget;
 	ioc__zip_fcache_get_stats(img->cache, &cs);
 	info->cache_hits = cs.hits;
 	info->cache_misses = cs.misses;

@@ -239,6 +239,25 @@ uint64_t ioc_zip_overlay_size(struct ioc_zip_overlay *ov)
 	return ov->size;
 }
 
+void ioc_zip_overlay_get_info(struct ioc_zip_overlay *ov, struct ioc_zip_overlay_info *info)
+{
+	struct ioc_blk_info bi;
+
+	memset(info, 0, sizeof(*info));
+	ioc_blk_get_info(ov->blk, &bi);
+	info->path = bi.path;
+	info->size = ov->size;
+	info->cluster_size = OVL_CLUSTER;
+	for (uint64_t c = 0; c < ov->nclusters; c++) {
+		/* Relaxed: a count for a report, pairing with nothing; the
+		 * writers' release stores order their data, not this. */
+		int st = atomic_load_explicit(&ov->map[c], memory_order_relaxed);
+
+		info->clusters_written += st == C_DATA;
+		info->clusters_zero += st == C_ZERO;
+	}
+}
+
 static int state(struct ioc_zip_overlay *ov, uint64_t c)
 {
 	/* Pairs with the release store in set_state(): a DATA state seen

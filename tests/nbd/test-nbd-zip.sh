@@ -8,13 +8,14 @@ set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRV="$BUILD/tools/nbd/iocore-nbd"
 ZIP="$BUILD/tools/zip/iocore-zip"
+CTL="$BUILD/tools/ctl/iocore-ctl"
 . "$(dirname "$0")/nbd-test-lib.sh"
 # zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
 zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }
 
-echo "1..35"
-if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ]; then
-	echo "# iocore-nbd or iocore-zip not built"; exit 77
+echo "1..39"
+if [ ! -x "$SRV" ] || [ ! -x "$ZIP" ] || [ ! -x "$CTL" ]; then
+	echo "# iocore-nbd, iocore-zip or iocore-ctl not built"; exit 77
 fi
 for p in nbdcopy nbdinfo qemu-io qemu-img zstd python3; do
 	have $p || { echo "# $p missing"; exit 77; }
@@ -155,12 +156,34 @@ cp "$dir/img.zst" "$dir/bad.zst"
 coff=$(zipt -lv "$dir/img.zst" | awk '$1 == 5 { print $3 }')
 printf '\377\377\377\377\377\377\377\377' | dd of="$dir/bad.zst" bs=1 seek=$((coff + 5000)) \
 	conv=notrunc 2>/dev/null
-start bad "$dir/bad.zst"
+start bad --control "$dir/bad.ctl" "$dir/bad.zst"
 check "damaged frame: its range fails with EIO" sh -c \
 	"qemu-io -r -f raw -c 'read 1310720 4k' '$(uri bad)' 2>&1 | grep -q 'Input/output error'"
 check "damaged frame: a large read covering it whole fails with EIO" sh -c \
 	"qemu-io -r -f raw -c 'read 1048576 1M' '$(uri bad)' 2>&1 | grep -q 'Input/output error'"
 check "damaged frame: other ranges still read" qio bad
+# The control socket shows the export as a node of the compressed format,
+# with its frames, its cache and the errors.
+# jcheck NAME EXPR: EXPR holds for the export's node (n) in NAME's
+# query-named-block-nodes.
+jcheck() {
+	ctl "$1" --json query-named-block-nodes | python3 -c "
+import json, sys
+nodes = json.load(sys.stdin)
+n = nodes[0]
+sys.exit(not (len(nodes) == 1 and ($2)))"
+}
+check "damaged frame: query-named-block-nodes counts the errors" jcheck bad \
+	"n['drv'] == '__org.iocore_zip' and n['ro'] and n['file'] == '$dir/bad.zst' and
+	 n['image']['virtual-size'] == 25178169 and n['image']['__org.iocore_zip']['frames'] == 97 and
+	 n['image']['__org.iocore_zip']['errors'] >= 2 and n['backing_file_depth'] == 0"
+bm_refused() {
+	! ctl bad block-dirty-bitmap-add node= name=b 2>"$dir/bm.err" &&
+	grep -q "Node '' is a compressed image" "$dir/bm.err"
+}
+check "damaged frame: a dirty bitmap on the compressed node is refused" bm_refused
+ctl_errors() { ctl bad query-named-block-nodes | grep -q 'frame cache: .* [1-9][0-9]* errors'; }
+check "damaged frame: iocore-ctl prints the frame cache" ctl_errors
 stop bad
 check "damaged frame: the log names its offsets" \
 	grep -q "frame 5 (compressed offset $coff,.*data offset 1310720" "$dir/bad.log"
@@ -180,7 +203,7 @@ stop plain
 # 18-24: a copy-on-write overlay makes the compressed image writable
 cp "$raw" "$dir/expect"
 base_sum=$(cksum < "$dir/img.zst")
-start ov --overlay "$dir/ov" "$dir/img.zst"
+start ov --control "$dir/ov.ctl" --overlay "$dir/ov" "$dir/img.zst"
 # Writes of whole and partial clusters, zeroes over base data (whole and
 # partial clusters), TRIM, two concurrent writes to halves of one base
 # cluster; the same applied to a raw copy is the expected image.
@@ -194,6 +217,12 @@ check "overlay: reads of written, zeroed, trimmed and base ranges" qreads "$(uri
 	"-c 'read -P 0x66 0 128k' -c 'read -P 0x77 1048576 4k' \
 	 -c 'read -P 0 2097152 64k' -c 'read -P 0 1310720 128k' -c 'read -P 0 1572864 1000' \
 	 -c 'read -P 0x42 3145800 70000' -c 'read -P 0x11 17825792 262144'"
+check "overlay: a node over the compressed image, as a backing chain" jcheck ov \
+	"n['drv'] == '__org.iocore_zip-overlay' and not n['ro'] and n['file'] == '$dir/ov' and
+	 n['backing_file'] == '$dir/img.zst' and n['backing_file_depth'] == 1 and
+	 n['image']['backing-image']['format'] == '__org.iocore_zip' and
+	 n['image']['__org.iocore_zip-overlay']['clusters-written'] >= 4 and
+	 n['image']['__org.iocore_zip-overlay']['clusters-zero'] >= 2"
 check "overlay: zeroed clusters are holes over base data" sh -c \
 	"nbdinfo --map '$(uri ov)' | awk '\$1 == 1310720 && \$2 == 131072 && \$4 == \"hole,zero\" { ok = 1 } END { exit !ok }'"
 # Written, copied-before-write and zeroed clusters are the overlay's

@@ -230,9 +230,32 @@ static void print_nodes(json_t *ret)
 	json_array_foreach(ret, i, n) {
 		json_t *img = json_object_get(n, "image");
 
+		json_t *ov = json_object_get(img, "__org.iocore_zip-overlay");
+		json_t *z;
+
 		printf("node %s: %s, %s%s\n", str(n, "node-name"), str(n, "file"),
 		       human(u64(img, "virtual-size"), h1, sizeof(h1)),
 		       json_is_true(json_object_get(n, "ro")) ? ", read-only" : "");
+		if (ov) {
+			printf("  overlay: %" PRIu64 " clusters written, %" PRIu64 " zeroed, "
+			       "over %s\n", u64(ov, "clusters-written"),
+			       u64(ov, "clusters-zero"), str(n, "backing_file"));
+			img = json_object_get(img, "backing-image");
+		}
+		z = json_object_get(img, "__org.iocore_zip");
+		if (z) {
+			printf("  compressed: %s on disk (%s), %" PRIu64 " frames of zeros\n",
+			       human(u64(img, "actual-size"), h1, sizeof(h1)),
+			       str(z, "indexed-by"), u64(z, "zero-frames"));
+			printf("  frame cache: %s of %s, %" PRIu64 " hits, %" PRIu64 " misses, %"
+			       PRIu64 " evictions; %" PRIu64 " decodes, %" PRIu64
+			       " stored reads, %" PRIu64 " errors\n",
+			       human(u64(z, "frame-cache-bytes"), h1, sizeof(h1)),
+			       human(u64(z, "frame-cache-size"), h2, sizeof(h2)),
+			       u64(z, "cache-hits"), u64(z, "cache-misses"),
+			       u64(z, "cache-evictions"), u64(z, "decodes"),
+			       u64(z, "stored-reads"), u64(z, "errors"));
+		}
 		json_array_foreach(json_object_get(n, "dirty-bitmaps"), j, b) {
 			bool inc = json_is_true(json_object_get(b, "inconsistent"));
 
