@@ -16,7 +16,9 @@
 # a time-based run right after it.  A random cold pass lasts well under a
 # second (8192 reads at 2 GiB), so one pass moves by 10-20% from run to
 # run: cold is the median of --cold-runs=N (3) passes, each on a freshly
-# started server, the servers taking turns, and warm follows the last.
+# started server, the servers taking turns, and warm the median of the
+# warm runs that follow each pass (a single run of a few seconds moves by
+# as much on this kind of machine).
 # Rows: IOPS and p99 (us; the median pass's), the
 # compressed sizes, and iocore's ratio to the best peer on each (IOPS over
 # the highest peer's, p99 over the lowest peer's, size over the qcow2's)
@@ -203,6 +205,7 @@ def record(case, params, temp, impl, iops, p99):
 try:
     for case, params, extra, cold, target in workloads:
         passes = {}     # impl -> [(iops, p99)] of its cold passes
+        warms = {}      # impl -> [(iops, p99)] of the warm runs after them
         failed = set()
         for k in range(cold_runs):
             for impl in list(images) + [REF]:
@@ -220,10 +223,12 @@ try:
                     continue
                 try:
                     passes.setdefault(impl, []).append(fio(extra, cold))
+                    warms.setdefault(impl, []).append(fio(extra, None))
                     if k == cold_runs - 1:
                         got = sorted(passes[impl])
                         record(case, params, "cold", impl, *got[len(got) // 2])
-                        record(case, params, "warm", impl, *fio(extra, None))
+                        got = sorted(warms[impl])
+                        record(case, params, "warm", impl, *got[len(got) // 2])
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     row(case, params, impl, "IOPS", None, "higher", str(e))
                     failed.add(impl)
