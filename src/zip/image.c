@@ -133,6 +133,7 @@ struct ioc_zip_image {
 	uint64_t size;
 	_Atomic uint8_t *zero;          /* per frame: 1 = all zero (relaxed:
 					 * a hint; both values read correctly) */
+	_Atomic size_t nzero;           /* frames marked in zero (set_zero) */
 	_Atomic uint8_t *sstate;        /* per frame: SS_NOT = not a stored
 					 * frame; SS_MAYBE = may be one, read
 					 * from the file and checked;
@@ -208,6 +209,16 @@ int ioc_zip_probe(int fd)
 }
 
 /* ---- zero frames ---------------------------------------------------- */
+
+/* Marks frame i all-zero, counting it once (reports read the count
+ * instead of walking every frame).  Relaxed: the flag is a hint and the
+ * count a statistic; the exchange makes two markers of one frame count
+ * it once. */
+static void set_zero(struct ioc_zip_image *img, size_t i)
+{
+	if (!atomic_exchange_explicit(&img->zero[i], 1, memory_order_relaxed))
+		atomic_fetch_add_explicit(&img->nzero, 1, memory_order_relaxed);
+}
 
 /* Is this whole zstd frame (csize bytes at p) RLE or raw blocks of zero
  * bytes adding up to dsize?  Reads only the block headers. */
@@ -329,7 +340,7 @@ static int find_zero_frames(struct ioc_zip_image *img)
 			zero = gzip_member_is_zero(&d, buf, (size_t)f->csize, f->dsize, out,
 						   &zlen, &zcrc);
 		if (zero)
-			atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
+			set_zero(img, i);
 	}
 	if (have_d)
 		ioc__zip_dctx_fini(&d);
@@ -783,7 +794,7 @@ static int decode_publish(struct ioc_zip_image *img, size_t i, struct ioc__zip_f
 
 	atomic_fetch_add_explicit(&img->decodes, 1, memory_order_relaxed);
 	if (r == 0 && ioc__zip_all_zero(e->data, e->len))
-		atomic_store_explicit(&img->zero[i], 1, memory_order_relaxed);
+		set_zero(img, i);
 	/* Wakes the waiters from this thread: they resume on their loops. */
 	ioc__zip_fcache_publish(img->cache, e, r);
 	return r;
@@ -902,8 +913,7 @@ static void xjob_decoded(struct ioc_zip_image *img, struct xjob *j, unsigned k)
 	atomic_fetch_add_explicit(&img->direct, 1, memory_order_relaxed);
 	if (j->f[k].r == 0 &&
 	    ioc__zip_all_zero(j->f[k].dst, (size_t)img->frames[j->f[k].idx].dsize))
-		/* A hint (see zero): pairs with nothing. */
-		atomic_store_explicit(&img->zero[j->f[k].idx], 1, memory_order_relaxed);
+		set_zero(img, j->f[k].idx);
 }
 
 /* The frames of a job are mostly neighbours in the file (those between
@@ -1951,14 +1961,11 @@ void ioc_zip_image_close(struct ioc_zip_image *img)
 void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info *info)
 {
 	struct ioc__zip_fcache_stats cs;
-	size_t zeros = 0;
 
 	memset(info, 0, sizeof(*info));
 	info->size = img->size;
 	info->frames = img->nframes;
-	for (size_t i = 0; i < img->nframes; i++)
-		zeros += is_zero(img, i);
-	info->zero_frames = zeros;
+	info->zero_frames = atomic_load_explicit(&img->nzero, memory_order_relaxed);
 	info->path = img->path;
 	info->indexed_by = img->how;
 	info->cache_budget = img->budget;

@@ -88,6 +88,9 @@ struct ioc_zip_overlay {
 					 * write; acquire load by readers */
 	uint8_t *map_buf;               /* flush's snapshot */
 	bool map_dirty;                 /* under alloc_lock */
+	_Atomic uint64_t nstate[3];     /* clusters in each state: changed
+					 * under alloc_lock, read by reports
+					 * (relaxed: statistics) */
 	struct ioc_co_mutex alloc_lock;
 };
 
@@ -134,6 +137,7 @@ int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *bas
 	struct ioc_zip_image_info bi;
 	struct ioc_zip_overlay *ov;
 	struct ovl_header h = { 0 }, want = { 0 };
+	uint64_t count[3] = { 0 };
 	struct ioc_blk_opts bo = { 0 };
 	struct stat st;
 	int fd, r;
@@ -206,7 +210,10 @@ int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *bas
 			goto fail;
 		}
 		atomic_init(&ov->map[i], ov->map_buf[i]);
+		count[ov->map_buf[i]]++;
 	}
+	for (int k = 0; k < 3; k++)
+		atomic_init(&ov->nstate[k], count[k]);
 	close(fd);
 	fd = -1;
 	r = ioc_blk_open(&ov->blk, path, &bo);
@@ -248,14 +255,8 @@ void ioc_zip_overlay_get_info(struct ioc_zip_overlay *ov, struct ioc_zip_overlay
 	info->path = bi.path;
 	info->size = ov->size;
 	info->cluster_size = OVL_CLUSTER;
-	for (uint64_t c = 0; c < ov->nclusters; c++) {
-		/* Relaxed: a count for a report, pairing with nothing; the
-		 * writers' release stores order their data, not this. */
-		int st = atomic_load_explicit(&ov->map[c], memory_order_relaxed);
-
-		info->clusters_written += st == C_DATA;
-		info->clusters_zero += st == C_ZERO;
-	}
+	info->clusters_written = atomic_load_explicit(&ov->nstate[C_DATA], memory_order_relaxed);
+	info->clusters_zero = atomic_load_explicit(&ov->nstate[C_ZERO], memory_order_relaxed);
 }
 
 static int state(struct ioc_zip_overlay *ov, uint64_t c)
@@ -267,6 +268,13 @@ static int state(struct ioc_zip_overlay *ov, uint64_t c)
 
 static void set_state(struct ioc_zip_overlay *ov, uint64_t c, int st)
 {
+	/* Relaxed: the only writer holds alloc_lock. */
+	int old = atomic_load_explicit(&ov->map[c], memory_order_relaxed);
+
+	if (old != st) {
+		atomic_fetch_sub_explicit(&ov->nstate[old], 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&ov->nstate[st], 1, memory_order_relaxed);
+	}
 	atomic_store_explicit(&ov->map[c], (uint8_t)st, memory_order_release);
 	ov->map_dirty = true;
 }
