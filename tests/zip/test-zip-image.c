@@ -223,6 +223,8 @@ static void test_random_reads_small_cache(void)
 	random_readers(img, 16, 60, 1);
 	ioc_zip_image_get_info(img, &info);
 	ASSERT_UEQ(info.size, SIZE);
+	ASSERT_STR_EQ(info.path, path);
+	ASSERT_UEQ(info.cache_budget, 8 * FRAME);
 	ASSERT_UGT(info.cache_hits, 0);
 	ASSERT_UGT(info.cache_evictions, 0);
 	ASSERT_ULE(info.cache_bytes, 8 * FRAME);
