@@ -691,7 +691,8 @@ int main(int argc, char **argv)
 		ioc_zip_image_get_info(zimg, &zi);
 		fprintf(stderr, "%s: frame cache: %llu hits, %llu misses, %llu evictions, "
 			"%llu admitted; %llu decodes (%llu readahead, %llu in place), "
-			"%llu stored frames read, %llu streaming reads, %llu errors\n",
+			"%llu stored frames read (%llu whole-frame checks, %llu page checks), "
+			"%llu streaming reads, %llu errors\n",
 			prog, (unsigned long long)zi.cache_hits,
 			(unsigned long long)zi.cache_misses,
 			(unsigned long long)zi.cache_evictions,
@@ -699,6 +700,8 @@ int main(int argc, char **argv)
 			(unsigned long long)zi.decodes, (unsigned long long)zi.readaheads,
 			(unsigned long long)zi.direct_decodes,
 			(unsigned long long)zi.stored_reads,
+			(unsigned long long)zi.stored_checks,
+			(unsigned long long)zi.page_checks,
 			(unsigned long long)zi.stream_reads, (unsigned long long)zi.errors);
 	}
 	ioc_zip_overlay_close(zov);
