@@ -364,7 +364,7 @@ struct ioc_zip_overlay_info {
 	uint64_t clusters_written;  /* clusters whose data the overlay holds */
 	uint64_t clusters_zero;     /* clusters zeroed or trimmed over the base */
 };
-/* Any thread; a snapshot of the map, racing writes may or may not count. */
+/* Any thread; writes in flight may or may not be counted yet. */
 void ioc_zip_overlay_get_info(struct ioc_zip_overlay *ov, struct ioc_zip_overlay_info *info);
 int ioc_coroutine_fn ioc_zip_overlay_co_pread(struct ioc_zip_overlay *ov, uint64_t off,
 					      void *buf, size_t len, uint32_t flags);

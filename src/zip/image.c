@@ -1965,6 +1965,7 @@ void ioc_zip_image_get_info(struct ioc_zip_image *img, struct ioc_zip_image_info
 	memset(info, 0, sizeof(*info));
 	info->size = img->size;
 	info->frames = img->nframes;
+	/* Pairs with set_zero()'s count; a statistic, it orders nothing. */
 	info->zero_frames = atomic_load_explicit(&img->nzero, memory_order_relaxed);
 	info->path = img->path;
 	info->indexed_by = img->how;

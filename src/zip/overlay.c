@@ -255,6 +255,7 @@ void ioc_zip_overlay_get_info(struct ioc_zip_overlay *ov, struct ioc_zip_overlay
 	info->path = bi.path;
 	info->size = ov->size;
 	info->cluster_size = OVL_CLUSTER;
+	/* Pair with set_state()'s counts; statistics, they order nothing. */
 	info->clusters_written = atomic_load_explicit(&ov->nstate[C_DATA], memory_order_relaxed);
 	info->clusters_zero = atomic_load_explicit(&ov->nstate[C_ZERO], memory_order_relaxed);
 }
