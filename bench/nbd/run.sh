@@ -24,12 +24,17 @@
 # CPU is sampled from /proc every 50 ms while the client runs, and only the
 # measured interval counts: fio's interval starts when its job threads
 # appear plus the ramp time and lasts the run time (fio's IOPS cover the
-# same interval); qemu-img bench has no ramp, so its interval starts 100 ms
-# after launch (open and connect) and ends at the last sample before it
-# exits.  I/Os in the interval = the client's rate x its length.  Rejected:
-# rusage of the whole client (the fio parent parses and forks for ~0.15 s
-# of CPU before any I/O, and the ramp would count), and per-thread times
-# read only at exit (the threads are gone by then).
+# same interval); I/Os in the interval = the client's rate x its length.
+# qemu-img bench runs a known count of I/Os with no ramp, so the server's
+# CPU per I/O is exact: its CPU time from just before the client starts to
+# just after it exits, over the count (connecting and hanging up are a few
+# hundred us of it).  A window of samples was used before, and in a 0.35 s
+# run its 50 ms edges made the repeats of one row spread by up to 150%.
+# The client's own figures for qemu-img come from the window starting 100
+# ms after launch (open and connect) and ending at the last sample before
+# it exits.  Rejected: rusage of the whole client (the fio parent parses
+# and forks for ~0.15 s of CPU before any I/O, and the ramp would count),
+# and per-thread times read only at exit (the threads are gone by then).
 #
 # The image is written afresh before each server starts, so no server
 # inherits another's page-cache layout of it (see write_image()).  A
@@ -52,10 +57,11 @@ build = os.path.abspath(args[0])
 ours = os.path.join(build, "tools/nbd/iocore-nbd")
 runtime, ramp = (1.0, 0.5) if quick else (3.0, 1.0)
 size_mb = 256 if quick else 1024
-# qemu-img bench runs a request count, not a time: about 1 s (quick) or
-# 3 s at the rates seen here.  A full run (five servers) took 10 minutes
-# with 5 s fio runs on the loaded 2-CPU machine; 3 s keeps it near 7.
-qi_count = {"4k": 25000 if quick else 80000, "1m": 1000 if quick else 3000}
+# qemu-img bench runs a request count, not a time: for iocore-nbd (70k
+# 4 KiB IOPS, 3 GB/s) about 0.7 s (quick) or 3 s, longer for the slower
+# peers.  A full run (five servers) took 10 minutes with 5 s fio runs on
+# the loaded 2-CPU machine; 3 s keeps it near 7.
+qi_count = {"4k": 50000 if quick else 200000, "1m": 2000 if quick else 9000}
 BOUND_PCT = 95.0
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -320,6 +326,7 @@ def qemu_img(extra, bs, depth, server_pid):
     count = qi_count[bs]
     cmd = ["qemu-img", "bench", "-f", "raw", "-t", "none", "-c", str(count),
            "-d", str(depth), "-s", bs] + extra + ["nbd+unix:///?socket=" + sock]
+    srv0 = proc_cpu_s("/proc/%d/stat" % server_pid)
     t_launch = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     smp = Sampler(server_pid, p.pid)
@@ -331,6 +338,7 @@ def qemu_img(extra, bs, depth, server_pid):
         if p.poll() is None:
             p.kill()
             p.wait()
+    srv1 = proc_cpu_s("/proc/%d/stat" % server_pid)
     secs = None
     for ln in out.splitlines():
         if ln.startswith("Run completed in"):
@@ -340,7 +348,11 @@ def qemu_img(extra, bs, depth, server_pid):
     iops = count / secs
     mbs = iops * (4096 if bs == "4k" else 1 << 20) / 1e6
     win = cpu_window(smp.samples, t_launch + 0.1, t_launch + 1e9)
-    return iops, mbs, " ".join(cmd), measure(iops, win)
+    m = measure(iops, win)
+    # The server's CPU over the client's whole life, per I/O (see the header).
+    if srv0 is not None and srv1 is not None:
+        m["server"] = round((srv1 - srv0) * 1e6 / count, 2)
+    return iops, mbs, " ".join(cmd), m
 
 
 def emit(case, params, impl, peer, cmd, metric, rate, p99, m):
