@@ -8,7 +8,7 @@
 #   REPEATS=N      repeats of every module's run (default 3; 1 with QUICK=1)
 #   BENCH_ONLY="loop wq"   run only these modules (default: every bench/*/run.sh)
 #   BENCH_TIMEOUT=S        seconds one run.sh may take before it is killed
-#                          (default 120 with QUICK=1, 900 otherwise)
+#                          (default 180 with QUICK=1, 900 otherwise)
 #   BENCH_SRC=DIR          where the <mod>/run.sh scripts are (default bench/;
 #                          for testing this runner with fake modules)
 #
@@ -44,7 +44,7 @@ case "${QUICK:-}" in
 esac
 if [ "$quick" = 1 ]; then
 	repeats=${REPEATS:-1}
-	timeout_s=${BENCH_TIMEOUT:-120}
+	timeout_s=${BENCH_TIMEOUT:-180}
 	quick_arg="--quick"
 else
 	repeats=${REPEATS:-3}
