@@ -70,8 +70,9 @@ runtime, ramp = (1.0, 0.5) if quick else (3.0, 1.0)
 size_mb = 256 if quick else 1024
 # qemu-img bench runs a request count, not a time: for iocore-nbd (70k
 # 4 KiB IOPS, 3 GB/s) about 0.7 s (quick) or 3 s, longer for the slower
-# peers.  A full run (five servers) took 10 minutes with 5 s fio runs on
-# the loaded 2-CPU machine; 3 s keeps it near 7.
+# peers.  A full run (five servers, nbdkit's null plugin on the write rows
+# only) took 10 minutes with 5 s fio runs on the loaded 2-CPU machine; 3 s
+# keeps it near 7.
 qi_count = {"4k": 50000 if quick else 200000, "1m": 2000 if quick else 9000}
 BOUND_PCT = 95.0
 CLK = os.sysconf("SC_CLK_TCK")
@@ -135,7 +136,7 @@ servers = [
                                 "--pid-file", pidf, "-k", sock, img]),
 ]) + [
     ("nbdkit-file", True, ["nbdkit", "--pidfile", pidf, "-U", sock, "file", img]),
-    # Not a peer: a floor for the write rows (see the header).
+    # Not a peer: a reference for the write rows (see the header).
     ("nbdkit-null", False, ["nbdkit", "--pidfile", pidf, "-U", sock, "null",
                             "size=%dM" % size_mb]),
 ]
