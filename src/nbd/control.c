@@ -30,7 +30,7 @@
 #include "iocore/zip.h"
 #include "migrate-int.h"
 #include "nbd-int.h"
-#include "qmp.h"
+#include "qmp/qmp.h"
 
 struct ioc__nbd_control {
 	struct ioc_nbd_server *srv;

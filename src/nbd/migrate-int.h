@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "nbd-int.h"
-#include "qmp.h"
+#include "qmp/qmp.h"
 
 /* QEMU's MigrationStatus values that iocore uses. */
 enum ioc__mig_status {

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "iocore/loop.h"
-#include "qmp.h"
+#include "qmp/qmp.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -4,8 +4,8 @@
  * reply or event per line out, and one command table.  What the commands
  * do is the caller's (control.c).  Loop thread only.
  */
-#ifndef IOC_NBD_QMP_H
-#define IOC_NBD_QMP_H
+#ifndef IOC_QMP_QMP_H
+#define IOC_QMP_QMP_H
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -13,19 +13,7 @@
 
 #include "iocore/loop.h"
 
-/* Argument types, checked before a handler runs. */
-enum ioc__qmp_type {
-	IOC_QMP_STR,
-	IOC_QMP_BOOL,
-	IOC_QMP_UINT,      /* a non-negative integer ("uint64") */
-	IOC_QMP_ARRAY,
-};
-
-struct ioc__qmp_arg {
-	const char *name;
-	enum ioc__qmp_type type;
-	bool optional;
-};
+#include "schema.h"
 
 /* A handler's failure: QEMU's error class and a message. */
 struct ioc__qmp_err {
@@ -76,4 +64,4 @@ void ioc__qmp_event(struct ioc__qmp *q, const char *name, json_t *data);
  * now (before the process goes away). */
 void ioc__qmp_flush(struct ioc__qmp *q);
 
-#endif /* IOC_NBD_QMP_H */
+#endif /* IOC_QMP_QMP_H */
