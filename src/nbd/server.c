@@ -560,7 +560,8 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
 		ioc__nbd_export_free(srv->exports[i]);
-		ioc__nbd_export_free(srv->dying[i]); /* its connections are gone */
+		if (srv->dying[i]) /* its connections are gone: reap it now */
+			export_reap(srv->dying[i]);
 	}
 	ioc__nbd_tls_creds_free(srv->tls);
 	if (srv->threads)
