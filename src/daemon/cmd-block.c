@@ -29,21 +29,28 @@ static json_t *cmd_blockdev_del(void *ctx, json_t *args, struct ioc__qmp_err *er
 	return json_object();
 }
 
-static void list_node(json_t *list, struct ioc_node *n, bool flat)
+/* A node, then its implicit children (named ones are listed on their
+ * own), as QEMU lists every node of the graph once. */
+static void list_node(json_t *list, struct ioc_node *n)
 {
 	json_t *j = ioc_node_info_json(n);
 	struct ioc_blk *blk = ioc_node_blk(n);
 
-	if (j && blk && n->drv->blk && n->drv != ioc_node_drv_find("raw"))
-		json_object_set_new(j, "dirty-bitmaps", ioc_node_dirty_list_json(blk));
+	/* Bitmaps belong to the node whose image keeps them; QEMU leaves the
+	 * member out when there are none. */
+	if (j && blk && n->drv->blk && n->drv != ioc_node_drv_find("raw")) {
+		json_t *bm = ioc_node_dirty_list_json(blk);
+
+		if (json_array_size(bm))
+			json_object_set_new(j, "dirty-bitmaps", bm);
+		else
+			json_decref(bm);
+	}
 	json_array_append_new(list, j);
-	if (flat)
-		return;
-	/* Children too, as QEMU lists every node of the graph. */
-	if (n->file)
-		list_node(list, n->file, false);
-	if (n->backing)
-		list_node(list, n->backing, false);
+	if (n->file && !n->file->in_graph)
+		list_node(list, n->file);
+	if (n->backing && !n->backing->in_graph)
+		list_node(list, n->backing);
 }
 
 static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
@@ -55,7 +62,7 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 	json_t *list = json_array();
 
 	for (unsigned i = 0; i < n && i < IOC_ARRAY_SIZE(nodes) && list; i++)
-		list_node(list, nodes[i], false);
+		list_node(list, nodes[i]);
 	return list;
 }
 

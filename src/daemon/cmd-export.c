@@ -50,6 +50,7 @@ static json_t *cmd_export_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	}
 	if (ioc_export_add(&d->env, args, 0, &ex, err->desc, sizeof(err->desc)) < 0)
 		return NULL;
+	ex->seq = ++d->export_seq;
 	ex->deleted = export_deleted;
 	ex->deleted_opaque = d;
 	d->exports[slot] = ex;
@@ -77,11 +78,21 @@ static json_t *cmd_query_exports(void *ctx, json_t *args, struct ioc__qmp_err *e
 {
 	struct ioc_daemon *d = ctx;
 	json_t *list = json_array();
+	unsigned long below = ~0ul;
 
-	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS && list; i++)
-		if (d->exports[i])
-			json_array_append_new(list, ioc_export_info_json(d->exports[i]));
-	return list;
+	/* Newest first, as QEMU lists them. */
+	for (;;) {
+		struct ioc_export *next = NULL;
+
+		for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
+			if (d->exports[i] && d->exports[i]->seq < below &&
+			    (!next || d->exports[i]->seq > next->seq))
+				next = d->exports[i];
+		if (!next || !list)
+			return list;
+		json_array_append_new(list, ioc_export_info_json(next));
+		below = next->seq;
+	}
 }
 
 static int nbd_start(struct ioc_daemon *d, json_t *args, bool legacy,

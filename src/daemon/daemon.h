@@ -72,6 +72,7 @@ struct ioc_daemon {
 	unsigned nmonitors;
 	struct { char *id; int fd; char *path; } chardevs[IOC_DAEMON_MAX_MONITORS];
 	unsigned nchardevs;
+	unsigned long export_seq;       /* creation order of exports */
 	struct ioc_daemon_object *nbd_tls;  /* the NBD server's credentials */
 	char package[64];
 	int version[3];

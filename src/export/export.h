@@ -51,6 +51,7 @@ struct ioc_export {
 	bool writable;
 	bool shutting_down;             /* deletion began */
 	char *iothread;                 /* as given, or NULL */
+	unsigned long seq;              /* the owner's creation order */
 	void *opaque;                   /* the driver's */
 	/* The owner's: the export is gone (BLOCK_EXPORT_DELETED); after it
 	 * returns the export is freed. */

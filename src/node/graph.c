@@ -255,8 +255,12 @@ int ioc_node_del(struct ioc_node_graph *g, const char *name, const char **cls,
 		snprintf(err, errlen, "Node %s is not owned by the monitor", name);
 		return -EBUSY;
 	}
-	if (n->users || parent_of(g, n)) {
+	if (n->users) {
 		snprintf(err, errlen, "Node %s is in use", name);
+		return -EBUSY;
+	}
+	if (parent_of(g, n)) {
+		snprintf(err, errlen, "Block device %s is in use", name);
 		return -EBUSY;
 	}
 	graph_forget(g, n);
@@ -274,8 +278,8 @@ int ioc_node_open_child(struct ioc_node *parent, json_t *ref, const char *role,
 	if (json_is_string(ref)) {
 		c = ioc_node_find(parent->graph, json_string_value(ref));
 		if (!c) {
-			snprintf(err, errlen, "Cannot find device='' nor node-name='%s'",
-				 json_string_value(ref));
+			snprintf(err, errlen, "Cannot find device='%s' nor node-name='%s'",
+				 json_string_value(ref), json_string_value(ref));
 			return -ENOENT;
 		}
 		if (!c->read_only || parent->read_only) {

@@ -106,7 +106,7 @@ static void test_errors(void)
 		 img_path);
 	ASSERT_STR_EQ(add_kv(kv, &n), "Parameter 'cache.direct' expects 'on' or 'off'");
 	ASSERT_STR_EQ(add_kv("driver=raw,node-name=x,file=nosuch", &n),
-		     "Cannot find device='' nor node-name='nosuch'");
+		     "Cannot find device='nosuch' nor node-name='nosuch'");
 }
 
 struct io_args {
