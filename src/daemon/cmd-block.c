@@ -29,30 +29,6 @@ static json_t *cmd_blockdev_del(void *ctx, json_t *args, struct ioc__qmp_err *er
 	return json_object();
 }
 
-/* A node, then its implicit children (named ones are listed on their
- * own), as QEMU lists every node of the graph once. */
-static void list_node(json_t *list, struct ioc_node *n)
-{
-	json_t *j = ioc_node_info_json(n);
-	struct ioc_blk *blk = ioc_node_blk(n);
-
-	/* Bitmaps belong to the node whose image keeps them; QEMU leaves the
-	 * member out when there are none. */
-	if (j && blk && n->drv->blk && n->drv != ioc_node_drv_find("raw")) {
-		json_t *bm = ioc_node_dirty_list_json(blk);
-
-		if (json_array_size(bm))
-			json_object_set_new(j, "dirty-bitmaps", bm);
-		else
-			json_decref(bm);
-	}
-	json_array_append_new(list, j);
-	if (n->file && !n->file->in_graph)
-		list_node(list, n->file);
-	if (n->backing && !n->backing->in_graph)
-		list_node(list, n->backing);
-}
-
 static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 					   struct ioc__qmp_err *err)
 {
@@ -62,65 +38,8 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 	json_t *list = json_array();
 
 	for (unsigned i = 0; i < n && i < IOC_ARRAY_SIZE(nodes) && list; i++)
-		list_node(list, nodes[i]);
+		ioc_node_query_json(list, nodes[i], true);
 	return list;
-}
-
-static uint64_t rd(_Atomic uint64_t *p)
-{
-	return atomic_load_explicit(p, memory_order_relaxed);
-}
-
-static json_t *stats_json(struct ioc_node *n)
-{
-	struct ioc_node_stats s;
-	struct ioc_node_opstat *o = s.op;
-
-	ioc_node_get_stats(n, &s);
-	/* QEMU counts write-zeroes as writes. */
-	return json_pack(
-		"{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
-		"s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:b,s:b,s:[]}",
-		"rd_bytes", (json_int_t)rd(&o[IOC_NODE_OP_READ].bytes),
-		"wr_bytes", (json_int_t)(rd(&o[IOC_NODE_OP_WRITE].bytes) +
-					 rd(&o[IOC_NODE_OP_ZERO].bytes)),
-		"unmap_bytes", (json_int_t)rd(&o[IOC_NODE_OP_DISCARD].bytes),
-		"rd_operations", (json_int_t)rd(&o[IOC_NODE_OP_READ].ops),
-		"wr_operations", (json_int_t)(rd(&o[IOC_NODE_OP_WRITE].ops) +
-					      rd(&o[IOC_NODE_OP_ZERO].ops)),
-		"flush_operations", (json_int_t)rd(&o[IOC_NODE_OP_FLUSH].ops),
-		"unmap_operations", (json_int_t)rd(&o[IOC_NODE_OP_DISCARD].ops),
-		"failed_rd_operations", (json_int_t)rd(&o[IOC_NODE_OP_READ].failed),
-		"failed_wr_operations", (json_int_t)(rd(&o[IOC_NODE_OP_WRITE].failed) +
-						     rd(&o[IOC_NODE_OP_ZERO].failed)),
-		"failed_flush_operations", (json_int_t)rd(&o[IOC_NODE_OP_FLUSH].failed),
-		"failed_unmap_operations", (json_int_t)rd(&o[IOC_NODE_OP_DISCARD].failed),
-		"rd_total_time_ns", (json_int_t)rd(&o[IOC_NODE_OP_READ].ns),
-		"wr_total_time_ns", (json_int_t)(rd(&o[IOC_NODE_OP_WRITE].ns) +
-						 rd(&o[IOC_NODE_OP_ZERO].ns)),
-		"flush_total_time_ns", (json_int_t)rd(&o[IOC_NODE_OP_FLUSH].ns),
-		"unmap_total_time_ns", (json_int_t)rd(&o[IOC_NODE_OP_DISCARD].ns),
-		"wr_highest_offset", (json_int_t)rd(&s.wr_highest),
-		"rd_merged", (json_int_t)0, "wr_merged", (json_int_t)0,
-		"unmap_merged", (json_int_t)0,
-		"invalid_rd_operations", 0, "invalid_wr_operations", 0,
-		"invalid_flush_operations", 0, "invalid_unmap_operations", 0,
-		"account_invalid", 0, "account_failed", 1, "timed_stats");
-}
-
-static void stats_node(json_t *list, struct ioc_node *n)
-{
-	json_t *e = json_pack("{s:s,s:o}", "node-name", n->name, "stats", stats_json(n));
-
-	if (e && n->file)
-		json_object_set_new(e, "parent", json_pack("{s:s,s:o}", "node-name",
-							   n->file->name, "stats",
-							   stats_json(n->file)));
-	if (e && n->backing)
-		json_object_set_new(e, "backing", json_pack("{s:s,s:o}", "node-name",
-							    n->backing->name, "stats",
-							    stats_json(n->backing)));
-	json_array_append_new(list, e);
 }
 
 static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err *err)
@@ -134,7 +53,7 @@ static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err
 	if (!json_is_true(json_object_get(args, "query-nodes")))
 		return list;
 	for (unsigned i = 0; i < n && i < IOC_ARRAY_SIZE(nodes) && list; i++)
-		stats_node(list, nodes[i]);
+		json_array_append_new(list, ioc_node_blockstats_json(nodes[i]));
 	return list;
 }
 

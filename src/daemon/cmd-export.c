@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "iocore/nbd.h"
+#include "nbd/nbd.h"
 #include "daemon.h"
 
 static int export_slot(struct ioc_daemon *d, const char *id)

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "ioc-config.h"
-#include "iocore/nbd.h"
+#include "nbd/nbd.h"
 #include "daemon.h"
 
 void ioc__daemon_errf(struct ioc__qmp_err *err, const char *fmt, ...)

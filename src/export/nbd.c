@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "iocore/nbd.h"
+#include "nbd/nbd.h"
 #include "export.h"
 
 /* ---- the server --------------------------------------------------------- */

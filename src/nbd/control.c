@@ -31,6 +31,7 @@
 #include "migrate-int.h"
 #include "nbd-int.h"
 #include "node/dirty-cmd.h"
+#include "node/node.h"
 #include "qmp/qmp.h"
 
 struct ioc__nbd_control {
@@ -137,90 +138,9 @@ static json_t *cmd_bitmap_merge(void *ctx, json_t *args, struct ioc__qmp_err *er
 	return ioc_node_dirty_cmd_merge(DIRTY_CTX(ctx), args, err);
 }
 
-/* QEMU's ImageInfo for one file: path, the format it is read as, the
- * size it serves and what it takes on disk. */
-static json_t *image_json(const char *path, const char *format, uint64_t vsize)
-{
-	struct stat st;
-	uint64_t actual = 0;
-
-	if (path && stat(path, &st) == 0)
-		actual = (uint64_t)st.st_blocks * 512;
-	return json_pack("{s:I,s:s,s:s,s:I,s:b}", "virtual-size", (json_int_t)vsize,
-			 "filename", path ? path : "", "format", format,
-			 "actual-size", (json_int_t)actual, "dirty-flag", 0);
-}
-
-/* QEMU's BlockDeviceInfo around an image (steals it); no I/O limits. */
-static json_t *node_json(const char *name, const char *drv, const char *file, bool ro,
-			 const char *backing, json_t *image, bool direct)
-{
-	json_t *n = json_pack("{s:s,s:s,s:s,s:b,s:b,s:s,s:i,s:o,s:{s:b,s:b,s:b},"
-			      "s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
-		"node-name", name, "drv", drv, "file", file, "ro", ro, "encrypted", 0,
-		"detect_zeroes", "off", "backing_file_depth", backing ? 1 : 0,
-		"image", image, "cache", "no-flush", 0, "direct", direct, "writeback", 1,
-		"bps", 0, "bps_rd", 0, "bps_wr", 0, "iops", 0, "iops_rd", 0,
-		"iops_wr", 0, "write_threshold", 0);
-
-	if (n && backing)
-		json_object_set_new(n, "backing_file", json_string(backing));
-	return n;
-}
-
-#define ZIP_FORMAT "__org.iocore_zip"
-#define OVERLAY_FORMAT "__org.iocore_zip-overlay"
-
-/* A compressed export: the image (format __org.iocore_zip, with its
- * frame cache and decode counters), or the overlay (__org.iocore_zip-
- * overlay) with the image as its backing, as QEMU shows a backing chain. */
-static json_t *zip_node_json(struct ioc__nbd_export *e)
-{
-	struct ioc_zip_image_info zi;
-	struct ioc_zip_overlay_info oi;
-	json_t *base, *img;
-
-	ioc_zip_image_get_info(e->zip, &zi);
-	base = image_json(zi.path, ZIP_FORMAT, zi.size);
-	if (!base)
-		return NULL;
-	json_object_set_new(base, "__org.iocore_zip", json_pack(
-		"{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-		"frames", (json_int_t)zi.frames, "zero-frames", (json_int_t)zi.zero_frames,
-		"indexed-by", zi.indexed_by ? zi.indexed_by : "",
-		"frame-cache-size", (json_int_t)zi.cache_budget,
-		"frame-cache-bytes", (json_int_t)zi.cache_bytes,
-		"cache-hits", (json_int_t)zi.cache_hits,
-		"cache-misses", (json_int_t)zi.cache_misses,
-		"cache-evictions", (json_int_t)zi.cache_evictions,
-		"cache-admitted", (json_int_t)zi.cache_admitted,
-		"decodes", (json_int_t)zi.decodes,
-		"readahead-decodes", (json_int_t)zi.readaheads,
-		"in-place-decodes", (json_int_t)zi.direct_decodes,
-		"stored-reads", (json_int_t)zi.stored_reads,
-		"stored-checks", (json_int_t)zi.stored_checks,
-		"page-checks", (json_int_t)zi.page_checks,
-		"streaming-reads", (json_int_t)zi.stream_reads,
-		"errors", (json_int_t)zi.errors));
-	if (!e->zip_overlay)
-		return node_json(e->name, ZIP_FORMAT, zi.path, true, NULL, base, false);
-	ioc_zip_overlay_get_info(e->zip_overlay, &oi);
-	img = image_json(oi.path, OVERLAY_FORMAT, oi.size);
-	if (!img) {
-		json_decref(base);
-		return NULL;
-	}
-	json_object_set_new(img, "cluster-size", json_integer((json_int_t)oi.cluster_size));
-	json_object_set_new(img, "backing-filename", json_string(zi.path));
-	json_object_set_new(img, "full-backing-filename", json_string(zi.path));
-	json_object_set_new(img, "backing-filename-format", json_string(ZIP_FORMAT));
-	json_object_set_new(img, "backing-image", base);
-	json_object_set_new(img, "__org.iocore_zip-overlay", json_pack("{s:I,s:I}",
-		"clusters-written", (json_int_t)oi.clusters_written,
-		"clusters-zero", (json_int_t)oi.clusters_zero));
-	return node_json(e->name, OVERLAY_FORMAT, oi.path, e->read_only, zi.path, img, false);
-}
-
+/* Every export is a node named as the export (the node layer's view); a
+ * compressed image under its overlay shows as the overlay's backing image,
+ * not as a node of its own. */
 static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 					   struct ioc__qmp_err *err)
 {
@@ -228,29 +148,9 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 	struct ioc_nbd_server *srv = ctl->srv;
 	json_t *list = json_array();
 
-	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
-		struct ioc__nbd_export *e = srv->exports[i];
-		struct ioc_blk_info bi;
-
-		if (!e)
-			continue;
-		const char *drv;
-		json_t *n;
-
-		if (e->zip) {
-			json_array_append_new(list, zip_node_json(e));
-			continue;
-		}
-		if (!e->blk)
-			continue;
-		ioc_blk_get_info(e->blk, &bi);
-		drv = bi.is_blockdev ? "host_device" : "file";
-		n = node_json(e->name, drv, bi.path ? bi.path : "", e->read_only, NULL,
-			      image_json(bi.path, drv, e->size), bi.direct);
-		if (n)
-			json_object_set_new(n, "dirty-bitmaps", ioc_node_dirty_list_json(e->blk));
-		json_array_append_new(list, n);
-	}
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++)
+		if (srv->exports[i])
+			ioc_node_query_json(list, srv->exports[i]->node, false);
 	return list;
 }
 
@@ -269,24 +169,6 @@ static json_t *cmd_query_block_exports(void *ctx, json_t *args, struct ioc__qmp_
 	return list;
 }
 
-static uint64_t rd(_Atomic uint64_t *p)
-{
-	return atomic_load_explicit(p, memory_order_relaxed);
-}
-
-/* Sum src into dst (plain snapshot). */
-static void stats_add(struct ioc__nbd_stats *dst, struct ioc__nbd_stats *src)
-{
-	for (int k = 0; k < IOC__NBD_ST_N; k++) {
-		atomic_init(&dst->op[k].ops, rd(&dst->op[k].ops) + rd(&src->op[k].ops));
-		atomic_init(&dst->op[k].bytes, rd(&dst->op[k].bytes) + rd(&src->op[k].bytes));
-		atomic_init(&dst->op[k].failed, rd(&dst->op[k].failed) + rd(&src->op[k].failed));
-		atomic_init(&dst->op[k].ns, rd(&dst->op[k].ns) + rd(&src->op[k].ns));
-	}
-	if (rd(&src->wr_highest) > rd(&dst->wr_highest))
-		atomic_init(&dst->wr_highest, rd(&src->wr_highest));
-}
-
 static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
 	struct ioc__nbd_control *ctl = ctx;
@@ -296,50 +178,10 @@ static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err
 	/* Without query-nodes QEMU lists devices, and a storage daemon has none. */
 	if (!json_is_true(json_object_get(args, "query-nodes")))
 		return list;
-	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
-		struct ioc__nbd_stats s;
-
-		if (!srv->exports[i])
-			continue;
-		struct ioc__nbd_opstat *o = s.op;
-		uint64_t wr_ops, wr_bytes, wr_failed, wr_ns;
-
-		memset(&s, 0, sizeof(s));
-		for (unsigned t = 0; srv->threads && t < srv->opts.iothreads; t++)
-			if (srv->threads[t].xstats)
-				stats_add(&s, &srv->threads[t].xstats[i]);
-		/* QEMU counts write-zeroes as writes. */
-		wr_ops = rd(&o[IOC__NBD_ST_WRITE].ops) + rd(&o[IOC__NBD_ST_ZERO].ops);
-		wr_bytes = rd(&o[IOC__NBD_ST_WRITE].bytes) + rd(&o[IOC__NBD_ST_ZERO].bytes);
-		wr_failed = rd(&o[IOC__NBD_ST_WRITE].failed) + rd(&o[IOC__NBD_ST_ZERO].failed);
-		wr_ns = rd(&o[IOC__NBD_ST_WRITE].ns) + rd(&o[IOC__NBD_ST_ZERO].ns);
-		json_t *stats = json_pack(
-			"{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
-			"s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:b,s:b,s:[]}",
-			"rd_bytes", (json_int_t)rd(&o[IOC__NBD_ST_READ].bytes),
-			"wr_bytes", (json_int_t)wr_bytes,
-			"unmap_bytes", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].bytes),
-			"rd_operations", (json_int_t)rd(&o[IOC__NBD_ST_READ].ops),
-			"wr_operations", (json_int_t)wr_ops,
-			"flush_operations", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].ops),
-			"unmap_operations", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].ops),
-			"failed_rd_operations", (json_int_t)rd(&o[IOC__NBD_ST_READ].failed),
-			"failed_wr_operations", (json_int_t)wr_failed,
-			"failed_flush_operations", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].failed),
-			"failed_unmap_operations", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].failed),
-			"rd_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_READ].ns),
-			"wr_total_time_ns", (json_int_t)wr_ns,
-			"flush_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].ns),
-			"unmap_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].ns),
-			"wr_highest_offset", (json_int_t)rd(&s.wr_highest),
-			"rd_merged", (json_int_t)0, "wr_merged", (json_int_t)0,
-			"unmap_merged", (json_int_t)0,
-			"invalid_rd_operations", 0, "invalid_wr_operations", 0,
-			"invalid_flush_operations", 0, "invalid_unmap_operations", 0,
-			"account_invalid", 0, "account_failed", 1, "timed_stats");
-		json_array_append_new(list, json_pack("{s:s,s:o}", "node-name",
-						      srv->exports[i]->name, "stats", stats));
-	}
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++)
+		if (srv->exports[i])
+			json_array_append_new(list,
+					      ioc_node_blockstats_json(srv->exports[i]->node));
 	return list;
 }
 
@@ -355,6 +197,11 @@ static int conn_query_fn(void *arg)
 
 	cq->n = ioc__nbd_thread_conn_info(cq->t, cq->out, cq->max);
 	return 0;
+}
+
+static uint64_t rd(_Atomic uint64_t *p)
+{
+	return atomic_load_explicit(p, memory_order_relaxed);
 }
 
 static json_t *opstat_json(struct ioc__nbd_opstat *o)

@@ -200,7 +200,7 @@ static void test_raw_slice(void)
 	char err[256];
 
 	ASSERT_EQ(ioc_node_del(graph, "disk", &cls, err, sizeof(err)), -EBUSY);
-	ASSERT_STR_EQ(err, "Node disk is in use");
+	ASSERT_STR_EQ(err, "Block device disk is in use");
 	ASSERT_EQ(ioc_node_del(graph, "slice", &cls, err, sizeof(err)), 0);
 	ASSERT_EQ(ioc_node_del(graph, "nosuch", &cls, err, sizeof(err)), -ENOENT);
 	ASSERT_STR_EQ(err, "Failed to find node with node-name='nosuch'");

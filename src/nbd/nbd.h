@@ -1,8 +1,11 @@
 /*
- * iocore NBD server: serves block-layer images over the NBD protocol
+ * iocore NBD server: serves block nodes (src/node) over the NBD protocol
  * (NetworkBlockDevice/nbd doc/proto.md, fixed newstyle, structured replies,
  * extended headers, base:allocation, and QEMU's qemu:dirty-bitmap:NAME and
- * qemu:allocation-depth), with a QMP control socket.
+ * qemu:allocation-depth), with a QMP control socket.  Private to the
+ * daemon layers (iocore-nbd and the storage daemon link it); an export may
+ * also name an image the caller opened (blk, zip), served through a node
+ * the server makes over it.
  *
  * A server owns N I/O threads (each running one loop); listening sockets
  * are watched on the loop of the thread that starts the server, and each
