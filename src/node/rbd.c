@@ -481,7 +481,8 @@ static int conf_set(struct rbd_node *s, const char *key, const char *val,
 }
 
 /* The options that configure librados before it connects. */
-static int rbd_configure(struct rbd_node *s, json_t *opts, char *err, size_t errlen)
+static int rbd_configure(struct rbd_node *s, json_t *opts, bool direct, char *err,
+			 size_t errlen)
 {
 	const char *conf = opt_str(opts, "conf");
 	json_t *v, *extra = json_object_get(opts, "__org.iocore_conf");
@@ -566,8 +567,7 @@ static int rbd_configure(struct rbd_node *s, json_t *opts, char *err, size_t err
 			return r;
 	}
 	/* cache.direct=on is rbd_cache=false, as in QEMU. */
-	v = json_object_get(json_object_get(opts, "cache"), "direct");
-	if ((r = conf_set(s, "rbd_cache", json_is_true(v) ? "false" : "true", err, errlen)) < 0)
+	if ((r = conf_set(s, "rbd_cache", direct ? "false" : "true", err, errlen)) < 0)
 		return r;
 	if (timeout > 0) {
 		char t[32];
@@ -650,7 +650,7 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 		snprintf(err, errlen, "error initializing: %s", strerror(-r));
 		goto fail;
 	}
-	if ((r = rbd_configure(s, opts, err, errlen)) < 0)
+	if ((r = rbd_configure(s, opts, n->direct, err, errlen)) < 0)
 		goto fail;
 	r = rados_connect(s->cluster);
 	if (r < 0) {

@@ -30,6 +30,9 @@ bool ioc__rbd_is_filename(const char *filename);
 struct ioc_node_drv;
 /* driver "rbd" (rbd.c): the node layer's table lists it. */
 extern const struct ioc_node_drv ioc__node_rbd_drv;
+#define IOC_NODE_RBD_DRV_ENTRY &ioc__node_rbd_drv,
+#else
+#define IOC_NODE_RBD_DRV_ENTRY
 #endif
 
 #endif /* IOC_NODE_RBD_H */
