@@ -30,6 +30,7 @@
 #include "iocore/zip.h"
 #include "migrate-int.h"
 #include "nbd-int.h"
+#include "node/dirty-cmd.h"
 #include "qmp/qmp.h"
 
 struct ioc__nbd_control {
@@ -74,37 +75,15 @@ static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const cha
 	return NULL;
 }
 
-static struct ioc_blk_dirty *find_bitmap(struct ioc__nbd_control *ctl, json_t *args,
-					 const char *key, struct ioc__nbd_export **pe,
-					 struct ioc__qmp_err *err)
+/* The bitmap commands' view of this server: an export's image. */
+static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
 {
-	const char *node = json_string_value(json_object_get(args, "node"));
-	const char *name = json_string_value(json_object_get(args, key));
-	struct ioc__nbd_export *e = find_node(ctl, node, err);
-	struct ioc_blk_dirty *bm;
+	struct ioc__nbd_export *e = find_node(ctx, node, err);
 
-	if (!e)
-		return NULL;
-	/* A migration's own bitmap is not the user's to touch. */
-	bm = strcmp(name, IOC_MIG_BITMAP) == 0 ? NULL : ioc_blk_dirty_find(e->blk, name);
-	if (!bm)
-		errf(err, "Dirty bitmap '%s' not found", name);
-	if (pe)
-		*pe = e;
-	return bm;
+	return e ? e->blk : NULL;
 }
 
-/* The block layer's errors in QEMU's words. */
-static json_t *bitmap_result(int r, const char *name, struct ioc__qmp_err *err)
-{
-	if (r == 0)
-		return json_object();
-	if (r == -EUCLEAN)
-		errf(err, "Bitmap '%s' is inconsistent and cannot be used", name);
-	else
-		errf(err, "Bitmap '%s': %s", name, strerror(-r));
-	return NULL;
-}
+#define DIRTY_CTX(ctx) (&(struct ioc_node_dirty_ctx){ find_blk, (ctx) })
 
 /* ---- commands --------------------------------------------------------- */
 
@@ -130,174 +109,32 @@ static json_t *cmd_quit(void *ctx, json_t *args, struct ioc__qmp_err *err)
 
 static json_t *cmd_bitmap_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_control *ctl = ctx;
-	const char *node = json_string_value(json_object_get(args, "node"));
-	const char *name = json_string_value(json_object_get(args, "name"));
-	json_t *g = json_object_get(args, "granularity");
-	struct ioc_blk_dirty_opts o = {
-		.name = name,
-		.granularity = g ? (uint64_t)json_integer_value(g) : 0,
-		.persistent = json_is_true(json_object_get(args, "persistent")),
-		.disabled = json_is_true(json_object_get(args, "disabled")),
-	};
-	struct ioc__nbd_export *e = find_node(ctl, node, err);
-	int r;
-
-	if (!e)
-		return NULL;
-	if (g && (o.granularity < IOC_BLK_DIRTY_GRAN_MIN ||
-		  o.granularity > IOC_BLK_DIRTY_GRAN_MAX ||
-		  (o.granularity & (o.granularity - 1)))) {
-		errf(err, "Granularity must be power of 2 between %u and %u",
-		     IOC_BLK_DIRTY_GRAN_MIN, IOC_BLK_DIRTY_GRAN_MAX);
-		return NULL;
-	}
-	r = ioc_blk_dirty_add(e->blk, &o, NULL);
-	switch (r) {
-	case 0:
-		return json_object();
-	case -EEXIST:
-		errf(err, "Bitmap already exists: %s", name);
-		return NULL;
-	case -EINVAL:
-		errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
-		     "bitmap (1 to 127 of A-Z a-z 0-9 _ - ., not starting with '.')" :
-		     "Bitmap name '%s' is not valid (1 to 127 bytes)", name);
-		return NULL;
-	case -ENOSPC:
-		errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
-		     IOC_BLK_DIRTY_MAX);
-		return NULL;
-	case -ENOTSUP:
-		errf(err, "Can't store persistent bitmaps to disk: %s", strerror(-r));
-		return NULL;
-	default:
-		errf(err, "Cannot add bitmap '%s': %s", name, strerror(-r));
-		return NULL;
-	}
+	return ioc_node_dirty_cmd_add(DIRTY_CTX(ctx), args, err);
 }
 
 static json_t *cmd_bitmap_remove(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_export *e;
-	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", &e, err);
-
-	if (!bm)
-		return NULL;
-	return bitmap_result(ioc_blk_dirty_remove(e->blk,
-			json_string_value(json_object_get(args, "name"))),
-			json_string_value(json_object_get(args, "name")), err);
+	return ioc_node_dirty_cmd_remove(DIRTY_CTX(ctx), args, err);
 }
 
 static json_t *cmd_bitmap_clear(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", NULL, err);
-
-	return bm ? bitmap_result(ioc_blk_dirty_clear(bm),
-				  json_string_value(json_object_get(args, "name")), err)
-		  : NULL;
-}
-
-static json_t *set_recording(void *ctx, json_t *args, bool on, struct ioc__qmp_err *err)
-{
-	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", NULL, err);
-
-	return bm ? bitmap_result(ioc_blk_dirty_set_recording(bm, on),
-				  json_string_value(json_object_get(args, "name")), err)
-		  : NULL;
+	return ioc_node_dirty_cmd_clear(DIRTY_CTX(ctx), args, err);
 }
 
 static json_t *cmd_bitmap_enable(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	return set_recording(ctx, args, true, err);
+	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, true, err);
 }
 
 static json_t *cmd_bitmap_disable(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	return set_recording(ctx, args, false, err);
+	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, false, err);
 }
 
-/* bitmaps: ["name", {"node": N, "name": B}, ...] (QEMU's BlockDirtyBitmapOrStr).
- * Every source is found before anything is merged. */
 static json_t *cmd_bitmap_merge(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_control *ctl = ctx;
-	struct ioc__nbd_export *e;
-	struct ioc_blk_dirty *dst = find_bitmap(ctl, args, "target", &e, err);
-	struct ioc_blk_dirty *src[64];
-	json_t *list = json_object_get(args, "bitmaps"), *v;
-	size_t i, n = json_array_size(list);
-
-	if (!dst)
-		return NULL;
-	if (n > IOC_ARRAY_SIZE(src)) {
-		errf(err, "Parameter 'bitmaps' has more than %zu elements",
-		     IOC_ARRAY_SIZE(src));
-		return NULL;
-	}
-	json_array_foreach(list, i, v) {
-		struct ioc__nbd_export *se = e;
-		const char *name;
-
-		if (json_is_string(v)) {
-			name = json_string_value(v);
-		} else if (json_is_object(v) &&
-			   json_is_string(json_object_get(v, "node")) &&
-			   json_is_string(json_object_get(v, "name")) &&
-			   json_object_size(v) == 2) {
-			se = find_node(ctl, json_string_value(json_object_get(v, "node")), err);
-			if (!se)
-				return NULL;
-			name = json_string_value(json_object_get(v, "name"));
-		} else {
-			errf(err, "Parameter 'bitmaps[%zu]' expects a bitmap name or "
-			     "{\"node\", \"name\"}", i);
-			return NULL;
-		}
-		src[i] = ioc_blk_dirty_find(se->blk, name);
-		if (!src[i]) {
-			errf(err, "Dirty bitmap '%s' not found", name);
-			return NULL;
-		}
-	}
-	for (i = 0; i < n; i++) {
-		int r = ioc_blk_dirty_merge(dst, src[i]);
-		struct ioc_blk_dirty_info di, si;
-
-		if (r == -EINVAL) {
-			errf(err, "Bitmaps are incompatible and can't be merged");
-			return NULL;
-		}
-		if (r < 0) {
-			ioc_blk_dirty_get_info(dst, &di);
-			ioc_blk_dirty_get_info(src[i], &si);
-			return bitmap_result(r, di.inconsistent ? di.name : si.name, err);
-		}
-	}
-	return json_object();
-}
-
-static json_t *bitmaps_json(struct ioc_blk *blk)
-{
-	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
-	int n = ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX);
-	json_t *a = json_array();
-
-	/* Newest first, as QEMU lists them. */
-	for (int i = n - 1; i >= 0 && a; i--) {
-		if (strcmp(info[i].name, IOC_MIG_BITMAP) == 0)
-			continue; /* a migration's, hidden */
-		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info[i].name,
-				      "recording", info[i].recording,
-				      "persistent", info[i].persistent, "busy", 0,
-				      "granularity", (json_int_t)info[i].granularity,
-				      "count", (json_int_t)info[i].count);
-
-		if (b && info[i].inconsistent)
-			json_object_set_new(b, "inconsistent", json_true());
-		json_array_append_new(a, b);
-	}
-	return a;
+	return ioc_node_dirty_cmd_merge(DIRTY_CTX(ctx), args, err);
 }
 
 /* QEMU's ImageInfo for one file: path, the format it is read as, the
@@ -411,7 +248,7 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 		n = node_json(e->name, drv, bi.path ? bi.path : "", e->read_only, NULL,
 			      image_json(bi.path, drv, e->size), bi.direct);
 		if (n)
-			json_object_set_new(n, "dirty-bitmaps", bitmaps_json(e->blk));
+			json_object_set_new(n, "dirty-bitmaps", ioc_node_dirty_list_json(e->blk));
 		json_array_append_new(list, n);
 	}
 	return list;
@@ -636,18 +473,6 @@ void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
 static const struct ioc__qmp_arg args_caps[] = {
 	{ "enable", IOC_QMP_ARRAY, true, .elem = IOC_QMP_ANY }, { NULL },
 };
-static const struct ioc__qmp_arg args_add[] = {
-	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false },
-	{ "granularity", IOC_QMP_UINT, true }, { "persistent", IOC_QMP_BOOL, true },
-	{ "disabled", IOC_QMP_BOOL, true }, { NULL },
-};
-static const struct ioc__qmp_arg args_bitmap[] = {
-	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false }, { NULL },
-};
-static const struct ioc__qmp_arg args_merge[] = {
-	{ "node", IOC_QMP_STR, false }, { "target", IOC_QMP_STR, false },
-	{ "bitmaps", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
-};
 static const struct ioc__qmp_arg args_nodes[] = {
 	{ "flat", IOC_QMP_BOOL, true }, { NULL },
 };
@@ -694,12 +519,12 @@ static const struct ioc__qmp_cmd commands[] = {
 	{ "query-version", cmd_query_version, NULL },
 	{ "query-commands", cmd_query_commands, NULL },
 	{ "quit", cmd_quit, NULL },
-	{ "block-dirty-bitmap-add", cmd_bitmap_add, args_add },
-	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, args_bitmap },
-	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, args_bitmap },
-	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, args_bitmap },
-	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, args_bitmap },
-	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, args_merge },
+	{ "block-dirty-bitmap-add", cmd_bitmap_add, ioc_node_dirty_args_add },
+	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, ioc_node_dirty_args_merge },
 	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
 	{ "query-block-exports", cmd_query_block_exports, NULL },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },

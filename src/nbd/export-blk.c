@@ -225,6 +225,8 @@ void ioc__nbd_export_free(struct ioc__nbd_export *e)
 {
 	if (!e)
 		return;
+	if (e->be_free)
+		e->be_free(e->be);
 	free(e->name);
 	free(e->description);
 	free(e);

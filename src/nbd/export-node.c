@@ -9,38 +9,50 @@
  * reach past the node into a file, where its statistics and notifiers
  * would not see them.  Dirty bitmaps are those of the file under the node
  * (ioc_node_blk()), offered when the node passes requests to a file
- * unchanged.  CAN_MULTI_CONN follows the node's multi_conn.
+ * unchanged, and only those the export names (QEMU's "bitmaps");
+ * qemu:allocation-depth only when asked for.  CAN_MULTI_CONN follows the
+ * node's multi_conn.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "node/node.h"
 #include "nbd-int.h"
 
+/* The backend: the node and what the export shows of it. */
+struct nd {
+	struct ioc_node *n;
+	unsigned nbitmaps;
+	char (*bitmaps)[IOC_NBD_BITMAP_NAME_MAX];
+};
+
+#define N(be) (((struct nd *)(be))->n)
+
 static int ioc_coroutine_fn nd_pread(void *be, uint64_t off, void *buf, size_t len,
 				     uint32_t flags)
 {
-	return ioc_node_co_pread(be, off, buf, len, 0);
+	return ioc_node_co_pread(N(be), off, buf, len, 0);
 }
 
 static int ioc_coroutine_fn nd_pwrite(void *be, uint64_t off, const void *buf,
 				      size_t len, uint32_t flags)
 {
-	return ioc_node_co_pwrite(be, off, buf, len,
+	return ioc_node_co_pwrite(N(be), off, buf, len,
 				  (flags & IOC_NBD_BE_FUA) ? IOC_NODE_FUA : 0);
 }
 
 static int ioc_coroutine_fn nd_flush(void *be, uint32_t flags)
 {
-	return ioc_node_co_flush(be, 0);
+	return ioc_node_co_flush(N(be), 0);
 }
 
 static int ioc_coroutine_fn nd_trim(void *be, uint64_t off, uint64_t len, uint32_t flags)
 {
-	int r = ioc_node_co_discard(be, off, len, 0);
+	int r = ioc_node_co_discard(N(be), off, len, 0);
 
 	if (r == 0 && (flags & IOC_NBD_BE_FUA))
-		r = ioc_node_co_flush(be, 0);
+		r = ioc_node_co_flush(N(be), 0);
 	return r;
 }
 
@@ -54,13 +66,13 @@ static int ioc_coroutine_fn nd_zero(void *be, uint64_t off, uint64_t len, uint32
 		f |= IOC_NODE_MAY_UNMAP;
 	if (flags & IOC_NBD_BE_FAST_ONLY)
 		f |= IOC_NODE_NO_FALLBACK;
-	return ioc_node_co_write_zeroes(be, off, len, f);
+	return ioc_node_co_write_zeroes(N(be), off, len, f);
 }
 
 static int ioc_coroutine_fn nd_block_status(void *be, uint64_t off, uint64_t len,
 					    uint64_t *pnum, uint32_t flags)
 {
-	int st = ioc_node_co_block_status(be, off, len, pnum, NULL);
+	int st = ioc_node_co_block_status(N(be), off, len, pnum, NULL);
 
 	if (st < 0)
 		return st;
@@ -72,7 +84,7 @@ static int ioc_coroutine_fn nd_depth_status(void *be, uint64_t off, uint64_t len
 					    uint64_t *pnum, uint32_t flags)
 {
 	unsigned depth = 1;
-	int st = ioc_node_co_block_status(be, off, len, pnum, &depth);
+	int st = ioc_node_co_block_status(N(be), off, len, pnum, &depth);
 
 	if (st < 0)
 		return st;
@@ -81,15 +93,21 @@ static int ioc_coroutine_fn nd_depth_status(void *be, uint64_t off, uint64_t len
 
 static int nd_dirty_names(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max)
 {
-	struct ioc_blk *blk = ioc_node_blk(be);
-	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
-	int n = blk ? ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX) : 0, k = 0;
+	struct nd *d = be;
+	struct ioc_blk *blk = ioc_node_blk(d->n);
+	int k = 0;
 
-	for (int i = 0; i < n && i < IOC_BLK_DIRTY_MAX; i++) {
-		if (info[i].inconsistent)
+	for (unsigned i = 0; blk && i < d->nbitmaps; i++) {
+		struct ioc_blk_dirty *bm = ioc_blk_dirty_find(blk, d->bitmaps[i]);
+		struct ioc_blk_dirty_info info;
+
+		if (!bm)
+			continue;
+		ioc_blk_dirty_get_info(bm, &info);
+		if (info.inconsistent)
 			continue;
 		if (k < max)
-			memcpy(names[k], info[i].name, IOC_NBD_BITMAP_NAME_MAX);
+			memcpy(names[k], info.name, IOC_NBD_BITMAP_NAME_MAX);
 		k++;
 	}
 	return k;
@@ -98,13 +116,25 @@ static int nd_dirty_names(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int 
 static int nd_dirty_status(void *be, const char *name, uint64_t off, uint64_t len,
 			   uint64_t *pnum, uint32_t flags)
 {
-	struct ioc_blk *blk = ioc_node_blk(be);
+	struct ioc_blk *blk = ioc_node_blk(N(be));
 	struct ioc_blk_dirty *bm = blk ? ioc_blk_dirty_find(blk, name) : NULL;
 
 	if (!bm)
 		return -ENOENT;
 	return ioc_blk_dirty_extent(bm, off, len, pnum);
 }
+
+static const struct ioc__nbd_backend_ops node_ops_depth = {
+	.pread = nd_pread,
+	.pwrite = nd_pwrite,
+	.flush = nd_flush,
+	.trim = nd_trim,
+	.zero = nd_zero,
+	.block_status = nd_block_status,
+	.dirty_names = nd_dirty_names,
+	.dirty_status = nd_dirty_status,
+	.depth_status = nd_depth_status,
+};
 
 static const struct ioc__nbd_backend_ops node_ops = {
 	.pread = nd_pread,
@@ -116,21 +146,45 @@ static const struct ioc__nbd_backend_ops node_ops = {
 	.cache = NULL, /* a hint: answered at once */
 	.dirty_names = nd_dirty_names,
 	.dirty_status = nd_dirty_status,
-	.depth_status = nd_depth_status,
 };
+
+static void nd_free(void *be)
+{
+	struct nd *d = be;
+
+	free(d->bitmaps);
+	free(d);
+}
 
 int ioc__nbd_node_export_new(struct ioc__nbd_export **out,
 			     const struct ioc_nbd_export_opts *opts)
 {
 	struct ioc_node *n = opts->node;
 	struct ioc__nbd_export *e;
+	struct nd *d;
 	int ret;
 
 	if (!n || opts->blk || opts->zip)
 		return -EINVAL;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->n = n;
+	for (const char *const *b = opts->bitmaps; b && *b; b++)
+		d->nbitmaps++;
+	d->bitmaps = calloc(d->nbitmaps ? d->nbitmaps : 1, sizeof(*d->bitmaps));
+	if (!d->bitmaps) {
+		free(d);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < d->nbitmaps; i++)
+		snprintf(d->bitmaps[i], sizeof(d->bitmaps[i]), "%s", opts->bitmaps[i]);
 	ret = ioc__nbd_export_alloc(&e, opts);
-	if (ret < 0)
+	if (ret < 0) {
+		free(d->bitmaps);
+		free(d);
 		return ret;
+	}
 	e->size = n->size;
 	e->read_only = opts->read_only || n->read_only;
 	e->can_trim = true;         /* a hint the node may ignore (discard=) */
@@ -145,8 +199,9 @@ int ioc__nbd_node_export_new(struct ioc__nbd_export **out,
 	if (e->pref_block > IOC_NBD_MAX_PAYLOAD)
 		e->pref_block = IOC_NBD_MAX_PAYLOAD;
 	e->max_block = IOC_NBD_MAX_PAYLOAD;
-	e->ops = &node_ops;
-	e->be = n;
+	e->ops = opts->allocation_depth ? &node_ops_depth : &node_ops;
+	e->be = d;
+	e->be_free = nd_free;
 	e->blk = ioc_node_blk(n);
 	e->node = n;
 	*out = e;

@@ -390,7 +390,7 @@ int ioc_nbd_server_serve(struct ioc_nbd_server *srv)
 {
 	if (!srv->started || srv->serving || !srv->opts.defer_serving)
 		return -EBUSY;
-	if (!srv->cfg.nexports)
+	if (!srv->cfg.nexports && !srv->opts.allow_empty)
 		return -EINVAL;
 	return watch_listeners(srv);
 }
@@ -414,7 +414,7 @@ int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 
 	if (srv->started)
 		return -EBUSY;
-	if (!srv->cfg.nexports && !srv->opts.defer_serving)
+	if (!srv->cfg.nexports && !srv->opts.defer_serving && !srv->opts.allow_empty)
 		return -EINVAL;
 	srv->main_loop = ioc_loop_current();
 	if (!srv->main_loop)

@@ -90,28 +90,7 @@ const struct ioc__qmp_arg *ioc_node_blockdev_spec(void)
 
 bool ioc_node_check_opts(json_t *opts, unsigned flags, char *err, size_t errlen)
 {
-	const struct ioc__qmp_arg *spec = ioc_node_blockdev_spec();
-	json_t *wrap = json_pack("{s:O}", "x", opts);
-	struct ioc__qmp_arg top[2] = { *spec, { NULL } };
-	bool ok;
-
-	if (!wrap) {
-		snprintf(err, errlen, "Out of memory");
-		return false;
-	}
-	/* Checked as the member of an object with an empty name, so that
-	 * paths come out as QEMU prints them ("cache.direct"). */
-	top[0].name = "x";
-	ok = ioc__qmp_check(top, wrap, flags, err, errlen);
-	json_decref(wrap);
-	if (!ok) {
-		/* "x.cache.direct" -> "cache.direct" */
-		char *p = strstr(err, "'x.");
-
-		if (p)
-			memmove(p + 1, p + 3, strlen(p + 3) + 1);
-	}
-	return ok;
+	return ioc__qmp_check_value(ioc_node_blockdev_spec(), opts, flags, err, errlen);
 }
 
 /* ---- slots ------------------------------------------------------------ */
