@@ -11,8 +11,9 @@
  *   verify  what qemu-io wrote through qemu-nbd reads back here
  *   snap    snapshot rbd/img@s0 opens read-only and reads its data
  *   fault   with the OSD stopped, requests fail with EIO after the timeout
- * The driver is called through its ops table on a node the test makes;
- * the node layer's own checks are not under test here.
+ * Nodes are opened through the node layer (ioc_node_add, with its
+ * option checks against the driver's spec) and requests go through
+ * ioc_node_co_*, bracketed with enter and leave as a front end does.
  */
 #include <fcntl.h>
 #include <jansson.h>
@@ -29,8 +30,8 @@
 
 #define MiB (1024 * 1024ull)
 
-static const struct ioc_node_drv *drv = &ioc__node_rbd_drv;
 static const char *conf, *dir;
+static struct ioc_node_graph *graph;
 
 /* ---- loops on threads, and coroutines run on them -------------------- */
 
@@ -91,29 +92,38 @@ static void ioc_coroutine_fn job_co(void *opaque)
 	};
 	unsigned depth;
 
+	j->result = ioc_node_co_enter(j->n);
+	if (j->result < 0) {
+		sem_post(j->done);
+		return;
+	}
 	switch (j->kind) {
 	case J_WRITE:
-		j->result = drv->co_pwritev(j->n, j->off, iov, 2, j->flags);
+		j->result = ioc_node_co_pwritev(j->n, j->off, iov, 2, j->flags);
 		break;
 	case J_READ:
-		j->result = drv->co_preadv(j->n, j->off, iov, 2, 0);
+		j->result = ioc_node_co_preadv(j->n, j->off, iov, 2, 0);
 		break;
 	case J_DISCARD:
-		j->result = drv->co_discard(j->n, j->off, j->len, 0);
+		j->result = ioc_node_co_discard(j->n, j->off, j->len, 0);
 		break;
 	case J_ZERO:
-		j->result = drv->co_write_zeroes(j->n, j->off, j->len, j->flags);
+		j->result = ioc_node_co_write_zeroes(j->n, j->off, j->len, j->flags);
 		break;
 	case J_FLUSH:
-		j->result = drv->co_flush(j->n, 0);
+		j->result = ioc_node_co_flush(j->n, 0);
 		break;
 	case J_STATUS:
-		j->result = drv->co_block_status(j->n, j->off, j->len, &j->pnum, &depth);
+		j->result = ioc_node_co_block_status(j->n, j->off, j->len, &j->pnum,
+						     &depth);
+		if (j->result >= 0 && depth != 1)
+			j->result = -EBADMSG;
 		break;
 	case J_TRUNCATE:
-		j->result = drv->co_truncate(j->n, j->len);
+		j->result = ioc_node_co_truncate(j->n, j->len);
 		break;
 	}
+	ioc_node_leave(j->n);
 	sem_post(j->done);
 }
 
@@ -167,30 +177,35 @@ static json_t *opts_for(const char *pool, const char *image, const char *extra)
 	return o;
 }
 
+/* blockdev-add of opts as node "rbdN", read-only or not, discard=unmap. */
 static int open_node(struct ioc_node **out, bool ro, json_t *opts, char *err, size_t len)
 {
-	struct ioc_node *n = calloc(1, sizeof(*n));
+	static unsigned seq;
+	const char *cls;
+	char name[32];
 	int r;
 
-	ASSERT_NOT_NULL(n);
-	n->read_only = ro;
-	n->drv = drv;
+	snprintf(name, sizeof(name), "rbd%u", seq++);
+	json_object_set_new(opts, "driver", json_string("rbd"));
+	json_object_set_new(opts, "node-name", json_string(name));
+	json_object_set_new(opts, "read-only", json_boolean(ro));
+	json_object_set_new(opts, "discard", json_string("unmap"));
 	err[0] = '\0';
-	r = drv->open(n, opts, err, len);
+	r = ioc_node_add(graph, opts, out, &cls, err, len);
 	json_decref(opts);
-	if (r < 0) {
-		free(n);
+	if (r < 0)
 		*out = NULL;
-		return r;
-	}
-	*out = n;
-	return 0;
+	return r;
 }
 
 static void close_node(struct ioc_node *n)
 {
-	drv->close(n);
-	free(n);
+	const char *cls;
+	char err[256], name[IOC_NODE_NAME_MAX];
+
+	snprintf(name, sizeof(name), "%s", n->name);
+	if (ioc_node_del(graph, name, &cls, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "blockdev-del %s: %s", name, err);
 }
 
 static void fill(uint8_t *p, size_t n, uint64_t seed)
@@ -257,6 +272,32 @@ static void test_refusals(void)
 		      err, sizeof(err));
 	ASSERT_EQ(r, -EINVAL);
 	ASSERT_STR_EQ(err, "rbd snapshots are always read-only");
+
+	/* The node layer checks the driver's spec. */
+	r = open_node(&n, false, opts_for("rbd", "img", "{\"bogus\": 1}"), err, sizeof(err));
+	ASSERT_EQ(r, -EINVAL);
+	ASSERT_STR_EQ(err, "Parameter 'bogus' is unexpected");
+	r = open_node(&n, false, opts_for("rbd", "img", "{\"__org.iocore_timeout\": \"x\"}"),
+		      err, sizeof(err));
+	ioc_test_diag("timeout of the wrong type: %s", err);
+	ASSERT_EQ(r, -EINVAL);
+}
+
+/* A node opened from an "rbd:" file name, as QEMU's would be. */
+static void test_filename(void)
+{
+	char name[600], err[512];
+	struct ioc_node *n;
+	json_t *o;
+
+	snprintf(name, sizeof(name), "rbd:rbd/img:conf=%s:rbd_cache=false", conf);
+	o = ioc__rbd_parse_filename(name, err, sizeof(err));
+	if (!o)
+		ioc_test_fail(__FILE__, __LINE__, "%s: %s", name, err);
+	ASSERT_OK(open_node(&n, true, o, err, sizeof(err)));
+	ASSERT_UEQ(n->size, 1024 * MiB);
+	ASSERT_TRUE(n->read_only);
+	close_node(n);
 }
 
 #define NJOBS 8
@@ -516,6 +557,7 @@ int main(int argc, char **argv)
 {
 	static const struct ioc_test io[] = {
 		IOC_TEST(test_refusals),
+		IOC_TEST(test_filename),
 		IOC_TEST(test_open),
 		IOC_TEST(test_write_read),
 		IOC_TEST(test_discard_zeroes),
@@ -534,6 +576,8 @@ int main(int argc, char **argv)
 	if (!conf || !dir)
 		IOC_SKIP_ALL("no cluster (run by test-rbd-node.sh)");
 	signal(SIGPIPE, SIG_IGN);
+	if (ioc_node_graph_new(&graph) < 0)
+		IOC_SKIP_ALL("ioc_node_graph_new failed");
 	if (!strcmp(phase, "io"))
 		return ioc_test_run(io, (int)IOC_ARRAY_SIZE(io));
 	if (!strcmp(phase, "verify"))
