@@ -21,6 +21,7 @@
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "tap.h"
 #include "iocore/co.h"
@@ -454,6 +455,21 @@ static void test_second_writer(void)
 	ioc_test_diag("second writer: %d %s", r, err);
 	ASSERT_EQ(r, -EBUSY);
 	ASSERT_NOT_NULL(strstr(err, "locked by another client"));
+
+	/* QEMU, which writes with librbd's cooperative locking, asks for
+	 * the lock and is refused: its write fails, nothing is written. */
+	{
+		char cmd[1024];
+
+		snprintf(cmd, sizeof(cmd), "timeout 60 qemu-io -f raw -c 'write -P 0x77 0 4k' "
+			 "'rbd:rbd/img:conf=%s' >%s/qemu-lock.log 2>&1", conf, dir);
+		r = system(cmd);
+		snprintf(cmd, sizeof(cmd), "sed 's/^/# qemu-io: /' %s/qemu-lock.log", dir);
+		if (system(cmd) != 0)
+			ioc_test_diag("no qemu-io log");
+		ASSERT_NE(r, 0);
+		ASSERT_NE(WEXITSTATUS(r), 124); /* refused, not timed out */
+	}
 
 	ASSERT_OK(open_node(&n2, true, opts_for("rbd", "img", NULL), err, sizeof(err)));
 	ASSERT_OK(run1(0, node, J_READ, 4 * MiB - 8192, sizeof(a), a, 0));
