@@ -37,7 +37,8 @@
  * client do: an OSD restart or a peering pause is ordinary in Ceph, and a
  * guest file system that sees EIO remounts read-only, while a stall ends
  * by itself.  Set it where a front end must answer (an NBD client with
- * its own timeout).
+ * its own timeout).  It bounds open too: with 0, an open against a dead
+ * cluster waits Ceph's client_mount_timeout (300 s by default).
  *
  * Rejected: a completion thread per node (a second hop), rbd_aio_wait_
  * for_complete (blocks a loop), and one image handle per loop (each would
@@ -231,6 +232,8 @@ static void rbd_loops_unregister(struct rbd_node *s)
 		else
 			ioc_loop_call(l, rbd_unregister_fn, s);
 	}
+	/* No request is in flight and no loop runs the handler any more
+	 * (each ioc_loop_call above returned): nothing reads it concurrently. */
 	atomic_store_explicit(&s->nloops, 0, memory_order_relaxed);
 }
 
