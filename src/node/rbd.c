@@ -2,47 +2,40 @@
  * Ceph RBD block nodes (driver "rbd", QEMU's BlockdevOptionsRbd) on
  * librbd's C API.
  *
- * The problem: librbd is asynchronous, but completes requests on its own
- * threads, while a node's requests come from coroutines on any loop, each
- * of which must resume on its home loop.  QEMU gives each completion a
- * callback that schedules a bottom half: a thread hop per request, and
- * the callback runs in librbd's single "api strand" thread for every
- * image of the process.
+ * The problem: librbd completes requests on its own threads, while a
+ * node's requests come from coroutines on any loop, each of which must
+ * resume on its home loop.  QEMU's per-request callback schedules a bottom
+ * half: a thread hop per request, through librbd's one callback thread.
  *
- * The design: the image's completion notification (rbd_set_image_
- * notification) is an eventfd, and librbd queues every finished request
- * on the image and signals it.  Each loop that submits registers that
- * eventfd as a read handler the first time it does (rbd_loop_register);
- * whichever registered loop wakes first takes the queue with
- * rbd_poll_io_events() and finishes each request with ioc_co_await_done(),
- * which enters the coroutine in place when it is at home there and posts
- * it to its loop otherwise.  With one loop per node (the common NBD
- * export) there is no hop at all beyond librbd's eventfd write; with
- * several, a request finishes where it started when its loop wins the
- * race.  Cost: one eventfd signal wakes every registered loop (fine for a
- * few; a loop past RBD_MAX_LOOPS does not register and relies on the
- * others).  Synchronous librbd calls (diff, resize) run on the loop's
- * thread pool, so a slow cluster never stalls a loop.
+ * The design: the image's completion notification is an eventfd
+ * (rbd_set_image_notification); librbd queues each finished request and
+ * signals it.  Each loop that submits registers the eventfd the first time
+ * it does (rbd_loop_register); whichever registered loop wakes first takes
+ * the queue (rbd_poll_io_events) and finishes each request with
+ * ioc_co_await_done(), which enters the coroutine in place when it is at
+ * home there and posts it to its loop otherwise.  One loop per node (an
+ * NBD export's usual case): no hop beyond librbd's eventfd write.  Cost:
+ * a signal wakes every registered loop (fine for a few; a loop past
+ * RBD_MAX_LOOPS relies on the others).  Synchronous calls (diff, resize)
+ * run on the loop's thread pool, so a slow cluster never stalls a loop.
  *
  * Locking: a writable node takes the exclusive lock at open
- * (rbd_lock_acquire), so librbd refuses to hand it over: a second writer
- * is refused -- an iocore node at open, with the owner named; QEMU's
- * write with -EROFS.  __org.iocore_lock=auto keeps librbd's cooperative
- * default instead (the lock moves to whoever writes, as between two QEMUs
- * in a live migration).  Read-only nodes and snapshots take no lock.
+ * (rbd_lock_acquire), so librbd will not hand it over: a second iocore
+ * writer is refused at open, naming the owner; QEMU's write fails with
+ * EROFS.  __org.iocore_lock=auto keeps librbd's cooperative default (the
+ * lock moves to whoever writes, as between two QEMUs in a migration).
  *
- * Faults: __org.iocore_timeout (seconds) sets librados' OSD and monitor
- * operation timeouts and the mount timeout; a request that times out
- * fails with -EIO.  The default, 0, waits forever, as QEMU and the kernel
- * client do: an OSD restart or a peering pause is ordinary in Ceph, and a
- * guest file system that sees EIO remounts read-only, while a stall ends
- * by itself.  Set it where a front end must answer (an NBD client with
- * its own timeout).  It bounds open too: with 0, an open against a dead
- * cluster waits Ceph's client_mount_timeout (300 s by default).
+ * Faults: __org.iocore_timeout (seconds) sets librados' OSD, monitor and
+ * mount timeouts; a request that times out fails with EIO.  The default,
+ * 0, waits forever, as QEMU and the kernel client do: an OSD restart or a
+ * peering pause is ordinary in Ceph and ends by itself, while a guest file
+ * system that sees EIO remounts read-only.  Set it where a front end must
+ * answer in time.  With 0, an open against a dead cluster waits Ceph's
+ * client_mount_timeout (300 s).
  *
  * Rejected: a completion thread per node (a second hop), rbd_aio_wait_
- * for_complete (blocks a loop), and one image handle per loop (each would
- * be a separate lock owner, and they would fight over the exclusive lock).
+ * for_complete (blocks a loop), one image handle per loop (separate lock
+ * owners, fighting over the exclusive lock).
  */
 #include <errno.h>
 #include <inttypes.h>
