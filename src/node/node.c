@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 
 #include "node-int.h"
+#include "rbd.h"
 
 /* ---- drivers ---------------------------------------------------------- */
 
@@ -38,6 +39,7 @@ static const struct ioc_node_drv *const drivers[] = {
 	&ioc__node_drv_raw,
 	&ioc__node_drv_zip,
 	&ioc__node_drv_zip_overlay,
+	IOC_NODE_RBD_DRV_ENTRY
 };
 
 const struct ioc_node_drv *ioc_node_drv_find(const char *name)
