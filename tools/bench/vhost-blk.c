@@ -669,6 +669,17 @@ static void print_one(const struct cfg *c, struct vhf_dev *d, const char *what,
 	printf("\n");
 }
 
+/* The data buffer --op and --bad need: the request's length for reads,
+ * writes and the malformed requests, a page for the others. */
+static uint64_t one_data_cap(const struct cfg *c)
+{
+	uint64_t len = c->length ? c->length : c->size;
+
+	if (c->bad || !c->op || !strcmp(c->op, "read") || !strcmp(c->op, "write"))
+		return len;
+	return 4096;
+}
+
 static int run_one(const struct cfg *c, struct vhf_dev *d)
 {
 	struct vhf_vq *vq = &d->vq[0];
@@ -687,7 +698,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 		fprintf(stderr, "vhost-blk: unknown --op '%s'\n", c->op);
 		return 1;
 	}
-	ret = vhf_blk_slots(d, vq, s, 2, len, false);
+	ret = vhf_blk_slots(d, vq, s, 2, one_data_cap(c), false);
 	if (ret < 0)
 		return 1;
 	if (c->bad) {
@@ -1124,7 +1135,7 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		if (c->info)
 			continue;
 		slots = (c->op || c->bad) ? 2 : c->depth * c->queues;
-		slot_size = (c->op || c->bad) ? (c->length ? c->length : c->size) : c->size;
+		slot_size = (c->op || c->bad) ? one_data_cap(c) : c->size;
 		if (vhf_start(d, slots * vhf_blk_slot_bytes(slot_size)) < 0) {
 			ndev++;
 			goto out;

@@ -797,6 +797,8 @@ int vhf_vq_pop_used(struct vhf_vq *vq, uint32_t *id, uint32_t *len)
 
 static bool used_pending(struct vhf_vq *vq)
 {
+	/* Pairs with the back-end's release of used->idx, as in
+	 * vhf_vq_pop_used(). */
 	return le16toh(__atomic_load_n(&vq->used->idx, __ATOMIC_ACQUIRE)) != vq->last_used;
 }
 
@@ -804,7 +806,10 @@ void vhf_vq_no_interrupts(struct vhf_vq *vq)
 {
 	/* With EVENT_IDX the flags must stay 0; used_event half the index
 	 * space ahead keeps the back-end quiet for 32768 completions, and
-	 * vhf_vq_wait() moves it on. */
+	 * vhf_vq_wait() moves it on.  Relaxed stores: they pair with the
+	 * back-end's read of used_event or flags when it decides whether to
+	 * signal, and a value it sees late costs one needless call, which a
+	 * polling driver never waits for. */
 	if (vq->event_idx)
 		__atomic_store_n(vq->used_event, htole16((uint16_t)(vq->last_used + 0x8000)),
 				 __ATOMIC_RELAXED);
