@@ -134,6 +134,7 @@ struct worker {
 	uint64_t vnext;           /* --verify: next block of this worker */
 	uint64_t out[OUT_N];
 	uint64_t bytes, mismatches, bad_used, first_bad_off;
+	uint64_t len_wrong;       /* OK, but a used len other than written bytes */
 	bool any_mismatch;
 	struct hist lat;
 	int64_t t0, t_end;
@@ -238,7 +239,6 @@ static void complete(struct worker *w, uint32_t id, uint32_t len, int64_t t)
 	struct vhf_blk_slot *s;
 	enum outcome o;
 
-	(void)len;
 	if (id >= w->vq->num || slot >= w->nslots || w->slots[slot].head != id ||
 	    w->slots[slot].t_submit == 0) {
 		/* Not a request of ours in flight: the back-end is wrong. */
@@ -249,8 +249,13 @@ static void complete(struct worker *w, uint32_t id, uint32_t len, int64_t t)
 	hist_add(&w->lat, (uint64_t)(t - s->t_submit));
 	o = status_outcome(*s->status);
 	w->out[o]++;
-	if (o == OUT_OK)
+	if (o == OUT_OK) {
 		w->bytes += c->size;
+		/* The device should report what it wrote: the data of a
+		 * read and the status byte. */
+		if (len != (s->type == VIRTIO_BLK_T_IN ? c->size : 0) + 1)
+			w->len_wrong++;
+	}
 	if (c->verify && s->type == VIRTIO_BLK_T_IN && o == OUT_OK) {
 		uint64_t off = le64toh(s->hdr->sector) * 512;
 		uint64_t bad = check_pattern(s->data, c->size, off, c->seed);
@@ -560,82 +565,120 @@ static int write_file_from(const char *path, const uint8_t *buf, uint64_t len)
 	return ret;
 }
 
-/* Build the malformed request KIND in s (slot 0 of vq, direct
- * descriptors 0..2) and publish it.  Returns -EINVAL for an unknown
- * KIND. */
-static int build_bad(const char *kind, struct vhf_dev *d, struct vhf_vq *vq,
-		     struct vhf_blk_slot *s, uint64_t len)
+/* The malformed requests of --bad. */
+enum bad_kind {
+	BAD_DESC_OOB, BAD_LEN_WRAP, BAD_DESC_LOOP, BAD_SHORT_HEADER, BAD_STATUS_SIZE,
+	BAD_NO_STATUS, BAD_PAST_END, BAD_STRADDLE_END, BAD_WRITE_RO, BAD_BAD_TYPE,
+	BAD_HEAD_OOB, BAD_AVAIL_JUMP, BAD_N
+};
+
+static const struct bad_desc {
+	const char *name, *what;
+	bool corrupts_ring;      /* no good request can follow it */
+} bad_kinds[BAD_N] = {
+	[BAD_DESC_OOB] = { "desc-oob", "a data buffer outside the memory table" },
+	[BAD_LEN_WRAP] = { "len-wrap", "a data buffer wrapping around the address space" },
+	[BAD_DESC_LOOP] = { "desc-loop", "a chain looping back to its head" },
+	[BAD_SHORT_HEADER] = { "short-header", "an 8-byte request header" },
+	[BAD_STATUS_SIZE] = { "status-size", "a status buffer of 0 bytes" },
+	[BAD_NO_STATUS] = { "no-status", "no device-writable buffer" },
+	[BAD_PAST_END] = { "past-end", "a read starting at the capacity" },
+	[BAD_STRADDLE_END] = { "straddle-end", "a read crossing the capacity" },
+	[BAD_WRITE_RO] = { "write-ro", "a write (for a read-only device)" },
+	[BAD_BAD_TYPE] = { "bad-type", "an unknown request type" },
+	[BAD_HEAD_OOB] = { "head-oob", "an avail entry naming no descriptor", true },
+	[BAD_AVAIL_JUMP] = { "avail-jump", "avail->idx moved by more than the ring", true },
+};
+
+static int bad_lookup(const char *name)
+{
+	for (int i = 0; i < BAD_N; i++)
+		if (!strcmp(name, bad_kinds[i].name))
+			return i;
+	return -EINVAL;
+}
+
+static void set_desc(struct vring_desc *t, uint64_t addr, uint32_t len, uint16_t flags,
+		     uint16_t next)
+{
+	t->addr = htole64(addr);
+	t->len = htole32(len);
+	t->flags = htole16(flags);
+	t->next = htole16(next);
+}
+
+/* Build the malformed request kind in s (direct descriptors head..head+2)
+ * and publish it. */
+static void build_bad(enum bad_kind kind, struct vhf_dev *d, struct vhf_vq *vq,
+		      struct vhf_blk_slot *s, uint64_t len)
 {
 	struct vring_desc *t = &vq->desc[s->head];
 	uint64_t hdr = vhf_vq_gpa(vq, s->hdr), data = vhf_vq_gpa(vq, s->data);
 	uint64_t st = vhf_vq_gpa(vq, s->status);
 	uint64_t cap_sectors = vhf_blk_capacity(d) / 512;
-	uint16_t h = s->head;
-	uint32_t l = (uint32_t)len;
+	uint16_t h = s->head, next = VRING_DESC_F_NEXT, wr = VRING_DESC_F_WRITE;
+	uint32_t l = (uint32_t)len, type = VIRTIO_BLK_T_IN;
+	uint64_t sector = 0;
 
-#define DESC(i, a, n, f, nx) do {                                   \
-		t[i].addr = htole64(a); t[i].len = htole32(n);      \
-		t[i].flags = htole16(f); t[i].next = htole16(nx);   \
-	} while (0)
-	enum { N = VRING_DESC_F_NEXT, W = VRING_DESC_F_WRITE };
-
-	s->type = VIRTIO_BLK_T_IN;
-	s->hdr->type = htole32(VIRTIO_BLK_T_IN);
-	s->hdr->ioprio = 0;
-	s->hdr->sector = 0;
-	*s->status = 0xff;
-	DESC(0, hdr, 16, N, h + 1);
-	DESC(1, data, l, N | W, h + 2);
-	DESC(2, st, 1, W, 0);
-	if (!strcmp(kind, "desc-oob")) {
-		/* The data buffer just past the end of the memory table. */
-		DESC(1, VHF_GUEST_BASE + d->mem_size + 4096, l, N | W, h + 2);
-	} else if (!strcmp(kind, "len-wrap")) {
-		/* A buffer whose end wraps around the address space. */
-		DESC(1, UINT64_MAX - 511, l, N | W, h + 2);
-	} else if (!strcmp(kind, "desc-loop")) {
-		/* header -> data -> header -> ... */
-		DESC(1, data, l, N | W, h);
-	} else if (!strcmp(kind, "short-header")) {
-		DESC(0, hdr, 8, N, h + 1);
-	} else if (!strcmp(kind, "status-size")) {
-		DESC(2, st, 0, W, 0);
-	} else if (!strcmp(kind, "no-status")) {
-		/* A write of the header and data, nothing device-writable. */
-		s->type = VIRTIO_BLK_T_OUT;
-		s->hdr->type = htole32(VIRTIO_BLK_T_OUT);
-		DESC(1, data, l, 0, 0);
-	} else if (!strcmp(kind, "past-end")) {
-		s->hdr->sector = htole64(cap_sectors);
-	} else if (!strcmp(kind, "straddle-end")) {
-		s->hdr->sector = htole64(cap_sectors - 1);
-	} else if (!strcmp(kind, "write-ro")) {
-		s->type = VIRTIO_BLK_T_OUT;
-		s->hdr->type = htole32(VIRTIO_BLK_T_OUT);
-		DESC(1, data, l, N, h + 2);
-	} else if (!strcmp(kind, "bad-type")) {
-		s->hdr->type = htole32(0x7777);
-	} else if (!strcmp(kind, "head-oob")) {
-		/* An avail entry naming a descriptor the table does not have. */
+	set_desc(&t[0], hdr, 16, next, h + 1);
+	set_desc(&t[1], data, l, next | wr, h + 2);
+	set_desc(&t[2], st, 1, wr, 0);
+	switch (kind) {
+	case BAD_DESC_OOB:
+		set_desc(&t[1], VHF_GUEST_BASE + d->mem_size + 4096, l, next | wr, h + 2);
+		break;
+	case BAD_LEN_WRAP:
+		set_desc(&t[1], UINT64_MAX - 511, l, next | wr, h + 2);
+		break;
+	case BAD_DESC_LOOP: /* header -> data -> header -> ... */
+		set_desc(&t[1], data, l, next | wr, h);
+		break;
+	case BAD_SHORT_HEADER:
+		set_desc(&t[0], hdr, 8, next, h + 1);
+		break;
+	case BAD_STATUS_SIZE:
+		set_desc(&t[2], st, 0, wr, 0);
+		break;
+	case BAD_NO_STATUS: /* a write: header and data, nothing writable */
+		type = VIRTIO_BLK_T_OUT;
+		set_desc(&t[1], data, l, 0, 0);
+		break;
+	case BAD_PAST_END:
+		sector = cap_sectors;
+		break;
+	case BAD_STRADDLE_END:
+		sector = cap_sectors ? cap_sectors - 1 : 0;
+		break;
+	case BAD_WRITE_RO:
+		type = VIRTIO_BLK_T_OUT;
+		set_desc(&t[1], data, l, next, h + 2);
+		break;
+	case BAD_BAD_TYPE:
+		type = 0x7777;
+		break;
+	case BAD_HEAD_OOB:
 		vhf_vq_publish(vq, (uint16_t)vq->num);
-		return 0;
-	} else if (!strcmp(kind, "avail-jump")) {
-		/* avail->idx moved by more than the ring holds. */
+		return;
+	case BAD_AVAIL_JUMP:
 		vq->avail->ring[vq->avail_idx & (vq->num - 1)] = htole16(h);
 		vq->avail_idx = (uint16_t)(vq->avail_idx + vq->num + 1);
 		/* Pairs with the back-end's acquire load of avail->idx. */
 		__atomic_store_n(&vq->avail->idx, htole16(vq->avail_idx), __ATOMIC_RELEASE);
-		return 0;
-	} else {
-		return -EINVAL;
+		return;
+	case BAD_N:
+		return;
 	}
-#undef DESC
+	s->type = type;
+	s->hdr->type = htole32(type);
+	s->hdr->ioprio = 0;
+	s->hdr->sector = htole64(sector);
+	*s->status = 0xff;
 	vhf_vq_publish(vq, h);
-	return 0;
 }
 
 static void print_one(const struct cfg *c, struct vhf_dev *d, const char *what,
-		      uint64_t off, uint64_t len, const struct one *r, const char *id)
+		      const char *about, uint64_t off, uint64_t len, const struct one *r,
+		      const char *id)
 {
 	if (c->json) {
 		printf("{\"tool\":\"iocore-bench\",\"cmd\":\"vhost-blk\",\"%s\":\"%s\","
@@ -645,6 +688,8 @@ static void print_one(const struct cfg *c, struct vhf_dev *d, const char *what,
 		       r->o <= OUT_UNTOUCHED ? r->status : -1, r->used_len);
 		if (id)
 			printf(",\"id\":\"%s\"", id);
+		if (about)
+			printf(",\"about\":\"%s\"", about);
 		if (r->probed)
 			printf(",\"still_serving\":%s", r->serving ? "true" : "false");
 		printf(",");
@@ -652,8 +697,10 @@ static void print_one(const struct cfg *c, struct vhf_dev *d, const char *what,
 		printf("}\n");
 		return;
 	}
-	printf("%s %s offset %" PRIu64 " length %" PRIu64 ": ", c->bad ? "bad" : "op", what,
-	       off, len);
+	if (about)
+		printf("bad %s (%s), length %" PRIu64 ": ", what, about, len);
+	else
+		printf("op %s offset %" PRIu64 " length %" PRIu64 ": ", what, off, len);
 	if (r->o <= OUT_UNTOUCHED)
 		printf("status %u (%s)%s, used len %u", r->status, outcome_names[r->o],
 		       r->o == OUT_UNTOUCHED ? ": used, but the status byte was not written" : "",
@@ -687,6 +734,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 	uint64_t len = c->length ? c->length : c->size, off = c->offset;
 	struct one r = { 0 };
 	char id[VIRTIO_BLK_ID_BYTES + 1] = "";
+	int bad = c->bad ? bad_lookup(c->bad) : -1;
 	uint32_t type = 0;
 	int ret;
 
@@ -702,11 +750,11 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 	if (ret < 0)
 		return 1;
 	if (c->bad) {
-		ret = build_bad(c->bad, d, vq, &s[0], len);
-		if (ret < 0) {
+		if (bad < 0) {
 			fprintf(stderr, "vhost-blk: unknown --bad '%s'\n", c->bad);
 			return 1;
 		}
+		build_bad((enum bad_kind)bad, d, vq, &s[0], len);
 	} else {
 		if (type == VIRTIO_BLK_T_OUT) {
 			if (c->input) {
@@ -740,8 +788,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 			return 1;
 		}
 	}
-	if (c->bad && r.o != OUT_CLOSED &&
-	    strcmp(c->bad, "head-oob") && strcmp(c->bad, "avail-jump")) {
+	if (c->bad && r.o != OUT_CLOSED && !bad_kinds[bad].corrupts_ring) {
 		/* Does it still serve a good request?  (Not after corrupting
 		 * the avail ring: no good request can follow that.) */
 		struct one p = { 0 };
@@ -751,7 +798,8 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 		r.probed = true;
 		r.serving = p.o == OUT_OK;
 	}
-	print_one(c, d, c->bad ? c->bad : c->op, c->bad ? 0 : off, len, &r,
+	print_one(c, d, c->bad ? bad_kinds[bad].name : c->op,
+		  c->bad ? bad_kinds[bad].what : NULL, c->bad ? 0 : off, len, &r,
 		  type == VIRTIO_BLK_T_GET_ID && !c->bad ? id : NULL);
 	if (!(c->expect & (1u << r.o))) {
 		char want[128];
@@ -763,11 +811,11 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 	}
 	if (c->op && type == VIRTIO_BLK_T_IN && c->pattern < 0 && !c->output && !c->input &&
 	    c->verify && r.o == OUT_OK) {
-		uint64_t bad = check_pattern(s[0].data, len, off, c->seed);
+		uint64_t at = check_pattern(s[0].data, len, off, c->seed);
 
-		if (bad != UINT64_MAX) {
+		if (at != UINT64_MAX) {
 			fprintf(stderr, "vhost-blk: data differs from the pattern at byte %"
-				PRIu64 "\n", bad);
+				PRIu64 "\n", at);
 			return 1;
 		}
 	}
@@ -783,6 +831,7 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 	struct hist *all = calloc(1, sizeof(*all));
 	pthread_barrier_t bar;
 	uint64_t out[OUT_N] = { 0 }, bytes = 0, mism = 0, done = 0, kicks = 0, calls = 0;
+	uint64_t len_wrong = 0, bad_used = 0;
 	int64_t t0 = INT64_MAX, t1 = 0;
 	int rc = 0;
 
@@ -855,6 +904,8 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 		bytes += w->bytes;
 		mism += w->mismatches;
 		done += w->done;
+		len_wrong += w->len_wrong;
+		bad_used += w->bad_used;
 		kicks += w->vq->kicks;
 		calls += w->vq->calls;
 		for (size_t b = 0; b < sizeof(all->b) / sizeof(all->b[0]); b++)
@@ -880,13 +931,14 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 		       "\"requests\":%" PRIu64 ",\"seconds\":%.6f,\"iops\":%.1f,"
 		       "\"mb_s\":%.1f,\"lat_us\":{\"p50\":%.1f,\"p99\":%.1f,\"max\":%.1f},"
 		       "\"kicks\":%" PRIu64 ",\"calls\":%" PRIu64 ",\"mismatches\":%" PRIu64
+		       ",\"used_len_wrong\":%" PRIu64 ",\"bad_used_ids\":%" PRIu64
 		       ",\"status\":{",
 		       c->verify ? "verify" : rw_names[c->rw], c->size, c->depth, c->queues,
 		       ndev, c->poll ? "poll" : "call", c->indirect ? "true" : "false",
 		       vhf_has(&devs[0], VIRTIO_RING_F_EVENT_IDX) ? "true" : "false", done,
 		       secs, iops, mbs, (double)hist_pct(all, 50) / 1e3,
 		       (double)hist_pct(all, 99) / 1e3, (double)all->max / 1e3, kicks, calls,
-		       mism);
+		       mism, len_wrong, bad_used);
 		for (int o = 0; o < OUT_N; o++)
 			printf("%s\"%s\":%" PRIu64, o ? "," : "", outcome_names[o], out[o]);
 		printf("},");
@@ -905,6 +957,9 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 					printf(" %s %" PRIu64, outcome_names[o], out[o]);
 			printf("\n");
 		}
+		if (len_wrong)
+			printf("%" PRIu64 " requests completed OK with a used length other "
+			       "than the bytes written\n", len_wrong);
 		if (c->verify)
 			printf("verify: %" PRIu64 " blocks written and read back, %" PRIu64
 			       " differ\n", out[OUT_OK] / 2, mism);
@@ -1085,6 +1140,14 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 	}
 	if (c->op && c->bad) {
 		fprintf(stderr, "vhost-blk: --op and --bad exclude each other\n");
+		return 1;
+	}
+	if (c->op && op_type(c->op, &(uint32_t){ 0 }) < 0) {
+		fprintf(stderr, "vhost-blk: unknown --op '%s'\n", c->op);
+		return 1;
+	}
+	if (c->bad && bad_lookup(c->bad) < 0) {
+		fprintf(stderr, "vhost-blk: unknown --bad '%s'\n", c->bad);
 		return 1;
 	}
 	if (c->depth == 0 || c->depth > 32768 || c->size == 0 || c->size % 512 ||
