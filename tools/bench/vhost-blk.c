@@ -235,12 +235,11 @@ static void next_req(struct worker *w, uint32_t *type, uint64_t *off)
 static void complete(struct worker *w, uint32_t id, uint32_t len, int64_t t)
 {
 	const struct cfg *c = w->c;
-	unsigned slot = w->slots[0].indirect ? id : id / 3;
+	int slot = vhf_blk_slot_of(w->slots, w->nslots, id);
 	struct vhf_blk_slot *s;
 	enum outcome o;
 
-	if (id >= w->vq->num || slot >= w->nslots || w->slots[slot].head != id ||
-	    w->slots[slot].t_submit == 0) {
+	if (slot < 0 || w->slots[slot].t_submit == 0) {
 		/* Not a request of ours in flight: the back-end is wrong. */
 		w->bad_used++;
 		return;
@@ -267,7 +266,7 @@ static void complete(struct worker *w, uint32_t id, uint32_t len, int64_t t)
 		}
 	}
 	s->t_submit = 0;
-	w->free[w->nfree++] = slot;
+	w->free[w->nfree++] = (unsigned)slot;
 	w->inflight--;
 	w->done++;
 }
@@ -427,7 +426,7 @@ static void print_info(const struct cfg *c, struct vhf_dev *d, FILE *f)
 		fprintf(f, "\"capacity\":%" PRIu64 ",\"blk_size\":%u,\"num_queues\":%u,"
 			"\"max_queues\":%u,\"features\":\"0x%" PRIx64 "\",\"acked\":\"0x%"
 			PRIx64 "\",\"protocol_features\":\"0x%" PRIx64 "\","
-			"\"protocol_acked\":\"0x%" PRIx64 "\",\"seg_max\":%u,"
+			"\"protocol_acked\":\"0x%" PRIx64 "\",\"size_max\":%u,\"seg_max\":%u,"
 			"\"max_discard_sectors\":%u,\"max_discard_seg\":%u,"
 			"\"discard_sector_alignment\":%u,\"max_write_zeroes_sectors\":%u,"
 			"\"max_write_zeroes_seg\":%u,\"write_zeroes_may_unmap\":%u,"
@@ -435,6 +434,7 @@ static void print_info(const struct cfg *c, struct vhf_dev *d, FILE *f)
 			vhf_blk_capacity(d), vhf_blk_size(d),
 			vhf_has(d, VIRTIO_BLK_F_MQ) ? vhf_blk_cfg16(d, &k->num_queues) : 1,
 			d->max_queues, d->features, d->acked, d->pfeatures, d->packed,
+			vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? vhf_blk_cfg32(d, &k->size_max) : 0,
 			vhf_blk_cfg32(d, &k->seg_max), vhf_blk_cfg32(d, &k->max_discard_sectors),
 			vhf_blk_cfg32(d, &k->max_discard_seg),
 			vhf_blk_cfg32(d, &k->discard_sector_alignment),
@@ -448,7 +448,7 @@ static void print_info(const struct cfg *c, struct vhf_dev *d, FILE *f)
 		" (accepted 0x%" PRIx64 ")\n", d->socket, vhf_blk_capacity(d), vhf_blk_size(d),
 		vhf_has(d, VIRTIO_BLK_F_MQ) ? vhf_blk_cfg16(d, &k->num_queues) : 1,
 		d->max_queues, d->features, d->acked, d->pfeatures, d->packed);
-	fprintf(f, "  %s%s%s%s%s%s%s, seg_max %u, discard max %u sectors x %u seg "
+	fprintf(f, "  %s%s%s%s%s%s%s, size_max %u, seg_max %u, discard max %u sectors x %u seg "
 		"(align %u), write-zeroes max %u sectors x %u seg%s\n",
 		vhf_has(d, VIRTIO_BLK_F_RO) ? "read-only" : "writable",
 		vhf_has(d, VIRTIO_BLK_F_FLUSH) ? ", flush" : "",
@@ -457,6 +457,7 @@ static void print_info(const struct cfg *c, struct vhf_dev *d, FILE *f)
 		vhf_has(d, VIRTIO_RING_F_EVENT_IDX) ? ", event-idx" : "",
 		vhf_has(d, VIRTIO_RING_F_INDIRECT_DESC) ? ", indirect" : "",
 		(d->packed & (1ull << VHF_PF_INFLIGHT_SHMFD)) ? ", inflight" : "",
+		vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? vhf_blk_cfg32(d, &k->size_max) : 0,
 		vhf_blk_cfg32(d, &k->seg_max), vhf_blk_cfg32(d, &k->max_discard_sectors),
 		vhf_blk_cfg32(d, &k->max_discard_seg),
 		vhf_blk_cfg32(d, &k->discard_sector_alignment),
@@ -1124,11 +1125,13 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		return 1;
 	}
 	/* --devices N with one PATH holding %d: PATH numbered 0..N-1. */
-	if (c->devices > 1 && c->nsockets == 1 && strstr(c->sockets[0], "%d")) {
-		const char *tmpl = c->sockets[0];
+	if (c->devices && c->nsockets == 1 && strstr(c->sockets[0], "%d")) {
+		/* Not a format string: only the first %d is replaced. */
+		const char *tmpl = c->sockets[0], *at = strstr(tmpl, "%d");
+		int pre = (int)(at - tmpl);
 
 		for (unsigned i = 0; i < c->devices; i++) {
-			snprintf(names[i], sizeof(names[i]), tmpl, i);
+			snprintf(names[i], sizeof(names[i]), "%.*s%u%s", pre, tmpl, i, at + 2);
 			c->sockets[i] = names[i];
 		}
 		c->nsockets = c->devices;
@@ -1199,7 +1202,7 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 			continue;
 		slots = (c->op || c->bad) ? 2 : c->depth * c->queues;
 		slot_size = (c->op || c->bad) ? one_data_cap(c) : c->size;
-		if (vhf_start(d, slots * vhf_blk_slot_bytes(slot_size)) < 0) {
+		if (vhf_start(d, slots * vhf_blk_slot_bytes(d, slot_size)) < 0) {
 			ndev++;
 			goto out;
 		}

@@ -895,19 +895,45 @@ int vhf_vq_wait(struct vhf_vq *vq, bool poll_mode, int timeout_ms)
 /* Per slot: header, segment, id, status in one 64-byte block; the
  * indirect table; the data. */
 #define SLOT_META 64
-#define SLOT_ITAB 64
 
-uint64_t vhf_blk_slot_bytes(uint64_t data_cap)
+/* The data of a request goes in segments of at most size_max bytes when
+ * the device set VIRTIO_BLK_F_SIZE_MAX to something (qemu-storage-daemon
+ * offers the bit with 0, which limits nothing). */
+static uint64_t seg_size(const struct vhf_dev *d, uint64_t data_cap)
 {
-	return SLOT_META + SLOT_ITAB + align_up(data_cap, 4096) + 4096;
+	uint32_t m = vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? vhf_blk_cfg32(d, &d->cfg.size_max) : 0;
+
+	return m && m < data_cap ? m : data_cap;
+}
+
+static unsigned slot_descs(const struct vhf_dev *d, uint64_t data_cap)
+{
+	uint64_t seg = seg_size(d, data_cap);
+
+	return 2 + (unsigned)(data_cap ? (data_cap + seg - 1) / seg : 1);
+}
+
+uint64_t vhf_blk_slot_bytes(const struct vhf_dev *d, uint64_t data_cap)
+{
+	return SLOT_META + 16ull * slot_descs(d, data_cap) + 64 + align_up(data_cap, 4096) +
+	       4096;
 }
 
 int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slots,
 		  unsigned n, uint64_t data_cap, bool indirect)
 {
-	if ((uint64_t)n * (indirect ? 1 : 3) > vq->num) {
-		say(d, "%u requests in flight need %u descriptors, the ring has %u", n,
-		    n * (indirect ? 1 : 3), vq->num);
+	unsigned nd = slot_descs(d, data_cap);
+	uint32_t seg_max = vhf_has(d, VIRTIO_BLK_F_SEG_MAX) ? vhf_blk_cfg32(d, &d->cfg.seg_max) : 0;
+
+	if (seg_max && nd - 2 > seg_max) {
+		say(d, "requests of %" PRIu64 " bytes need %u segments of size_max, the "
+		    "device takes %u (seg_max)", data_cap, nd - 2, seg_max);
+		return -EINVAL;
+	}
+	if ((uint64_t)n * (indirect ? 1 : nd) > vq->num) {
+		say(d, "%u requests in flight need %" PRIu64 " descriptors, the ring has %u "
+		    "(a larger --queue-size or --indirect)", n,
+		    (uint64_t)n * (indirect ? 1 : nd), vq->num);
 		return -ENOSPC;
 	}
 	for (unsigned i = 0; i < n; i++) {
@@ -915,7 +941,7 @@ int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slo
 		uint8_t *meta = vhf_alloc(d, SLOT_META, 64);
 
 		memset(s, 0, sizeof(*s));
-		s->itab = vhf_alloc(d, SLOT_ITAB, 64);
+		s->itab = vhf_alloc(d, 16ull * nd, 64);
 		s->data = data_cap ? vhf_alloc(d, data_cap, 4096) : NULL;
 		if (!meta || !s->itab || (data_cap && !s->data)) {
 			say(d, "guest memory too small for %u slots of %" PRIu64 " bytes", n,
@@ -927,10 +953,22 @@ int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slo
 		s->id = (char *)(meta + 32);
 		s->status = meta + 52;
 		s->data_cap = data_cap;
+		s->seg_size = seg_size(d, data_cap);
+		s->ndesc = (uint16_t)nd;
 		s->indirect = indirect;
-		s->head = (uint16_t)(indirect ? i : 3 * i);
+		s->head = (uint16_t)(indirect ? i : nd * i);
 	}
 	return 0;
+}
+
+int vhf_blk_slot_of(const struct vhf_blk_slot *slots, unsigned n, uint32_t id)
+{
+	uint32_t i;
+
+	if (!n)
+		return -1;
+	i = slots[0].indirect ? id : id / slots[0].ndesc;
+	return i < n && slots[i].head == id ? (int)i : -1;
 }
 
 static void set_desc(struct vring_desc *d, uint64_t addr, uint32_t len, uint16_t flags,
@@ -957,15 +995,19 @@ void vhf_blk_submit(struct vhf_vq *vq, struct vhf_blk_slot *s, uint32_t type,
 	n++;
 	switch (type) {
 	case VIRTIO_BLK_T_IN:
-		set_desc(&t[n], vhf_vq_gpa(vq, s->data), (uint32_t)len,
-			 VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, base + n + 1);
-		n++;
+	case VIRTIO_BLK_T_OUT: {
+		uint16_t f = VRING_DESC_F_NEXT |
+			     (type == VIRTIO_BLK_T_IN ? VRING_DESC_F_WRITE : 0);
+
+		for (uint64_t at = 0; at < len; at += s->seg_size) {
+			uint64_t l = len - at < s->seg_size ? len - at : s->seg_size;
+
+			set_desc(&t[n], vhf_vq_gpa(vq, s->data + at), (uint32_t)l, f,
+				 base + n + 1);
+			n++;
+		}
 		break;
-	case VIRTIO_BLK_T_OUT:
-		set_desc(&t[n], vhf_vq_gpa(vq, s->data), (uint32_t)len, VRING_DESC_F_NEXT,
-			 base + n + 1);
-		n++;
-		break;
+	}
 	case VIRTIO_BLK_T_GET_ID:
 		set_desc(&t[n], vhf_vq_gpa(vq, s->id), VIRTIO_BLK_ID_BYTES,
 			 VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, base + n + 1);

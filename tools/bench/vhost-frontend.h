@@ -142,16 +142,18 @@ void vhf_vq_no_interrupts(struct vhf_vq *vq);
 /* virtio-blk requests.  A slot is one request's guest memory: header,
  * a 16-byte discard/write-zeroes segment, the GET_ID buffer, the status
  * byte, data_cap bytes of data, an indirect table; its head descriptor
- * is fixed (3 descriptors each, or 1 with an indirect table). */
+ * is fixed.  It owns ndesc descriptors: header, status and the data in
+ * segments of at most the device's size_max (one segment when it sets
+ * none), or with an indirect table just the head. */
 struct vhf_blk_slot {
 	struct virtio_blk_outhdr *hdr;
 	struct virtio_blk_discard_write_zeroes *seg;
 	char *id;                /* VIRTIO_BLK_ID_BYTES */
 	uint8_t *status;
 	uint8_t *data;
-	struct vring_desc *itab; /* 4 entries */
-	uint64_t data_cap;
-	uint16_t head;
+	struct vring_desc *itab; /* ndesc entries */
+	uint64_t data_cap, seg_size;
+	uint16_t head, ndesc;
 	bool indirect;
 	uint32_t type;           /* of the request in flight */
 	int64_t t_submit;        /* for the caller */
@@ -165,11 +167,15 @@ static inline uint64_t vhf_vq_gpa(const struct vhf_vq *vq, const void *p)
 }
 
 /* Carve n slots for vq out of guest memory: -ENOSPC when the ring has too
- * few descriptors (3 a slot, 1 with indirect) or memory is short. */
+ * few descriptors or memory is short, -EINVAL when data_cap needs more
+ * segments than the device's seg_max. */
 int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slots,
 		  unsigned n, uint64_t data_cap, bool indirect);
-/* Guest memory each slot needs (for vhf_start()'s data_bytes). */
-uint64_t vhf_blk_slot_bytes(uint64_t data_cap);
+/* Guest memory each slot needs (for vhf_start()'s data_bytes; d is
+ * connected, so its size_max is known). */
+uint64_t vhf_blk_slot_bytes(const struct vhf_dev *d, uint64_t data_cap);
+/* The index of the slot whose head is id, or -1 when none is. */
+int vhf_blk_slot_of(const struct vhf_blk_slot *slots, unsigned n, uint32_t id);
 
 /* Build a request in s and publish it (not kicked): type, sector (512
  * bytes), len bytes of data (IN/OUT), or for DISCARD/WRITE_ZEROES the
