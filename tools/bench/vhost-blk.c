@@ -747,7 +747,8 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 		fprintf(stderr, "vhost-blk: unknown --op '%s'\n", c->op);
 		return 1;
 	}
-	ret = vhf_blk_slots(d, vq, s, 2, one_data_cap(c), false);
+	/* --bad builds direct chains; --op may go indirect. */
+	ret = vhf_blk_slots(d, vq, s, 2, one_data_cap(c), c->indirect && !c->bad);
 	if (ret < 0)
 		return 1;
 	if (c->bad) {
@@ -1172,15 +1173,6 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 	if (c->op || c->bad)
 		c->queues = 1;
 
-	/* Ring size: enough descriptors for --depth (3 a request, 1 with
-	 * indirect), 256 at least, as a power of two. */
-	if (!c->queue_size) {
-		uint64_t need = (c->op || c->bad) ? 6 : c->depth * (c->indirect ? 1 : 3);
-
-		c->queue_size = 256;
-		while (c->queue_size < need && c->queue_size < 32768)
-			c->queue_size <<= 1;
-	}
 	c->vo.queues = c->queues;
 	c->vo.queue_size = c->queue_size;
 	c->vo.timeout_ms = c->timeout_ms < 10000 ? 10000 : c->timeout_ms;
@@ -1202,6 +1194,18 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 			continue;
 		slots = (c->op || c->bad) ? 2 : c->depth * c->queues;
 		slot_size = (c->op || c->bad) ? one_data_cap(c) : c->size;
+		/* Without --queue-size: enough descriptors for the slots of
+		 * one ring (their data in segments of the device's size_max),
+		 * 256 at least, as a power of two. */
+		if (!c->queue_size) {
+			uint64_t need = (slots / c->queues) *
+					vhf_blk_slot_descs(d, slot_size,
+							   c->indirect && !c->bad);
+
+			d->queue_size = 256;
+			while (d->queue_size < need && d->queue_size < 32768)
+				d->queue_size <<= 1;
+		}
 		if (vhf_start(d, slots * vhf_blk_slot_bytes(d, slot_size)) < 0) {
 			ndev++;
 			goto out;

@@ -913,6 +913,11 @@ static unsigned slot_descs(const struct vhf_dev *d, uint64_t data_cap)
 	return 2 + (unsigned)(data_cap ? (data_cap + seg - 1) / seg : 1);
 }
 
+unsigned vhf_blk_slot_descs(const struct vhf_dev *d, uint64_t data_cap, bool indirect)
+{
+	return indirect ? 1 : slot_descs(d, data_cap);
+}
+
 uint64_t vhf_blk_slot_bytes(const struct vhf_dev *d, uint64_t data_cap)
 {
 	return SLOT_META + 16ull * slot_descs(d, data_cap) + 64 + align_up(data_cap, 4096) +

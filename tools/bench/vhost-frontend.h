@@ -86,7 +86,7 @@ struct vhf_dev {
 	void *inflight;
 	uint64_t inflight_size;
 	unsigned nvqs;
-	unsigned queue_size;
+	unsigned queue_size;     /* may be changed between connect and start */
 	bool no_inflight;
 	struct vhf_vq vq[VHF_MAX_QUEUES];
 };
@@ -174,6 +174,8 @@ int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slo
 /* Guest memory each slot needs (for vhf_start()'s data_bytes; d is
  * connected, so its size_max is known). */
 uint64_t vhf_blk_slot_bytes(const struct vhf_dev *d, uint64_t data_cap);
+/* Ring descriptors one slot takes. */
+unsigned vhf_blk_slot_descs(const struct vhf_dev *d, uint64_t data_cap, bool indirect);
 /* The index of the slot whose head is id, or -1 when none is. */
 int vhf_blk_slot_of(const struct vhf_blk_slot *slots, unsigned n, uint32_t id);
 
