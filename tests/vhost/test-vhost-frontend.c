@@ -318,7 +318,7 @@ static bool stub_message(struct stub *s)
 	case 12:
 		s->vq[u64 & 0xff].kick = fds[0];
 		/* Without protocol features a ring starts enabled. */
-		if (!(s->acked & (1ull << VHF_F_PROTOCOL_FEATURES)))
+		if (!(s->acked & (1ull << IOC_VHF_F_PROTOCOL_FEATURES)))
 			s->vq[u64 & 0xff].enabled = true;
 		break;
 	case 13: s->vq[u64 & 0xff].call = fds[0]; break;
@@ -343,7 +343,7 @@ static bool stub_message(struct stub *s)
 		c.num_queues = htole16((uint16_t)s->nq);
 		c.size_max = htole32(s->size_max);
 		c.seg_max = htole32(6);
-		memcpy(p + 12, &c, VHF_BLK_CONFIG_SIZE);
+		memcpy(p + 12, &c, IOC_VHF_BLK_CONFIG_SIZE);
 		stub_send(s, h[0], p, h[2], -1);
 		replied = true;
 		break;
@@ -468,24 +468,24 @@ static void stub_free(struct stub *s)
 	free(s);
 }
 
-#define ALL_FEATURES ((1ull << VIRTIO_F_VERSION_1) | (1ull << VHF_F_PROTOCOL_FEATURES) | \
+#define ALL_FEATURES ((1ull << VIRTIO_F_VERSION_1) | (1ull << IOC_VHF_F_PROTOCOL_FEATURES) | \
 		      (1ull << VIRTIO_RING_F_EVENT_IDX) |                             \
 		      (1ull << VIRTIO_RING_F_INDIRECT_DESC) | (1ull << VIRTIO_BLK_F_MQ) | \
 		      (1ull << VIRTIO_BLK_F_FLUSH) | (1ull << VIRTIO_BLK_F_BLK_SIZE))
-#define ALL_PFEATURES ((1ull << VHF_PF_MQ) | (1ull << VHF_PF_REPLY_ACK) |         \
-		       (1ull << VHF_PF_CONFIG) | (1ull << VHF_PF_INFLIGHT_SHMFD))
+#define ALL_PFEATURES ((1ull << IOC_VHF_PF_MQ) | (1ull << IOC_VHF_PF_REPLY_ACK) |         \
+		       (1ull << IOC_VHF_PF_CONFIG) | (1ull << IOC_VHF_PF_INFLIGHT_SHMFD))
 
 /* One request on slot sl, waited for: its status. */
-static int do_io(struct vhf_vq *vq, struct vhf_blk_slot *sl, uint32_t type, uint64_t sector,
+static int do_io(struct ioc_vhf_vq *vq, struct ioc_vhf_blk_slot *sl, uint32_t type, uint64_t sector,
 		 uint64_t len, bool poll_mode)
 {
 	uint32_t id, ulen;
 	int ret;
 
-	vhf_blk_submit(vq, sl, type, sector, len, 0, 0);
-	vhf_vq_kick(vq);
-	while (!vhf_vq_pop_used(vq, &id, &ulen)) {
-		ret = vhf_vq_wait(vq, poll_mode, 5000);
+	ioc_vhf_blk_submit(vq, sl, type, sector, len, 0, 0);
+	ioc_vhf_vq_kick(vq);
+	while (!ioc_vhf_vq_pop_used(vq, &id, &ulen)) {
+		ret = ioc_vhf_vq_wait(vq, poll_mode, 5000);
 		if (ret < 0)
 			return ret;
 	}
@@ -496,18 +496,18 @@ static int do_io(struct vhf_vq *vq, struct vhf_blk_slot *sl, uint32_t type, uint
 static void test_handshake(void)
 {
 	struct stub *s = stub_start(ALL_FEATURES, ALL_PFEATURES, 2, STUB_OK, 0);
-	struct vhf_opts o = { .socket = s->path, .queues = 2, .timeout_ms = 5000 };
-	struct vhf_dev d;
+	struct ioc_vhf_opts o = { .socket = s->path, .queues = 2, .timeout_ms = 5000 };
+	struct ioc_vhf_dev d;
 	uint16_t bases[2];
 	bool acks = false;
 
-	ASSERT_OK(vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
 	ASSERT_UEQ(d.packed, ALL_PFEATURES);
 	ASSERT_EQ(d.max_queues, 2);
-	ASSERT_UEQ(vhf_blk_capacity(&d), DISK_SIZE);
-	ASSERT_OK(vhf_start(&d, 1 << 20));
-	ASSERT_OK(vhf_stop(&d, bases));
-	vhf_close(&d);
+	ASSERT_UEQ(ioc_vhf_blk_capacity(&d), DISK_SIZE);
+	ASSERT_OK(ioc_vhf_start(&d, 1 << 20));
+	ASSERT_OK(ioc_vhf_stop(&d, bases));
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	/* Every message is version 1; need_reply appears only after
 	 * SET_PROTOCOL_FEATURES (16), then on every message without a reply
@@ -527,7 +527,8 @@ static void test_handshake(void)
 	}
 	ASSERT_TRUE(s->inflight_set);
 	ASSERT_TRUE(s->vq[0].enabled && s->vq[1].enabled);
-	ASSERT_UEQ(s->acked & (1ull << VHF_F_PROTOCOL_FEATURES), 1ull << VHF_F_PROTOCOL_FEATURES);
+	ASSERT_UEQ(s->acked & (1ull << IOC_VHF_F_PROTOCOL_FEATURES),
+		   1ull << IOC_VHF_F_PROTOCOL_FEATURES);
 	stub_free(s);
 }
 
@@ -539,17 +540,17 @@ static void roundtrip_max(uint64_t features_off, bool indirect, bool poll_mode,
 	struct stub *s = stub_start(ALL_FEATURES | (1ull << VIRTIO_BLK_F_SIZE_MAX) |
 				    (1ull << VIRTIO_BLK_F_SEG_MAX), ALL_PFEATURES, 1, STUB_OK,
 				    size_max);
-	struct vhf_opts o = { .socket = s->path, .timeout_ms = 5000,
+	struct ioc_vhf_opts o = { .socket = s->path, .timeout_ms = 5000,
 			      .features_off = features_off };
-	struct vhf_blk_slot sl[4];
+	struct ioc_vhf_blk_slot sl[4];
 	static uint8_t want[65536];
-	struct vhf_dev d;
+	struct ioc_vhf_dev d;
 
-	ASSERT_OK(vhf_connect(&d, &o));
-	ASSERT_OK(vhf_start(&d, 4 * vhf_blk_slot_bytes(&d, 65536)));
-	ASSERT_OK(vhf_blk_slots(&d, &d.vq[0], sl, 4, 65536, indirect));
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_start(&d, 4 * ioc_vhf_blk_slot_bytes(&d, 65536)));
+	ASSERT_OK(ioc_vhf_blk_slots(&d, &d.vq[0], sl, 4, 65536, indirect));
 	if (poll_mode)
-		vhf_vq_no_interrupts(&d.vq[0]);
+		ioc_vhf_vq_no_interrupts(&d.vq[0]);
 	for (unsigned r = 0; r < 40; r++) {
 		uint64_t blk = r % (DISK_SIZE / 65536);
 
@@ -569,8 +570,8 @@ static void roundtrip_max(uint64_t features_off, bool indirect, bool poll_mode,
 	ASSERT_EQ(do_io(&d.vq[0], &sl[0], VIRTIO_BLK_T_IN, DISK_SIZE / 512, 512, poll_mode),
 		  VIRTIO_BLK_S_IOERR);
 	ASSERT_EQ(do_io(&d.vq[0], &sl[0], 0x77, 0, 0, poll_mode), VIRTIO_BLK_S_UNSUPP);
-	ASSERT_OK(vhf_stop(&d, NULL));
-	vhf_close(&d);
+	ASSERT_OK(ioc_vhf_stop(&d, NULL));
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	/* Polling asked for no calls, and got none.  (With calls, whether
 	 * one comes depends on who is faster: nothing to assert.) */
@@ -621,14 +622,14 @@ static void test_seg_max(void)
 	struct stub *s = stub_start(ALL_FEATURES | (1ull << VIRTIO_BLK_F_SIZE_MAX) |
 				    (1ull << VIRTIO_BLK_F_SEG_MAX), ALL_PFEATURES, 1, STUB_OK,
 				    4096);
-	struct vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
-	struct vhf_blk_slot sl[1];
-	struct vhf_dev d;
+	struct ioc_vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
+	struct ioc_vhf_blk_slot sl[1];
+	struct ioc_vhf_dev d;
 
-	ASSERT_OK(vhf_connect(&d, &o));
-	ASSERT_OK(vhf_start(&d, vhf_blk_slot_bytes(&d, 65536)));
-	ASSERT_EQ(vhf_blk_slots(&d, &d.vq[0], sl, 1, 65536, false), -EINVAL);
-	vhf_close(&d);
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_start(&d, ioc_vhf_blk_slot_bytes(&d, 65536)));
+	ASSERT_EQ(ioc_vhf_blk_slots(&d, &d.vq[0], sl, 1, 65536, false), -EINVAL);
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	stub_free(s);
 }
@@ -637,99 +638,99 @@ static void test_seg_max(void)
 static void test_kick_suppression(void)
 {
 	struct stub *s = stub_start(ALL_FEATURES, ALL_PFEATURES, 1, STUB_SILENT, 0);
-	struct vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
-	struct vhf_blk_slot sl[8];
-	struct vhf_dev d;
-	struct vhf_vq *vq;
+	struct ioc_vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
+	struct ioc_vhf_blk_slot sl[8];
+	struct ioc_vhf_dev d;
+	struct ioc_vhf_vq *vq;
 
-	ASSERT_OK(vhf_connect(&d, &o));
-	ASSERT_OK(vhf_start(&d, 8 * vhf_blk_slot_bytes(&d, 4096)));
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_start(&d, 8 * ioc_vhf_blk_slot_bytes(&d, 4096)));
 	vq = &d.vq[0];
-	ASSERT_OK(vhf_blk_slots(&d, vq, sl, 8, 4096, false));
+	ASSERT_OK(ioc_vhf_blk_slots(&d, vq, sl, 8, 4096, false));
 	ASSERT_TRUE(vq->event_idx);
 	/* avail_event = 0: the first entry (index 0) crosses it. */
-	vhf_blk_submit(vq, &sl[0], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	ASSERT_EQ(vhf_vq_kick(vq), 1);
+	ioc_vhf_blk_submit(vq, &sl[0], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 1);
 	/* Still 0: entries 1 and 2 do not cross it again. */
-	vhf_blk_submit(vq, &sl[1], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	vhf_blk_submit(vq, &sl[2], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	ASSERT_EQ(vhf_vq_kick(vq), 0);
+	ioc_vhf_blk_submit(vq, &sl[1], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ioc_vhf_blk_submit(vq, &sl[2], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 0);
 	/* The back-end asks to be kicked at index 4: entry 3 does not reach
 	 * it, entries 4 and 5 together do. */
 	*vq->avail_event = htole16(4);
-	vhf_blk_submit(vq, &sl[3], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	ASSERT_EQ(vhf_vq_kick(vq), 0);
-	vhf_blk_submit(vq, &sl[4], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	vhf_blk_submit(vq, &sl[5], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	ASSERT_EQ(vhf_vq_kick(vq), 1);
+	ioc_vhf_blk_submit(vq, &sl[3], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 0);
+	ioc_vhf_blk_submit(vq, &sl[4], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ioc_vhf_blk_submit(vq, &sl[5], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 1);
 	/* Nothing new: no kick. */
-	ASSERT_EQ(vhf_vq_kick(vq), 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 0);
 	/* Without EVENT_IDX the used ring's NO_NOTIFY flag decides. */
 	vq->event_idx = false;
 	vq->used->flags = htole16(VRING_USED_F_NO_NOTIFY);
-	vhf_blk_submit(vq, &sl[6], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	ASSERT_EQ(vhf_vq_kick(vq), 0);
+	ioc_vhf_blk_submit(vq, &sl[6], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 0);
 	vq->used->flags = 0;
-	vhf_blk_submit(vq, &sl[7], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	ASSERT_EQ(vhf_vq_kick(vq), 1);
+	ioc_vhf_blk_submit(vq, &sl[7], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ASSERT_EQ(ioc_vhf_vq_kick(vq), 1);
 	/* The silent stub completes nothing: the wait is bounded. */
-	ASSERT_EQ(vhf_vq_wait(vq, false, 100), -ETIMEDOUT);
-	ASSERT_EQ(vhf_vq_wait(vq, true, 100), -ETIMEDOUT);
-	vhf_close(&d);
+	ASSERT_EQ(ioc_vhf_vq_wait(vq, false, 100), -ETIMEDOUT);
+	ASSERT_EQ(ioc_vhf_vq_wait(vq, true, 100), -ETIMEDOUT);
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	stub_free(s);
 }
 
 static void test_misbehaving(void)
 {
-	struct vhf_blk_slot sl[2];
-	struct vhf_dev d;
+	struct ioc_vhf_blk_slot sl[2];
+	struct ioc_vhf_dev d;
 	struct stub *s;
 	uint32_t id, len;
 
 	/* A used id that was never made available shows as such. */
 	s = stub_start(ALL_FEATURES, ALL_PFEATURES, 1, STUB_BOGUS_ID, 0);
-	struct vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
+	struct ioc_vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
 
-	ASSERT_OK(vhf_connect(&d, &o));
-	ASSERT_OK(vhf_start(&d, 2 * vhf_blk_slot_bytes(&d, 4096)));
-	ASSERT_OK(vhf_blk_slots(&d, &d.vq[0], sl, 2, 4096, false));
-	vhf_blk_submit(&d.vq[0], &sl[0], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	vhf_vq_kick(&d.vq[0]);
-	ASSERT_OK(vhf_vq_wait(&d.vq[0], false, 5000));
-	ASSERT_EQ(vhf_vq_pop_used(&d.vq[0], &id, &len), 1);
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_start(&d, 2 * ioc_vhf_blk_slot_bytes(&d, 4096)));
+	ASSERT_OK(ioc_vhf_blk_slots(&d, &d.vq[0], sl, 2, 4096, false));
+	ioc_vhf_blk_submit(&d.vq[0], &sl[0], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ioc_vhf_vq_kick(&d.vq[0]);
+	ASSERT_OK(ioc_vhf_vq_wait(&d.vq[0], false, 5000));
+	ASSERT_EQ(ioc_vhf_vq_pop_used(&d.vq[0], &id, &len), 1);
 	ASSERT_NE(id, sl[0].head);
-	vhf_close(&d);
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	stub_free(s);
 
 	/* A hang-up ends the wait at once. */
 	s = stub_start(ALL_FEATURES, ALL_PFEATURES, 1, STUB_HANGUP_ON_KICK, 0);
 	o.socket = s->path;
-	ASSERT_OK(vhf_connect(&d, &o));
-	ASSERT_OK(vhf_start(&d, 2 * vhf_blk_slot_bytes(&d, 4096)));
-	ASSERT_OK(vhf_blk_slots(&d, &d.vq[0], sl, 2, 4096, false));
-	vhf_blk_submit(&d.vq[0], &sl[0], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
-	vhf_vq_kick(&d.vq[0]);
-	ASSERT_EQ(vhf_vq_wait(&d.vq[0], false, 5000), -EPIPE);
-	ASSERT_EQ(vhf_stop(&d, NULL), -EPIPE);
-	vhf_close(&d);
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_start(&d, 2 * ioc_vhf_blk_slot_bytes(&d, 4096)));
+	ASSERT_OK(ioc_vhf_blk_slots(&d, &d.vq[0], sl, 2, 4096, false));
+	ioc_vhf_blk_submit(&d.vq[0], &sl[0], VIRTIO_BLK_T_FLUSH, 0, 0, 0, 0);
+	ioc_vhf_vq_kick(&d.vq[0]);
+	ASSERT_EQ(ioc_vhf_vq_wait(&d.vq[0], false, 5000), -EPIPE);
+	ASSERT_EQ(ioc_vhf_stop(&d, NULL), -EPIPE);
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	stub_free(s);
 
 	/* A refused SET_MEM_TABLE (a non-zero REPLY_ACK) fails the start. */
 	s = stub_start(ALL_FEATURES, ALL_PFEATURES, 1, STUB_NACK_MEM_TABLE, 0);
 	o.socket = s->path;
-	ASSERT_OK(vhf_connect(&d, &o));
-	ASSERT_EQ(vhf_start(&d, 4096), -EPROTO);
-	vhf_close(&d);
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
+	ASSERT_EQ(ioc_vhf_start(&d, 4096), -EPROTO);
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	stub_free(s);
 
 	/* No VIRTIO_F_VERSION_1: refused before anything else. */
 	s = stub_start(ALL_FEATURES & ~(1ull << VIRTIO_F_VERSION_1), 0, 1, STUB_OK, 0);
 	o.socket = s->path;
-	ASSERT_EQ(vhf_connect(&d, &o), -ENOTSUP);
+	ASSERT_EQ(ioc_vhf_connect(&d, &o), -ENOTSUP);
 	stub_stop(s);
 	stub_free(s);
 
@@ -737,7 +738,7 @@ static void test_misbehaving(void)
 	s = stub_start(ALL_FEATURES, ALL_PFEATURES, 1, STUB_OK, 0);
 	o.socket = s->path;
 	o.queues = 2;
-	ASSERT_EQ(vhf_connect(&d, &o), -EINVAL);
+	ASSERT_EQ(ioc_vhf_connect(&d, &o), -EINVAL);
 	stub_stop(s);
 	stub_free(s);
 }
@@ -748,17 +749,17 @@ static void test_no_protocol_features(void)
 {
 	struct stub *s = stub_start((1ull << VIRTIO_F_VERSION_1) |
 				    (1ull << VIRTIO_RING_F_EVENT_IDX), 0, 1, STUB_OK, 0);
-	struct vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
-	struct vhf_blk_slot sl[1];
-	struct vhf_dev d;
+	struct ioc_vhf_opts o = { .socket = s->path, .timeout_ms = 5000 };
+	struct ioc_vhf_blk_slot sl[1];
+	struct ioc_vhf_dev d;
 
-	ASSERT_OK(vhf_connect(&d, &o));
+	ASSERT_OK(ioc_vhf_connect(&d, &o));
 	ASSERT_FALSE(d.have_config);
-	ASSERT_OK(vhf_start(&d, vhf_blk_slot_bytes(&d, 4096)));
-	ASSERT_OK(vhf_blk_slots(&d, &d.vq[0], sl, 1, 4096, false));
+	ASSERT_OK(ioc_vhf_start(&d, ioc_vhf_blk_slot_bytes(&d, 4096)));
+	ASSERT_OK(ioc_vhf_blk_slots(&d, &d.vq[0], sl, 1, 4096, false));
 	ASSERT_EQ(do_io(&d.vq[0], &sl[0], VIRTIO_BLK_T_IN, 0, 4096, false), 0);
-	vhf_stop(&d, NULL);
-	vhf_close(&d);
+	ioc_vhf_stop(&d, NULL);
+	ioc_vhf_close(&d);
 	stub_stop(s);
 	for (unsigned i = 0; i < s->nmsgs; i++) {
 		ASSERT_NE(s->req[i], 15);

@@ -49,7 +49,10 @@ enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_MIX };
 static const char *const rw_names[] = { "read", "write", "randread", "randwrite", "mix" };
 
 /* What became of one request. */
-enum outcome { OUT_OK, OUT_IOERR, OUT_UNSUPP, OUT_INVALID, OUT_UNTOUCHED, OUT_CLOSED, OUT_TIMEOUT, OUT_N };
+enum outcome {
+	OUT_OK, OUT_IOERR, OUT_UNSUPP, OUT_INVALID, OUT_UNTOUCHED, OUT_CLOSED, OUT_TIMEOUT,
+	OUT_N
+};
 static const char *const outcome_names[OUT_N] = {
 	"ok", "ioerr", "unsupp", "invalid", "untouched", "closed", "timeout",
 };
@@ -117,15 +120,15 @@ struct cfg {
 	unsigned expect;          /* bitmask of enum outcome */
 	bool expect_set;
 	int timeout_ms;
-	struct vhf_opts vo;
+	struct ioc_vhf_opts vo;
 };
 
 struct worker {
 	const struct cfg *c;
-	struct vhf_dev *dev;
-	struct vhf_vq *vq;
+	struct ioc_vhf_dev *dev;
+	struct ioc_vhf_vq *vq;
 	unsigned devno, qno, index, nworkers;
-	struct vhf_blk_slot *slots;
+	struct ioc_vhf_blk_slot *slots;
 	unsigned nslots, *free, nfree, inflight;
 	uint64_t count, issued, done;
 	uint64_t part_start, part_len, seq_at;  /* this worker's share */
@@ -235,8 +238,8 @@ static void next_req(struct worker *w, uint32_t *type, uint64_t *off)
 static void complete(struct worker *w, uint32_t id, uint32_t len, int64_t t)
 {
 	const struct cfg *c = w->c;
-	int slot = vhf_blk_slot_of(w->slots, w->nslots, id);
-	struct vhf_blk_slot *s;
+	int slot = ioc_vhf_blk_slot_of(w->slots, w->nslots, id);
+	struct ioc_vhf_blk_slot *s;
 	enum outcome o;
 
 	if (slot < 0 || w->slots[slot].t_submit == 0) {
@@ -284,7 +287,7 @@ static int run_phase(struct worker *w, uint64_t count)
 
 		while (issued < count && w->nfree) {
 			unsigned slot = w->free[--w->nfree];
-			struct vhf_blk_slot *s = &w->slots[slot];
+			struct ioc_vhf_blk_slot *s = &w->slots[slot];
 			uint32_t type;
 			uint64_t off;
 
@@ -292,13 +295,13 @@ static int run_phase(struct worker *w, uint64_t count)
 			if (c->verify && type == VIRTIO_BLK_T_OUT)
 				fill_pattern(s->data, c->size, off, c->seed);
 			s->t_submit = now_ns();
-			vhf_blk_submit(w->vq, s, type, off / 512, c->size, 0, 0);
+			ioc_vhf_blk_submit(w->vq, s, type, off / 512, c->size, 0, 0);
 			w->inflight++;
 			issued++;
 		}
-		vhf_vq_kick(w->vq);
-		if (!vhf_vq_pop_used(w->vq, &id, &len)) {
-			ret = vhf_vq_wait(w->vq, c->poll, c->timeout_ms);
+		ioc_vhf_vq_kick(w->vq);
+		if (!ioc_vhf_vq_pop_used(w->vq, &id, &len)) {
+			ret = ioc_vhf_vq_wait(w->vq, c->poll, c->timeout_ms);
 			if (ret < 0) {
 				w->out[ret == -EPIPE ? OUT_CLOSED : OUT_TIMEOUT] += w->inflight;
 				fprintf(stderr, "vhost-blk: %s queue %u: %s with %u requests in "
@@ -312,7 +315,7 @@ static int run_phase(struct worker *w, uint64_t count)
 		t = now_ns();
 		do
 			complete(w, id, len, t);
-		while (vhf_vq_pop_used(w->vq, &id, &len));
+		while (ioc_vhf_vq_pop_used(w->vq, &id, &len));
 		if (w->bad_used) {
 			fprintf(stderr, "vhost-blk: %s queue %u: the back-end returned a used "
 				"id that is not a request in flight\n", c->sockets[w->devno],
@@ -330,7 +333,7 @@ static void *worker_main(void *opaque)
 	pthread_barrier_wait(w->bar);
 	w->t0 = now_ns();
 	if (w->c->poll)
-		vhf_vq_no_interrupts(w->vq);
+		ioc_vhf_vq_no_interrupts(w->vq);
 	w->err = run_phase(w, w->count);
 	if (!w->err && w->c->verify) {
 		w->phase = 1;
@@ -418,7 +421,7 @@ static void usage(FILE *f)
 		"  -q, --quiet         no line announcing the run\n");
 }
 
-static void print_info(const struct cfg *c, struct vhf_dev *d, FILE *f)
+static void print_info(const struct cfg *c, struct ioc_vhf_dev *d, FILE *f)
 {
 	const struct virtio_blk_config *k = &d->cfg;
 
@@ -431,38 +434,41 @@ static void print_info(const struct cfg *c, struct vhf_dev *d, FILE *f)
 			"\"discard_sector_alignment\":%u,\"max_write_zeroes_sectors\":%u,"
 			"\"max_write_zeroes_seg\":%u,\"write_zeroes_may_unmap\":%u,"
 			"\"read_only\":%s,\"wce\":%u",
-			vhf_blk_capacity(d), vhf_blk_size(d),
-			vhf_has(d, VIRTIO_BLK_F_MQ) ? vhf_blk_cfg16(d, &k->num_queues) : 1,
+			ioc_vhf_blk_capacity(d), ioc_vhf_blk_size(d),
+			ioc_vhf_has(d, VIRTIO_BLK_F_MQ) ? ioc_vhf_blk_cfg16(d, &k->num_queues) : 1,
 			d->max_queues, d->features, d->acked, d->pfeatures, d->packed,
-			vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? vhf_blk_cfg32(d, &k->size_max) : 0,
-			vhf_blk_cfg32(d, &k->seg_max), vhf_blk_cfg32(d, &k->max_discard_sectors),
-			vhf_blk_cfg32(d, &k->max_discard_seg),
-			vhf_blk_cfg32(d, &k->discard_sector_alignment),
-			vhf_blk_cfg32(d, &k->max_write_zeroes_sectors),
-			vhf_blk_cfg32(d, &k->max_write_zeroes_seg), k->write_zeroes_may_unmap,
-			vhf_has(d, VIRTIO_BLK_F_RO) ? "true" : "false", k->wce);
+			ioc_vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ?
+				ioc_vhf_blk_cfg32(d, &k->size_max) : 0,
+			ioc_vhf_blk_cfg32(d, &k->seg_max),
+			ioc_vhf_blk_cfg32(d, &k->max_discard_sectors),
+			ioc_vhf_blk_cfg32(d, &k->max_discard_seg),
+			ioc_vhf_blk_cfg32(d, &k->discard_sector_alignment),
+			ioc_vhf_blk_cfg32(d, &k->max_write_zeroes_sectors),
+			ioc_vhf_blk_cfg32(d, &k->max_write_zeroes_seg), k->write_zeroes_may_unmap,
+			ioc_vhf_has(d, VIRTIO_BLK_F_RO) ? "true" : "false", k->wce);
 		return;
 	}
 	fprintf(f, "%s: capacity %" PRIu64 " bytes, block size %u, %u queue(s) of %u, "
 		"features 0x%" PRIx64 " (accepted 0x%" PRIx64 "), protocol 0x%" PRIx64
-		" (accepted 0x%" PRIx64 ")\n", d->socket, vhf_blk_capacity(d), vhf_blk_size(d),
-		vhf_has(d, VIRTIO_BLK_F_MQ) ? vhf_blk_cfg16(d, &k->num_queues) : 1,
+		" (accepted 0x%" PRIx64 ")\n", d->socket, ioc_vhf_blk_capacity(d),
+		ioc_vhf_blk_size(d),
+		ioc_vhf_has(d, VIRTIO_BLK_F_MQ) ? ioc_vhf_blk_cfg16(d, &k->num_queues) : 1,
 		d->max_queues, d->features, d->acked, d->pfeatures, d->packed);
 	fprintf(f, "  %s%s%s%s%s%s%s, size_max %u, seg_max %u, discard max %u sectors x %u seg "
 		"(align %u), write-zeroes max %u sectors x %u seg%s\n",
-		vhf_has(d, VIRTIO_BLK_F_RO) ? "read-only" : "writable",
-		vhf_has(d, VIRTIO_BLK_F_FLUSH) ? ", flush" : "",
-		vhf_has(d, VIRTIO_BLK_F_DISCARD) ? ", discard" : "",
-		vhf_has(d, VIRTIO_BLK_F_WRITE_ZEROES) ? ", write-zeroes" : "",
-		vhf_has(d, VIRTIO_RING_F_EVENT_IDX) ? ", event-idx" : "",
-		vhf_has(d, VIRTIO_RING_F_INDIRECT_DESC) ? ", indirect" : "",
-		(d->packed & (1ull << VHF_PF_INFLIGHT_SHMFD)) ? ", inflight" : "",
-		vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? vhf_blk_cfg32(d, &k->size_max) : 0,
-		vhf_blk_cfg32(d, &k->seg_max), vhf_blk_cfg32(d, &k->max_discard_sectors),
-		vhf_blk_cfg32(d, &k->max_discard_seg),
-		vhf_blk_cfg32(d, &k->discard_sector_alignment),
-		vhf_blk_cfg32(d, &k->max_write_zeroes_sectors),
-		vhf_blk_cfg32(d, &k->max_write_zeroes_seg),
+		ioc_vhf_has(d, VIRTIO_BLK_F_RO) ? "read-only" : "writable",
+		ioc_vhf_has(d, VIRTIO_BLK_F_FLUSH) ? ", flush" : "",
+		ioc_vhf_has(d, VIRTIO_BLK_F_DISCARD) ? ", discard" : "",
+		ioc_vhf_has(d, VIRTIO_BLK_F_WRITE_ZEROES) ? ", write-zeroes" : "",
+		ioc_vhf_has(d, VIRTIO_RING_F_EVENT_IDX) ? ", event-idx" : "",
+		ioc_vhf_has(d, VIRTIO_RING_F_INDIRECT_DESC) ? ", indirect" : "",
+		(d->packed & (1ull << IOC_VHF_PF_INFLIGHT_SHMFD)) ? ", inflight" : "",
+		ioc_vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? ioc_vhf_blk_cfg32(d, &k->size_max) : 0,
+		ioc_vhf_blk_cfg32(d, &k->seg_max), ioc_vhf_blk_cfg32(d, &k->max_discard_sectors),
+		ioc_vhf_blk_cfg32(d, &k->max_discard_seg),
+		ioc_vhf_blk_cfg32(d, &k->discard_sector_alignment),
+		ioc_vhf_blk_cfg32(d, &k->max_write_zeroes_sectors),
+		ioc_vhf_blk_cfg32(d, &k->max_write_zeroes_seg),
 		k->write_zeroes_may_unmap ? ", may unmap" : "");
 }
 
@@ -476,17 +482,18 @@ struct one {
 };
 
 /* Wait for the one request at s; fills r. */
-static void wait_one(const struct cfg *c, struct vhf_vq *vq, struct vhf_blk_slot *s,
+static void wait_one(const struct cfg *c, struct ioc_vhf_vq *vq, struct ioc_vhf_blk_slot *s,
 		     struct one *r)
 {
 	uint32_t id, len;
 	int ret;
 
-	vhf_vq_kick(vq);
+	ioc_vhf_vq_kick(vq);
 	for (;;) {
-		if (vhf_vq_pop_used(vq, &id, &len)) {
+		if (ioc_vhf_vq_pop_used(vq, &id, &len)) {
 			if (id != s->head) {
-				fprintf(stderr, "vhost-blk: used id %u, expected %u\n", id, s->head);
+				fprintf(stderr, "vhost-blk: used id %u, expected %u\n", id,
+					s->head);
 				r->o = OUT_INVALID;
 				return;
 			}
@@ -495,7 +502,7 @@ static void wait_one(const struct cfg *c, struct vhf_vq *vq, struct vhf_blk_slot
 			r->o = status_outcome(r->status);
 			return;
 		}
-		ret = vhf_vq_wait(vq, c->poll, c->timeout_ms);
+		ret = ioc_vhf_vq_wait(vq, c->poll, c->timeout_ms);
 		if (ret < 0) {
 			r->o = ret == -EPIPE ? OUT_CLOSED : OUT_TIMEOUT;
 			return;
@@ -610,13 +617,13 @@ static void set_desc(struct vring_desc *t, uint64_t addr, uint32_t len, uint16_t
 
 /* Build the malformed request kind in s (direct descriptors head..head+2)
  * and publish it. */
-static void build_bad(enum bad_kind kind, struct vhf_dev *d, struct vhf_vq *vq,
-		      struct vhf_blk_slot *s, uint64_t len)
+static void build_bad(enum bad_kind kind, struct ioc_vhf_dev *d, struct ioc_vhf_vq *vq,
+		      struct ioc_vhf_blk_slot *s, uint64_t len)
 {
 	struct vring_desc *t = &vq->desc[s->head];
-	uint64_t hdr = vhf_vq_gpa(vq, s->hdr), data = vhf_vq_gpa(vq, s->data);
-	uint64_t st = vhf_vq_gpa(vq, s->status);
-	uint64_t cap_sectors = vhf_blk_capacity(d) / 512;
+	uint64_t hdr = ioc_vhf_vq_gpa(vq, s->hdr), data = ioc_vhf_vq_gpa(vq, s->data);
+	uint64_t st = ioc_vhf_vq_gpa(vq, s->status);
+	uint64_t cap_sectors = ioc_vhf_blk_capacity(d) / 512;
 	uint16_t h = s->head, next = VRING_DESC_F_NEXT, wr = VRING_DESC_F_WRITE;
 	uint32_t l = (uint32_t)len, type = VIRTIO_BLK_T_IN;
 	uint64_t sector = 0;
@@ -626,7 +633,7 @@ static void build_bad(enum bad_kind kind, struct vhf_dev *d, struct vhf_vq *vq,
 	set_desc(&t[2], st, 1, wr, 0);
 	switch (kind) {
 	case BAD_DESC_OOB:
-		set_desc(&t[1], VHF_GUEST_BASE + d->mem_size + 4096, l, next | wr, h + 2);
+		set_desc(&t[1], IOC_VHF_GUEST_BASE + d->mem_size + 4096, l, next | wr, h + 2);
 		break;
 	case BAD_LEN_WRAP:
 		set_desc(&t[1], UINT64_MAX - 511, l, next | wr, h + 2);
@@ -658,7 +665,7 @@ static void build_bad(enum bad_kind kind, struct vhf_dev *d, struct vhf_vq *vq,
 		type = 0x7777;
 		break;
 	case BAD_HEAD_OOB:
-		vhf_vq_publish(vq, (uint16_t)vq->num);
+		ioc_vhf_vq_publish(vq, (uint16_t)vq->num);
 		return;
 	case BAD_AVAIL_JUMP:
 		vq->avail->ring[vq->avail_idx & (vq->num - 1)] = htole16(h);
@@ -674,10 +681,10 @@ static void build_bad(enum bad_kind kind, struct vhf_dev *d, struct vhf_vq *vq,
 	s->hdr->ioprio = 0;
 	s->hdr->sector = htole64(sector);
 	*s->status = 0xff;
-	vhf_vq_publish(vq, h);
+	ioc_vhf_vq_publish(vq, h);
 }
 
-static void print_one(const struct cfg *c, struct vhf_dev *d, const char *what,
+static void print_one(const struct cfg *c, struct ioc_vhf_dev *d, const char *what,
 		      const char *about, uint64_t off, uint64_t len, const struct one *r,
 		      const char *id)
 {
@@ -728,10 +735,10 @@ static uint64_t one_data_cap(const struct cfg *c)
 	return 4096;
 }
 
-static int run_one(const struct cfg *c, struct vhf_dev *d)
+static int run_one(const struct cfg *c, struct ioc_vhf_dev *d)
 {
-	struct vhf_vq *vq = &d->vq[0];
-	struct vhf_blk_slot s[2];
+	struct ioc_vhf_vq *vq = &d->vq[0];
+	struct ioc_vhf_blk_slot s[2];
 	uint64_t len = c->length ? c->length : c->size, off = c->offset;
 	struct one r = { 0 };
 	char id[VIRTIO_BLK_ID_BYTES + 1] = "";
@@ -748,7 +755,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 		return 1;
 	}
 	/* --bad builds direct chains; --op may go indirect. */
-	ret = vhf_blk_slots(d, vq, s, 2, one_data_cap(c), c->indirect && !c->bad);
+	ret = ioc_vhf_blk_slots(d, vq, s, 2, one_data_cap(c), c->indirect && !c->bad);
 	if (ret < 0)
 		return 1;
 	if (c->bad) {
@@ -772,7 +779,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 				fill_pattern(s[0].data, len, off, c->seed);
 			}
 		}
-		vhf_blk_submit(vq, &s[0], type, off / 512, len,
+		ioc_vhf_blk_submit(vq, &s[0], type, off / 512, len,
 			       (uint32_t)(len / 512),
 			       c->unmap ? VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP : 0);
 	}
@@ -795,7 +802,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 		 * the avail ring: no good request can follow that.) */
 		struct one p = { 0 };
 
-		vhf_blk_submit(vq, &s[1], VIRTIO_BLK_T_IN, 0, 512, 0, 0);
+		ioc_vhf_blk_submit(vq, &s[1], VIRTIO_BLK_T_IN, 0, 512, 0, 0);
 		wait_one(c, vq, &s[1], &p);
 		r.probed = true;
 		r.serving = p.o == OUT_OK;
@@ -826,7 +833,7 @@ static int run_one(const struct cfg *c, struct vhf_dev *d)
 
 /* --- the benchmark --- */
 
-static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
+static int run_bench(struct cfg *c, struct ioc_vhf_dev *devs, unsigned ndev)
 {
 	unsigned nw = ndev * c->queues;
 	struct worker *ws = calloc(nw, sizeof(*ws));
@@ -871,7 +878,7 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 			fprintf(stderr, "vhost-blk: out of memory\n");
 			return 1;
 		}
-		if (vhf_blk_slots(w->dev, w->vq, w->slots, w->nslots, c->size, c->indirect) < 0)
+		if (ioc_vhf_blk_slots(w->dev, w->vq, w->slots, w->nslots, c->size, c->indirect) < 0)
 			return 1;
 		for (unsigned k = 0; k < w->nslots; k++) {
 			w->free[w->nfree++] = w->nslots - 1 - k;
@@ -937,7 +944,7 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 		       ",\"status\":{",
 		       c->verify ? "verify" : rw_names[c->rw], c->size, c->depth, c->queues,
 		       ndev, c->poll ? "poll" : "call", c->indirect ? "true" : "false",
-		       vhf_has(&devs[0], VIRTIO_RING_F_EVENT_IDX) ? "true" : "false", done,
+		       ioc_vhf_has(&devs[0], VIRTIO_RING_F_EVENT_IDX) ? "true" : "false", done,
 		       secs, iops, mbs, (double)hist_pct(all, 50) / 1e3,
 		       (double)hist_pct(all, 99) / 1e3, (double)all->max / 1e3, kicks, calls,
 		       mism, len_wrong, bad_used);
@@ -987,7 +994,8 @@ static int run_bench(struct cfg *c, struct vhf_dev *devs, unsigned ndev)
 int ioc_bench_vhost_blk(int argc, char **argv)
 {
 	enum { OPT_SOCKET = 256, OPT_DEVICES, OPT_QUEUES, OPT_QSIZE, OPT_COUNT, OPT_DEPTH, OPT_SIZE,
-	       OPT_RW, OPT_MIXREAD, OPT_OFFSET, OPT_RANGE, OPT_VERIFY, OPT_SEED, OPT_POLL, OPT_INDIRECT,
+	       OPT_RW, OPT_MIXREAD, OPT_OFFSET, OPT_RANGE, OPT_VERIFY, OPT_SEED, OPT_POLL,
+	       OPT_INDIRECT,
 	       OPT_NOEVIDX, OPT_NOINFL, OPT_OP, OPT_LENGTH, OPT_UNMAP, OPT_INPUT, OPT_OUTPUT,
 	       OPT_PATTERN, OPT_BAD, OPT_EXPECT, OPT_TIMEOUTMS, OPT_INFO, OPT_JSON, OPT_VERBOSE };
 	static const struct option longopts[] = {
@@ -1025,7 +1033,7 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	static struct cfg C;
-	static struct vhf_dev devs[MAX_DEVICES];
+	static struct ioc_vhf_dev devs[MAX_DEVICES];
 	static char names[MAX_DEVICES][108];
 	struct cfg *c = &C;
 	uint64_t v;
@@ -1080,7 +1088,8 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 			for (i = 0; i < 5 && strcmp(optarg, rw_names[i]); i++)
 				;
 			if (i == 5) {
-				fprintf(stderr, "vhost-blk: --rw read|write|randread|randwrite|mix\n");
+				fprintf(stderr, "vhost-blk: --rw read|write|randread|"
+					"randwrite|mix\n");
 				return 1;
 			}
 			c->rw = (enum rw)i;
@@ -1098,9 +1107,9 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		case OPT_BAD: c->bad = optarg; break;
 		case OPT_EXPECT:
 			if (parse_expect(optarg, &c->expect) < 0) {
-				fprintf(stderr, "vhost-blk: --expect-status: a comma-separated list "
-					"of ok, ioerr, unsupp, invalid, untouched, closed, timeout, "
-					"any\n");
+				fprintf(stderr, "vhost-blk: --expect-status: a comma-"
+					"separated list of ok, ioerr, unsupp, invalid, "
+					"untouched, closed, timeout, any\n");
 				return 1;
 			}
 			c->expect_set = true;
@@ -1155,7 +1164,7 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		return 1;
 	}
 	if (c->depth == 0 || c->depth > 32768 || c->size == 0 || c->size % 512 ||
-	    c->size > (1u << 30) || c->queues == 0 || c->queues > VHF_MAX_QUEUES ||
+	    c->size > (1u << 30) || c->queues == 0 || c->queues > IOC_VHF_MAX_QUEUES ||
 	    c->mix_read > 100) {
 		fprintf(stderr, "vhost-blk: invalid --depth, --size (a multiple of 512 up to "
 			"1G), --queues or --mix-read\n");
@@ -1178,13 +1187,13 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 	c->vo.timeout_ms = c->timeout_ms < 10000 ? 10000 : c->timeout_ms;
 
 	for (ndev = 0; ndev < c->nsockets; ndev++) {
-		struct vhf_dev *d = &devs[ndev];
+		struct ioc_vhf_dev *d = &devs[ndev];
 		uint64_t slots, slot_size;
 
 		c->vo.socket = c->sockets[ndev];
-		if (vhf_connect(d, &c->vo) < 0)
+		if (ioc_vhf_connect(d, &c->vo) < 0)
 			goto out;
-		if (c->indirect && !vhf_has(d, VIRTIO_RING_F_INDIRECT_DESC)) {
+		if (c->indirect && !ioc_vhf_has(d, VIRTIO_RING_F_INDIRECT_DESC)) {
 			fprintf(stderr, "vhost-blk: %s: --indirect, but the back-end does not "
 				"offer VIRTIO_RING_F_INDIRECT_DESC\n", d->socket);
 			ndev++;
@@ -1199,14 +1208,14 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		 * 256 at least, as a power of two. */
 		if (!c->queue_size) {
 			uint64_t need = (slots / c->queues) *
-					vhf_blk_slot_descs(d, slot_size,
+					ioc_vhf_blk_slot_descs(d, slot_size,
 							   c->indirect && !c->bad);
 
 			d->queue_size = 256;
 			while (d->queue_size < need && d->queue_size < 32768)
 				d->queue_size <<= 1;
 		}
-		if (vhf_start(d, slots * vhf_blk_slot_bytes(d, slot_size)) < 0) {
+		if (ioc_vhf_start(d, slots * ioc_vhf_blk_slot_bytes(d, slot_size)) < 0) {
 			ndev++;
 			goto out;
 		}
@@ -1225,11 +1234,11 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		goto out;
 	}
 	if (!c->range) {
-		uint64_t cap = vhf_blk_capacity(&devs[0]);
+		uint64_t cap = ioc_vhf_blk_capacity(&devs[0]);
 
 		for (unsigned i = 1; i < ndev; i++)
-			if (vhf_blk_capacity(&devs[i]) < cap)
-				cap = vhf_blk_capacity(&devs[i]);
+			if (ioc_vhf_blk_capacity(&devs[i]) < cap)
+				cap = ioc_vhf_blk_capacity(&devs[i]);
 		c->range = cap > c->offset ? cap - c->offset : 0;
 	}
 	if (c->op || c->bad) {
@@ -1248,8 +1257,8 @@ out:
 		/* The rings stop before the connection goes, as a guest's
 		 * device reset stops them; a back-end that hung up cannot. */
 		if (devs[i].mem)
-			vhf_stop(&devs[i], NULL);
-		vhf_close(&devs[i]);
+			ioc_vhf_stop(&devs[i], NULL);
+		ioc_vhf_close(&devs[i]);
 	}
 	return rc;
 }

@@ -10,7 +10,7 @@
  * Design: the control plane is synchronous (one message, then its reply
  * or REPLY_ACK, each wait bounded by a timeout), done on one thread before
  * any ring runs and after they stop.  Guest memory is one memfd region at
- * guest-physical VHF_GUEST_BASE, mapped here and by the back-end; the
+ * guest-physical IOC_VHF_GUEST_BASE, mapped here and by the back-end; the
  * rings and the request slots are carved out of it with a bump allocator
  * (nothing is ever freed before the device goes).  Each ring is a split
  * virtqueue driven from one thread: publish chains, decide on a kick from
@@ -124,7 +124,7 @@ static bool has_reply(uint32_t req)
 	}
 }
 
-const char *vhf_request_name(uint32_t req)
+const char *ioc_vhf_request_name(uint32_t req)
 {
 	static const char *const names[] = {
 		[VHU_GET_FEATURES] = "GET_FEATURES",
@@ -151,7 +151,7 @@ const char *vhf_request_name(uint32_t req)
 	return "request";
 }
 
-const char *vhf_blk_status_name(int status)
+const char *ioc_vhf_blk_status_name(int status)
 {
 	switch (status) {
 	case VIRTIO_BLK_S_OK: return "ok";
@@ -161,10 +161,10 @@ const char *vhf_blk_status_name(int status)
 	}
 }
 
-static void say(const struct vhf_dev *d, const char *fmt, ...)
+static void say(const struct ioc_vhf_dev *d, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-static void say(const struct vhf_dev *d, const char *fmt, ...)
+static void say(const struct ioc_vhf_dev *d, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -183,7 +183,7 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int send_msg(struct vhf_dev *d, uint32_t req, uint32_t flags,
+static int send_msg(struct ioc_vhf_dev *d, uint32_t req, uint32_t flags,
 		    const void *payload, uint32_t size, const int *fds, unsigned nfds)
 {
 	struct vhu_hdr h = { .request = req, .flags = VHU_VERSION | flags, .size = size };
@@ -215,7 +215,7 @@ static int send_msg(struct vhf_dev *d, uint32_t req, uint32_t flags,
 	}
 	if (d->verbose)
 		fprintf(stderr, "vhost-blk: -> %s flags 0x%x size %u fds %u\n",
-			vhf_request_name(req), h.flags, size, nfds);
+			ioc_vhf_request_name(req), h.flags, size, nfds);
 	/* The fds go with the first byte; a short write (the socket's
 	 * buffer is full) continues without them. */
 	while (sent < total) {
@@ -225,7 +225,7 @@ static int send_msg(struct vhf_dev *d, uint32_t req, uint32_t flags,
 		if (n < 0) {
 			int err = -errno;
 
-			say(d, "sending %s: %s", vhf_request_name(req), strerror(-err));
+			say(d, "sending %s: %s", ioc_vhf_request_name(req), strerror(-err));
 			return err;
 		}
 		sent += (size_t)n;
@@ -248,7 +248,7 @@ static int send_msg(struct vhf_dev *d, uint32_t req, uint32_t flags,
 
 /* Read exactly len bytes before the deadline; a received fd (at most one
  * is expected) goes to *fd. */
-static int recv_all(struct vhf_dev *d, void *buf, size_t len, int *fd, int64_t deadline,
+static int recv_all(struct ioc_vhf_dev *d, void *buf, size_t len, int *fd, int64_t deadline,
 		    const char *what)
 {
 	size_t got = 0;
@@ -310,11 +310,11 @@ static int recv_all(struct vhf_dev *d, void *buf, size_t len, int *fd, int64_t d
 	return 0;
 }
 
-static int recv_reply(struct vhf_dev *d, uint32_t req, void *payload, uint32_t *size,
+static int recv_reply(struct ioc_vhf_dev *d, uint32_t req, void *payload, uint32_t *size,
 		      int *fd)
 {
 	int64_t deadline = now_ms() + d->timeout_ms;
-	const char *what = vhf_request_name(req);
+	const char *what = ioc_vhf_request_name(req);
 	uint8_t buf[VHU_MAX_PAYLOAD];
 	struct vhu_hdr h;
 	int ret;
@@ -332,7 +332,7 @@ static int recv_reply(struct vhf_dev *d, uint32_t req, void *payload, uint32_t *
 		return ret;
 	if (d->verbose)
 		fprintf(stderr, "vhost-blk: <- %s flags 0x%x size %u\n",
-			vhf_request_name(h.request), h.flags, h.size);
+			ioc_vhf_request_name(h.request), h.flags, h.size);
 	if (h.request != req || (h.flags & 0x3) != VHU_VERSION || !(h.flags & VHU_REPLY)) {
 		say(d, "expected the reply to %s, got request %u flags 0x%x", what,
 		    h.request, h.flags);
@@ -347,11 +347,11 @@ static int recv_reply(struct vhf_dev *d, uint32_t req, void *payload, uint32_t *
 	return 0;
 }
 
-int vhf_request(struct vhf_dev *d, uint32_t req, const void *payload, uint32_t size,
+int ioc_vhf_request(struct ioc_vhf_dev *d, uint32_t req, const void *payload, uint32_t size,
 		const int *fds, unsigned nfds, void *reply, uint32_t *reply_size,
 		int *reply_fd)
 {
-	bool ack = !has_reply(req) && (d->packed & (1ull << VHF_PF_REPLY_ACK));
+	bool ack = !has_reply(req) && (d->packed & (1ull << IOC_VHF_PF_REPLY_ACK));
 	int ret;
 
 	ret = send_msg(d, req, ack ? VHU_NEED_REPLY : 0, payload, size, fds, nfds);
@@ -376,38 +376,39 @@ int vhf_request(struct vhf_dev *d, uint32_t req, const void *payload, uint32_t s
 		if (ret < 0)
 			return ret;
 		if (n != sizeof(v)) {
-			say(d, "REPLY_ACK to %s: %u bytes, 8 expected", vhf_request_name(req), n);
+			say(d, "REPLY_ACK to %s: %u bytes, 8 expected",
+			    ioc_vhf_request_name(req), n);
 			return -EPROTO;
 		}
 		if (v) {
 			say(d, "the back-end rejected %s (ack %" PRIu64 ")",
-			    vhf_request_name(req), v);
+			    ioc_vhf_request_name(req), v);
 			return -EPROTO;
 		}
 	}
 	return 0;
 }
 
-static int get_u64(struct vhf_dev *d, uint32_t req, uint64_t *v)
+static int get_u64(struct ioc_vhf_dev *d, uint32_t req, uint64_t *v)
 {
 	uint32_t n = sizeof(*v);
-	int ret = vhf_request(d, req, NULL, 0, NULL, 0, v, &n, NULL);
+	int ret = ioc_vhf_request(d, req, NULL, 0, NULL, 0, v, &n, NULL);
 
 	if (ret == 0 && n != sizeof(*v)) {
-		say(d, "reply to %s: %u bytes, 8 expected", vhf_request_name(req), n);
+		say(d, "reply to %s: %u bytes, 8 expected", ioc_vhf_request_name(req), n);
 		return -EPROTO;
 	}
 	return ret;
 }
 
-static int set_u64(struct vhf_dev *d, uint32_t req, uint64_t v)
+static int set_u64(struct ioc_vhf_dev *d, uint32_t req, uint64_t v)
 {
-	return vhf_request(d, req, &v, sizeof(v), NULL, 0, NULL, NULL, NULL);
+	return ioc_vhf_request(d, req, &v, sizeof(v), NULL, 0, NULL, NULL, NULL);
 }
 
 /* What we can drive: everything else offered is declined. */
-#define VHF_DRIVER_FEATURES                                                      \
-	((1ull << VIRTIO_F_VERSION_1) | (1ull << VHF_F_PROTOCOL_FEATURES) |      \
+#define IOC_VHF_DRIVER_FEATURES                                                      \
+	((1ull << VIRTIO_F_VERSION_1) | (1ull << IOC_VHF_F_PROTOCOL_FEATURES) |      \
 	 (1ull << VIRTIO_RING_F_EVENT_IDX) | (1ull << VIRTIO_RING_F_INDIRECT_DESC) | \
 	 (1ull << VIRTIO_BLK_F_MQ) | (1ull << VIRTIO_BLK_F_FLUSH) |              \
 	 (1ull << VIRTIO_BLK_F_DISCARD) | (1ull << VIRTIO_BLK_F_WRITE_ZEROES) |  \
@@ -415,7 +416,7 @@ static int set_u64(struct vhf_dev *d, uint32_t req, uint64_t v)
 	 (1ull << VIRTIO_BLK_F_SEG_MAX) | (1ull << VIRTIO_BLK_F_SIZE_MAX) |      \
 	 (1ull << VIRTIO_BLK_F_TOPOLOGY) | (1ull << VIRTIO_BLK_F_CONFIG_WCE))
 
-int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o)
+int ioc_vhf_connect(struct ioc_vhf_dev *d, const struct ioc_vhf_opts *o)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int ret;
@@ -428,10 +429,10 @@ int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o)
 	d->nvqs = o->queues ? o->queues : 1;
 	d->queue_size = o->queue_size ? o->queue_size : 256;
 	d->no_inflight = o->no_inflight;
-	for (unsigned i = 0; i < VHF_MAX_QUEUES; i++)
+	for (unsigned i = 0; i < IOC_VHF_MAX_QUEUES; i++)
 		d->vq[i].kick_fd = d->vq[i].call_fd = -1;
-	if (d->nvqs > VHF_MAX_QUEUES) {
-		say(d, "at most %u queues", VHF_MAX_QUEUES);
+	if (d->nvqs > IOC_VHF_MAX_QUEUES) {
+		say(d, "at most %u queues", IOC_VHF_MAX_QUEUES);
 		return -EINVAL;
 	}
 	if (d->queue_size > 32768 || (d->queue_size & (d->queue_size - 1))) {
@@ -450,7 +451,7 @@ int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o)
 		goto fail;
 	}
 
-	ret = vhf_request(d, VHU_SET_OWNER, NULL, 0, NULL, 0, NULL, NULL, NULL);
+	ret = ioc_vhf_request(d, VHU_SET_OWNER, NULL, 0, NULL, 0, NULL, NULL, NULL);
 	if (ret < 0)
 		goto fail;
 	ret = get_u64(d, VHU_GET_FEATURES, &d->features);
@@ -462,16 +463,16 @@ int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o)
 		ret = -ENOTSUP;
 		goto fail;
 	}
-	d->acked = d->features & VHF_DRIVER_FEATURES & ~o->features_off;
+	d->acked = d->features & IOC_VHF_DRIVER_FEATURES & ~o->features_off;
 	d->acked |= 1ull << VIRTIO_F_VERSION_1;
 
-	if (vhf_has(d, VHF_F_PROTOCOL_FEATURES)) {
-		uint64_t want = (1ull << VHF_PF_MQ) | (1ull << VHF_PF_CONFIG);
+	if (ioc_vhf_has(d, IOC_VHF_F_PROTOCOL_FEATURES)) {
+		uint64_t want = (1ull << IOC_VHF_PF_MQ) | (1ull << IOC_VHF_PF_CONFIG);
 
 		if (!o->no_reply_ack)
-			want |= 1ull << VHF_PF_REPLY_ACK;
+			want |= 1ull << IOC_VHF_PF_REPLY_ACK;
 		if (!o->no_inflight)
-			want |= 1ull << VHF_PF_INFLIGHT_SHMFD;
+			want |= 1ull << IOC_VHF_PF_INFLIGHT_SHMFD;
 		ret = get_u64(d, VHU_GET_PROTOCOL_FEATURES, &d->pfeatures);
 		if (ret < 0)
 			goto fail;
@@ -482,39 +483,39 @@ int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o)
 		d->packed = d->pfeatures & want;
 	}
 	d->max_queues = 1;
-	if (d->packed & (1ull << VHF_PF_MQ)) {
+	if (d->packed & (1ull << IOC_VHF_PF_MQ)) {
 		uint64_t n;
 
 		ret = get_u64(d, VHU_GET_QUEUE_NUM, &n);
 		if (ret < 0)
 			goto fail;
-		d->max_queues = n > VHF_MAX_QUEUES ? VHF_MAX_QUEUES : (unsigned)n;
+		d->max_queues = n > IOC_VHF_MAX_QUEUES ? IOC_VHF_MAX_QUEUES : (unsigned)n;
 	}
 	if (d->nvqs > d->max_queues) {
 		say(d, "%u queues asked for, the back-end has %u", d->nvqs, d->max_queues);
 		ret = -EINVAL;
 		goto fail;
 	}
-	if (d->nvqs > 1 && !vhf_has(d, VIRTIO_BLK_F_MQ)) {
+	if (d->nvqs > 1 && !ioc_vhf_has(d, VIRTIO_BLK_F_MQ)) {
 		say(d, "%u queues asked for, the back-end does not offer VIRTIO_BLK_F_MQ",
 		    d->nvqs);
 		ret = -EINVAL;
 		goto fail;
 	}
-	if (d->packed & (1ull << VHF_PF_CONFIG)) {
-		struct vhu_config c = { .offset = 0, .size = VHF_BLK_CONFIG_SIZE };
+	if (d->packed & (1ull << IOC_VHF_PF_CONFIG)) {
+		struct vhu_config c = { .offset = 0, .size = IOC_VHF_BLK_CONFIG_SIZE };
 		uint32_t n = sizeof(c);
 
-		ret = vhf_request(d, VHU_GET_CONFIG, &c, 12 + VHF_BLK_CONFIG_SIZE, NULL, 0,
+		ret = ioc_vhf_request(d, VHU_GET_CONFIG, &c, 12 + IOC_VHF_BLK_CONFIG_SIZE, NULL, 0,
 				  &c, &n, NULL);
 		if (ret < 0)
 			goto fail;
-		if (n != 12 + VHF_BLK_CONFIG_SIZE || c.size != VHF_BLK_CONFIG_SIZE) {
+		if (n != 12 + IOC_VHF_BLK_CONFIG_SIZE || c.size != IOC_VHF_BLK_CONFIG_SIZE) {
 			say(d, "GET_CONFIG failed (reply of %u bytes)", n);
 			ret = -EPROTO;
 			goto fail;
 		}
-		memcpy(&d->cfg, c.payload, VHF_BLK_CONFIG_SIZE);
+		memcpy(&d->cfg, c.payload, IOC_VHF_BLK_CONFIG_SIZE);
 		d->have_config = true;
 	}
 	ret = set_u64(d, VHU_SET_FEATURES, d->acked);
@@ -523,7 +524,7 @@ int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o)
 	return 0;
 
 fail:
-	vhf_close(d);
+	ioc_vhf_close(d);
 	return ret;
 }
 
@@ -538,7 +539,7 @@ static uint64_t ring_bytes(unsigned num)
 	       align_up(6 + 8ull * num, 4096);
 }
 
-void *vhf_alloc(struct vhf_dev *d, uint64_t size, uint64_t align)
+void *ioc_vhf_alloc(struct ioc_vhf_dev *d, uint64_t size, uint64_t align)
 {
 	uint64_t at = align_up(d->mem_used, align ? align : 1);
 
@@ -548,12 +549,12 @@ void *vhf_alloc(struct vhf_dev *d, uint64_t size, uint64_t align)
 	return d->mem + at;
 }
 
-uint64_t vhf_gpa(const struct vhf_dev *d, const void *p)
+uint64_t ioc_vhf_gpa(const struct ioc_vhf_dev *d, const void *p)
 {
-	return VHF_GUEST_BASE + (uint64_t)((const uint8_t *)p - d->mem);
+	return IOC_VHF_GUEST_BASE + (uint64_t)((const uint8_t *)p - d->mem);
 }
 
-static int start_vq(struct vhf_dev *d, struct vhf_vq *vq, unsigned index)
+static int start_vq(struct ioc_vhf_dev *d, struct ioc_vhf_vq *vq, unsigned index)
 {
 	struct vhu_state st = { .index = index, .num = d->queue_size };
 	struct vhu_addr a = { .index = index };
@@ -564,10 +565,10 @@ static int start_vq(struct vhf_dev *d, struct vhf_vq *vq, unsigned index)
 	vq->num = d->queue_size;
 	vq->sock_fd = d->sock;
 	vq->mem = d->mem;
-	vq->event_idx = vhf_has(d, VIRTIO_RING_F_EVENT_IDX);
-	vq->desc = vhf_alloc(d, 16ull * vq->num, 4096);
-	vq->avail = vhf_alloc(d, 6 + 2ull * vq->num, 4096);
-	vq->used = vhf_alloc(d, 6 + 8ull * vq->num, 4096);
+	vq->event_idx = ioc_vhf_has(d, VIRTIO_RING_F_EVENT_IDX);
+	vq->desc = ioc_vhf_alloc(d, 16ull * vq->num, 4096);
+	vq->avail = ioc_vhf_alloc(d, 6 + 2ull * vq->num, 4096);
+	vq->used = ioc_vhf_alloc(d, 6 + 8ull * vq->num, 4096);
 	if (!vq->desc || !vq->avail || !vq->used)
 		return -ENOMEM;
 	vq->used_event = &vq->avail->ring[vq->num];
@@ -579,11 +580,11 @@ static int start_vq(struct vhf_dev *d, struct vhf_vq *vq, unsigned index)
 		say(d, "eventfd: %s", strerror(-ret));
 		return ret;
 	}
-	ret = vhf_request(d, VHU_SET_VRING_NUM, &st, sizeof(st), NULL, 0, NULL, NULL, NULL);
+	ret = ioc_vhf_request(d, VHU_SET_VRING_NUM, &st, sizeof(st), NULL, 0, NULL, NULL, NULL);
 	if (ret < 0)
 		return ret;
 	st.num = 0;
-	ret = vhf_request(d, VHU_SET_VRING_BASE, &st, sizeof(st), NULL, 0, NULL, NULL, NULL);
+	ret = ioc_vhf_request(d, VHU_SET_VRING_BASE, &st, sizeof(st), NULL, 0, NULL, NULL, NULL);
 	if (ret < 0)
 		return ret;
 	/* Ring addresses are our (the "user") addresses; descriptors carry
@@ -591,19 +592,19 @@ static int start_vq(struct vhf_dev *d, struct vhf_vq *vq, unsigned index)
 	a.desc = (uint64_t)(uintptr_t)vq->desc;
 	a.used = (uint64_t)(uintptr_t)vq->used;
 	a.avail = (uint64_t)(uintptr_t)vq->avail;
-	ret = vhf_request(d, VHU_SET_VRING_ADDR, &a, sizeof(a), NULL, 0, NULL, NULL, NULL);
+	ret = ioc_vhf_request(d, VHU_SET_VRING_ADDR, &a, sizeof(a), NULL, 0, NULL, NULL, NULL);
 	if (ret < 0)
 		return ret;
 	u = index;
-	ret = vhf_request(d, VHU_SET_VRING_KICK, &u, sizeof(u), &vq->kick_fd, 1, NULL, NULL,
+	ret = ioc_vhf_request(d, VHU_SET_VRING_KICK, &u, sizeof(u), &vq->kick_fd, 1, NULL, NULL,
 			  NULL);
 	if (ret < 0)
 		return ret;
-	return vhf_request(d, VHU_SET_VRING_CALL, &u, sizeof(u), &vq->call_fd, 1, NULL, NULL,
+	return ioc_vhf_request(d, VHU_SET_VRING_CALL, &u, sizeof(u), &vq->call_fd, 1, NULL, NULL,
 			   NULL);
 }
 
-int vhf_start(struct vhf_dev *d, uint64_t data_bytes)
+int ioc_vhf_start(struct ioc_vhf_dev *d, uint64_t data_bytes)
 {
 	struct vhu_mem m = { .nregions = 1 };
 	int ret;
@@ -625,19 +626,19 @@ int vhf_start(struct vhf_dev *d, uint64_t data_bytes)
 		return ret;
 	}
 	m.region[0] = (struct vhu_region){
-		.gpa = VHF_GUEST_BASE, .size = d->mem_size,
+		.gpa = IOC_VHF_GUEST_BASE, .size = d->mem_size,
 		.uaddr = (uint64_t)(uintptr_t)d->mem, .mmap_offset = 0,
 	};
-	ret = vhf_request(d, VHU_SET_MEM_TABLE, &m, sizeof(m), &d->mem_fd, 1, NULL, NULL, NULL);
+	ret = ioc_vhf_request(d, VHU_SET_MEM_TABLE, &m, sizeof(m), &d->mem_fd, 1, NULL, NULL, NULL);
 	if (ret < 0)
 		return ret;
 
-	if (d->packed & (1ull << VHF_PF_INFLIGHT_SHMFD)) {
+	if (d->packed & (1ull << IOC_VHF_PF_INFLIGHT_SHMFD)) {
 		struct vhu_inflight in = { .num_queues = (uint16_t)d->nvqs,
 					   .queue_size = (uint16_t)d->queue_size };
 		uint32_t n = sizeof(in);
 
-		ret = vhf_request(d, VHU_GET_INFLIGHT_FD, &in, sizeof(in), NULL, 0, &in, &n,
+		ret = ioc_vhf_request(d, VHU_GET_INFLIGHT_FD, &in, sizeof(in), NULL, 0, &in, &n,
 				  &d->inflight_fd);
 		if (ret < 0)
 			return ret;
@@ -658,7 +659,7 @@ int vhf_start(struct vhf_dev *d, uint64_t data_bytes)
 		}
 		in.num_queues = (uint16_t)d->nvqs;
 		in.queue_size = (uint16_t)d->queue_size;
-		ret = vhf_request(d, VHU_SET_INFLIGHT_FD, &in, sizeof(in), &d->inflight_fd, 1,
+		ret = ioc_vhf_request(d, VHU_SET_INFLIGHT_FD, &in, sizeof(in), &d->inflight_fd, 1,
 				  NULL, NULL, NULL);
 		if (ret < 0)
 			return ret;
@@ -668,11 +669,11 @@ int vhf_start(struct vhf_dev *d, uint64_t data_bytes)
 		if (ret < 0)
 			return ret;
 	}
-	if (vhf_has(d, VHF_F_PROTOCOL_FEATURES)) {
+	if (ioc_vhf_has(d, IOC_VHF_F_PROTOCOL_FEATURES)) {
 		for (unsigned i = 0; i < d->nvqs; i++) {
 			struct vhu_state st = { .index = i, .num = 1 };
 
-			ret = vhf_request(d, VHU_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0,
+			ret = ioc_vhf_request(d, VHU_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0,
 					  NULL, NULL, NULL);
 			if (ret < 0)
 				return ret;
@@ -681,7 +682,7 @@ int vhf_start(struct vhf_dev *d, uint64_t data_bytes)
 	return 0;
 }
 
-int vhf_stop(struct vhf_dev *d, uint16_t *bases)
+int ioc_vhf_stop(struct ioc_vhf_dev *d, uint16_t *bases)
 {
 	struct pollfd p = { .fd = d->sock, .events = POLLRDHUP };
 	int first = 0;
@@ -697,7 +698,8 @@ int vhf_stop(struct vhf_dev *d, uint16_t *bases)
 
 		if (d->vq[i].kick_fd < 0)
 			continue;
-		ret = vhf_request(d, VHU_GET_VRING_BASE, &st, sizeof(st), NULL, 0, &st, &n, NULL);
+		ret = ioc_vhf_request(d, VHU_GET_VRING_BASE, &st, sizeof(st), NULL, 0, &st, &n,
+				      NULL);
 		if (ret == 0 && n != sizeof(st))
 			ret = -EPROTO;
 		if (ret < 0 && !first)
@@ -708,9 +710,9 @@ int vhf_stop(struct vhf_dev *d, uint16_t *bases)
 	return first;
 }
 
-void vhf_close(struct vhf_dev *d)
+void ioc_vhf_close(struct ioc_vhf_dev *d)
 {
-	for (unsigned i = 0; i < VHF_MAX_QUEUES; i++) {
+	for (unsigned i = 0; i < IOC_VHF_MAX_QUEUES; i++) {
 		if (d->vq[i].kick_fd >= 0)
 			close(d->vq[i].kick_fd);
 		if (d->vq[i].call_fd >= 0)
@@ -734,7 +736,7 @@ void vhf_close(struct vhf_dev *d)
 
 /* --- the split virtqueue, driver side --- */
 
-void vhf_vq_publish(struct vhf_vq *vq, uint16_t head)
+void ioc_vhf_vq_publish(struct ioc_vhf_vq *vq, uint16_t head)
 {
 	vq->avail->ring[vq->avail_idx & (vq->num - 1)] = htole16(head);
 	vq->avail_idx++;
@@ -750,7 +752,7 @@ static bool need_event(uint16_t event, uint16_t new_idx, uint16_t old)
 	return (uint16_t)(new_idx - event - 1) < (uint16_t)(new_idx - old);
 }
 
-int vhf_vq_kick(struct vhf_vq *vq)
+int ioc_vhf_vq_kick(struct ioc_vhf_vq *vq)
 {
 	uint16_t old = vq->kick_idx, new_idx = vq->avail_idx;
 	bool kick;
@@ -779,7 +781,7 @@ int vhf_vq_kick(struct vhf_vq *vq)
 	return 1;
 }
 
-int vhf_vq_pop_used(struct vhf_vq *vq, uint32_t *id, uint32_t *len)
+int ioc_vhf_vq_pop_used(struct ioc_vhf_vq *vq, uint32_t *id, uint32_t *len)
 {
 	/* Pairs with the back-end's release of used->idx after it wrote the
 	 * element (libvhost-user: the write barrier before the idx store). */
@@ -795,18 +797,18 @@ int vhf_vq_pop_used(struct vhf_vq *vq, uint32_t *id, uint32_t *len)
 	return 1;
 }
 
-static bool used_pending(struct vhf_vq *vq)
+static bool used_pending(struct ioc_vhf_vq *vq)
 {
 	/* Pairs with the back-end's release of used->idx, as in
-	 * vhf_vq_pop_used(). */
+	 * ioc_vhf_vq_pop_used(). */
 	return le16toh(__atomic_load_n(&vq->used->idx, __ATOMIC_ACQUIRE)) != vq->last_used;
 }
 
-void vhf_vq_no_interrupts(struct vhf_vq *vq)
+void ioc_vhf_vq_no_interrupts(struct ioc_vhf_vq *vq)
 {
 	/* With EVENT_IDX the flags must stay 0; used_event half the index
 	 * space ahead keeps the back-end quiet for 32768 completions, and
-	 * vhf_vq_wait() moves it on.  Relaxed stores: they pair with the
+	 * ioc_vhf_vq_wait() moves it on.  Relaxed stores: they pair with the
 	 * back-end's read of used_event or flags when it decides whether to
 	 * signal, and a value it sees late costs one needless call, which a
 	 * polling driver never waits for. */
@@ -827,14 +829,14 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static int hung_up(struct vhf_vq *vq)
+static int hung_up(struct ioc_vhf_vq *vq)
 {
 	struct pollfd p = { .fd = vq->sock_fd, .events = POLLRDHUP };
 
 	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-int vhf_vq_wait(struct vhf_vq *vq, bool poll_mode, int timeout_ms)
+int ioc_vhf_vq_wait(struct ioc_vhf_vq *vq, bool poll_mode, int timeout_ms)
 {
 	int64_t deadline = now_ms() + timeout_ms;
 
@@ -842,7 +844,7 @@ int vhf_vq_wait(struct vhf_vq *vq, bool poll_mode, int timeout_ms)
 		unsigned spins = 0;
 
 		if (vq->event_idx)
-			vhf_vq_no_interrupts(vq);
+			ioc_vhf_vq_no_interrupts(vq);
 		while (!used_pending(vq)) {
 			if (++spins % 4096 == 0) {
 				if (hung_up(vq))
@@ -899,36 +901,38 @@ int vhf_vq_wait(struct vhf_vq *vq, bool poll_mode, int timeout_ms)
 /* The data of a request goes in segments of at most size_max bytes when
  * the device set VIRTIO_BLK_F_SIZE_MAX to something (qemu-storage-daemon
  * offers the bit with 0, which limits nothing). */
-static uint64_t seg_size(const struct vhf_dev *d, uint64_t data_cap)
+static uint64_t seg_size(const struct ioc_vhf_dev *d, uint64_t data_cap)
 {
-	uint32_t m = vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ? vhf_blk_cfg32(d, &d->cfg.size_max) : 0;
+	uint32_t m = ioc_vhf_has(d, VIRTIO_BLK_F_SIZE_MAX) ?
+		     ioc_vhf_blk_cfg32(d, &d->cfg.size_max) : 0;
 
 	return m && m < data_cap ? m : data_cap;
 }
 
-static unsigned slot_descs(const struct vhf_dev *d, uint64_t data_cap)
+static unsigned slot_descs(const struct ioc_vhf_dev *d, uint64_t data_cap)
 {
 	uint64_t seg = seg_size(d, data_cap);
 
 	return 2 + (unsigned)(data_cap ? (data_cap + seg - 1) / seg : 1);
 }
 
-unsigned vhf_blk_slot_descs(const struct vhf_dev *d, uint64_t data_cap, bool indirect)
+unsigned ioc_vhf_blk_slot_descs(const struct ioc_vhf_dev *d, uint64_t data_cap, bool indirect)
 {
 	return indirect ? 1 : slot_descs(d, data_cap);
 }
 
-uint64_t vhf_blk_slot_bytes(const struct vhf_dev *d, uint64_t data_cap)
+uint64_t ioc_vhf_blk_slot_bytes(const struct ioc_vhf_dev *d, uint64_t data_cap)
 {
 	return SLOT_META + 16ull * slot_descs(d, data_cap) + 64 + align_up(data_cap, 4096) +
 	       4096;
 }
 
-int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slots,
+int ioc_vhf_blk_slots(struct ioc_vhf_dev *d, struct ioc_vhf_vq *vq, struct ioc_vhf_blk_slot *slots,
 		  unsigned n, uint64_t data_cap, bool indirect)
 {
 	unsigned nd = slot_descs(d, data_cap);
-	uint32_t seg_max = vhf_has(d, VIRTIO_BLK_F_SEG_MAX) ? vhf_blk_cfg32(d, &d->cfg.seg_max) : 0;
+	uint32_t seg_max = ioc_vhf_has(d, VIRTIO_BLK_F_SEG_MAX) ?
+			   ioc_vhf_blk_cfg32(d, &d->cfg.seg_max) : 0;
 
 	if (seg_max && nd - 2 > seg_max) {
 		say(d, "requests of %" PRIu64 " bytes need %u segments of size_max, the "
@@ -942,12 +946,12 @@ int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slo
 		return -ENOSPC;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		struct vhf_blk_slot *s = &slots[i];
-		uint8_t *meta = vhf_alloc(d, SLOT_META, 64);
+		struct ioc_vhf_blk_slot *s = &slots[i];
+		uint8_t *meta = ioc_vhf_alloc(d, SLOT_META, 64);
 
 		memset(s, 0, sizeof(*s));
-		s->itab = vhf_alloc(d, 16ull * nd, 64);
-		s->data = data_cap ? vhf_alloc(d, data_cap, 4096) : NULL;
+		s->itab = ioc_vhf_alloc(d, 16ull * nd, 64);
+		s->data = data_cap ? ioc_vhf_alloc(d, data_cap, 4096) : NULL;
 		if (!meta || !s->itab || (data_cap && !s->data)) {
 			say(d, "guest memory too small for %u slots of %" PRIu64 " bytes", n,
 			    data_cap);
@@ -966,7 +970,7 @@ int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slo
 	return 0;
 }
 
-int vhf_blk_slot_of(const struct vhf_blk_slot *slots, unsigned n, uint32_t id)
+int ioc_vhf_blk_slot_of(const struct ioc_vhf_blk_slot *slots, unsigned n, uint32_t id)
 {
 	uint32_t i;
 
@@ -985,7 +989,7 @@ static void set_desc(struct vring_desc *d, uint64_t addr, uint32_t len, uint16_t
 	d->next = htole16(next);
 }
 
-void vhf_blk_submit(struct vhf_vq *vq, struct vhf_blk_slot *s, uint32_t type,
+void ioc_vhf_blk_submit(struct ioc_vhf_vq *vq, struct ioc_vhf_blk_slot *s, uint32_t type,
 		    uint64_t sector, uint64_t len, uint32_t num_sectors, uint32_t seg_flags)
 {
 	struct vring_desc *t = s->indirect ? s->itab : &vq->desc[s->head];
@@ -996,7 +1000,7 @@ void vhf_blk_submit(struct vhf_vq *vq, struct vhf_blk_slot *s, uint32_t type,
 	s->hdr->ioprio = 0;
 	s->hdr->sector = htole64(sector);
 	*s->status = 0xff;
-	set_desc(&t[n], vhf_vq_gpa(vq, s->hdr), 16, VRING_DESC_F_NEXT, base + n + 1);
+	set_desc(&t[n], ioc_vhf_vq_gpa(vq, s->hdr), 16, VRING_DESC_F_NEXT, base + n + 1);
 	n++;
 	switch (type) {
 	case VIRTIO_BLK_T_IN:
@@ -1007,14 +1011,14 @@ void vhf_blk_submit(struct vhf_vq *vq, struct vhf_blk_slot *s, uint32_t type,
 		for (uint64_t at = 0; at < len; at += s->seg_size) {
 			uint64_t l = len - at < s->seg_size ? len - at : s->seg_size;
 
-			set_desc(&t[n], vhf_vq_gpa(vq, s->data + at), (uint32_t)l, f,
+			set_desc(&t[n], ioc_vhf_vq_gpa(vq, s->data + at), (uint32_t)l, f,
 				 base + n + 1);
 			n++;
 		}
 		break;
 	}
 	case VIRTIO_BLK_T_GET_ID:
-		set_desc(&t[n], vhf_vq_gpa(vq, s->id), VIRTIO_BLK_ID_BYTES,
+		set_desc(&t[n], ioc_vhf_vq_gpa(vq, s->id), VIRTIO_BLK_ID_BYTES,
 			 VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, base + n + 1);
 		n++;
 		break;
@@ -1023,26 +1027,26 @@ void vhf_blk_submit(struct vhf_vq *vq, struct vhf_blk_slot *s, uint32_t type,
 		s->seg->sector = htole64(sector);
 		s->seg->num_sectors = htole32(num_sectors);
 		s->seg->flags = htole32(seg_flags);
-		set_desc(&t[n], vhf_vq_gpa(vq, s->seg), 16, VRING_DESC_F_NEXT, base + n + 1);
+		set_desc(&t[n], ioc_vhf_vq_gpa(vq, s->seg), 16, VRING_DESC_F_NEXT, base + n + 1);
 		n++;
 		break;
 	default:
 		break;
 	}
-	set_desc(&t[n], vhf_vq_gpa(vq, s->status), 1, VRING_DESC_F_WRITE, 0);
+	set_desc(&t[n], ioc_vhf_vq_gpa(vq, s->status), 1, VRING_DESC_F_WRITE, 0);
 	n++;
 	if (s->indirect)
-		set_desc(&vq->desc[s->head], vhf_vq_gpa(vq, s->itab),
+		set_desc(&vq->desc[s->head], ioc_vhf_vq_gpa(vq, s->itab),
 			 (uint32_t)(n * sizeof(*t)), VRING_DESC_F_INDIRECT, 0);
-	vhf_vq_publish(vq, s->head);
+	ioc_vhf_vq_publish(vq, s->head);
 }
 
-uint64_t vhf_blk_capacity(const struct vhf_dev *d)
+uint64_t ioc_vhf_blk_capacity(const struct ioc_vhf_dev *d)
 {
 	return d->have_config ? le64toh(d->cfg.capacity) * 512 : 0;
 }
 
-uint32_t vhf_blk_cfg32(const struct vhf_dev *d, const void *field)
+uint32_t ioc_vhf_blk_cfg32(const struct ioc_vhf_dev *d, const void *field)
 {
 	uint32_t v;
 
@@ -1052,7 +1056,7 @@ uint32_t vhf_blk_cfg32(const struct vhf_dev *d, const void *field)
 	return le32toh(v);
 }
 
-uint16_t vhf_blk_cfg16(const struct vhf_dev *d, const void *field)
+uint16_t ioc_vhf_blk_cfg16(const struct ioc_vhf_dev *d, const void *field)
 {
 	uint16_t v;
 
@@ -1062,9 +1066,10 @@ uint16_t vhf_blk_cfg16(const struct vhf_dev *d, const void *field)
 	return le16toh(v);
 }
 
-uint32_t vhf_blk_size(const struct vhf_dev *d)
+uint32_t ioc_vhf_blk_size(const struct ioc_vhf_dev *d)
 {
-	uint32_t b = vhf_has(d, VIRTIO_BLK_F_BLK_SIZE) ? vhf_blk_cfg32(d, &d->cfg.blk_size) : 0;
+	uint32_t b = ioc_vhf_has(d, VIRTIO_BLK_F_BLK_SIZE) ?
+		     ioc_vhf_blk_cfg32(d, &d->cfg.blk_size) : 0;
 
 	return b ? b : 512;
 }

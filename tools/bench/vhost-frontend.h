@@ -4,11 +4,12 @@
  * and virtio-blk requests on them.  Used by iocore-bench vhost-blk and by
  * tests that drive a back-end directly.  Not part of libiocore.
  *
- * Threads: one struct vhf_dev is set up and torn down by one thread; after
- * vhf_start() each struct vhf_vq may be driven by a thread of its own (a
+ * Threads: one struct ioc_vhf_dev is set up and torn down by one thread; after
+ * ioc_vhf_start() each struct ioc_vhf_vq may be driven by a thread of its own (a
  * queue touches only its own ring, eventfds and slots).  Errors are
  * -errno; the functions that talk to the back-end also print what failed
- * to stderr, prefixed with the socket path.
+ * to stderr, prefixed with the socket path.  Names are ioc_vhf_* (vhost
+ * front-end), as the tools' other helpers are ioc_tool_*.
  */
 #ifndef IOC_TOOLS_VHOST_FRONTEND_H
 #define IOC_TOOLS_VHOST_FRONTEND_H
@@ -21,23 +22,23 @@
 #include <linux/virtio_ring.h>
 
 /* vhost-user's own feature bit and protocol features (vhost-user.rst). */
-#define VHF_F_PROTOCOL_FEATURES 30
-#define VHF_PF_MQ              0
-#define VHF_PF_REPLY_ACK       3
-#define VHF_PF_CONFIG          9
-#define VHF_PF_INFLIGHT_SHMFD  12
+#define IOC_VHF_F_PROTOCOL_FEATURES 30
+#define IOC_VHF_PF_MQ              0
+#define IOC_VHF_PF_REPLY_ACK       3
+#define IOC_VHF_PF_CONFIG          9
+#define IOC_VHF_PF_INFLIGHT_SHMFD  12
 
-#define VHF_MAX_QUEUES 64
+#define IOC_VHF_MAX_QUEUES 64
 
 /* Where "guest memory" starts in guest-physical addresses: not 0, so that
  * a descriptor with address 0 is outside the memory table. */
-#define VHF_GUEST_BASE 0x40000000ull
+#define IOC_VHF_GUEST_BASE 0x40000000ull
 
 /* The part of struct virtio_blk_config read with GET_CONFIG: up to the
  * write-zeroes fields (later fields are newer than most back-ends). */
-#define VHF_BLK_CONFIG_SIZE 60
+#define IOC_VHF_BLK_CONFIG_SIZE 60
 
-struct vhf_opts {
+struct ioc_vhf_opts {
 	const char *socket;      /* Unix socket path */
 	unsigned queues;         /* rings to start; 0 means 1 */
 	unsigned queue_size;     /* descriptors per ring, power of two <= 32768;
@@ -49,7 +50,7 @@ struct vhf_opts {
 	bool verbose;            /* log every message to stderr */
 };
 
-struct vhf_vq {
+struct ioc_vhf_vq {
 	unsigned index, num;
 	struct vring_desc *desc;
 	struct vring_avail *avail;
@@ -62,11 +63,11 @@ struct vhf_vq {
 	bool event_idx;
 	int kick_fd, call_fd;
 	int sock_fd;             /* the connection, watched for hang-up */
-	const uint8_t *mem;      /* guest memory, at VHF_GUEST_BASE */
+	const uint8_t *mem;      /* guest memory, at IOC_VHF_GUEST_BASE */
 	uint64_t kicks, calls;   /* eventfd writes, wake-ups by a call */
 };
 
-struct vhf_dev {
+struct ioc_vhf_dev {
 	const char *socket;
 	int sock;
 	int timeout_ms;
@@ -88,10 +89,10 @@ struct vhf_dev {
 	unsigned nvqs;
 	unsigned queue_size;     /* may be changed between connect and start */
 	bool no_inflight;
-	struct vhf_vq vq[VHF_MAX_QUEUES];
+	struct ioc_vhf_vq vq[IOC_VHF_MAX_QUEUES];
 };
 
-static inline bool vhf_has(const struct vhf_dev *d, unsigned bit)
+static inline bool ioc_vhf_has(const struct ioc_vhf_dev *d, unsigned bit)
 {
 	return d->acked & (1ull << bit);
 }
@@ -99,30 +100,30 @@ static inline bool vhf_has(const struct vhf_dev *d, unsigned bit)
 /* Connect and negotiate: SET_OWNER, GET_FEATURES, the protocol features,
  * GET_QUEUE_NUM, GET_CONFIG, SET_FEATURES.  On failure the device is
  * closed. */
-int vhf_connect(struct vhf_dev *d, const struct vhf_opts *o);
+int ioc_vhf_connect(struct ioc_vhf_dev *d, const struct ioc_vhf_opts *o);
 
 /* Create guest memory for the rings plus data_bytes for the caller, send
  * it with SET_MEM_TABLE, the inflight area if negotiated, and start and
  * enable every ring. */
-int vhf_start(struct vhf_dev *d, uint64_t data_bytes);
+int ioc_vhf_start(struct ioc_vhf_dev *d, uint64_t data_bytes);
 
 /* Guest memory for the caller, zeroed, aligned to align (a power of two):
- * NULL when the area given to vhf_start() is used up. */
-void *vhf_alloc(struct vhf_dev *d, uint64_t size, uint64_t align);
-uint64_t vhf_gpa(const struct vhf_dev *d, const void *p);
+ * NULL when the area given to ioc_vhf_start() is used up. */
+void *ioc_vhf_alloc(struct ioc_vhf_dev *d, uint64_t size, uint64_t align);
+uint64_t ioc_vhf_gpa(const struct ioc_vhf_dev *d, const void *p);
 
 /* Stop every ring (GET_VRING_BASE) and report each ring's base in
  * bases[] (may be NULL).  Returns 0 or the first error. */
-int vhf_stop(struct vhf_dev *d, uint16_t *bases);
+int ioc_vhf_stop(struct ioc_vhf_dev *d, uint16_t *bases);
 /* Close the connection and free the memory; safe on a failed device. */
-void vhf_close(struct vhf_dev *d);
+void ioc_vhf_close(struct ioc_vhf_dev *d);
 
 /* One request: a message with an optional payload and fds; with reply
  * non-NULL the reply's payload is read into it (at most *reply_size
  * bytes, the size received is stored back) and a received fd into
  * *reply_fd.  Messages that have no reply of their own wait for the
  * REPLY_ACK when it was negotiated; a non-zero ack is -EPROTO. */
-int vhf_request(struct vhf_dev *d, uint32_t req, const void *payload,
+int ioc_vhf_request(struct ioc_vhf_dev *d, uint32_t req, const void *payload,
 		uint32_t size, const int *fds, unsigned nfds, void *reply,
 		uint32_t *reply_size, int *reply_fd);
 
@@ -132,12 +133,12 @@ int vhf_request(struct vhf_dev *d, uint32_t req, const void *payload,
  * 0 when there is none.  wait returns 0 once a used element is there,
  * -ETIMEDOUT after timeout_ms, -EPIPE if the back-end hung up; with poll
  * it spins on the used ring instead of sleeping on the call eventfd. */
-void vhf_vq_publish(struct vhf_vq *vq, uint16_t head);
-int vhf_vq_kick(struct vhf_vq *vq);
-int vhf_vq_pop_used(struct vhf_vq *vq, uint32_t *id, uint32_t *len);
-int vhf_vq_wait(struct vhf_vq *vq, bool poll, int timeout_ms);
+void ioc_vhf_vq_publish(struct ioc_vhf_vq *vq, uint16_t head);
+int ioc_vhf_vq_kick(struct ioc_vhf_vq *vq);
+int ioc_vhf_vq_pop_used(struct ioc_vhf_vq *vq, uint32_t *id, uint32_t *len);
+int ioc_vhf_vq_wait(struct ioc_vhf_vq *vq, bool poll, int timeout_ms);
 /* For poll mode: ask the back-end not to signal the call eventfd. */
-void vhf_vq_no_interrupts(struct vhf_vq *vq);
+void ioc_vhf_vq_no_interrupts(struct ioc_vhf_vq *vq);
 
 /* virtio-blk requests.  A slot is one request's guest memory: header,
  * a 16-byte discard/write-zeroes segment, the GET_ID buffer, the status
@@ -145,7 +146,7 @@ void vhf_vq_no_interrupts(struct vhf_vq *vq);
  * is fixed.  It owns ndesc descriptors: header, status and the data in
  * segments of at most the device's size_max (one segment when it sets
  * none), or with an indirect table just the head. */
-struct vhf_blk_slot {
+struct ioc_vhf_blk_slot {
 	struct virtio_blk_outhdr *hdr;
 	struct virtio_blk_discard_write_zeroes *seg;
 	char *id;                /* VIRTIO_BLK_ID_BYTES */
@@ -161,41 +162,41 @@ struct vhf_blk_slot {
 
 /* The guest-physical address of p, which points into vq's device's
  * guest memory. */
-static inline uint64_t vhf_vq_gpa(const struct vhf_vq *vq, const void *p)
+static inline uint64_t ioc_vhf_vq_gpa(const struct ioc_vhf_vq *vq, const void *p)
 {
-	return VHF_GUEST_BASE + (uint64_t)((const uint8_t *)p - vq->mem);
+	return IOC_VHF_GUEST_BASE + (uint64_t)((const uint8_t *)p - vq->mem);
 }
 
 /* Carve n slots for vq out of guest memory: -ENOSPC when the ring has too
  * few descriptors or memory is short, -EINVAL when data_cap needs more
  * segments than the device's seg_max. */
-int vhf_blk_slots(struct vhf_dev *d, struct vhf_vq *vq, struct vhf_blk_slot *slots,
+int ioc_vhf_blk_slots(struct ioc_vhf_dev *d, struct ioc_vhf_vq *vq, struct ioc_vhf_blk_slot *slots,
 		  unsigned n, uint64_t data_cap, bool indirect);
-/* Guest memory each slot needs (for vhf_start()'s data_bytes; d is
+/* Guest memory each slot needs (for ioc_vhf_start()'s data_bytes; d is
  * connected, so its size_max is known). */
-uint64_t vhf_blk_slot_bytes(const struct vhf_dev *d, uint64_t data_cap);
+uint64_t ioc_vhf_blk_slot_bytes(const struct ioc_vhf_dev *d, uint64_t data_cap);
 /* Ring descriptors one slot takes. */
-unsigned vhf_blk_slot_descs(const struct vhf_dev *d, uint64_t data_cap, bool indirect);
+unsigned ioc_vhf_blk_slot_descs(const struct ioc_vhf_dev *d, uint64_t data_cap, bool indirect);
 /* The index of the slot whose head is id, or -1 when none is. */
-int vhf_blk_slot_of(const struct vhf_blk_slot *slots, unsigned n, uint32_t id);
+int ioc_vhf_blk_slot_of(const struct ioc_vhf_blk_slot *slots, unsigned n, uint32_t id);
 
 /* Build a request in s and publish it (not kicked): type, sector (512
  * bytes), len bytes of data (IN/OUT), or for DISCARD/WRITE_ZEROES the
  * segment (num_sectors, seg_flags); GET_ID reads into s->id.  The status
  * byte is set to 0xff first so that an untouched one shows. */
-void vhf_blk_submit(struct vhf_vq *vq, struct vhf_blk_slot *s, uint32_t type,
+void ioc_vhf_blk_submit(struct ioc_vhf_vq *vq, struct ioc_vhf_blk_slot *s, uint32_t type,
 		    uint64_t sector, uint64_t len, uint32_t num_sectors,
 		    uint32_t seg_flags);
 
 /* The device's capacity in bytes, logical block size, and the config
  * fields in host order (0 when not offered). */
-uint64_t vhf_blk_capacity(const struct vhf_dev *d);
-uint32_t vhf_blk_size(const struct vhf_dev *d);
-uint32_t vhf_blk_cfg32(const struct vhf_dev *d, const void *field);
-uint16_t vhf_blk_cfg16(const struct vhf_dev *d, const void *field);
+uint64_t ioc_vhf_blk_capacity(const struct ioc_vhf_dev *d);
+uint32_t ioc_vhf_blk_size(const struct ioc_vhf_dev *d);
+uint32_t ioc_vhf_blk_cfg32(const struct ioc_vhf_dev *d, const void *field);
+uint16_t ioc_vhf_blk_cfg16(const struct ioc_vhf_dev *d, const void *field);
 
 /* The name of a request (for messages), of a virtio-blk status. */
-const char *vhf_request_name(uint32_t req);
-const char *vhf_blk_status_name(int status);
+const char *ioc_vhf_request_name(uint32_t req);
+const char *ioc_vhf_blk_status_name(int status);
 
 #endif
