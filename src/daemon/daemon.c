@@ -63,6 +63,7 @@ static const struct ioc__qmp_cmd core_cmds[] = {
 
 static const struct ioc__qmp_cmd *const areas[] = {
 	core_cmds, ioc__daemon_block_cmds, ioc__daemon_export_cmds, ioc__daemon_object_cmds,
+	ioc__daemon_migrate_cmds,
 };
 
 static struct ioc__qmp_cmd table[128];
@@ -219,6 +220,11 @@ int ioc_daemon_monitor_add(struct ioc_daemon *d, json_t *opts, char *err, size_t
 
 /* ---- life ----------------------------------------------------------------- */
 
+static void nbd_event(void *opaque, const char *name, void *data)
+{
+	ioc__daemon_event(opaque, name, data);
+}
+
 static struct ioc_loop *iothread_loop(void *opaque, const char *id)
 {
 	struct ioc_daemon_object *o = ioc__daemon_object_find(opaque, id);
@@ -242,7 +248,7 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 	}
 	d->env = (struct ioc_export_env){
 		.graph = d->graph, .main_loop = opts->loop, .iothread = iothread_loop,
-		.opaque = d,
+		.opaque = d, .event = nbd_event,
 	};
 	snprintf(d->package, sizeof(d->package), "iocore %s", IOC_VERSION);
 	sscanf(IOC_VERSION, "%d.%d.%d", &d->version[0], &d->version[1], &d->version[2]);

@@ -95,6 +95,8 @@ void ioc__daemon_exports_stop(struct ioc_daemon *d);
 /* --nbd-server: NbdServerOptions, the flat SocketAddress (keyval). */
 int ioc__daemon_nbd_server_start(struct ioc_daemon *d, json_t *args, char *err,
 				 size_t errlen);
+/* cmd-migrate.c */
+extern const struct ioc__qmp_cmd ioc__daemon_migrate_cmds[];
 /* cmd-object.c */
 extern const struct ioc__qmp_cmd ioc__daemon_object_cmds[];
 void ioc__daemon_objects_free(struct ioc_daemon *d);

@@ -28,6 +28,9 @@ struct ioc_export_env {
 	void *opaque;
 	/* The NBD server (nbd-server-start), or NULL when not running. */
 	struct ioc_nbd_server *nbd;
+	/* Where the NBD server's events (a migration's) go: the monitors
+	 * (steals data, a json_t). */
+	void (*event)(void *opaque, const char *name, void *data);
 };
 
 struct ioc_export_drv {

@@ -131,6 +131,8 @@ int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool l
 		.max_connections = (unsigned)json_integer_value(json_object_get(opts,
 							"max-connections")),
 		.allow_empty = true,
+		.event = env->event,
+		.event_opaque = env->opaque,
 	};
 	struct ioc_nbd_server *srv;
 	int fd, r;

@@ -248,21 +248,8 @@ static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *e
 	return list;
 }
 
-/* Migration (migrate-source.c, migrate-dest.c): the handlers take the
- * server. */
-#define MIG_CMD(fn, impl) \
-	static json_t *fn(void *ctx, json_t *args, struct ioc__qmp_err *err) \
-	{ return impl(((struct ioc__nbd_control *)ctx)->srv, args, err); }
-MIG_CMD(cmd_mig_set_caps, ioc__nbd_mig_set_caps)
-MIG_CMD(cmd_mig_query_caps, ioc__nbd_mig_query_caps)
-MIG_CMD(cmd_mig_set_params, ioc__nbd_mig_set_params)
-MIG_CMD(cmd_mig_query_params, ioc__nbd_mig_query_params)
-MIG_CMD(cmd_mig_migrate, ioc__nbd_mig_migrate)
-MIG_CMD(cmd_mig_query, ioc__nbd_mig_query)
-MIG_CMD(cmd_mig_continue, ioc__nbd_mig_continue)
-MIG_CMD(cmd_mig_cancel, ioc__nbd_mig_cancel)
-MIG_CMD(cmd_mig_incoming, ioc__nbd_mig_incoming)
-#undef MIG_CMD
+/* Migration (migrate-source.c, migrate-dest.c), on this server. */
+IOC_NBD_MIG_HANDLERS(cmd_mig, ((struct ioc__nbd_control *)ctx)->srv)
 
 void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
 			    json_t *data)
@@ -286,40 +273,6 @@ static const struct ioc__qmp_arg args_blockstats[] = {
 	{ "query-nodes", IOC_QMP_BOOL, true }, { NULL },
 };
 
-static const struct ioc__qmp_arg args_mig_caps[] = {
-	{ "capabilities", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
-};
-static const struct ioc__qmp_arg args_mig_params[] = {
-	{ "compress-level", IOC_QMP_UINT, true },
-	{ "compress-threads", IOC_QMP_UINT, true },
-	{ "compress-wait-thread", IOC_QMP_BOOL, true },
-	{ "decompress-threads", IOC_QMP_UINT, true },
-	{ "max-bandwidth", IOC_QMP_UINT, true },
-	{ "downtime-limit", IOC_QMP_UINT, true },
-	{ "__org.iocore_granularity", IOC_QMP_UINT, true },
-	{ "__org.iocore_active-mirror", IOC_QMP_STR, true },
-	{ "__org.iocore_write-admission", IOC_QMP_UINT, true },
-	{ "tls-creds", IOC_QMP_STR, true },
-	{ "tls-hostname", IOC_QMP_STR, true },
-	{ "throttle-trigger-threshold", IOC_QMP_UINT, true },
-	{ "cpu-throttle-initial", IOC_QMP_UINT, true },
-	{ "cpu-throttle-increment", IOC_QMP_UINT, true },
-	{ "cpu-throttle-tailslow", IOC_QMP_BOOL, true },
-	{ "max-cpu-throttle", IOC_QMP_UINT, true },
-	{ NULL },
-};
-static const struct ioc__qmp_arg args_migrate[] = {
-	{ "uri", IOC_QMP_STR, false }, { "blk", IOC_QMP_BOOL, true },
-	{ "inc", IOC_QMP_BOOL, true }, { "detach", IOC_QMP_BOOL, true },
-	{ "resume", IOC_QMP_BOOL, true }, { NULL },
-};
-static const struct ioc__qmp_arg args_mig_continue[] = {
-	{ "state", IOC_QMP_STR, false }, { NULL },
-};
-static const struct ioc__qmp_arg args_mig_incoming[] = {
-	{ "uri", IOC_QMP_STR, false }, { NULL },
-};
-
 static const struct ioc__qmp_cmd commands[] = {
 	{ "qmp_capabilities", NULL, args_caps },
 	{ "query-version", cmd_query_version, NULL },
@@ -331,15 +284,7 @@ static const struct ioc__qmp_cmd commands[] = {
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
 	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
 	{ "__org.iocore_query-polling", cmd_query_polling, NULL },
-	{ "migrate-set-capabilities", cmd_mig_set_caps, args_mig_caps },
-	{ "query-migrate-capabilities", cmd_mig_query_caps, NULL },
-	{ "migrate-set-parameters", cmd_mig_set_params, args_mig_params },
-	{ "query-migrate-parameters", cmd_mig_query_params, NULL },
-	{ "migrate", cmd_mig_migrate, args_migrate },
-	{ "query-migrate", cmd_mig_query, NULL },
-	{ "migrate-continue", cmd_mig_continue, args_mig_continue },
-	{ "migrate_cancel", cmd_mig_cancel, NULL },
-	{ "migrate-incoming", cmd_mig_incoming, args_mig_incoming },
+	IOC_NBD_MIG_CMDS(cmd_mig),
 };
 
 static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err)

@@ -191,28 +191,4 @@ void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m);
 int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
 				char *err, size_t errlen);
 
-/* control.c: emit an event to the control clients (steals data). */
-void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
-			    json_t *data);
-
-/* The QMP commands (migrate-source.c), ctx being the server. */
-json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
-				struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
-				struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
-				  struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
-			     struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
-			   struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
-			    struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err);
-
 #endif

@@ -156,14 +156,10 @@ static void mig_bh(void *opaque)
 		memmove(&m->evq[0], &m->evq[1], (m->nev - 1) * sizeof(m->evq[0]));
 		m->nev--;
 		pthread_mutex_unlock(&m->lock);
-		if (!srv->control)
-			continue;
 		if (strcmp(name, "MIGRATION") == 0)
-			ioc__nbd_control_event(srv->control, name,
-					       json_pack("{s:s}", "status", status_names[v]));
+			ioc__nbd_event(srv, name, json_pack("{s:s}", "status", status_names[v]));
 		else
-			ioc__nbd_control_event(srv->control, name,
-					       json_pack("{s:I}", "pass", (json_int_t)v));
+			ioc__nbd_event(srv, name, json_pack("{s:I}", "pass", (json_int_t)v));
 	}
 	if (done && m->thread_running) {
 		pthread_join(m->thread, NULL);
@@ -1915,6 +1911,41 @@ static void source_finish(struct ioc__nbd_mig *m)
 }
 
 /* ---- QMP ------------------------------------------------------------------------ */
+
+const struct ioc__qmp_arg ioc__nbd_mig_args_caps[] = {
+	{ "capabilities", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
+};
+const struct ioc__qmp_arg ioc__nbd_mig_args_params[] = {
+	{ "compress-level", IOC_QMP_UINT, true },
+	{ "compress-threads", IOC_QMP_UINT, true },
+	{ "compress-wait-thread", IOC_QMP_BOOL, true },
+	{ "decompress-threads", IOC_QMP_UINT, true },
+	{ "max-bandwidth", IOC_QMP_UINT, true },
+	{ "downtime-limit", IOC_QMP_UINT, true },
+	{ "__org.iocore_granularity", IOC_QMP_UINT, true },
+	{ "__org.iocore_active-mirror", IOC_QMP_STR, true },
+	{ "__org.iocore_write-admission", IOC_QMP_UINT, true },
+	{ "tls-creds", IOC_QMP_STR, true },
+	{ "tls-hostname", IOC_QMP_STR, true },
+	{ "throttle-trigger-threshold", IOC_QMP_UINT, true },
+	{ "cpu-throttle-initial", IOC_QMP_UINT, true },
+	{ "cpu-throttle-increment", IOC_QMP_UINT, true },
+	{ "cpu-throttle-tailslow", IOC_QMP_BOOL, true },
+	{ "max-cpu-throttle", IOC_QMP_UINT, true },
+	{ NULL },
+};
+const struct ioc__qmp_arg ioc__nbd_mig_args_migrate[] = {
+	{ "uri", IOC_QMP_STR, false }, { "blk", IOC_QMP_BOOL, true },
+	{ "inc", IOC_QMP_BOOL, true }, { "detach", IOC_QMP_BOOL, true },
+	{ "resume", IOC_QMP_BOOL, true }, { NULL },
+};
+const struct ioc__qmp_arg ioc__nbd_mig_args_continue[] = {
+	{ "state", IOC_QMP_STR, false }, { NULL },
+};
+const struct ioc__qmp_arg ioc__nbd_mig_args_incoming[] = {
+	{ "uri", IOC_QMP_STR, false }, { NULL },
+};
+
 
 
 static bool busy(struct ioc__nbd_mig *m)

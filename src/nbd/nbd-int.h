@@ -9,6 +9,8 @@
 #include <stdatomic.h>
 #include <sys/types.h>
 
+#include <jansson.h>
+
 #include "iocore/co.h"
 
 #include "nbd/nbd.h"
@@ -177,6 +179,14 @@ struct ioc__nbd_control;
 void ioc__nbd_control_free(struct ioc__nbd_control *ctl);
 /* At stop: tell the control clients the exports are going away. */
 void ioc__nbd_control_stopping(struct ioc__nbd_control *ctl);
+
+/* control.c: emit an event to the control clients (steals data). */
+void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
+			    json_t *data);
+
+/* An event to the server's control socket, else to opts.event, else
+ * nowhere (steals data).  Main loop. */
+void ioc__nbd_event(struct ioc_nbd_server *srv, const char *name, json_t *data);
 
 /* Log a message through opts.log (no-op without one).  Any thread. */
 void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)

@@ -20,6 +20,7 @@
 #include "iocore/common.h"
 #include "iocore/loop.h"
 #include "iocore/blk.h"
+#include "qmp/qmp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,6 +51,11 @@ struct ioc_nbd_server_opts {
 	 * later (block-export-add), as qemu-storage-daemon's nbd-server-start
 	 * allows. */
 	bool allow_empty;
+	/* Without a control socket (ioc_nbd_server_add_control()): where the
+	 * server's QMP events (a migration's) go, on the main loop; the
+	 * callee owns data (a jansson json_t *).  NULL: dropped. */
+	void (*event)(void *opaque, const char *name, void *data);
+	void *event_opaque;
 	/* READs of at least this many bytes in the clear go from the page
 	 * cache to the socket by splice(2), without a copy into the server;
 	 * 0 = never (the default: it saves the server CPU but costs a client
@@ -191,6 +197,70 @@ struct ioc_nbd_server_stats {
 /* Any thread. */
 void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 			      struct ioc_nbd_server_stats *st);
+
+/*
+ * Live migration's QMP commands (migrate-source.c, migrate-dest.c), on this
+ * server's one export of an image file, for any control socket: the
+ * handlers take the server; the specs of their arguments follow.  Main
+ * loop.
+ */
+json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
+				struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
+				struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
+				  struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
+			     struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
+			   struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
+			    struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
+			      struct ioc__qmp_err *err);
+
+extern const struct ioc__qmp_arg ioc__nbd_mig_args_caps[], ioc__nbd_mig_args_params[],
+	ioc__nbd_mig_args_migrate[], ioc__nbd_mig_args_continue[],
+	ioc__nbd_mig_args_incoming[];
+
+/* A control socket's migration commands: IOC_NBD_MIG_HANDLERS(p, SRV)
+ * defines the handlers p_set_caps... for its table, SRV being how a
+ * handler finds the server from its ctx (NULL: "NBD server not running");
+ * IOC_NBD_MIG_CMDS(p) lists them. */
+#define IOC_NBD_MIG_HANDLER_(p, name, impl, SRV)                                \
+	static json_t *p##_##name(void *ctx, json_t *args, struct ioc__qmp_err *err) \
+	{                                                                         \
+		struct ioc_nbd_server *srv_ = (SRV);                              \
+		if (!srv_) {                                                      \
+			ioc__qmp_errf(err, "NBD server not running");             \
+			return NULL;                                              \
+		}                                                                 \
+		return impl(srv_, args, err);                                     \
+	}
+#define IOC_NBD_MIG_HANDLERS(p, SRV)                                            \
+	IOC_NBD_MIG_HANDLER_(p, set_caps, ioc__nbd_mig_set_caps, SRV)             \
+	IOC_NBD_MIG_HANDLER_(p, query_caps, ioc__nbd_mig_query_caps, SRV)         \
+	IOC_NBD_MIG_HANDLER_(p, set_params, ioc__nbd_mig_set_params, SRV)         \
+	IOC_NBD_MIG_HANDLER_(p, query_params, ioc__nbd_mig_query_params, SRV)     \
+	IOC_NBD_MIG_HANDLER_(p, migrate, ioc__nbd_mig_migrate, SRV)               \
+	IOC_NBD_MIG_HANDLER_(p, query, ioc__nbd_mig_query, SRV)                   \
+	IOC_NBD_MIG_HANDLER_(p, cont, ioc__nbd_mig_continue, SRV)                 \
+	IOC_NBD_MIG_HANDLER_(p, cancel, ioc__nbd_mig_cancel, SRV)                 \
+	IOC_NBD_MIG_HANDLER_(p, incoming, ioc__nbd_mig_incoming, SRV)
+#define IOC_NBD_MIG_CMDS(p)                                                     \
+	{ "migrate-set-capabilities", p##_set_caps, ioc__nbd_mig_args_caps },     \
+	{ "query-migrate-capabilities", p##_query_caps, NULL },                   \
+	{ "migrate-set-parameters", p##_set_params, ioc__nbd_mig_args_params },   \
+	{ "query-migrate-parameters", p##_query_params, NULL },                   \
+	{ "migrate", p##_migrate, ioc__nbd_mig_args_migrate },                    \
+	{ "query-migrate", p##_query, NULL },                                     \
+	{ "migrate-continue", p##_cont, ioc__nbd_mig_args_continue },             \
+	{ "migrate_cancel", p##_cancel, NULL },                                   \
+	{ "migrate-incoming", p##_incoming, ioc__nbd_mig_args_incoming }
 
 /* Listening sockets (non-blocking, close-on-exec).  Return the fd or -errno. */
 int ioc_nbd_listen_unix(const char *path);

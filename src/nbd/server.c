@@ -57,6 +57,16 @@ void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)
 }
 
 
+void ioc__nbd_event(struct ioc_nbd_server *srv, const char *name, json_t *data)
+{
+	if (srv->control)
+		ioc__nbd_control_event(srv->control, name, data);
+	else if (srv->opts.event)
+		srv->opts.event(srv->opts.event_opaque, name, data);
+	else
+		json_decref(data);
+}
+
 /* ---- accepting ---------------------------------------------------------------------- */
 
 static void on_accept(void *opaque);
