@@ -38,6 +38,7 @@ static const struct ioc_node_drv *const drivers[] = {
 	&ioc__node_drv_raw,
 	&ioc__node_drv_zip,
 	&ioc__node_drv_zip_overlay,
+	&ioc__node_drv_qcow2,
 };
 
 const struct ioc_node_drv *ioc_node_drv_find(const char *name)

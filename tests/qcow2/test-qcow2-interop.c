@@ -1,0 +1,345 @@
+/*
+ * Images qemu-img and qemu-io make, read through the qcow2 driver and
+ * compared byte for byte with `qemu-img convert -O raw`: cluster sizes
+ * 512, 64k and 2M, compressed clusters (zlib and zstd), extended L2
+ * entries with partly allocated and zeroed subclusters over a backing
+ * file, lazy refcounts, refcount widths 1, 16 and 64, version 2 images,
+ * a backing chain three deep, an internal snapshot (and a write through
+ * the driver that leaves the snapshot intact and `qemu-img check` clean),
+ * block status against qemu-img map, and readers on two loops at once.
+ */
+#include <pthread.h>
+
+#include "q2-test.h"
+
+#define SRC_SIZE (6u << 20)
+
+static char *src_raw;
+
+static const char *source(void)
+{
+	if (!src_raw) {
+		src_raw = q2t_path("source.raw");
+		q2t_make_source(src_raw, SRC_SIZE, 7);
+	}
+	return src_raw;
+}
+
+/* Open img read-only, compare it with its own raw conversion, close. */
+static void check_image(const char *img, const char *extra)
+{
+	char *raw = q2t_path("check.raw"), err[512];
+	struct ioc_node *n;
+
+	Q2T_SH_OK("qemu-img convert -U -O raw '%s' '%s'", img, raw);
+	if (q2t_open("img", img, true, extra, &n, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "open %s: %s", img, err);
+	q2t_compare_raw(n, raw);
+	q2t_close(n);
+	unlink(raw);
+	free(raw);
+}
+
+static void convert_and_check(const char *opts, bool compress)
+{
+	char *img = q2t_path("conv.qcow2");
+
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 %s %s '%s' '%s'", compress ? "-c" : "",
+		  opts, source(), img);
+	check_image(img, "");
+	unlink(img);
+	free(img);
+}
+
+static void test_cluster_sizes(void)
+{
+	convert_and_check("-o cluster_size=512", false);
+	convert_and_check("-o cluster_size=65536", false);
+	convert_and_check("-o cluster_size=2M", false);
+}
+
+static void test_small_cache(void)
+{
+	char *img = q2t_path("cache.qcow2");
+
+	/* Slices smaller than a table, and few of them: misses and evictions. */
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 -o cluster_size=4096 '%s' '%s'", source(),
+		  img);
+	check_image(img, "\"l2-cache-size\":4096,\"l2-cache-entry-size\":1024");
+	check_image(img, "\"l2-cache-entry-size\":512,\"cache-clean-interval\":0");
+	unlink(img);
+	free(img);
+}
+
+static void test_compressed(void)
+{
+	convert_and_check("-o compression_type=zlib", true);
+	convert_and_check("-o compression_type=zstd", true);
+	convert_and_check("-o compression_type=zlib,cluster_size=4096", true);
+	convert_and_check("-o compression_type=zstd,cluster_size=2M", true);
+}
+
+static void test_refcount_bits(void)
+{
+	convert_and_check("-o refcount_bits=1", false);
+	convert_and_check("-o refcount_bits=16", false);
+	convert_and_check("-o refcount_bits=64", false);
+}
+
+static void test_v2_lazy(void)
+{
+	char *img = q2t_path("lazy.qcow2");
+
+	convert_and_check("-o compat=0.10", false);
+	convert_and_check("-o compat=0.10", true);
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o lazy_refcounts=on '%s' 4M", img);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'write -P 0x5a 100k 300k' -c 'write -z 1M 64k' '%s' "
+		  ">/dev/null", img);
+	check_image(img, "");
+	unlink(img);
+	free(img);
+}
+
+/* Subclusters: an overlay with extended L2 over a backing file, written
+ * in pieces smaller than a cluster, zeroed in subclusters, discarded. */
+static void test_extended_l2(void)
+{
+	char *base = q2t_path("xbase.qcow2"), *top = q2t_path("xtop.qcow2");
+
+	convert_and_check("-o extended_l2=on", false);
+	convert_and_check("-o extended_l2=on,cluster_size=2M", false);
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 '%s' '%s'", source(), base);
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k "
+		  "-b '%s' -F qcow2 '%s'", base, top);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'write -P 0x11 4k 2k' -c 'write -P 0x22 70k 10k' "
+		  "-c 'write -z 130k 8k' -c 'write -P 0x33 1M 200k' -c 'write -z -u 1100k 64k' "
+		  "-c 'discard 2M 128k' '%s' >/dev/null", top);
+	check_image(top, "");
+	unlink(top);
+	unlink(base);
+	free(top);
+	free(base);
+}
+
+struct st_arg {
+	struct ioc_node *n;
+	uint64_t off[4];
+	int st[4];
+	unsigned d[4];
+	uint64_t pn[4];
+};
+
+static void ioc_coroutine_fn st_co(void *opaque)
+{
+	struct st_arg *a = opaque;
+
+	for (int i = 0; i < 4; i++)
+		a->st[i] = ioc_node_co_block_status(a->n, a->off[i], 4096, &a->pn[i], &a->d[i]);
+}
+
+/* base (raw) <- mid (qcow2, relative name) <- top, each layer writing. */
+static void test_backing_chain(void)
+{
+	char *base = q2t_path("base.raw"), *mid = q2t_path("mid.qcow2");
+	char *top = q2t_path("top.qcow2"), *raw = q2t_path("alone.raw"), err[512];
+	struct ioc_node *n;
+	struct st_arg a = { .off = { 50 << 10, 0, 600 << 10, 2 << 20 } };
+
+	Q2T_SH_OK("cp '%s' '%s'", source(), base);
+	Q2T_SH_OK("cd '%s' && qemu-img create -q -f qcow2 -b base.raw -F raw mid.qcow2 8M",
+		  ioc_test_tmpdir());
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'write -P 0x44 0 100k' -c 'write -z 512k 1M' "
+		  "-c 'write -P 0x45 7M 64k' '%s' >/dev/null", mid);
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o cluster_size=4k -b '%s' -F qcow2 '%s' 10M",
+		  mid, top);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'write -P 0x46 50k 20k' -c 'discard 0 8k' "
+		  "-c 'write -P 0x47 9M 4k' '%s' >/dev/null", top);
+	check_image(top, "");
+
+	/* "backing": null: the layer alone, unallocated reads as zeroes. */
+	Q2T_SH_OK("qemu-img convert -U -O raw 'json:{\"driver\":\"qcow2\",\"backing\":null,"
+		  "\"file\":{\"driver\":\"file\",\"filename\":\"%s\"}}' '%s'", top, raw);
+	ASSERT_OK(q2t_open("alone", top, true, "\"backing\":null", &n, err, sizeof(err)));
+	ASSERT_NULL(n->backing);
+	q2t_compare_raw(n, raw);
+	q2t_close(n);
+
+	/* Block status and allocation depth.  50k: top's data; 0:
+	 * discarded in top (reads as zeroes there); 600k: mid's zeroes;
+	 * 2M: the raw base. */
+	ASSERT_OK(q2t_open("top", top, true, "", &n, err, sizeof(err)));
+	a.n = n;
+	bt_run_co_fn(st_co, &a);
+	ASSERT_EQ(a.st[0], IOC_NODE_ST_DATA | IOC_NODE_ST_ALLOCATED);
+	ASSERT_EQ(a.d[0], 1);
+	ASSERT_EQ(a.st[1], IOC_NODE_ST_ZERO | IOC_NODE_ST_ALLOCATED);
+	ASSERT_EQ(a.d[1], 1);
+	ASSERT_EQ(a.st[2], IOC_NODE_ST_ZERO | IOC_NODE_ST_ALLOCATED);
+	ASSERT_EQ(a.d[2], 2);
+	ASSERT_EQ(a.st[3] & IOC_NODE_ST_ALLOCATED, IOC_NODE_ST_ALLOCATED);
+	ASSERT_EQ(a.d[3], 3);
+	q2t_close(n);
+	unlink(raw);
+	unlink(top);
+	unlink(mid);
+	unlink(base);
+	free(raw);
+	free(top);
+	free(mid);
+	free(base);
+}
+
+struct wr_arg {
+	struct ioc_node *n;
+	int ret;
+};
+
+static void ioc_coroutine_fn snap_write_co(void *opaque)
+{
+	struct wr_arg *a = opaque;
+	static uint8_t buf[200 << 10];
+
+	memset(buf, 0x77, sizeof(buf));
+	a->ret = ioc_node_co_pwrite(a->n, 30 << 10, buf, sizeof(buf), 0);
+	if (a->ret == 0)
+		a->ret = ioc_node_co_write_zeroes(a->n, 1 << 20, 256 << 10, IOC_NODE_MAY_UNMAP);
+	if (a->ret == 0)
+		a->ret = ioc_node_co_discard(a->n, 3 << 20, 512 << 10, 0);
+	if (a->ret == 0)
+		a->ret = ioc_node_co_flush(a->n, 0);
+}
+
+/* An internal snapshot: the active layer is served, and writes through
+ * the driver copy shared clusters instead of changing them. */
+static void test_snapshot(void)
+{
+	char *img = q2t_path("snap.qcow2"), *before = q2t_path("snap-before.raw");
+	char *after = q2t_path("snap-after.raw"), err[512];
+	struct ioc_node *n;
+	struct wr_arg a;
+
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 '%s' '%s'", source(), img);
+	Q2T_SH_OK("qemu-img snapshot -c s1 '%s'", img);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'write -P 0x66 0 128k' '%s' >/dev/null", img);
+	check_image(img, "");
+	Q2T_SH_OK("qemu-img convert -O raw -l snapshot.name=s1 '%s' '%s'", img, before);
+	ASSERT_OK(q2t_open("snap", img, false, "", &n, err, sizeof(err)));
+	a.n = n;
+	bt_run_co_fn(snap_write_co, &a);
+	ASSERT_OK(a.ret);
+	q2t_close(n);
+	Q2T_SH_OK("qemu-img check -q '%s'", img);
+	Q2T_SH_OK("qemu-img convert -O raw -l snapshot.name=s1 '%s' '%s'", img, after);
+	Q2T_SH_OK("cmp -s '%s' '%s'", before, after);
+	Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, after);
+	Q2T_SH_OK("qemu-io -f raw -c 'read -P 0x77 30k 200k' -c 'read -P 0 1M 256k' "
+		  "-c 'read -P 0 3M 512k' '%s' | grep -q 'read 524288'", after);
+	unlink(img);
+	unlink(before);
+	unlink(after);
+	free(img);
+	free(before);
+	free(after);
+}
+
+/* Readers on two loops at once over one node, with small cache slices
+ * so that they miss, evict and hit concurrently. */
+struct par_arg {
+	struct ioc_node *n;
+	const uint8_t *want;
+	uint64_t seed;
+	int ret;
+	bool mismatch;
+};
+
+static void ioc_coroutine_fn par_co(void *opaque)
+{
+	struct par_arg *a = opaque;
+	uint64_t x = a->seed;
+	static _Thread_local uint8_t buf[128 << 10];
+
+	for (int i = 0; i < 400 && a->ret == 0; i++) {
+		uint64_t len = q2t_rand(&x) % sizeof(buf) + 1;
+		uint64_t off = q2t_rand(&x) % (a->n->size - len);
+
+		a->ret = ioc_node_co_pread(a->n, off, buf, len, 0);
+		if (a->ret == 0 && memcmp(buf, a->want + off, len))
+			a->mismatch = true;
+	}
+}
+
+static void *par_thread(void *opaque)
+{
+	struct ioc_loop *loop;
+	struct par_arg *a = opaque;
+	struct bt_run r = { par_co, a, false };
+	struct ioc_co *co;
+
+	ASSERT_OK(ioc_loop_new(&loop, NULL));
+	co = ioc_co_create(bt_run_co, &r);
+	ASSERT_NOT_NULL(co);
+	ioc_co_enter(co);
+	while (!r.done)
+		ioc_loop_poll(loop, true);
+	ioc_node_graph_detach_loop(q2t_graph, loop);
+	ioc_loop_free(loop);
+	return NULL;
+}
+
+static void test_parallel_readers(void)
+{
+	char *img = q2t_path("par.qcow2"), err[512];
+	size_t len;
+	uint8_t *want;
+	struct ioc_node *n;
+	struct par_arg a[2];
+	pthread_t t[2];
+
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 -c -o cluster_size=4k '%s' '%s'", source(),
+		  img);
+	want = q2t_read_file(source(), &len);
+	ASSERT_OK(q2t_open("par", img, true, "\"l2-cache-size\":16384,"
+			   "\"l2-cache-entry-size\":512", &n, err, sizeof(err)));
+	for (int i = 0; i < 2; i++) {
+		a[i] = (struct par_arg){ n, want, 1000 + (uint64_t)i, 0, false };
+		ASSERT_OK(pthread_create(&t[i], NULL, par_thread, &a[i]));
+	}
+	for (int i = 0; i < 2; i++) {
+		pthread_join(t[i], NULL);
+		ASSERT_OK(a[i].ret);
+		ASSERT_FALSE(a[i].mismatch);
+	}
+	q2t_close(n);
+	free(want);
+	unlink(img);
+	free(img);
+}
+
+static void test_cleanup(void)
+{
+	if (src_raw)
+		unlink(src_raw);
+	free(src_raw);
+	src_raw = NULL;
+	ioc_node_graph_free(q2t_graph);
+	q2t_graph = NULL;
+}
+
+int main(void)
+{
+	static const struct ioc_test tests[] = {
+		IOC_TEST(test_cluster_sizes),
+		IOC_TEST(test_small_cache),
+		IOC_TEST(test_compressed),
+		IOC_TEST(test_refcount_bits),
+		IOC_TEST(test_v2_lazy),
+		IOC_TEST(test_extended_l2),
+		IOC_TEST(test_backing_chain),
+		IOC_TEST(test_snapshot),
+		IOC_TEST(test_parallel_readers),
+		IOC_TEST(test_cleanup),
+	};
+
+	q2t_require_qemu();
+	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
+}
