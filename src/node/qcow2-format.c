@@ -443,7 +443,7 @@ int64_t ioc__qcow2_parse_snapshot(const uint8_t *p, const struct q2_header *h,
 			  file_size, err, errlen);
 	if (ret < 0)
 		return ret;
-	return (int64_t)((Q2_SNAPSHOT_HDR_LEN + extra + id_len + name_len + 7) & ~7u);
+	return (int64_t)(Q2_SNAPSHOT_HDR_LEN + extra + id_len + name_len);
 }
 
 int ioc__qcow2_check_l1e(const struct q2_geom *g, uint64_t l1e, char *err, size_t errlen)

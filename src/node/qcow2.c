@@ -914,6 +914,10 @@ static int ioc_coroutine_fn q2_discard(struct ioc_node *n, uint64_t off, uint64_
 
 	if (q->failed)
 		return -EIO;
+	/* Without the zero flag (version 2) a discarded cluster would show
+	 * the backing file's stale data: nothing is done, as in QEMU. */
+	if (q->h.version < 3 && q->backing)
+		return 0;
 	/* Partial clusters are ignored, as QEMU ignores them (a hint). */
 	if (start >= end)
 		return 0;
@@ -1035,7 +1039,7 @@ static int set_incompat(struct q2_state *q, uint64_t v)
 
 static int read_snapshots(struct q2_state *q, char *err, size_t errlen)
 {
-	uint64_t off = q->h.snapshots_off, total = 0, fsz = file_size(q);
+	uint64_t off = q->h.snapshots_off, total = 0, fsz = file_size(q), end = off;
 	uint8_t hdr[Q2_SNAPSHOT_HDR_LEN];
 
 	for (uint32_t i = 0; i < q->h.nb_snapshots; i++) {
@@ -1055,6 +1059,8 @@ static int read_snapshots(struct q2_state *q, char *err, size_t errlen)
 		len = ioc__qcow2_parse_snapshot(hdr, &q->h, fsz, i, err, errlen);
 		if (len < 0)
 			return (int)len;
+		end = off + (uint64_t)len;
+		len = (len + 7) & ~7ll;
 		total += (uint64_t)len;
 		if (total > Q2_MAX_SNAPSHOTS_BYTES) {
 			snprintf(err, errlen, "Snapshot table too large");
@@ -1062,7 +1068,7 @@ static int read_snapshots(struct q2_state *q, char *err, size_t errlen)
 		}
 		off += (uint64_t)len;
 	}
-	if (q->h.nb_snapshots && off > fsz) {
+	if (q->h.nb_snapshots && end > fsz) {
 		snprintf(err, errlen, "Snapshot table offset invalid (it ends past the end "
 			 "of the file)");
 		return -EINVAL;

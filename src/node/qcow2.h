@@ -105,7 +105,8 @@ int ioc__qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
 			    bool read_write, struct q2_header *h, char *err, size_t errlen);
 
 /* One snapshot table entry's fixed part (40 bytes at p).  Returns the
- * entry's whole length (rounded to 8), or -errno with err set. */
+ * entry's whole length (the next starts at it rounded up to 8; the last
+ * one's padding may be missing at the end of the file), or -errno. */
 int64_t ioc__qcow2_parse_snapshot(const uint8_t *p, const struct q2_header *h,
 				  uint64_t file_size, unsigned index, char *err,
 				  size_t errlen);

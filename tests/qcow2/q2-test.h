@@ -127,10 +127,10 @@ static inline uint64_t q2t_rand(uint64_t *x)
 
 /* A raw file of size bytes: runs of data (compressible and not), zeroes
  * and holes, so conversions make every kind of cluster. */
-static inline void q2t_make_source(const char *path, uint64_t size, uint64_t seed)
+static inline void q2t_make_source(const char *path, uint64_t size, uint64_t rstate)
 {
 	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
-	uint64_t x = seed | 1, off = 0;
+	uint64_t x = rstate | 1, off = 0;
 	uint8_t *buf = malloc(1 << 20);
 
 	ASSERT_GE(fd, 0);
@@ -162,7 +162,7 @@ struct q2t_read {
 	struct ioc_node *n;
 	uint8_t *out;
 	uint64_t size;
-	uint64_t seed;
+	uint64_t rstate;
 	int ret;
 };
 
@@ -170,7 +170,7 @@ struct q2t_read {
 static void ioc_coroutine_fn q2t_read_co(void *opaque)
 {
 	struct q2t_read *a = opaque;
-	uint64_t x = a->seed | 1, off = 0;
+	uint64_t x = a->rstate | 1, off = 0;
 
 	while (off < a->size) {
 		uint64_t len = q2t_rand(&x) % (300 * 1024) + 1;

@@ -247,7 +247,7 @@ static void test_snapshot(void)
 struct par_arg {
 	struct ioc_node *n;
 	const uint8_t *want;
-	uint64_t seed;
+	uint64_t rstate;
 	int ret;
 	bool mismatch;
 };
@@ -255,7 +255,7 @@ struct par_arg {
 static void ioc_coroutine_fn par_co(void *opaque)
 {
 	struct par_arg *a = opaque;
-	uint64_t x = a->seed;
+	uint64_t x = a->rstate;
 	static _Thread_local uint8_t buf[128 << 10];
 
 	for (int i = 0; i < 400 && a->ret == 0; i++) {
