@@ -315,6 +315,123 @@ static void test_parallel_readers(void)
 	free(img);
 }
 
+/* A writer on one loop (the first half, a model of what it wrote) and
+ * readers on another (the second half, checked; the first, unchecked):
+ * allocations, table changes and evictions under readers' feet. */
+struct rw_arg {
+	struct ioc_node *n;
+	uint8_t *model;
+	uint64_t half;
+	int ret;
+	bool mismatch;
+};
+
+static void ioc_coroutine_fn rw_writer_co(void *opaque)
+{
+	struct rw_arg *a = opaque;
+	uint64_t x = 555;
+	static uint8_t buf[64 << 10];
+
+	for (int i = 0; i < 300 && a->ret == 0; i++) {
+		uint64_t len = q2t_rand(&x) % sizeof(buf) + 1;
+		uint64_t off = q2t_rand(&x) % (a->half - len);
+		uint8_t pat = (uint8_t)q2t_rand(&x);
+
+		memset(buf, pat, len);
+		if (i % 5 == 4)
+			a->ret = ioc_node_co_write_zeroes(a->n, off, len, IOC_NODE_MAY_UNMAP);
+		else
+			a->ret = ioc_node_co_pwrite(a->n, off, buf, len, 0);
+		memset(a->model + off, i % 5 == 4 ? 0 : pat, len);
+		if (i % 50 == 0 && a->ret == 0)
+			a->ret = ioc_node_co_flush(a->n, 0);
+	}
+}
+
+static void ioc_coroutine_fn rw_reader_co(void *opaque)
+{
+	struct rw_arg *a = opaque;
+	uint64_t x = 777;
+	static _Thread_local uint8_t buf[64 << 10];
+
+	for (int i = 0; i < 600 && a->ret == 0; i++) {
+		uint64_t len = q2t_rand(&x) % sizeof(buf) + 1;
+		bool first = i % 3 == 0;
+		uint64_t off = (first ? 0 : a->half) + q2t_rand(&x) % (a->half - len);
+
+		a->ret = ioc_node_co_pread(a->n, off, buf, len, 0);
+		if (!first && a->ret == 0 && memcmp(buf, a->model + off, len))
+			a->mismatch = true;
+	}
+}
+
+/* A coroutine fn(arg) on a loop of its own thread. */
+struct thr {
+	void (*fn)(void *);
+	void *arg;
+};
+
+static void *rw_thread(void *opaque)
+{
+	struct thr *p = opaque;
+	struct ioc_loop *loop;
+	struct bt_run r = { p->fn, p->arg, false };
+	struct ioc_co *co;
+
+	ASSERT_OK(ioc_loop_new(&loop, NULL));
+	co = ioc_co_create(bt_run_co, &r);
+	ASSERT_NOT_NULL(co);
+	ioc_co_enter(co);
+	while (!r.done)
+		ioc_loop_poll(loop, true);
+	ioc_node_graph_detach_loop(q2t_graph, loop);
+	ioc_loop_free(loop);
+	return NULL;
+}
+
+static void test_parallel_read_write(void)
+{
+	char *img = q2t_path("rw.qcow2"), err[512];
+	size_t len;
+	struct ioc_node *n;
+	struct rw_arg w, r;
+	struct thr pw, pr;
+	pthread_t t[2];
+
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 -o cluster_size=1k '%s' '%s'", source(),
+		  img);
+	ASSERT_OK(q2t_open("rw", img, false, "\"l2-cache-size\":8192", &n, err, sizeof(err)));
+	w = (struct rw_arg){ n, q2t_read_file(source(), &len), SRC_SIZE / 2, 0, false };
+	r = w;
+	pw = (struct thr){ rw_writer_co, &w };
+	pr = (struct thr){ rw_reader_co, &r };
+	ASSERT_OK(pthread_create(&t[0], NULL, rw_thread, &pw));
+	ASSERT_OK(pthread_create(&t[1], NULL, rw_thread, &pr));
+	pthread_join(t[0], NULL);
+	pthread_join(t[1], NULL);
+	ASSERT_OK(w.ret);
+	ASSERT_OK(r.ret);
+	ASSERT_FALSE(r.mismatch);
+	q2t_close(n);
+	Q2T_SH_OK("qemu-img check -q '%s'", img);
+	{
+		char *raw = q2t_path("rw.raw");
+		size_t rl;
+		uint8_t *got;
+
+		Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, raw);
+		got = q2t_read_file(raw, &rl);
+		ASSERT_UEQ(rl, SRC_SIZE);
+		ASSERT_TRUE(memcmp(got, w.model, SRC_SIZE) == 0);
+		free(got);
+		unlink(raw);
+		free(raw);
+	}
+	free(w.model);
+	unlink(img);
+	free(img);
+}
+
 static void test_cleanup(void)
 {
 	if (src_raw)
@@ -337,6 +454,7 @@ int main(void)
 		IOC_TEST(test_backing_chain),
 		IOC_TEST(test_snapshot),
 		IOC_TEST(test_parallel_readers),
+		IOC_TEST(test_parallel_read_write),
 		IOC_TEST(test_cleanup),
 	};
 
