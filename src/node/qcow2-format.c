@@ -433,11 +433,6 @@ int64_t ioc__qcow2_parse_snapshot(const uint8_t *p, const struct q2_header *h,
 		ERR("Too much extra metadata in snapshot table entry %u", index);
 		return -EFBIG;
 	}
-	if (h->version >= 3 && extra < 16) {
-		ERR("Snapshot table entry %u is too short (version 3 images need 16 bytes "
-		    "of extra data)", index);
-		return -EINVAL;
-	}
 	snprintf(what, sizeof(what), "Snapshot L1 table");
 	ret = check_table(what, l1_off, l1_size, 8, Q2_MAX_L1_BYTES, h->cluster_bits,
 			  file_size, err, errlen);

@@ -425,34 +425,50 @@ int ioc__qcow2_write_refblocks(struct q2_state *q, bool flush)
 
 int ioc__qcow2_writeback(struct q2_state *q, bool flush)
 {
-	bool l2_written = false, rb_dirty = false;
+	bool flushed = false, rb_dirty = false, l2_dirty = false;
 	int ret;
 
 	for (uint64_t i = 0; i < q->rt_entries && !rb_dirty; i++)
 		rb_dirty = q->rb_dirty[i];
+	for (unsigned i = 0; i < q->cache.nslots && !l2_dirty; i++)
+		l2_dirty = q->cache.slots[i].dirty;
 	/* 1. Refcount increases, durable before any L2 entry that needs
-	 * them (lazy refcounts: no flush; the dirty bit covers it). */
-	if (rb_dirty) {
-		ret = ioc__qcow2_write_refblocks(q, !q->lazy);
+	 * them.  Lazy refcounts: after the L2 slices, unordered, and only
+	 * when asked to flush (the image is marked dirty while open). */
+	if (rb_dirty && !q->lazy) {
+		ret = ioc__qcow2_write_refblocks(q, true);
 		if (ret < 0)
 			return ret;
-		flush = flush || q->lazy;
+		flushed = true;
 	}
-	/* 2. L2 slices, after the data they point to (written, completed
-	 * before the entry changed in memory) and their refcounts. */
-	for (unsigned i = 0; i < q->cache.nslots; i++) {
-		struct q2_slice *s = &q->cache.slots[i];
+	/* 2. L2 slices, after the data they point to (written and
+	 * completed before an entry changed in memory) is flushed. */
+	if (l2_dirty) {
+		if (!flushed) {
+			ret = ioc__qcow2_flush_file(q);
+			if (ret < 0)
+				return ret;
+		}
+		for (unsigned i = 0; i < q->cache.nslots; i++) {
+			struct q2_slice *s = &q->cache.slots[i];
 
-		if (!s->dirty)
-			continue;
-		ret = ioc__qcow2_pwrite(q, atomic_load_explicit(&s->key, memory_order_relaxed),
-					s->data, q->cache.slice_bytes);
+			if (!s->dirty)
+				continue;
+			ret = ioc__qcow2_pwrite(q, atomic_load_explicit(&s->key,
+									memory_order_relaxed),
+						s->data, q->cache.slice_bytes);
+			if (ret < 0)
+				return ret;
+			s->dirty = false;
+		}
+		flushed = false;
+	}
+	if (q->lazy && rb_dirty && flush) {
+		ret = ioc__qcow2_write_refblocks(q, false);
 		if (ret < 0)
 			return ret;
-		s->dirty = false;
-		l2_written = true;
 	}
-	if (l2_written || flush) {
+	if (!flushed && (l2_dirty || flush || q->npending)) {
 		ret = ioc__qcow2_flush_file(q);
 		if (ret < 0)
 			return ret;

@@ -3,43 +3,40 @@
  * node over a file child and an optional backing node.
  *
  * Problem: serve reads from coroutines on several loops at once without
- * a global lock, allocate on write without ever letting a crash leave an
- * L2 entry that points at garbage or at a cluster someone else owns, and
- * never damage an internal snapshot's clusters (refcount > 1).
+ * a global lock, allocate on write so that no crash leaves an L2 entry
+ * pointing at garbage or at a cluster someone else owns, and never touch
+ * an internal snapshot's clusters (refcount > 1).
  *
- * Design.  What never changes after open (geometry, the header) is read
- * freely.  The active L1 table is an array of atomics; L2 tables come
- * through a slice cache whose hits take no lock (qcow2-cache.c).  One
- * coroutine mutex covers every metadata change and every cache miss; a
- * read takes it only on a miss, a write only when it must allocate (a
- * write into a cluster this image owns alone, with its COPIED flag, goes
- * straight to the file).  Allocating writes build the whole new cluster
- * (or the covered subclusters) under the mutex: the untouched part comes
- * from the old mapping (the backing node, a compressed or shared
- * cluster, zeroes), so copy-on-write is one read path, not four.
+ * Design.  The geometry and header are fixed after open and read freely;
+ * the active L1 table is an array of atomics; L2 tables come through a
+ * slice cache whose hits take no lock (qcow2-cache.c).  One coroutine
+ * mutex covers metadata changes and cache misses: a read takes it only
+ * on a miss, a write only to allocate (a cluster this image owns alone,
+ * COPIED, is written in place without it).  An allocating write builds
+ * the new cluster (or its covered subclusters) under the mutex, the
+ * untouched part read through the old mapping (backing node, compressed
+ * or shared cluster, zeroes): copy-on-write is the read path, once.
  *
- * Crash ordering (the rules every change follows):
- *  1. Data before the L2 entry pointing at it: an entry changes in memory
- *     only after its data write completed; the slice reaches the disk at
- *     the next writeback, after a flush of the file.
- *  2. Refcount increase before the L2 entry: writeback writes refcount
- *     blocks, flushes, then L2 slices (lazy-refcounts skips that flush:
- *     the image is marked dirty while open, QEMU's contract).
- *  3. L2 before L1: a new L2 table (zeroed, or copied from a shared one)
- *     is written and flushed with its refcount before the L1 entry.
- *  4. L2 entry removal before the refcount decrease: a dropped cluster is
- *     queued (qcow2-refcount.c) and decremented only after the slices
- *     that dropped it are written and flushed, so it is not reused while
- *     an entry on disk still points at it.
- *  5. A refcount block is written and flushed before the refcount table
- *     entry naming it; a new refcount table before the header naming it.
- * Guest flush (and FUA) runs the writeback: data, refcounts, L2, L1 are
- * durable when it returns.
+ * Crash ordering, kept by every change:
+ *  1. data before the L2 entry: an entry changes in memory only after
+ *     its data write completed, and writeback flushes before it writes
+ *     L2 slices;
+ *  2. refcount increase before the L2 entry: refcount blocks are written
+ *     and flushed first (lazy-refcounts: unordered, the image is marked
+ *     dirty while open);
+ *  3. L2 before L1: a new table (zeroed, or copied from a shared one) is
+ *     written and flushed with its refcount before its L1 entry;
+ *  4. L2 entry removal before the refcount decrease: dropped clusters are
+ *     decremented after the slices that dropped them are flushed, so none
+ *     is reused while an entry on disk points at it;
+ *  5. a refcount block before the table entry naming it, a new refcount
+ *     table before the header naming it (qcow2-refcount.c).
+ * A guest flush (and FUA) runs the writeback: all of it is durable after.
  *
- * Rejected: QEMU's in-flight allocation list, which lets allocating
- * writes to different clusters run their data I/O in parallel: worth it,
- * later; here allocating writes serialise on the mutex (in-place writes
- * and reads do not).  Writethrough metadata: a flush per allocation.
+ * Rejected: QEMU's list of in-flight allocations, which lets allocating
+ * writes to different clusters overlap their data I/O (worth it later:
+ * here they serialise on the mutex; reads and in-place writes do not);
+ * writethrough metadata (a flush per allocation).
  */
 #include <errno.h>
 #include <inttypes.h>

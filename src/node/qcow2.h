@@ -258,10 +258,11 @@ int ioc__qcow2_alloc_cluster(struct q2_state *q, uint64_t *host);
 /* Queue the clusters [off, off+len) touch for a decrement at the next
  * writeback, after the L2 entries that dropped them are on disk. */
 int ioc__qcow2_defer_free(struct q2_state *q, uint64_t off, uint64_t len);
-/* Write dirty refcount blocks, then dirty L2 slices, in that order with
- * flushes between (crash ordering: qcow2.c), then apply deferred frees. */
+/* Write dirty refcount blocks, then dirty L2 slices, with flushes between
+ * (crash ordering: qcow2.c), then apply deferred frees.  flush: end with
+ * everything durable (a guest flush). */
 int ioc__qcow2_writeback(struct q2_state *q, bool flush);
-/* Write the refcount blocks (then flush, unless lazy refcounts). */
+/* Write the dirty refcount blocks (then flush the file, if asked). */
 int ioc__qcow2_write_refblocks(struct q2_state *q, bool flush);
 void ioc__qcow2_refcount_free(struct q2_state *q);
 int ioc__qcow2_refcount_init(struct q2_state *q, char *err, size_t errlen);
