@@ -1,6 +1,5 @@
 /*
- * The "qcow2" driver: QEMU's image format (docs/interop/qcow2.txt) as a
- * node over a file child and an optional backing node.
+ * The "qcow2" driver: QEMU's format (docs/interop/qcow2.txt) over a file.
  *
  * Problem: serve reads from coroutines on several loops at once without
  * a global lock, allocate on write so that no crash leaves an L2 entry
@@ -33,10 +32,9 @@
  *     table before the header naming it (qcow2-refcount.c).
  * A guest flush (and FUA) runs the writeback: all of it is durable after.
  *
- * Rejected: QEMU's list of in-flight allocations, which lets allocating
- * writes to different clusters overlap their data I/O (worth it later:
- * here they serialise on the mutex; reads and in-place writes do not);
- * writethrough metadata (a flush per allocation).
+ * Rejected: writethrough metadata (a flush per allocation).  Not yet:
+ * QEMU's in-flight allocation list, so allocating writes serialise on
+ * the mutex (reads and in-place writes do not).
  */
 #include <errno.h>
 #include <inttypes.h>
