@@ -127,15 +127,16 @@ struct q2_slice *ioc__qcow2_cache_claim(struct q2_cache *c)
 	c->misses++;
 	for (;;) {
 		struct q2_slice *best = NULL;
-		bool any_clean = false;
+		bool any_dirty = false;
 
 		/* An empty slot first, else the least recently used clean one. */
 		for (unsigned i = 0; i < c->nslots; i++) {
 			struct q2_slice *s = &c->slots[i];
 
-			if (s->dirty)
+			if (s->dirty) {
+				any_dirty = true;
 				continue;
-			any_clean = true;
+			}
 			if (atomic_load_explicit(&s->pins, memory_order_relaxed))
 				continue;
 			if (!atomic_load_explicit(&s->key, memory_order_relaxed)) {
@@ -146,7 +147,9 @@ struct q2_slice *ioc__qcow2_cache_claim(struct q2_cache *c)
 				     atomic_load_explicit(&best->used, memory_order_relaxed))
 				best = s;
 		}
-		if (!any_clean)
+		/* Nothing free but dirty slots: the caller writes them back
+		 * (the clean ones may be pinned by the caller itself). */
+		if (!best && any_dirty)
 			return NULL;
 		if (best && claim_slot(c, best)) {
 			if (!best->data) {
@@ -159,8 +162,8 @@ struct q2_slice *ioc__qcow2_cache_claim(struct q2_cache *c)
 			}
 			return best;
 		}
-		/* Every clean slot pinned this instant by a reader copying
-		 * entries out (no reader yields while pinned). */
+		/* Every slot clean and pinned this instant by readers copying
+		 * entries out (no reader yields while it holds a pin). */
 		sched_yield();
 	}
 }

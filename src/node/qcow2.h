@@ -190,8 +190,8 @@ void ioc__qcow2_cache_destroy(struct q2_cache *c);
 struct q2_slice *ioc__qcow2_cache_lookup(struct q2_cache *c, size_t d, uint64_t key);
 void ioc__qcow2_cache_unpin(struct q2_slice *s);
 /* Lock held: a free slot for (d, key), pinned and out of the directory
- * (Q2_SLICE_BUSY) for the caller to fill and publish.  NULL when every
- * slot is dirty: the caller writes dirty slices back and retries. */
+ * (Q2_SLICE_BUSY) for the caller to fill and publish.  NULL when only
+ * dirty slots could be taken: the caller writes them back and retries. */
 struct q2_slice *ioc__qcow2_cache_claim(struct q2_cache *c);
 /* Lock held: give back a claimed slot unfilled (a failed read). */
 void ioc__qcow2_cache_abandon(struct q2_slice *s);

@@ -116,10 +116,11 @@ static void write_cmds(const char *path, const struct op *ops, int n)
 
 /* setup: a shell command making $IMG (and whatever it backs onto) in the
  * test directory. */
-static void diff_run(const char *name, const char *setup, int nops, uint64_t rstate)
+static void diff_run_opts(const char *name, const char *setup, const char *opts, int nops,
+			  uint64_t rstate)
 {
 	char *a_img = q2t_path("a.qcow2"), *b_img = q2t_path("b.qcow2");
-	char *cmds = q2t_path("cmds"), *raw = q2t_path("b.raw"), err[512];
+	char *cmds = q2t_path("cmds"), *raw = q2t_path("b.raw"), err[512], extra[512];
 	struct op *ops;
 	struct ioc_node *n;
 	struct run_arg ra;
@@ -133,7 +134,8 @@ static void diff_run(const char *name, const char *setup, int nops, uint64_t rst
 	make_ops(ops, nops, rstate + DIFF_START, IMG_SIZE);
 	write_cmds(cmds, ops, nops);
 
-	if (q2t_open("diff", a_img, false, "\"discard\":\"unmap\"", &n, err, sizeof(err)) < 0)
+	snprintf(extra, sizeof(extra), "\"discard\":\"unmap\"%s%s", opts[0] ? "," : "", opts);
+	if (q2t_open("diff", a_img, false, extra, &n, err, sizeof(err)) < 0)
 		ioc_test_fail(__FILE__, __LINE__, "open: %s", err);
 	ra = (struct run_arg){ n, ops, nops, 0, 0 };
 	bt_run_co_fn(run_co, &ra);
@@ -164,6 +166,11 @@ static void diff_run(const char *name, const char *setup, int nops, uint64_t rst
 	free(ops);
 }
 
+static void diff_run(const char *name, const char *setup, int nops, uint64_t rstate)
+{
+	diff_run_opts(name, setup, "", nops, rstate);
+}
+
 /* A source with data, zeroes and holes for the converted kinds. */
 #define SRC "qemu-img create -q -f raw src.raw 8M && " \
 	"qemu-io -f raw -c 'write -P 0x31 0 3M' -c 'write -P 0x32 5M 2M' src.raw >/dev/null && "
@@ -171,6 +178,10 @@ static void diff_run(const char *name, const char *setup, int nops, uint64_t rst
 static void test_plain(void)
 {
 	diff_run("plain", "qemu-img create -q -f qcow2 $IMG 8M", 200, 1);
+	/* Eight slices of 512 bytes: dirty slices are written back to make
+	 * room, between requests and inside them. */
+	diff_run_opts("plain, small cache", "qemu-img create -q -f qcow2 -o cluster_size=4k "
+		      "$IMG 8M", "\"l2-cache-size\":4096,\"l2-cache-entry-size\":512", 200, 12);
 }
 
 static void test_small_clusters(void)
