@@ -70,6 +70,8 @@ void ioc__qcow2_refcount_free(struct q2_state *q)
 	free(q->rb_dirty);
 	free(q->rt);
 	free(q->pending);
+	free(q->grace);
+	q->grace = NULL;
 	q->rb = NULL;
 	q->rt = NULL;
 	q->pending = NULL;
@@ -423,6 +425,34 @@ int ioc__qcow2_write_refblocks(struct q2_state *q, bool flush)
 	return 0;
 }
 
+static int apply_frees(struct q2_state *q)
+{
+	size_t n = q->ngrace;
+	uint64_t *freed = q->grace;
+	int ret = 0;
+
+	q->grace = NULL;
+	q->ngrace = 0;
+	for (size_t i = 0; i < n && ret == 0; i++) {
+		bool now_free = false;
+
+		ret = rc_add(q, freed[i], -1, &now_free);
+		if (ret == 0 && now_free) {
+			if (freed[i] < q->free_hint)
+				q->free_hint = freed[i];
+			if (q->pass_discard)
+				(void)ioc_node_co_discard(q->file, freed[i] << q->cluster_bits, q->cs,
+							  0);
+		}
+	}
+	free(freed);
+	/* Written now, durable with the next flush: a decrement lost in a
+	 * crash is a leak, never a cluster with two owners. */
+	if (ret == 0)
+		ret = ioc__qcow2_write_refblocks(q, false);
+	return ret;
+}
+
 int ioc__qcow2_writeback(struct q2_state *q, bool flush)
 {
 	bool flushed = false, rb_dirty = false, l2_dirty = false;
@@ -473,37 +503,25 @@ int ioc__qcow2_writeback(struct q2_state *q, bool flush)
 		if (ret < 0)
 			return ret;
 	}
-	/* 3. Decrements: nothing on disk points at these clusters now. */
-	if (q->npending) {
-		size_t n = q->npending;
-		uint64_t *freed = q->pending;
-
-		q->pending = NULL;
-		q->npending = q->cap_pending = 0;
-		for (size_t i = 0; i < n; i++) {
-			bool now_free = false;
-
-			ret = rc_add(q, freed[i], -1, &now_free);
-			if (ret < 0) {
-				free(freed);
-				return ret;
-			}
-			if (now_free) {
-				if (freed[i] < q->free_hint)
-					q->free_hint = freed[i];
-				if (q->pass_discard)
-					(void)ioc_node_co_discard(q->file, freed[i] << q->cluster_bits,
-								  q->cs, 0);
-			} else {
-				freed[i] = UINT64_MAX;
-			}
-		}
-		free(freed);
-		/* Written now, durable with the next flush: a decrement lost
-		 * in a crash is a leak, never a cluster with two owners. */
-		ret = ioc__qcow2_write_refblocks(q, false);
+	/* 3. Decrements: nothing on disk points at these clusters now;
+	 * once no lockless request that may still use them is running
+	 * (qcow2.c, "In-flight requests"), they go. */
+	if (q->ngrace && ioc__qcow2_drained(q, q->grace_parity)) {
+		ret = apply_frees(q);
 		if (ret < 0)
 			return ret;
+	}
+	if (!q->ngrace && q->npending) {
+		q->grace = q->pending;
+		q->ngrace = q->npending;
+		q->pending = NULL;
+		q->npending = q->cap_pending = 0;
+		q->grace_parity = ioc__qcow2_flip(q);
+		if (ioc__qcow2_drained(q, q->grace_parity)) {
+			ret = apply_frees(q);
+			if (ret < 0)
+				return ret;
+		}
 	}
 	return 0;
 }

@@ -183,6 +183,68 @@ static int child_io(child_io_fn *fn, struct ioc_node *c, uint64_t off,
 	return ret;
 }
 
+/* ---- in-flight requests ------------------------------------------------------ */
+
+/*
+ * A read, or a write in place, maps without the lock and then does its
+ * I/O: a cluster it mapped may be dropped meanwhile (a discard, a
+ * copy-on-write), and must not be freed and reused until that I/O is
+ * done.  Such requests count themselves in a shard of two counter sets,
+ * picked by the epoch's parity when they enter; freeing (writeback, lock
+ * held) flips the epoch after the entries dropping the clusters changed,
+ * and frees once the old parity's counters are all zero, which it checks
+ * at each writeback and never waits for (SRCU's two counter sets).  A
+ * request that entered after the check maps after the entries changed
+ * (the fences below), so it cannot use a freed cluster.  Cost per
+ * request: an atomic add and sub on this thread's shard and a fence.
+ */
+static unsigned my_shard(void)
+{
+	static _Atomic unsigned next;
+	static _Thread_local unsigned shard = UINT32_MAX;
+
+	if (shard == UINT32_MAX)
+		shard = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) % Q2_SHARDS;
+	return shard;
+}
+
+struct q2_ticket {
+	unsigned parity, shard;
+};
+
+static struct q2_ticket enter_io(struct q2_state *q)
+{
+	struct q2_ticket t = { atomic_load(&q->epoch) & 1, my_shard() };
+
+	atomic_fetch_add_explicit(&q->inflight[t.parity][t.shard].n, 1, memory_order_seq_cst);
+	/* Pairs with the fence in ioc__qcow2_drained(): our count is seen
+	 * there, or our lookups see the changed entries. */
+	atomic_thread_fence(memory_order_seq_cst);
+	return t;
+}
+
+static void leave_io(struct q2_state *q, struct q2_ticket t)
+{
+	/* Release: the I/O is done before a drained() that sees zero. */
+	atomic_fetch_sub_explicit(&q->inflight[t.parity][t.shard].n, 1, memory_order_release);
+}
+
+unsigned ioc__qcow2_flip(struct q2_state *q)
+{
+	return atomic_fetch_add(&q->epoch, 1) & 1;
+}
+
+bool ioc__qcow2_drained(struct q2_state *q, unsigned p)
+{
+	long sum = 0;
+
+	/* Pairs with the fence in enter_io(). */
+	atomic_thread_fence(memory_order_seq_cst);
+	for (unsigned i = 0; i < Q2_SHARDS; i++)
+		sum += atomic_load_explicit(&q->inflight[p][i].n, memory_order_acquire);
+	return sum == 0;
+}
+
 /* ---- L2 lookups ------------------------------------------------------------ */
 
 static size_t slices_per_table(const struct q2_state *q)
@@ -476,11 +538,16 @@ static int read_range(struct q2_state *q, uint64_t off, uint64_t len, const stru
 static int ioc_coroutine_fn q2_preadv(struct ioc_node *n, uint64_t off,
 				      const struct iovec *iov, int iovcnt, uint32_t flags)
 {
+	struct q2_state *q = n->opaque;
+	struct q2_ticket t = enter_io(q);
 	size_t len = 0;
+	int ret;
 
 	for (int i = 0; i < iovcnt; i++)
 		len += iov[i].iov_len;
-	return read_range(n->opaque, off, len, iov, iovcnt, 0, false);
+	ret = read_range(q, off, len, iov, iovcnt, 0, false);
+	leave_io(q, t);
+	return ret;
 }
 
 /* ---- allocation ------------------------------------------------------------ */
@@ -676,21 +743,22 @@ static int ioc_coroutine_fn q2_pwritev(struct ioc_node *n, uint64_t off,
 		uint64_t pos = off + done;
 		struct q2_run r;
 
+		struct q2_ticket t = enter_io(q);
+
 		ret = map_run(q, pos, len - done, false, &r);
-		if (ret < 0)
-			break;
-		if (r.kind == Q2_DATA && r.writable) {
-			if (r.host + r.len > file_size(q)) {
-				ret = -EIO;
-				break;
-			}
-			ret = child_io(ioc_node_co_pwritev, q->file, r.host, iov, iovcnt, done,
+		if (ret == 0 && r.kind == Q2_DATA && r.writable) {
+			ret = r.host + r.len > file_size(q) ? -EIO :
+			      child_io(ioc_node_co_pwritev, q->file, r.host, iov, iovcnt, done,
 				       r.len, 0);
+			leave_io(q, t);
 			if (ret < 0)
 				break;
 			done += r.len;
 			continue;
 		}
+		leave_io(q, t);
+		if (ret < 0)
+			break;
 		ioc_co_mutex_lock(&q->lock);
 		ret = map_run(q, pos, len - done, true, &r);
 		if (ret == 0) {
@@ -1347,6 +1415,10 @@ static void ioc_coroutine_fn close_co(void *opaque)
 	if (!q->rw)
 		return;
 	ret = ioc__qcow2_writeback(q, true);
+	/* No request is in flight: the frees waiting for one go now (the
+	 * first pass may have started their wait). */
+	for (int i = 0; i < 2 && ret == 0 && (q->ngrace || q->npending); i++)
+		ret = ioc__qcow2_writeback(q, true);
 	/* A clean stop: the dirty bit goes only once everything it covered
 	 * is on disk. */
 	if (ret == 0 && q->marked_dirty && !q->failed)

@@ -208,6 +208,8 @@ void ioc__qcow2_cache_clean(struct q2_cache *c, uint64_t now_ns, bool all);
 
 struct ioc_node;
 
+#define Q2_SHARDS 16
+
 struct q2_state {
 	struct ioc_node *node, *file, *backing;
 	struct q2_header h;
@@ -242,10 +244,25 @@ struct q2_state {
 	uint64_t free_hint;            /* no free cluster below it */
 	uint64_t *pending;             /* clusters to decrement at writeback */
 	size_t npending, cap_pending;
+	uint64_t *grace;               /* dropped, on disk; waiting for readers */
+	size_t ngrace;
+	unsigned grace_parity;         /* the in-flight counters they wait for */
+
+	/* Lockless requests in flight, by epoch parity and shard (qcow2.c,
+	 * "In-flight requests"). */
+	_Atomic unsigned epoch;
+	struct q2_inflight {
+		_Atomic long n;
+	} IOC_CACHE_ALIGNED inflight[2][Q2_SHARDS];
 
 	struct q2_cache cache;
 	struct ioc_co_mutex lock;      /* metadata changes and cache misses */
 };
+
+/* In-flight requests: whether none that entered under parity p is left;
+ * a new epoch (returns the parity requests entered under until now). */
+bool ioc__qcow2_drained(struct q2_state *q, unsigned p);
+unsigned ioc__qcow2_flip(struct q2_state *q);
 
 /* Child I/O (coroutine). */
 int ioc__qcow2_pread(struct q2_state *q, uint64_t off, void *buf, size_t len);
