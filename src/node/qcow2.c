@@ -48,6 +48,7 @@
 #define Q2_DEFAULT_L2_CACHE_MAX (32ull << 20)
 #define Q2_DEFAULT_CLEAN_INTERVAL 600
 #define Q2_MIN_SLOTS 8
+#define Q2_MAX_SLOTS (1u << 20)
 #define Q2_MAX_DIR (8u << 20)
 
 static const struct ioc__qmp_arg qcow2_opts[] = {
@@ -1028,6 +1029,38 @@ static int ioc_coroutine_fn q2_block_status(struct ioc_node *n, uint64_t off, ui
 	return st;
 }
 
+/* ---- resize ---------------------------------------------------------------- */
+
+/* Growth inside what the active L1 table already maps (QEMU's limits on
+ * the rest).  A bigger L1 table would have to be swapped under readers
+ * that index it without the lock: not supported yet. */
+static int ioc_coroutine_fn q2_truncate(struct ioc_node *n, uint64_t size)
+{
+	struct q2_state *q = n->opaque;
+	uint64_t cover = (uint64_t)q->l1_size << (q->l2_bits + q->cluster_bits), be;
+	int ret;
+
+	if (size & 511)
+		return -EINVAL;         /* "The new size must be a multiple of 512" */
+	if (size < n->size || q->h.nb_snapshots)
+		return -ENOTSUP;        /* shrinking; "Can't resize an image which has snapshots" */
+	if (size > cover)
+		return -ENOTSUP;        /* the L1 table would have to grow */
+	if (size == n->size)
+		return 0;
+	ioc_co_mutex_lock(&q->lock);
+	be = htobe64(size);
+	ret = ioc__qcow2_pwrite(q, 24, &be, 8);
+	if (ret == 0)
+		ret = ioc__qcow2_flush_file(q);
+	if (ret == 0) {
+		q->h.size = size;
+		n->size = size;
+	}
+	ioc_co_mutex_unlock(&q->lock);
+	return ret;
+}
+
 /* ---- open and close -------------------------------------------------------- */
 
 /* Run fn(arg) in a coroutine to its end: open and close come from the
@@ -1282,6 +1315,8 @@ static void ioc_coroutine_fn open_co(void *opaque)
 
 		if (slots < Q2_MIN_SLOTS)
 			slots = Q2_MIN_SLOTS;
+		if (slots > Q2_MAX_SLOTS)
+			slots = Q2_MAX_SLOTS;   /* the slot array, not the slices, is eager */
 		ret = ioc__qcow2_cache_init(&q->cache, (unsigned)slots, (size_t)entry, ndir);
 		if (ret < 0) {
 			snprintf(err, errlen, "Could not allocate the L2 cache");
@@ -1466,5 +1501,6 @@ const struct ioc_node_drv ioc__node_drv_qcow2 = {
 	.co_discard = q2_discard,
 	.co_write_zeroes = q2_write_zeroes,
 	.co_block_status = q2_block_status,
+	.co_truncate = q2_truncate,
 	.info = q2_info,
 };

@@ -164,6 +164,21 @@ static void test_backing_chain(void)
 	q2t_compare_raw(n, raw);
 	q2t_close(n);
 
+	/* "backing": a node of the graph by its name. */
+	{
+		struct ioc_node *b;
+		char js[1024];
+
+		snprintf(js, sizeof(js), "\"backing\":\"mid\"");
+		ASSERT_OK(q2t_open("mid", mid, true, "", &b, err, sizeof(err)));
+		ASSERT_OK(q2t_open("named", top, true, js, &n, err, sizeof(err)));
+		ASSERT_PTR_EQ(n->backing, b);
+		Q2T_SH_OK("qemu-img convert -U -O raw '%s' '%s'", top, raw);
+		q2t_compare_raw(n, raw);
+		q2t_close(n);
+		q2t_close(b);
+	}
+
 	/* Block status and allocation depth.  50k: top's data; 0:
 	 * discarded in top (reads as zeroes there); 600k: mid's zeroes;
 	 * 2M: the raw base. */
@@ -432,6 +447,74 @@ static void test_parallel_read_write(void)
 	free(img);
 }
 
+struct tr_arg {
+	struct ioc_node *n;
+	int grow, too_far, shrink;
+};
+
+static void ioc_coroutine_fn truncate_co(void *opaque)
+{
+	struct tr_arg *a = opaque;
+	uint8_t b[4096];
+
+	memset(b, 0x3c, sizeof(b));
+	a->grow = ioc_node_co_truncate(a->n, 12 << 20);
+	if (a->grow == 0)
+		a->grow = ioc_node_co_pwrite(a->n, (12 << 20) - 4096, b, sizeof(b), 0);
+	a->too_far = ioc_node_co_truncate(a->n, 1ull << 40);
+	a->shrink = ioc_node_co_truncate(a->n, 1 << 20);
+}
+
+/* block_resize: growth inside the L1 table's reach; the rest refused. */
+static void test_truncate(void)
+{
+	char *img = q2t_path("tr.qcow2"), err[512];
+	struct ioc_node *n;
+	struct tr_arg a = { 0 };
+
+	Q2T_SH_OK("qemu-img create -q -f qcow2 '%s' 8M", img);
+	ASSERT_OK(q2t_open("tr", img, false, "", &n, err, sizeof(err)));
+	a.n = n;
+	bt_run_co_fn(truncate_co, &a);
+	ASSERT_OK(a.grow);
+	ASSERT_EQ(a.too_far, -ENOTSUP);
+	ASSERT_EQ(a.shrink, -ENOTSUP);
+	ASSERT_UEQ(n->size, 12u << 20);
+	q2t_close(n);
+	Q2T_SH_OK("qemu-img check -q '%s'", img);
+	Q2T_SH_OK("qemu-img info '%s' | grep -q 'virtual size: 12 MiB'", img);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'read -P 0x3c 12284k 4k' '%s' | grep -q 'read 4096'", img);
+	unlink(img);
+	free(img);
+}
+
+/* query-named-block-nodes' image: the format's own members. */
+static void test_info(void)
+{
+	char *img = q2t_path("info.qcow2"), err[512];
+	struct ioc_node *n;
+	json_t *j, *img_j, *data;
+
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o cluster_size=16k,refcount_bits=8,"
+		  "extended_l2=on,compression_type=zstd '%s' 1M", img);
+	ASSERT_OK(q2t_open("info", img, true, "", &n, err, sizeof(err)));
+	j = ioc_node_info_json(n);
+	ASSERT_NOT_NULL(j);
+	img_j = json_object_get(j, "image");
+	ASSERT_NOT_NULL(img_j);
+	ASSERT_EQ(json_integer_value(json_object_get(img_j, "cluster-size")), 16384);
+	data = json_object_get(json_object_get(img_j, "format-specific"), "data");
+	ASSERT_NOT_NULL(data);
+	ASSERT_EQ(json_integer_value(json_object_get(data, "refcount-bits")), 8);
+	ASSERT_TRUE(json_is_true(json_object_get(data, "extended-l2")));
+	ASSERT_STR_EQ(json_string_value(json_object_get(data, "compression-type")), "zstd");
+	ASSERT_STR_EQ(json_string_value(json_object_get(data, "compat")), "1.1");
+	json_decref(j);
+	q2t_close(n);
+	unlink(img);
+	free(img);
+}
+
 static void test_cleanup(void)
 {
 	if (src_raw)
@@ -455,6 +538,8 @@ int main(void)
 		IOC_TEST(test_snapshot),
 		IOC_TEST(test_parallel_readers),
 		IOC_TEST(test_parallel_read_write),
+		IOC_TEST(test_truncate),
+		IOC_TEST(test_info),
 		IOC_TEST(test_cleanup),
 	};
 
