@@ -16,7 +16,8 @@ enum ioc__qmp_type {
 	IOC_QMP_STR,
 	IOC_QMP_BOOL,
 	IOC_QMP_UINT,      /* a non-negative integer ("uint64") */
-	IOC_QMP_ARRAY,     /* of .elem (with .members when objects) */
+	IOC_QMP_ARRAY,     /* of .elem (with .members when objects; .elem
+			    * IOC_QMP_ANY leaves elements to the handler) */
 	IOC_QMP_INT,       /* "int" */
 	IOC_QMP_SIZE,      /* "size": keyval takes suffixes (64k, 1G) */
 	IOC_QMP_ENUM,      /* a string out of .values */
@@ -69,6 +70,11 @@ enum {
  */
 bool ioc__qmp_check(const struct ioc__qmp_arg *spec, json_t *obj, unsigned flags,
 		    char *desc, size_t len);
+
+/* Check one value against one spec (an OBJECT spec with a tag checks a
+ * whole union, as blockdev-add's arguments); paths start at its members. */
+bool ioc__qmp_check_value(const struct ioc__qmp_arg *a, json_t *v, unsigned flags,
+			  char *desc, size_t len);
 
 /* QEMU's names for a type in "Invalid parameter type" messages. */
 const char *ioc__qmp_type_name(enum ioc__qmp_type t);

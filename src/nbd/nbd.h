@@ -1,8 +1,11 @@
 /*
- * iocore NBD server: serves block-layer images over the NBD protocol
+ * iocore NBD server: serves block nodes (src/node) over the NBD protocol
  * (NetworkBlockDevice/nbd doc/proto.md, fixed newstyle, structured replies,
  * extended headers, base:allocation, and QEMU's qemu:dirty-bitmap:NAME and
- * qemu:allocation-depth), with a QMP control socket.
+ * qemu:allocation-depth), with a QMP control socket.  Private to the
+ * daemon layers (iocore-nbd and the storage daemon link it); an export may
+ * also name an image the caller opened (blk, zip), served through a node
+ * the server makes over it.
  *
  * A server owns N I/O threads (each running one loop); listening sockets
  * are watched on the loop of the thread that starts the server, and each
@@ -25,6 +28,7 @@ extern "C" {
 struct ioc_nbd_server;
 struct ioc_zip_image;
 struct ioc_zip_overlay;
+struct ioc_node;
 
 typedef void ioc_nbd_log_fn(void *opaque, const char *msg);
 
@@ -42,6 +46,10 @@ struct ioc_nbd_server_opts {
 	 * accepting.  For a destination of a migration, which must not serve
 	 * before its image is complete (iocore-nbd --incoming). */
 	bool defer_serving;
+	/* Start and serve with no export yet: the storage daemon adds them
+	 * later (block-export-add), as qemu-storage-daemon's nbd-server-start
+	 * allows. */
+	bool allow_empty;
 	/* READs of at least this many bytes in the clear go from the page
 	 * cache to the socket by splice(2), without a copy into the server;
 	 * 0 = never (the default: it saves the server CPU but costs a client
@@ -63,6 +71,13 @@ struct ioc_nbd_export_opts {
 	/* With zip, optional: its copy-on-write overlay; the export then
 	 * takes writes (unless read_only).  Not owned by the server. */
 	struct ioc_zip_overlay *zip_overlay;
+	/* Or: a block node of the storage daemon's graph (its node layer),
+	 * served through it; not owned by the server. */
+	struct ioc_node *node;
+	/* With node: the dirty bitmaps offered as qemu:dirty-bitmap:NAME
+	 * (NULL-terminated; NULL: none), and qemu:allocation-depth. */
+	const char *const *bitmaps;
+	bool allocation_depth;
 	bool read_only;               /* refuse writes even if blk is writable */
 };
 
@@ -92,9 +107,20 @@ struct ioc_nbd_tls_opts {
 /* Create a server (no thread started yet). */
 int ioc_nbd_server_new(struct ioc_nbd_server **out,
 		       const struct ioc_nbd_server_opts *opts);
-/* Add an export; before ioc_nbd_server_start(). */
+/* Add an export (before start, or while serving: the daemon's
+ * block-export-add).  -EEXIST, -ENOSPC. */
 int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 			      const struct ioc_nbd_export_opts *opts);
+/*
+ * Delete an export, also while serving (QMP's block-export-del).  Safe
+ * (hard false): -EBUSY while a client uses it.  Hard: its clients are
+ * disconnected.  deleted(opaque, name) runs on the main loop once the
+ * export is gone (maybe before this returns).  -ENOENT: no such export.
+ */
+int ioc_nbd_server_del_export(struct ioc_nbd_server *srv, const char *name, bool hard,
+			      void (*deleted)(void *opaque, const char *name), void *opaque);
+/* Clients in transmission on the export of that name (0 when none). */
+unsigned ioc_nbd_server_export_clients(struct ioc_nbd_server *srv, const char *name);
 /* Set up TLS; before start.  Loads the credentials now, so a missing or
  * bad file fails here: -errno, and when err is not NULL a message naming
  * the file and GnuTLS's reason.  -ENOTSUP if built without GnuTLS. */
