@@ -936,13 +936,15 @@ static int ioc_coroutine_fn q2_write_zeroes(struct ioc_node *n, uint64_t off, ui
 	/* The end of the image counts as aligned (QEMU's rule too). */
 	head_end = (off + unit - 1) & ~(unit - 1);
 	tail_start = off + len == n->size ? off + len : (off + len) & ~(unit - 1);
+	/* NO_FALLBACK: all by flag, or nothing written. */
+	if ((flags & IOC_NODE_NO_FALLBACK) &&
+	    (head_end >= tail_start || head_end > off || tail_start < off + len))
+		return -ENOTSUP;
 	if (head_end >= tail_start) {
-		if (flags & IOC_NODE_NO_FALLBACK)
-			return -ENOTSUP;
 		ret = write_zero_data(n, off, len);
 		goto out;
 	}
-	if (head_end > off && !(flags & IOC_NODE_NO_FALLBACK))
+	if (head_end > off)
 		ret = write_zero_data(n, off, head_end - off);
 	if (ret == 0) {
 		/* Whole units by flag; for a compressed cluster partly
@@ -961,7 +963,7 @@ static int ioc_coroutine_fn q2_write_zeroes(struct ioc_node *n, uint64_t off, ui
 			p = e;
 		}
 	}
-	if (ret == 0 && tail_start < off + len && !(flags & IOC_NODE_NO_FALLBACK))
+	if (ret == 0 && tail_start < off + len)
 		ret = write_zero_data(n, tail_start, off + len - tail_start);
 out:
 	if (ret == 0 && (flags & IOC_NODE_FUA))

@@ -488,6 +488,52 @@ static void test_truncate(void)
 	free(img);
 }
 
+struct nf_arg {
+	struct ioc_node *n;
+	int unaligned, aligned, v2;
+	struct ioc_node *n2;
+	uint8_t after[8192];
+};
+
+static void ioc_coroutine_fn nofallback_co(void *opaque)
+{
+	struct nf_arg *a = opaque;
+
+	a->unaligned = ioc_node_co_write_zeroes(a->n, 1000, 65536, IOC_NODE_NO_FALLBACK);
+	a->aligned = ioc_node_co_write_zeroes(a->n, 65536, 131072, IOC_NODE_NO_FALLBACK);
+	a->v2 = ioc_node_co_write_zeroes(a->n2, 65536, 65536, IOC_NODE_NO_FALLBACK);
+	if (ioc_node_co_pread(a->n, 0, a->after, sizeof(a->after), 0) < 0)
+		a->aligned = -EIO;
+}
+
+/* Write-zeroes without fallback: by flag, or -ENOTSUP with nothing done. */
+static void test_zero_no_fallback(void)
+{
+	char *img = q2t_path("nf.qcow2"), *v2 = q2t_path("nf2.qcow2"), err[512];
+	struct nf_arg a;
+
+	Q2T_SH_OK("qemu-img create -q -f qcow2 '%s' 1M && qemu-io -f qcow2 -c "
+		  "'write -P 0x12 0 256k' '%s' >/dev/null", img, img);
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o compat=0.10 '%s' 1M", v2);
+	memset(&a, 0, sizeof(a));
+	ASSERT_OK(q2t_open("nf", img, false, "", &a.n, err, sizeof(err)));
+	ASSERT_OK(q2t_open("nf2", v2, false, "", &a.n2, err, sizeof(err)));
+	bt_run_co_fn(nofallback_co, &a);
+	ASSERT_EQ(a.unaligned, -ENOTSUP);
+	ASSERT_OK(a.aligned);
+	ASSERT_EQ(a.v2, -ENOTSUP);
+	for (size_t i = 0; i < sizeof(a.after); i++)
+		ASSERT_EQ(a.after[i], 0x12);
+	q2t_close(a.n);
+	q2t_close(a.n2);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'read -P 0 64k 128k' -c 'read -P 0x12 192k 64k' '%s' "
+		  "| grep -c '^read' | grep -q 2", img);
+	unlink(img);
+	unlink(v2);
+	free(img);
+	free(v2);
+}
+
 /* query-named-block-nodes' image: the format's own members. */
 static void test_info(void)
 {
@@ -540,6 +586,7 @@ int main(void)
 		IOC_TEST(test_parallel_read_write),
 		IOC_TEST(test_truncate),
 		IOC_TEST(test_info),
+		IOC_TEST(test_zero_no_fallback),
 		IOC_TEST(test_cleanup),
 	};
 
