@@ -217,6 +217,6 @@ void ioc__qcow2_cache_clean(struct q2_cache *c, uint64_t now_ns, bool all)
 		s->data = NULL;
 		atomic_fetch_sub_explicit(&s->pins, Q2_SLICE_BUSY, memory_order_release);
 	}
-	c->clean_epoch = mark;
+	c->clean_epoch = mark + 1;      /* hits from now on store mark + 1 or more */
 	c->last_clean_ns = now_ns;
 }

@@ -1391,6 +1391,51 @@ out:
 	a->ret = ret;
 }
 
+/* cache-clean-interval: QEMU frees the slices unused for an interval on
+ * a timer; so do we, from a coroutine on the opening loop (the lock is a
+ * coroutine lock).  A miss also cleans when an interval has passed, for
+ * nodes opened where no loop would run the timer. */
+static void ioc_coroutine_fn clean_co(void *opaque)
+{
+	struct q2_state *q = opaque;
+
+	ioc_co_mutex_lock(&q->lock);
+	ioc__qcow2_cache_clean(&q->cache, (uint64_t)ioc_now_ns(), false);
+	q->cleaned++;
+	ioc_co_mutex_unlock(&q->lock);
+	q->cleaning = false;
+}
+
+static void clean_timer_cb(void *opaque)
+{
+	struct q2_state *q = opaque;
+	struct ioc_co *co;
+
+	ioc_timer_arm_in(&q->clean_timer, (int64_t)q->cache.clean_interval_ns);
+	if (q->cleaning)
+		return;
+	co = ioc_co_create(clean_co, q);
+	if (!co)
+		return;
+	q->cleaning = true;
+	ioc_co_enter(co);
+}
+
+size_t ioc__qcow2_cache_resident(struct ioc_node *n)
+{
+	struct q2_state *q = n->opaque;
+	size_t k = 0;
+
+	for (unsigned i = 0; i < q->cache.nslots; i++)
+		k += q->cache.slots[i].data != NULL;
+	return k;
+}
+
+uint64_t ioc__qcow2_clean_passes(struct ioc_node *n)
+{
+	return ((struct q2_state *)n->opaque)->cleaned;
+}
+
 static void q2_free(struct q2_state *q)
 {
 	ioc__qcow2_cache_destroy(&q->cache);
@@ -1433,6 +1478,13 @@ static int q2_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 		q2_free(q);
 		return ret;
 	}
+	/* The loop that opened the node runs its clean timer (none when
+	 * open had to make a loop of its own: it is gone now). */
+	q->clean_loop = q->cache.clean_interval_ns ? ioc_loop_current() : NULL;
+	if (q->clean_loop) {
+		ioc_timer_init(&q->clean_timer, q->clean_loop, clean_timer_cb, q);
+		ioc_timer_arm_in(&q->clean_timer, (int64_t)q->cache.clean_interval_ns);
+	}
 	n->size = q->h.size;
 	n->can_discard = true;
 	n->can_fast_zero = q->h.version >= 3;
@@ -1468,6 +1520,11 @@ static void q2_close(struct ioc_node *n)
 
 	if (!q)
 		return;
+	if (q->clean_loop) {
+		ioc_timer_cancel(&q->clean_timer);
+		while (q->cleaning)
+			ioc_loop_poll(q->clean_loop, true);
+	}
 	(void)run_sync(n, close_co, q);
 	q2_free(q);
 	n->opaque = NULL;

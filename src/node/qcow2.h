@@ -257,7 +257,18 @@ struct q2_state {
 
 	struct q2_cache cache;
 	struct ioc_co_mutex lock;      /* metadata changes and cache misses */
+
+	/* cache-clean-interval: a timer on the loop that opened the node
+	 * (the main thread's, which closes it too). */
+	struct ioc_timer clean_timer;
+	struct ioc_loop *clean_loop;   /* NULL: no timer */
+	bool cleaning;                 /* a clean coroutine runs (that loop only) */
+	uint64_t cleaned;              /* passes that ran (tests) */
 };
+
+/* The L2 cache's slices now in memory (tests and statistics). */
+size_t ioc__qcow2_cache_resident(struct ioc_node *n);
+uint64_t ioc__qcow2_clean_passes(struct ioc_node *n);
 
 /* In-flight requests: whether none that entered under parity p is left;
  * a new epoch (returns the parity requests entered under until now). */

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include "q2-test.h"
+#include "src/node/qcow2.h"
 
 #define SRC_SIZE (6u << 20)
 
@@ -534,6 +535,35 @@ static void test_zero_no_fallback(void)
 	free(v2);
 }
 
+/* cache-clean-interval: slices unused for an interval leave memory on
+ * the opening loop's timer (the loop is polled, nothing else waits). */
+static void test_clean_interval(void)
+{
+	char *img = q2t_path("ci.qcow2"), *raw = q2t_path("ci.raw"), err[512];
+	struct ioc_node *n;
+	int64_t t0;
+
+	Q2T_SH_OK("qemu-img convert -f raw -O qcow2 -o cluster_size=4k '%s' '%s'", source(),
+		  img);
+	Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, raw);
+	ASSERT_OK(q2t_open("ci", img, true, "\"cache-clean-interval\":1", &n, err,
+			   sizeof(err)));
+	q2t_compare_raw(n, raw);
+	ASSERT_UGT(ioc__qcow2_cache_resident(n), 0);
+	t0 = ioc_now_ns();
+	while (ioc__qcow2_clean_passes(n) < 2) {
+		ioc_loop_poll(bt_get_loop(), true);
+		ASSERT_LT(ioc_now_ns() - t0, 30 * 1000000000ll);
+	}
+	ASSERT_UEQ(ioc__qcow2_cache_resident(n), 0);
+	q2t_compare_raw(n, raw);        /* and it reads on */
+	q2t_close(n);
+	unlink(img);
+	unlink(raw);
+	free(img);
+	free(raw);
+}
+
 /* query-named-block-nodes' image: the format's own members. */
 static void test_info(void)
 {
@@ -586,6 +616,7 @@ int main(void)
 		IOC_TEST(test_parallel_read_write),
 		IOC_TEST(test_truncate),
 		IOC_TEST(test_info),
+		IOC_TEST(test_clean_interval),
 		IOC_TEST(test_zero_no_fallback),
 		IOC_TEST(test_cleanup),
 	};
