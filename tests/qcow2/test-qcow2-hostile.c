@@ -229,8 +229,7 @@ static void test_tables(void)
 	}
 }
 
-/* The first extension after the header, which qemu-img writes: the
- * feature name table.  Damage its length. */
+/* Extensions written after the header (qemu-img 7.2 writes none here). */
 static void test_extensions(void)
 {
 	uint64_t hl;
@@ -257,6 +256,19 @@ static void test_extensions(void)
 	put_be(work, hl + 12, 0, 4);
 	put_be(work, hl + 8, 70000, 4);
 	expect_refused(work, false, "exceeding the QEMU supported maximum");
+	/* An unknown bit the image's feature table names: named. */
+	put_be(fresh(), hl, 0x6803f857, 4);
+	put_be(work, hl + 4, 48, 4);
+	put_be(work, hl + 8, 0x0005, 2);
+	{
+		int fd = open(work, O_WRONLY);
+
+		ASSERT_EQ(pwrite(fd, "fancy\0", 6, (off_t)(hl + 10)), 6);
+		close(fd);
+	}
+	put_be(work, 72, (1ull << 5) | (1ull << 9), 8);
+	expect_refused(work, false, "Unsupported qcow2 feature(s): fancy, Unknown "
+		       "incompatible feature: 200");
 	/* Unknown extensions are skipped. */
 	put_be(fresh(), hl, 0x12345678, 4);
 	expect_opens(work, false);
