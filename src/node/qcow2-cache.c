@@ -81,6 +81,7 @@ struct q2_slice *ioc__qcow2_cache_lookup(struct q2_cache *c, size_t d, uint64_t 
 		ioc__qcow2_cache_unpin(s);
 		return NULL;
 	}
+	/* LRU hints, relaxed: a stale epoch only misorders an eviction. */
 	t = atomic_load_explicit(&c->tick, memory_order_relaxed);
 	if (atomic_load_explicit(&s->used, memory_order_relaxed) != t)
 		atomic_store_explicit(&s->used, t, memory_order_relaxed);
@@ -116,6 +117,8 @@ static bool claim_slot(struct q2_cache *c, struct q2_slice *s)
 		atomic_compare_exchange_strong_explicit(&c->dir[s->dir], &me, NULL,
 							memory_order_release,
 							memory_order_relaxed);
+		/* Relaxed: BUSY keeps readers off the key until publish()'s
+		 * release of it. */
 		atomic_store_explicit(&s->key, 0, memory_order_relaxed);
 	}
 	return true;
@@ -123,6 +126,7 @@ static bool claim_slot(struct q2_cache *c, struct q2_slice *s)
 
 struct q2_slice *ioc__qcow2_cache_claim(struct q2_cache *c)
 {
+	/* A new LRU epoch (relaxed, a hint: see lookup()). */
 	atomic_fetch_add_explicit(&c->tick, 1, memory_order_relaxed);
 	c->misses++;
 	for (;;) {
@@ -155,6 +159,7 @@ struct q2_slice *ioc__qcow2_cache_claim(struct q2_cache *c)
 			if (!best->data) {
 				best->data = aligned_alloc(4096, (c->slice_bytes + 4095) & ~4095ul);
 				if (!best->data) {
+					/* Empty and free again, as abandon(). */
 					atomic_fetch_sub_explicit(&best->pins, Q2_SLICE_BUSY,
 								  memory_order_release);
 					return NULL;
@@ -215,6 +220,7 @@ void ioc__qcow2_cache_clean(struct q2_cache *c, uint64_t now_ns, bool all)
 			continue;
 		free(s->data);
 		s->data = NULL;
+		/* Empty and free again; pairs with lookup()'s fetch_add. */
 		atomic_fetch_sub_explicit(&s->pins, Q2_SLICE_BUSY, memory_order_release);
 	}
 	c->clean_epoch = mark + 1;      /* hits from now on store mark + 1 or more */

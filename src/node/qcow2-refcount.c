@@ -35,6 +35,10 @@
 #include "node/node.h"
 #include "qcow2.h"
 
+/* Everything here runs with the driver's lock held: the file size is
+ * loaded relaxed (its only writer is ensure_file(), under the same lock),
+ * as are slice keys (changed only under it too). */
+
 static uint64_t rb_entries(const struct q2_state *q)
 {
 	return 1ull << q->rb_bits;
@@ -134,6 +138,8 @@ static int ensure_file(struct q2_state *q, uint64_t end)
 	ret = ioc_node_co_truncate(q->file, end);
 	if (ret < 0)
 		return ret;
+	/* Relaxed: published to lockless readers by the release store of
+	 * the L2 entry that points past the old end (qcow2.c, file_size()). */
 	atomic_store_explicit(&q->file_size, end, memory_order_relaxed);
 	return 0;
 }
