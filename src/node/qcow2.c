@@ -354,7 +354,7 @@ static int map_run(struct q2_state *q, uint64_t off, uint64_t max, bool locked,
 	unsigned cb = q->cluster_bits;
 	uint64_t gidx = off >> cb, l1i = gidx >> q->l2_bits;
 	uint64_t unit = 1ull << q->sub_bits, l1e, l2off, end, pos;
-	struct q2_geom g = geom(q);
+	struct q2_geom g;
 	struct q2_slice *s;
 	bool took = false;
 	int ret = 0;
@@ -363,6 +363,10 @@ static int map_run(struct q2_state *q, uint64_t off, uint64_t max, bool locked,
 	if (l1i >= q->l1_size)
 		return -EIO;
 again:
+	/* The file's size as of now: an entry stored after it was loaded
+	 * may point past it, and then looks damaged; that goes again under
+	 * the lock below, where the size is current. */
+	g = geom(q);
 	/* Pairs with the release store in l2_prepare(). */
 	l1e = atomic_load_explicit(&q->l1[l1i], memory_order_acquire);
 	l2off = l1e & Q2_L1E_OFFSET_MASK;
