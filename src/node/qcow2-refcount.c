@@ -138,8 +138,8 @@ static int ensure_file(struct q2_state *q, uint64_t end)
 	ret = ioc_node_co_truncate(q->file, end);
 	if (ret < 0)
 		return ret;
-	/* Relaxed: published to lockless readers by the release store of
-	 * the L2 entry that points past the old end (qcow2.c, file_size()). */
+	/* Relaxed: lockless readers that see an older size look again
+	 * under the lock (qcow2.c, file_size()). */
 	atomic_store_explicit(&q->file_size, end, memory_order_relaxed);
 	return 0;
 }

@@ -83,9 +83,9 @@ int ioc__qcow2_flush_file(struct q2_state *q)
 	return ioc_node_co_flush(q->file, 0);
 }
 
-/* Relaxed: the size grows under the lock, before any entry pointing past
- * the old end is stored (release); a reader that loaded that entry
- * (acquire) sees the new size. */
+/* Relaxed: the size only grows, under the lock; a stale one makes an
+ * entry past the old end look damaged, and map_run() then looks again
+ * under the lock, where it is current. */
 static uint64_t file_size(struct q2_state *q)
 {
 	return atomic_load_explicit(&q->file_size, memory_order_relaxed);
