@@ -25,6 +25,7 @@ extern const struct ioc_node_drv ioc__node_drv_null_co;
 extern const struct ioc_node_drv ioc__node_drv_raw;
 extern const struct ioc_node_drv ioc__node_drv_zip;
 extern const struct ioc_node_drv ioc__node_drv_zip_overlay;
+extern const struct ioc_node_drv ioc__node_drv_qcow2;
 
 /* node.c: the calling loop's slot of n (NULL: not counted). */
 struct ioc_node_slot *ioc__node_my_slot(struct ioc_node *n);

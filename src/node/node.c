@@ -39,6 +39,7 @@ static const struct ioc_node_drv *const drivers[] = {
 	&ioc__node_drv_raw,
 	&ioc__node_drv_zip,
 	&ioc__node_drv_zip_overlay,
+	&ioc__node_drv_qcow2,
 	IOC_NODE_RBD_DRV_ENTRY
 };
 

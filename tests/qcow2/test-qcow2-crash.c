@@ -1,0 +1,233 @@
+/*
+ * Crash points: the same short sequence of writes, write-zeroes,
+ * discards and flushes runs again and again, and each time the file
+ * stops taking writes after its k-th write request (every write, flush
+ * and discard from then on fails, as a disk that went away), for k
+ * spread over the whole run.  What reached the file must then be an
+ * image `qemu-img check` finds no corruption in (leaked clusters are
+ * allowed: a lost decrement), and every byte not written since the last
+ * flush that succeeded must read as it did at that flush: the driver's
+ * ordering rules (data, refcounts, L2, L1) under a crash that keeps the
+ * file's writes in the order they were issued.
+ */
+#include <limits.h>
+#include <stdatomic.h>
+
+#include "q2-test.h"
+#include "src/blk/blk-int.h"
+
+#define SIZE (2u << 20)
+#define NOPS 48
+
+struct op {
+	int kind;               /* 0 write, 1 zero, 2 zero+unmap, 3 discard, 4 flush */
+	uint64_t off, len;
+	uint8_t pat;
+};
+
+static struct op ops[NOPS];
+static _Atomic long writes_left;
+static _Atomic long writes_seen;
+
+static int64_t crash_hook(void *opaque, enum blk_op op, uint64_t off, uint64_t len)
+{
+	if (op == BLK_OP_READ)
+		return 0;
+	/* Counted and refused from any thread: pairs with the stores in
+	 * run_point() made before the node's first request. */
+	atomic_fetch_add_explicit(&writes_seen, 1, memory_order_relaxed);
+	if (atomic_fetch_sub_explicit(&writes_left, 1, memory_order_relaxed) <= 0)
+		return -EIO;
+	return 0;
+}
+
+struct run_arg {
+	struct ioc_node *n;
+	uint8_t *model, *flushed;
+	bool *dirty;            /* changed since the last flush, or unknown */
+	bool *unknown;          /* discarded: zeroes or what was there */
+};
+
+static void ioc_coroutine_fn run_co(void *opaque)
+{
+	struct run_arg *a = opaque;
+	uint8_t *buf = malloc(256 << 10);
+
+	for (int i = 0; i < NOPS; i++) {
+		struct op *o = &ops[i];
+		int ret;
+
+		switch (o->kind) {
+		case 0:
+			memset(buf, o->pat, o->len);
+			ret = ioc_node_co_pwrite(a->n, o->off, buf, o->len, 0);
+			memset(a->model + o->off, o->pat, o->len);
+			memset(a->unknown + o->off, 0, o->len);
+			break;
+		case 1:
+		case 2:
+			ret = ioc_node_co_write_zeroes(a->n, o->off, o->len,
+						       o->kind == 2 ? IOC_NODE_MAY_UNMAP : 0);
+			memset(a->model + o->off, 0, o->len);
+			memset(a->unknown + o->off, 0, o->len);
+			break;
+		case 3:
+			/* Discarded bytes read as zeroes or as before: unknown. */
+			ret = ioc_node_co_discard(a->n, o->off, o->len, 0);
+			memset(a->unknown + o->off, 1, o->len);
+			break;
+		default:
+			ret = ioc_node_co_flush(a->n, 0);
+			if (ret == 0) {
+				memcpy(a->flushed, a->model, SIZE);
+				memcpy(a->dirty, a->unknown, SIZE);
+			}
+			continue;
+		}
+		(void)ret;
+		memset(a->dirty + o->off, 1, o->len);
+	}
+	free(buf);
+}
+
+static void make_ops(uint64_t x)
+{
+	for (int i = 0; i < NOPS; i++) {
+		struct op *o = &ops[i];
+		uint64_t r = q2t_rand(&x);
+		int k = (int)(r % 16);
+
+		o->kind = i % 8 == 7 ? 4 : k < 10 ? 0 : k < 12 ? 1 : k < 14 ? 2 : 3;
+		o->len = (q2t_rand(&x) % (128 << 10)) / 512 * 512 + 512;
+		o->off = (q2t_rand(&x) % (SIZE - o->len)) / 512 * 512;
+		o->pat = (uint8_t)(q2t_rand(&x) | 1);
+	}
+}
+
+/* One crash point: limit writes, or -1 for none.  Returns the number of
+ * write requests the run made. */
+static long run_point(const char *good, const char *img, long limit)
+{
+	char err[512], *raw = q2t_path("crash.raw");
+	struct ioc_node *n;
+	struct run_arg a;
+	struct ioc_blk *blk;
+	uint8_t *before = NULL;
+	size_t rl;
+	long seen;
+
+	Q2T_SH_OK("cp '%s' '%s'", good, img);
+	Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, raw);
+	before = q2t_read_file(raw, &rl);
+	ASSERT_UEQ(rl, SIZE);
+	a.model = malloc(SIZE);
+	a.flushed = before;
+	a.dirty = calloc(1, SIZE);
+	a.unknown = calloc(1, SIZE);
+	memcpy(a.model, before, SIZE);
+	ASSERT_OK(q2t_open("c", img, false, "\"discard\":\"unmap\"", &n, err, sizeof(err)));
+	a.n = n;
+	blk = ioc_node_blk(n->file);
+	ASSERT_NOT_NULL(blk);
+	atomic_store(&writes_left, limit < 0 ? LONG_MAX : limit);
+	atomic_store(&writes_seen, 0);
+	ioc__blk_set_fault(blk, crash_hook, NULL);
+	bt_run_co_fn(run_co, &a);
+	q2t_close(n);
+	seen = atomic_load(&writes_seen);
+
+	/* 0: clean, 3: leaked clusters only. */
+	int st = q2t_sh("qemu-img check -q '%s' >/dev/null 2>&1", img);
+
+	if (st != 0 && st != 3) {
+		q2t_sh("qemu-img check '%s'", img);
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: check says %d", limit,
+			      st);
+	}
+	Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, raw);
+	{
+		uint8_t *got = q2t_read_file(raw, &rl);
+
+		ASSERT_UEQ(rl, SIZE);
+		for (size_t i = 0; i < SIZE; i++)
+			if (!a.dirty[i] && got[i] != a.flushed[i])
+				ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: byte %zu "
+					      "is %02x, flushed as %02x", limit, i, got[i],
+					      a.flushed[i]);
+		free(got);
+	}
+	unlink(raw);
+	free(raw);
+	free(a.model);
+	free(a.dirty);
+	free(a.unknown);
+	free(before);
+	return seen;
+}
+
+static void crash_run(const char *name, const char *setup, uint64_t x)
+{
+	char *good = q2t_path("good.qcow2"), *img = q2t_path("img.qcow2");
+	long total, points = (long)ioc_test_scaled(24), step;
+
+	Q2T_SH_OK("cd '%s' && IMG=good.qcow2 && %s", ioc_test_tmpdir(), setup);
+	make_ops(x);
+	total = run_point(good, img, -1);
+	step = total / points > 0 ? total / points : 1;
+	ioc_test_diag("%s: %ld write requests, a crash every %ld", name, total, step);
+	for (long k = 0; k <= total; k += step)
+		run_point(good, img, k);
+	Q2T_SH_OK("cd '%s' && rm -f base.qcow2", ioc_test_tmpdir());
+	unlink(good);
+	unlink(img);
+	free(good);
+	free(img);
+}
+
+static void test_plain(void)
+{
+	crash_run("4 KiB clusters", "qemu-img create -q -f qcow2 -o cluster_size=4k $IMG 2M",
+		  1);
+}
+
+static void test_small_clusters(void)
+{
+	/* New refcount blocks and a growing refcount table. */
+	crash_run("512-byte clusters, 64-bit refcounts",
+		  "qemu-img create -q -f qcow2 -o cluster_size=512,refcount_bits=64 $IMG 2M", 2);
+}
+
+static void test_backing_ext_l2(void)
+{
+	crash_run("extended L2 over a backing file",
+		  "qemu-img create -q -f qcow2 base.qcow2 2M && qemu-io -f qcow2 -c "
+		  "'write -P 0x21 0 2M' base.qcow2 >/dev/null && qemu-img create -q -f qcow2 "
+		  "-o extended_l2=on,cluster_size=32k -b base.qcow2 -F qcow2 $IMG", 3);
+}
+
+static void test_snapshot(void)
+{
+	crash_run("internal snapshot",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k $IMG 2M && qemu-io -f qcow2 "
+		  "-c 'write -P 0x22 0 2M' $IMG >/dev/null && qemu-img snapshot -c s1 $IMG", 4);
+}
+
+static void test_cleanup(void)
+{
+	ioc_node_graph_free(q2t_graph);
+	q2t_graph = NULL;
+}
+
+int main(void)
+{
+	static const struct ioc_test tests[] = {
+		IOC_TEST(test_plain),
+		IOC_TEST(test_small_clusters),
+		IOC_TEST(test_backing_ext_l2),
+		IOC_TEST(test_snapshot),
+		IOC_TEST(test_cleanup),
+	};
+
+	q2t_require_qemu();
+	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
+}

@@ -1,0 +1,402 @@
+/*
+ * Hostile images: qemu-img's images with one field or table entry
+ * damaged at a time.  Header faults are refused at open with the field
+ * named (QEMU's words where it has them); read-only opens still take
+ * what only forbids writing (dirty, corrupt).  Table faults (L1, L2,
+ * compressed data, refcount table, subcluster bitmaps) open and then fail
+ * the request that meets them with -EIO.  Nothing may crash.
+ */
+#include "q2-test.h"
+
+static char *good, *work;
+
+static void put_be(const char *path, uint64_t off, uint64_t v, int bytes)
+{
+	uint8_t b[8];
+	int fd = open(path, O_WRONLY);
+
+	ASSERT_GE(fd, 0);
+	for (int i = 0; i < bytes; i++)
+		b[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+	ASSERT_EQ(pwrite(fd, b, (size_t)bytes, (off_t)off), bytes);
+	close(fd);
+}
+
+static uint64_t get_be(const char *path, uint64_t off, int bytes)
+{
+	uint8_t b[8];
+	uint64_t v = 0;
+	int fd = open(path, O_RDONLY);
+
+	ASSERT_GE(fd, 0);
+	ASSERT_EQ(pread(fd, b, (size_t)bytes, (off_t)off), bytes);
+	close(fd);
+	for (int i = 0; i < bytes; i++)
+		v = v << 8 | b[i];
+	return v;
+}
+
+/* A fresh copy of the good image to damage. */
+static const char *fresh(void)
+{
+	Q2T_SH_OK("cp '%s' '%s'", good, work);
+	return work;
+}
+
+static void expect_refused(const char *path, bool rw, const char *want)
+{
+	char err[512];
+	struct ioc_node *n;
+	int ret = q2t_open("bad", path, !rw, "", &n, err, sizeof(err));
+
+	if (ret == 0)
+		ioc_test_fail(__FILE__, __LINE__, "opened; wanted \"%s\"", want);
+	ioc_test_diag("refused (%s): %s", strerror(-ret), err);
+	if (!strstr(err, want))
+		ioc_test_fail(__FILE__, __LINE__, "\"%s\" does not say \"%s\"", err, want);
+}
+
+static void expect_opens(const char *path, bool rw)
+{
+	char err[512];
+	struct ioc_node *n;
+
+	if (q2t_open("ok", path, !rw, "", &n, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "refused: %s", err);
+	q2t_close(n);
+}
+
+struct io_arg {
+	struct ioc_node *n;
+	uint64_t off, len;
+	bool write;
+	int ret;
+};
+
+static void ioc_coroutine_fn io_co(void *opaque)
+{
+	struct io_arg *a = opaque;
+	uint8_t *buf = calloc(1, a->len);
+
+	a->ret = a->write ? ioc_node_co_pwrite(a->n, a->off, buf, a->len, 0)
+			  : ioc_node_co_pread(a->n, a->off, buf, a->len, 0);
+	if (a->ret == 0 && a->write)
+		a->ret = ioc_node_co_flush(a->n, 0);
+	free(buf);
+}
+
+/* Opens; then the request over [off, off+len) fails with -EIO. */
+static void expect_eio(const char *path, bool write, uint64_t off, uint64_t len)
+{
+	char err[512];
+	struct ioc_node *n;
+	struct io_arg a = { NULL, off, len, write, 0 };
+
+	if (q2t_open("t", path, !write, "", &n, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "refused: %s", err);
+	a.n = n;
+	bt_run_co_fn(io_co, &a);
+	ASSERT_EQ(a.ret, -EIO);
+	q2t_close(n);
+}
+
+static void setup(void)
+{
+	if (good)
+		return;
+	good = q2t_path("good.qcow2");
+	work = q2t_path("work.qcow2");
+	/* 4 KiB clusters; data in the first clusters, a snapshot. */
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o cluster_size=4k '%s' 1M", good);
+	Q2T_SH_OK("qemu-io -f qcow2 -c 'write -P 0x61 0 64k' '%s' >/dev/null", good);
+	Q2T_SH_OK("qemu-img snapshot -c s1 '%s'", good);
+	expect_opens(good, true);
+	expect_opens(good, false);
+}
+
+static void test_header_fields(void)
+{
+	setup();
+	put_be(fresh(), 0, 0x514649fa, 4);
+	expect_refused(work, false, "Image is not in qcow2 format");
+	put_be(fresh(), 4, 1, 4);
+	expect_refused(work, false, "Unsupported qcow2 version 1");
+	put_be(fresh(), 4, 4, 4);
+	expect_refused(work, false, "Unsupported qcow2 version 4");
+	put_be(fresh(), 20, 8, 4);
+	expect_refused(work, false, "Unsupported cluster size: 2^8");
+	put_be(fresh(), 20, 22, 4);
+	expect_refused(work, false, "Unsupported cluster size: 2^22");
+	put_be(fresh(), 100, 96, 4);
+	expect_refused(work, false, "qcow2 header too short");
+	put_be(fresh(), 100, 8192, 4);
+	expect_refused(work, false, "qcow2 header exceeds cluster size");
+	put_be(fresh(), 100, 108, 4);
+	expect_refused(work, false, "not a multiple of 8");
+	put_be(fresh(), 8, 5000, 8);
+	expect_refused(work, false, "Invalid backing file offset");
+	put_be(fresh(), 8, 40, 8);
+	expect_refused(work, false, "Invalid backing file offset");
+	put_be(fresh(), 8, 2048, 8);
+	put_be(work, 16, 2049, 4);
+	expect_refused(work, false, "Backing file name too long");
+	put_be(fresh(), 32, 1, 4);
+	expect_refused(work, false, "encrypted");
+	put_be(fresh(), 96, 7, 4);
+	expect_refused(work, false, "Reference count entry width too large");
+}
+
+static void test_features(void)
+{
+	setup();
+	put_be(fresh(), 72, 1ull << 5, 8);
+	expect_refused(work, false, "Unsupported qcow2 feature(s): Unknown incompatible "
+		       "feature: 20");
+	put_be(fresh(), 72, 1ull << 2, 8);
+	expect_refused(work, false, "external data file");
+	/* Dirty and corrupt forbid writing only. */
+	put_be(fresh(), 72, 1ull << 0, 8);
+	expect_refused(work, true, "dirty");
+	expect_opens(work, false);
+	put_be(fresh(), 72, 1ull << 1, 8);
+	expect_refused(work, true, "qcow2: Image is corrupt; cannot be opened read/write");
+	expect_opens(work, false);
+	/* Compression type and its feature bit disagree, or are unknown. */
+	put_be(fresh(), 104, 1, 1);
+	expect_refused(work, false, "Compression type incompatible feature bit must be set");
+	put_be(fresh(), 104, 7, 1);
+	expect_refused(work, false, "unknown compression type: 7");
+	put_be(fresh(), 72, 1ull << 3, 8);
+	expect_refused(work, false, "Compression type incompatible feature bit must not be set");
+	/* Extended L2 needs 16 KiB clusters. */
+	put_be(fresh(), 72, 1ull << 4, 8);
+	expect_refused(work, false, "Extended L2 entries are only supported");
+	/* The raw-data autoclear bit needs a data file. */
+	put_be(fresh(), 88, 2, 8);
+	expect_refused(work, false, "data-file-raw requires a data file");
+}
+
+static void test_tables(void)
+{
+	uint64_t rt, l1, fsz;
+	struct stat st;
+
+	setup();
+	ASSERT_OK(stat(good, &st));
+	fsz = (uint64_t)st.st_size;
+	rt = get_be(good, 48, 8);
+	l1 = get_be(good, 40, 8);
+	put_be(fresh(), 56, 0, 4);
+	expect_refused(work, false, "Image does not contain a reference count table");
+	put_be(fresh(), 56, 0x10000, 4);
+	expect_refused(work, false, "Reference count table too large");
+	put_be(fresh(), 48, rt + 8, 8);
+	expect_refused(work, false, "Reference count table offset invalid");
+	put_be(fresh(), 48, 0, 8);
+	expect_refused(work, false, "Reference count table offset invalid");
+	put_be(fresh(), 48, fsz + 4096, 8);
+	expect_refused(work, false, "Reference count table offset invalid");
+	put_be(fresh(), 36, 0x7fffffff, 4);
+	expect_refused(work, false, "Active L1 table too large");
+	put_be(fresh(), 36, 0, 4);
+	expect_refused(work, false, "L1 table is too small");
+	put_be(fresh(), 40, l1 + 512, 8);
+	expect_refused(work, false, "Active L1 table offset invalid");
+	put_be(fresh(), 40, rt, 8);
+	expect_refused(work, false, "overlaps the reference count table");
+	put_be(fresh(), 40, fsz + 4096, 8);
+	expect_refused(work, false, "Active L1 table offset invalid");
+	put_be(fresh(), 24, 1ull << 40, 8);
+	expect_refused(work, false, "L1 table is too small");
+	put_be(fresh(), 24, ~0ull, 8);
+	expect_refused(work, false, "Image is too big");
+	put_be(fresh(), 60, 70000, 4);
+	expect_refused(work, false, "Snapshot table too large");
+	put_be(fresh(), 64, get_be(good, 64, 8) + 8, 8);
+	expect_refused(work, false, "Snapshot table offset invalid");
+	put_be(fresh(), 60, 200, 4);
+	expect_refused(work, false, "Snapshot table offset invalid");
+	/* The snapshot's own entry. */
+	{
+		uint64_t so = get_be(good, 64, 8);
+
+		put_be(fresh(), so + 36, 5000, 4);
+		expect_refused(work, false, "Too much extra metadata in snapshot table entry 0");
+		put_be(fresh(), so, get_be(good, so, 8) + 1, 8);
+		expect_refused(work, false, "Snapshot L1 table offset invalid");
+		put_be(fresh(), so + 8, 0x7fffffff, 4);
+		expect_refused(work, false, "Snapshot L1 table too large");
+	}
+}
+
+/* Extensions written after the header (qemu-img 7.2 writes none here). */
+static void test_extensions(void)
+{
+	uint64_t hl;
+
+	setup();
+	hl = get_be(good, 100, 4);
+	put_be(fresh(), hl + 4, 0xfffff, 4);
+	expect_refused(work, false, "Header extension too large");
+	/* A bitmaps extension with a wrong length, then a damaged one. */
+	put_be(fresh(), hl, 0x23852875, 4);
+	put_be(work, hl + 4, 16, 4);
+	expect_refused(work, false, "bitmaps_ext: Invalid extension length");
+	put_be(fresh(), hl, 0x23852875, 4);
+	put_be(work, hl + 4, 24, 4);
+	put_be(work, 88, 1, 8);
+	put_be(work, hl + 8, 0, 4);
+	expect_refused(work, false, "found bitmaps extension with zero bitmaps");
+	put_be(fresh(), hl, 0x23852875, 4);
+	put_be(work, hl + 4, 24, 4);
+	put_be(work, 88, 1, 8);
+	put_be(work, hl + 8, 1, 4);
+	put_be(work, hl + 12, 1, 4);
+	expect_refused(work, false, "bitmaps_ext: Reserved field is not zero");
+	put_be(work, hl + 12, 0, 4);
+	put_be(work, hl + 8, 70000, 4);
+	expect_refused(work, false, "exceeding the QEMU supported maximum");
+	/* An unknown bit the image's feature table names: named. */
+	put_be(fresh(), hl, 0x6803f857, 4);
+	put_be(work, hl + 4, 48, 4);
+	put_be(work, hl + 8, 0x0005, 2);
+	{
+		int fd = open(work, O_WRONLY);
+
+		ASSERT_EQ(pwrite(fd, "fancy\0", 6, (off_t)(hl + 10)), 6);
+		close(fd);
+	}
+	put_be(work, 72, (1ull << 5) | (1ull << 9), 8);
+	expect_refused(work, false, "Unsupported qcow2 feature(s): fancy, Unknown "
+		       "incompatible feature: 200");
+	/* Unknown extensions are skipped. */
+	put_be(fresh(), hl, 0x12345678, 4);
+	expect_opens(work, false);
+}
+
+/* An overlay whose backing format extension is too long. */
+static void test_backing_format(void)
+{
+	char *b = q2t_path("b.qcow2"), *t = q2t_path("t.qcow2");
+	uint64_t hl;
+
+	setup();
+	Q2T_SH_OK("qemu-img create -q -f qcow2 '%s' 1M && qemu-img create -q -f qcow2 -b '%s' "
+		  "-F qcow2 '%s'", b, b, t);
+	expect_opens(t, false);
+	hl = get_be(t, 100, 4);
+	ASSERT_UEQ(get_be(t, hl, 4), 0xe2792aca);
+	put_be(t, hl + 4, 20, 4);
+	expect_refused(t, false, "ext_backing_format: len=20 too large");
+	unlink(t);
+	unlink(b);
+	free(t);
+	free(b);
+}
+
+static void test_l1_l2_entries(void)
+{
+	uint64_t l1, l2, e;
+	char *z = q2t_path("z.qcow2");
+
+	setup();
+	l1 = get_be(good, 40, 8);
+	l2 = get_be(good, l1, 8) & 0x00fffffffffffe00ull;
+	ASSERT_UGT(l2, 0);
+	/* L1: reserved bits, unaligned, past the end. */
+	put_be(fresh(), l1, get_be(good, l1, 8) | 1, 8);
+	expect_eio(work, false, 0, 4096);
+	put_be(fresh(), l1, (get_be(good, l1, 8) & ~0x00fffffffffffe00ull) | (l2 + 512), 8);
+	expect_eio(work, false, 0, 4096);
+	put_be(fresh(), l1, 1ull << 40, 8);
+	expect_eio(work, false, 0, 4096);
+	expect_eio(work, true, 100, 4096);
+	/* L2: unaligned, past the end, reserved bits, into the header. */
+	e = get_be(good, l2, 8);
+	put_be(fresh(), l2, e + 512, 8);
+	expect_eio(work, false, 0, 512);
+	put_be(fresh(), l2, (e & (1ull << 63)) | (1ull << 50), 8);
+	expect_eio(work, false, 0, 512);
+	put_be(fresh(), l2, e | (1ull << 57), 8);
+	expect_eio(work, false, 0, 512);
+	put_be(fresh(), l2, 1ull << 63 | 0, 8);
+	put_be(work, l2 + 8, (1ull << 63) | 512, 8);
+	expect_eio(work, false, 4096, 512);
+	/* A compressed entry over garbage, and one past the end. */
+	put_be(fresh(), l2, (1ull << 62) | 4096 * 3, 8);
+	expect_eio(work, false, 0, 4096);
+	put_be(fresh(), l2, (1ull << 62) | (1ull << 40), 8);
+	expect_eio(work, false, 0, 4096);
+	/* The refcount table names a block past the end: allocation fails. */
+	put_be(fresh(), get_be(good, 48, 8), 1ull << 40, 8);
+	expect_eio(work, true, 512 << 10, 4096);
+
+	/* Extended L2: a subcluster both allocated and zero. */
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o extended_l2=on '%s' 1M && qemu-io -f qcow2 "
+		  "-c 'write -P 1 0 4k' '%s' >/dev/null", z, z);
+	l1 = get_be(z, 40, 8);
+	l2 = get_be(z, l1, 8) & 0x00fffffffffffe00ull;
+	put_be(z, l2 + 8, 0x0000000100000001ull, 8);
+	expect_eio(z, false, 0, 2048);
+	put_be(z, l2 + 8, 1, 8);
+	put_be(z, l2, 0, 8);
+	expect_eio(z, false, 0, 2048);
+	unlink(z);
+	free(z);
+}
+
+/* Random damage to the first cluster and the tables: whatever the
+ * outcome, no crash, and a refusal says why. */
+static void test_random_damage(void)
+{
+	uint64_t x = 99;
+	struct stat st;
+
+	setup();
+	ASSERT_OK(stat(good, &st));
+	for (int i = 0; i < (int)ioc_test_scaled(300); i++) {
+		char err[512];
+		struct ioc_node *n;
+		uint64_t r = q2t_rand(&x);
+		uint64_t off = (r & 1) ? r % 4096 % 200 : (r >> 8) % (uint64_t)st.st_size;
+
+		put_be(fresh(), off, q2t_rand(&x), 1 + (int)((r >> 4) % 8));
+		if (q2t_open("r", work, (r >> 3) & 1, "", &n, err, sizeof(err)) < 0) {
+			ASSERT_TRUE(err[0] != 0);
+			continue;
+		}
+		struct io_arg a = { n, (r >> 20) % (512 << 10), 64 << 10, !((r >> 3) & 1), 0 };
+
+		bt_run_co_fn(io_co, &a);
+		a.write = false;
+		bt_run_co_fn(io_co, &a);
+		q2t_close(n);
+	}
+}
+
+static void test_cleanup(void)
+{
+	unlink(good);
+	unlink(work);
+	free(good);
+	free(work);
+	ioc_node_graph_free(q2t_graph);
+	q2t_graph = NULL;
+}
+
+int main(void)
+{
+	static const struct ioc_test tests[] = {
+		IOC_TEST(test_header_fields),
+		IOC_TEST(test_features),
+		IOC_TEST(test_tables),
+		IOC_TEST(test_extensions),
+		IOC_TEST(test_backing_format),
+		IOC_TEST(test_l1_l2_entries),
+		IOC_TEST(test_random_damage),
+		IOC_TEST(test_cleanup),
+	};
+
+	q2t_require_qemu();
+	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
+}
