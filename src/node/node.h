@@ -146,7 +146,9 @@ struct ioc_node {
 	const struct ioc_node_drv *drv;
 	void *opaque;                   /* the driver's */
 	struct ioc_node_graph *graph;
-	uint64_t size;                  /* the driver keeps it current */
+	/* The driver keeps it current; a resize changes it while other loops
+	 * check ranges against it (seq_cst: rare stores, plain loads on x86). */
+	_Atomic uint64_t size;
 	bool read_only;
 	bool can_discard, can_fast_zero, can_block_status;
 	bool multi_conn;                /* a flush covers every writer's writes */

@@ -681,14 +681,16 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 	}
 	{
 		rbd_image_info_t info;
+		uint64_t size = 0;
 
-		if ((r = rbd_get_size(s->image, &n->size)) < 0 ||
+		if ((r = rbd_get_size(s->image, &size)) < 0 ||
 		    (r = rbd_get_features(s->image, &s->features)) < 0 ||
 		    (r = rbd_stat(s->image, &info, sizeof(info))) < 0) {
 			snprintf(err, errlen, "error reading %s: %s", s->name, strerror(-r));
 			goto fail;
 		}
 		s->obj_size = info.obj_size ? info.obj_size : (4u << 20);
+		n->size = size;
 	}
 	if (!n->read_only && (s->features & RBD_FEATURE_EXCLUSIVE_LOCK) &&
 	    !(lock && !strcmp(lock, "auto"))) {
