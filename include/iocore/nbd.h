@@ -25,6 +25,7 @@ extern "C" {
 struct ioc_nbd_server;
 struct ioc_zip_image;
 struct ioc_zip_overlay;
+struct ioc_node;
 
 typedef void ioc_nbd_log_fn(void *opaque, const char *msg);
 
@@ -63,6 +64,9 @@ struct ioc_nbd_export_opts {
 	/* With zip, optional: its copy-on-write overlay; the export then
 	 * takes writes (unless read_only).  Not owned by the server. */
 	struct ioc_zip_overlay *zip_overlay;
+	/* Or: a block node of the storage daemon's graph (its node layer),
+	 * served through it; not owned by the server. */
+	struct ioc_node *node;
 	bool read_only;               /* refuse writes even if blk is writable */
 };
 
@@ -92,9 +96,20 @@ struct ioc_nbd_tls_opts {
 /* Create a server (no thread started yet). */
 int ioc_nbd_server_new(struct ioc_nbd_server **out,
 		       const struct ioc_nbd_server_opts *opts);
-/* Add an export; before ioc_nbd_server_start(). */
+/* Add an export (before start, or while serving: the daemon's
+ * block-export-add).  -EEXIST, -ENOSPC. */
 int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 			      const struct ioc_nbd_export_opts *opts);
+/*
+ * Delete an export, also while serving (QMP's block-export-del).  Safe
+ * (hard false): -EBUSY while a client uses it.  Hard: its clients are
+ * disconnected.  deleted(opaque, name) runs on the main loop once the
+ * export is gone (maybe before this returns).  -ENOENT: no such export.
+ */
+int ioc_nbd_server_del_export(struct ioc_nbd_server *srv, const char *name, bool hard,
+			      void (*deleted)(void *opaque, const char *name), void *opaque);
+/* Clients in transmission on the export of that name (0 when none). */
+unsigned ioc_nbd_server_export_clients(struct ioc_nbd_server *srv, const char *name);
 /* Set up TLS; before start.  Loads the credentials now, so a missing or
  * bad file fails here: -errno, and when err is not NULL a message naming
  * the file and GnuTLS's reason.  -ENOTSUP if built without GnuTLS. */

@@ -97,6 +97,7 @@
 
 struct conn {
 	struct ioc__nbd_conn core;
+	struct ioc__nbd_export *counted; /* the export counted as chosen */
 	struct ioc_task start_task;     /* handoff from the accepting thread */
 	struct ioc_task kill_task;      /* shutdown grace expired */
 	struct nbd_thread *t;
@@ -659,6 +660,22 @@ unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_in
 			atomic_init(&ci->st.op[k].failed, atomic_load_explicit(&c->st.op[k].failed, memory_order_relaxed));
 			atomic_init(&ci->st.op[k].ns, atomic_load_explicit(&c->st.op[k].ns, memory_order_relaxed));
 		}
+	}
+	return n;
+}
+
+int ioc__nbd_thread_kill_export(struct nbd_thread *t, const struct ioc__nbd_export *e)
+{
+	int n = 0;
+
+	for (struct conn *c = t->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->core.exp != e && c->counted != e)
+			continue;
+		n++;
+		conn_kill(c);
+		update_handlers(c);
+		conn_maybe_reap(c);
 	}
 	return n;
 }
@@ -1581,19 +1598,41 @@ static void rest_end(void *opaque)
 	conn_process(c); /* rest_maybe() at its end: again, or not behind */
 }
 
+/* Count the export the handshake just chose in its conns (server.c,
+ * "Exports while serving"), in the same callback that chose it, so that a
+ * deletion's sweep of this thread finds every connection of the export
+ * counted.  One that chose an export being deleted closes. */
+static void conn_count_export(struct conn *c)
+{
+	struct ioc__nbd_export *e = (struct ioc__nbd_export *)c->core.exp;
+
+	if (!e || e == c->counted)
+		return;
+	/* seq_cst, as the decrement in conn_destroy(): a total order with
+	 * the deleter's store of gone and its load of conns. */
+	atomic_fetch_add_explicit(&e->conns, 1, memory_order_seq_cst);
+	c->counted = e;
+	if (atomic_load_explicit(&e->gone, memory_order_seq_cst))
+		conn_kill(c);
+}
+
 /* Run everything that can make progress now; then send, re-arm, reap. */
 static void conn_process(struct conn *c)
 {
 	c->stalled = false;
-	if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION)
+	if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
 		hs_process(c);
+		conn_count_export(c);
+	}
 	if (c->core.phase == IOC_NBD_PHASE_TRANSMISSION && !c->dead)
 		tx_process(c);
 	conn_flush(c);
 	if (c->tls_state == TLS_ACKED && !c->sq_head && !c->dead) {
 		tls_begin(c);
-		if (!c->dead)
+		if (!c->dead) {
 			hs_process(c);
+			conn_count_export(c);
+		}
 		conn_flush(c);
 	}
 	/* Stopped reading (the per-call cap) with input already decrypted:
@@ -1707,6 +1746,8 @@ static void conn_destroy(struct conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	ioc__nbd_log(srv, "%s: closed", c->core.peer);
+	if (c->counted)
+		ioc__nbd_export_release(c->counted);
 	free(c);
 	thread_map_policy(t);
 	/*

@@ -60,7 +60,7 @@ static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const cha
 	struct ioc_nbd_server *srv = ctl->srv;
 
 	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
-		if (strcmp(srv->exports[i]->name, node) != 0)
+		if (!srv->exports[i] || strcmp(srv->exports[i]->name, node) != 0)
 			continue;
 		if (srv->exports[i]->blk)
 			return srv->exports[i];
@@ -394,6 +394,9 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
 		struct ioc__nbd_export *e = srv->exports[i];
 		struct ioc_blk_info bi;
+
+		if (!e)
+			continue;
 		const char *drv;
 		json_t *n;
 
@@ -422,7 +425,8 @@ static json_t *cmd_query_block_exports(void *ctx, json_t *args, struct ioc__qmp_
 	json_t *list = json_array();
 
 	for (unsigned i = 0; i < srv->cfg.nexports && list; i++)
-		json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}",
+		if (srv->exports[i])
+			json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}",
 			"id", srv->exports[i]->name, "type", "nbd",
 			"node-name", srv->exports[i]->name, "shutting-down", down));
 	return list;
@@ -457,6 +461,9 @@ static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err
 		return list;
 	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
 		struct ioc__nbd_stats s;
+
+		if (!srv->exports[i])
+			continue;
 		struct ioc__nbd_opstat *o = s.op;
 		uint64_t wr_ops, wr_bytes, wr_failed, wr_ns;
 
@@ -627,7 +634,7 @@ void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
 /* ---- the table --------------------------------------------------------- */
 
 static const struct ioc__qmp_arg args_caps[] = {
-	{ "enable", IOC_QMP_ARRAY, true }, { NULL },
+	{ "enable", IOC_QMP_ARRAY, true, .elem = IOC_QMP_ANY }, { NULL },
 };
 static const struct ioc__qmp_arg args_add[] = {
 	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false },
@@ -639,7 +646,7 @@ static const struct ioc__qmp_arg args_bitmap[] = {
 };
 static const struct ioc__qmp_arg args_merge[] = {
 	{ "node", IOC_QMP_STR, false }, { "target", IOC_QMP_STR, false },
-	{ "bitmaps", IOC_QMP_ARRAY, false }, { NULL },
+	{ "bitmaps", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
 };
 static const struct ioc__qmp_arg args_nodes[] = {
 	{ "flat", IOC_QMP_BOOL, true }, { NULL },
@@ -649,7 +656,7 @@ static const struct ioc__qmp_arg args_blockstats[] = {
 };
 
 static const struct ioc__qmp_arg args_mig_caps[] = {
-	{ "capabilities", IOC_QMP_ARRAY, false }, { NULL },
+	{ "capabilities", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
 };
 static const struct ioc__qmp_arg args_mig_params[] = {
 	{ "compress-level", IOC_QMP_UINT, true },
@@ -764,7 +771,8 @@ void ioc__nbd_control_stopping(struct ioc__nbd_control *ctl)
 	struct ioc_nbd_server *srv = ctl->srv;
 
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		ioc__qmp_event(ctl->qmp, "BLOCK_EXPORT_DELETED",
+		if (srv->exports[i])
+			ioc__qmp_event(ctl->qmp, "BLOCK_EXPORT_DELETED",
 			       json_pack("{s:s}", "id", srv->exports[i]->name));
 	ioc__qmp_flush(ctl->qmp);
 }

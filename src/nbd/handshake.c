@@ -151,13 +151,19 @@ static const struct ioc__nbd_export *find_export(const struct ioc__nbd_conn *c,
 {
 	const struct ioc__nbd_cfg *cfg = c->cfg;
 
-	for (unsigned i = 0; i < cfg->nexports; i++)
-		if (strcmp(cfg->exports[i]->name, name) == 0)
-			return cfg->exports[i];
+	unsigned n = ioc__nbd_cfg_nexports(cfg);
+	const struct ioc__nbd_export *e, *first = NULL;
+
+	for (unsigned i = 0; i < n; i++) {
+		if (!(e = ioc__nbd_cfg_export(cfg, i)))
+			continue;
+		if (strcmp(e->name, name) == 0)
+			return e;
+		if (!first)
+			first = e;
+	}
 	/* The empty name is reserved for the default export (proto.md). */
-	if (name[0] == '\0' && cfg->nexports > 0)
-		return cfg->exports[0];
-	return NULL;
+	return name[0] == '\0' ? first : NULL;
 }
 
 static uint16_t tflags_of(const struct ioc__nbd_conn *c,
@@ -480,8 +486,11 @@ static int handle_option(struct ioc__nbd_conn *c, uint32_t opt,
 	case NBD_OPT_LIST:
 		if (len != 0)
 			return rep_err(c, opt, NBD_REP_ERR_INVALID, "unexpected data");
-		for (unsigned i = 0; i < c->cfg->nexports; i++) {
-			const struct ioc__nbd_export *e = c->cfg->exports[i];
+		for (unsigned i = 0, ne = ioc__nbd_cfg_nexports(c->cfg); i < ne; i++) {
+			const struct ioc__nbd_export *e = ioc__nbd_cfg_export(c->cfg, i);
+
+			if (!e)
+				continue;
 			uint8_t nl[4];
 			size_t n = strlen(e->name);
 			size_t dl = e->description ? strlen(e->description) : 0;

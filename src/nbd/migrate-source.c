@@ -2234,7 +2234,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		return NULL;
 	}
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		if (srv->exports[i]->blk) {
+		if (srv->exports[i] && srv->exports[i]->blk) {
 			if (e) {
 				errf(err, "Migration of more than one export is not supported");
 				return NULL;

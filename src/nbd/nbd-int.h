@@ -100,6 +100,14 @@ struct ioc_nbd_server {
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */
+	struct ioc__nbd_export *dying[IOC_NBD_MAX_EXPORTS]; /* deleted, not yet
+					 * reaped (main thread) */
+	struct nbd_gone {
+		struct ioc_task task;   /* the last connection of a dying
+					 * export: reap it (server.c) */
+		struct ioc_nbd_server *srv;
+		unsigned index;
+	} gone[IOC_NBD_MAX_EXPORTS];
 	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
 	/* While a migration mirrors writes actively: its state, else NULL
 	 * (stored by the migration thread, loaded by the write hook). */
@@ -174,6 +182,12 @@ void ioc__nbd_control_stopping(struct ioc__nbd_control *ctl);
 void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* conn.c: close every connection of thread t that chose export e (they
+ * finish nothing more: QEMU's hard removal).  Returns how many.  On t. */
+int ioc__nbd_thread_kill_export(struct nbd_thread *t, const struct ioc__nbd_export *e);
+/* server.c: a connection that counted e is gone (any I/O thread). */
+void ioc__nbd_export_release(struct ioc__nbd_export *e);
+
 /* conn.c: take an accepted socket to thread t (which then owns it).
  * Returns 0 or -ENOMEM (fd left to the caller).  Accepting thread. */
 int ioc__nbd_conn_accept(struct nbd_thread *t, int fd);
@@ -222,6 +236,9 @@ int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
 /* export-zip.c: an export of opts->zip (a compressed image, read-only). */
 int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
 			    const struct ioc_nbd_export_opts *opts);
+/* export-node.c: an export of opts->node (a block node). */
+int ioc__nbd_node_export_new(struct ioc__nbd_export **out,
+			     const struct ioc_nbd_export_opts *opts);
 /* Frees an export of either backend (neither owns what it serves). */
 /* An export with its name and description copied from opts (checked
  * against the protocol's string limit) and everything else zero. */

@@ -287,7 +287,17 @@ struct ioc__nbd_export {
 	 * the control socket's reports; the backend is be. */
 	struct ioc_zip_image *zip;
 	struct ioc_zip_overlay *zip_overlay;
+	struct ioc_node *node;          /* node exports (export-node.c), else NULL */
 	unsigned index;                 /* in the server's exports[] */
+	/* Deletion while serving (server.c, "Exports while serving"):
+	 * connections that chose this export, counted by conn.c on their
+	 * I/O thread; gone once deletion began; reaped by whoever finishes
+	 * it (an exchange: the deleter or the last connection). */
+	_Atomic unsigned conns;
+	atomic_bool gone, reaped;
+	void *srv;                      /* the server (struct ioc_nbd_server) */
+	void (*deleted)(void *opaque, const char *name);
+	void *deleted_opaque;
 };
 
 /* The server's TLS mode (proto.md "TLS support"). */
@@ -305,6 +315,21 @@ struct ioc__nbd_cfg {
 	atomic_int shutting_down;       /* set by the server's shutdown */
 	enum ioc__nbd_tls_mode tls;
 };
+
+/* Slot i of the exports, or NULL (deleted): an acquire load, pairing with
+ * the release stores in ioc_nbd_server_add_export() and _del_export(). */
+static inline struct ioc__nbd_export *ioc__nbd_cfg_export(const struct ioc__nbd_cfg *cfg,
+							  unsigned i)
+{
+	return __atomic_load_n(&cfg->exports[i], __ATOMIC_ACQUIRE);
+}
+
+/* Slots in use, high-water (acquire: pairs with the release store that
+ * publishes a new slot in ioc_nbd_server_add_export()). */
+static inline unsigned ioc__nbd_cfg_nexports(const struct ioc__nbd_cfg *cfg)
+{
+	return __atomic_load_n(&cfg->nexports, __ATOMIC_ACQUIRE);
+}
 
 /* ---- per-request state -------------------------------------------------- */
 

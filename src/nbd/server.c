@@ -165,25 +165,154 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 	return 0;
 }
 
+/* ---- exports while serving ---------------------------------------------------
+ *
+ * The storage daemon adds and deletes exports while clients are connected
+ * (QMP's block-export-add and block-export-del).  Handshakes on the I/O
+ * threads read the slots without a lock: a new export is filled in, then
+ * published by a release store of its slot (and of nexports when the
+ * slots grow), which the handshake's acquire loads pair with.
+ *
+ * Deleting: mark the export gone and empty its slot, then run a sweep on
+ * every I/O thread (ioc_loop_call(): the barrier).  After it no handshake
+ * can still hold the export without having counted it (conn.c counts the
+ * chosen export in the same callback that chose it), and the sweep closed
+ * every connection that had.  The export is freed, and the caller told, by
+ * whichever comes last: the deleter finding no connection left, or the
+ * last connection's release posting gone_task to the main loop; an
+ * exchange of reaped picks exactly one.  Safe mode refuses while any
+ * connection uses the export, as QEMU does; hard mode closes them.  A slot
+ * is reused only once its export is reaped (its connections and their
+ * counters are gone by then).
+ */
+
+static struct ioc__nbd_export *slot_export(struct ioc_nbd_server *srv, unsigned i)
+{
+	return ioc__nbd_cfg_export(&srv->cfg, i);
+}
+
 int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 			      const struct ioc_nbd_export_opts *opts)
 {
 	struct ioc__nbd_export *e;
 	const char *name = opts->name ? opts->name : "";
+	unsigned slot = srv->cfg.nexports;
 
-	if (srv->serving || (srv->started && !srv->opts.defer_serving))
-		return -EBUSY;
-	if (srv->cfg.nexports == IOC_NBD_MAX_EXPORTS)
-		return -ENOSPC;
-	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		if (strcmp(srv->exports[i]->name, name) == 0)
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
+		struct ioc__nbd_export *x = slot_export(srv, i);
+
+		if (x && strcmp(x->name, name) == 0)
 			return -EEXIST;
-	int r = opts->zip ? ioc__nbd_zip_export_new(&e, opts)
+		if (!x && !srv->dying[i] && slot == srv->cfg.nexports)
+			slot = i;
+	}
+	if (slot == IOC_NBD_MAX_EXPORTS)
+		return -ENOSPC;
+	int r = opts->node ? ioc__nbd_node_export_new(&e, opts) :
+		opts->zip ? ioc__nbd_zip_export_new(&e, opts)
 			  : ioc__nbd_blk_export_new(&e, opts);
 	if (r < 0)
 		return r;
-	e->index = srv->cfg.nexports;
-	srv->exports[srv->cfg.nexports++] = e;
+	e->index = slot;
+	e->srv = srv;
+	/* The slot's counters start again (its last export's connections
+	 * are all gone: no writer). */
+	for (unsigned t = 0; srv->threads && t < srv->nthreads; t++)
+		if (srv->threads[t].xstats)
+			memset(&srv->threads[t].xstats[slot], 0, sizeof(srv->threads[t].xstats[slot]));
+	/* Release: pairs with the handshake's acquire loads (above). */
+	__atomic_store_n(&srv->exports[slot], e, __ATOMIC_RELEASE);
+	if (slot == srv->cfg.nexports)
+		__atomic_store_n(&srv->cfg.nexports, slot + 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+static void export_reap(struct ioc__nbd_export *e)
+{
+	struct ioc_nbd_server *srv = e->srv;
+
+	srv->dying[e->index] = NULL;
+	if (e->deleted)
+		e->deleted(e->deleted_opaque, e->name);
+	ioc__nbd_export_free(e);
+}
+
+static void export_gone_task(struct ioc_task *task)
+{
+	struct nbd_gone *g = ioc_container_of(task, struct nbd_gone, task);
+
+	export_reap(g->srv->dying[g->index]);
+}
+
+void ioc__nbd_export_release(struct ioc__nbd_export *e)
+{
+	struct ioc_nbd_server *srv = e->srv;
+
+	/* seq_cst: the total order with the deleter's store of gone and load
+	 * of conns (ioc_nbd_server_del_export()). */
+	if (atomic_fetch_sub_explicit(&e->conns, 1, memory_order_seq_cst) == 1 &&
+	    atomic_load_explicit(&e->gone, memory_order_seq_cst) &&
+	    !atomic_exchange_explicit(&e->reaped, true, memory_order_acq_rel)) {
+		srv->gone[e->index].task.fn = export_gone_task;
+		srv->gone[e->index].srv = srv;
+		srv->gone[e->index].index = e->index;
+		ioc_loop_post(srv->main_loop, &srv->gone[e->index].task);
+	}
+}
+
+struct sweep {
+	struct nbd_thread *t;
+	struct ioc__nbd_export *e;
+};
+
+static int sweep_fn(void *arg)
+{
+	struct sweep *s = arg;
+
+	return ioc__nbd_thread_kill_export(s->t, s->e);
+}
+
+int ioc_nbd_server_del_export(struct ioc_nbd_server *srv, const char *name, bool hard,
+			      void (*deleted)(void *opaque, const char *name), void *opaque)
+{
+	struct ioc__nbd_export *e = NULL;
+
+	for (unsigned i = 0; i < srv->cfg.nexports && !e; i++) {
+		struct ioc__nbd_export *x = slot_export(srv, i);
+
+		if (x && strcmp(x->name, name) == 0)
+			e = x;
+	}
+	if (!e)
+		return -ENOENT;
+	if (!hard && atomic_load_explicit(&e->conns, memory_order_seq_cst) > 0)
+		return -EBUSY;
+	e->deleted = deleted;
+	e->deleted_opaque = opaque;
+	atomic_store_explicit(&e->gone, true, memory_order_seq_cst);
+	srv->dying[e->index] = e;
+	/* Release: pairs with the handshake's acquire load of the slot. */
+	__atomic_store_n(&srv->exports[e->index], NULL, __ATOMIC_RELEASE);
+	for (unsigned t = 0; srv->threads && t < srv->nthreads; t++) {
+		struct sweep s = { &srv->threads[t], e };
+
+		ioc_loop_call(srv->threads[t].loop, sweep_fn, &s);
+	}
+	/* seq_cst: see ioc__nbd_export_release(). */
+	if (atomic_load_explicit(&e->conns, memory_order_seq_cst) == 0 &&
+	    !atomic_exchange_explicit(&e->reaped, true, memory_order_acq_rel))
+		export_reap(e);
+	return 0;
+}
+
+unsigned ioc_nbd_server_export_clients(struct ioc_nbd_server *srv, const char *name)
+{
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
+		struct ioc__nbd_export *x = slot_export(srv, i);
+
+		if (x && strcmp(x->name, name) == 0)
+			return atomic_load_explicit(&x->conns, memory_order_relaxed);
+	}
 	return 0;
 }
 
@@ -347,7 +476,7 @@ static void ioc_coroutine_fn flush_co(void *opaque)
 
 	for (unsigned i = 0; i < j->srv->cfg.nexports; i++) {
 		struct ioc__nbd_export *e = j->srv->exports[i];
-		if (e->read_only)
+		if (!e || e->read_only)
 			continue;
 		int r = e->ops->flush(e->be, 0);
 		if (r < 0 && !j->ret)
@@ -429,8 +558,10 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 	ioc__nbd_mig_free(srv);
 	for (unsigned i = 0; i < srv->nlisteners; i++)
 		close(srv->listeners[i].fd);
-	for (unsigned i = 0; i < srv->cfg.nexports; i++)
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
 		ioc__nbd_export_free(srv->exports[i]);
+		ioc__nbd_export_free(srv->dying[i]); /* its connections are gone */
+	}
 	ioc__nbd_tls_creds_free(srv->tls);
 	if (srv->threads)
 		for (unsigned i = 0; i < srv->opts.iothreads; i++)

@@ -151,9 +151,12 @@ struct ioc_node {
 	bool can_discard, can_fast_zero, can_block_status;
 	bool multi_conn;                /* a flush covers every writer's writes */
 	bool explicit_name;             /* named by the user (not #blockN) */
+	bool in_graph;                  /* the graph holds a reference */
 	bool detect_zeroes_unmap;       /* detect-zeroes: off, on, unmap */
 	bool detect_zeroes;
 	bool discard_unmap;             /* discard=unmap (else ignore) */
+	bool no_flush;                  /* cache.no-flush: flushes succeed at once */
+	bool direct;                    /* cache.direct (shown in queries) */
 	uint32_t min_align, opt_align;  /* request alignment (1: any) */
 	const char *filename;           /* shown in query-named-block-nodes */
 	char *filename_buf;
@@ -186,6 +189,13 @@ struct ioc_node *ioc_node_find(struct ioc_node_graph *g, const char *name);
 unsigned ioc_node_list(struct ioc_node_graph *g, struct ioc_node **out, unsigned max);
 /* Drivers by name; NULL when there is none. */
 const struct ioc_node_drv *ioc_node_drv_find(const char *name);
+/* A loop that submitted to the graph's nodes goes away: free its slot. */
+void ioc_node_graph_detach_loop(struct ioc_node_graph *g, struct ioc_loop *loop);
+/* BlockdevOptions as a spec: the common members and a union on "driver"
+ * over every driver's options.  ioc_node_check_opts() checks (and with
+ * IOC_QMP_KEYVAL coerces) opts against it. */
+const struct ioc__qmp_arg *ioc_node_blockdev_spec(void);
+bool ioc_node_check_opts(json_t *opts, unsigned flags, char *err, size_t errlen);
 
 /*
  * blockdev-add: open a node from options (a BlockdevOptions object: driver,

@@ -175,62 +175,6 @@ static void send_errorf(struct ioc__qmp_client *c, json_t *id, const char *cls,
 
 /* ---- dispatch ------------------------------------------------------------- */
 
-static const char *type_name(enum ioc__qmp_type t)
-{
-	switch (t) {
-	case IOC_QMP_STR: return "string";
-	case IOC_QMP_BOOL: return "boolean";
-	case IOC_QMP_UINT: return "uint64";
-	case IOC_QMP_ARRAY: return "array";
-	}
-	return "?";
-}
-
-static bool type_ok(enum ioc__qmp_type t, json_t *v)
-{
-	switch (t) {
-	case IOC_QMP_STR: return json_is_string(v);
-	case IOC_QMP_BOOL: return json_is_boolean(v);
-	case IOC_QMP_UINT: return json_is_integer(v) && json_integer_value(v) >= 0;
-	case IOC_QMP_ARRAY: return json_is_array(v);
-	}
-	return false;
-}
-
-/* The one place arguments are checked.  Returns false with desc set. */
-static bool check_args(const struct ioc__qmp_arg *spec, json_t *args, char *desc,
-		       size_t len)
-{
-	const char *key;
-	json_t *v;
-
-	for (const struct ioc__qmp_arg *a = spec; a && a->name; a++) {
-		v = json_object_get(args, a->name);
-		if (!v) {
-			if (a->optional)
-				continue;
-			snprintf(desc, len, "Parameter '%s' is missing", a->name);
-			return false;
-		}
-		if (!type_ok(a->type, v)) {
-			snprintf(desc, len, "Parameter '%s' expects %s", a->name,
-				 type_name(a->type));
-			return false;
-		}
-	}
-	json_object_foreach(args, key, v) {
-		bool known = false;
-
-		for (const struct ioc__qmp_arg *a = spec; a && a->name && !known; a++)
-			known = strcmp(a->name, key) == 0;
-		if (!known) {
-			snprintf(desc, len, "Parameter '%s' is unexpected", key);
-			return false;
-		}
-	}
-	return true;
-}
-
 static void dispatch(struct ioc__qmp_client *c, json_t *req)
 {
 	struct ioc__qmp *q = c->q;
@@ -291,7 +235,7 @@ static void dispatch(struct ioc__qmp_client *c, json_t *req)
 	}
 	if (!args)
 		args = empty = json_object();
-	if (!args || !check_args(cmd->args, args, err.desc, sizeof(err.desc))) {
+	if (!args || !ioc__qmp_check(cmd->args, args, 0, err.desc, sizeof(err.desc))) {
 		send_error(c, id, "GenericError", args ? err.desc : "out of memory");
 		json_decref(empty);
 		return;

@@ -16,7 +16,8 @@ enum ioc__qmp_type {
 	IOC_QMP_STR,
 	IOC_QMP_BOOL,
 	IOC_QMP_UINT,      /* a non-negative integer ("uint64") */
-	IOC_QMP_ARRAY,     /* of .elem (with .members when objects) */
+	IOC_QMP_ARRAY,     /* of .elem (with .members when objects; .elem
+			    * IOC_QMP_ANY leaves elements to the handler) */
 	IOC_QMP_INT,       /* "int" */
 	IOC_QMP_SIZE,      /* "size": keyval takes suffixes (64k, 1G) */
 	IOC_QMP_ENUM,      /* a string out of .values */

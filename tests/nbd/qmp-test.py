@@ -263,7 +263,8 @@ def hostile(path):
     tap(r["error"]["class"] == "GenericError", "an array: GenericError", r)
     q.send('{"execute":"block-dirty-bitmap-add","arguments":{"node":"disk","name":5}}')
     r = q.recv()
-    tap(r["error"]["desc"] == "Parameter 'name' expects string", "a wrong type is named", r)
+    tap(r["error"]["desc"] == "Invalid parameter type for 'name', expected: string",
+        "a wrong type is named in QEMU's words", r)
     q.send('{"execute":"block-dirty-bitmap-add","arguments":{"node":"disk","name":"n",'
            '"granularity":-4096}}')
     r = q.recv()

@@ -1,0 +1,147 @@
+/*
+ * The drain: stop a node changing without failing its front ends' clients.
+ *
+ * Problem: a migration's switch-over, an export's deletion in "safe" mode
+ * and a notifier's removal need a moment when no request is inside a node,
+ * with new ones waiting (HOLD) or refused (SHUT), for every front end
+ * alike; and every request of every I/O thread pays for that possibility.
+ *
+ * Design: n->gate (OPEN, HOLD, SHUT) is loaded relaxed once per request in
+ * ioc_node_co_enter(); while it is OPEN that load and a plain increment of
+ * the loop's slot count (slot->executing) are the whole cost.  A change
+ * stores the state and posts slot->task to every loop attached to the
+ * graph, then waits until each has applied it.  One relaxed load suffices:
+ * the task runs on the loop after the post's release/acquire, so every
+ * later load there reads the new state; a request that loaded OPEN before
+ * the task ran has already incremented executing (no yield in between), so
+ * the task sees it.  HOLD: the task reports when executing is 0, else sets
+ * draining and the last ioc_node_leave() reports.  Held requests wait in
+ * slot->held (a coroutine queue of that loop); OPEN and SHUT wake them and
+ * they load the gate again.  A loop attaching during a change: the state
+ * is stored under the graph's lock, which attaching takes, so the loop is
+ * either posted to or reads the new state.
+ *
+ * Sleep/wake handshake of the changer: gate_pending is set under gate_lock
+ * to the number of loops posted to, each task decrements it under the lock
+ * and broadcasts gate_cond at 0, and the changer waits on gate_cond while
+ * it is positive: the mutex orders both sides, so no wakeup is lost.
+ *
+ * Rejected: a reader count or rwlock per node (a line written by every
+ * I/O thread on every request); failing requests during a switch-over.
+ */
+#include <errno.h>
+
+#include "node-int.h"
+
+static void gate_report(struct ioc_node *n)
+{
+	pthread_mutex_lock(&n->gate_lock);
+	if (--n->gate_pending == 0)
+		pthread_cond_broadcast(&n->gate_cond);
+	pthread_mutex_unlock(&n->gate_lock);
+}
+
+static void gate_apply(struct ioc_task *task)
+{
+	struct ioc_node_slot *s = ioc_container_of(task, struct ioc_node_slot, task);
+	struct ioc_node *n = s->node;
+	/* Relaxed: ordered after the changer's store by the task's post. */
+	int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
+
+	if (state == IOC_NODE_GATE_HOLD) {
+		if (s->executing) {
+			s->draining = true; /* the last leave reports */
+			return;
+		}
+		gate_report(n);
+		return;
+	}
+	s->draining = false;
+	ioc_co_queue_restart_all(&s->held);
+	gate_report(n);
+}
+
+void ioc__node_gate_init(struct ioc_node *n)
+{
+	atomic_init(&n->gate, IOC_NODE_GATE_OPEN);
+	pthread_mutex_init(&n->gate_lock, NULL);
+	pthread_cond_init(&n->gate_cond, NULL);
+	for (unsigned i = 0; i < IOC_NODE_MAX_SLOTS; i++) {
+		n->slot[i].node = n;
+		ioc_co_queue_init(&n->slot[i].held);
+		n->slot[i].task.fn = gate_apply;
+	}
+}
+
+void ioc__node_gate_destroy(struct ioc_node *n)
+{
+	pthread_mutex_destroy(&n->gate_lock);
+	pthread_cond_destroy(&n->gate_cond);
+}
+
+int ioc_coroutine_fn ioc_node_co_enter(struct ioc_node *n)
+{
+	struct ioc_node_slot *s = ioc__node_my_slot(n);
+
+	if (!s)
+		return atomic_load_explicit(&n->gate, memory_order_relaxed) ==
+		       IOC_NODE_GATE_SHUT ? -ESHUTDOWN : 0;
+	for (;;) {
+		/* Relaxed: see the essay; after a wake, ordered by the waking
+		 * task. */
+		int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
+
+		if (ioc_likely(state == IOC_NODE_GATE_OPEN)) {
+			s->executing++;
+			return 0;
+		}
+		if (state == IOC_NODE_GATE_SHUT)
+			return -ESHUTDOWN;
+		ioc_co_queue_wait(&s->held, NULL);
+	}
+}
+
+void ioc_node_leave(struct ioc_node *n)
+{
+	struct ioc_node_slot *s = ioc__node_my_slot(n);
+
+	if (s && --s->executing == 0 && s->draining) {
+		s->draining = false;
+		gate_report(n);
+	}
+}
+
+void ioc_node_set_gate(struct ioc_node *n, int state)
+{
+	struct ioc_node_graph *g = n->graph;
+	struct ioc_loop *self = ioc_loop_current();
+	unsigned posted = 0;
+
+	pthread_mutex_lock(&n->gate_lock);
+	n->gate_pending = IOC_NODE_MAX_SLOTS + 1; /* until the count is known */
+	pthread_mutex_unlock(&n->gate_lock);
+	pthread_mutex_lock(&g->lock);
+	/* Relaxed: published to each loop by its post (and to loops that
+	 * attach later by g->lock). */
+	atomic_store_explicit(&n->gate, state, memory_order_relaxed);
+	for (unsigned i = 0; i < g->nslots; i++) {
+		if (!g->loops[i] || g->loops[i] == self)
+			continue;
+		ioc_loop_post(g->loops[i], &n->slot[i].task);
+		posted++;
+	}
+	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_lock(&n->gate_lock);
+	n->gate_pending -= IOC_NODE_MAX_SLOTS + 1 - posted;
+	while (n->gate_pending > 0)
+		pthread_cond_wait(&n->gate_cond, &n->gate_lock);
+	pthread_mutex_unlock(&n->gate_lock);
+	/* The caller's own loop, if it is attached, applies the change here:
+	 * it has no request inside (it could not be blocked in here). */
+	for (unsigned i = 0; self && i < g->nslots; i++) {
+		if (g->loops[i] == self && state != IOC_NODE_GATE_HOLD) {
+			n->slot[i].draining = false;
+			ioc_co_queue_restart_all(&n->slot[i].held);
+		}
+	}
+}
