@@ -221,4 +221,5 @@ bool ioc__vub_vring_flush(struct ioc__vub_vring *vr);
  * whether one arrived meanwhile (then process before sleeping). */
 bool ioc__vub_vring_arm(struct ioc__vub_vring *vr);
 
+
 #endif /* IOC_VUB_INT_H */
