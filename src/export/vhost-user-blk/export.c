@@ -12,20 +12,22 @@
  * accepted connection is served by one coroutine there: read a message,
  * dispatch it (dev.c), repeat; at the end of the stream or on a
  * protocol error, reset the device (stop every queue, drain, unmap, close)
- * and end.  While a connection lives a second one is accepted and closed
- * at once with a log line, so its front end fails fast (QEMU's reconnect
- * retries).  Queues and their request slots belong to the export and are
+ * and end.  A second front end while one is connected is accepted and
+ * closed at once with a log line, so it fails fast; but when the current
+ * one has already hung up (a QEMU restart racing our teardown) the new
+ * connection waits in the backlog until the teardown is done.  Queues and their request slots belong to the export and are
  * reused by each connection; queue i is pinned to loops[i % nloops] for
  * the export's life.  free() shuts the connection's socket down, which
  * ends the coroutine through its normal path, and waits for it (the
  * conn_gone event, or nested polling of the control loop).
  *
- * Rejected: leaving a second front end in the listen backlog (it would
- * hang in its first GET_FEATURES until the first one leaves); a thread
+ * Rejected: leaving every second front end in the listen backlog (it
+ * would hang in its first GET_FEATURES until the first one leaves); a thread
  * per connection (the control path is a few hundred messages per boot).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +66,10 @@ static void ioc_coroutine_fn conn_co(void *opaque)
 	for (;;) {
 		const char *why = NULL;
 		char nb[32];
-		int r = ioc__vub_msg_recv(c->fd, &m, &why);
+		int r;
+
+		m.request = 0;
+		r = ioc__vub_msg_recv(c->fd, &m, &why);
 
 		if (r == -ECONNRESET) {
 			ioc__vub_log(e, "front end disconnected");
@@ -72,10 +77,8 @@ static void ioc_coroutine_fn conn_co(void *opaque)
 		}
 		if (r < 0) {
 			if (why)
-				ioc__vub_log(e, "closing the connection: %s%s%s", why,
-					     m.size || m.request ? " in " : "",
-					     m.size || m.request ?
-					     ioc__vub_msg_name(m.request, nb, sizeof(nb)) : "");
+				ioc__vub_log(e, "closing the connection: %s (%s)", why,
+					     ioc__vub_msg_name(m.request, nb, sizeof(nb)));
 			else
 				ioc__vub_log(e, "closing the connection: %s", ioc_strerror(r));
 			break;
@@ -92,13 +95,29 @@ static void ioc_coroutine_fn conn_co(void *opaque)
 		ioc_loop_set_fd(e->ctrl, e->listen_fd, accept_cb, NULL, NULL, NULL, e);
 }
 
+/* Has the peer of fd closed its end? */
+static bool peer_gone(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static void accept_cb(void *opaque)
 {
 	struct ioc__vub_export *e = opaque;
 	struct ioc__vub_conn *c;
 	struct ioc_co *co;
-	int fd = accept4(e->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	int fd;
 
+	if (e->conn && peer_gone(e->conn->fd)) {
+		/* The front end is restarting: leave the new connection in
+		 * the backlog until the old one is torn down (conn_co
+		 * listens again then). */
+		ioc_loop_set_fd(e->ctrl, e->listen_fd, NULL, NULL, NULL, NULL, NULL);
+		return;
+	}
+	fd = accept4(e->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 			ioc__vub_log(e, "accept: %s", ioc_strerror(errno));

@@ -94,7 +94,7 @@ void ioc__vub_queue_complete(struct ioc__vub_req *r, uint32_t used_len)
 
 static void process(struct ioc__vub_queue *q)
 {
-	if (!q->started || !q->enabled)
+	if (!q->started || !q->enabled || q->vr.broken)
 		return;
 	for (;;) {
 		struct ioc__vub_req *r;
