@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define MAX_INPUTS 32
-#define INPUT_MAX  (64 * 1024)
+#define INPUT_MAX  (128 * 1024)
 
 struct input {
 	unsigned char b[INPUT_MAX];
