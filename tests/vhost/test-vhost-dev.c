@@ -527,6 +527,36 @@ static void test_requests(void)
 	fe_start_ring(&f, 0, f.avail[0]);
 	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 8, 512, NULL), VIRTIO_BLK_S_OK);
 
+	/* GET_VRING_BASE waits for the queue's in-flight requests: with the
+	 * node's gate held a read parks in ioc_node_co_enter(), and the
+	 * reply comes only once the gate opens, after the completion. */
+	{
+		struct virtio_blk_outhdr *h = gpa(&f, HDR_GPA);
+		struct seg s[3] = { { HDR_GPA, 16, false }, { DATA_GPA, 512, true },
+				    { STAT_GPA, 1, true } };
+		struct vhost_vring_state st = { 0, 0 };
+		struct vring_used *u = gpa(&f, ring_gpa(0) + 0x2000);
+		struct pollfd pf = { f.sock, POLLIN, 0 };
+
+		ioc_node_set_gate(node, IOC_NODE_GATE_HOLD);
+		h->type = VIRTIO_BLK_T_IN;
+		h->sector = 0;
+		fe_post(&f, 0, s, 3);
+		fe_send(&f, VUB_GET_VRING_BASE, 0, &st, 8, NULL, 0);
+		/* Not an ordering guess: the reply must not come while the
+		 * request is held, however long we look. */
+		ASSERT_EQ(poll(&pf, 1, 200), 0);
+		ASSERT_UEQ(u->idx, f.used_seen[0]);
+		ioc_node_set_gate(node, IOC_NODE_GATE_OPEN);
+		ASSERT_EQ(fe_reply(&f, VUB_GET_VRING_BASE, &st, sizeof(st)), 8);
+		ASSERT_UEQ(st.num, f.avail[0]);
+		ASSERT_UEQ(u->idx, (uint16_t)(f.used_seen[0] + 1));
+		ASSERT_UEQ(*status(&f), VIRTIO_BLK_S_OK);
+		f.used_seen[0]++;
+		fe_start_ring(&f, 0, f.avail[0]);
+		f.used_seen[0] = u->idx;
+	}
+
 	/* A second memory region by ADD_MEM_REG, data there, then gone. */
 	{
 		struct vub_mem_one_desc one = { 0 };

@@ -143,6 +143,15 @@ if start_server --queues 2 --iothreads 2 --serial iocore-test; then
 	fi
 	boot boot2 2 2
 	if stop_server; then ok "server exits on SIGTERM"; else notok "server exits on SIGTERM"; fi
+	# Both queues served requests (Linux maps each vCPU to one).
+	q0=$(sed -n 's/^queue 0: \([0-9]*\) requests/\1/p' "$dir/srv.log" | tail -n 1)
+	q1=$(sed -n 's/^queue 1: \([0-9]*\) requests/\1/p' "$dir/srv.log" | tail -n 1)
+	if [ "${q0:-0}" -gt 0 ] && [ "${q1:-0}" -gt 0 ]; then
+		ok "both queues served requests ($q0, $q1)"
+	else
+		notok "both queues served requests (${q0:-none}, ${q1:-none})"
+	fi
+	grep '^io thread' "$dir/srv.log" | sed 's/^/# /'
 else
 	notok "server started"
 	sed 's/^/# server: /' "$dir/srv.log"

@@ -7,7 +7,8 @@
  *
  * Prints "ready" on stdout once the socket listens.  The export's log
  * lines go to stderr.  Queues are spread over K I/O threads (0: all on
- * the main loop).
+ * the main loop).  At exit it prints each queue's request count and each
+ * I/O thread's polling counters to stderr.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -120,6 +121,21 @@ int main(int argc, char **argv)
 	printf("ready\n");
 	fflush(stdout);
 	ioc_loop_run(main_loop);
+	{
+		struct ioc__vub_info info;
+
+		ioc__vub_export_info(e, &info);
+		for (unsigned i = 0; i < info.num_queues; i++)
+			fprintf(stderr, "queue %u: %llu requests\n", i,
+				(unsigned long long)info.queue_requests[i]);
+		for (unsigned i = 0; i < nthreads; i++) {
+			struct ioc_loop_poll_stats ps;
+
+			ioc_loop_get_poll_stats(loops[i], &ps);
+			fprintf(stderr, "io thread %u: %llu polls, %llu found work\n", i,
+				(unsigned long long)ps.polls, (unsigned long long)ps.polls_hit);
+		}
+	}
 	ioc__vub_export_free(e);
 	for (unsigned i = 0; i < nthreads; i++) {
 		ioc_node_graph_detach_loop(g, loops[i]);

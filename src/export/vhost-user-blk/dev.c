@@ -567,6 +567,8 @@ static int ioc_coroutine_fn h_set_config(struct ioc__vub_conn *c, struct ioc__vu
 	/* The one writable field: the write cache enable byte. */
 	if (q->offset != offsetof(struct virtio_blk_config, wce) || q->size != 1)
 		return -EINVAL;
+	/* Relaxed, read relaxed by each request (blk.c): a request racing
+	 * the guest's switch may go either way, as on a real disk. */
 	atomic_store_explicit(&c->exp->wce, q->data[0] != 0, memory_order_relaxed);
 	return 0;
 }

@@ -332,7 +332,9 @@ void ioc__vub_export_info(struct ioc__vub_export *e, struct ioc__vub_info *info)
 	}
 	for (unsigned i = 0; i < e->num_queues; i++) {
 		info->queues_started += e->q[i].started;
-		info->requests += atomic_load_explicit(&e->q[i].completed,
-						       memory_order_relaxed);
+		/* Relaxed: a statistic, stored relaxed by the queue's loop. */
+		info->queue_requests[i] = atomic_load_explicit(&e->q[i].completed,
+							       memory_order_relaxed);
+		info->requests += info->queue_requests[i];
 	}
 }

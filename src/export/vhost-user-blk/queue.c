@@ -77,6 +77,8 @@ void ioc__vub_queue_complete(struct ioc__vub_req *r, uint32_t used_len)
 	r->next_free = q->free;
 	q->free = r;
 	q->inflight--;
+	/* Relaxed load + store, one writer (this loop): a statistic read by
+	 * ioc__vub_export_info() with a relaxed load. */
 	atomic_store_explicit(&q->completed,
 			      atomic_load_explicit(&q->completed, memory_order_relaxed) + 1,
 			      memory_order_relaxed);
@@ -218,7 +220,8 @@ int ioc_coroutine_fn ioc__vub_queue_start(struct ioc__vub_queue *q,
 		q->free = &q->reqs[i];
 	}
 	/* The guest's used->idx is where we go on (0 on a fresh ring, the
-	 * old value after a stop and restart). */
+	 * old value after a stop and restart).  Relaxed: only we write it,
+	 * and our last write was before the stop that ordered it. */
 	q->vr.used_idx = q->vr.published =
 		__atomic_load_n(&q->vr.used->idx, __ATOMIC_RELAXED);
 	q->inflight = 0;

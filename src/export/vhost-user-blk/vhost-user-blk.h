@@ -66,6 +66,7 @@ struct ioc__vub_info {
 	uint64_t protocol_features;
 	uint64_t connections;            /* accepted since creation */
 	uint64_t requests;               /* virtio-blk requests completed */
+	uint64_t queue_requests[IOC_VUB_MAX_QUEUES];   /* ... per queue */
 	const char *socket_path;         /* NULL when given a listening fd */
 };
 void ioc__vub_export_info(struct ioc__vub_export *e, struct ioc__vub_info *info);

@@ -132,6 +132,8 @@ bool ioc__vub_vring_avail(struct ioc__vub_vring *vr)
 {
 	if (!vr->avail || vr->broken)
 		return false;
+	/* Relaxed: a hint for the poll callback; pop re-reads it with the
+	 * acquire load before touching the entries. */
 	return __atomic_load_n(&vr->avail->idx, __ATOMIC_RELAXED) != vr->last_avail;
 }
 
@@ -180,6 +182,7 @@ int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e)
 		return 0;
 	if ((uint16_t)(avail - vr->last_avail) > vr->num)
 		return fault(vr, "avail index ran ahead of the ring");
+	/* Relaxed: ordered after the acquire load of avail->idx above. */
 	head = __atomic_load_n(&vr->avail->ring[vr->last_avail & (vr->num - 1)],
 			       __ATOMIC_RELAXED);
 	if (head >= vr->num)
@@ -271,6 +274,7 @@ bool ioc__vub_vring_flush(struct ioc__vub_vring *vr)
 	 * so either it sees our entries or we see its request. */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	if (vr->event_idx) {
+		/* Relaxed: ordered by the fence above. */
 		uint16_t ev = __atomic_load_n(used_event(vr), __ATOMIC_RELAXED);
 
 		/* Did used->idx pass ev in this batch: ev in [old, now)? */
@@ -294,6 +298,7 @@ bool ioc__vub_vring_arm(struct ioc__vub_vring *vr)
 {
 	if (!vr->avail || vr->broken)
 		return false;
+	/* Relaxed store, ordered before the re-read by the fence below. */
 	if (vr->event_idx)
 		__atomic_store_n(avail_event(vr), vr->last_avail, __ATOMIC_RELAXED);
 	/* The avail_event store before the avail->idx load; pairs with the
