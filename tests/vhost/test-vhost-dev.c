@@ -89,6 +89,14 @@ static int free_fn(void *arg)
 	return 0;
 }
 
+static int config_changed_fn(void *arg)
+{
+	struct { struct ioc__vub_export *e; int r; } *a = arg;
+
+	a->r = ioc__vub_export_config_changed(a->e);
+	return 0;
+}
+
 static int info_fn(void *arg)
 {
 	struct { struct ioc__vub_export *e; struct ioc__vub_info i; } *a = arg;
@@ -273,6 +281,8 @@ static void *gpa(struct fe *f, uint64_t a)
 	return f->mem + a;
 }
 
+static bool nofd_next;   /* the next fe_start_ring: NOFD kick and call */
+
 static void fe_start_ring(struct fe *f, unsigned q, uint16_t base)
 {
 	struct vhost_vring_state st = { q, QN };
@@ -287,8 +297,15 @@ static void fe_start_ring(struct fe *f, unsigned q, uint16_t base)
 	fe_send(f, VUB_SET_VRING_BASE, 0, &st, 8, NULL, 0);
 	fe_send(f, VUB_SET_VRING_ADDR, 0, &a, sizeof(a), NULL, 0);
 	fe_send(f, VUB_SET_VRING_ERR, 0, &idx, 8, &f->err[q], 1);
-	fe_send(f, VUB_SET_VRING_KICK, 0, &idx, 8, &f->kick[q], 1);
-	fe_send(f, VUB_SET_VRING_CALL, 0, &idx, 8, &f->call[q], 1);
+	if (nofd_next) {
+		idx |= VUB_VRING_NOFD;
+		fe_send(f, VUB_SET_VRING_KICK, 0, &idx, 8, NULL, 0);
+		fe_send(f, VUB_SET_VRING_CALL, 0, &idx, 8, NULL, 0);
+		nofd_next = false;
+	} else {
+		fe_send(f, VUB_SET_VRING_KICK, 0, &idx, 8, &f->kick[q], 1);
+		fe_send(f, VUB_SET_VRING_CALL, 0, &idx, 8, &f->call[q], 1);
+	}
 	st.num = 1;
 	ASSERT_UEQ(fe_acked(f, VUB_SET_VRING_ENABLE, &st, 8, NULL, 0), 0);
 	f->avail[q] = f->used_seen[q] = base;
@@ -622,6 +639,23 @@ static void test_requests(void)
 		ASSERT_UGE(a.i.requests, 20);
 	}
 
+	/* The back-end channel: a config change notice reaches it. */
+	{
+		int sv[2];
+		uint32_t hdr[3];
+		struct { struct ioc__vub_export *e; int r; } a = { e, 0 };
+
+		ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_BACKEND_REQ_FD, NULL, 0, &sv[1], 1), 0);
+		close(sv[1]);
+		ioc_iothread_call(ctrl_th, config_changed_fn, &a);
+		ASSERT_OK(a.r);
+		ASSERT_EQ(recv(sv[0], hdr, sizeof(hdr), MSG_WAITALL), (ssize_t)sizeof(hdr));
+		ASSERT_UEQ(hdr[0], VUB_BACKEND_CONFIG_CHANGE_MSG);
+		ASSERT_UEQ(hdr[2], 0);
+		close(sv[0]);
+	}
+
 	/* A second front end while this one is connected: refused. */
 	{
 		struct fe g = { .sock = fe_connect(sock_path) };
@@ -718,6 +752,33 @@ static void test_bad_front_ends(void)
 	fe_mem_table(&f);
 	fe_start_ring(&f, 1, 0);
 	ASSERT_UEQ(fe_req(&f, 1, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	/* A ring without eventfds (NOFD kick and call): the export polls
+	 * it, the front end watches used->idx (5 s at most). */
+	{
+		struct virtio_blk_outhdr *h = gpa(&f, HDR_GPA);
+		struct seg s[3] = { { HDR_GPA, 16, false }, { DATA_GPA, 512, true },
+				    { STAT_GPA, 1, true } };
+		struct vring_used *u = gpa(&f, ring_gpa(0) + 0x2000);
+		struct vring_desc *d = gpa(&f, ring_gpa(0));
+		struct vring_avail *av = gpa(&f, ring_gpa(0) + 0x1000);
+		int waited = 0;
+
+		nofd_next = true;
+		fe_start_ring(&f, 0, 0);
+		h->type = VIRTIO_BLK_T_IN;
+		h->sector = 0;
+		*status(&f) = 0xee;
+		for (unsigned i = 0; i < 3; i++)
+			d[i] = (struct vring_desc){ s[i].gpa, s[i].len,
+				(uint16_t)((s[i].write ? VRING_DESC_F_WRITE : 0) |
+					   (i < 2 ? VRING_DESC_F_NEXT : 0)), (uint16_t)(i + 1) };
+		av->ring[0] = 0;
+		__atomic_store_n(&av->idx, 1, __ATOMIC_RELEASE);   /* no kick */
+		while (__atomic_load_n(&u->idx, __ATOMIC_ACQUIRE) != 1 && waited++ < 5000)
+			usleep(1000);
+		ASSERT_UEQ(u->idx, 1);
+		ASSERT_UEQ(*status(&f), VIRTIO_BLK_S_OK);
+	}
 	/* Free with a front end connected and its rings running. */
 	ioc_iothread_call(ctrl_th, free_fn, e);
 	fe_expect_closed(&f);

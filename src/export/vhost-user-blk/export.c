@@ -90,9 +90,10 @@ static void ioc_coroutine_fn conn_co(void *opaque)
 	close(c->fd);
 	free(c);
 	e->conn = NULL;
-	ioc_co_event_set(&e->conn_gone);
 	if (e->listen_fd >= 0 && !e->freeing)
 		ioc_loop_set_fd(e->ctrl, e->listen_fd, accept_cb, NULL, NULL, NULL, e);
+	/* The last touch of e: free() may be waiting for this. */
+	ioc_co_event_set(&e->conn_gone);
 }
 
 /* Has the peer of fd closed its end? */
@@ -317,6 +318,17 @@ void ioc__vub_export_set_serial(struct ioc__vub_export *e, const char *serial)
 
 	memset(e->serial, 0, sizeof(e->serial));
 	memcpy(e->serial, serial ? serial : "", n);
+}
+
+int ioc__vub_export_config_changed(struct ioc__vub_export *e)
+{
+	if (!e->conn || e->conn->backend_fd < 0 ||
+	    !(e->conn->protocol_features & (1ull << VUB_PROTO_F_CONFIG)))
+		return -ENOTCONN;
+	/* No NEED_REPLY: the front end answers on its own time, and
+	 * nothing here would read the answer. */
+	return ioc__vub_msg_send(e->conn->backend_fd, VUB_BACKEND_CONFIG_CHANGE_MSG,
+				 VUB_VERSION, NULL, 0);
 }
 
 void ioc__vub_export_info(struct ioc__vub_export *e, struct ioc__vub_info *info)

@@ -58,6 +58,12 @@ void ioc__vub_export_free(struct ioc__vub_export *e);
 /* GET_ID's answer from now on. */
 void ioc__vub_export_set_serial(struct ioc__vub_export *e, const char *serial);
 
+/* Tell the front end the config space changed (the capacity after a
+ * resize: GET_CONFIG reads the node's size), on the back-end channel when
+ * it gave one (SET_BACKEND_REQ_FD).  0, -ENOTCONN (no front end or no
+ * channel), or the send's -errno. */
+int ioc__vub_export_config_changed(struct ioc__vub_export *e);
+
 struct ioc__vub_info {
 	bool connected;                  /* a front end is on the socket */
 	unsigned num_queues;
