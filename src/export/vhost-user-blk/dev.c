@@ -327,6 +327,7 @@ static void ioc_coroutine_fn queue_stop(struct ioc__vub_conn *c, struct ioc__vub
 	ioc__vub_to_queue(q);
 	ioc__vub_queue_stop(q);
 	ioc__vub_to_ctrl(c->exp);
+	q->running = false;
 }
 
 /* Start q if it has everything a start needs. */
@@ -342,6 +343,7 @@ static int ioc_coroutine_fn queue_try_start(struct ioc__vub_conn *c, struct ioc_
 	ioc__vub_to_queue(q);
 	r = ioc__vub_queue_start(q, c->mem);
 	ioc__vub_to_ctrl(c->exp);
+	q->running = r == 0;
 	if (r < 0)
 		ioc__vub_log(c->exp, "queue %u not started: %s", q->index,
 			     r == -EINVAL && q->vr.why ? q->vr.why : ioc_strerror(r));
@@ -418,7 +420,6 @@ static int ioc_coroutine_fn h_get_vring_base(struct ioc__vub_conn *c, struct ioc
 		close(q->kick_fd);
 	q->kick_fd = -1;
 	q->kick_set = false;
-	q->want_enable = false;
 	rep->send = true;
 	rep->size = sizeof(rep->p.state);
 	rep->p.state.index = m->p.state.index;

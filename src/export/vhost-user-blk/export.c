@@ -343,7 +343,7 @@ void ioc__vub_export_info(struct ioc__vub_export *e, struct ioc__vub_info *info)
 		info->protocol_features = e->conn->protocol_features;
 	}
 	for (unsigned i = 0; i < e->num_queues; i++) {
-		info->queues_started += e->q[i].started;
+		info->queues_started += e->q[i].running;
 		/* Relaxed: a statistic, stored relaxed by the queue's loop. */
 		info->queue_requests[i] = atomic_load_explicit(&e->q[i].completed,
 							       memory_order_relaxed);

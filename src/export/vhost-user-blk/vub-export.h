@@ -34,6 +34,8 @@ struct ioc__vub_queue {
 	int kick_fd, err_fd;             /* -1: none (NOFD kick: polled) */
 	bool kick_set;                   /* SET_VRING_KICK came (fd or NOFD) */
 	bool want_enable;                /* SET_VRING_ENABLE's last word */
+	bool running;                    /* started, as the control thread
+					  * last saw it (for the info) */
 
 	/* loop-private */
 	bool started, enabled, starved;
