@@ -17,7 +17,8 @@
 # is bounded: the whole run by `timeout`, the device by a count.
 #
 # GUEST_SMP (default 1) sets the vCPUs: Linux uses min(num-queues, vCPUs)
-# queues, so a multiqueue test wants 2.  GUEST_QEMU_ARGS adds arguments.
+# queues, so a multiqueue test wants 2.  GUEST_DEVICE_OPTS adds options to
+# the device (",event_idx=off"), GUEST_QEMU_ARGS arguments to QEMU.
 
 GUEST_MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
 
@@ -107,6 +108,6 @@ guest_run() {
 		-object memory-backend-memfd,id=mem,size=512M,share=on \
 		-numa node,memdev=mem \
 		-chardev "socket,id=c0,path=$sock" \
-		-device "vhost-user-blk-pci,chardev=c0,num-queues=$nq" \
+		-device "vhost-user-blk-pci,chardev=c0,num-queues=$nq${GUEST_DEVICE_OPTS:-}" \
 		${GUEST_QEMU_ARGS:-} </dev/null >"$dir/qemu.log" 2>&1
 }

@@ -5,9 +5,11 @@
 #           serial, host data read, writes read back, a pattern for the
 #           host to find, parallel I/O, 1 MiB requests, discard, the
 #           write-cache switch (SET_CONFIG), flushes;
-#   boot 2: the same server again (a new connection on the same export):
-#           the pattern is still there;
-#   boot 3: a read-only export: RO seen, reads work, writes refused.
+#   boot 2: the same server again (a new connection on the same export),
+#           without EVENT_IDX and indirect descriptors: the pattern is
+#           still there, parallel writers verify;
+#   boot 3: a read-only export with 4 KiB logical blocks: RO and the
+#           block size seen, reads work, writes refused.
 # The server must log no ring fault.  Skips (77) only without QEMU, a
 # kernel, its virtio modules or a static busybox.
 set -u
@@ -68,12 +70,12 @@ stop_server() {
 	return $rc
 }
 
-# boot NAME NQ SMP: run the guest script $dir/NAME.sh; each "GUEST-OK x"
-# or "GUEST-FAIL x" line becomes a TAP line.
+# boot NAME NQ SMP [DEVICE_OPTS]: run the guest script $dir/NAME.sh; each
+# "GUEST-OK x" or "GUEST-FAIL x" line becomes a TAP line.
 boot() {
 	local name=$1 nq=$2 smp=$3 rc
 	guest_initramfs "$dir" "$dir/$name.sh"
-	GUEST_SMP=$smp guest_run "$dir" "$dir/vub.sock" "$nq" 150
+	GUEST_SMP=$smp GUEST_DEVICE_OPTS=${4:-} guest_run "$dir" "$dir/vub.sock" "$nq" 150
 	rc=$?
 	cp "$dir/console.log" "$dir/$name.console"
 	while read -r word what; do
@@ -91,6 +93,15 @@ boot() {
 	fi
 }
 
+# Two writers at once (one per vCPU, so one per queue), then both read
+# back and compared.
+parallel='t "parallel writers" "dd if=/dev/urandom of=/tmp/p1 bs=64k count=64 2>/dev/null &&
+	dd if=/dev/urandom of=/tmp/p2 bs=64k count=64 2>/dev/null &&
+	(dd if=/tmp/p1 of=/dev/vda bs=64k seek=512 oflag=direct 2>/dev/null &
+	 dd if=/tmp/p2 of=/dev/vda bs=64k seek=640 oflag=direct 2>/dev/null; wait) &&
+	dd if=/dev/vda of=/tmp/q1 bs=64k skip=512 count=64 iflag=direct 2>/dev/null &&
+	dd if=/dev/vda of=/tmp/q2 bs=64k skip=640 count=64 iflag=direct 2>/dev/null &&
+	cmp /tmp/p1 /tmp/q1 && cmp /tmp/p2 /tmp/q2"'
 common='t() { if eval "$2"; then echo "GUEST-OK $1"; else echo "GUEST-FAIL $1"; fi; }
 md5() { dd if=/dev/vda bs=1M skip=$1 count=1 iflag=direct 2>/dev/null | md5sum | cut -d" " -f1; }
 '
@@ -101,6 +112,7 @@ t "capacity 64 MiB" '[ "\$(cat /sys/block/vda/size)" = 131072 ]'
 t "two queues" '[ "\$(ls /sys/block/vda/mq | wc -l)" = 2 ]'
 t "serial" '[ "\$(cat /sys/block/vda/serial)" = iocore-test ]'
 t "writable" '[ "\$(cat /sys/block/vda/ro)" = 0 ]'
+t "EVENT_IDX and indirect descriptors in use" '[ "\$(cut -c29-30 /sys/bus/virtio/devices/virtio0/features)" = 11 ]'
 t "reads what the host wrote" '[ "\$(md5 8)" = $host_md5 ]'
 t "writes read back" 'dd if=/dev/urandom of=/tmp/a bs=64k count=16 2>/dev/null &&
 	dd if=/tmp/a of=/dev/vda bs=64k seek=32 oflag=direct 2>/dev/null &&
@@ -116,6 +128,7 @@ t "write cache on" '[ "\$(cat /sys/block/vda/queue/write_cache)" = "write back" 
 t "write cache off (SET_CONFIG)" 'echo "write through" >/sys/block/vda/queue/write_cache &&
 	dd if=/tmp/a of=/dev/vda bs=64k seek=48 count=4 oflag=direct 2>/dev/null &&
 	echo "write back" >/sys/block/vda/queue/write_cache'
+$parallel
 t "discard" 'blkdiscard -o 50331648 -l 1048576 /dev/vda'
 t "flush" 'sync && dd if=/tmp/a of=/dev/vda bs=4k count=1 seek=100 conv=fsync 2>/dev/null'
 EOF
@@ -124,11 +137,14 @@ cat >"$dir/boot2.sh" <<EOF
 $common
 t "pattern still there" '[ "\$(md5 16)" = $a_md5 ]'
 t "two queues again" '[ "\$(ls /sys/block/vda/mq | wc -l)" = 2 ]'
+t "EVENT_IDX and indirect descriptors off" '[ "\$(cut -c29-30 /sys/bus/virtio/devices/virtio0/features)" = 00 ]'
+$parallel
 EOF
 
 cat >"$dir/boot3.sh" <<EOF
 $common
 t "read-only" '[ "\$(cat /sys/block/vda/ro)" = 1 ]'
+t "4 KiB logical blocks" '[ "\$(cat /sys/block/vda/queue/logical_block_size)" = 4096 ]'
 t "reads" '[ "\$(md5 8)" = $host_md5 ]'
 t "writes refused" '! dd if=/dev/zero of=/dev/vda bs=4k count=1 oflag=direct 2>/dev/null'
 EOF
@@ -141,7 +157,7 @@ if start_server --queues 2 --iothreads 2 --serial iocore-test; then
 	else
 		notok "host: the guest's pattern is in the image"
 	fi
-	boot boot2 2 2
+	boot boot2 2 2 ,event_idx=off,indirect_desc=off
 	if stop_server; then ok "server exits on SIGTERM"; else notok "server exits on SIGTERM"; fi
 	# Both queues served requests (Linux maps each vCPU to one).
 	q0=$(sed -n 's/^queue 0: \([0-9]*\) requests/\1/p' "$dir/srv.log" | tail -n 1)
@@ -157,7 +173,7 @@ else
 	sed 's/^/# server: /' "$dir/srv.log"
 fi
 
-if start_server --read-only; then
+if start_server --read-only --logical-block-size 4096; then
 	boot boot3 1 1
 	stop_server || notok "read-only server exits on SIGTERM"
 else
