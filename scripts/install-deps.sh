@@ -14,13 +14,14 @@ set -eu
 # the man pages.
 BUILD="meson ninja-build pkg-config gcc clang libclang-rt-14-dev
        liburing-dev libzstd-dev zlib1g-dev libdeflate-dev libisal-dev libxxhash-dev
-       libgnutls28-dev libjansson-dev scdoc"
+       libgnutls28-dev libjansson-dev scdoc librbd-dev"
 # Tests: real clients and tools the integration tests drive (groff renders
 # the man pages; systemd has systemd-socket-activate, systemd-analyze and
 # systemd-escape for the units).
 TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
       python3 xxd spin time gnutls-bin groff-base systemd
-      qemu-system-common socat python3-libnbd"
+      qemu-system-common socat python3-libnbd
+      ceph-mon ceph-osd ceph-mgr ceph-common qemu-block-extra"
 # On x86-64, a cross compiler and qemu's user mode run the AArch64
 # context switch (tests/co/test-co-switch-aarch64.sh), and with Debian's
 # :arm64 development packages (multiarch) the whole suite (make

@@ -8,6 +8,5 @@
 #include "iocore/blk.h"
 #include "iocore/ring.h"
 #include "iocore/wq.h"
-#include "iocore/nbd.h"
 #include "iocore/zip.h"
 #endif

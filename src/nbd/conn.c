@@ -630,9 +630,8 @@ void ioc__nbd_stats_account(struct ioc__nbd_stats *st, const struct ioc__nbd_req
 
 static void account(struct conn *c, const struct ioc__nbd_req *r, int64_t ns)
 {
+	/* The export's counters are its node's (the node layer's). */
 	ioc__nbd_stats_account(&c->st, r, ns);
-	if (c->core.exp && c->t->xstats)
-		ioc__nbd_stats_account(&c->t->xstats[c->core.exp->index], r, ns);
 }
 
 unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_info *out,

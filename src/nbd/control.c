@@ -30,6 +30,8 @@
 #include "iocore/zip.h"
 #include "migrate-int.h"
 #include "nbd-int.h"
+#include "node/dirty-cmd.h"
+#include "node/node.h"
 #include "qmp/qmp.h"
 
 struct ioc__nbd_control {
@@ -74,37 +76,15 @@ static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const cha
 	return NULL;
 }
 
-static struct ioc_blk_dirty *find_bitmap(struct ioc__nbd_control *ctl, json_t *args,
-					 const char *key, struct ioc__nbd_export **pe,
-					 struct ioc__qmp_err *err)
+/* The bitmap commands' view of this server: an export's image. */
+static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
 {
-	const char *node = json_string_value(json_object_get(args, "node"));
-	const char *name = json_string_value(json_object_get(args, key));
-	struct ioc__nbd_export *e = find_node(ctl, node, err);
-	struct ioc_blk_dirty *bm;
+	struct ioc__nbd_export *e = find_node(ctx, node, err);
 
-	if (!e)
-		return NULL;
-	/* A migration's own bitmap is not the user's to touch. */
-	bm = strcmp(name, IOC_MIG_BITMAP) == 0 ? NULL : ioc_blk_dirty_find(e->blk, name);
-	if (!bm)
-		errf(err, "Dirty bitmap '%s' not found", name);
-	if (pe)
-		*pe = e;
-	return bm;
+	return e ? e->blk : NULL;
 }
 
-/* The block layer's errors in QEMU's words. */
-static json_t *bitmap_result(int r, const char *name, struct ioc__qmp_err *err)
-{
-	if (r == 0)
-		return json_object();
-	if (r == -EUCLEAN)
-		errf(err, "Bitmap '%s' is inconsistent and cannot be used", name);
-	else
-		errf(err, "Bitmap '%s': %s", name, strerror(-r));
-	return NULL;
-}
+#define DIRTY_CTX(ctx) (&(struct ioc_node_dirty_ctx){ find_blk, (ctx) })
 
 /* ---- commands --------------------------------------------------------- */
 
@@ -130,260 +110,37 @@ static json_t *cmd_quit(void *ctx, json_t *args, struct ioc__qmp_err *err)
 
 static json_t *cmd_bitmap_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_control *ctl = ctx;
-	const char *node = json_string_value(json_object_get(args, "node"));
-	const char *name = json_string_value(json_object_get(args, "name"));
-	json_t *g = json_object_get(args, "granularity");
-	struct ioc_blk_dirty_opts o = {
-		.name = name,
-		.granularity = g ? (uint64_t)json_integer_value(g) : 0,
-		.persistent = json_is_true(json_object_get(args, "persistent")),
-		.disabled = json_is_true(json_object_get(args, "disabled")),
-	};
-	struct ioc__nbd_export *e = find_node(ctl, node, err);
-	int r;
-
-	if (!e)
-		return NULL;
-	if (g && (o.granularity < IOC_BLK_DIRTY_GRAN_MIN ||
-		  o.granularity > IOC_BLK_DIRTY_GRAN_MAX ||
-		  (o.granularity & (o.granularity - 1)))) {
-		errf(err, "Granularity must be power of 2 between %u and %u",
-		     IOC_BLK_DIRTY_GRAN_MIN, IOC_BLK_DIRTY_GRAN_MAX);
-		return NULL;
-	}
-	r = ioc_blk_dirty_add(e->blk, &o, NULL);
-	switch (r) {
-	case 0:
-		return json_object();
-	case -EEXIST:
-		errf(err, "Bitmap already exists: %s", name);
-		return NULL;
-	case -EINVAL:
-		errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
-		     "bitmap (1 to 127 of A-Z a-z 0-9 _ - ., not starting with '.')" :
-		     "Bitmap name '%s' is not valid (1 to 127 bytes)", name);
-		return NULL;
-	case -ENOSPC:
-		errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
-		     IOC_BLK_DIRTY_MAX);
-		return NULL;
-	case -ENOTSUP:
-		errf(err, "Can't store persistent bitmaps to disk: %s", strerror(-r));
-		return NULL;
-	default:
-		errf(err, "Cannot add bitmap '%s': %s", name, strerror(-r));
-		return NULL;
-	}
+	return ioc_node_dirty_cmd_add(DIRTY_CTX(ctx), args, err);
 }
 
 static json_t *cmd_bitmap_remove(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_export *e;
-	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", &e, err);
-
-	if (!bm)
-		return NULL;
-	return bitmap_result(ioc_blk_dirty_remove(e->blk,
-			json_string_value(json_object_get(args, "name"))),
-			json_string_value(json_object_get(args, "name")), err);
+	return ioc_node_dirty_cmd_remove(DIRTY_CTX(ctx), args, err);
 }
 
 static json_t *cmd_bitmap_clear(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", NULL, err);
-
-	return bm ? bitmap_result(ioc_blk_dirty_clear(bm),
-				  json_string_value(json_object_get(args, "name")), err)
-		  : NULL;
-}
-
-static json_t *set_recording(void *ctx, json_t *args, bool on, struct ioc__qmp_err *err)
-{
-	struct ioc_blk_dirty *bm = find_bitmap(ctx, args, "name", NULL, err);
-
-	return bm ? bitmap_result(ioc_blk_dirty_set_recording(bm, on),
-				  json_string_value(json_object_get(args, "name")), err)
-		  : NULL;
+	return ioc_node_dirty_cmd_clear(DIRTY_CTX(ctx), args, err);
 }
 
 static json_t *cmd_bitmap_enable(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	return set_recording(ctx, args, true, err);
+	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, true, err);
 }
 
 static json_t *cmd_bitmap_disable(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	return set_recording(ctx, args, false, err);
+	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, false, err);
 }
 
-/* bitmaps: ["name", {"node": N, "name": B}, ...] (QEMU's BlockDirtyBitmapOrStr).
- * Every source is found before anything is merged. */
 static json_t *cmd_bitmap_merge(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_control *ctl = ctx;
-	struct ioc__nbd_export *e;
-	struct ioc_blk_dirty *dst = find_bitmap(ctl, args, "target", &e, err);
-	struct ioc_blk_dirty *src[64];
-	json_t *list = json_object_get(args, "bitmaps"), *v;
-	size_t i, n = json_array_size(list);
-
-	if (!dst)
-		return NULL;
-	if (n > IOC_ARRAY_SIZE(src)) {
-		errf(err, "Parameter 'bitmaps' has more than %zu elements",
-		     IOC_ARRAY_SIZE(src));
-		return NULL;
-	}
-	json_array_foreach(list, i, v) {
-		struct ioc__nbd_export *se = e;
-		const char *name;
-
-		if (json_is_string(v)) {
-			name = json_string_value(v);
-		} else if (json_is_object(v) &&
-			   json_is_string(json_object_get(v, "node")) &&
-			   json_is_string(json_object_get(v, "name")) &&
-			   json_object_size(v) == 2) {
-			se = find_node(ctl, json_string_value(json_object_get(v, "node")), err);
-			if (!se)
-				return NULL;
-			name = json_string_value(json_object_get(v, "name"));
-		} else {
-			errf(err, "Parameter 'bitmaps[%zu]' expects a bitmap name or "
-			     "{\"node\", \"name\"}", i);
-			return NULL;
-		}
-		src[i] = ioc_blk_dirty_find(se->blk, name);
-		if (!src[i]) {
-			errf(err, "Dirty bitmap '%s' not found", name);
-			return NULL;
-		}
-	}
-	for (i = 0; i < n; i++) {
-		int r = ioc_blk_dirty_merge(dst, src[i]);
-		struct ioc_blk_dirty_info di, si;
-
-		if (r == -EINVAL) {
-			errf(err, "Bitmaps are incompatible and can't be merged");
-			return NULL;
-		}
-		if (r < 0) {
-			ioc_blk_dirty_get_info(dst, &di);
-			ioc_blk_dirty_get_info(src[i], &si);
-			return bitmap_result(r, di.inconsistent ? di.name : si.name, err);
-		}
-	}
-	return json_object();
+	return ioc_node_dirty_cmd_merge(DIRTY_CTX(ctx), args, err);
 }
 
-static json_t *bitmaps_json(struct ioc_blk *blk)
-{
-	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
-	int n = ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX);
-	json_t *a = json_array();
-
-	/* Newest first, as QEMU lists them. */
-	for (int i = n - 1; i >= 0 && a; i--) {
-		if (strcmp(info[i].name, IOC_MIG_BITMAP) == 0)
-			continue; /* a migration's, hidden */
-		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info[i].name,
-				      "recording", info[i].recording,
-				      "persistent", info[i].persistent, "busy", 0,
-				      "granularity", (json_int_t)info[i].granularity,
-				      "count", (json_int_t)info[i].count);
-
-		if (b && info[i].inconsistent)
-			json_object_set_new(b, "inconsistent", json_true());
-		json_array_append_new(a, b);
-	}
-	return a;
-}
-
-/* QEMU's ImageInfo for one file: path, the format it is read as, the
- * size it serves and what it takes on disk. */
-static json_t *image_json(const char *path, const char *format, uint64_t vsize)
-{
-	struct stat st;
-	uint64_t actual = 0;
-
-	if (path && stat(path, &st) == 0)
-		actual = (uint64_t)st.st_blocks * 512;
-	return json_pack("{s:I,s:s,s:s,s:I,s:b}", "virtual-size", (json_int_t)vsize,
-			 "filename", path ? path : "", "format", format,
-			 "actual-size", (json_int_t)actual, "dirty-flag", 0);
-}
-
-/* QEMU's BlockDeviceInfo around an image (steals it); no I/O limits. */
-static json_t *node_json(const char *name, const char *drv, const char *file, bool ro,
-			 const char *backing, json_t *image, bool direct)
-{
-	json_t *n = json_pack("{s:s,s:s,s:s,s:b,s:b,s:s,s:i,s:o,s:{s:b,s:b,s:b},"
-			      "s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
-		"node-name", name, "drv", drv, "file", file, "ro", ro, "encrypted", 0,
-		"detect_zeroes", "off", "backing_file_depth", backing ? 1 : 0,
-		"image", image, "cache", "no-flush", 0, "direct", direct, "writeback", 1,
-		"bps", 0, "bps_rd", 0, "bps_wr", 0, "iops", 0, "iops_rd", 0,
-		"iops_wr", 0, "write_threshold", 0);
-
-	if (n && backing)
-		json_object_set_new(n, "backing_file", json_string(backing));
-	return n;
-}
-
-#define ZIP_FORMAT "__org.iocore_zip"
-#define OVERLAY_FORMAT "__org.iocore_zip-overlay"
-
-/* A compressed export: the image (format __org.iocore_zip, with its
- * frame cache and decode counters), or the overlay (__org.iocore_zip-
- * overlay) with the image as its backing, as QEMU shows a backing chain. */
-static json_t *zip_node_json(struct ioc__nbd_export *e)
-{
-	struct ioc_zip_image_info zi;
-	struct ioc_zip_overlay_info oi;
-	json_t *base, *img;
-
-	ioc_zip_image_get_info(e->zip, &zi);
-	base = image_json(zi.path, ZIP_FORMAT, zi.size);
-	if (!base)
-		return NULL;
-	json_object_set_new(base, "__org.iocore_zip", json_pack(
-		"{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-		"frames", (json_int_t)zi.frames, "zero-frames", (json_int_t)zi.zero_frames,
-		"indexed-by", zi.indexed_by ? zi.indexed_by : "",
-		"frame-cache-size", (json_int_t)zi.cache_budget,
-		"frame-cache-bytes", (json_int_t)zi.cache_bytes,
-		"cache-hits", (json_int_t)zi.cache_hits,
-		"cache-misses", (json_int_t)zi.cache_misses,
-		"cache-evictions", (json_int_t)zi.cache_evictions,
-		"cache-admitted", (json_int_t)zi.cache_admitted,
-		"decodes", (json_int_t)zi.decodes,
-		"readahead-decodes", (json_int_t)zi.readaheads,
-		"in-place-decodes", (json_int_t)zi.direct_decodes,
-		"stored-reads", (json_int_t)zi.stored_reads,
-		"stored-checks", (json_int_t)zi.stored_checks,
-		"page-checks", (json_int_t)zi.page_checks,
-		"streaming-reads", (json_int_t)zi.stream_reads,
-		"errors", (json_int_t)zi.errors));
-	if (!e->zip_overlay)
-		return node_json(e->name, ZIP_FORMAT, zi.path, true, NULL, base, false);
-	ioc_zip_overlay_get_info(e->zip_overlay, &oi);
-	img = image_json(oi.path, OVERLAY_FORMAT, oi.size);
-	if (!img) {
-		json_decref(base);
-		return NULL;
-	}
-	json_object_set_new(img, "cluster-size", json_integer((json_int_t)oi.cluster_size));
-	json_object_set_new(img, "backing-filename", json_string(zi.path));
-	json_object_set_new(img, "full-backing-filename", json_string(zi.path));
-	json_object_set_new(img, "backing-filename-format", json_string(ZIP_FORMAT));
-	json_object_set_new(img, "backing-image", base);
-	json_object_set_new(img, "__org.iocore_zip-overlay", json_pack("{s:I,s:I}",
-		"clusters-written", (json_int_t)oi.clusters_written,
-		"clusters-zero", (json_int_t)oi.clusters_zero));
-	return node_json(e->name, OVERLAY_FORMAT, oi.path, e->read_only, zi.path, img, false);
-}
-
+/* Every export is a node named as the export (the node layer's view); a
+ * compressed image under its overlay shows as the overlay's backing image,
+ * not as a node of its own. */
 static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 					   struct ioc__qmp_err *err)
 {
@@ -391,29 +148,9 @@ static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
 	struct ioc_nbd_server *srv = ctl->srv;
 	json_t *list = json_array();
 
-	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
-		struct ioc__nbd_export *e = srv->exports[i];
-		struct ioc_blk_info bi;
-
-		if (!e)
-			continue;
-		const char *drv;
-		json_t *n;
-
-		if (e->zip) {
-			json_array_append_new(list, zip_node_json(e));
-			continue;
-		}
-		if (!e->blk)
-			continue;
-		ioc_blk_get_info(e->blk, &bi);
-		drv = bi.is_blockdev ? "host_device" : "file";
-		n = node_json(e->name, drv, bi.path ? bi.path : "", e->read_only, NULL,
-			      image_json(bi.path, drv, e->size), bi.direct);
-		if (n)
-			json_object_set_new(n, "dirty-bitmaps", bitmaps_json(e->blk));
-		json_array_append_new(list, n);
-	}
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++)
+		if (srv->exports[i])
+			ioc_node_query_json(list, srv->exports[i]->node, false);
 	return list;
 }
 
@@ -432,24 +169,6 @@ static json_t *cmd_query_block_exports(void *ctx, json_t *args, struct ioc__qmp_
 	return list;
 }
 
-static uint64_t rd(_Atomic uint64_t *p)
-{
-	return atomic_load_explicit(p, memory_order_relaxed);
-}
-
-/* Sum src into dst (plain snapshot). */
-static void stats_add(struct ioc__nbd_stats *dst, struct ioc__nbd_stats *src)
-{
-	for (int k = 0; k < IOC__NBD_ST_N; k++) {
-		atomic_init(&dst->op[k].ops, rd(&dst->op[k].ops) + rd(&src->op[k].ops));
-		atomic_init(&dst->op[k].bytes, rd(&dst->op[k].bytes) + rd(&src->op[k].bytes));
-		atomic_init(&dst->op[k].failed, rd(&dst->op[k].failed) + rd(&src->op[k].failed));
-		atomic_init(&dst->op[k].ns, rd(&dst->op[k].ns) + rd(&src->op[k].ns));
-	}
-	if (rd(&src->wr_highest) > rd(&dst->wr_highest))
-		atomic_init(&dst->wr_highest, rd(&src->wr_highest));
-}
-
 static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
 	struct ioc__nbd_control *ctl = ctx;
@@ -459,50 +178,10 @@ static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err
 	/* Without query-nodes QEMU lists devices, and a storage daemon has none. */
 	if (!json_is_true(json_object_get(args, "query-nodes")))
 		return list;
-	for (unsigned i = 0; i < srv->cfg.nexports && list; i++) {
-		struct ioc__nbd_stats s;
-
-		if (!srv->exports[i])
-			continue;
-		struct ioc__nbd_opstat *o = s.op;
-		uint64_t wr_ops, wr_bytes, wr_failed, wr_ns;
-
-		memset(&s, 0, sizeof(s));
-		for (unsigned t = 0; srv->threads && t < srv->opts.iothreads; t++)
-			if (srv->threads[t].xstats)
-				stats_add(&s, &srv->threads[t].xstats[i]);
-		/* QEMU counts write-zeroes as writes. */
-		wr_ops = rd(&o[IOC__NBD_ST_WRITE].ops) + rd(&o[IOC__NBD_ST_ZERO].ops);
-		wr_bytes = rd(&o[IOC__NBD_ST_WRITE].bytes) + rd(&o[IOC__NBD_ST_ZERO].bytes);
-		wr_failed = rd(&o[IOC__NBD_ST_WRITE].failed) + rd(&o[IOC__NBD_ST_ZERO].failed);
-		wr_ns = rd(&o[IOC__NBD_ST_WRITE].ns) + rd(&o[IOC__NBD_ST_ZERO].ns);
-		json_t *stats = json_pack(
-			"{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
-			"s:I,s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:b,s:b,s:[]}",
-			"rd_bytes", (json_int_t)rd(&o[IOC__NBD_ST_READ].bytes),
-			"wr_bytes", (json_int_t)wr_bytes,
-			"unmap_bytes", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].bytes),
-			"rd_operations", (json_int_t)rd(&o[IOC__NBD_ST_READ].ops),
-			"wr_operations", (json_int_t)wr_ops,
-			"flush_operations", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].ops),
-			"unmap_operations", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].ops),
-			"failed_rd_operations", (json_int_t)rd(&o[IOC__NBD_ST_READ].failed),
-			"failed_wr_operations", (json_int_t)wr_failed,
-			"failed_flush_operations", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].failed),
-			"failed_unmap_operations", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].failed),
-			"rd_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_READ].ns),
-			"wr_total_time_ns", (json_int_t)wr_ns,
-			"flush_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_FLUSH].ns),
-			"unmap_total_time_ns", (json_int_t)rd(&o[IOC__NBD_ST_TRIM].ns),
-			"wr_highest_offset", (json_int_t)rd(&s.wr_highest),
-			"rd_merged", (json_int_t)0, "wr_merged", (json_int_t)0,
-			"unmap_merged", (json_int_t)0,
-			"invalid_rd_operations", 0, "invalid_wr_operations", 0,
-			"invalid_flush_operations", 0, "invalid_unmap_operations", 0,
-			"account_invalid", 0, "account_failed", 1, "timed_stats");
-		json_array_append_new(list, json_pack("{s:s,s:o}", "node-name",
-						      srv->exports[i]->name, "stats", stats));
-	}
+	for (unsigned i = 0; i < srv->cfg.nexports && list; i++)
+		if (srv->exports[i])
+			json_array_append_new(list,
+					      ioc_node_blockstats_json(srv->exports[i]->node));
 	return list;
 }
 
@@ -518,6 +197,11 @@ static int conn_query_fn(void *arg)
 
 	cq->n = ioc__nbd_thread_conn_info(cq->t, cq->out, cq->max);
 	return 0;
+}
+
+static uint64_t rd(_Atomic uint64_t *p)
+{
+	return atomic_load_explicit(p, memory_order_relaxed);
 }
 
 static json_t *opstat_json(struct ioc__nbd_opstat *o)
@@ -636,18 +320,6 @@ void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
 static const struct ioc__qmp_arg args_caps[] = {
 	{ "enable", IOC_QMP_ARRAY, true, .elem = IOC_QMP_ANY }, { NULL },
 };
-static const struct ioc__qmp_arg args_add[] = {
-	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false },
-	{ "granularity", IOC_QMP_UINT, true }, { "persistent", IOC_QMP_BOOL, true },
-	{ "disabled", IOC_QMP_BOOL, true }, { NULL },
-};
-static const struct ioc__qmp_arg args_bitmap[] = {
-	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false }, { NULL },
-};
-static const struct ioc__qmp_arg args_merge[] = {
-	{ "node", IOC_QMP_STR, false }, { "target", IOC_QMP_STR, false },
-	{ "bitmaps", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
-};
 static const struct ioc__qmp_arg args_nodes[] = {
 	{ "flat", IOC_QMP_BOOL, true }, { NULL },
 };
@@ -694,12 +366,12 @@ static const struct ioc__qmp_cmd commands[] = {
 	{ "query-version", cmd_query_version, NULL },
 	{ "query-commands", cmd_query_commands, NULL },
 	{ "quit", cmd_quit, NULL },
-	{ "block-dirty-bitmap-add", cmd_bitmap_add, args_add },
-	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, args_bitmap },
-	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, args_bitmap },
-	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, args_bitmap },
-	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, args_bitmap },
-	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, args_merge },
+	{ "block-dirty-bitmap-add", cmd_bitmap_add, ioc_node_dirty_args_add },
+	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, ioc_node_dirty_args_bitmap },
+	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, ioc_node_dirty_args_merge },
 	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
 	{ "query-block-exports", cmd_query_block_exports, NULL },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },

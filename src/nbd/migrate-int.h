@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "nbd-int.h"
+#include "node/dirty-cmd.h"
 #include "qmp/qmp.h"
 
 /* QEMU's MigrationStatus values that iocore uses. */
@@ -39,7 +40,7 @@ enum ioc__mig_status {
 
 /* The hidden dirty bitmap of a migration (not listed by the control
  * socket, not addressable by its bitmap commands). */
-#define IOC_MIG_BITMAP "__org.iocore_migration"
+#define IOC_MIG_BITMAP IOC_NODE_MIG_BITMAP
 
 enum { IOC_MIG_MIRROR_AUTO = 0, IOC_MIG_MIRROR_ON, IOC_MIG_MIRROR_OFF };
 

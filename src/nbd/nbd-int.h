@@ -11,7 +11,7 @@
 
 #include "iocore/co.h"
 
-#include "iocore/nbd.h"
+#include "nbd/nbd.h"
 #include "nbd-proto.h"
 
 #define IOC_NBD_MAX_EXPORTS     64
@@ -44,8 +44,6 @@ struct nbd_thread {
 	struct ioc_task stop_task;
 	struct ioc_task kill_task;
 	_Atomic uint64_t requests;      /* written by this thread only */
-	struct ioc__nbd_stats *xstats;  /* [IOC_NBD_MAX_EXPORTS], this thread's
-					 * share of each export's counters */
 	/* The serving gate (conn.c), loop thread only but for the tasks. */
 	unsigned executing;             /* requests past the gate, not done */
 	bool gate_draining;             /* a hold waits for executing == 0 */
@@ -100,6 +98,8 @@ struct ioc_nbd_server {
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc__nbd_control *control; /* control.c, or NULL */
+	struct ioc_node_graph *graph;   /* of the nodes made over opts.blk and
+					 * opts.zip exports (export-node.c) */
 	struct ioc__nbd_export *dying[IOC_NBD_MAX_EXPORTS]; /* deleted, not yet
 					 * reaped (main thread) */
 	struct nbd_gone {
@@ -231,14 +231,11 @@ int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tl
 ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len);
 ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len);
 
-int ioc__nbd_blk_export_new(struct ioc__nbd_export **out,
-			    const struct ioc_nbd_export_opts *opts);
-/* export-zip.c: an export of opts->zip (a compressed image, read-only). */
-int ioc__nbd_zip_export_new(struct ioc__nbd_export **out,
-			    const struct ioc_nbd_export_opts *opts);
-/* export-node.c: an export of opts->node (a block node). */
+/* export-node.c: an export of node n (opts->node, or a node made over
+ * opts->blk or opts->zip, whose one reference the export then holds: own). */
 int ioc__nbd_node_export_new(struct ioc__nbd_export **out,
-			     const struct ioc_nbd_export_opts *opts);
+			     const struct ioc_nbd_export_opts *opts, struct ioc_node *n,
+			     bool own);
 /* Frees an export of either backend (neither owns what it serves). */
 /* An export with its name and description copied from opts (checked
  * against the protocol's string limit) and everything else zero. */

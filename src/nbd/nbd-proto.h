@@ -288,6 +288,7 @@ struct ioc__nbd_export {
 	struct ioc_zip_image *zip;
 	struct ioc_zip_overlay *zip_overlay;
 	struct ioc_node *node;          /* node exports (export-node.c), else NULL */
+	void (*be_free)(void *be);      /* frees be with the export, or NULL */
 	unsigned index;                 /* in the server's exports[] */
 	/* Deletion while serving (server.c, "Exports while serving"):
 	 * connections that chose this export, counted by conn.c on their

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "iocore/co.h"
+#include "node/node.h"
 #include "nbd-int.h"
 
 #define IOC_NBD_STOP_GRACE_NS   (10ll * 1000000000)
@@ -208,18 +209,28 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 	}
 	if (slot == IOC_NBD_MAX_EXPORTS)
 		return -ENOSPC;
-	int r = opts->node ? ioc__nbd_node_export_new(&e, opts) :
-		opts->zip ? ioc__nbd_zip_export_new(&e, opts)
-			  : ioc__nbd_blk_export_new(&e, opts);
+	struct ioc_node *n = opts->node;
+	int r = 0;
+
+	if ((!!opts->node + !!opts->blk + !!opts->zip) != 1 || (opts->zip_overlay && !opts->zip))
+		return -EINVAL;
+	/* An image the caller opened: served through a node made over it. */
+	if (!srv->graph && !n && (r = ioc_node_graph_new(&srv->graph)) < 0)
+		return r;
+	if (opts->blk)
+		r = ioc_node_wrap_blk(srv->graph, opts->blk, name, &n);
+	else if (opts->zip)
+		r = ioc_node_wrap_zip(srv->graph, opts->zip, opts->zip_overlay, name, &n);
 	if (r < 0)
 		return r;
+	r = ioc__nbd_node_export_new(&e, opts, n, !opts->node);
+	if (r < 0) {
+		if (!opts->node)
+			ioc_node_unref(n);
+		return r;
+	}
 	e->index = slot;
 	e->srv = srv;
-	/* The slot's counters start again (its last export's connections
-	 * are all gone: no writer). */
-	for (unsigned t = 0; srv->threads && t < srv->nthreads; t++)
-		if (srv->threads[t].xstats)
-			memset(&srv->threads[t].xstats[slot], 0, sizeof(srv->threads[t].xstats[slot]));
 	/* Release: pairs with the handshake's acquire loads (above). */
 	__atomic_store_n(&srv->exports[slot], e, __ATOMIC_RELEASE);
 	if (slot == srv->cfg.nexports)
@@ -390,7 +401,7 @@ int ioc_nbd_server_serve(struct ioc_nbd_server *srv)
 {
 	if (!srv->started || srv->serving || !srv->opts.defer_serving)
 		return -EBUSY;
-	if (!srv->cfg.nexports)
+	if (!srv->cfg.nexports && !srv->opts.allow_empty)
 		return -EINVAL;
 	return watch_listeners(srv);
 }
@@ -414,7 +425,7 @@ int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 
 	if (srv->started)
 		return -EBUSY;
-	if (!srv->cfg.nexports && !srv->opts.defer_serving)
+	if (!srv->cfg.nexports && !srv->opts.defer_serving && !srv->opts.allow_empty)
 		return -EINVAL;
 	srv->main_loop = ioc_loop_current();
 	if (!srv->main_loop)
@@ -432,11 +443,6 @@ int ioc_nbd_server_start(struct ioc_nbd_server *srv)
 			.loop = srv->opts.loop,
 		};
 		t->srv = srv;
-		t->xstats = calloc(IOC_NBD_MAX_EXPORTS, sizeof(*t->xstats));
-		if (!t->xstats) {
-			r = -ENOMEM;
-			goto fail;
-		}
 		r = ioc_iothread_start(&t->th, &to);
 		if (r < 0)
 			goto fail;
@@ -457,8 +463,6 @@ fail:
 	for (unsigned i = 0; i < srv->nthreads; i++)
 		ioc_iothread_stop(srv->threads[i].th);
 	srv->nthreads = 0;
-	for (unsigned i = 0; i < srv->opts.iothreads; i++)
-		free(srv->threads[i].xstats);
 	free(srv->threads);
 	srv->threads = NULL;
 	return r;
@@ -560,13 +564,12 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
 		ioc__nbd_export_free(srv->exports[i]);
-		ioc__nbd_export_free(srv->dying[i]); /* its connections are gone */
+		if (srv->dying[i]) /* its connections are gone: reap it now */
+			export_reap(srv->dying[i]);
 	}
 	ioc__nbd_tls_creds_free(srv->tls);
-	if (srv->threads)
-		for (unsigned i = 0; i < srv->opts.iothreads; i++)
-			free(srv->threads[i].xstats);
 	ioc__nbd_control_free(srv->control);
+	ioc_node_graph_free(srv->graph);
 	free(srv->threads);
 	pthread_mutex_destroy(&srv->gate_lock);
 	pthread_cond_destroy(&srv->gate_cond);

@@ -175,6 +175,35 @@ const struct ioc_node_drv ioc__node_drv_host_device = {
 	.blk = file_blk,
 };
 
+int ioc_node_wrap_blk(struct ioc_node_graph *g, struct ioc_blk *blk, const char *name,
+		      struct ioc_node **out)
+{
+	struct ioc_blk_info info;
+	const struct ioc_node_drv *drv;
+	struct ioc_node *n;
+
+	ioc_blk_get_info(blk, &info);
+	drv = info.is_blockdev ? &ioc__node_drv_host_device :
+	      info.path ? &ioc__node_drv_file : &ioc__node_drv_null_co;
+	n = ioc__node_new(g, drv, name);
+	if (!n)
+		return -ENOMEM;
+	n->borrowed = true;
+	n->opaque = blk;
+	n->size = info.size;
+	n->read_only = info.read_only;
+	n->can_discard = info.can_discard;
+	n->can_fast_zero = info.can_zero;
+	n->can_block_status = true;
+	n->discard_unmap = true; /* the caller's image: trims reach it */
+	n->direct = info.direct;
+	n->min_align = info.min_align > 1 ? info.min_align : 1;
+	n->opt_align = info.opt_align > 1 ? info.opt_align : 1;
+	n->filename = info.path;
+	*out = n;
+	return 0;
+}
+
 /* ---- null-co --------------------------------------------------------------- */
 
 static const struct ioc__qmp_arg null_opts[] = {

@@ -25,8 +25,12 @@ int ioc_node_graph_new(struct ioc_node_graph **out)
 {
 	struct ioc_node_graph *g = calloc(1, sizeof(*g));
 
+	static _Atomic uint64_t gens;
+
 	if (!g)
 		return -ENOMEM;
+	/* Relaxed: only uniqueness matters. */
+	g->gen = atomic_fetch_add_explicit(&gens, 1, memory_order_relaxed) + 1;
 	pthread_mutex_init(&g->lock, NULL);
 	*out = g;
 	return 0;
@@ -125,6 +129,30 @@ int64_t ioc__node_opt_int(json_t *opts, const char *key, int64_t dflt)
 	return json_is_integer(v) ? json_integer_value(v) : dflt;
 }
 
+struct ioc_node *ioc__node_new(struct ioc_node_graph *g, const struct ioc_node_drv *drv,
+			       const char *name)
+{
+	struct ioc_node *n = aligned_alloc(IOC_CACHELINE, (sizeof(*n) + IOC_CACHELINE - 1) &
+					   ~(size_t)(IOC_CACHELINE - 1));
+
+	if (!n)
+		return NULL;
+	memset(n, 0, sizeof(*n));
+	if (name) {
+		snprintf(n->name, sizeof(n->name), "%s", name);
+		n->explicit_name = true;
+	} else {
+		snprintf(n->name, sizeof(n->name), "#block%03u", g->implicit++);
+	}
+	n->drv = drv;
+	n->graph = g;
+	n->refs = 1;
+	n->min_align = n->opt_align = 1;
+	n->multi_conn = true;
+	ioc__node_gate_init(n);
+	return n;
+}
+
 /* Make and open a node from checked options; name may be NULL (implicit). */
 static int node_open(struct ioc_node_graph *g, json_t *opts, const char *name,
 		     struct ioc_node *parent, struct ioc_node **out, char *err, size_t errlen)
@@ -144,30 +172,16 @@ static int node_open(struct ioc_node_graph *g, json_t *opts, const char *name,
 		snprintf(err, errlen, "Unknown driver '%s'", drvname ? drvname : "");
 		return -EINVAL;
 	}
-	n = aligned_alloc(IOC_CACHELINE, (sizeof(*n) + IOC_CACHELINE - 1) &
-			  ~(size_t)(IOC_CACHELINE - 1));
+	n = ioc__node_new(g, drv, name);
 	if (!n)
 		return -ENOMEM;
-	memset(n, 0, sizeof(*n));
-	if (name) {
-		snprintf(n->name, sizeof(n->name), "%s", name);
-		n->explicit_name = true;
-	} else {
-		snprintf(n->name, sizeof(n->name), "#block%03u", g->implicit++);
-	}
-	n->drv = drv;
-	n->graph = g;
-	n->refs = 1;
 	n->read_only = ioc__node_opt_bool(opts, "read-only", parent && parent->read_only);
 	n->discard_unmap = !strcmp(discard, "unmap") || !strcmp(discard, "on");
 	n->detect_zeroes = strcmp(dz, "off") != 0;
 	n->detect_zeroes_unmap = !strcmp(dz, "unmap");
 	n->direct = ioc__node_opt_bool(cache, "direct", parent && parent->direct);
 	n->no_flush = ioc__node_opt_bool(cache, "no-flush", parent && parent->no_flush);
-	n->min_align = n->opt_align = 1;
-	n->multi_conn = true;
 	n->opts = json_incref(opts);
-	ioc__node_gate_init(n);
 	ret = drv->open(n, opts, err, errlen);
 	if (ret < 0) {
 		ioc__node_gate_destroy(n);
@@ -255,8 +269,12 @@ int ioc_node_del(struct ioc_node_graph *g, const char *name, const char **cls,
 		snprintf(err, errlen, "Node %s is not owned by the monitor", name);
 		return -EBUSY;
 	}
-	if (n->users || parent_of(g, n)) {
+	if (n->users) {
 		snprintf(err, errlen, "Node %s is in use", name);
+		return -EBUSY;
+	}
+	if (parent_of(g, n)) {
+		snprintf(err, errlen, "Block device %s is in use", name);
 		return -EBUSY;
 	}
 	graph_forget(g, n);
@@ -274,8 +292,8 @@ int ioc_node_open_child(struct ioc_node *parent, json_t *ref, const char *role,
 	if (json_is_string(ref)) {
 		c = ioc_node_find(parent->graph, json_string_value(ref));
 		if (!c) {
-			snprintf(err, errlen, "Cannot find device='' nor node-name='%s'",
-				 json_string_value(ref));
+			snprintf(err, errlen, "Cannot find device='%s' nor node-name='%s'",
+				 json_string_value(ref), json_string_value(ref));
 			return -ENOENT;
 		}
 		if (!c->read_only || parent->read_only) {
@@ -353,7 +371,7 @@ void ioc_node_unref(struct ioc_node *n)
 {
 	if (!n || --n->refs)
 		return;
-	if (n->drv->close)
+	if (n->drv->close && !n->borrowed)
 		n->drv->close(n);
 	ioc_node_unref(n->file);
 	ioc_node_unref(n->backing);
@@ -374,60 +392,4 @@ void ioc_node_unuse(struct ioc_node *n)
 {
 	n->users--;
 	ioc_node_unref(n);
-}
-
-/* ---- query-named-block-nodes -------------------------------------------- */
-
-static json_t *image_json(struct ioc_node *n)
-{
-	struct stat st;
-	uint64_t actual = 0;
-	const char *path = n->filename ? n->filename : "";
-	json_t *img;
-
-	if (n->filename && stat(n->filename, &st) == 0)
-		actual = (uint64_t)st.st_blocks * 512;
-	img = json_pack("{s:I,s:s,s:s,s:I,s:b}", "virtual-size", (json_int_t)n->size,
-			"filename", path, "format", n->drv->name,
-			"actual-size", (json_int_t)actual, "dirty-flag", 0);
-	if (img && n->backing) {
-		json_t *b = image_json(n->backing);
-		const char *bf = n->backing->filename ? n->backing->filename : "";
-
-		json_object_set_new(img, "backing-filename", json_string(bf));
-		json_object_set_new(img, "full-backing-filename", json_string(bf));
-		json_object_set_new(img, "backing-filename-format",
-				    json_string(n->backing->drv->name));
-		if (b)
-			json_object_set_new(img, "backing-image", b);
-	}
-	if (img && n->drv->info)
-		n->drv->info(n, img);
-	return img;
-}
-
-static unsigned chain_depth(struct ioc_node *n)
-{
-	unsigned d = 0;
-
-	for (n = n->backing; n; n = n->backing)
-		d++;
-	return d;
-}
-
-json_t *ioc_node_info_json(struct ioc_node *n)
-{
-	const char *dz = !n->detect_zeroes ? "off" : n->detect_zeroes_unmap ? "unmap" : "on";
-	json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:b,s:s,s:i,s:o,s:{s:b,s:b,s:b},"
-			      "s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
-		"node-name", n->name, "drv", n->drv->name,
-		"file", n->filename ? n->filename : "", "ro", n->read_only, "encrypted", 0,
-		"detect_zeroes", dz, "backing_file_depth", (int)chain_depth(n),
-		"image", image_json(n), "cache", "no-flush", n->no_flush, "direct", n->direct,
-		"writeback", 1, "bps", 0, "bps_rd", 0, "bps_wr", 0, "iops", 0, "iops_rd", 0,
-		"iops_wr", 0, "write_threshold", 0);
-
-	if (j && n->backing && n->backing->filename)
-		json_object_set_new(j, "backing_file", json_string(n->backing->filename));
-	return j;
 }

@@ -8,6 +8,9 @@
 #include "node.h"
 
 struct ioc_node_graph {
+	/* Never the same for two graphs of a process, even at one address:
+	 * what a thread's cached slot index is keyed by (node.c, "Slots"). */
+	uint64_t gen;
 	pthread_mutex_t lock;           /* loops[] (attach from any loop) */
 	struct ioc_loop *loops[IOC_NODE_MAX_SLOTS];
 	unsigned nslots;                /* loops[] used up to here */
@@ -25,6 +28,11 @@ extern const struct ioc_node_drv ioc__node_drv_zip_overlay;
 
 /* node.c: the calling loop's slot of n (NULL: not counted). */
 struct ioc_node_slot *ioc__node_my_slot(struct ioc_node *n);
+
+/* graph.c: a node of drv with the defaults and no driver state yet
+ * (name NULL: implicit), one reference; NULL when out of memory. */
+struct ioc_node *ioc__node_new(struct ioc_node_graph *g, const struct ioc_node_drv *drv,
+			       const char *name);
 
 /* drain.c: set up and tear down a node's gate. */
 void ioc__node_gate_init(struct ioc_node *n);

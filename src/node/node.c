@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 
 #include "node-int.h"
+#include "rbd.h"
 
 /* ---- drivers ---------------------------------------------------------- */
 
@@ -38,6 +39,7 @@ static const struct ioc_node_drv *const drivers[] = {
 	&ioc__node_drv_raw,
 	&ioc__node_drv_zip,
 	&ioc__node_drv_zip_overlay,
+	IOC_NODE_RBD_DRV_ENTRY
 };
 
 const struct ioc_node_drv *ioc_node_drv_find(const char *name)
@@ -88,34 +90,16 @@ const struct ioc__qmp_arg *ioc_node_blockdev_spec(void)
 
 bool ioc_node_check_opts(json_t *opts, unsigned flags, char *err, size_t errlen)
 {
-	const struct ioc__qmp_arg *spec = ioc_node_blockdev_spec();
-	json_t *wrap = json_pack("{s:O}", "x", opts);
-	struct ioc__qmp_arg top[2] = { *spec, { NULL } };
-	bool ok;
-
-	if (!wrap) {
-		snprintf(err, errlen, "Out of memory");
-		return false;
-	}
-	/* Checked as the member of an object with an empty name, so that
-	 * paths come out as QEMU prints them ("cache.direct"). */
-	top[0].name = "x";
-	ok = ioc__qmp_check(top, wrap, flags, err, errlen);
-	json_decref(wrap);
-	if (!ok) {
-		/* "x.cache.direct" -> "cache.direct" */
-		char *p = strstr(err, "'x.");
-
-		if (p)
-			memmove(p + 1, p + 3, strlen(p + 3) + 1);
-	}
-	return ok;
+	return ioc__qmp_check_value(ioc_node_blockdev_spec(), opts, flags, err, errlen);
 }
 
 /* ---- slots ------------------------------------------------------------ */
 
-/* The slot of the calling thread in graph g, attached on first use. */
-static _Thread_local struct { struct ioc_node_graph *g; unsigned idx; } tls_slot;
+/* Slots: each loop that submits to a graph's nodes has an index there, the
+ * same for every node of the graph, found under the graph's lock on its
+ * first request and cached in a thread-local keyed by the graph's
+ * generation (a later graph at the same address has another). */
+static _Thread_local struct { uint64_t gen; unsigned idx; } tls_slot;
 
 static int slot_attach(struct ioc_node_graph *g, unsigned *idx)
 {
@@ -152,11 +136,11 @@ static inline struct ioc_node_slot *my_slot(struct ioc_node *n)
 	struct ioc_node_graph *g = n->graph;
 	unsigned idx;
 
-	if (ioc_likely(tls_slot.g == g))
+	if (ioc_likely(tls_slot.gen == g->gen))
 		return &n->slot[tls_slot.idx];
 	if (!ioc_loop_current() || slot_attach(g, &idx) < 0)
 		return NULL;
-	tls_slot.g = g;
+	tls_slot.gen = g->gen;
 	tls_slot.idx = idx;
 	return &n->slot[idx];
 }
@@ -168,8 +152,8 @@ void ioc_node_graph_detach_loop(struct ioc_node_graph *g, struct ioc_loop *loop)
 		if (g->loops[i] == loop)
 			g->loops[i] = NULL;
 	pthread_mutex_unlock(&g->lock);
-	if (tls_slot.g == g)
-		tls_slot.g = NULL;
+	if (tls_slot.gen == g->gen)
+		tls_slot.gen = 0;
 }
 
 /* ---- statistics ------------------------------------------------------- */
@@ -191,13 +175,22 @@ static inline void account(struct ioc_node_slot *s, enum ioc_node_op op, uint64_
 		return;
 	o = &s->st.op[op];
 	add_relaxed(&o->ops, 1);
+	if (ret < 0) {
+		/* QEMU counts a failed request's bytes and time nowhere. */
+		add_relaxed(&o->failed, 1);
+		return;
+	}
 	add_relaxed(&o->bytes, bytes);
 	add_relaxed(&o->ns, (uint64_t)(ioc_now_ns() - t0));
-	if (ret < 0)
-		add_relaxed(&o->failed, 1);
 	if ((op == IOC_NODE_OP_WRITE || op == IOC_NODE_OP_ZERO) && ret >= 0 &&
 	    off + bytes > atomic_load_explicit(&s->st.wr_highest, memory_order_relaxed))
 		atomic_store_explicit(&s->st.wr_highest, off + bytes, memory_order_relaxed);
+}
+
+void ioc_node_account(struct ioc_node *n, enum ioc_node_op op, uint64_t off, uint64_t len,
+		      int ret, int64_t t0)
+{
+	account(my_slot(n), op, off, len, ret, t0);
 }
 
 void ioc_node_get_stats(struct ioc_node *n, struct ioc_node_stats *out)

@@ -152,6 +152,7 @@ struct ioc_node {
 	bool multi_conn;                /* a flush covers every writer's writes */
 	bool explicit_name;             /* named by the user (not #blockN) */
 	bool in_graph;                  /* the graph holds a reference */
+	bool borrowed;                  /* opaque is the caller's: not closed */
 	bool detect_zeroes_unmap;       /* detect-zeroes: off, on, unmap */
 	bool detect_zeroes;
 	bool discard_unmap;             /* discard=unmap (else ignore) */
@@ -225,6 +226,20 @@ void ioc_node_unref(struct ioc_node *n);
 void ioc_node_use(struct ioc_node *n, const char *desc);
 void ioc_node_unuse(struct ioc_node *n);
 
+/*
+ * Nodes over images the caller opened and keeps (not closed with the
+ * node): a block-layer image as a "file" (or "host_device", "null-co")
+ * node, a compressed image as an "__org.iocore_zip" node, and with an
+ * overlay, an "__org.iocore_zip-overlay" node over it.  Not in the graph's
+ * list; the caller holds the one reference.  name: its node-name.
+ */
+int ioc_node_wrap_blk(struct ioc_node_graph *g, struct ioc_blk *blk, const char *name,
+		      struct ioc_node **out);
+struct ioc_zip_image;
+struct ioc_zip_overlay;
+int ioc_node_wrap_zip(struct ioc_node_graph *g, struct ioc_zip_image *img,
+		      struct ioc_zip_overlay *ov, const char *name, struct ioc_node **out);
+
 /* ---- I/O: from a coroutine on any loop -------------------------------- */
 
 int ioc_coroutine_fn ioc_node_co_preadv(struct ioc_node *n, uint64_t off,
@@ -262,10 +277,23 @@ void ioc_node_add_notifier(struct ioc_node *n, struct ioc_node_notifier *nt);
 /* Returns once no write is running nt->fn (a drain of the notifier). */
 void ioc_node_remove_notifier(struct ioc_node *n, struct ioc_node_notifier *nt);
 
+/* A request served outside the driver (a front end's zero-copy path into
+ * the node's ioc_blk): count it as the node counts its own, t0 its start
+ * (ioc_now_ns()).  Any loop. */
+void ioc_node_account(struct ioc_node *n, enum ioc_node_op op, uint64_t off, uint64_t len,
+		      int ret, int64_t t0);
+
 /* The counters summed over the slots (relaxed reads: statistics). */
 void ioc_node_get_stats(struct ioc_node *n, struct ioc_node_stats *out);
 /* query-named-block-nodes' entry for n (a new reference). */
 json_t *ioc_node_info_json(struct ioc_node *n);
+/* Append to list n's entry with its dirty bitmaps, then with children
+ * those of its implicit children (the named ones are listed on their own),
+ * as QEMU lists every node once (query.c). */
+void ioc_node_query_json(json_t *list, struct ioc_node *n, bool children);
+/* query-blockstats' entry for n, with its children's as "parent" and
+ * "backing" (a new reference). */
+json_t *ioc_node_blockstats_json(struct ioc_node *n);
 /* The block-layer image under a file node (or the file child of a
  * format node that passes requests through unchanged); NULL otherwise. */
 struct ioc_blk *ioc_node_blk(struct ioc_node *n);

@@ -148,6 +148,24 @@ const struct ioc_node_drv ioc__node_drv_zip = {
 	.info = zip_info,
 };
 
+static struct ioc_node *zip_wrap(struct ioc_node_graph *g, struct ioc_zip_image *img,
+				 const char *name)
+{
+	struct ioc_zip_image_info info;
+	struct ioc_node *n = ioc__node_new(g, &ioc__node_drv_zip, name);
+
+	if (!n)
+		return NULL;
+	ioc_zip_image_get_info(img, &info);
+	n->borrowed = true;
+	n->opaque = img;
+	n->size = info.size;
+	n->read_only = true;
+	n->can_block_status = true;
+	n->filename = info.path;
+	return n;
+}
+
 /* ---- the overlay ------------------------------------------------------- */
 
 static const struct ioc__qmp_arg overlay_opts[] = {
@@ -285,6 +303,35 @@ static void overlay_info(struct ioc_node *n, json_t *image)
 	json_object_set_new(image, "__org.iocore_zip-overlay", json_pack("{s:I,s:I}",
 		"clusters-written", (json_int_t)oi.clusters_written,
 		"clusters-zero", (json_int_t)oi.clusters_zero));
+}
+
+int ioc_node_wrap_zip(struct ioc_node_graph *g, struct ioc_zip_image *img,
+		      struct ioc_zip_overlay *ov, const char *name, struct ioc_node **out)
+{
+	struct ioc_zip_overlay_info oi;
+	struct ioc_node *z = zip_wrap(g, img, ov ? NULL : name), *n;
+
+	if (!z)
+		return -ENOMEM;
+	if (!ov) {
+		*out = z;
+		return 0;
+	}
+	n = ioc__node_new(g, &ioc__node_drv_zip_overlay, name);
+	if (!n) {
+		ioc_node_unref(z);
+		return -ENOMEM;
+	}
+	ioc_zip_overlay_get_info(ov, &oi);
+	n->borrowed = true;
+	n->opaque = ov;
+	n->backing = z;
+	n->size = oi.size;
+	n->can_discard = n->can_fast_zero = n->can_block_status = true;
+	n->discard_unmap = true;
+	n->filename = oi.path;
+	*out = n;
+	return 0;
 }
 
 const struct ioc_node_drv ioc__node_drv_zip_overlay = {

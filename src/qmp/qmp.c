@@ -235,7 +235,10 @@ static void dispatch(struct ioc__qmp_client *c, json_t *req)
 	}
 	if (!args)
 		args = empty = json_object();
-	if (!args || !ioc__qmp_check(cmd->args, args, 0, err.desc, sizeof(err.desc))) {
+	if (!args || !(cmd->spec ? ioc__qmp_check_value(cmd->spec(), args, 0, err.desc,
+							     sizeof(err.desc))
+				 : ioc__qmp_check(cmd->args, args, 0, err.desc,
+						  sizeof(err.desc)))) {
 		send_error(c, id, "GenericError", args ? err.desc : "out of memory");
 		json_decref(empty);
 		return;

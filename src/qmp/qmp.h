@@ -29,6 +29,9 @@ struct ioc__qmp_cmd {
 	const char *name;
 	ioc__qmp_fn *fn;
 	const struct ioc__qmp_arg *args;   /* NULL-name terminated; NULL = none */
+	/* Or the arguments as one object of this spec (a union, such as
+	 * blockdev-add's BlockdevOptions); checked instead of args. */
+	const struct ioc__qmp_arg *(*spec)(void);
 };
 
 struct ioc__qmp_opts {

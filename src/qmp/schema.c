@@ -312,6 +312,12 @@ static bool check_obj(const struct ioc__qmp_arg *spec, const struct ioc__qmp_arg
 	return true;
 }
 
+bool ioc__qmp_check_value(const struct ioc__qmp_arg *a, json_t *v, unsigned flags,
+			  char *desc, size_t len)
+{
+	return check_value(a, NULL, NULL, v, flags, "", desc, len);
+}
+
 bool ioc__qmp_check(const struct ioc__qmp_arg *spec, json_t *obj, unsigned flags,
 		    char *desc, size_t len)
 {

@@ -71,6 +71,11 @@ enum {
 bool ioc__qmp_check(const struct ioc__qmp_arg *spec, json_t *obj, unsigned flags,
 		    char *desc, size_t len);
 
+/* Check one value against one spec (an OBJECT spec with a tag checks a
+ * whole union, as blockdev-add's arguments); paths start at its members. */
+bool ioc__qmp_check_value(const struct ioc__qmp_arg *a, json_t *v, unsigned flags,
+			  char *desc, size_t len);
+
 /* QEMU's names for a type in "Invalid parameter type" messages. */
 const char *ioc__qmp_type_name(enum ioc__qmp_type t);
 

@@ -106,7 +106,7 @@ static void test_errors(void)
 		 img_path);
 	ASSERT_STR_EQ(add_kv(kv, &n), "Parameter 'cache.direct' expects 'on' or 'off'");
 	ASSERT_STR_EQ(add_kv("driver=raw,node-name=x,file=nosuch", &n),
-		     "Cannot find device='' nor node-name='nosuch'");
+		     "Cannot find device='nosuch' nor node-name='nosuch'");
 }
 
 struct io_args {
@@ -200,7 +200,7 @@ static void test_raw_slice(void)
 	char err[256];
 
 	ASSERT_EQ(ioc_node_del(graph, "disk", &cls, err, sizeof(err)), -EBUSY);
-	ASSERT_STR_EQ(err, "Node disk is in use");
+	ASSERT_STR_EQ(err, "Block device disk is in use");
 	ASSERT_EQ(ioc_node_del(graph, "slice", &cls, err, sizeof(err)), 0);
 	ASSERT_EQ(ioc_node_del(graph, "nosuch", &cls, err, sizeof(err)), -ENOENT);
 	ASSERT_STR_EQ(err, "Failed to find node with node-name='nosuch'");

@@ -52,13 +52,14 @@ files() {
 # 2-7: each kind of file, where it belongs.
 files "binaries in $(dir_of bindir)" \
 	"$bindir/iocore-nbd" "$bindir/iocore-ctl" "$bindir/iocore-zip" \
-	"$bindir/iocore-bench"
+	"$bindir/iocore-bench" "$bindir/iocore-storage-daemon"
 files "libiocore in $(dir_of libdir), shared and static" \
 	"$libdir/libiocore.so" "$libdir/libiocore.so.0" "$libdir/libiocore.a"
 files "the pkg-config file" "$libdir/pkgconfig/iocore.pc"
-files "the headers" "$incdir/iocore/iocore.h" "$incdir/iocore/nbd.h" "$incdir/iocore/zip.h"
+files "the headers" "$incdir/iocore/iocore.h" "$incdir/iocore/blk.h" "$incdir/iocore/zip.h"
 files "the man pages" "$mandir/man8/iocore-nbd.8" "$mandir/man1/iocore-ctl.1" \
-	"$mandir/man1/iocore-zip.1" "$mandir/man1/iocore-bench.1"
+	"$mandir/man1/iocore-zip.1" "$mandir/man1/iocore-bench.1" \
+	"$mandir/man1/iocore-storage-daemon.1"
 units=$(find "$D" -name 'iocore-nbd@.service' -path '*/systemd/system/*')
 udir=$(dirname "${units:-$D/none/x}")
 files "the systemd units in ${udir#"$D"}" "$udir/iocore-nbd@.service" \

@@ -1,8 +1,9 @@
 #!/bin/sh
 # libiocore.so exports only the public API (ioc_<module>_...), versioned,
-# and the pkg-config file describes it.
+# needs none of the daemon layers' libraries, and the pkg-config file
+# describes it.
 lib="$IOC_BUILD_ROOT/libiocore.so"
-echo "1..3"
+echo "1..4"
 if [ ! -f "$lib" ]; then
 	echo "not ok 1 - $lib exists"; exit 1
 fi
@@ -14,3 +15,8 @@ if nm -D --defined-only "$lib" | grep -q 'ioc_strerror@@IOCORE_0'; then
 pc="$IOC_BUILD_ROOT/meson-private/iocore.pc"
 if grep -q '^Libs: .*-liocore' "$pc" 2>/dev/null; then echo "ok 3 - pkg-config file"; else
 	echo "not ok 3 - pkg-config file $pc"; fi
+# The runtime alone: a program linking libiocore for the loop does not
+# pull in the daemon layers' libraries.
+heavy=$(readelf -d "$lib" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | grep -E 'gnutls|jansson|rbd')
+if [ -z "$heavy" ]; then echo "ok 4 - no GnuTLS, jansson or librbd needed"; else
+	echo "not ok 4 - libiocore.so needs:"; echo "$heavy" | sed 's/^/# /'; fi

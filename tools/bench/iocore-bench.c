@@ -6,6 +6,7 @@
  *                    [--pattern N] [--flush-interval N [--no-drain]]
  *                    [--driver file|null] [--null-size SIZE]
  *                    [--fast-path on|off] [--json] [-q] FILE
+ *   iocore-bench vhost-blk --socket PATH [options]   (see vhost-blk.c)
  *
  * "blk" is qemu-img bench's request loop on iocore's block layer, with its
  * flags and their meaning: count requests of size bytes, depth in flight,
@@ -29,6 +30,7 @@
 #include "iocore/loop.h"
 
 #include "parse-size.h"
+#include "vhost-blk.h"
 
 struct blk_bench {
 	struct ioc_blk *blk;
@@ -412,7 +414,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: iocore-bench COMMAND [options]\n"
 		"commands:\n"
-		"  blk    qemu-img bench's request loop on iocore's block layer\n");
+		"  blk        qemu-img bench's request loop on iocore's block layer\n"
+		"  vhost-blk  a vhost-user-blk front-end driving a back-end's socket\n");
 }
 
 int main(int argc, char **argv)
@@ -423,6 +426,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "blk"))
 		return cmd_blk(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "vhost-blk"))
+		return ioc_bench_vhost_blk(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
 		usage(stdout);
 		return 0;

@@ -21,7 +21,7 @@
 #include "ioc-config.h"
 #include "iocore/blk.h"
 #include "iocore/loop.h"
-#include "iocore/nbd.h"
+#include "nbd/nbd.h"
 #include "inject.h"
 #include "iocore/zip.h"
 

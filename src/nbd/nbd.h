@@ -1,8 +1,11 @@
 /*
- * iocore NBD server: serves block-layer images over the NBD protocol
+ * iocore NBD server: serves block nodes (src/node) over the NBD protocol
  * (NetworkBlockDevice/nbd doc/proto.md, fixed newstyle, structured replies,
  * extended headers, base:allocation, and QEMU's qemu:dirty-bitmap:NAME and
- * qemu:allocation-depth), with a QMP control socket.
+ * qemu:allocation-depth), with a QMP control socket.  Private to the
+ * daemon layers (iocore-nbd and the storage daemon link it); an export may
+ * also name an image the caller opened (blk, zip), served through a node
+ * the server makes over it.
  *
  * A server owns N I/O threads (each running one loop); listening sockets
  * are watched on the loop of the thread that starts the server, and each
@@ -43,6 +46,10 @@ struct ioc_nbd_server_opts {
 	 * accepting.  For a destination of a migration, which must not serve
 	 * before its image is complete (iocore-nbd --incoming). */
 	bool defer_serving;
+	/* Start and serve with no export yet: the storage daemon adds them
+	 * later (block-export-add), as qemu-storage-daemon's nbd-server-start
+	 * allows. */
+	bool allow_empty;
 	/* READs of at least this many bytes in the clear go from the page
 	 * cache to the socket by splice(2), without a copy into the server;
 	 * 0 = never (the default: it saves the server CPU but costs a client
@@ -67,6 +74,10 @@ struct ioc_nbd_export_opts {
 	/* Or: a block node of the storage daemon's graph (its node layer),
 	 * served through it; not owned by the server. */
 	struct ioc_node *node;
+	/* With node: the dirty bitmaps offered as qemu:dirty-bitmap:NAME
+	 * (NULL-terminated; NULL: none), and qemu:allocation-depth. */
+	const char *const *bitmaps;
+	bool allocation_depth;
 	bool read_only;               /* refuse writes even if blk is writable */
 };
 

@@ -1,0 +1,101 @@
+/*
+ * The storage daemon: owns the node graph, the exports, the I/O thread and
+ * TLS objects and the QMP monitors, and answers qemu-storage-daemon's
+ * commands over them.  The command line is the same commands: --blockdev
+ * is blockdev-add, --export is block-export-add, and so on, run through
+ * the one table (ioc_daemon_run()).  Main loop thread only.
+ */
+#ifndef IOC_DAEMON_H
+#define IOC_DAEMON_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "export/export.h"
+#include "iocore/loop.h"
+#include "node/node.h"
+#include "qmp/qmp.h"
+
+struct ioc_daemon;
+
+struct ioc_daemon_opts {
+	struct ioc_loop *loop;          /* the main loop (the caller runs it) */
+	/* quit over QMP: the caller stops the daemon as on SIGTERM. */
+	void (*quit)(void *opaque);
+	void *opaque;
+	unsigned nbd_iothreads;         /* the NBD server's threads; 0 = CPUs */
+	void (*log)(void *opaque, const char *msg);
+};
+
+int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts);
+/* Stop every export (hard), the NBD server and the monitors; close the
+ * nodes and the objects. */
+void ioc_daemon_free(struct ioc_daemon *d);
+
+/* Run one command of the table (args already parsed; flags IOC_QMP_KEYVAL
+ * when they came from the command line's key=value syntax).  Returns the
+ * result (a new reference) or NULL with err's class and text set. */
+json_t *ioc_daemon_run(struct ioc_daemon *d, const char *cmd, json_t *args, unsigned flags,
+		       struct ioc__qmp_err *err);
+
+/* --chardev socket,id=ID,path=P,server=on,wait=off: a listening socket
+ * that --monitor chardev=ID serves QMP on.  opts as parsed (keyval). */
+int ioc_daemon_chardev_add(struct ioc_daemon *d, json_t *opts, char *err, size_t errlen);
+int ioc_daemon_monitor_add(struct ioc_daemon *d, json_t *opts, char *err, size_t errlen);
+
+/* The command table's specs for the command line's option groups. */
+const struct ioc__qmp_arg *ioc_daemon_object_spec(void);
+
+/* ---- private to src/daemon: the areas' handlers ------------------------ */
+
+struct ioc_daemon_object {
+	char *id;
+	const char *type;               /* "iothread", "tls-creds-x509", ... */
+	struct ioc_iothread *iothread;  /* iothread */
+	char *dir;                      /* tls-creds-* */
+	bool verify_peer, server;
+	char *psk_file;                 /* tls-creds-psk: DIR/keys.psk */
+	unsigned users;                 /* the NBD server's tls-creds */
+};
+
+#define IOC_DAEMON_MAX_OBJECTS  64
+#define IOC_DAEMON_MAX_EXPORTS  64
+#define IOC_DAEMON_MAX_MONITORS 16
+
+struct ioc_daemon {
+	struct ioc_daemon_opts opts;
+	struct ioc_node_graph *graph;
+	struct ioc_export_env env;
+	struct ioc_daemon_object *objects[IOC_DAEMON_MAX_OBJECTS];
+	struct ioc_export *exports[IOC_DAEMON_MAX_EXPORTS];
+	struct ioc__qmp *monitors[IOC_DAEMON_MAX_MONITORS];
+	unsigned nmonitors;
+	struct { char *id; int fd; char *path; } chardevs[IOC_DAEMON_MAX_MONITORS];
+	unsigned nchardevs;
+	unsigned long export_seq;       /* creation order of exports */
+	struct ioc_daemon_object *nbd_tls;  /* the NBD server's credentials */
+	char package[64];
+	int version[3];
+};
+
+typedef json_t *ioc_daemon_fn(struct ioc_daemon *d, json_t *args, struct ioc__qmp_err *err);
+
+void ioc__daemon_errf(struct ioc__qmp_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* An event to every monitor (steals data). */
+void ioc__daemon_event(struct ioc_daemon *d, const char *name, json_t *data);
+struct ioc_daemon_object *ioc__daemon_object_find(struct ioc_daemon *d, const char *id);
+
+/* cmd-block.c */
+extern const struct ioc__qmp_cmd ioc__daemon_block_cmds[];
+/* cmd-export.c */
+extern const struct ioc__qmp_cmd ioc__daemon_export_cmds[];
+void ioc__daemon_exports_stop(struct ioc_daemon *d);
+/* --nbd-server: NbdServerOptions, the flat SocketAddress (keyval). */
+int ioc__daemon_nbd_server_start(struct ioc_daemon *d, json_t *args, char *err,
+				 size_t errlen);
+/* cmd-object.c */
+extern const struct ioc__qmp_cmd ioc__daemon_object_cmds[];
+void ioc__daemon_objects_free(struct ioc_daemon *d);
+
+#endif /* IOC_DAEMON_H */

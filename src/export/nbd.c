@@ -1,0 +1,295 @@
+/*
+ * The NBD export type over the NBD server (src/nbd): nbd-server-start
+ * makes the daemon's one NBD server (its listener, TLS credentials and
+ * connection limit, as qemu-storage-daemon's), and each export of type
+ * "nbd" is one export of that server serving a node.  The server keeps
+ * its own I/O threads; a connection lives on one of them for its life,
+ * chosen when it connects, before it names an export, so an export's
+ * "iothread" is checked (it must exist) but does not place connections.
+ *
+ * Deletion is the server's: safe refuses while a client is connected,
+ * hard disconnects them; the server calls back once the last connection
+ * of the export is gone, and the export is then gone too.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nbd/nbd.h"
+#include "export.h"
+
+/* ---- the server --------------------------------------------------------- */
+
+static const char *const addr_types[] = { "inet", "unix", "fd", "vsock", NULL };
+
+static const struct ioc__qmp_arg inet_members[] = {
+	{ "host", IOC_QMP_STR, false }, { "port", IOC_QMP_STR, false },
+	{ "numeric", IOC_QMP_BOOL, true }, { "to", IOC_QMP_UINT, true },
+	{ "ipv4", IOC_QMP_BOOL, true }, { "ipv6", IOC_QMP_BOOL, true },
+	{ "keep-alive", IOC_QMP_BOOL, true }, { NULL },
+};
+static const struct ioc__qmp_arg unix_members[] = {
+	{ "path", IOC_QMP_STR, false }, { "abstract", IOC_QMP_BOOL, true },
+	{ "tight", IOC_QMP_BOOL, true }, { NULL },
+};
+static const struct ioc__qmp_arg fd_members[] = { { "str", IOC_QMP_STR, false }, { NULL } };
+static const struct ioc__qmp_arg vsock_members[] = {
+	{ "cid", IOC_QMP_STR, false }, { "port", IOC_QMP_STR, false }, { NULL },
+};
+static const struct ioc__qmp_variant addr_variants[] = {
+	{ "inet", inet_members }, { "unix", unix_members }, { "fd", fd_members },
+	{ "vsock", vsock_members }, { NULL },
+};
+static const struct ioc__qmp_arg addr_base[] = {
+	{ "type", IOC_QMP_ENUM, false, .values = addr_types }, { NULL },
+};
+/* SocketAddressLegacy: {"type": T, "data": {...}}. */
+static const struct ioc__qmp_arg data_inet[] = {
+	{ "data", IOC_QMP_OBJECT, false, .members = inet_members }, { NULL } };
+static const struct ioc__qmp_arg data_unix[] = {
+	{ "data", IOC_QMP_OBJECT, false, .members = unix_members }, { NULL } };
+static const struct ioc__qmp_arg data_fd[] = {
+	{ "data", IOC_QMP_OBJECT, false, .members = fd_members }, { NULL } };
+static const struct ioc__qmp_arg data_vsock[] = {
+	{ "data", IOC_QMP_OBJECT, false, .members = vsock_members }, { NULL } };
+static const struct ioc__qmp_variant legacy_variants[] = {
+	{ "inet", data_inet }, { "unix", data_unix }, { "fd", data_fd },
+	{ "vsock", data_vsock }, { NULL },
+};
+
+const struct ioc__qmp_arg ioc__export_nbd_server_opts[] = {
+	{ "addr", IOC_QMP_OBJECT, false, .members = addr_base, .tag = "type",
+	  .variants = addr_variants },
+	{ "tls-creds", IOC_QMP_STR, true },
+	{ "tls-authz", IOC_QMP_STR, true },
+	{ "max-connections", IOC_QMP_UINT, true, .min = 0, .max = UINT32_MAX },
+	{ NULL },
+};
+
+const struct ioc__qmp_arg ioc__export_nbd_server_legacy_opts[] = {
+	{ "addr", IOC_QMP_OBJECT, false, .members = addr_base, .tag = "type",
+	  .variants = legacy_variants },
+	{ "tls-creds", IOC_QMP_STR, true },
+	{ "tls-authz", IOC_QMP_STR, true },
+	{ "max-connections", IOC_QMP_UINT, true, .min = 0, .max = UINT32_MAX },
+	{ NULL },
+};
+
+static int listen_addr(json_t *addr, bool legacy, char *err, size_t errlen)
+{
+	const char *type = json_string_value(json_object_get(addr, "type"));
+	json_t *a = legacy ? json_object_get(addr, "data") : addr;
+	int fd;
+
+	if (strcmp(type, "unix") == 0) {
+		const char *path = json_string_value(json_object_get(a, "path"));
+
+		if (json_is_true(json_object_get(a, "abstract"))) {
+			snprintf(err, errlen, "Abstract Unix sockets are not supported");
+			return -ENOTSUP;
+		}
+		unlink(path);
+		fd = ioc_nbd_listen_unix(path);
+		if (fd < 0)
+			snprintf(err, errlen, "Failed to bind socket to %s: %s", path,
+				 ioc_strerror(fd));
+		return fd;
+	}
+	if (strcmp(type, "inet") == 0) {
+		const char *host = json_string_value(json_object_get(a, "host"));
+		const char *port = json_string_value(json_object_get(a, "port"));
+
+		fd = ioc_nbd_listen_tcp(host, port);
+		if (fd < 0)
+			snprintf(err, errlen, "Failed to bind socket to %s:%s: %s", host, port,
+				 ioc_strerror(fd));
+		return fd;
+	}
+	if (strcmp(type, "fd") == 0) {
+		const char *s = json_string_value(json_object_get(a, "str"));
+		char *end;
+		long v = strtol(s, &end, 10);
+
+		if (*s && !*end && v >= 0 && v <= INT32_MAX)
+			return (int)v;
+		snprintf(err, errlen, "File descriptor '%s' is not a number (monitor fd "
+			 "names are not supported)", s);
+		return -EINVAL;
+	}
+	snprintf(err, errlen, "Socket address type '%s' is not supported", type);
+	return -ENOTSUP;
+}
+
+int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool legacy,
+				const struct ioc_nbd_tls_opts *tls, unsigned iothreads,
+				char *err, size_t errlen)
+{
+	struct ioc_nbd_server_opts so = {
+		.iothreads = iothreads,
+		.max_connections = (unsigned)json_integer_value(json_object_get(opts,
+							"max-connections")),
+		.allow_empty = true,
+	};
+	struct ioc_nbd_server *srv;
+	int fd, r;
+
+	if (env->nbd) {
+		snprintf(err, errlen, "NBD server already running");
+		return -EBUSY;
+	}
+	if (json_object_get(opts, "tls-authz")) {
+		snprintf(err, errlen, "Parameter 'tls-authz' is not supported");
+		return -ENOTSUP;
+	}
+	fd = listen_addr(json_object_get(opts, "addr"), legacy, err, errlen);
+	if (fd < 0)
+		return fd;
+	r = ioc_nbd_server_new(&srv, &so);
+	if (r < 0) {
+		close(fd);
+		snprintf(err, errlen, "Could not create the NBD server: %s", ioc_strerror(r));
+		return r;
+	}
+	if (tls && (r = ioc_nbd_server_set_tls(srv, tls, err, errlen)) < 0) {
+		close(fd);
+		ioc_nbd_server_free(srv);
+		return r;
+	}
+	if ((r = ioc_nbd_server_add_listener(srv, fd)) < 0) {
+		close(fd);
+		ioc_nbd_server_free(srv);
+		snprintf(err, errlen, "NBD listener: %s", ioc_strerror(r));
+		return r;
+	}
+	if ((r = ioc_nbd_server_start(srv)) < 0) {
+		ioc_nbd_server_free(srv);
+		snprintf(err, errlen, "Could not start the NBD server: %s", ioc_strerror(r));
+		return r;
+	}
+	env->nbd = srv;
+	return 0;
+}
+
+void ioc_export_nbd_server_stop(struct ioc_export_env *env)
+{
+	if (!env->nbd)
+		return;
+	ioc_nbd_server_stop(env->nbd);
+	ioc_nbd_server_free(env->nbd);
+	env->nbd = NULL;
+}
+
+/* ---- the export ------------------------------------------------------- */
+
+static const struct ioc__qmp_arg nbd_opts[] = {
+	{ "name", IOC_QMP_STR, true },
+	{ "description", IOC_QMP_STR, true },
+	{ "bitmaps", IOC_QMP_ARRAY, true, .elem = IOC_QMP_REF },
+	{ "allocation-depth", IOC_QMP_BOOL, true },
+	{ NULL },
+};
+
+struct nbd_export {
+	char *name;                     /* the NBD name */
+	struct ioc_nbd_server *srv;
+};
+
+static int nbd_create(struct ioc_export *ex, json_t *opts, char *err, size_t errlen)
+{
+	struct ioc_nbd_server *srv = ex->env->nbd;
+	const char *name = json_string_value(json_object_get(opts, "name"));
+	json_t *bms = json_object_get(opts, "bitmaps"), *b;
+	const char *bitmaps[IOC_BLK_DIRTY_MAX + 1] = { NULL };
+	struct ioc_blk *blk = ioc_node_blk(ex->node);
+	struct nbd_export *ne;
+	size_t i;
+	int r;
+
+	if (!srv) {
+		snprintf(err, errlen, "NBD server not running");
+		return -EINVAL;
+	}
+	if (!name)
+		name = ex->node->name;
+	if (strlen(name) > 4096) {
+		snprintf(err, errlen, "export name '%.32s...' too long", name);
+		return -EINVAL;
+	}
+	json_array_foreach(bms, i, b) {
+		const char *bn = json_is_string(b) ? json_string_value(b) :
+				 json_string_value(json_object_get(b, "name"));
+
+		if (!bn || i >= IOC_BLK_DIRTY_MAX) {
+			snprintf(err, errlen, "Invalid bitmap %zu", i);
+			return -EINVAL;
+		}
+		if (json_is_object(b) && json_object_get(b, "node") &&
+		    strcmp(json_string_value(json_object_get(b, "node")), ex->node->name)) {
+			snprintf(err, errlen, "Bitmaps of another node are not supported");
+			return -ENOTSUP;
+		}
+		if (!blk || !ioc_blk_dirty_find(blk, bn)) {
+			snprintf(err, errlen, "Bitmap '%s' is not found", bn);
+			return -ENOENT;
+		}
+		bitmaps[i] = bn;
+	}
+	ne = calloc(1, sizeof(*ne));
+	if (!ne || !(ne->name = strdup(name))) {
+		free(ne);
+		return -ENOMEM;
+	}
+	struct ioc_nbd_export_opts eo = {
+		.name = name,
+		.description = json_string_value(json_object_get(opts, "description")),
+		.node = ex->node,
+		.bitmaps = bitmaps,
+		.allocation_depth = json_is_true(json_object_get(opts, "allocation-depth")),
+		.read_only = !ex->writable,
+	};
+	r = ioc_nbd_server_add_export(srv, &eo);
+	if (r < 0) {
+		if (r == -EEXIST)
+			snprintf(err, errlen, "NBD server already has export named '%s'", name);
+		else
+			snprintf(err, errlen, "Could not add the NBD export: %s", ioc_strerror(r));
+		free(ne->name);
+		free(ne);
+		return r;
+	}
+	ne->srv = srv;
+	ex->opaque = ne;
+	return 0;
+}
+
+static void nbd_deleted(void *opaque, const char *name)
+{
+	struct ioc_export *ex = opaque;
+	struct nbd_export *ne = ex->opaque;
+
+	free(ne->name);
+	free(ne);
+	ioc_export_gone(ex);
+}
+
+static int nbd_del(struct ioc_export *ex, bool hard, char *err, size_t errlen)
+{
+	struct nbd_export *ne = ex->opaque;
+	int r = ioc_nbd_server_del_export(ne->srv, ne->name, hard, nbd_deleted, ex);
+
+	if (r == -EBUSY)
+		snprintf(err, errlen, "export '%s' still in use", ex->id);
+	else if (r < 0)
+		snprintf(err, errlen, "Could not delete export '%s': %s", ex->id,
+			 ioc_strerror(r));
+	return r;
+}
+
+const struct ioc_export_drv ioc__export_drv_nbd = {
+	.type = "nbd",
+	.opts = nbd_opts,
+	.create = nbd_create,
+	.del = nbd_del,
+};

@@ -1,0 +1,234 @@
+/*
+ * The dirty-bitmap commands (block-dirty-bitmap-add, -remove, -clear,
+ * -enable, -disable, -merge) and the "dirty-bitmaps" member of a node's
+ * query-named-block-nodes entry, in QEMU's names and words, over the
+ * bitmaps the block layer keeps for an image.  Shared by every control
+ * socket: each finds a node's image its own way (c->find).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dirty-cmd.h"
+
+static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
+	va_end(ap);
+}
+
+const struct ioc__qmp_arg ioc_node_dirty_args_add[] = {
+	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false },
+	{ "granularity", IOC_QMP_UINT, true }, { "persistent", IOC_QMP_BOOL, true },
+	{ "disabled", IOC_QMP_BOOL, true }, { NULL },
+};
+const struct ioc__qmp_arg ioc_node_dirty_args_bitmap[] = {
+	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false }, { NULL },
+};
+const struct ioc__qmp_arg ioc_node_dirty_args_merge[] = {
+	{ "node", IOC_QMP_STR, false }, { "target", IOC_QMP_STR, false },
+	{ "bitmaps", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
+};
+
+static struct ioc_blk_dirty *find_bitmap(const struct ioc_node_dirty_ctx *c, json_t *args,
+					 const char *key, struct ioc_blk **pblk,
+					 struct ioc__qmp_err *err)
+{
+	const char *node = json_string_value(json_object_get(args, "node"));
+	const char *name = json_string_value(json_object_get(args, key));
+	struct ioc_blk *blk = c->find(c->ctx, node, err);
+	struct ioc_blk_dirty *bm;
+
+	if (!blk)
+		return NULL;
+	/* A migration's own bitmap is not the user's to touch. */
+	bm = strcmp(name, IOC_NODE_MIG_BITMAP) == 0 ? NULL : ioc_blk_dirty_find(blk, name);
+	if (!bm)
+		errf(err, "Dirty bitmap '%s' not found", name);
+	if (pblk)
+		*pblk = blk;
+	return bm;
+}
+
+/* The block layer's errors in QEMU's words. */
+static json_t *bitmap_result(int r, const char *name, struct ioc__qmp_err *err)
+{
+	if (r == 0)
+		return json_object();
+	if (r == -EUCLEAN)
+		errf(err, "Bitmap '%s' is inconsistent and cannot be used", name);
+	else
+		errf(err, "Bitmap '%s': %s", name, strerror(-r));
+	return NULL;
+}
+
+json_t *ioc_node_dirty_cmd_add(const struct ioc_node_dirty_ctx *c, json_t *args,
+			       struct ioc__qmp_err *err)
+{
+	const char *node = json_string_value(json_object_get(args, "node"));
+	const char *name = json_string_value(json_object_get(args, "name"));
+	json_t *g = json_object_get(args, "granularity");
+	struct ioc_blk_dirty_opts o = {
+		.name = name,
+		.granularity = g ? (uint64_t)json_integer_value(g) : 0,
+		.persistent = json_is_true(json_object_get(args, "persistent")),
+		.disabled = json_is_true(json_object_get(args, "disabled")),
+	};
+	struct ioc_blk *blk = c->find(c->ctx, node, err);
+	int r;
+
+	if (!blk)
+		return NULL;
+	if (g && (o.granularity < IOC_BLK_DIRTY_GRAN_MIN ||
+		  o.granularity > IOC_BLK_DIRTY_GRAN_MAX ||
+		  (o.granularity & (o.granularity - 1)))) {
+		errf(err, "Granularity must be power of 2 between %u and %u",
+		     IOC_BLK_DIRTY_GRAN_MIN, IOC_BLK_DIRTY_GRAN_MAX);
+		return NULL;
+	}
+	r = ioc_blk_dirty_add(blk, &o, NULL);
+	switch (r) {
+	case 0:
+		return json_object();
+	case -EEXIST:
+		errf(err, "Bitmap already exists: %s", name);
+		return NULL;
+	case -EINVAL:
+		errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
+		     "bitmap (1 to 127 of A-Z a-z 0-9 _ - ., not starting with '.')" :
+		     "Bitmap name '%s' is not valid (1 to 127 bytes)", name);
+		return NULL;
+	case -ENOSPC:
+		errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
+		     IOC_BLK_DIRTY_MAX);
+		return NULL;
+	case -ENOTSUP:
+		errf(err, "Can't store persistent bitmaps to disk: %s", strerror(-r));
+		return NULL;
+	default:
+		errf(err, "Cannot add bitmap '%s': %s", name, strerror(-r));
+		return NULL;
+	}
+}
+
+json_t *ioc_node_dirty_cmd_remove(const struct ioc_node_dirty_ctx *c, json_t *args,
+				  struct ioc__qmp_err *err)
+{
+	struct ioc_blk *blk;
+	struct ioc_blk_dirty *bm = find_bitmap(c, args, "name", &blk, err);
+
+	if (!bm)
+		return NULL;
+	return bitmap_result(ioc_blk_dirty_remove(blk,
+			json_string_value(json_object_get(args, "name"))),
+			json_string_value(json_object_get(args, "name")), err);
+}
+
+json_t *ioc_node_dirty_cmd_clear(const struct ioc_node_dirty_ctx *c, json_t *args,
+				 struct ioc__qmp_err *err)
+{
+	struct ioc_blk_dirty *bm = find_bitmap(c, args, "name", NULL, err);
+
+	return bm ? bitmap_result(ioc_blk_dirty_clear(bm),
+				  json_string_value(json_object_get(args, "name")), err)
+		  : NULL;
+}
+
+json_t *ioc_node_dirty_cmd_record(const struct ioc_node_dirty_ctx *c, json_t *args, bool on,
+				  struct ioc__qmp_err *err)
+{
+	struct ioc_blk_dirty *bm = find_bitmap(c, args, "name", NULL, err);
+
+	return bm ? bitmap_result(ioc_blk_dirty_set_recording(bm, on),
+				  json_string_value(json_object_get(args, "name")), err)
+		  : NULL;
+}
+
+/* bitmaps: ["name", {"node": N, "name": B}, ...] (QEMU's BlockDirtyBitmapOrStr).
+ * Every source is found before anything is merged. */
+json_t *ioc_node_dirty_cmd_merge(const struct ioc_node_dirty_ctx *c, json_t *args,
+				 struct ioc__qmp_err *err)
+{
+	struct ioc_blk *blk;
+	struct ioc_blk_dirty *dst = find_bitmap(c, args, "target", &blk, err);
+	struct ioc_blk_dirty *src[64];
+	json_t *list = json_object_get(args, "bitmaps"), *v;
+	size_t i, n = json_array_size(list);
+
+	if (!dst)
+		return NULL;
+	if (n > IOC_ARRAY_SIZE(src)) {
+		errf(err, "Parameter 'bitmaps' has more than %zu elements",
+		     IOC_ARRAY_SIZE(src));
+		return NULL;
+	}
+	json_array_foreach(list, i, v) {
+		struct ioc_blk *sblk = blk;
+		const char *name;
+
+		if (json_is_string(v)) {
+			name = json_string_value(v);
+		} else if (json_is_object(v) &&
+			   json_is_string(json_object_get(v, "node")) &&
+			   json_is_string(json_object_get(v, "name")) &&
+			   json_object_size(v) == 2) {
+			sblk = c->find(c->ctx, json_string_value(json_object_get(v, "node")), err);
+			if (!sblk)
+				return NULL;
+			name = json_string_value(json_object_get(v, "name"));
+		} else {
+			errf(err, "Parameter 'bitmaps[%zu]' expects a bitmap name or "
+			     "{\"node\", \"name\"}", i);
+			return NULL;
+		}
+		src[i] = ioc_blk_dirty_find(sblk, name);
+		if (!src[i]) {
+			errf(err, "Dirty bitmap '%s' not found", name);
+			return NULL;
+		}
+	}
+	for (i = 0; i < n; i++) {
+		int r = ioc_blk_dirty_merge(dst, src[i]);
+		struct ioc_blk_dirty_info di, si;
+
+		if (r == -EINVAL) {
+			errf(err, "Bitmaps are incompatible and can't be merged");
+			return NULL;
+		}
+		if (r < 0) {
+			ioc_blk_dirty_get_info(dst, &di);
+			ioc_blk_dirty_get_info(src[i], &si);
+			return bitmap_result(r, di.inconsistent ? di.name : si.name, err);
+		}
+	}
+	return json_object();
+}
+
+json_t *ioc_node_dirty_list_json(struct ioc_blk *blk)
+{
+	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
+	int n = ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX);
+	json_t *a = json_array();
+
+	/* Newest first, as QEMU lists them. */
+	for (int i = n - 1; i >= 0 && a; i--) {
+		if (strcmp(info[i].name, IOC_NODE_MIG_BITMAP) == 0)
+			continue; /* a migration's, hidden */
+		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info[i].name,
+				      "recording", info[i].recording,
+				      "persistent", info[i].persistent, "busy", 0,
+				      "granularity", (json_int_t)info[i].granularity,
+				      "count", (json_int_t)info[i].count);
+
+		if (b && info[i].inconsistent)
+			json_object_set_new(b, "inconsistent", json_true());
+		json_array_append_new(a, b);
+	}
+	return a;
+}
