@@ -89,6 +89,27 @@ static int free_fn(void *arg)
 	return 0;
 }
 
+struct close_arg {
+	struct ioc__vub_export *e;
+	int efd;
+};
+
+static void closed_cb(void *opaque)
+{
+	uint64_t one = 1;
+
+	if (write(*(int *)opaque, &one, 8) != 8)
+		abort();
+}
+
+static int close_fn(void *arg)
+{
+	struct close_arg *a = arg;
+
+	ioc__vub_export_close(a->e, closed_cb, &a->efd);
+	return 0;
+}
+
 static int config_changed_fn(void *arg)
 {
 	struct { struct ioc__vub_export *e; int r; } *a = arg;
@@ -559,6 +580,12 @@ static void test_requests(void)
 		h->type = VIRTIO_BLK_T_IN;
 		h->sector = 0;
 		fe_post(&f, 0, s, 3);
+		/* The device took it when it moves avail_event past it (it
+		 * arms after taking what is there); 5 s at most. */
+		for (int i = 0; i < 5000 && __atomic_load_n((uint16_t *)&u->ring[QN],
+							       __ATOMIC_ACQUIRE) != f.avail[0]; i++)
+			usleep(1000);
+		ASSERT_UEQ(*(uint16_t *)&u->ring[QN], f.avail[0]);
 		fe_send(&f, VUB_GET_VRING_BASE, 0, &st, 8, NULL, 0);
 		/* Not an ordering guess: the reply must not come while the
 		 * request is held, however long we look. */
@@ -814,8 +841,18 @@ static void test_read_only(void)
 		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 16, NULL), VIRTIO_BLK_S_IOERR);
 	}
 	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	/* close() with a front end connected returns at once; its callback
+	 * comes once the connection is torn down (an eventfd, 5 s at most). */
+	{
+		struct close_arg a = { e, eventfd(0, EFD_CLOEXEC) };
+		struct pollfd pf = { a.efd, POLLIN, 0 };
+
+		ioc_iothread_call(ctrl_th, close_fn, &a);
+		fe_expect_closed(&f);
+		ASSERT_EQ(poll(&pf, 1, 5000), 1);
+		close(a.efd);
+	}
 	fe_close(&f);
-	ioc_iothread_call(ctrl_th, free_fn, e);
 }
 
 static void test_teardown(void)

@@ -17,9 +17,10 @@
  * one has already hung up (a QEMU restart racing our teardown) the new
  * connection waits in the backlog until the teardown is done.  Queues and their request slots belong to the export and are
  * reused by each connection; queue i is pinned to loops[i % nloops] for
- * the export's life.  free() shuts the connection's socket down, which
- * ends the coroutine through its normal path, and waits for it (the
- * conn_gone event, or nested polling of the control loop).
+ * the export's life.  close() shuts the connection's socket down, which
+ * ends the coroutine through its normal path; its last act frees the
+ * export and calls the closer back.  free() is close() and a wait for
+ * that call (yielding in a coroutine, else polling the control loop).
  *
  * Rejected: leaving every second front end in the listen backlog (it
  * would hang in its first GET_FEATURES until the first one leaves); a thread
@@ -57,6 +58,21 @@ void ioc__vub_log(struct ioc__vub_export *e, const char *fmt, ...)
 
 static void accept_cb(void *opaque);
 
+/* Nothing of e runs any more: free it and tell the closer. */
+static void finish(struct ioc__vub_export *e)
+{
+	void (*done)(void *opaque) = e->done;
+	void *opaque = e->done_opaque;
+
+	for (unsigned i = 0; i < e->num_queues; i++)
+		ioc__vub_queue_fini(&e->q[i]);
+	ioc_node_unref(e->node);
+	free(e->socket_path);
+	free(e);
+	if (done)
+		done(opaque);
+}
+
 static void ioc_coroutine_fn conn_co(void *opaque)
 {
 	struct ioc__vub_conn *c = opaque;
@@ -90,10 +106,10 @@ static void ioc_coroutine_fn conn_co(void *opaque)
 	close(c->fd);
 	free(c);
 	e->conn = NULL;
-	if (e->listen_fd >= 0 && !e->freeing)
+	if (e->closing)
+		finish(e);
+	else if (e->listen_fd >= 0)
 		ioc_loop_set_fd(e->ctrl, e->listen_fd, accept_cb, NULL, NULL, NULL, e);
-	/* The last touch of e: free() may be waiting for this. */
-	ioc_co_event_set(&e->conn_gone);
 }
 
 /* Has the peer of fd closed its end? */
@@ -142,7 +158,6 @@ static void accept_cb(void *opaque)
 	c->backend_fd = -1;
 	e->conn = c;
 	e->connections++;
-	ioc_co_event_reset(&e->conn_gone);
 	ioc__vub_log(e, "front end connected");
 	ioc_co_enter(co);
 }
@@ -216,8 +231,6 @@ int ioc__vub_export_new(struct ioc__vub_export **out, const struct ioc__vub_opts
 	e->listen_fd = -1;
 	atomic_init(&e->wce, true);
 	ioc__vub_export_set_serial(e, o->serial);
-	ioc_co_event_init(&e->conn_gone);
-	ioc_co_event_set(&e->conn_gone);
 
 	e->features = (1ull << VIRTIO_F_VERSION_1) | (1ull << VUB_F_PROTOCOL_FEATURES) |
 		      (1ull << VIRTIO_RING_F_EVENT_IDX) | (1ull << VIRTIO_RING_F_INDIRECT_DESC) |
@@ -265,7 +278,6 @@ int ioc__vub_export_new(struct ioc__vub_export **out, const struct ioc__vub_opts
 		goto fail;
 	}
 	ioc_node_ref(e->node);
-	ioc_node_use(e->node, "a vhost-user-blk export");
 	*out = e;
 	return 0;
 fail:
@@ -280,11 +292,12 @@ fail:
 	return r;
 }
 
-void ioc__vub_export_free(struct ioc__vub_export *e)
+void ioc__vub_export_close(struct ioc__vub_export *e, void (*done)(void *opaque),
+			   void *opaque)
 {
-	if (!e)
-		return;
-	e->freeing = true;
+	e->closing = true;
+	e->done = done;
+	e->done_opaque = opaque;
 	if (e->listen_fd >= 0) {
 		ioc_loop_set_fd(e->ctrl, e->listen_fd, NULL, NULL, NULL, NULL, NULL);
 		close(e->listen_fd);
@@ -292,21 +305,44 @@ void ioc__vub_export_free(struct ioc__vub_export *e)
 	}
 	if (e->socket_path)
 		unlink(e->socket_path);
-	if (e->conn) {
-		/* The coroutine sees the end of the stream and resets. */
+	if (e->conn)
+		/* The connection's coroutine sees the end of the stream,
+		 * resets the device and calls finish(). */
 		shutdown(e->conn->fd, SHUT_RDWR);
-		if (ioc_in_coroutine())
-			ioc_co_event_wait(&e->conn_gone);
-		else
-			while (e->conn)
-				ioc_loop_poll(e->ctrl, true);
-	}
-	for (unsigned i = 0; i < e->num_queues; i++)
-		ioc__vub_queue_fini(&e->q[i]);
-	ioc_node_unuse(e->node);
-	ioc_node_unref(e->node);
-	free(e->socket_path);
-	free(e);
+	else
+		finish(e);
+}
+
+struct free_wait {
+	bool gone;
+	struct ioc_co_event ev;
+};
+
+static void free_done(void *opaque)
+{
+	struct free_wait *w = opaque;
+
+	/* Both on the control loop's thread: the flag for the polling
+	 * waiter, the event (set last: it may free w) for a coroutine. */
+	w->gone = true;
+	ioc_co_event_set(&w->ev);
+}
+
+void ioc__vub_export_free(struct ioc__vub_export *e)
+{
+	struct ioc_loop *ctrl;
+	struct free_wait w = { .gone = false };
+
+	if (!e)
+		return;
+	ctrl = e->ctrl;
+	ioc_co_event_init(&w.ev);
+	ioc__vub_export_close(e, free_done, &w);
+	if (ioc_in_coroutine())
+		ioc_co_event_wait(&w.ev);
+	else
+		while (!w.gone)
+			ioc_loop_poll(ctrl, true);
 }
 
 void ioc__vub_export_set_serial(struct ioc__vub_export *e, const char *serial)

@@ -26,7 +26,9 @@ struct ioc__vub_export;
 
 struct ioc__vub_opts {
 	const char *id;                  /* for log lines ("" when NULL) */
-	struct ioc_node *node;           /* referenced and marked in use */
+	/* Referenced for the export's life; marking it in use (blockdev-del
+	 * refuses it) is the caller's, as the export layer does. */
+	struct ioc_node *node;
 	/* Where the front end connects: a path to bind (a stale socket
 	 * there is replaced), or, when path is NULL, a listening Unix
 	 * socket (listen_fd >= 0) the export takes over and closes. */
@@ -50,9 +52,14 @@ struct ioc__vub_opts {
 /* 0, or -errno with err filled (the message QEMU would give). */
 int ioc__vub_export_new(struct ioc__vub_export **out, const struct ioc__vub_opts *o,
 			char *err, size_t errlen);
-/* Disconnect the front end (its in-flight requests complete first) and
- * free.  From a coroutine it waits by yielding; from a loop callback or
- * plain code on the control loop's thread, by polling that loop. */
+/* Begin deleting: stop listening and disconnect the front end (its
+ * in-flight requests complete first).  done(opaque) runs on the control
+ * loop once nothing of the export runs any more and it is freed, maybe
+ * before this returns (no front end connected). */
+void ioc__vub_export_close(struct ioc__vub_export *e, void (*done)(void *opaque),
+			   void *opaque);
+/* close() and wait for it: from a coroutine by yielding; from a loop
+ * callback or plain code on the control loop's thread, by polling it. */
 void ioc__vub_export_free(struct ioc__vub_export *e);
 
 /* GET_ID's answer from now on. */

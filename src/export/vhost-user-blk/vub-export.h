@@ -64,8 +64,9 @@ struct ioc__vub_export {
 	void *log_opaque;
 
 	struct ioc__vub_conn *conn;      /* control thread */
-	struct ioc_co_event conn_gone;
-	bool freeing;
+	bool closing;                    /* close() began */
+	void (*done)(void *opaque);      /* ... and wants to hear the end */
+	void *done_opaque;
 	uint64_t connections;
 	struct ioc__vub_queue q[];
 };
