@@ -4,6 +4,7 @@
  *
  *   vub-serve --socket PATH --file IMAGE [--queues N] [--iothreads K]
  *             [--read-only] [--serial S] [--logical-block-size B]
+ *             [--node-opts ,KEY=VALUE...]   (appended to the file node's)
  *
  * Prints "ready" on stdout once the socket listens.  The export's log
  * lines go to stderr.  Queues are spread over K I/O threads (0: all on
@@ -49,9 +50,10 @@ int main(int argc, char **argv)
 		{ "read-only", no_argument, NULL, 'r' },
 		{ "serial", required_argument, NULL, 'S' },
 		{ "logical-block-size", required_argument, NULL, 'b' },
+		{ "node-opts", required_argument, NULL, 'o' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *sock = NULL, *file = NULL, *serial = NULL, *cls;
+	const char *sock = NULL, *file = NULL, *serial = NULL, *nopts = "", *cls;
 	unsigned queues = 1, nthreads = 0, lbs = 0;
 	bool ro = false;
 	struct ioc_iothread *th[16];
@@ -73,6 +75,7 @@ int main(int argc, char **argv)
 		case 'r': ro = true; break;
 		case 'S': serial = optarg; break;
 		case 'b': lbs = (unsigned)atoi(optarg); break;
+		case 'o': nopts = optarg; break;
 		default: return 2;
 		}
 	}
@@ -98,8 +101,8 @@ int main(int argc, char **argv)
 	}
 	if (ioc_node_graph_new(&g) < 0)
 		return 1;
-	snprintf(kv, sizeof(kv), "driver=file,node-name=disk,filename=%s%s", file,
-		 ro ? ",read-only=on" : "");
+	snprintf(kv, sizeof(kv), "driver=file,node-name=disk,filename=%s%s%s", file,
+		 ro ? ",read-only=on" : "", nopts);
 	o = ioc__qmp_keyval_parse(kv, NULL, NULL, err, sizeof(err));
 	if (!o || !ioc_node_check_opts(o, IOC_QMP_KEYVAL, err, sizeof(err)) ||
 	    ioc_node_add(g, o, &n, &cls, err, sizeof(err)) < 0) {
