@@ -33,6 +33,7 @@
  * offered), config-change messages on resize (the channel is kept).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -443,6 +444,9 @@ static int ioc_coroutine_fn h_set_vring_kick(struct ioc__vub_conn *c, struct ioc
 	if (m->nfds) {
 		q->kick_fd = m->fds[0];
 		m->fds[0] = -1;
+		/* The kick handler reads only when the fd is readable, but a
+		 * reader that can block the loop is one mistake away. */
+		fcntl(q->kick_fd, F_SETFL, fcntl(q->kick_fd, F_GETFL) | O_NONBLOCK);
 	}
 	q->kick_set = true;
 	queue_try_start(c, q);
