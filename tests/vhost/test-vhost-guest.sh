@@ -1,6 +1,8 @@
 #!/bin/bash
 # A real guest on the vhost-user-blk export: the Debian kernel under TCG
 # (tests/harness/guest.sh) with QEMU's vhost-user-blk-pci on vub-serve.
+#   boot 0: the harness itself, on qemu-storage-daemon's export (when it
+#           is installed): a failure here is the harness's, not ours;
 #   boot 1: two queues on two I/O threads, two vCPUs: size, queues,
 #           serial, host data read, writes read back, a pattern for the
 #           host to find, parallel I/O, 1 MiB requests, discard, the
@@ -148,6 +150,27 @@ t "4 KiB logical blocks" '[ "\$(cat /sys/block/vda/queue/logical_block_size)" = 
 t "reads" '[ "\$(md5 8)" = $host_md5 ]'
 t "writes refused" '! dd if=/dev/zero of=/dev/vda bs=4k count=1 oflag=direct 2>/dev/null'
 EOF
+
+cat >"$dir/boot0.sh" <<EOF
+$common
+t "capacity 64 MiB" '[ "\$(cat /sys/block/vda/size)" = 131072 ]'
+t "reads what the host wrote" '[ "\$(md5 8)" = $host_md5 ]'
+EOF
+if command -v qemu-storage-daemon >/dev/null 2>&1; then
+	rm -f "$dir/vub.sock"
+	qemu-storage-daemon --blockdev driver=file,node-name=f,filename="$img" \
+		--export type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path="$dir/vub.sock",writable=off \
+		>"$dir/qsd.log" 2>&1 &
+	srv_pid=$!
+	for _ in $(seq 200); do
+		[ -S "$dir/vub.sock" ] && break
+		sleep 0.05
+	done
+	boot boot0 1 1
+	stop_server
+else
+	n=$((n + 1)); echo "ok $n - boot0: the harness on qemu-storage-daemon # SKIP not installed"
+fi
 
 if start_server --queues 2 --iothreads 2 --serial iocore-test; then
 	ok "server started"
