@@ -30,7 +30,7 @@
  * requests with a failure and going on (their fds cannot be accounted
  * for; msg.c ends the connection instead).  Not yet: inflight tracking
  * (GET/SET_INFLIGHT_FD, not offered), dirty logging (LOG_ALL, not
- * offered), config-change messages on resize (the channel is kept).
+ * offered); the back-end channel is kept for config-change notices.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -125,7 +125,9 @@ static int region_map(struct ioc__vub_conn *c, const struct ioc__vub_mem *mem,
 		if (d->gpa < o->gpa + o->size && o->gpa < d->gpa + d->size)
 			return proto(c, "memory regions overlap");
 	}
-	/* A mapping past the end of the file would fault (SIGBUS) on access. */
+	/* A mapping past the end of the file would fault (SIGBUS) on access.
+	 * A front end that shrinks the file afterwards still could: memfds
+	 * from QEMU allow no seal we could add, so it is trusted that far. */
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < end)

@@ -29,6 +29,9 @@
  * requests: the waiter parks in drain_waiter and the completion that
  * brings inflight to 0 wakes it (both on this loop's thread).
  *
+ * Inflight tracking (later) hooks in at three points: mark the head in
+ * the shared region at pop, link it into the batch at push, clear at flush.
+ *
  * Rejected: a dedicated polling thread per queue (SPDK's reactor: a CPU
  * burned whether the guest is busy or not); publishing used->idx on every
  * completion (one interrupt per request under load).
