@@ -117,6 +117,14 @@ static void test_map(void)
 	vr.used_uva = R1_GPA + R_SIZE - 8 + UVA_OFF;
 	ASSERT_EQ(ioc__vub_vring_map(&vr, &mem), -EINVAL);
 	ASSERT_EQ(ioc__vub_vring_map(&vr, NULL), -EINVAL);
+	/* Aligned guest addresses, but the region's host mapping is not
+	 * (an odd mmap offset): refused, not accessed misaligned. */
+	vr.used_uva = USED_GPA + UVA_OFF;
+	mem.r[0].host = buf0 + 1;
+	ASSERT_EQ(ioc__vub_vring_map(&vr, &mem), -EINVAL);
+	ASSERT_NOT_NULL(strstr(vr.why, "misaligned"));
+	mem.r[0].host = buf0;
+	ASSERT_OK(ioc__vub_vring_map(&vr, &mem));
 }
 
 static void test_translate(void)

@@ -105,6 +105,11 @@ int ioc__vub_vring_map(struct ioc__vub_vring *vr, const struct ioc__vub_mem *mem
 	vr->used = ioc__vub_uva(mem, vr->used_uva, 6 + 8 * n);
 	if (!vr->desc || !vr->avail || !vr->used)
 		return map_fail(vr, "ring outside guest memory");
+	/* Aligned addresses can still land misaligned here: a region's
+	 * mapping starts at the front end's mmap_offset, any number. */
+	if (((uintptr_t)vr->desc & 15) || ((uintptr_t)vr->avail & 1) ||
+	    ((uintptr_t)vr->used & 3))
+		return map_fail(vr, "ring misaligned in our mapping");
 	vr->mem = mem;
 	vr->broken = false;
 	vr->why = NULL;
