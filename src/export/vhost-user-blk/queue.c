@@ -44,6 +44,7 @@
 #include "vub-export.h"
 
 #define NOFD_POLL_NS 1000000
+#define MAX_SLOTS    1024     /* requests in flight per queue */
 
 static void process(struct ioc__vub_queue *q);
 
@@ -207,14 +208,19 @@ int ioc_coroutine_fn ioc__vub_queue_start(struct ioc__vub_queue *q,
 	r = ioc__vub_vring_map(&q->vr, mem);
 	if (r < 0)
 		return r;
-	if (q->nreqs != q->vr.num) {
-		struct ioc__vub_req *reqs = calloc(q->vr.num, sizeof(*reqs));
+	/* A slot per ring entry, up to QEMU's largest ring: past that a
+	 * ring of 32768 entries would pin 140 MiB of slots, and waiting for
+	 * a free slot costs a larger ring nothing but depth. */
+	unsigned want = q->vr.num < MAX_SLOTS ? q->vr.num : MAX_SLOTS;
+
+	if (q->nreqs != want) {
+		struct ioc__vub_req *reqs = calloc(want, sizeof(*reqs));
 
 		if (!reqs)
 			return -ENOMEM;
 		free(q->reqs);
 		q->reqs = reqs;
-		q->nreqs = q->vr.num;
+		q->nreqs = want;
 	}
 	q->free = NULL;
 	for (unsigned i = 0; i < q->nreqs; i++) {
