@@ -59,53 +59,21 @@ static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err
 
 /* ---- bitmaps -------------------------------------------------------------- */
 
-static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
+struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
 {
 	struct ioc_daemon *d = ctx;
 	struct ioc_node *n = ioc_node_find(d->graph, node);
 	struct ioc_blk *blk;
 
 	if (!n) {
-		ioc__daemon_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
+		ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
 		return NULL;
 	}
 	blk = ioc_node_blk(n);
 	if (!blk)
-		ioc__daemon_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
+		ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
 				 node, n->drv->name);
 	return blk;
-}
-
-#define DIRTY_CTX(ctx) (&(struct ioc_node_dirty_ctx){ find_blk, (ctx) })
-
-static json_t *cmd_bitmap_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_add(DIRTY_CTX(ctx), args, err);
-}
-
-static json_t *cmd_bitmap_remove(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_remove(DIRTY_CTX(ctx), args, err);
-}
-
-static json_t *cmd_bitmap_clear(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_clear(DIRTY_CTX(ctx), args, err);
-}
-
-static json_t *cmd_bitmap_enable(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, true, err);
-}
-
-static json_t *cmd_bitmap_disable(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, false, err);
-}
-
-static json_t *cmd_bitmap_merge(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_merge(DIRTY_CTX(ctx), args, err);
 }
 
 static const struct ioc__qmp_arg args_del[] = {
@@ -123,11 +91,6 @@ const struct ioc__qmp_cmd ioc__daemon_block_cmds[] = {
 	{ "blockdev-del", cmd_blockdev_del, args_del },
 	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
-	{ "block-dirty-bitmap-add", cmd_bitmap_add, ioc_node_dirty_args_add },
-	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, ioc_node_dirty_args_merge },
+	IOC_NODE_DIRTY_CMDS,
 	{ NULL },
 };

@@ -38,14 +38,14 @@ static json_t *cmd_export_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	int slot = -1;
 
 	if (export_slot(d, id) >= 0) {
-		ioc__daemon_errf(err, "Block export id '%s' is already in use", id);
+		ioc__qmp_errf(err, "Block export id '%s' is already in use", id);
 		return NULL;
 	}
 	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS && slot < 0; i++)
 		if (!d->exports[i])
 			slot = i;
 	if (slot < 0) {
-		ioc__daemon_errf(err, "Too many exports (at most %d)", IOC_DAEMON_MAX_EXPORTS);
+		ioc__qmp_errf(err, "Too many exports (at most %d)", IOC_DAEMON_MAX_EXPORTS);
 		return NULL;
 	}
 	if (ioc_export_add(&d->env, args, 0, &ex, err->desc, sizeof(err->desc)) < 0)
@@ -65,7 +65,7 @@ static json_t *cmd_export_del(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	int i = export_slot(d, id);
 
 	if (i < 0) {
-		ioc__daemon_errf(err, "Export '%s' is not found", id);
+		ioc__qmp_errf(err, "Export '%s' is not found", id);
 		return NULL;
 	}
 	if (ioc_export_del(d->exports[i], mode && strcmp(mode, "hard") == 0, err->desc,
@@ -106,11 +106,11 @@ static int nbd_start(struct ioc_daemon *d, json_t *args, bool legacy,
 	if (creds) {
 		o = ioc__daemon_object_find(d, creds);
 		if (!o || !o->dir) {
-			ioc__daemon_errf(err, "No TLS credentials with id '%s'", creds);
+			ioc__qmp_errf(err, "No TLS credentials with id '%s'", creds);
 			return -ENOENT;
 		}
 		if (!o->server) {
-			ioc__daemon_errf(err, "Expecting TLS credentials with a server endpoint");
+			ioc__qmp_errf(err, "Expecting TLS credentials with a server endpoint");
 			return -EINVAL;
 		}
 		tls.certificates = o->psk_file ? NULL : o->dir;
@@ -165,7 +165,7 @@ static json_t *cmd_nbd_stop(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	struct ioc_daemon *d = ctx;
 
 	if (!d->env.nbd) {
-		ioc__daemon_errf(err, "NBD server not running");
+		ioc__qmp_errf(err, "NBD server not running");
 		return NULL;
 	}
 	nbd_stop(d);

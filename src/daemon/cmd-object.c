@@ -108,11 +108,11 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	while (v->value && strcmp(v->value, type))
 		v++;
 	if (v->members == open_props) {
-		ioc__daemon_errf(err, "Object type '%s' is not supported by this daemon", type);
+		ioc__qmp_errf(err, "Object type '%s' is not supported by this daemon", type);
 		return NULL;
 	}
 	if (ioc__daemon_object_find(d, id)) {
-		ioc__daemon_errf(err, "attempt to add duplicate property '%s' to object "
+		ioc__qmp_errf(err, "attempt to add duplicate property '%s' to object "
 				 "(type 'container')", id);
 		return NULL;
 	}
@@ -120,13 +120,13 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 		if (!d->objects[i])
 			slot = i;
 	if (slot < 0) {
-		ioc__daemon_errf(err, "Too many objects (at most %d)", IOC_DAEMON_MAX_OBJECTS);
+		ioc__qmp_errf(err, "Too many objects (at most %d)", IOC_DAEMON_MAX_OBJECTS);
 		return NULL;
 	}
 	o = calloc(1, sizeof(*o));
 	if (!o || !(o->id = strdup(id))) {
 		free(o);
-		ioc__daemon_errf(err, "Out of memory");
+		ioc__qmp_errf(err, "Out of memory");
 		return NULL;
 	}
 	o->type = v->value;
@@ -143,7 +143,7 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 							"poll-shrink"));
 		r = ioc_iothread_start(&o->iothread, &to);
 		if (r < 0) {
-			ioc__daemon_errf(err, "Could not start iothread '%s': %s", id,
+			ioc__qmp_errf(err, "Could not start iothread '%s': %s", id,
 					 ioc_strerror(r));
 			object_free(d, o);
 			return NULL;
@@ -153,7 +153,7 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 		const char *ep = json_string_value(json_object_get(args, "endpoint"));
 
 		if (!dir) {
-			ioc__daemon_errf(err, "Parameter 'dir' is missing");
+			ioc__qmp_errf(err, "Parameter 'dir' is missing");
 			object_free(d, o);
 			return NULL;
 		}
@@ -167,7 +167,7 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 			o->verify_peer = false;
 		}
 		if (!o->dir || (strcmp(type, "tls-creds-psk") == 0 && !o->psk_file)) {
-			ioc__daemon_errf(err, "Out of memory");
+			ioc__qmp_errf(err, "Out of memory");
 			object_free(d, o);
 			return NULL;
 		}
@@ -191,14 +191,14 @@ static json_t *cmd_object_del(void *ctx, json_t *args, struct ioc__qmp_err *err)
 			used |= d->exports[k] && d->exports[k]->iothread &&
 				strcmp(d->exports[k]->iothread, id) == 0;
 		if (used || o->users) {
-			ioc__daemon_errf(err, "object '%s' is in use, can not be deleted", id);
+			ioc__qmp_errf(err, "object '%s' is in use, can not be deleted", id);
 			return NULL;
 		}
 		d->objects[i] = NULL;
 		object_free(d, o);
 		return json_object();
 	}
-	ioc__daemon_errf(err, "object '%s' not found", id);
+	ioc__qmp_errf(err, "object '%s' not found", id);
 	return NULL;
 }
 

@@ -20,15 +20,6 @@
 #include "nbd/nbd.h"
 #include "daemon.h"
 
-void ioc__daemon_errf(struct ioc__qmp_err *err, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
-	va_end(ap);
-}
-
 void ioc__daemon_event(struct ioc_daemon *d, const char *name, json_t *data)
 {
 	/* Each monitor serialises the same object; none changes it. */
@@ -108,7 +99,7 @@ json_t *ioc_daemon_run(struct ioc_daemon *d, const char *name, json_t *args, uns
 			cmd = &table[i];
 	if (!cmd || !cmd->fn) {
 		err->cls = "CommandNotFound";
-		ioc__daemon_errf(err, "The command %s has not been found", name);
+		ioc__qmp_errf(err, "The command %s has not been found", name);
 		return NULL;
 	}
 	ok = cmd->spec ? ioc__qmp_check_value(cmd->spec(), args, flags, err->desc,
@@ -243,6 +234,7 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 	if (!d)
 		return -ENOMEM;
 	d->opts = *opts;
+	d->dirty = (struct ioc_node_dirty_ctx){ ioc__daemon_find_blk, d };
 	r = ioc_node_graph_new(&d->graph);
 	if (r < 0) {
 		free(d);

@@ -13,6 +13,7 @@
 
 #include "export/export.h"
 #include "iocore/loop.h"
+#include "node/dirty-cmd.h"
 #include "node/node.h"
 #include "qmp/qmp.h"
 
@@ -63,6 +64,7 @@ struct ioc_daemon_object {
 #define IOC_DAEMON_MAX_MONITORS 16
 
 struct ioc_daemon {
+	struct ioc_node_dirty_ctx dirty; /* first: the bitmap commands' ctx */
 	struct ioc_daemon_opts opts;
 	struct ioc_node_graph *graph;
 	struct ioc_export_env env;
@@ -80,13 +82,12 @@ struct ioc_daemon {
 
 typedef json_t *ioc_daemon_fn(struct ioc_daemon *d, json_t *args, struct ioc__qmp_err *err);
 
-void ioc__daemon_errf(struct ioc__qmp_err *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
 /* An event to every monitor (steals data). */
 void ioc__daemon_event(struct ioc_daemon *d, const char *name, json_t *data);
 struct ioc_daemon_object *ioc__daemon_object_find(struct ioc_daemon *d, const char *id);
 
-/* cmd-block.c */
+/* cmd-block.c: the image of a node for the bitmap commands. */
+struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qmp_err *err);
 extern const struct ioc__qmp_cmd ioc__daemon_block_cmds[];
 /* cmd-export.c */
 extern const struct ioc__qmp_cmd ioc__daemon_export_cmds[];

@@ -35,6 +35,7 @@
 #include "qmp/qmp.h"
 
 struct ioc__nbd_control {
+	struct ioc_node_dirty_ctx dirty; /* first: the bitmap commands' ctx */
 	struct ioc_nbd_server *srv;
 	struct ioc__qmp *qmp;
 	struct ioc_nbd_control_opts o;
@@ -44,16 +45,6 @@ struct ioc__nbd_control {
 
 /* ---- helpers ---------------------------------------------------------- */
 
-static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
-	va_end(ap);
-}
 
 /* The node of a bitmap command: an export of the block layer. */
 static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const char *node,
@@ -68,11 +59,11 @@ static struct ioc__nbd_export *find_node(struct ioc__nbd_control *ctl, const cha
 			return srv->exports[i];
 		/* A compressed export is a node, but its changes are not
 		 * tracked (an overlay could be, one day). */
-		errf(err, "Node '%s' is a compressed image: dirty bitmaps are not "
+		ioc__qmp_errf(err, "Node '%s' is a compressed image: dirty bitmaps are not "
 		     "supported on it", node);
 		return NULL;
 	}
-	errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
+	ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
 	return NULL;
 }
 
@@ -83,8 +74,6 @@ static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err
 
 	return e ? e->blk : NULL;
 }
-
-#define DIRTY_CTX(ctx) (&(struct ioc_node_dirty_ctx){ find_blk, (ctx) })
 
 /* ---- commands --------------------------------------------------------- */
 
@@ -106,36 +95,6 @@ static json_t *cmd_quit(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	if (ctl->o.quit)
 		ctl->o.quit(ctl->o.opaque);
 	return json_object();
-}
-
-static json_t *cmd_bitmap_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_add(DIRTY_CTX(ctx), args, err);
-}
-
-static json_t *cmd_bitmap_remove(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_remove(DIRTY_CTX(ctx), args, err);
-}
-
-static json_t *cmd_bitmap_clear(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_clear(DIRTY_CTX(ctx), args, err);
-}
-
-static json_t *cmd_bitmap_enable(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, true, err);
-}
-
-static json_t *cmd_bitmap_disable(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_record(DIRTY_CTX(ctx), args, false, err);
-}
-
-static json_t *cmd_bitmap_merge(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	return ioc_node_dirty_cmd_merge(DIRTY_CTX(ctx), args, err);
 }
 
 /* Every export is a node named as the export (the node layer's view); a
@@ -225,7 +184,7 @@ static json_t *cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_er
 	if (!ci || !list) {
 		free(ci);
 		json_decref(list);
-		errf(err, "out of memory");
+		ioc__qmp_errf(err, "out of memory");
 		return NULL;
 	}
 	for (unsigned t = 0; t < srv->nthreads; t++) {
@@ -262,7 +221,7 @@ static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *e
 	json_t *list = json_array();
 
 	if (!list) {
-		errf(err, "out of memory");
+		ioc__qmp_errf(err, "out of memory");
 		return NULL;
 	}
 	for (unsigned t = 0; t < srv->nthreads; t++) {
@@ -366,12 +325,7 @@ static const struct ioc__qmp_cmd commands[] = {
 	{ "query-version", cmd_query_version, NULL },
 	{ "query-commands", cmd_query_commands, NULL },
 	{ "quit", cmd_quit, NULL },
-	{ "block-dirty-bitmap-add", cmd_bitmap_add, ioc_node_dirty_args_add },
-	{ "block-dirty-bitmap-remove", cmd_bitmap_remove, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-clear", cmd_bitmap_clear, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-enable", cmd_bitmap_enable, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-disable", cmd_bitmap_disable, ioc_node_dirty_args_bitmap },
-	{ "block-dirty-bitmap-merge", cmd_bitmap_merge, ioc_node_dirty_args_merge },
+	IOC_NODE_DIRTY_CMDS,
 	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
 	{ "query-block-exports", cmd_query_block_exports, NULL },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
@@ -415,6 +369,7 @@ int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
 	if (!ctl)
 		return -ENOMEM;
 	ctl->srv = srv;
+	ctl->dirty = (struct ioc_node_dirty_ctx){ find_blk, ctl };
 	if (opts)
 		ctl->o = *opts;
 	snprintf(ctl->package, sizeof(ctl->package), "iocore-nbd %s", IOC_VERSION);

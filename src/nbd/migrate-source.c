@@ -1916,16 +1916,6 @@ static void source_finish(struct ioc__nbd_mig *m)
 
 /* ---- QMP ------------------------------------------------------------------------ */
 
-static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
-	va_end(ap);
-}
 
 static bool busy(struct ioc__nbd_mig *m)
 {
@@ -1944,7 +1934,7 @@ static struct ioc__nbd_mig *get(struct ioc_nbd_server *srv, struct ioc__qmp_err 
 	struct ioc__nbd_mig *m = ioc__nbd_mig_get(srv);
 
 	if (!m)
-		errf(err, "out of memory");
+		ioc__qmp_errf(err, "out of memory");
 	return m;
 }
 
@@ -1967,7 +1957,7 @@ json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 	if (!m)
 		return NULL;
 	if (busy(m)) {
-		errf(err, "There's a migration process in progress");
+		ioc__qmp_errf(err, "There's a migration process in progress");
 		return NULL;
 	}
 	p = m->p;
@@ -1978,7 +1968,7 @@ json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 
 		if (!json_is_object(v) || !name || !json_is_boolean(state) ||
 		    json_object_size(v) != 2) {
-			errf(err, "Parameter 'capabilities[%zu]' expects "
+			ioc__qmp_errf(err, "Parameter 'capabilities[%zu]' expects "
 			     "{\"capability\": str, \"state\": bool}", i);
 			return NULL;
 		}
@@ -1986,7 +1976,7 @@ json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 			if (strcmp(caps[k].name, name) == 0)
 				break;
 		if (k == IOC_ARRAY_SIZE(caps)) {
-			errf(err, "Parameter 'capability' does not accept value '%s'", name);
+			ioc__qmp_errf(err, "Parameter 'capability' does not accept value '%s'", name);
 			return NULL;
 		}
 		*(bool *)((char *)&p + caps[k].off) = json_is_true(state);
@@ -2020,11 +2010,11 @@ static bool str_param(struct ioc__qmp_err *err, const char *name, json_t *v,
 	const char *str = json_is_null(v) ? "" : json_string_value(v);
 
 	if (!str) {
-		errf(err, "Parameter '%s' expects a string", name);
+		ioc__qmp_errf(err, "Parameter '%s' expects a string", name);
 		return false;
 	}
 	if (strlen(str) >= len) {
-		errf(err, "Parameter '%s' is longer than %zu bytes", name, len - 1);
+		ioc__qmp_errf(err, "Parameter '%s' is longer than %zu bytes", name, len - 1);
 		return false;
 	}
 	memset(buf, 0, len);
@@ -2038,7 +2028,7 @@ static bool pct_param(struct ioc__qmp_err *err, const char *name, json_t *v,
 {
 	if (!json_is_integer(v) || json_integer_value(v) < 1 ||
 	    json_integer_value(v) > (json_int_t)max) {
-		errf(err, "Parameter '%s' expects an integer in the range of 1 to %u",
+		ioc__qmp_errf(err, "Parameter '%s' expects an integer in the range of 1 to %u",
 		     name, max);
 		return false;
 	}
@@ -2059,21 +2049,21 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 #define U(key) ((v = json_object_get(args, key)) != NULL)
 	if (U("compress-level")) {
 		if (json_integer_value(v) > 9) {
-			errf(err, "Parameter 'compress_level' expects a value between 0 and 9");
+			ioc__qmp_errf(err, "Parameter 'compress_level' expects a value between 0 and 9");
 			return NULL;
 		}
 		p.compress_level = (unsigned)json_integer_value(v);
 	}
 	if (U("compress-threads")) {
 		if (json_integer_value(v) < 1 || json_integer_value(v) > 255) {
-			errf(err, "Parameter 'compress_threads' expects a value between 1 and 255");
+			ioc__qmp_errf(err, "Parameter 'compress_threads' expects a value between 1 and 255");
 			return NULL;
 		}
 		p.compress_threads = (unsigned)json_integer_value(v);
 	}
 	if (U("decompress-threads")) {
 		if (json_integer_value(v) < 1 || json_integer_value(v) > 255) {
-			errf(err, "Parameter 'decompress_threads' expects a value between 1 and 255");
+			ioc__qmp_errf(err, "Parameter 'decompress_threads' expects a value between 1 and 255");
 			return NULL;
 		}
 		p.decompress_threads = (unsigned)json_integer_value(v);
@@ -2094,7 +2084,7 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 		return NULL;
 	if (U("cpu-throttle-tailslow")) {
 		if (!json_is_boolean(v)) {
-			errf(err, "Parameter 'cpu-throttle-tailslow' expects a boolean");
+			ioc__qmp_errf(err, "Parameter 'cpu-throttle-tailslow' expects a boolean");
 			return NULL;
 		}
 		p.cpu_throttle_tailslow = json_is_true(v);
@@ -2103,7 +2093,7 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 		p.max_bandwidth = (uint64_t)json_integer_value(v);
 	if (U("downtime-limit")) {
 		if (json_integer_value(v) > 2000000) {
-			errf(err, "Parameter 'downtime_limit' expects a value between 0 and 2000000");
+			ioc__qmp_errf(err, "Parameter 'downtime_limit' expects a value between 0 and 2000000");
 			return NULL;
 		}
 		p.downtime_limit = (uint64_t)json_integer_value(v);
@@ -2112,7 +2102,7 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 		uint64_t g = (uint64_t)json_integer_value(v);
 
 		if (g < IOC_MIG_MIN_BLOCK || g > IOC_BLK_DIRTY_GRAN_MAX || (g & (g - 1))) {
-			errf(err, "Parameter '__org.iocore_granularity' expects a power of 2 "
+			ioc__qmp_errf(err, "Parameter '__org.iocore_granularity' expects a power of 2 "
 			     "between %u and %u", IOC_MIG_MIN_BLOCK, IOC_BLK_DIRTY_GRAN_MAX);
 			return NULL;
 		}
@@ -2128,14 +2118,14 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 		else if (am && strcmp(am, "off") == 0)
 			p.active_mirror = IOC_MIG_MIRROR_OFF;
 		else {
-			errf(err, "Parameter '__org.iocore_active-mirror' expects "
+			ioc__qmp_errf(err, "Parameter '__org.iocore_active-mirror' expects "
 			     "'auto', 'on' or 'off'");
 			return NULL;
 		}
 	}
 	if (U("__org.iocore_write-admission")) {
 		if (json_integer_value(v) > 1000000) {
-			errf(err, "Parameter '__org.iocore_write-admission' expects a value "
+			ioc__qmp_errf(err, "Parameter '__org.iocore_write-admission' expects a value "
 			     "between 0 and 1000000");
 			return NULL;
 		}
@@ -2154,7 +2144,7 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 
 		q.max_bandwidth = p.max_bandwidth;
 		if (memcmp(&p, &q, sizeof(p)) != 0) {
-			errf(err, "There's a migration process in progress");
+			ioc__qmp_errf(err, "There's a migration process in progress");
 			return NULL;
 		}
 	}
@@ -2211,43 +2201,43 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	if (json_object_get(args, "blk") || json_object_get(args, "inc")) {
 		if (json_is_true(json_object_get(args, "blk")) ||
 		    json_is_true(json_object_get(args, "inc"))) {
-			errf(err, "Parameter 'blk' is not supported: the export is always migrated");
+			ioc__qmp_errf(err, "Parameter 'blk' is not supported: the export is always migrated");
 			return NULL;
 		}
 	}
 	if (json_is_true(json_object_get(args, "resume"))) {
-		errf(err, "Parameter 'resume' is not supported: there is no postcopy");
+		ioc__qmp_errf(err, "Parameter 'resume' is not supported: there is no postcopy");
 		return NULL;
 	}
 	if (busy(m) || m->incoming) {
-		errf(err, m->incoming ? "Guest is waiting for an incoming migration" :
+		ioc__qmp_errf(err, m->incoming ? "Guest is waiting for an incoming migration" :
 		     "There's a migration process in progress");
 		return NULL;
 	}
 	if (!srv->serving ||
 	    atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_SHUT) {
-		errf(err, "The server does not serve an export (migrated already?)");
+		ioc__qmp_errf(err, "The server does not serve an export (migrated already?)");
 		return NULL;
 	}
 	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
-		errf(err, "Invalid migration URI '%s' (iocore-nbd supports tcp:HOST:PORT)", uri);
+		ioc__qmp_errf(err, "Invalid migration URI '%s' (iocore-nbd supports tcp:HOST:PORT)", uri);
 		return NULL;
 	}
 	for (unsigned i = 0; i < srv->cfg.nexports; i++)
 		if (srv->exports[i] && srv->exports[i]->blk) {
 			if (e) {
-				errf(err, "Migration of more than one export is not supported");
+				ioc__qmp_errf(err, "Migration of more than one export is not supported");
 				return NULL;
 			}
 			e = srv->exports[i];
 		}
 	if (!e) {
-		errf(err, "No export of an image file to migrate");
+		ioc__qmp_errf(err, "No export of an image file to migrate");
 		return NULL;
 	}
 	ioc_blk_get_info(e->blk, &bi);
 	if (!bi.path || !e->size) {
-		errf(err, "The export's image cannot be migrated (no file, or empty)");
+		ioc__qmp_errf(err, "The export's image cannot be migrated (no file, or empty)");
 		return NULL;
 	}
 	gran = m->p.granularity;
@@ -2261,13 +2251,13 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	struct ioc_blk_dirty_opts bo = { .name = IOC_MIG_BITMAP, .granularity = gran };
 	r = ioc_blk_dirty_add(e->blk, &bo, &m->bm);
 	if (r < 0) {
-		errf(err, "Cannot track writes for the migration: %s", strerror(-r));
+		ioc__qmp_errf(err, "Cannot track writes for the migration: %s", strerror(-r));
 		return NULL;
 	}
 	a = calloc(1, sizeof(*a));
 	if (!a) {
 		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
-		errf(err, "out of memory");
+		ioc__qmp_errf(err, "out of memory");
 		return NULL;
 	}
 	a->m = m;
@@ -2306,7 +2296,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 			 strerror(r));
 		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
 		pthread_mutex_unlock(&m->lock);
-		errf(err, "Cannot start the migration thread: %s", strerror(r));
+		ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
 		return NULL;
 	}
 	m->thread_running = true;
@@ -2422,18 +2412,18 @@ json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
 	int st;
 
 	if (strcmp(state, "pre-switchover") != 0) {
-		errf(err, "Parameter 'state' does not accept value '%s'", state);
+		ioc__qmp_errf(err, "Parameter 'state' does not accept value '%s'", state);
 		return NULL;
 	}
 	if (!m) {
-		errf(err, "Migration not in expected state: none");
+		ioc__qmp_errf(err, "Migration not in expected state: none");
 		return NULL;
 	}
 	pthread_mutex_lock(&m->lock);
 	st = m->status;
 	if (st != IOC_MIG_ST_PRE_SWITCHOVER) {
 		pthread_mutex_unlock(&m->lock);
-		errf(err, "Migration not in expected state: %s", status_names[st]);
+		ioc__qmp_errf(err, "Migration not in expected state: %s", status_names[st]);
 		return NULL;
 	}
 	m->cont = true;

@@ -12,16 +12,6 @@
 
 #include "dirty-cmd.h"
 
-static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static void errf(struct ioc__qmp_err *err, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
-	va_end(ap);
-}
 
 const struct ioc__qmp_arg ioc_node_dirty_args_add[] = {
 	{ "node", IOC_QMP_STR, false }, { "name", IOC_QMP_STR, false },
@@ -50,7 +40,7 @@ static struct ioc_blk_dirty *find_bitmap(const struct ioc_node_dirty_ctx *c, jso
 	/* A migration's own bitmap is not the user's to touch. */
 	bm = strcmp(name, IOC_NODE_MIG_BITMAP) == 0 ? NULL : ioc_blk_dirty_find(blk, name);
 	if (!bm)
-		errf(err, "Dirty bitmap '%s' not found", name);
+		ioc__qmp_errf(err, "Dirty bitmap '%s' not found", name);
 	if (pblk)
 		*pblk = blk;
 	return bm;
@@ -62,15 +52,15 @@ static json_t *bitmap_result(int r, const char *name, struct ioc__qmp_err *err)
 	if (r == 0)
 		return json_object();
 	if (r == -EUCLEAN)
-		errf(err, "Bitmap '%s' is inconsistent and cannot be used", name);
+		ioc__qmp_errf(err, "Bitmap '%s' is inconsistent and cannot be used", name);
 	else
-		errf(err, "Bitmap '%s': %s", name, strerror(-r));
+		ioc__qmp_errf(err, "Bitmap '%s': %s", name, strerror(-r));
 	return NULL;
 }
 
-json_t *ioc_node_dirty_cmd_add(const struct ioc_node_dirty_ctx *c, json_t *args,
-			       struct ioc__qmp_err *err)
+json_t *ioc_node_dirty_cmd_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
+	const struct ioc_node_dirty_ctx *c = ctx;
 	const char *node = json_string_value(json_object_get(args, "node"));
 	const char *name = json_string_value(json_object_get(args, "name"));
 	json_t *g = json_object_get(args, "granularity");
@@ -88,7 +78,7 @@ json_t *ioc_node_dirty_cmd_add(const struct ioc_node_dirty_ctx *c, json_t *args,
 	if (g && (o.granularity < IOC_BLK_DIRTY_GRAN_MIN ||
 		  o.granularity > IOC_BLK_DIRTY_GRAN_MAX ||
 		  (o.granularity & (o.granularity - 1)))) {
-		errf(err, "Granularity must be power of 2 between %u and %u",
+		ioc__qmp_errf(err, "Granularity must be power of 2 between %u and %u",
 		     IOC_BLK_DIRTY_GRAN_MIN, IOC_BLK_DIRTY_GRAN_MAX);
 		return NULL;
 	}
@@ -97,29 +87,29 @@ json_t *ioc_node_dirty_cmd_add(const struct ioc_node_dirty_ctx *c, json_t *args,
 	case 0:
 		return json_object();
 	case -EEXIST:
-		errf(err, "Bitmap already exists: %s", name);
+		ioc__qmp_errf(err, "Bitmap already exists: %s", name);
 		return NULL;
 	case -EINVAL:
-		errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
+		ioc__qmp_errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
 		     "bitmap (1 to 127 of A-Z a-z 0-9 _ - ., not starting with '.')" :
 		     "Bitmap name '%s' is not valid (1 to 127 bytes)", name);
 		return NULL;
 	case -ENOSPC:
-		errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
+		ioc__qmp_errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
 		     IOC_BLK_DIRTY_MAX);
 		return NULL;
 	case -ENOTSUP:
-		errf(err, "Can't store persistent bitmaps to disk: %s", strerror(-r));
+		ioc__qmp_errf(err, "Can't store persistent bitmaps to disk: %s", strerror(-r));
 		return NULL;
 	default:
-		errf(err, "Cannot add bitmap '%s': %s", name, strerror(-r));
+		ioc__qmp_errf(err, "Cannot add bitmap '%s': %s", name, strerror(-r));
 		return NULL;
 	}
 }
 
-json_t *ioc_node_dirty_cmd_remove(const struct ioc_node_dirty_ctx *c, json_t *args,
-				  struct ioc__qmp_err *err)
+json_t *ioc_node_dirty_cmd_remove(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
+	const struct ioc_node_dirty_ctx *c = ctx;
 	struct ioc_blk *blk;
 	struct ioc_blk_dirty *bm = find_bitmap(c, args, "name", &blk, err);
 
@@ -130,9 +120,9 @@ json_t *ioc_node_dirty_cmd_remove(const struct ioc_node_dirty_ctx *c, json_t *ar
 			json_string_value(json_object_get(args, "name")), err);
 }
 
-json_t *ioc_node_dirty_cmd_clear(const struct ioc_node_dirty_ctx *c, json_t *args,
-				 struct ioc__qmp_err *err)
+json_t *ioc_node_dirty_cmd_clear(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
+	const struct ioc_node_dirty_ctx *c = ctx;
 	struct ioc_blk_dirty *bm = find_bitmap(c, args, "name", NULL, err);
 
 	return bm ? bitmap_result(ioc_blk_dirty_clear(bm),
@@ -140,8 +130,8 @@ json_t *ioc_node_dirty_cmd_clear(const struct ioc_node_dirty_ctx *c, json_t *arg
 		  : NULL;
 }
 
-json_t *ioc_node_dirty_cmd_record(const struct ioc_node_dirty_ctx *c, json_t *args, bool on,
-				  struct ioc__qmp_err *err)
+static json_t *record(const struct ioc_node_dirty_ctx *c, json_t *args, bool on,
+		      struct ioc__qmp_err *err)
 {
 	struct ioc_blk_dirty *bm = find_bitmap(c, args, "name", NULL, err);
 
@@ -152,9 +142,19 @@ json_t *ioc_node_dirty_cmd_record(const struct ioc_node_dirty_ctx *c, json_t *ar
 
 /* bitmaps: ["name", {"node": N, "name": B}, ...] (QEMU's BlockDirtyBitmapOrStr).
  * Every source is found before anything is merged. */
-json_t *ioc_node_dirty_cmd_merge(const struct ioc_node_dirty_ctx *c, json_t *args,
-				 struct ioc__qmp_err *err)
+json_t *ioc_node_dirty_cmd_enable(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
+	return record(ctx, args, true, err);
+}
+
+json_t *ioc_node_dirty_cmd_disable(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	return record(ctx, args, false, err);
+}
+
+json_t *ioc_node_dirty_cmd_merge(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	const struct ioc_node_dirty_ctx *c = ctx;
 	struct ioc_blk *blk;
 	struct ioc_blk_dirty *dst = find_bitmap(c, args, "target", &blk, err);
 	struct ioc_blk_dirty *src[64];
@@ -164,7 +164,7 @@ json_t *ioc_node_dirty_cmd_merge(const struct ioc_node_dirty_ctx *c, json_t *arg
 	if (!dst)
 		return NULL;
 	if (n > IOC_ARRAY_SIZE(src)) {
-		errf(err, "Parameter 'bitmaps' has more than %zu elements",
+		ioc__qmp_errf(err, "Parameter 'bitmaps' has more than %zu elements",
 		     IOC_ARRAY_SIZE(src));
 		return NULL;
 	}
@@ -183,13 +183,13 @@ json_t *ioc_node_dirty_cmd_merge(const struct ioc_node_dirty_ctx *c, json_t *arg
 				return NULL;
 			name = json_string_value(json_object_get(v, "name"));
 		} else {
-			errf(err, "Parameter 'bitmaps[%zu]' expects a bitmap name or "
+			ioc__qmp_errf(err, "Parameter 'bitmaps[%zu]' expects a bitmap name or "
 			     "{\"node\", \"name\"}", i);
 			return NULL;
 		}
 		src[i] = ioc_blk_dirty_find(sblk, name);
 		if (!src[i]) {
-			errf(err, "Dirty bitmap '%s' not found", name);
+			ioc__qmp_errf(err, "Dirty bitmap '%s' not found", name);
 			return NULL;
 		}
 	}
@@ -198,7 +198,7 @@ json_t *ioc_node_dirty_cmd_merge(const struct ioc_node_dirty_ctx *c, json_t *arg
 		struct ioc_blk_dirty_info di, si;
 
 		if (r == -EINVAL) {
-			errf(err, "Bitmaps are incompatible and can't be merged");
+			ioc__qmp_errf(err, "Bitmaps are incompatible and can't be merged");
 			return NULL;
 		}
 		if (r < 0) {

@@ -24,16 +24,19 @@ extern const struct ioc__qmp_arg ioc_node_dirty_args_add[];
 extern const struct ioc__qmp_arg ioc_node_dirty_args_bitmap[];
 extern const struct ioc__qmp_arg ioc_node_dirty_args_merge[];
 
-json_t *ioc_node_dirty_cmd_add(const struct ioc_node_dirty_ctx *c, json_t *args,
-			       struct ioc__qmp_err *err);
-json_t *ioc_node_dirty_cmd_remove(const struct ioc_node_dirty_ctx *c, json_t *args,
-				  struct ioc__qmp_err *err);
-json_t *ioc_node_dirty_cmd_clear(const struct ioc_node_dirty_ctx *c, json_t *args,
-				 struct ioc__qmp_err *err);
-json_t *ioc_node_dirty_cmd_record(const struct ioc_node_dirty_ctx *c, json_t *args, bool on,
-				  struct ioc__qmp_err *err);
-json_t *ioc_node_dirty_cmd_merge(const struct ioc_node_dirty_ctx *c, json_t *args,
-				 struct ioc__qmp_err *err);
+/* The handlers, for a command table whose ctx starts with a struct
+ * ioc_node_dirty_ctx (IOC_NODE_DIRTY_CMDS lists them). */
+ioc__qmp_fn ioc_node_dirty_cmd_add, ioc_node_dirty_cmd_remove, ioc_node_dirty_cmd_clear,
+	    ioc_node_dirty_cmd_enable, ioc_node_dirty_cmd_disable, ioc_node_dirty_cmd_merge;
+
+#define IOC_NODE_DIRTY_CMDS                                                           \
+	{ "block-dirty-bitmap-add", ioc_node_dirty_cmd_add, ioc_node_dirty_args_add },       \
+	{ "block-dirty-bitmap-remove", ioc_node_dirty_cmd_remove, ioc_node_dirty_args_bitmap }, \
+	{ "block-dirty-bitmap-clear", ioc_node_dirty_cmd_clear, ioc_node_dirty_args_bitmap },   \
+	{ "block-dirty-bitmap-enable", ioc_node_dirty_cmd_enable, ioc_node_dirty_args_bitmap }, \
+	{ "block-dirty-bitmap-disable", ioc_node_dirty_cmd_disable,                        \
+	  ioc_node_dirty_args_bitmap },                                                     \
+	{ "block-dirty-bitmap-merge", ioc_node_dirty_cmd_merge, ioc_node_dirty_args_merge }
 /* The node's "dirty-bitmaps": newest first, the migration's hidden. */
 json_t *ioc_node_dirty_list_json(struct ioc_blk *blk);
 

@@ -145,34 +145,24 @@ static struct ioc_blk *file_blk(struct ioc_node *n)
 	return n->opaque;
 }
 
+/* The I/O of every driver over an ioc_blk of its own. */
+#define BLK_IO                                  \
+	.close = file_close,                    \
+	.co_preadv = file_preadv,               \
+	.co_pwritev = file_pwritev,             \
+	.co_flush = file_flush,                 \
+	.co_discard = file_discard,             \
+	.co_write_zeroes = file_zero,           \
+	.co_block_status = file_status
+
 const struct ioc_node_drv ioc__node_drv_file = {
-	.name = "file",
-	.opts = file_opts,
-	.open = file_open,
-	.close = file_close,
-	.co_preadv = file_preadv,
-	.co_pwritev = file_pwritev,
-	.co_flush = file_flush,
-	.co_discard = file_discard,
-	.co_write_zeroes = file_zero,
-	.co_block_status = file_status,
-	.co_truncate = file_truncate,
-	.blk = file_blk,
+	.name = "file", .opts = file_opts, .open = file_open, BLK_IO,
+	.co_truncate = file_truncate, .blk = file_blk,
 };
 
 const struct ioc_node_drv ioc__node_drv_host_device = {
-	.name = "host_device",
-	.opts = file_opts,
-	.open = file_open,
-	.close = file_close,
-	.co_preadv = file_preadv,
-	.co_pwritev = file_pwritev,
-	.co_flush = file_flush,
-	.co_discard = file_discard,
-	.co_write_zeroes = file_zero,
-	.co_block_status = file_status,
-	.co_truncate = file_truncate,
-	.blk = file_blk,
+	.name = "host_device", .opts = file_opts, .open = file_open, BLK_IO,
+	.co_truncate = file_truncate, .blk = file_blk,
 };
 
 int ioc_node_wrap_blk(struct ioc_node_graph *g, struct ioc_blk *blk, const char *name,
@@ -234,16 +224,7 @@ static int null_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 }
 
 const struct ioc_node_drv ioc__node_drv_null_co = {
-	.name = "null-co",
-	.opts = null_opts,
-	.open = null_open,
-	.close = file_close,
-	.co_preadv = file_preadv,
-	.co_pwritev = file_pwritev,
-	.co_flush = file_flush,
-	.co_discard = file_discard,
-	.co_write_zeroes = file_zero,
-	.co_block_status = file_status,
+	.name = "null-co", .opts = null_opts, .open = null_open, BLK_IO,
 };
 
 /* ---- raw ------------------------------------------------------------------- */

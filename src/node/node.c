@@ -232,6 +232,15 @@ static inline int check_range(struct ioc_node *n, uint64_t off, uint64_t len)
 	return off > n->size || len > n->size - off ? -EINVAL : 0;
 }
 
+/* A change of [off, off + len) with flags out of allowed: 0 or -errno. */
+static inline int check_change(struct ioc_node *n, uint64_t off, uint64_t len,
+			       uint32_t flags, uint32_t allowed)
+{
+	if (flags & ~allowed)
+		return -EINVAL;
+	return check_range(n, off, len) ?: (n->read_only ? -EPERM : 0);
+}
+
 /* Notifiers run on the request's coroutine; the list is read with one
  * acquire load, pairing with the release store in ioc_node_add_notifier(). */
 static inline int notify(struct ioc_node *n, enum ioc_node_op op, uint64_t off,
@@ -283,12 +292,8 @@ int ioc_coroutine_fn ioc_node_co_pwritev(struct ioc_node *n, uint64_t off,
 	struct ioc_node_slot *s = my_slot(n);
 	size_t len = iov_len(iov, iovcnt);
 	int64_t t0 = ioc_now_ns();
-	int ret = check_range(n, off, len);
+	int ret = check_change(n, off, len, flags, IOC_NODE_FUA);
 
-	if (flags & ~(uint32_t)IOC_NODE_FUA)
-		ret = -EINVAL;
-	else if (n->read_only)
-		ret = -EPERM;
 	if (ret == 0 && n->detect_zeroes && len && all_zero(iov, iovcnt) &&
 	    n->drv->co_write_zeroes) {
 		ret = n->drv->co_write_zeroes(n, off, len, flags |
@@ -337,12 +342,8 @@ int ioc_coroutine_fn ioc_node_co_discard(struct ioc_node *n, uint64_t off, uint6
 {
 	struct ioc_node_slot *s = my_slot(n);
 	int64_t t0 = ioc_now_ns();
-	int ret = check_range(n, off, len);
+	int ret = check_change(n, off, len, flags, 0);
 
-	if (flags)
-		ret = -EINVAL;
-	else if (ret == 0 && n->read_only)
-		ret = -EPERM;
 	if (ret < 0) {
 		account(s, IOC_NODE_OP_DISCARD, off, len, ret, t0);
 		return ret;
@@ -386,12 +387,9 @@ int ioc_coroutine_fn ioc_node_co_write_zeroes(struct ioc_node *n, uint64_t off,
 {
 	struct ioc_node_slot *s = my_slot(n);
 	int64_t t0 = ioc_now_ns();
-	int ret = check_range(n, off, len);
+	int ret = check_change(n, off, len, flags,
+			       IOC_NODE_FUA | IOC_NODE_MAY_UNMAP | IOC_NODE_NO_FALLBACK);
 
-	if (flags & ~(uint32_t)(IOC_NODE_FUA | IOC_NODE_MAY_UNMAP | IOC_NODE_NO_FALLBACK))
-		ret = -EINVAL;
-	else if (ret == 0 && n->read_only)
-		ret = -EPERM;
 	if (ret < 0) {
 		account(s, IOC_NODE_OP_ZERO, off, len, ret, t0);
 		return ret;

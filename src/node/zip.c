@@ -65,8 +65,11 @@ static void zip_close(struct ioc_node *n)
 	ioc_zip_image_close(n->opaque);
 }
 
-static int ioc_coroutine_fn zip_preadv(struct ioc_node *n, uint64_t off,
-				       const struct iovec *iov, int iovcnt, uint32_t flags)
+/* Both images read into one buffer: a request of several iovecs is
+ * bounced through one. */
+static int ioc_coroutine_fn read_flat(struct ioc_node *n, uint64_t off,
+				      const struct iovec *iov, int iovcnt,
+				      int (*rd)(struct ioc_node *, uint64_t, void *, size_t))
 {
 	size_t len = 0;
 	bool bounced;
@@ -78,13 +81,24 @@ static int ioc_coroutine_fn zip_preadv(struct ioc_node *n, uint64_t off,
 	buf = ioc__node_iov_flat(iov, iovcnt, len, &bounced);
 	if (!buf)
 		return -ENOMEM;
-	ret = ioc_zip_image_co_pread(n->opaque, off, buf, len, 0);
+	ret = rd(n, off, buf, len);
 	if (bounced) {
 		if (ret >= 0)
 			ioc__node_iov_scatter(iov, iovcnt, buf, len);
 		free(buf);
 	}
 	return ret;
+}
+
+static int ioc_coroutine_fn zip_read(struct ioc_node *n, uint64_t off, void *buf, size_t len)
+{
+	return ioc_zip_image_co_pread(n->opaque, off, buf, len, 0);
+}
+
+static int ioc_coroutine_fn zip_preadv(struct ioc_node *n, uint64_t off,
+				       const struct iovec *iov, int iovcnt, uint32_t flags)
+{
+	return read_flat(n, off, iov, iovcnt, zip_read);
 }
 
 static int ioc_coroutine_fn zip_pwritev(struct ioc_node *n, uint64_t off,
@@ -214,27 +228,17 @@ static void overlay_close(struct ioc_node *n)
 	ioc_zip_overlay_close(n->opaque);
 }
 
+static int ioc_coroutine_fn overlay_read(struct ioc_node *n, uint64_t off, void *buf,
+					 size_t len)
+{
+	return ioc_zip_overlay_co_pread(n->opaque, off, buf, len, 0);
+}
+
 static int ioc_coroutine_fn overlay_preadv(struct ioc_node *n, uint64_t off,
 					   const struct iovec *iov, int iovcnt,
 					   uint32_t flags)
 {
-	size_t len = 0;
-	bool bounced;
-	void *buf;
-	int ret;
-
-	for (int i = 0; i < iovcnt; i++)
-		len += iov[i].iov_len;
-	buf = ioc__node_iov_flat(iov, iovcnt, len, &bounced);
-	if (!buf)
-		return -ENOMEM;
-	ret = ioc_zip_overlay_co_pread(n->opaque, off, buf, len, 0);
-	if (bounced) {
-		if (ret >= 0)
-			ioc__node_iov_scatter(iov, iovcnt, buf, len);
-		free(buf);
-	}
-	return ret;
+	return read_flat(n, off, iov, iovcnt, overlay_read);
 }
 
 static int ioc_coroutine_fn overlay_pwritev(struct ioc_node *n, uint64_t off,

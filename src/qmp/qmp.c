@@ -173,6 +173,15 @@ static void send_errorf(struct ioc__qmp_client *c, json_t *id, const char *cls,
 	send_error(c, id, cls, buf);
 }
 
+void ioc__qmp_errf(struct ioc__qmp_err *err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
+	va_end(ap);
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 static void dispatch(struct ioc__qmp_client *c, json_t *req)

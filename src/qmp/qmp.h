@@ -21,6 +21,10 @@ struct ioc__qmp_err {
 	char desc[512];
 };
 
+/* Fill err's text (printf); the class stays as set. */
+void ioc__qmp_errf(struct ioc__qmp_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
 /* Returns the "return" value (a new reference), or NULL with err filled
  * in.  args is an object whose members passed the argument spec. */
 typedef json_t *ioc__qmp_fn(void *ctx, json_t *args, struct ioc__qmp_err *err);
