@@ -44,6 +44,12 @@ static void quiet(void *opaque, const char *line)
 {
 }
 
+/* The export lives as long as the process: its socket goes at exit. */
+static void unlink_socket(void)
+{
+	unlink(path);
+}
+
 static void setup(void)
 {
 	struct ioc_node *n;
@@ -71,6 +77,7 @@ static void setup(void)
 		fprintf(stderr, "export: %s\n", err);
 		abort();
 	}
+	atexit(unlink_socket);
 	memfd = memfd_create("guest", MFD_CLOEXEC);
 	memfd2 = memfd_create("guest2", MFD_CLOEXEC);
 	if (memfd < 0 || memfd2 < 0 || ftruncate(memfd, GMEM) < 0 || ftruncate(memfd2, GMEM) < 0)
