@@ -1,0 +1,674 @@
+/*
+ * The vhost-user device state machine: one handler per front-end message.
+ *
+ * Problem: the front end drives the device through a long conversation
+ * (features, memory, then per queue: size, base, addresses, kick, call,
+ * enable; GET_VRING_BASE to stop) whose order is not fixed: QEMU sends
+ * SET_VRING_CALL before SET_FEATURES, SeaBIOS starts and stops queue 0
+ * before Linux starts them all again on the same connection, the memory
+ * table can change under running queues, and each queue runs on its own
+ * I/O thread.  A message that does not fit the state must end the
+ * connection, not the process.
+ *
+ * Design: a const table maps each request to a handler; dispatch runs it,
+ * closes the fds it did not take, and answers: the request's own reply,
+ * or with REPLY_ACK and NEED_REPLY a u64 (0 or 1).  A handler returns
+ * -EPROTO for a protocol violation (the connection ends, logged with the
+ * reason), another -errno for a failure the front end is told about.
+ * Queue state is kept per queue; a queue starts when it has a size,
+ * addresses, memory and its kick fd (the spec's "start on kick") and
+ * stops on GET_VRING_BASE, as often as the front end likes.  Whatever
+ * touches a running queue runs on the queue's loop: the connection's
+ * coroutine moves there (ioc_co_move_to()), acts, and moves back; a stop
+ * or a new memory table waits there for the queue's in-flight requests,
+ * so guest memory is unmapped only when no request points into it.
+ * ADD/REM_MEM_REG build a new table sharing the old one's mappings;
+ * only the removed region's is unmapped, after every queue moved over.
+ *
+ * Rejected: a lock per queue taken by both sides (the data path would pay
+ * for a control path that runs a few times per boot); answering unknown
+ * requests with a failure and going on (their fds cannot be accounted
+ * for; msg.c ends the connection instead).  Not yet: inflight tracking
+ * (GET/SET_INFLIGHT_FD, not offered), dirty logging (LOG_ALL, not
+ * offered); the back-end channel is kept for config-change notices.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vub-export.h"
+
+struct reply {
+	bool send;
+	uint32_t size;
+	union {
+		uint64_t u64;
+		struct vhost_vring_state state;
+		struct vub_config_desc cfg;
+	} p;
+};
+
+typedef int ioc_coroutine_fn handler_fn(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					struct reply *rep);
+
+static void reply_u64(struct reply *rep, uint64_t v)
+{
+	rep->send = true;
+	rep->size = 8;
+	rep->p.u64 = v;
+}
+
+static int proto(struct ioc__vub_conn *c, const char *why)
+{
+	ioc__vub_log(c->exp, "closing the connection: %s", why);
+	return -EPROTO;
+}
+
+void ioc_coroutine_fn ioc__vub_to_queue(struct ioc__vub_queue *q)
+{
+	ioc_co_move_to(q->loop);
+}
+
+void ioc_coroutine_fn ioc__vub_to_ctrl(struct ioc__vub_export *e)
+{
+	ioc_co_move_to(e->ctrl);
+}
+
+static struct ioc__vub_queue *queue_of(struct ioc__vub_conn *c, uint64_t index)
+{
+	if (index >= c->exp->num_queues)
+		return NULL;
+	return &c->exp->q[index];
+}
+
+static void ioc_coroutine_fn start_kicked(struct ioc__vub_conn *c);
+
+/* ---- guest memory -------------------------------------------------------- */
+
+static void region_unmap(struct ioc__vub_region *r)
+{
+	if (r->map)
+		munmap(r->map, r->map_len);
+	r->map = NULL;
+}
+
+static void mem_free(struct ioc__vub_mem *mem, bool unmap)
+{
+	if (!mem)
+		return;
+	if (unmap)
+		for (unsigned i = 0; i < mem->n; i++)
+			region_unmap(&mem->r[i]);
+	free(mem);
+}
+
+/* Map d from fd (taken on success) after checking it against the file
+ * and against the table's other regions. */
+static int region_map(struct ioc__vub_conn *c, const struct ioc__vub_mem *mem,
+		      const struct vub_region_desc *d, int fd, struct ioc__vub_region *out)
+{
+	struct stat st;
+	uint64_t end;
+	void *p;
+
+	if (!d->size || __builtin_add_overflow(d->gpa, d->size, &end) ||
+	    __builtin_add_overflow(d->uva, d->size, &end) ||
+	    __builtin_add_overflow(d->mmap_offset, d->size, &end) || end > SIZE_MAX)
+		return proto(c, "memory region of bad size");
+	for (unsigned i = 0; i < mem->n; i++) {
+		const struct ioc__vub_region *o = &mem->r[i];
+
+		if (d->gpa < o->gpa + o->size && o->gpa < d->gpa + d->size)
+			return proto(c, "memory regions overlap");
+	}
+	/* A mapping past the end of the file would fault (SIGBUS) on access.
+	 * A front end that shrinks the file afterwards still could: memfds
+	 * from QEMU allow no seal we could add, so it is trusted that far. */
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < end)
+		return proto(c, "memory region larger than its file");
+	p = mmap(NULL, (size_t)end, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+		 fd, 0);
+	if (p == MAP_FAILED) {
+		int r = -errno;
+
+		ioc__vub_log(c->exp, "mapping %llu bytes of guest memory: %s",
+			     (unsigned long long)end, ioc_strerror(r));
+		return r;
+	}
+	close(fd);
+	*out = (struct ioc__vub_region){
+		.gpa = d->gpa, .size = d->size, .uva = d->uva,
+		.host = (uint8_t *)p + d->mmap_offset, .map = p, .map_len = (size_t)end,
+	};
+	return 0;
+}
+
+/* Put mem in place on every queue, then drop the old table (unmapping
+ * the regions not carried over). */
+static void ioc_coroutine_fn mem_install(struct ioc__vub_conn *c, struct ioc__vub_mem *mem)
+{
+	struct ioc__vub_mem *old = c->mem;
+
+	c->mem = mem;
+	for (unsigned i = 0; i < c->exp->num_queues; i++) {
+		struct ioc__vub_queue *q = &c->exp->q[i];
+
+		if (!q->started)
+			continue;
+		ioc__vub_to_queue(q);
+		ioc__vub_queue_remap(q, mem);
+		ioc__vub_to_ctrl(c->exp);
+	}
+	if (!old)
+		return;
+	for (unsigned i = 0; i < old->n; i++) {
+		bool kept = false;
+
+		for (unsigned j = 0; j < mem->n && !kept; j++)
+			kept = mem->r[j].map == old->r[i].map;
+		if (!kept)
+			region_unmap(&old->r[i]);
+	}
+	free(old);
+}
+
+static int ioc_coroutine_fn h_set_mem_table(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					    struct reply *rep)
+{
+	struct ioc__vub_mem *mem = calloc(1, sizeof(*mem));
+	int r = 0;
+
+	if (!mem)
+		return -ENOMEM;
+	for (unsigned i = 0; i < m->p.mem.nregions; i++) {
+		r = region_map(c, mem, &m->p.mem.r[i], m->fds[i], &mem->r[mem->n]);
+		if (r < 0)
+			break;
+		m->fds[i] = -1;
+		mem->n++;
+	}
+	if (r < 0) {
+		mem_free(mem, true);
+		return r;
+	}
+	mem_install(c, mem);
+	start_kicked(c);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_add_mem_reg(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					  struct reply *rep)
+{
+	struct ioc__vub_mem *mem = calloc(1, sizeof(*mem));
+	int r;
+
+	if (!mem)
+		return -ENOMEM;
+	if (c->mem)
+		*mem = *c->mem;
+	if (mem->n >= VUB_MAX_REGIONS) {
+		free(mem);
+		return proto(c, "more memory regions than GET_MAX_MEM_SLOTS");
+	}
+	r = region_map(c, mem, &m->p.one.r, m->fds[0], &mem->r[mem->n]);
+	if (r < 0) {
+		free(mem);
+		return r;
+	}
+	m->fds[0] = -1;
+	mem->n++;
+	mem_install(c, mem);
+	start_kicked(c);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_rem_mem_reg(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					  struct reply *rep)
+{
+	const struct vub_region_desc *d = &m->p.one.r;
+	struct ioc__vub_mem *mem;
+	unsigned k = 0;
+	bool found = false;
+
+	if (!c->mem)
+		return -EINVAL;
+	mem = calloc(1, sizeof(*mem));
+	if (!mem)
+		return -ENOMEM;
+	for (unsigned i = 0; i < c->mem->n; i++) {
+		const struct ioc__vub_region *o = &c->mem->r[i];
+
+		if (!found && o->gpa == d->gpa && o->size == d->size && o->uva == d->uva)
+			found = true;
+		else
+			mem->r[k++] = *o;
+	}
+	mem->n = k;
+	if (!found) {
+		free(mem);
+		return -EINVAL;
+	}
+	mem_install(c, mem);
+	return 0;
+}
+
+/* ---- features -------------------------------------------------------------- */
+
+static int ioc_coroutine_fn h_get_features(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					   struct reply *rep)
+{
+	reply_u64(rep, c->exp->features);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_features(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					   struct reply *rep)
+{
+	if (m->p.u64 & ~c->exp->features)
+		return proto(c, "front end acknowledged features not offered");
+	c->features = m->p.u64;
+	/* Taken by each queue at its next start. */
+	for (unsigned i = 0; i < c->exp->num_queues; i++) {
+		struct ioc__vub_queue *q = &c->exp->q[i];
+
+		if (q->started)
+			continue;
+		q->vr.event_idx = c->features & (1ull << VIRTIO_RING_F_EVENT_IDX);
+		q->vr.indirect = c->features & (1ull << VIRTIO_RING_F_INDIRECT_DESC);
+	}
+	return 0;
+}
+
+static int ioc_coroutine_fn h_get_protocol_features(struct ioc__vub_conn *c,
+						    struct ioc__vub_msg *m, struct reply *rep)
+{
+	reply_u64(rep, c->exp->protocol_features);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_protocol_features(struct ioc__vub_conn *c,
+						    struct ioc__vub_msg *m, struct reply *rep)
+{
+	if (m->p.u64 & ~c->exp->protocol_features)
+		return proto(c, "front end acknowledged protocol features not offered");
+	c->protocol_features = m->p.u64;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_nop(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+				  struct reply *rep)
+{
+	return 0;
+}
+
+static int ioc_coroutine_fn h_get_queue_num(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					    struct reply *rep)
+{
+	reply_u64(rep, c->exp->num_queues);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_get_max_mem_slots(struct ioc__vub_conn *c,
+						struct ioc__vub_msg *m, struct reply *rep)
+{
+	reply_u64(rep, VUB_MAX_REGIONS);
+	return 0;
+}
+
+/* ---- queues ------------------------------------------------------------------ */
+
+static void ioc_coroutine_fn queue_stop(struct ioc__vub_conn *c, struct ioc__vub_queue *q)
+{
+	if (!q->started)
+		return;
+	ioc__vub_to_queue(q);
+	ioc__vub_queue_stop(q);
+	ioc__vub_to_ctrl(c->exp);
+	q->running = false;
+}
+
+/* Start q if it has everything a start needs. */
+static int ioc_coroutine_fn queue_try_start(struct ioc__vub_conn *c, struct ioc__vub_queue *q)
+{
+	int r;
+
+	if (q->started || !q->kick_set || !c->mem || !q->vr.num || !q->vr.desc_uva)
+		return 0;
+	/* Without PROTOCOL_FEATURES a queue starts enabled. */
+	if (!(c->features & (1ull << VUB_F_PROTOCOL_FEATURES)))
+		q->want_enable = true;
+	ioc__vub_to_queue(q);
+	r = ioc__vub_queue_start(q, c->mem);
+	ioc__vub_to_ctrl(c->exp);
+	q->running = r == 0;
+	if (r < 0)
+		ioc__vub_log(c->exp, "queue %u not started: %s", q->index,
+			     r == -EINVAL && q->vr.why ? q->vr.why : ioc_strerror(r));
+	return r;
+}
+
+/* Queues kicked before the memory table came. */
+static void ioc_coroutine_fn start_kicked(struct ioc__vub_conn *c)
+{
+	for (unsigned i = 0; i < c->exp->num_queues; i++)
+		queue_try_start(c, &c->exp->q[i]);
+}
+
+static int ioc_coroutine_fn h_set_vring_num(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					    struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
+	unsigned n = m->p.state.num;
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	if (q->started)
+		return proto(c, "SET_VRING_NUM on a running queue");
+	if (!n || n > 32768 || (n & (n - 1)))
+		return proto(c, "vring size not a power of two up to 32768");
+	q->vr.num = n;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_vring_addr(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					     struct reply *rep)
+{
+	const struct vhost_vring_addr *a = &m->p.addr;
+	struct ioc__vub_queue *q = queue_of(c, a->index);
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	if (q->started) {
+		if (a->desc_user_addr == q->vr.desc_uva && a->avail_user_addr == q->vr.avail_uva &&
+		    a->used_user_addr == q->vr.used_uva)
+			return 0;
+		return proto(c, "SET_VRING_ADDR moves a running queue");
+	}
+	q->vr.desc_uva = a->desc_user_addr;
+	q->vr.avail_uva = a->avail_user_addr;
+	q->vr.used_uva = a->used_user_addr;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_vring_base(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					     struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	if (q->started)
+		return proto(c, "SET_VRING_BASE on a running queue");
+	if (m->p.state.num > 0xffff)
+		return proto(c, "vring base out of range");
+	q->vr.last_avail = (uint16_t)m->p.state.num;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_get_vring_base(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					     struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	queue_stop(c, q);
+	if (q->kick_fd >= 0)
+		close(q->kick_fd);
+	q->kick_fd = -1;
+	q->kick_set = false;
+	rep->send = true;
+	rep->size = sizeof(rep->p.state);
+	rep->p.state.index = m->p.state.index;
+	rep->p.state.num = q->vr.last_avail;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_vring_kick(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					     struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	/* A new kick fd on a running queue: stop it (requests finish) and
+	 * start it again on the new fd from where it was. */
+	queue_stop(c, q);
+	if (q->kick_fd >= 0)
+		close(q->kick_fd);
+	q->kick_fd = -1;
+	if (m->nfds) {
+		q->kick_fd = m->fds[0];
+		m->fds[0] = -1;
+		/* The kick handler reads only when the fd is readable, but a
+		 * reader that can block the loop is one mistake away. */
+		fcntl(q->kick_fd, F_SETFL, fcntl(q->kick_fd, F_GETFL) | O_NONBLOCK);
+	}
+	q->kick_set = true;
+	queue_try_start(c, q);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_vring_call(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					     struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
+	int fd = -1, old;
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	if (m->nfds) {
+		fd = m->fds[0];
+		m->fds[0] = -1;
+	}
+	old = q->vr.call_fd;
+	if (q->started) {
+		ioc__vub_to_queue(q);
+		ioc__vub_queue_set_call(q, fd);
+		ioc__vub_to_ctrl(c->exp);
+	} else {
+		q->vr.call_fd = fd;
+	}
+	if (old >= 0)
+		close(old);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_vring_err(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					    struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
+	int fd = -1, old;
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	if (m->nfds) {
+		fd = m->fds[0];
+		m->fds[0] = -1;
+	}
+	/* err_fd is read on the queue's loop only after a fault: swap it
+	 * there like the call fd. */
+	ioc__vub_to_queue(q);
+	old = q->err_fd;
+	q->err_fd = fd;
+	ioc__vub_to_ctrl(c->exp);
+	if (old >= 0)
+		close(old);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_vring_enable(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					       struct reply *rep)
+{
+	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
+
+	if (!q)
+		return proto(c, "vring index out of range");
+	if (m->p.state.num > 1)
+		return proto(c, "SET_VRING_ENABLE with a value other than 0 or 1");
+	if (q->started) {
+		ioc__vub_to_queue(q);
+		ioc__vub_queue_set_enable(q, m->p.state.num);
+		ioc__vub_to_ctrl(c->exp);
+	} else {
+		q->want_enable = m->p.state.num;
+	}
+	return 0;
+}
+
+static int ioc_coroutine_fn h_reset_owner(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					  struct reply *rep)
+{
+	/* Deprecated; the spec's advice: ignore it or disable the rings. */
+	for (unsigned i = 0; i < c->exp->num_queues; i++)
+		queue_stop(c, &c->exp->q[i]);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_backend_req_fd(struct ioc__vub_conn *c,
+						 struct ioc__vub_msg *m, struct reply *rep)
+{
+	if (c->backend_fd >= 0)
+		close(c->backend_fd);
+	c->backend_fd = m->fds[0];
+	m->fds[0] = -1;
+	return 0;
+}
+
+/* ---- config space ------------------------------------------------------------- */
+
+static int ioc_coroutine_fn h_get_config(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					 struct reply *rep)
+{
+	const struct vub_config_desc *q = &m->p.cfg;
+	uint8_t space[VUB_CONFIG_MAX] = { 0 };
+	struct virtio_blk_config cfg;
+
+	_Static_assert(sizeof(cfg) <= VUB_CONFIG_MAX, "config space fits the message");
+	rep->send = true;
+	if ((uint64_t)q->offset + q->size > VUB_CONFIG_MAX) {
+		rep->size = 0;   /* the spec's error answer */
+		return 0;
+	}
+	ioc__vub_blk_config(c->exp, &cfg);
+	memcpy(space, &cfg, sizeof(cfg));
+	rep->size = 12 + q->size;
+	rep->p.cfg.offset = q->offset;
+	rep->p.cfg.size = q->size;
+	rep->p.cfg.flags = q->flags;
+	memcpy(rep->p.cfg.data, space + q->offset, q->size);
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_config(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					 struct reply *rep)
+{
+	const struct vub_config_desc *q = &m->p.cfg;
+
+	/* The one writable field: the write cache enable byte. */
+	if (q->offset != offsetof(struct virtio_blk_config, wce) || q->size != 1)
+		return -EINVAL;
+	/* Relaxed, read relaxed by each request (blk.c): a request racing
+	 * the guest's switch may go either way, as on a real disk. */
+	atomic_store_explicit(&c->exp->wce, q->data[0] != 0, memory_order_relaxed);
+	return 0;
+}
+
+/* ---- dispatch ------------------------------------------------------------------- */
+
+static handler_fn *const handlers[VUB_REQUEST_MAX] = {
+	[VUB_GET_FEATURES] = h_get_features,
+	[VUB_SET_FEATURES] = h_set_features,
+	[VUB_SET_OWNER] = h_nop,
+	[VUB_RESET_OWNER] = h_reset_owner,
+	[VUB_SET_MEM_TABLE] = h_set_mem_table,
+	[VUB_SET_VRING_NUM] = h_set_vring_num,
+	[VUB_SET_VRING_ADDR] = h_set_vring_addr,
+	[VUB_SET_VRING_BASE] = h_set_vring_base,
+	[VUB_GET_VRING_BASE] = h_get_vring_base,
+	[VUB_SET_VRING_KICK] = h_set_vring_kick,
+	[VUB_SET_VRING_CALL] = h_set_vring_call,
+	[VUB_SET_VRING_ERR] = h_set_vring_err,
+	[VUB_GET_PROTOCOL_FEATURES] = h_get_protocol_features,
+	[VUB_SET_PROTOCOL_FEATURES] = h_set_protocol_features,
+	[VUB_GET_QUEUE_NUM] = h_get_queue_num,
+	[VUB_SET_VRING_ENABLE] = h_set_vring_enable,
+	[VUB_SET_BACKEND_REQ_FD] = h_set_backend_req_fd,
+	[VUB_GET_CONFIG] = h_get_config,
+	[VUB_SET_CONFIG] = h_set_config,
+	[VUB_GET_MAX_MEM_SLOTS] = h_get_max_mem_slots,
+	[VUB_ADD_MEM_REG] = h_add_mem_reg,
+	[VUB_REM_MEM_REG] = h_rem_mem_reg,
+};
+
+int ioc_coroutine_fn ioc__vub_dev_dispatch(struct ioc__vub_conn *c, struct ioc__vub_msg *m)
+{
+	handler_fn *h = m->request < VUB_REQUEST_MAX ? handlers[m->request] : NULL;
+	struct reply rep = { .send = false };
+	char nb[32];
+	int r, w = 0;
+
+	if (!h) {
+		ioc__vub_msg_close_fds(m);
+		return proto(c, "unsupported request");
+	}
+	r = h(c, m, &rep);
+	ioc__vub_msg_close_fds(m);
+	if (r == -EPROTO)
+		return r;
+	if (r < 0)
+		ioc__vub_log(c->exp, "%s failed: %s",
+			     ioc__vub_msg_name(m->request, nb, sizeof(nb)), ioc_strerror(r));
+	if (!rep.send && (m->flags & VUB_FLAG_NEED_REPLY) &&
+	    (c->protocol_features & (1ull << VUB_PROTO_F_REPLY_ACK)))
+		reply_u64(&rep, r < 0 ? 1 : 0);
+	if (rep.send)
+		w = ioc__vub_msg_send(c->fd, m->request, VUB_VERSION | VUB_FLAG_REPLY,
+				      &rep.p, rep.size);
+	if (w < 0) {
+		ioc__vub_log(c->exp, "closing the connection: reply to %s: %s",
+			     ioc__vub_msg_name(m->request, nb, sizeof(nb)), ioc_strerror(w));
+		return w;
+	}
+	return 0;
+}
+
+void ioc_coroutine_fn ioc__vub_dev_reset(struct ioc__vub_conn *c)
+{
+	struct ioc__vub_export *e = c->exp;
+
+	for (unsigned i = 0; i < e->num_queues; i++) {
+		struct ioc__vub_queue *q = &e->q[i];
+
+		queue_stop(c, q);
+		if (q->kick_fd >= 0)
+			close(q->kick_fd);
+		if (q->vr.call_fd >= 0)
+			close(q->vr.call_fd);
+		if (q->err_fd >= 0)
+			close(q->err_fd);
+		q->kick_fd = q->err_fd = q->vr.call_fd = -1;
+		q->kick_set = q->want_enable = false;
+		q->vr.num = 0;
+		q->vr.desc_uva = q->vr.avail_uva = q->vr.used_uva = 0;
+		q->vr.last_avail = 0;
+		q->vr.event_idx = q->vr.indirect = false;
+		q->vr.mem = NULL;
+		q->vr.desc = NULL;
+		q->vr.avail = NULL;
+		q->vr.used = NULL;
+		q->vr.broken = false;
+	}
+	mem_free(c->mem, true);
+	c->mem = NULL;
+	if (c->backend_fd >= 0)
+		close(c->backend_fd);
+	c->backend_fd = -1;
+	c->features = c->protocol_features = 0;
+}

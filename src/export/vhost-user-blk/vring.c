@@ -1,0 +1,315 @@
+/*
+ * Guest memory and the split virtqueue, seen from the device.
+ *
+ * Problem: every address in a ring comes from the guest (descriptor
+ * buffers, indirect tables) or from the front end (the rings themselves),
+ * and both may be wrong or hostile: outside guest memory, straddling two
+ * regions, looping, longer than the ring, changing under our feet while we
+ * read them.  None of that may crash the process or touch memory outside
+ * the regions the front end handed us; the worst it may do is stop the
+ * ring.  And the walker sits on the data path, so it must cost a few loads
+ * per descriptor.
+ *
+ * Design: the memory table is an array of regions (guest physical base,
+ * size, front-end address, our mapping), searched linearly: QEMU sends a
+ * handful.  A translation succeeds only inside one region; a descriptor
+ * buffer that crosses regions becomes several iovecs.  Each descriptor is
+ * read once into a local copy (then a compiler barrier: the guest may
+ * rewrite it, we use what we checked).  A chain may not visit more
+ * descriptors than its table holds (the ring's, or an indirect table's),
+ * which catches loops without marking; an indirect table must be one
+ * nonzero multiple of 16 bytes inside one region, negotiated, not nested,
+ * not chained.  Readable descriptors must come before writable ones.  Any
+ * fault marks the ring broken with a reason and it hands out nothing more
+ * (the device's "needs reset").
+ *
+ * Notification: completions are pushed to the used ring without being
+ * visible; flush publishes used->idx once per batch and signals the call
+ * eventfd at most once, when the driver asked (EVENT_IDX: used_event
+ * crossed; else no NO_INTERRUPT flag).  arm asks for the next kick
+ * (avail_event) and re-reads avail->idx after a full fence, so a request
+ * made while we armed is never left without a kick or a look.
+ *
+ * Rejected: copying whole descriptor tables out of guest memory (cost on
+ * every request for what a hostile guest can do anyway: we check each
+ * entry as read); marking visited descriptors to detect loops (a bitmap
+ * per ring, for what a count already bounds).
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vub-int.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+	       "virtio 1.0 rings are little-endian; this walker reads them natively");
+
+#define compiler_barrier() __asm__ __volatile__("" ::: "memory")
+
+void *ioc__vub_gpa(const struct ioc__vub_mem *mem, uint64_t gpa, uint64_t len,
+		   uint64_t *contig)
+{
+	for (unsigned i = 0; i < mem->n; i++) {
+		const struct ioc__vub_region *r = &mem->r[i];
+
+		if (gpa >= r->gpa && gpa - r->gpa < r->size) {
+			uint64_t off = gpa - r->gpa, left = r->size - off;
+
+			if (contig)
+				*contig = left;
+			else if (len > left)
+				return NULL;
+			return r->host + off;
+		}
+	}
+	return NULL;
+}
+
+void *ioc__vub_uva(const struct ioc__vub_mem *mem, uint64_t uva, uint64_t len)
+{
+	for (unsigned i = 0; i < mem->n; i++) {
+		const struct ioc__vub_region *r = &mem->r[i];
+
+		if (uva >= r->uva && uva - r->uva < r->size) {
+			uint64_t off = uva - r->uva;
+
+			if (len > r->size - off)
+				return NULL;
+			return r->host + off;
+		}
+	}
+	return NULL;
+}
+
+static int map_fail(struct ioc__vub_vring *vr, const char *why)
+{
+	vr->why = why;
+	vr->desc = NULL;
+	vr->avail = NULL;
+	vr->used = NULL;
+	return -EINVAL;
+}
+
+int ioc__vub_vring_map(struct ioc__vub_vring *vr, const struct ioc__vub_mem *mem)
+{
+	uint64_t n = vr->num;
+
+	if (!mem)
+		return map_fail(vr, "no memory table");
+	if (n == 0 || n > 32768 || (n & (n - 1)))
+		return map_fail(vr, "ring size not a power of two up to 32768");
+	if ((vr->desc_uva & 15) || (vr->avail_uva & 1) || (vr->used_uva & 3))
+		return map_fail(vr, "ring address misaligned");
+	vr->desc = ioc__vub_uva(mem, vr->desc_uva, 16 * n);
+	vr->avail = ioc__vub_uva(mem, vr->avail_uva, 6 + 2 * n);
+	vr->used = ioc__vub_uva(mem, vr->used_uva, 6 + 8 * n);
+	if (!vr->desc || !vr->avail || !vr->used)
+		return map_fail(vr, "ring outside guest memory");
+	/* Aligned addresses can still land misaligned here: a region's
+	 * mapping starts at the front end's mmap_offset, any number. */
+	if (((uintptr_t)vr->desc & 15) || ((uintptr_t)vr->avail & 1) ||
+	    ((uintptr_t)vr->used & 3))
+		return map_fail(vr, "ring misaligned in our mapping");
+	vr->mem = mem;
+	vr->broken = false;
+	vr->why = NULL;
+	return 0;
+}
+
+static inline uint16_t *used_event(struct ioc__vub_vring *vr)
+{
+	return &vr->avail->ring[vr->num];
+}
+
+static inline uint16_t *avail_event(struct ioc__vub_vring *vr)
+{
+	return (uint16_t *)&vr->used->ring[vr->num];
+}
+
+static inline uint16_t avail_idx_acquire(struct ioc__vub_vring *vr)
+{
+	/* Pairs with the driver's write barrier between filling avail->ring
+	 * (and the descriptors) and its store of avail->idx. */
+	return __atomic_load_n(&vr->avail->idx, __ATOMIC_ACQUIRE);
+}
+
+bool ioc__vub_vring_avail(struct ioc__vub_vring *vr)
+{
+	if (!vr->avail || vr->broken)
+		return false;
+	/* Relaxed: a hint for the poll callback; pop re-reads it with the
+	 * acquire load before touching the entries. */
+	return __atomic_load_n(&vr->avail->idx, __ATOMIC_RELAXED) != vr->last_avail;
+}
+
+static int fault(struct ioc__vub_vring *vr, const char *why)
+{
+	vr->broken = true;
+	vr->why = why;
+	return -EPROTO;
+}
+
+/* Append [gpa, gpa + len) to e, one iovec per region it touches. */
+static int add_buffer(struct ioc__vub_vring *vr, struct ioc__vub_elem *e,
+		      uint64_t gpa, uint32_t len)
+{
+	uint64_t left = len;
+
+	while (left) {
+		uint64_t contig;
+		void *host = ioc__vub_gpa(vr->mem, gpa, left, &contig);
+		uint64_t chunk;
+
+		if (!host)
+			return fault(vr, "descriptor outside guest memory");
+		chunk = left < contig ? left : contig;
+		if (e->n_out + e->n_in >= VUB_REQ_IOV)
+			return fault(vr, "request has too many segments");
+		e->iov[e->n_out + e->n_in] = (struct iovec){ host, (size_t)chunk };
+		gpa += chunk;
+		left -= chunk;
+		e->n_in += 1;   /* moved to n_out by the caller when readable */
+	}
+	return 0;
+}
+
+int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e)
+{
+	const uint8_t *table;   /* may be unaligned (an indirect table) */
+	unsigned tnum, count = 0, i;
+	uint16_t avail, head;
+	bool in_indirect = false;
+
+	if (vr->broken || !vr->avail)
+		return vr->broken ? -EPROTO : 0;
+	avail = avail_idx_acquire(vr);
+	if (avail == vr->last_avail)
+		return 0;
+	if ((uint16_t)(avail - vr->last_avail) > vr->num)
+		return fault(vr, "avail index ran ahead of the ring");
+	/* Relaxed: ordered after the acquire load of avail->idx above. */
+	head = __atomic_load_n(&vr->avail->ring[vr->last_avail & (vr->num - 1)],
+			       __ATOMIC_RELAXED);
+	if (head >= vr->num)
+		return fault(vr, "avail entry out of range");
+
+	e->n_out = e->n_in = 0;
+	table = (const uint8_t *)vr->desc;
+	tnum = vr->num;
+	i = head;
+	for (;;) {
+		struct vring_desc d;
+
+		if (++count > tnum)
+			return fault(vr, "descriptor chain loops or outgrows its table");
+		memcpy(&d, table + (size_t)i * sizeof(d), sizeof(d));
+		compiler_barrier();
+		if (d.flags & VRING_DESC_F_INDIRECT) {
+			uint64_t contig;
+
+			if (!vr->indirect)
+				return fault(vr, "indirect descriptor not negotiated");
+			if (in_indirect)
+				return fault(vr, "indirect descriptor inside an indirect table");
+			if (d.flags & VRING_DESC_F_NEXT)
+				return fault(vr, "indirect descriptor with NEXT");
+			if (d.len == 0 || d.len % sizeof(struct vring_desc) ||
+			    d.len / sizeof(struct vring_desc) > VUB_INDIRECT_MAX)
+				return fault(vr, "indirect table of bad size");
+			table = ioc__vub_gpa(vr->mem, d.addr, d.len, &contig);
+			if (!table || contig < d.len)
+				return fault(vr, "indirect table outside guest memory");
+			tnum = d.len / sizeof(struct vring_desc);
+			in_indirect = true;
+			count = 0;
+			i = 0;
+			continue;
+		}
+		if (d.flags & VRING_DESC_F_WRITE) {
+			if (add_buffer(vr, e, d.addr, d.len) < 0)
+				return -EPROTO;
+		} else {
+			unsigned before = e->n_in;
+
+			if (e->n_in)
+				return fault(vr, "readable descriptor after a writable one");
+			if (add_buffer(vr, e, d.addr, d.len) < 0)
+				return -EPROTO;
+			e->n_out += e->n_in - before;
+			e->n_in = before;
+		}
+		if (!(d.flags & VRING_DESC_F_NEXT))
+			break;
+		i = d.next;
+		if (i >= tnum)
+			return fault(vr, "next descriptor out of range");
+	}
+	vr->last_avail++;
+	e->head = head;
+	return 1;
+}
+
+void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len)
+{
+	struct vring_used_elem *u = &vr->used->ring[vr->used_idx & (vr->num - 1)];
+
+	/* Published by flush's release store of used->idx. */
+	__atomic_store_n(&u->id, (uint32_t)head, __ATOMIC_RELAXED);
+	__atomic_store_n(&u->len, len, __ATOMIC_RELAXED);
+	vr->used_idx++;
+}
+
+bool ioc__vub_vring_flush(struct ioc__vub_vring *vr)
+{
+	uint16_t old = vr->published, now = vr->used_idx;
+	bool need;
+
+	if (!vr->used || old == now)
+		return false;
+	/* Pairs with the driver's read barrier between its load of
+	 * used->idx and its reads of the used entries (and of the data we
+	 * wrote into its buffers). */
+	__atomic_store_n(&vr->used->idx, now, __ATOMIC_RELEASE);
+	vr->published = now;
+	if (vr->call_fd < 0)
+		return false;
+	/* The used->idx store above before the read of what the driver
+	 * wants; pairs with the driver's full barrier between writing
+	 * used_event (or clearing NO_INTERRUPT) and re-reading used->idx,
+	 * so either it sees our entries or we see its request. */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (vr->event_idx) {
+		/* Relaxed: ordered by the fence above. */
+		uint16_t ev = __atomic_load_n(used_event(vr), __ATOMIC_RELAXED);
+
+		/* Did used->idx pass ev in this batch: ev in [old, now)? */
+		need = (uint16_t)(now - ev - 1) < (uint16_t)(now - old);
+	} else {
+		need = !(__atomic_load_n(&vr->avail->flags, __ATOMIC_RELAXED) &
+			 VRING_AVAIL_F_NO_INTERRUPT);
+	}
+	if (need) {
+		uint64_t one = 1;
+
+		/* An eventfd counts: a full one (2^64 - 2 signals unread)
+		 * fails with EAGAIN, and the driver has work anyway. */
+		if (write(vr->call_fd, &one, sizeof(one)) < 0)
+			return false;
+	}
+	return need;
+}
+
+bool ioc__vub_vring_arm(struct ioc__vub_vring *vr)
+{
+	if (!vr->avail || vr->broken)
+		return false;
+	/* Relaxed store, ordered before the re-read by the fence below. */
+	if (vr->event_idx)
+		__atomic_store_n(avail_event(vr), vr->last_avail, __ATOMIC_RELAXED);
+	/* The avail_event store before the avail->idx load; pairs with the
+	 * driver's full barrier between its avail->idx store and its read
+	 * of avail_event (or of used->flags): either it sees our request
+	 * and kicks, or we see its entry here. */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	return __atomic_load_n(&vr->avail->idx, __ATOMIC_RELAXED) != vr->last_avail;
+}

@@ -1,0 +1,225 @@
+/*
+ * vhost-user-blk export: the private interfaces between its layers.
+ *
+ *   msg.c    the wire: one message in (header, payload, fds), one out
+ *   vring.c  guest memory and the split ring walker (no I/O, no loop)
+ *   blk.c    virtio-blk requests: one coroutine each, on the queue's loop
+ *   dev.c    the device state machine, one handler per front-end message
+ *   export.c the export object, its socket, the connection's life
+ *
+ * Threads: the connection (messages, device state) lives on the control
+ * loop; queue i lives on loops[i % nloops].  Everything a queue's data
+ * path touches is touched only on the queue's loop: the control side
+ * changes it from a coroutine that moves there (ioc_co_move_to()), so no
+ * field below needs a lock or an atomic, except the few marked.
+ */
+#ifndef IOC_VUB_INT_H
+#define IOC_VUB_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <linux/vhost_types.h>
+#include <linux/virtio_blk.h>
+#include <linux/virtio_ring.h>
+
+#include "iocore/co.h"
+#include "iocore/loop.h"
+
+/* ---- the wire (msg.c) ------------------------------------------------- */
+
+enum {
+	VUB_GET_FEATURES = 1,
+	VUB_SET_FEATURES = 2,
+	VUB_SET_OWNER = 3,
+	VUB_RESET_OWNER = 4,
+	VUB_SET_MEM_TABLE = 5,
+	VUB_SET_LOG_BASE = 6,
+	VUB_SET_LOG_FD = 7,
+	VUB_SET_VRING_NUM = 8,
+	VUB_SET_VRING_ADDR = 9,
+	VUB_SET_VRING_BASE = 10,
+	VUB_GET_VRING_BASE = 11,
+	VUB_SET_VRING_KICK = 12,
+	VUB_SET_VRING_CALL = 13,
+	VUB_SET_VRING_ERR = 14,
+	VUB_GET_PROTOCOL_FEATURES = 15,
+	VUB_SET_PROTOCOL_FEATURES = 16,
+	VUB_GET_QUEUE_NUM = 17,
+	VUB_SET_VRING_ENABLE = 18,
+	VUB_SET_BACKEND_REQ_FD = 21,
+	VUB_GET_CONFIG = 24,
+	VUB_SET_CONFIG = 25,
+	VUB_GET_INFLIGHT_FD = 31,
+	VUB_SET_INFLIGHT_FD = 32,
+	VUB_GET_MAX_MEM_SLOTS = 36,
+	VUB_ADD_MEM_REG = 37,
+	VUB_REM_MEM_REG = 38,
+	VUB_REQUEST_MAX = 41,
+};
+/* Back-end to front-end, on the back-end channel. */
+enum { VUB_BACKEND_CONFIG_CHANGE_MSG = 2 };
+
+enum {
+	VUB_F_PROTOCOL_FEATURES = 30,   /* in the device feature bits */
+};
+enum {
+	VUB_PROTO_F_MQ = 0,
+	VUB_PROTO_F_LOG_SHMFD = 1,
+	VUB_PROTO_F_REPLY_ACK = 3,
+	VUB_PROTO_F_BACKEND_REQ = 5,
+	VUB_PROTO_F_CONFIG = 9,
+	VUB_PROTO_F_INFLIGHT_SHMFD = 12,
+	VUB_PROTO_F_CONFIGURE_MEM_SLOTS = 15,
+};
+
+#define VUB_VERSION        0x1u
+#define VUB_FLAG_VERSION   0x3u
+#define VUB_FLAG_REPLY     0x4u
+#define VUB_FLAG_NEED_REPLY 0x8u
+#define VUB_VRING_IDX_MASK 0xffu
+#define VUB_VRING_NOFD     0x100u
+
+#define VUB_HDR_SIZE       12
+#define VUB_MAX_FDS        8      /* per message */
+#define VUB_TABLE_REGIONS  8      /* in one SET_MEM_TABLE */
+#define VUB_MAX_REGIONS    32     /* GET_MAX_MEM_SLOTS */
+#define VUB_CONFIG_MAX     256    /* GET/SET_CONFIG payload bytes */
+#define VUB_MAX_PAYLOAD    (12 + VUB_CONFIG_MAX)
+
+struct vub_region_desc {          /* as on the wire */
+	uint64_t gpa, size, uva, mmap_offset;
+};
+struct vub_mem_table_desc {
+	uint32_t nregions, padding;
+	struct vub_region_desc r[VUB_TABLE_REGIONS];
+};
+struct vub_mem_one_desc {
+	uint64_t padding;
+	struct vub_region_desc r;
+};
+struct vub_config_desc {
+	uint32_t offset, size, flags;
+	uint8_t data[VUB_CONFIG_MAX];
+};
+
+struct ioc__vub_msg {
+	uint32_t request, flags, size;
+	union {
+		uint64_t u64;
+		struct vhost_vring_state state;
+		struct vhost_vring_addr addr;
+		struct vub_mem_table_desc mem;
+		struct vub_mem_one_desc one;
+		struct vub_config_desc cfg;
+		uint8_t raw[VUB_MAX_PAYLOAD];
+	} p;
+	int fds[VUB_MAX_FDS];          /* owned; -1 once taken */
+	int nfds;
+};
+
+/* Name of a request for log lines ("SET_MEM_TABLE", "request 99"). */
+const char *ioc__vub_msg_name(uint32_t request, char *buf, size_t len);
+/*
+ * Check a received message: version and flags, the payload size the
+ * request needs, the fds it carries (missing or extra is an error).
+ * Returns 0, or -EPROTO with *why naming the fault.  Pure: the fuzz
+ * target's entry.
+ */
+int ioc__vub_msg_check(const struct ioc__vub_msg *m, const char **why);
+/*
+ * Read one message from a non-blocking socket: waits for readability
+ * (in a coroutine: ioc_co_wait_fd(); outside: poll(2)).  0 with *m
+ * filled (checked with ioc__vub_msg_check()), -ECONNRESET on an orderly
+ * end before a header, -EPROTO (with *why) for a malformed, oversized or
+ * truncated message, another -errno from the socket.  On failure no fd
+ * is left open.
+ */
+int ioc_coroutine_fn ioc__vub_msg_recv(int fd, struct ioc__vub_msg *m,
+				       const char **why);
+/* Close the fds the handler did not take. */
+void ioc__vub_msg_close_fds(struct ioc__vub_msg *m);
+/* Send a message (request, flags, payload); waits for writability like
+ * recv.  0 or -errno. */
+int ioc_coroutine_fn ioc__vub_msg_send(int fd, uint32_t request, uint32_t flags,
+				       const void *payload, uint32_t size);
+
+/* ---- guest memory and the split ring (vring.c) ------------------------ */
+
+struct ioc__vub_region {
+	uint64_t gpa, size, uva;
+	uint8_t *host;                 /* gpa maps here */
+	void *map;                     /* what munmap() gets (NULL: not ours) */
+	size_t map_len;
+};
+struct ioc__vub_mem {
+	unsigned n;
+	struct ioc__vub_region r[VUB_MAX_REGIONS];
+};
+
+/* Host address of [gpa, gpa + len) when it lies in one region, else
+ * NULL.  *contig (may be NULL): bytes from gpa to the region's end. */
+void *ioc__vub_gpa(const struct ioc__vub_mem *mem, uint64_t gpa, uint64_t len,
+		   uint64_t *contig);
+/* The same for a front-end user address (ring addresses). */
+void *ioc__vub_uva(const struct ioc__vub_mem *mem, uint64_t uva, uint64_t len);
+
+/* Descriptors per request this walker hands out (SEG_MAX + header +
+ * status + room for buffers split across regions). */
+#define VUB_SEG_MAX        126
+#define VUB_REQ_IOV        (VUB_SEG_MAX + 6)
+#define VUB_INDIRECT_MAX   1024   /* entries of an indirect table */
+
+struct ioc__vub_elem {
+	uint16_t head;                 /* for the used ring */
+	unsigned n_out, n_in;          /* readable iovecs, then writable */
+	struct iovec iov[VUB_REQ_IOV];
+};
+
+struct ioc__vub_vring {
+	/* Set by the front end's messages. */
+	unsigned num;                  /* entries, a power of two */
+	uint64_t desc_uva, avail_uva, used_uva;
+	uint16_t last_avail;           /* next avail entry to take */
+	bool event_idx;                /* VIRTIO_RING_F_EVENT_IDX acked */
+	bool indirect;                 /* VIRTIO_RING_F_INDIRECT_DESC acked */
+	int call_fd;                   /* -1: the front end polls */
+
+	/* Translated at start (ioc__vub_vring_map()). */
+	const struct ioc__vub_mem *mem;
+	struct vring_desc *desc;
+	struct vring_avail *avail;
+	struct vring_used *used;
+
+	uint16_t used_idx;             /* next used entry to fill */
+	uint16_t published;            /* used->idx as last written */
+	uint16_t signalled;            /* used->idx at the last signal */
+	bool signalled_valid;          /* ... is meaningful (EVENT_IDX) */
+	bool broken;                   /* a fault stopped the ring */
+	const char *why;               /* the fault */
+};
+
+/* Check num and the ring addresses against mem and point desc, avail,
+ * used into it.  0 or -EINVAL with vr->why. */
+int ioc__vub_vring_map(struct ioc__vub_vring *vr, const struct ioc__vub_mem *mem);
+/* Requests the driver made available and we did not take. */
+bool ioc__vub_vring_avail(struct ioc__vub_vring *vr);
+/*
+ * Take the next request: 1 with *e filled (iovecs into guest memory,
+ * readable ones first), 0 when there is none, -EPROTO when the ring or
+ * the chain is faulty: then vr->broken and vr->why are set and the ring
+ * gives nothing more.
+ */
+int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e);
+/* Put a completion in the used ring (not yet visible: see flush). */
+void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len);
+/* Publish the pushed completions (used->idx) and, when the driver wants
+ * it (EVENT_IDX used_event, or NO_INTERRUPT), signal call_fd once.
+ * Returns true when it signalled. */
+bool ioc__vub_vring_flush(struct ioc__vub_vring *vr);
+/* Ask for a kick at the next request (EVENT_IDX avail_event) and return
+ * whether one arrived meanwhile (then process before sleeping). */
+bool ioc__vub_vring_arm(struct ioc__vub_vring *vr);
+
+
+#endif /* IOC_VUB_INT_H */

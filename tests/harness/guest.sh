@@ -1,0 +1,113 @@
+# A Linux guest under TCG for tests that serve it a device (vhost-user-blk
+# today).  Source it from a bash test:
+#
+#   . "$IOC_SOURCE_ROOT/tests/harness/guest.sh"
+#   guest_check || skip "$GUEST_SKIP"         # 77 only for a missing package
+#   guest_initramfs "$dir" "$dir/test.sh"     # test.sh runs inside the guest
+#   guest_run "$dir" "$sock" 2 120            # socket, num-queues, timeout (s)
+#   grep -q 'GUEST-DONE rc=0' "$dir/console.log"
+#
+# The guest: the installed Debian kernel (/boot/vmlinuz-*, linux-image-amd64),
+# a busybox-static initramfs built in the test's directory (nothing binary
+# is committed), the virtio modules of that kernel, 512 MiB of shared memfd
+# memory (vhost-user maps it) and one vhost-user-blk-pci device on the
+# socket.  /init mounts /proc, /sys, /dev, loads the modules, waits (at
+# most 10 s) for /dev/vda, runs /test.sh and prints "GUEST-DONE rc=N"
+# before powering off.  The console goes to $dir/console.log.  Every wait
+# is bounded: the whole run by `timeout`, the device by a count.
+#
+# GUEST_SMP (default 1) sets the vCPUs: Linux uses min(num-queues, vCPUs)
+# queues, so a multiqueue test wants 2.  GUEST_DEVICE_OPTS adds options to
+# the device (",event_idx=off"), GUEST_QEMU_ARGS arguments to QEMU.
+
+GUEST_MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
+
+# Sets GUEST_KERNEL, GUEST_KVER, GUEST_BUSYBOX; returns 1 with GUEST_SKIP
+# naming what is missing.
+guest_check() {
+	GUEST_SKIP=
+	for p in qemu-system-x86_64 cpio gzip timeout; do
+		if ! command -v "$p" >/dev/null 2>&1; then
+			GUEST_SKIP="$p not installed"
+			return 1
+		fi
+	done
+	GUEST_KERNEL=$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n 1)
+	if [ -z "$GUEST_KERNEL" ] || [ ! -r "$GUEST_KERNEL" ]; then
+		GUEST_SKIP="no readable kernel in /boot (linux-image-amd64)"
+		return 1
+	fi
+	GUEST_KVER=${GUEST_KERNEL#/boot/vmlinuz-}
+	GUEST_BUSYBOX=
+	for b in /bin/busybox /usr/bin/busybox; do
+		if [ -x "$b" ] && file -L "$b" 2>/dev/null | grep -q 'statically linked'; then
+			GUEST_BUSYBOX=$b
+			break
+		fi
+	done
+	if [ -z "$GUEST_BUSYBOX" ]; then
+		GUEST_SKIP="no static busybox (busybox-static)"
+		return 1
+	fi
+	for m in $GUEST_MODULES; do
+		if [ -z "$(find "/lib/modules/$GUEST_KVER" -name "$m.ko*" 2>/dev/null | head -n 1)" ]; then
+			GUEST_SKIP="module $m of kernel $GUEST_KVER not installed"
+			return 1
+		fi
+	done
+	return 0
+}
+
+# guest_initramfs DIR SCRIPT: DIR/initramfs.gz with SCRIPT as /test.sh.
+guest_initramfs() {
+	local dir=$1 script=$2 root=$1/initramfs.d m f
+	rm -rf "$root"
+	mkdir -p "$root/bin" "$root/proc" "$root/sys" "$root/dev" "$root/lib/modules" "$root/tmp"
+	cp "$GUEST_BUSYBOX" "$root/bin/busybox"
+	for m in $GUEST_MODULES; do
+		f=$(find "/lib/modules/$GUEST_KVER" -name "$m.ko*" | head -n 1)
+		case $f in
+		*.ko.xz) xz -dc "$f" >"$root/lib/modules/$m.ko" ;;
+		*.ko.zst) zstd -qdc "$f" >"$root/lib/modules/$m.ko" ;;
+		*.ko.gz) gzip -dc "$f" >"$root/lib/modules/$m.ko" ;;
+		*) cp "$f" "$root/lib/modules/$m.ko" ;;
+		esac
+	done
+	cp "$script" "$root/test.sh"
+	cat >"$root/init" <<INIT
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $GUEST_MODULES; do
+	insmod /lib/modules/\$m.ko || echo "GUEST-MODULE-FAILED \$m"
+done
+i=0
+while [ ! -b /dev/vda ] && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i + 1)); done
+sh /test.sh
+echo "GUEST-DONE rc=\$?"
+sync
+poweroff -f
+INIT
+	chmod +x "$root/init"
+	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$dir/initramfs.gz"
+	rm -rf "$root"
+}
+
+# guest_run DIR SOCK NUM_QUEUES TIMEOUT_S: boot, run, power off.  Returns
+# qemu's status (124 when the timeout killed it).
+guest_run() {
+	local dir=$1 sock=$2 nq=$3 t=$4
+	timeout --kill-after=5 "$t" qemu-system-x86_64 \
+		-accel tcg -m 512M -smp "${GUEST_SMP:-1}" \
+		-nodefaults -no-user-config -display none -no-reboot \
+		-serial "file:$dir/console.log" \
+		-kernel "$GUEST_KERNEL" -initrd "$dir/initramfs.gz" \
+		-append "console=ttyS0 panic=-1 quiet loglevel=4" \
+		-object memory-backend-memfd,id=mem,size=512M,share=on \
+		-numa node,memdev=mem \
+		-chardev "socket,id=c0,path=$sock" \
+		-device "vhost-user-blk-pci,chardev=c0,num-queues=$nq${GUEST_DEVICE_OPTS:-}" \
+		${GUEST_QEMU_ARGS:-} </dev/null >"$dir/qemu.log" 2>&1
+}

@@ -1,0 +1,873 @@
+/*
+ * The export against a front end written here: a blocking client that
+ * speaks vhost-user as QEMU does, with guest memory in a memfd and rings
+ * it builds by hand.  It checks the device state machine (features,
+ * config, memory tables by SET_MEM_TABLE and by ADD/REM_MEM_REG, queue
+ * start, stop and restart on one connection), each virtio-blk request
+ * type with its error answers, a ring fault (the queue stops and the
+ * error eventfd fires), malformed messages that end one connection while
+ * the export goes on serving the next, a second front end refused, a
+ * read-only export, and that no fd outlives the export.
+ *
+ * The export runs on an I/O thread (its control loop) with its two queues
+ * on a second one; the node is a file in the test's scratch directory.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "tap.h"
+#include "../blk/blk-test.h"
+#include "node/node.h"
+#include "qmp/schema.h"
+#include "vub-export.h"
+
+#define MEMSZ    (4u << 20)
+#define QN       16
+#define IMG_SIZE (1u << 20)
+#define HDR_GPA  0x200000u
+#define DATA_GPA 0x210000u
+#define STAT_GPA 0x2ff000u
+
+static struct ioc_node_graph *graph;
+static struct ioc_node *node;
+static struct ioc_iothread *ctrl_th, *io_th;
+static char sock_path[256], ro_path[256], *img;
+
+struct fe {
+	int sock, memfd;
+	uint8_t *mem;
+	int kick[2], call[2], err[2];
+	uint16_t avail[2], used_seen[2];
+	uint8_t *extra;            /* ADD_MEM_REG's region */
+	int extra_fd;
+};
+
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	ASSERT_NOT_NULL(d);
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* ---- the export on its thread ------------------------------------------------- */
+
+struct mk {
+	struct ioc__vub_export *e;
+	const char *path;
+	bool writable;
+	char err[256];
+	int r;
+};
+
+static int mk_fn(void *arg)
+{
+	struct mk *m = arg;
+	struct ioc_loop *l = ioc_iothread_loop(io_th);
+	struct ioc__vub_opts o = {
+		.id = "t", .node = node, .socket_path = m->path, .listen_fd = -1,
+		.writable = m->writable, .num_queues = 2, .serial = "iocore-serial-0123456789",
+		.loops = &l, .nloops = 1,
+	};
+
+	m->r = ioc__vub_export_new(&m->e, &o, m->err, sizeof(m->err));
+	return 0;
+}
+
+static int free_fn(void *arg)
+{
+	ioc__vub_export_free(arg);
+	return 0;
+}
+
+struct close_arg {
+	struct ioc__vub_export *e;
+	_Atomic bool done;
+};
+
+static void closed_cb(void *opaque)
+{
+	/* Pairs with the test thread's acquire load. */
+	atomic_store_explicit((_Atomic bool *)opaque, true, memory_order_release);
+}
+
+static int close_fn(void *arg)
+{
+	struct close_arg *a = arg;
+
+	ioc__vub_export_close(a->e, closed_cb, &a->done);
+	return 0;
+}
+
+static int config_changed_fn(void *arg)
+{
+	struct { struct ioc__vub_export *e; int r; } *a = arg;
+
+	a->r = ioc__vub_export_config_changed(a->e);
+	return 0;
+}
+
+static int info_fn(void *arg)
+{
+	struct { struct ioc__vub_export *e; struct ioc__vub_info i; } *a = arg;
+
+	ioc__vub_export_info(a->e, &a->i);
+	return 0;
+}
+
+static struct ioc__vub_export *export_new(const char *path, bool writable)
+{
+	struct mk m = { .path = path, .writable = writable };
+
+	ioc_iothread_call(ctrl_th, mk_fn, &m);
+	if (m.r < 0)
+		ioc_test_fail(__FILE__, __LINE__, "export: %s", m.err);
+	return m.e;
+}
+
+/* ---- the front end ------------------------------------------------------------- */
+
+static int fe_connect(const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ASSERT_GE(fd, 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	ASSERT_OK(connect(fd, (struct sockaddr *)&a, sizeof(a)));
+	return fd;
+}
+
+static void fe_send(struct fe *f, uint32_t req, uint32_t flags, const void *p, uint32_t size,
+		    const int *fds, int nfds)
+{
+	uint8_t b[VUB_HDR_SIZE + VUB_MAX_PAYLOAD];
+	uint32_t hdr[3] = { req, VUB_VERSION | flags, size };
+	union {
+		char c[CMSG_SPACE(sizeof(int) * VUB_MAX_FDS)];
+		struct cmsghdr align;
+	} cb;
+	struct iovec iov = { b, VUB_HDR_SIZE + size };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	memcpy(b, hdr, sizeof(hdr));
+	if (size)
+		memcpy(b + VUB_HDR_SIZE, p, size);
+	if (nfds) {
+		struct cmsghdr *c;
+
+		mh.msg_control = cb.c;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+	}
+	ASSERT_EQ(sendmsg(f->sock, &mh, MSG_NOSIGNAL), (ssize_t)iov.iov_len);
+}
+
+/* Read a reply (5 s at most); returns its payload size, -1 at EOF. */
+static int fe_reply(struct fe *f, uint32_t req, void *p, size_t cap)
+{
+	uint32_t hdr[3];
+	struct pollfd pf = { f->sock, POLLIN, 0 };
+
+	ASSERT_EQ(poll(&pf, 1, 5000), 1);
+	ssize_t r = recv(f->sock, hdr, sizeof(hdr), MSG_WAITALL);
+
+	if (r == 0)
+		return -1;
+	ASSERT_EQ(r, (ssize_t)sizeof(hdr));
+	ASSERT_UEQ(hdr[0], req);
+	ASSERT_UEQ(hdr[1], VUB_VERSION | VUB_FLAG_REPLY);
+	ASSERT_ULE(hdr[2], cap);
+	if (hdr[2])
+		ASSERT_EQ(recv(f->sock, p, hdr[2], MSG_WAITALL), (ssize_t)hdr[2]);
+	return (int)hdr[2];
+}
+
+static uint64_t fe_get_u64(struct fe *f, uint32_t req)
+{
+	uint64_t v = 0;
+
+	fe_send(f, req, 0, NULL, 0, NULL, 0);
+	ASSERT_EQ(fe_reply(f, req, &v, 8), 8);
+	return v;
+}
+
+/* Send with NEED_REPLY and return the ack (0 success). */
+static uint64_t fe_acked(struct fe *f, uint32_t req, const void *p, uint32_t size,
+			 const int *fds, int nfds)
+{
+	uint64_t v = 99;
+
+	fe_send(f, req, VUB_FLAG_NEED_REPLY, p, size, fds, nfds);
+	ASSERT_EQ(fe_reply(f, req, &v, 8), 8);
+	return v;
+}
+
+/* The export closed the connection: the next read sees the end. */
+static void fe_expect_closed(struct fe *f)
+{
+	char c;
+	struct pollfd pf = { f->sock, POLLIN, 0 };
+
+	ASSERT_EQ(poll(&pf, 1, 5000), 1);
+	ASSERT_EQ(recv(f->sock, &c, 1, 0), 0);
+}
+
+static uint64_t ring_gpa(unsigned q)
+{
+	return 0x10000u * (q + 1);
+}
+
+static void fe_open(struct fe *f, const char *path)
+{
+	memset(f, 0, sizeof(*f));
+	f->sock = fe_connect(path);
+	f->memfd = memfd_create("guest", MFD_CLOEXEC);
+	ASSERT_GE(f->memfd, 0);
+	ASSERT_OK(ftruncate(f->memfd, MEMSZ));
+	f->mem = mmap(NULL, MEMSZ, PROT_READ | PROT_WRITE, MAP_SHARED, f->memfd, 0);
+	ASSERT_TRUE(f->mem != MAP_FAILED);
+	f->extra_fd = -1;
+	for (int i = 0; i < 2; i++) {
+		f->kick[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		f->call[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		f->err[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	}
+}
+
+static void fe_close(struct fe *f)
+{
+	close(f->sock);
+	munmap(f->mem, MEMSZ);
+	close(f->memfd);
+	if (f->extra) {
+		munmap(f->extra, MEMSZ);
+		close(f->extra_fd);
+	}
+	for (int i = 0; i < 2; i++) {
+		close(f->kick[i]);
+		close(f->call[i]);
+		close(f->err[i]);
+	}
+}
+
+static void fe_negotiate(struct fe *f)
+{
+	uint64_t feat, pf;
+
+	feat = fe_get_u64(f, VUB_GET_FEATURES);
+	ASSERT_TRUE(feat & (1ull << VIRTIO_F_VERSION_1));
+	ASSERT_TRUE(feat & (1ull << VUB_F_PROTOCOL_FEATURES));
+	ASSERT_TRUE(feat & (1ull << VIRTIO_RING_F_EVENT_IDX));
+	pf = fe_get_u64(f, VUB_GET_PROTOCOL_FEATURES);
+	ASSERT_TRUE(pf & (1ull << VUB_PROTO_F_REPLY_ACK));
+	ASSERT_FALSE(pf & (1ull << VUB_PROTO_F_INFLIGHT_SHMFD));
+	pf &= (1ull << VUB_PROTO_F_REPLY_ACK) | (1ull << VUB_PROTO_F_CONFIG) |
+	      (1ull << VUB_PROTO_F_MQ) | (1ull << VUB_PROTO_F_CONFIGURE_MEM_SLOTS) |
+	      (1ull << VUB_PROTO_F_BACKEND_REQ);
+	fe_send(f, VUB_SET_PROTOCOL_FEATURES, 0, &pf, 8, NULL, 0);
+	fe_send(f, VUB_SET_OWNER, 0, NULL, 0, NULL, 0);
+	/* QEMU sends a call fd before the features: accepted. */
+	uint64_t idx = 0;
+	fe_send(f, VUB_SET_VRING_CALL, 0, &idx, 8, &f->call[0], 1);
+	feat &= ~(1ull << VIRTIO_BLK_F_CONFIG_WCE) | feat;
+	ASSERT_UEQ(fe_acked(f, VUB_SET_FEATURES, &feat, 8, NULL, 0), 0);
+}
+
+static void fe_mem_table(struct fe *f)
+{
+	struct vub_mem_table_desc t = { .nregions = 1 };
+
+	t.r[0] = (struct vub_region_desc){ 0, MEMSZ, (uint64_t)(uintptr_t)f->mem, 0 };
+	ASSERT_UEQ(fe_acked(f, VUB_SET_MEM_TABLE, &t, 8 + 32, &f->memfd, 1), 0);
+}
+
+static void *gpa(struct fe *f, uint64_t a)
+{
+	return f->mem + a;
+}
+
+static bool nofd_next;   /* the next fe_start_ring: NOFD kick and call */
+
+static void fe_start_ring(struct fe *f, unsigned q, uint16_t base)
+{
+	struct vhost_vring_state st = { q, QN };
+	uint64_t g = ring_gpa(q), u = (uint64_t)(uintptr_t)f->mem;
+	struct vhost_vring_addr a = { .index = q, .desc_user_addr = u + g,
+				      .avail_user_addr = u + g + 0x1000,
+				      .used_user_addr = u + g + 0x2000 };
+	uint64_t idx = q;
+
+	fe_send(f, VUB_SET_VRING_NUM, 0, &st, 8, NULL, 0);
+	st.num = base;
+	fe_send(f, VUB_SET_VRING_BASE, 0, &st, 8, NULL, 0);
+	fe_send(f, VUB_SET_VRING_ADDR, 0, &a, sizeof(a), NULL, 0);
+	fe_send(f, VUB_SET_VRING_ERR, 0, &idx, 8, &f->err[q], 1);
+	if (nofd_next) {
+		idx |= VUB_VRING_NOFD;
+		fe_send(f, VUB_SET_VRING_KICK, 0, &idx, 8, NULL, 0);
+		fe_send(f, VUB_SET_VRING_CALL, 0, &idx, 8, NULL, 0);
+		nofd_next = false;
+	} else {
+		fe_send(f, VUB_SET_VRING_KICK, 0, &idx, 8, &f->kick[q], 1);
+		fe_send(f, VUB_SET_VRING_CALL, 0, &idx, 8, &f->call[q], 1);
+	}
+	st.num = 1;
+	ASSERT_UEQ(fe_acked(f, VUB_SET_VRING_ENABLE, &st, 8, NULL, 0), 0);
+	f->avail[q] = f->used_seen[q] = base;
+}
+
+static uint16_t fe_stop_ring(struct fe *f, unsigned q)
+{
+	struct vhost_vring_state st = { q, 0 };
+
+	fe_send(f, VUB_GET_VRING_BASE, 0, &st, 8, NULL, 0);
+	ASSERT_EQ(fe_reply(f, VUB_GET_VRING_BASE, &st, sizeof(st)), 8);
+	ASSERT_UEQ(st.index, q);
+	return (uint16_t)st.num;
+}
+
+struct seg {
+	uint64_t gpa;
+	uint32_t len;
+	bool write;
+};
+
+/* Post a chain on ring q and kick. */
+static void fe_post(struct fe *f, unsigned q, const struct seg *s, unsigned n)
+{
+	uint64_t g = ring_gpa(q);
+	struct vring_desc *d = gpa(f, g);
+	struct vring_avail *av = gpa(f, g + 0x1000);
+
+	for (unsigned i = 0; i < n; i++)
+		d[i] = (struct vring_desc){ s[i].gpa, s[i].len,
+			(uint16_t)((s[i].write ? VRING_DESC_F_WRITE : 0) |
+				   (i + 1 < n ? VRING_DESC_F_NEXT : 0)), (uint16_t)(i + 1) };
+	av->ring[f->avail[q] % QN] = 0;
+	av->ring[QN] = f->used_seen[q];   /* used_event: signal the next one */
+	f->avail[q]++;
+	__atomic_store_n(&av->idx, f->avail[q], __ATOMIC_RELEASE);
+	uint64_t one = 1;
+	ASSERT_EQ(write(f->kick[q], &one, 8), 8);
+}
+
+/* Wait (5 s at most) for the next used entry of ring q; its len. */
+static uint32_t fe_wait(struct fe *f, unsigned q)
+{
+	struct vring_used *u = gpa(f, ring_gpa(q) + 0x2000);
+	struct pollfd pf = { f->call[q], POLLIN, 0 };
+	uint64_t v;
+
+	while (__atomic_load_n(&u->idx, __ATOMIC_ACQUIRE) == f->used_seen[q]) {
+		ASSERT_EQ(poll(&pf, 1, 5000), 1);
+		ASSERT_EQ(read(f->call[q], &v, 8), 8);
+	}
+	uint32_t len = u->ring[f->used_seen[q] % QN].len;
+
+	f->used_seen[q]++;
+	return len;
+}
+
+static uint8_t *status(struct fe *f)
+{
+	return gpa(f, STAT_GPA);
+}
+
+/* A request: header, data of len bytes (direction by type), status. */
+static uint8_t fe_req(struct fe *f, unsigned q, uint32_t type, uint64_t sector,
+		      uint32_t len, uint32_t *used)
+{
+	struct virtio_blk_outhdr *h = gpa(f, HDR_GPA);
+	bool in = type == VIRTIO_BLK_T_IN || type == VIRTIO_BLK_T_GET_ID;
+	struct seg s[3] = {
+		{ HDR_GPA, 16, false },
+		{ DATA_GPA, len, in },
+		{ STAT_GPA, 1, true },
+	};
+	uint32_t u;
+
+	h->type = type;
+	h->ioprio = 0;
+	h->sector = sector;
+	*status(f) = 0xee;
+	if (len)
+		fe_post(f, q, s, 3);
+	else {
+		s[1] = s[2];
+		fe_post(f, q, s, 2);
+	}
+	u = fe_wait(f, q);
+	if (used)
+		*used = u;
+	return *status(f);
+}
+
+/* ---- the cases --------------------------------------------------------------- */
+
+static void setup(void)
+{
+	char kv[512], err[512];
+	const char *cls;
+	json_t *o;
+
+	if (graph)
+		return;
+	img = bt_make_image(NULL, "vub.img", IMG_SIZE, true);
+	snprintf(sock_path, sizeof(sock_path), "%.200s/vub.sock", ioc_test_tmpdir());
+	snprintf(ro_path, sizeof(ro_path), "%.200s/vub-ro.sock", ioc_test_tmpdir());
+	ASSERT_OK(ioc_node_graph_new(&graph));
+	snprintf(kv, sizeof(kv), "driver=file,node-name=disk,filename=%s,discard=unmap", img);
+	o = ioc__qmp_keyval_parse(kv, NULL, NULL, err, sizeof(err));
+	ASSERT_NOT_NULL(o);
+	ASSERT_TRUE(ioc_node_check_opts(o, IOC_QMP_KEYVAL, err, sizeof(err)));
+	if (ioc_node_add(graph, o, &node, &cls, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "node: %s", err);
+	json_decref(o);
+	ASSERT_OK(ioc_iothread_start(&ctrl_th, NULL));
+	ASSERT_OK(ioc_iothread_start(&io_th, NULL));
+}
+
+static void test_requests(void)
+{
+	int before;
+	struct ioc__vub_export *e;
+	struct fe f;
+	uint32_t used;
+	uint8_t *data;
+	struct virtio_blk_config cfg;
+
+	setup();
+	before = count_fds();
+	e = export_new(sock_path, true);
+	fe_open(&f, sock_path);
+	data = gpa(&f, DATA_GPA);
+	fe_negotiate(&f);
+	ASSERT_UEQ(fe_get_u64(&f, VUB_GET_QUEUE_NUM), 2);
+	ASSERT_UEQ(fe_get_u64(&f, VUB_GET_MAX_MEM_SLOTS), VUB_MAX_REGIONS);
+	{
+		struct vub_config_desc c = { .offset = 0, .size = 60 };
+
+		fe_send(&f, VUB_GET_CONFIG, 0, &c, 12 + 60, NULL, 0);
+		ASSERT_EQ(fe_reply(&f, VUB_GET_CONFIG, &c, sizeof(c)), 12 + 60);
+		memcpy(&cfg, c.data, 60);
+		ASSERT_UEQ(cfg.capacity, IMG_SIZE / 512);
+		ASSERT_UEQ(cfg.blk_size, 512);
+		ASSERT_UEQ(cfg.num_queues, 2);
+		ASSERT_UEQ(cfg.seg_max, VUB_SEG_MAX);
+		ASSERT_UEQ(cfg.wce, 1);
+		/* Past the config space: the spec's empty answer. */
+		c.offset = 250;
+		c.size = 10;
+		fe_send(&f, VUB_GET_CONFIG, 0, &c, 12 + 10, NULL, 0);
+		ASSERT_EQ(fe_reply(&f, VUB_GET_CONFIG, &c, sizeof(c)), 0);
+	}
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	fe_start_ring(&f, 1, 0);
+
+	/* OUT then IN, on both queues. */
+	for (unsigned i = 0; i < 4096; i++)
+		data[i] = (uint8_t)(i * 13 + 1);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_OUT, 8, 4096, &used), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(used, 1);
+	memset(data, 0, 4096);
+	ASSERT_UEQ(fe_req(&f, 1, VIRTIO_BLK_T_IN, 8, 4096, &used), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(used, 4097);
+	for (unsigned i = 0; i < 4096; i++)
+		ASSERT_UEQ(data[i], (uint8_t)(i * 13 + 1));
+	{
+		uint8_t b[16];
+		int fd = open(img, O_RDONLY);
+
+		ASSERT_EQ(pread(fd, b, 16, 8 * 512), 16);
+		close(fd);
+		ASSERT_MEM_EQ(b, data, 16);
+	}
+	/* The end of the disk, and sizes that are not sectors. */
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, IMG_SIZE / 512 - 1, 512, NULL), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, IMG_SIZE / 512 - 1, 1024, NULL), VIRTIO_BLK_S_IOERR);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_OUT, IMG_SIZE / 512, 512, NULL), VIRTIO_BLK_S_IOERR);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, UINT64_MAX / 256, 512, NULL), VIRTIO_BLK_S_IOERR);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 0, 100, NULL), VIRTIO_BLK_S_IOERR);
+	/* FLUSH, GET_ID, an unknown type. */
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0, &used), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(used, 1);
+	memset(data, 0, 64);
+	ASSERT_UEQ(fe_req(&f, 1, VIRTIO_BLK_T_GET_ID, 0, 64, &used), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(used, 21);
+	ASSERT_MEM_EQ(data, "iocore-serial-012345", 20);
+	ASSERT_UEQ(data[20], 0);
+	ASSERT_UEQ(fe_req(&f, 0, 99, 0, 512, NULL), VIRTIO_BLK_S_UNSUPP);
+
+	/* WRITE_ZEROES (with UNMAP) reads back as zeroes. */
+	{
+		struct { uint64_t sector; uint32_t num, flags; } *dz = (void *)data;
+
+		memset(data + 1024, 0x5a, 512);
+		dz[0].sector = 0;
+		dz[0].num = 8;
+		dz[0].flags = VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_WRITE_ZEROES, 0, 16, NULL), VIRTIO_BLK_S_OK);
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 0, 4096, NULL), VIRTIO_BLK_S_OK);
+		for (unsigned i = 0; i < 4096; i++)
+			ASSERT_UEQ(data[i], 0);
+		dz[0] = (typeof(dz[0])){ 16, 8, 0 };
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 16, NULL), VIRTIO_BLK_S_OK);
+		dz[0].flags = VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;   /* not for discard */
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 16, NULL), VIRTIO_BLK_S_UNSUPP);
+		dz[0] = (typeof(dz[0])){ IMG_SIZE / 512 - 4, 8, 0 };
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 16, NULL), VIRTIO_BLK_S_IOERR);
+		dz[0] = (typeof(dz[0])){ 0, 8, 2 };
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_WRITE_ZEROES, 0, 16, NULL), VIRTIO_BLK_S_UNSUPP);
+		for (int i = 0; i < 17; i++)
+			dz[i] = (typeof(dz[0])){ (uint64_t)i * 8, 8, 0 };
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 17 * 16, NULL), VIRTIO_BLK_S_UNSUPP);
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_WRITE_ZEROES, 0, 16 * 16, NULL), VIRTIO_BLK_S_OK);
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 20, NULL), VIRTIO_BLK_S_IOERR);
+	}
+	/* The write cache off: writes still work (FUA). */
+	{
+		struct vub_config_desc c = { .offset = offsetof(struct virtio_blk_config, wce),
+					     .size = 1, .data = { 0 } };
+
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_CONFIG, &c, 13, NULL, 0), 0);
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_OUT, 8, 512, NULL), VIRTIO_BLK_S_OK);
+		c.offset = 0;   /* capacity: not writable */
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_CONFIG, &c, 13, NULL, 0), 1);
+	}
+	/* A chain without a header: answered empty, the ring goes on. */
+	{
+		struct seg s[1] = { { STAT_GPA, 1, true } };
+
+		fe_post(&f, 0, s, 1);
+		ASSERT_UEQ(fe_wait(&f, 0), 0);
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	}
+
+	/* Stop and restart on the same connection (SeaBIOS, then Linux). */
+	ASSERT_UEQ(fe_stop_ring(&f, 0), f.avail[0]);
+	fe_start_ring(&f, 0, f.avail[0]);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 8, 512, NULL), VIRTIO_BLK_S_OK);
+
+	/* GET_VRING_BASE waits for the queue's in-flight requests: with the
+	 * node's gate held a read parks in ioc_node_co_enter(), and the
+	 * reply comes only once the gate opens, after the completion. */
+	{
+		struct virtio_blk_outhdr *h = gpa(&f, HDR_GPA);
+		struct seg s[3] = { { HDR_GPA, 16, false }, { DATA_GPA, 512, true },
+				    { STAT_GPA, 1, true } };
+		struct vhost_vring_state st = { 0, 0 };
+		struct vring_used *u = gpa(&f, ring_gpa(0) + 0x2000);
+		struct pollfd pf = { f.sock, POLLIN, 0 };
+
+		ioc_node_set_gate(node, IOC_NODE_GATE_HOLD);
+		h->type = VIRTIO_BLK_T_IN;
+		h->sector = 0;
+		fe_post(&f, 0, s, 3);
+		/* The device took it when it moves avail_event past it (it
+		 * arms after taking what is there); 5 s at most. */
+		for (int i = 0; i < 5000 && __atomic_load_n((uint16_t *)&u->ring[QN],
+							       __ATOMIC_ACQUIRE) != f.avail[0]; i++)
+			usleep(1000);
+		ASSERT_UEQ(*(uint16_t *)&u->ring[QN], f.avail[0]);
+		fe_send(&f, VUB_GET_VRING_BASE, 0, &st, 8, NULL, 0);
+		/* Not an ordering guess: the reply must not come while the
+		 * request is held, however long we look. */
+		ASSERT_EQ(poll(&pf, 1, 200), 0);
+		ASSERT_UEQ(u->idx, f.used_seen[0]);
+		ioc_node_set_gate(node, IOC_NODE_GATE_OPEN);
+		ASSERT_EQ(fe_reply(&f, VUB_GET_VRING_BASE, &st, sizeof(st)), 8);
+		ASSERT_UEQ(st.num, f.avail[0]);
+		ASSERT_UEQ(u->idx, (uint16_t)(f.used_seen[0] + 1));
+		ASSERT_UEQ(*status(&f), VIRTIO_BLK_S_OK);
+		f.used_seen[0]++;
+		fe_start_ring(&f, 0, f.avail[0]);
+		f.used_seen[0] = u->idx;
+	}
+
+	/* A second memory region by ADD_MEM_REG, data there, then gone. */
+	{
+		struct vub_mem_one_desc one = { 0 };
+		struct virtio_blk_outhdr *h = gpa(&f, HDR_GPA);
+		struct seg s[3] = { { HDR_GPA, 16, false }, { 0x10000000, 512, true },
+				    { STAT_GPA, 1, true } };
+		struct pollfd pf = { f.err[0], POLLIN, 0 };
+
+		f.extra_fd = memfd_create("extra", MFD_CLOEXEC);
+		ASSERT_OK(ftruncate(f.extra_fd, MEMSZ));
+		f.extra = mmap(NULL, MEMSZ, PROT_READ | PROT_WRITE, MAP_SHARED, f.extra_fd, 0);
+		one.r = (struct vub_region_desc){ 0x10000000, MEMSZ, (uint64_t)(uintptr_t)f.extra, 0 };
+		ASSERT_UEQ(fe_acked(&f, VUB_ADD_MEM_REG, &one, sizeof(one), &f.extra_fd, 1), 0);
+		/* Overlapping the first: refused, the connection ends
+		 * (checked on a connection of its own below). */
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 8, 512, NULL), VIRTIO_BLK_S_OK);
+		h->type = VIRTIO_BLK_T_IN;
+		h->sector = 8;
+		memset(f.extra, 0xff, 512);
+		fe_post(&f, 0, s, 3);
+		ASSERT_UEQ(fe_wait(&f, 0), 513);
+		ASSERT_UEQ(*status(&f), VIRTIO_BLK_S_OK);
+		ASSERT_MEM_EQ(f.extra, data, 512);
+		ASSERT_UEQ(fe_acked(&f, VUB_REM_MEM_REG, &one, sizeof(one), NULL, 0), 0);
+		/* Now the buffer is outside guest memory: the ring stops
+		 * and says so on its error eventfd. */
+		fe_post(&f, 0, s, 3);
+		ASSERT_EQ(poll(&pf, 1, 5000), 1);
+	}
+	/* A stopped ring restarts cleanly. */
+	{
+		uint16_t base = fe_stop_ring(&f, 0), used_idx;
+
+		/* The faulty entry was not taken: a restart from that base
+		 * would meet it again.  Start past it, as a driver that
+		 * reset the device would start afresh. */
+		ASSERT_UEQ(base, f.avail[0] - 1);
+		used_idx = ((struct vring_used *)gpa(&f, ring_gpa(0) + 0x2000))->idx;
+		fe_start_ring(&f, 0, f.avail[0]);
+		f.used_seen[0] = used_idx;
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	}
+	/* A loop in the chain: ring fault again. */
+	{
+		struct vring_desc *d = gpa(&f, ring_gpa(1));
+		struct vring_avail *av = gpa(&f, ring_gpa(1) + 0x1000);
+		struct pollfd pf = { f.err[1], POLLIN, 0 };
+		uint64_t one = 1;
+
+		d[0] = (struct vring_desc){ HDR_GPA, 16, VRING_DESC_F_NEXT, 1 };
+		d[1] = (struct vring_desc){ HDR_GPA, 16, VRING_DESC_F_NEXT, 0 };
+		av->ring[f.avail[1]++ % QN] = 0;
+		__atomic_store_n(&av->idx, f.avail[1], __ATOMIC_RELEASE);
+		ASSERT_EQ(write(f.kick[1], &one, 8), 8);
+		ASSERT_EQ(poll(&pf, 1, 5000), 1);
+	}
+	{
+		struct { struct ioc__vub_export *e; struct ioc__vub_info i; } a = { e };
+
+		ioc_iothread_call(ctrl_th, info_fn, &a);
+		ASSERT_TRUE(a.i.connected);
+		ASSERT_UEQ(a.i.num_queues, 2);
+		ASSERT_UGE(a.i.requests, 20);
+	}
+
+	/* The back-end channel: a config change notice reaches it. */
+	{
+		int sv[2];
+		uint32_t hdr[3];
+		struct { struct ioc__vub_export *e; int r; } a = { e, 0 };
+
+		ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_BACKEND_REQ_FD, NULL, 0, &sv[1], 1), 0);
+		close(sv[1]);
+		ioc_iothread_call(ctrl_th, config_changed_fn, &a);
+		ASSERT_OK(a.r);
+		ASSERT_EQ(recv(sv[0], hdr, sizeof(hdr), MSG_WAITALL), (ssize_t)sizeof(hdr));
+		ASSERT_UEQ(hdr[0], VUB_BACKEND_CONFIG_CHANGE_MSG);
+		ASSERT_UEQ(hdr[2], 0);
+		close(sv[0]);
+	}
+
+	/* A second front end while this one is connected: refused. */
+	{
+		struct fe g = { .sock = fe_connect(sock_path) };
+
+		fe_expect_closed(&g);
+		close(g.sock);
+	}
+	fe_close(&f);
+
+	/* Reconnect: the device starts over. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 8, 512, NULL), VIRTIO_BLK_S_OK);
+	/* Disconnect with the rings running: the export resets itself. */
+	fe_close(&f);
+	ioc_iothread_call(ctrl_th, free_fn, e);
+	ASSERT_EQ(count_fds(), before);
+}
+
+/* Messages that end a connection; the export serves the next one. */
+static void test_bad_front_ends(void)
+{
+	struct ioc__vub_export *e;
+	struct fe f;
+	int before;
+
+	setup();
+	before = count_fds();
+	e = export_new(sock_path, true);
+
+	/* A memory region larger than its file. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_mem_table_desc t = { .nregions = 1 };
+
+		t.r[0] = (struct vub_region_desc){ 0, 2 * MEMSZ, (uint64_t)(uintptr_t)f.mem, 0 };
+		fe_send(&f, VUB_SET_MEM_TABLE, VUB_FLAG_NEED_REPLY, &t, 40, &f.memfd, 1);
+		fe_expect_closed(&f);
+	}
+	fe_close(&f);
+
+	/* Overlapping regions. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_mem_table_desc t = { .nregions = 2 };
+		int fds[2] = { f.memfd, f.memfd };
+
+		t.r[0] = (struct vub_region_desc){ 0, MEMSZ / 2, 0x1000000, 0 };
+		t.r[1] = (struct vub_region_desc){ MEMSZ / 4, MEMSZ / 2, 0x2000000, 0 };
+		fe_send(&f, VUB_SET_MEM_TABLE, 0, &t, 8 + 64, fds, 2);
+		fe_expect_closed(&f);
+	}
+	fe_close(&f);
+
+	/* Features not offered; a vring index out of range; a bad version;
+	 * an unknown request; a missing fd. */
+	{
+		uint64_t bad = 1ull << 60;
+		struct vhost_vring_state st = { 7, 16 };
+		static const struct { uint32_t req, flags, size; } m[] = {
+			{ VUB_SET_FEATURES, 0, 8 },
+			{ VUB_SET_VRING_NUM, 0, 8 },
+			{ VUB_GET_FEATURES, 2, 0 },
+			{ 77, 0, 0 },
+			{ VUB_SET_VRING_KICK, 0, 8 },
+		};
+
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(m); i++) {
+			const void *p = i == 1 ? (const void *)&st : (const void *)&bad;
+
+			fe_open(&f, sock_path);
+			if (i == 4)
+				bad = 0;
+			{
+				uint8_t b[12 + 8];
+				uint32_t hdr[3] = { m[i].req, m[i].flags ? m[i].flags : 1, m[i].size };
+
+				memcpy(b, hdr, 12);
+				memcpy(b + 12, p, 8);
+				ASSERT_EQ(send(f.sock, b, 12 + m[i].size, MSG_NOSIGNAL),
+					  (ssize_t)(12 + m[i].size));
+			}
+			fe_expect_closed(&f);
+			fe_close(&f);
+		}
+	}
+	/* And after all that, a good one. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 1, 0);
+	ASSERT_UEQ(fe_req(&f, 1, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	/* A ring without eventfds (NOFD kick and call): the export polls
+	 * it, the front end watches used->idx (5 s at most). */
+	{
+		struct virtio_blk_outhdr *h = gpa(&f, HDR_GPA);
+		struct seg s[3] = { { HDR_GPA, 16, false }, { DATA_GPA, 512, true },
+				    { STAT_GPA, 1, true } };
+		struct vring_used *u = gpa(&f, ring_gpa(0) + 0x2000);
+		struct vring_desc *d = gpa(&f, ring_gpa(0));
+		struct vring_avail *av = gpa(&f, ring_gpa(0) + 0x1000);
+		int waited = 0;
+
+		nofd_next = true;
+		fe_start_ring(&f, 0, 0);
+		h->type = VIRTIO_BLK_T_IN;
+		h->sector = 0;
+		*status(&f) = 0xee;
+		for (unsigned i = 0; i < 3; i++)
+			d[i] = (struct vring_desc){ s[i].gpa, s[i].len,
+				(uint16_t)((s[i].write ? VRING_DESC_F_WRITE : 0) |
+					   (i < 2 ? VRING_DESC_F_NEXT : 0)), (uint16_t)(i + 1) };
+		av->ring[0] = 0;
+		__atomic_store_n(&av->idx, 1, __ATOMIC_RELEASE);   /* no kick */
+		while (__atomic_load_n(&u->idx, __ATOMIC_ACQUIRE) != 1 && waited++ < 5000)
+			usleep(1000);
+		ASSERT_UEQ(u->idx, 1);
+		ASSERT_UEQ(*status(&f), VIRTIO_BLK_S_OK);
+	}
+	/* Free with a front end connected and its rings running. */
+	ioc_iothread_call(ctrl_th, free_fn, e);
+	fe_expect_closed(&f);
+	fe_close(&f);
+	ASSERT_EQ(count_fds(), before);
+}
+
+static void test_read_only(void)
+{
+	struct ioc__vub_export *e;
+	struct fe f;
+	uint64_t feat;
+
+	setup();
+	e = export_new(ro_path, false);
+	fe_open(&f, ro_path);
+	feat = fe_get_u64(&f, VUB_GET_FEATURES);
+	ASSERT_TRUE(feat & (1ull << VIRTIO_BLK_F_RO));
+	ASSERT_FALSE(feat & (1ull << VIRTIO_BLK_F_DISCARD));
+	ASSERT_FALSE(feat & (1ull << VIRTIO_BLK_F_WRITE_ZEROES));
+	fe_negotiate(&f);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 0, 512, NULL), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_OUT, 0, 512, NULL), VIRTIO_BLK_S_IOERR);
+	{
+		struct { uint64_t sector; uint32_t num, flags; } *dz = gpa(&f, DATA_GPA);
+
+		dz->sector = 0;
+		dz->num = 1;
+		dz->flags = 0;
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_WRITE_ZEROES, 0, 16, NULL), VIRTIO_BLK_S_IOERR);
+		ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_DISCARD, 0, 16, NULL), VIRTIO_BLK_S_IOERR);
+	}
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	/* close() with a front end connected returns at once; its callback
+	 * comes once the connection is torn down (5 s at most). */
+	{
+		struct close_arg a = { e, false };
+
+		ioc_iothread_call(ctrl_th, close_fn, &a);
+		fe_expect_closed(&f);
+		for (int i = 0; i < 5000 && !atomic_load_explicit(&a.done, memory_order_acquire);
+		     i++)
+			usleep(1000);
+		ASSERT_TRUE(atomic_load_explicit(&a.done, memory_order_acquire));
+	}
+	fe_close(&f);
+}
+
+static void test_teardown(void)
+{
+	ioc_node_graph_detach_loop(graph, ioc_iothread_loop(io_th));
+	ioc_node_graph_detach_loop(graph, ioc_iothread_loop(ctrl_th));
+	ioc_iothread_stop(io_th);
+	ioc_iothread_stop(ctrl_th);
+	ioc_node_graph_free(graph);
+	unlink(img);
+	free(img);
+}
+
+IOC_TEST_MAIN(
+	IOC_TEST(test_requests),
+	IOC_TEST(test_bad_front_ends),
+	IOC_TEST(test_read_only),
+	IOC_TEST(test_teardown),
+)
