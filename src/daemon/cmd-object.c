@@ -187,9 +187,13 @@ static json_t *cmd_object_del(void *ctx, json_t *args, struct ioc__qmp_err *err)
 
 		if (!o || strcmp(o->id, id) != 0)
 			continue;
-		for (int k = 0; k < IOC_DAEMON_MAX_EXPORTS; k++)
-			used |= d->exports[k] && d->exports[k]->iothread &&
-				strcmp(d->exports[k]->iothread, id) == 0;
+		for (int k = 0; k < IOC_DAEMON_MAX_EXPORTS; k++) {
+			size_t j;
+			json_t *t;
+
+			json_array_foreach(d->exports[k] ? d->exports[k]->iothreads : NULL, j, t)
+				used |= strcmp(json_string_value(t), id) == 0;
+		}
 		if (used || o->users) {
 			ioc__qmp_errf(err, "object '%s' is in use, can not be deleted", id);
 			return NULL;

@@ -16,6 +16,7 @@
 
 static const struct ioc_export_drv *const drivers[] = {
 	&ioc__export_drv_nbd,
+	&ioc__export_drv_vhost_user_blk,
 };
 
 /* QEMU's BlockExportType: every type it knows, so that a type iocore
@@ -30,7 +31,8 @@ static const struct ioc__qmp_arg common_opts[] = {
 	{ "node-name", IOC_QMP_STR, false },
 	{ "writable", IOC_QMP_BOOL, true },
 	{ "writethrough", IOC_QMP_BOOL, true },
-	{ "iothread", IOC_QMP_STR, true },
+	/* One name, or (vhost-user-blk) a list of them: checked below. */
+	{ "iothread", IOC_QMP_ANY, true },
 	{ "fixed-iothread", IOC_QMP_BOOL, true },
 	{ NULL },
 };
@@ -91,35 +93,57 @@ static bool check(json_t *opts, unsigned flags, char *err, size_t errlen)
 int ioc_export_add(struct ioc_export_env *env, json_t *opts, unsigned flags,
 		   struct ioc_export **out, char *err, size_t errlen)
 {
-	const char *nodename, *iothread;
+	const char *nodename, *type;
+	json_t *th, *t;
 	struct ioc_export *ex;
 	struct ioc_node *n;
 	char desc[128];
+	size_t i;
 	int ret;
 
 	if (!check(opts, flags, err, errlen))
 		return -EINVAL;
 	nodename = json_string_value(json_object_get(opts, "node-name"));
-	iothread = json_string_value(json_object_get(opts, "iothread"));
+	type = json_string_value(json_object_get(opts, "type"));
+	th = json_object_get(opts, "iothread");
 	n = ioc_node_find(env->graph, nodename);
 	if (!n) {
 		snprintf(err, errlen, "Cannot find device='' nor node-name='%s'", nodename);
 		return -ENOENT;
 	}
-	if (iothread && !env->iothread(env->opaque, iothread)) {
-		snprintf(err, errlen, "iothread \"%s\" not found", iothread);
-		return -ENOENT;
+	if (th && !json_is_string(th) &&
+	    !(json_is_array(th) && json_array_size(th) && strcmp(type, "vhost-user-blk") == 0)) {
+		snprintf(err, errlen, json_is_array(th) ?
+			 "Parameter 'iothread' takes a list only for vhost-user-blk exports" :
+			 "Invalid parameter type for 'iothread', expected: string");
+		return -EINVAL;
+	}
+	json_array_foreach(json_is_array(th) ? th : NULL, i, t) {
+		if (!json_is_string(t)) {
+			snprintf(err, errlen, "Invalid parameter type for 'iothread[%zu]', "
+				 "expected: string", i);
+			return -EINVAL;
+		}
+	}
+	for (i = 0; i < (json_is_array(th) ? json_array_size(th) : th ? 1 : 0); i++) {
+		const char *id = json_string_value(json_is_array(th) ? json_array_get(th, i) : th);
+
+		if (!env->iothread(env->opaque, id)) {
+			snprintf(err, errlen, "iothread \"%s\" not found", id);
+			return -ENOENT;
+		}
 	}
 	ex = calloc(1, sizeof(*ex));
 	if (!ex)
 		return -ENOMEM;
 	ex->id = strdup(json_string_value(json_object_get(opts, "id")));
-	ex->iothread = iothread ? strdup(iothread) : NULL;
-	ex->drv = ioc_export_drv_find(json_string_value(json_object_get(opts, "type")));
+	ex->iothreads = json_is_array(th) ? json_deep_copy(th) : th ? json_pack("[O]", th)
+								    : json_array();
+	ex->drv = ioc_export_drv_find(type);
 	ex->env = env;
 	ex->node = n;
 	ex->writable = json_is_true(json_object_get(opts, "writable"));
-	if (!ex->id || (iothread && !ex->iothread)) {
+	if (!ex->id || !ex->iothreads) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -136,7 +160,7 @@ int ioc_export_add(struct ioc_export_env *env, json_t *opts, unsigned flags,
 	*out = ex;
 	return 0;
 fail:
-	free(ex->iothread);
+	json_decref(ex->iothreads);
 	free(ex->id);
 	free(ex);
 	return ret;
@@ -164,7 +188,7 @@ void ioc_export_gone(struct ioc_export *ex)
 	if (ex->deleted)
 		ex->deleted(ex, ex->deleted_opaque);
 	ioc_node_unuse(n);
-	free(ex->iothread);
+	json_decref(ex->iothreads);
 	free(ex->id);
 	free(ex);
 }

@@ -53,7 +53,7 @@ struct ioc_export {
 	struct ioc_export_env *env;
 	bool writable;
 	bool shutting_down;             /* deletion began */
-	char *iothread;                 /* as given, or NULL */
+	json_t *iothreads;              /* the I/O threads' ids (an array) */
 	unsigned long seq;              /* the owner's creation order */
 	void *opaque;                   /* the driver's */
 	/* The owner's: the export is gone (BLOCK_EXPORT_DELETED); after it
@@ -78,6 +78,7 @@ void ioc_export_gone(struct ioc_export *ex);
 json_t *ioc_export_info_json(struct ioc_export *ex);
 
 extern const struct ioc_export_drv ioc__export_drv_nbd;
+extern const struct ioc_export_drv ioc__export_drv_vhost_user_blk;
 
 /* The NBD server: nbd-server-start's options (NbdServerOptions or the
  * legacy QMP form, addr as SocketAddress or SocketAddressLegacy),
