@@ -31,6 +31,9 @@ TEST="qemu-utils nbdkit fio libnbd-bin libnbd-dev zstd pigz gzip
 # amd64 one, which is why that install runs with --no-remove.
 CROSS=""
 if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then
+	# A Linux guest under TCG on the vhost-user-blk export (tests/vhost):
+	# QEMU, a kernel with its virtio modules, busybox for the initramfs.
+	TEST="$TEST qemu-system-x86 linux-image-amd64 busybox-static util-linux"
 	TEST="$TEST gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 	CROSS="liburing-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm64
 	       libdeflate-dev:arm64 libgnutls28-dev:arm64 libjansson-dev:arm64"

@@ -172,14 +172,37 @@ static json_t *cmd_nbd_stop(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	return json_object();
 }
 
+static void stop_tick(void *opaque)
+{
+}
+
+static bool any_export(struct ioc_daemon *d)
+{
+	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
+		if (d->exports[i])
+			return true;
+	return false;
+}
+
+/* At exit: every export deleted (hard), and the main loop run until the
+ * last is gone (a front end's requests in flight complete first), 10 s at
+ * most: the nodes and I/O threads must outlive what still uses them. */
 void ioc__daemon_exports_stop(struct ioc_daemon *d)
 {
+	int64_t deadline = ioc_now_ns() + 10ll * 1000000000;
+	struct ioc_timer tick;
 	char msg[256];
 
 	nbd_stop(d);
 	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
-		if (d->exports[i])
+		if (d->exports[i] && !d->exports[i]->shutting_down)
 			ioc_export_del(d->exports[i], true, msg, sizeof(msg));
+	ioc_timer_init(&tick, d->opts.loop, stop_tick, NULL);
+	while (any_export(d) && ioc_now_ns() < deadline) {
+		ioc_timer_arm_in(&tick, 50 * 1000000);
+		ioc_loop_poll(d->opts.loop, true);
+	}
+	ioc_timer_cancel(&tick);
 }
 
 static const char *const mode_values[] = { "safe", "hard", NULL };

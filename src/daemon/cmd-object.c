@@ -84,10 +84,23 @@ struct ioc_daemon_object *ioc__daemon_object_find(struct ioc_daemon *d, const ch
 	return NULL;
 }
 
+/* On an I/O thread about to stop: it leaves every node of the graph. */
+static int leave_nodes(void *arg)
+{
+	struct ioc_daemon *d = arg;
+	struct ioc_node *nodes[256];
+	unsigned n = ioc_node_list(d->graph, nodes, IOC_ARRAY_SIZE(nodes));
+
+	for (unsigned i = 0; i < n && i < IOC_ARRAY_SIZE(nodes); i++)
+		ioc_node_loop_exit(nodes[i]);
+	ioc_node_graph_detach_loop(d->graph, ioc_loop_current());
+	return 0;
+}
+
 static void object_free(struct ioc_daemon *d, struct ioc_daemon_object *o)
 {
 	if (o->iothread) {
-		ioc_node_graph_detach_loop(d->graph, ioc_iothread_loop(o->iothread));
+		ioc_iothread_call(o->iothread, leave_nodes, d);
 		ioc_iothread_stop(o->iothread);
 	}
 	free(o->dir);

@@ -272,7 +272,9 @@ void ioc_daemon_free(struct ioc_daemon *d)
 		free(d->chardevs[i].path);
 		free(d->chardevs[i].id);
 	}
-	ioc_node_graph_free(d->graph);
+	/* The I/O threads first: each leaves the nodes it used, which then
+	 * close without calling back into a stopped loop. */
 	ioc__daemon_objects_free(d);
+	ioc_node_graph_free(d->graph);
 	free(d);
 }

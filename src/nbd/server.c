@@ -478,6 +478,21 @@ fail:
 	return r;
 }
 
+/* On an I/O thread about to stop: it submits to the exports' nodes no
+ * more (their drivers drop what they keep on its loop). */
+static int thread_leave_nodes(void *arg)
+{
+	struct ioc_nbd_server *srv = arg;
+
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
+		if (srv->exports[i])
+			ioc_node_loop_exit(srv->exports[i]->node);
+		if (srv->dying[i])
+			ioc_node_loop_exit(srv->dying[i]->node);
+	}
+	return 0;
+}
+
 struct flush_job {
 	struct ioc_nbd_server *srv;
 	int ret;
@@ -555,8 +570,10 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 		}
 	}
 	ioc_timer_cancel(&tick);
-	for (unsigned i = 0; i < srv->nthreads; i++)
+	for (unsigned i = 0; i < srv->nthreads; i++) {
+		ioc_iothread_call(srv->threads[i].th, thread_leave_nodes, srv);
 		ioc_iothread_stop(srv->threads[i].th);
+	}
 	srv->nthreads = 0;
 	srv->started = false;
 	srv->serving = false;

@@ -146,6 +146,22 @@ static inline struct ioc_node_slot *my_slot(struct ioc_node *n)
 	return &n->slot[idx];
 }
 
+static void loop_exit_tree(struct ioc_node *n)
+{
+	if (!n)
+		return;
+	if (n->drv->loop_exit && !n->borrowed)
+		n->drv->loop_exit(n);
+	loop_exit_tree(n->file);
+	loop_exit_tree(n->backing);
+}
+
+void ioc_node_loop_exit(struct ioc_node *n)
+{
+	loop_exit_tree(n);
+	ioc_node_graph_detach_loop(n->graph, ioc_loop_current());
+}
+
 void ioc_node_graph_detach_loop(struct ioc_node_graph *g, struct ioc_loop *loop)
 {
 	pthread_mutex_lock(&g->lock);

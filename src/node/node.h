@@ -101,6 +101,10 @@ struct ioc_node_drv {
 	/* The ioc_blk under a plain file node, for the zero-copy paths and
 	 * bitmaps that live in the block layer; NULL for every other driver. */
 	struct ioc_blk *(*blk)(struct ioc_node *n);
+	/* The calling loop will submit to n no more (it is about to stop):
+	 * drop what the driver keeps on it (a watched fd).  On that loop's
+	 * thread, no request of its in flight.  NULL: nothing kept. */
+	void (*loop_exit)(struct ioc_node *n);
 };
 
 /* Counters of one loop's requests (QEMU's BlockAcctStats without the
@@ -194,6 +198,11 @@ unsigned ioc_node_list(struct ioc_node_graph *g, struct ioc_node **out, unsigned
 const struct ioc_node_drv *ioc_node_drv_find(const char *name);
 /* A loop that submitted to the graph's nodes goes away: free its slot. */
 void ioc_node_graph_detach_loop(struct ioc_node_graph *g, struct ioc_loop *loop);
+/* The calling loop will submit to n and its children no more: each
+ * driver drops its state on this loop (loop_exit), and the loop leaves
+ * the graph (ioc_node_graph_detach_loop).  On the loop's thread, before
+ * it stops; a loop owner that submitted to a node calls it for each. */
+void ioc_node_loop_exit(struct ioc_node *n);
 /* BlockdevOptions as a spec: the common members and a union on "driver"
  * over every driver's options.  ioc_node_check_opts() checks (and with
  * IOC_QMP_KEYVAL coerces) opts against it. */

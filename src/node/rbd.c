@@ -171,7 +171,8 @@ static bool rbd_loop_registered(struct rbd_node *s, struct ioc_loop *loop)
 	unsigned n = atomic_load_explicit(&s->nloops, memory_order_acquire);
 
 	for (unsigned i = 0; i < n; i++)
-		if (s->loops[i] == loop)
+		/* Relaxed: see rbd_node_loop_exit(). */
+		if (__atomic_load_n(&s->loops[i], __ATOMIC_RELAXED) == loop)
 			return true;
 	return n == RBD_MAX_LOOPS;
 }
@@ -191,15 +192,46 @@ static int rbd_loop_register(struct rbd_node *s)
 	pthread_mutex_lock(&s->reg_lock);
 	n = atomic_load_explicit(&s->nloops, memory_order_relaxed);
 	if (!rbd_loop_registered(s, loop)) {
-		r = ioc_loop_set_fd(loop, s->efd, rbd_event_read, NULL, NULL, NULL, s);
+		unsigned slot = n;
+
+		/* An entry a stopped loop left (rbd_node_loop_exit()) first. */
+		for (unsigned i = 0; i < n && slot == n; i++)
+			if (!__atomic_load_n(&s->loops[i], __ATOMIC_RELAXED))
+				slot = i;
+		r = slot == RBD_MAX_LOOPS ? -EMFILE :
+		    ioc_loop_set_fd(loop, s->efd, rbd_event_read, NULL, NULL, NULL, s);
 		if (r == 0) {
-			s->loops[n] = loop;
+			__atomic_store_n(&s->loops[slot], loop, __ATOMIC_RELAXED);
 			/* Pairs with the acquire load in rbd_loop_registered(). */
-			atomic_store_explicit(&s->nloops, n + 1, memory_order_release);
+			if (slot == n)
+				atomic_store_explicit(&s->nloops, n + 1, memory_order_release);
 		}
 	}
 	pthread_mutex_unlock(&s->reg_lock);
 	return r;
+}
+
+/* This loop stops: drop its handler (the node stays open for others).
+ * Its entry becomes NULL rather than moving, so lock-free lookups of
+ * other loops never miss theirs. */
+static void rbd_node_loop_exit(struct ioc_node *n)
+{
+	struct rbd_node *s = n->opaque;
+	struct ioc_loop *loop = ioc_loop_current();
+	unsigned cnt;
+
+	if (!s || !loop)
+		return;
+	pthread_mutex_lock(&s->reg_lock);
+	cnt = atomic_load_explicit(&s->nloops, memory_order_relaxed);
+	for (unsigned i = 0; i < cnt; i++) {
+		if (__atomic_load_n(&s->loops[i], __ATOMIC_RELAXED) != loop)
+			continue;
+		ioc_loop_set_fd(loop, s->efd, NULL, NULL, NULL, NULL, NULL);
+		/* Relaxed: other loops only compare it with themselves. */
+		__atomic_store_n(&s->loops[i], NULL, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&s->reg_lock);
 }
 
 static int rbd_unregister_fn(void *arg)
@@ -218,8 +250,10 @@ static void rbd_loops_unregister(struct rbd_node *s)
 	unsigned n = atomic_load_explicit(&s->nloops, memory_order_acquire);
 
 	for (unsigned i = 0; i < n; i++) {
-		struct ioc_loop *l = s->loops[i];
+		struct ioc_loop *l = __atomic_load_n(&s->loops[i], __ATOMIC_RELAXED);
 
+		if (!l)
+			continue; /* its loop left (rbd_node_loop_exit()) */
 		if (ioc_loop_current() == l || ioc_loop_in_thread(l))
 			ioc_loop_set_fd(l, s->efd, NULL, NULL, NULL, NULL, NULL);
 		else
@@ -729,6 +763,7 @@ const struct ioc_node_drv ioc__node_rbd_drv = {
 	.opts = rbd_opts,
 	.open = rbd_node_open,
 	.close = rbd_node_close,
+	.loop_exit = rbd_node_loop_exit,
 	.co_preadv = rbd_co_preadv,
 	.co_pwritev = rbd_co_pwritev,
 	.co_flush = rbd_co_flush,
