@@ -24,6 +24,8 @@
 #include "nbd/nbd.h"
 #include "inject.h"
 #include "iocore/zip.h"
+#include "node/node.h"
+#include "node/rbd.h"
 
 #define MAX_LISTEN 16
 
@@ -44,6 +46,10 @@ static void usage(FILE *f)
 "  -r, --read-only            refuse writes\n"
 "  -x, --export-name NAME     export name (default: the empty name)\n"
 "  -D, --description TEXT     export description\n"
+"  -f, --format raw|qcow2     the image's format (default: qcow2 for a file\n"
+"                             that starts with qcow2's magic, else raw); an\n"
+"                             IMAGE of the form rbd:POOL/IMAGE[@SNAP][:OPT=V...]\n"
+"                             is a Ceph RBD image\n"
 "      --iothreads N          I/O threads (default: number of CPUs)\n"
 "      --frame-cache SIZE     compressed image: decoded frames kept in memory,\n"
 "                             shared by all connections (default 256M; K, M, G)\n"
@@ -308,6 +314,21 @@ static void incoming_done(void *opaque, int result, const char *why)
 	}
 }
 
+/* A file that starts with qcow2's magic ("QFI\xfb"); a raw image never
+ * does by accident often enough to matter, and -f raw says so. */
+static bool probe_qcow2(const char *path)
+{
+	unsigned char m[4];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	bool yes = false;
+
+	if (fd >= 0) {
+		yes = pread(fd, m, 4, 0) == 4 && !memcmp(m, "QFI\xfb", 4);
+		close(fd);
+	}
+	return yes;
+}
+
 /* The control socket's quit: stop as on SIGTERM. */
 static void on_quit(void *opaque)
 {
@@ -319,7 +340,7 @@ int main(int argc, char **argv)
 	enum { OPT_IOTHREADS = 256, OPT_AIO, OPT_CACHE, OPT_MAXCONN, OPT_HSTIMEOUT,
 	       OPT_FORK, OPT_PIDFILE, OPT_POLL, OPT_REST, OPT_TLS, OPT_TLS_CERTS, OPT_TLS_PSK,
 	       OPT_TLS_VERIFY, OPT_INJECT, OPT_CONTROL, OPT_FRAME_CACHE, OPT_OVERLAY,
-	       OPT_INCOMING, OPT_SPLICE_READS };
+	       OPT_INCOMING, OPT_SPLICE_READS, OPT_FORMAT };
 	static const struct option longopts[] = {
 		{ "unix", required_argument, NULL, 'U' },
 		{ "port", required_argument, NULL, 'p' },
@@ -346,6 +367,7 @@ int main(int argc, char **argv)
 		{ "splice-reads", required_argument, NULL, OPT_SPLICE_READS },
 		{ "overlay", required_argument, NULL, OPT_OVERLAY },
 		{ "incoming", required_argument, NULL, OPT_INCOMING },
+		{ "format", required_argument, NULL, OPT_FORMAT },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -353,7 +375,7 @@ int main(int argc, char **argv)
 	};
 	const char *control_path = NULL;
 	const char *unix_path = NULL, *port = "10809", *bind_addr = "127.0.0.1";
-	const char *pid_file = NULL, *overlay = NULL, *incoming_uri = NULL;
+	const char *pid_file = NULL, *overlay = NULL, *incoming_uri = NULL, *format = NULL;
 	struct ioc_nbd_export_opts eo = { .name = "" };
 	struct ioc_nbd_server_opts so = { 0 };
 	struct ioc_blk_opts bo = { 0 };
@@ -362,7 +384,7 @@ int main(int argc, char **argv)
 	bool do_fork = false, verbose = false, tls_set = false, tcp_set = false;
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "U:p:b:rx:D:vhV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "U:p:b:rx:D:f:vhV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'U': unix_path = optarg; break;
 		case 'p': parse_num(optarg, "port", 65535); port = optarg; tcp_set = true; break;
@@ -439,6 +461,11 @@ int main(int argc, char **argv)
 			break;
 		case OPT_OVERLAY: overlay = optarg; break;
 		case OPT_INCOMING: incoming_uri = optarg; break;
+		case 'f': case OPT_FORMAT:
+			if (strcmp(optarg, "raw") && strcmp(optarg, "qcow2"))
+				die("unknown format '%s' (raw or qcow2)", optarg);
+			format = optarg;
+			break;
 		case 'v': verbose = true; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("iocore-nbd %s\n", IOC_VERSION); return 0;
@@ -543,7 +570,40 @@ int main(int argc, char **argv)
 			     ioc_zip_probe(probe_fd) == 1;
 		close(probe_fd);
 	}
-	if (compressed) {
+	/* qcow2 files and rbd: names are served through a block node of the
+	 * node layer, as the storage daemon serves them. */
+	struct ioc_node_graph *graph = NULL;
+	bool qcow2 = format ? strcmp(format, "qcow2") == 0 :
+		     !compressed && !incoming_uri && probe_qcow2(image);
+	if (ioc__rbd_is_filename(image) || qcow2) {
+		char msg[512] = "";
+		json_t *o;
+		const char *cls;
+		struct ioc_node *node;
+
+		if (compressed || overlay || incoming_uri)
+			die("--overlay and --incoming need a raw or compressed image file");
+		if (ioc__rbd_is_filename(image)) {
+			o = ioc__rbd_parse_filename(image, msg, sizeof(msg));
+			if (!o)
+				die("%s: %s", image, msg);
+		} else {
+			o = json_pack("{s:s,s:{s:s,s:s,s:s,s:{s:b}}}", "driver", "qcow2", "file",
+				      "driver", "file", "filename", image,
+				      "aio", bo.aio == IOC_BLK_AIO_THREADS ? "threads" : "io_uring",
+				      "cache", "direct", bo.cache == IOC_BLK_CACHE_NONE);
+		}
+		if (!o || json_object_set_new(o, "node-name", json_string("disk")) ||
+		    json_object_set_new(o, "read-only", json_boolean(bo.read_only)) ||
+		    json_object_set_new(o, "discard", json_string("unmap")))
+			die("out of memory");
+		if ((r = ioc_node_graph_new(&graph)) < 0 ||
+		    ioc_node_add(graph, o, &node, &cls, msg, sizeof(msg)) < 0)
+			die("cannot open %s: %s", image, msg);
+		json_decref(o);
+		eo.node = node;
+		compressed = false;
+	} else if (compressed) {
 		char msg[512] = "";
 		if ((r = ioc_zip_image_open(&zimg, image, &zo, msg, sizeof(msg))) < 0)
 			die("cannot serve compressed image %s: %s", image,
@@ -636,6 +696,9 @@ int main(int argc, char **argv)
 			struct ioc_zip_image_info zi;
 			ioc_zip_image_get_info(zimg, &zi);
 			info.size = zi.size;
+		} else if (eo.node) {
+			info.size = eo.node->size;
+			info.aio = eo.node->drv->name;
 		} else {
 			ioc_blk_get_info(blk, &info);
 		}
@@ -704,6 +767,7 @@ int main(int argc, char **argv)
 			(unsigned long long)zi.page_checks,
 			(unsigned long long)zi.stream_reads, (unsigned long long)zi.errors);
 	}
+	ioc_node_graph_free(graph);
 	ioc_zip_overlay_close(zov);
 	ioc_zip_image_close(zimg);
 	if (blk)

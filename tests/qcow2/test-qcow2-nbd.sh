@@ -1,0 +1,39 @@
+#!/bin/sh
+# iocore-nbd serving qcow2 images: found by their magic and with -f qcow2,
+# written and read by qemu-io, the same bytes as qemu-nbd's view of the
+# same file, qemu-img check clean after; -f raw serves the file's bytes.
+set -u
+BUILD=${IOC_BUILD_ROOT:-build}
+SRCDIR=$(cd "$(dirname "$0")" && pwd)
+SRV="$BUILD/tools/nbd/iocore-nbd"
+. "$SRCDIR/../nbd/nbd-test-lib.sh"
+for t in qemu-img qemu-io qemu-nbd; do
+	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
+done
+workdir ioc-qcow2-nbd
+echo "1..7"
+uri() { echo "nbd+unix:///?socket=$dir/$1.sock"; }
+serve() { _n=$1; shift; srv --fork --pid-file "$dir/$_n.pid" -U "$dir/$_n.sock" "$@"; }
+
+qemu-img create -q -f raw "$dir/base.raw" 16M
+qemu-io -f raw -c 'write -P 0x21 0 4M' "$dir/base.raw" >/dev/null
+qemu-img create -q -f qcow2 -b "$dir/base.raw" -F raw "$dir/top.qcow2" 16M
+check "a qcow2 file over a raw backing file is served by its magic" serve a "$dir/top.qcow2"
+check "writes and reads through it" qemu-io -f raw -c 'write -P 0x42 1M 64k' \
+	-c 'read -P 0x21 0 1M' -c 'read -P 0x42 1M 64k' "$(uri a)"
+stop a
+check "qemu-img check is clean" qemu-img check -q "$dir/top.qcow2"
+qemu-nbd -f qcow2 -r -k "$dir/q.sock" --fork --pid-file "$dir/q.pid" "$dir/top.qcow2"
+serve b -r -f qcow2 "$dir/top.qcow2"
+check "-f qcow2 serves what qemu-nbd serves" \
+	qemu-img compare -f raw -F raw "$(uri b)" "nbd+unix:///?socket=$dir/q.sock"
+stop b
+stop q
+serve c -r -f raw "$dir/top.qcow2"
+check "-f raw serves the file's own bytes" qemu-img compare -f raw -F raw "$(uri c)" "$dir/top.qcow2"
+stop c
+if srv -f vmdk "$dir/top.qcow2" 2>/dev/null; then notok "an unknown format is refused"
+else ok "an unknown format is refused"; fi
+expect "a malformed rbd: name is refused with the reason" 1 \
+	"$(srv 'rbd:' 2>&1 | grep -ci 'pool')"
+exit 0
