@@ -54,7 +54,7 @@ check-tsan: deps
 	@[ -f build-tsan/build.ninja ] || meson setup build-tsan -Dbuildtype=debug \
 		-Db_sanitize=thread -Db_lundef=false $(MESON_OPTS)
 	ninja -C build-tsan
-	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	@TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/harness/tsan.supp \
 	 scripts/test.sh build-tsan --timeout-multiplier 6
 
 # The library and every module's tests cross-built for AArch64
