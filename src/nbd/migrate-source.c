@@ -1977,6 +1977,15 @@ static const struct { const char *name; size_t off; } caps[] = {
 	{ "auto-converge", offsetof(struct ioc__mig_params, auto_converge) },
 };
 
+/* The capabilities and parameters a command checked, in force from now. */
+static json_t *commit_params(struct ioc__nbd_mig *m, const struct ioc__mig_params *p)
+{
+	pthread_mutex_lock(&m->lock);
+	m->p = *p;
+	pthread_mutex_unlock(&m->lock);
+	return json_object();
+}
+
 json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 			      struct ioc__qmp_err *err)
 {
@@ -2012,10 +2021,7 @@ json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 		}
 		*(bool *)((char *)&p + caps[k].off) = json_is_true(state);
 	}
-	pthread_mutex_lock(&m->lock);
-	m->p = p;
-	pthread_mutex_unlock(&m->lock);
-	return json_object();
+	return commit_params(m, &p);
 }
 
 json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
@@ -2179,10 +2185,7 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 			return NULL;
 		}
 	}
-	pthread_mutex_lock(&m->lock);
-	m->p = p;
-	pthread_mutex_unlock(&m->lock);
-	return json_object();
+	return commit_params(m, &p);
 }
 
 json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,

@@ -39,6 +39,7 @@
 
 #include "iocore/co.h"
 #include "node/node.h"
+#include "util/socket.h"
 #include "nbd-int.h"
 
 #define IOC_NBD_STOP_GRACE_NS   (10ll * 1000000000)
@@ -620,25 +621,7 @@ void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 
 int ioc_nbd_listen_unix(const char *path)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd;
-
-	if (strlen(path) >= sizeof(a.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(a.sun_path, path);
-	/* A stale socket from an earlier run is replaced; anything else is not. */
-	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-		unlink(path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 1024) < 0) {
-		int e = -errno;
-		close(fd);
-		return e;
-	}
-	return fd;
+	return ioc__listen_unix(path, 1024);
 }
 
 int ioc_nbd_listen_tcp(const char *host, const char *port)

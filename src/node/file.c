@@ -28,6 +28,20 @@ static const struct ioc__qmp_arg file_opts[] = {
 	{ NULL },
 };
 
+/* A node's facts from its image. */
+static void set_from_blk(struct ioc_node *n, struct ioc_blk *blk,
+			 const struct ioc_blk_info *info)
+{
+	n->opaque = blk;
+	n->size = info->size;
+	n->read_only = info->read_only;
+	n->can_discard = info->can_discard;
+	n->can_fast_zero = info->can_zero;
+	n->can_block_status = true;
+	n->min_align = info->min_align > 1 ? info->min_align : 1;
+	n->opt_align = info->opt_align > 1 ? info->opt_align : 1;
+}
+
 static int file_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 {
 	const char *path = ioc__node_opt_str(opts, "filename", "");
@@ -66,14 +80,7 @@ static int file_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 			 ioc_strerror(ret));
 		return ret;
 	}
-	n->opaque = blk;
-	n->size = info.size;
-	n->read_only = info.read_only;
-	n->can_discard = info.can_discard;
-	n->can_fast_zero = info.can_zero;
-	n->can_block_status = true;
-	n->min_align = info.min_align > 1 ? info.min_align : 1;
-	n->opt_align = info.opt_align > 1 ? info.opt_align : 1;
+	set_from_blk(n, blk, &info);
 	n->filename_buf = strdup(path);
 	n->filename = n->filename_buf;
 	return 0;
@@ -179,16 +186,9 @@ int ioc_node_wrap_blk(struct ioc_node_graph *g, struct ioc_blk *blk, const char 
 	if (!n)
 		return -ENOMEM;
 	n->borrowed = true;
-	n->opaque = blk;
-	n->size = info.size;
-	n->read_only = info.read_only;
-	n->can_discard = info.can_discard;
-	n->can_fast_zero = info.can_zero;
-	n->can_block_status = true;
+	set_from_blk(n, blk, &info);
 	n->discard_unmap = true; /* the caller's image: trims reach it */
 	n->direct = info.direct;
-	n->min_align = info.min_align > 1 ? info.min_align : 1;
-	n->opt_align = info.opt_align > 1 ? info.opt_align : 1;
 	n->filename = info.path;
 	*out = n;
 	return 0;

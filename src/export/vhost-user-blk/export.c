@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "vub-export.h"
+#include "util/socket.h"
 
 void ioc__vub_log(struct ioc__vub_export *e, const char *fmt, ...)
 {
@@ -164,27 +165,12 @@ static void accept_cb(void *opaque)
 
 static int listen_on(const char *path, char *err, size_t errlen)
 {
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd, r;
+	int fd = ioc__listen_unix(path, 4);
 
-	if (strlen(path) >= sizeof(a.sun_path)) {
+	if (fd == -ENAMETOOLONG)
 		snprintf(err, errlen, "socket path '%s' is too long", path);
-		return -ENAMETOOLONG;
-	}
-	strcpy(a.sun_path, path);
-	/* Replace a stale socket, nothing else. */
-	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-		unlink(path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 4) < 0) {
-		r = -errno;
-		snprintf(err, errlen, "Failed to bind socket to %s: %s", path, ioc_strerror(r));
-		close(fd);
-		return r;
-	}
+	else if (fd < 0)
+		snprintf(err, errlen, "Failed to bind socket to %s: %s", path, ioc_strerror(fd));
 	return fd;
 }
 
