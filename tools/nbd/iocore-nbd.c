@@ -23,6 +23,7 @@
 #include "iocore/loop.h"
 #include "nbd/nbd.h"
 #include "inject.h"
+#include "parse-size.h"
 #include "iocore/zip.h"
 #include "node/node.h"
 #include "node/rbd.h"
@@ -110,13 +111,24 @@ static void die(const char *fmt, ...)
 	exit(1);
 }
 
+/* -v lines: local time in ISO 8601 with milliseconds (QEMU's
+ * -msg timestamp=on), or none when stderr is the journal, which stamps
+ * each line itself (systemd sets JOURNAL_STREAM for its services). */
 static void log_stderr(void *opaque, const char *msg)
 {
 	struct timespec ts;
+	struct tm tm;
+	char when[40], zone[8];
 
+	if (getenv("JOURNAL_STREAM")) {
+		fprintf(stderr, "%s: %s\n", prog, msg);
+		return;
+	}
 	clock_gettime(CLOCK_REALTIME, &ts);
-	fprintf(stderr, "%s[%ld.%03ld]: %s\n", prog, (long)ts.tv_sec,
-		ts.tv_nsec / 1000000, msg);
+	localtime_r(&ts.tv_sec, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+	strftime(zone, sizeof(zone), "%z", &tm);
+	fprintf(stderr, "%s.%03ld%s %s: %s\n", when, ts.tv_nsec / 1000000, zone, prog, msg);
 }
 
 static unsigned long parse_num(const char *s, const char *what, unsigned long max)
@@ -130,25 +142,15 @@ static unsigned long parse_num(const char *s, const char *what, unsigned long ma
 	return v;
 }
 
-/* A byte count with an optional K, M or G suffix (powers of 1024). */
+/* A byte count in the tools' one size grammar (parse-size.h), from 1
+ * byte to 1 TiB. */
 static size_t parse_size(const char *s, const char *what)
 {
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	unsigned shift = 0;
+	uint64_t v;
 
-	if (*end == 'K' || *end == 'k')
-		shift = 10;
-	else if (*end == 'M' || *end == 'm')
-		shift = 20;
-	else if (*end == 'G' || *end == 'g')
-		shift = 30;
-	if (shift)
-		end++;
-	if (errno || end == s || *end || s[0] == '-' || v == 0 || v > (1ull << 40) >> shift)
+	if (ioc_tool_parse_size(s, &v) < 0 || v == 0 || v > (1ull << 40))
 		die("invalid %s: %s", what, s);
-	return (size_t)(v << shift);
+	return (size_t)v;
 }
 
 /* Systemd socket activation: fds 3.. when LISTEN_PID is us. */
