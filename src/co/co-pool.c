@@ -1,63 +1,34 @@
 /*
  * The coroutine pool: recycled coroutines with their stacks.
  *
- * Problem: mapping a 1 MiB stack, installing its guard and building a
- * first frame costs microseconds and two or three system calls, while a
- * request's whole life in a coroutine should cost well under one.  Requests
- * are often created on one thread (the one that read them off a socket) and
- * finish on another (where a worker completed them), so a per-thread free
- * list alone drains on one side and overflows on the other.
+ * Problem: mapping a stack, its guard and a first frame costs microseconds
+ * and system calls, where a request's life in a coroutine should cost far
+ * less; and coroutines are often made on one thread and finish on another,
+ * so a per-thread free list alone drains on one side, overflows on the other.
  *
  * Design:
- *  - Each thread keeps a private free list of at most `batch` coroutines
- *    (16 by default).  Create pops from it and terminate pushes to it with
- *    plain loads and stores: no atomic read-modify-write, no fence (its
- *    length is an _Atomic stored relaxed by the owner, for the stats).
- *  - A terminate that finds the local list full moves the whole list, as
- *    one unit, onto a global lock-free stack of batches and starts a new
- *    list with the coroutine in hand.  A create that finds the local list
- *    empty takes exactly one batch from the global stack (taking everything
- *    starves the other threads).  So a thread touches shared
- *    memory once per `batch` operations, and after warm-up the
- *    A-creates/B-terminates pattern recycles batches without ever mapping
- *    a new stack.
- *  - ABA.  The global stacks (full batches and free descriptors) are
- *    Treiber stacks of *indices* into an array of batch descriptors that is
- *    allocated once and never freed, with a 32-bit generation counter in
- *    the upper half of the 64-bit top word.  Every successful push or pop
- *    bumps the generation, so a pop that read (top, next) before another
- *    thread popped and re-pushed the same descriptor fails its CAS; and
- *    because descriptors are never freed, reading a stale descriptor's
- *    `next` is harmless (it is an atomic, read relaxed).  An ABA needs a
- *    thread preempted between its load and its CAS while exactly 2^32
- *    other operations complete -- not a practical concern.  A pointer-based
- *    Treiber stack of the batches themselves would read `next` from a
- *    coroutine that another thread may already have unmapped, and a
- *    128-bit CAS (cmpxchg16b) is not available everywhere without
- *    libatomic locks.
- *  - The bound.  Every stack is a VMA (two without MADV_GUARD_INSTALL), and
- *    QEMU crashed with ENOMEM from mprotect once thousands of pooled stacks
- *    exhausted vm.max_map_count.  So the default bound is a quarter of
- *    max_map_count divided by the VMAs per stack, capped at 4096 (4096
- *    pooled stacks that each touched 16 KiB hold 64 MiB).  The bound is
- *    enforced exactly, without touching the fast path, by *reservations*:
- *    a thread reserves `batch` slots of a global counter before its local
- *    list may hold anything (a relaxed CAS on the slow path), a batch on
- *    the global stack carries its reservation with it, and pooled <=
- *    reserved <= max_pooled at every instant.  A terminate that cannot
- *    reserve frees the stack.
- *  - Thread exit: a pthread key destructor pushes a full local list as a
- *    batch and frees a partial one, returning the reservation.
+ *  - Each thread keeps a private list of at most `batch` coroutines (16):
+ *    create pops and terminate pushes with plain loads and stores.
+ *  - A terminate that finds it full moves the whole list, as one unit, onto
+ *    a global lock-free stack of batches; a create that finds it empty takes
+ *    one batch.  Shared memory is touched once per `batch` operations, and
+ *    after warm-up no new stack is ever mapped.
+ *  - ABA: the global stacks are Treiber stacks of *indices* into descriptors
+ *    allocated once and never freed, with a 32-bit generation in the top
+ *    word bumped by every push and pop; a stale `next` is harmless to read.
+ *  - The bound: each stack is a VMA or two, and thousands of pooled stacks
+ *    can exhaust vm.max_map_count, so at most a quarter of it (capped at
+ *    4096) are pooled.  Threads reserve `batch` slots of a global counter
+ *    (a relaxed CAS, slow path only) before their list may hold anything,
+ *    batches carry their reservation, and pooled <= reserved <= max at
+ *    every instant; a terminate that cannot reserve frees the stack.
+ *  - Thread exit: a key destructor pushes a full list as a batch and frees
+ *    a partial one, returning the reservation.
  *
- * Rejected: one global list under a mutex (the old QEMU pool: a lock per
- * operation); a global counter per coroutine (an atomic RMW on every create
- * and terminate); an array of list heads indexed by an atomic top (a take
- * races with a concurrent put into the same slot: batches merge and the
- * bound drifts).
- *
- * Cost: fast path ~10 instructions each way; slow path two CASes on
- * shared cache lines per `batch` coroutines.  A thread whose local list is
- * reserved but empty holds `batch` slots of the bound without using them.
+ * Rejected: one list under a mutex (a lock per operation); a global counter
+ * per coroutine (an atomic RMW on every create); a pointer-based Treiber
+ * stack of batches (reads `next` from a stack another thread may have
+ * unmapped) or a 128-bit CAS (not everywhere without libatomic's locks).
  */
 #include "co-int.h"
 

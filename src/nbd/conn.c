@@ -1076,8 +1076,8 @@ static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
  * copy lands in the page cache, and no pwritev follows.  From 4 KiB
  * (IOC_NBD_WMAP_MIN), not only from IOC_NBD_DIRECT_MIN: QEMU's client
  * writing 4 KiB blocks then costs a FIONREAD and a recvmsg per write where
- * it cost a pwritev and a share of a batched recv (server CPU per write
- * 0.80x in one A/B, within the noise in three more); fio's small writes
+ * it cost a pwritev and a share of a batched recv (the A/B runs are in
+ * bench/nbd/NOTES.md); fio's small writes
  * mostly arrive whole in a batch and go the old way.  The bytes change the
  * image as they arrive, before the request reaches the gate, so from here
  * until wmap_end() the request counts as past the gate (t->executing): a

@@ -970,12 +970,11 @@ static void throttle_up(struct src *s, double ratio)
  * (client writes, mirrored or ahead of pass 1, per CHUNK_WRITES chunks),
  * the larger deciding.  QEMU counts bytes only (RAM dirtied against RAM
  * sent); on a fast link a 4 KiB write costs the servers and the client a
- * request's handling (and a MIRROR's round trip) far more than its bytes.
- * Measured on loopback, a write delays the copy by 23-32 us, a 256 KiB
- * chunk takes ~280 us: a chunk costs about ten writes.  Counting a write
- * as a chunk made the throttle climb to max-cpu-throttle whenever the
- * writer kept up with half the chunks, and the 25 ms pause at 99% was
- * the client's p99 (bench/migrate/NOTES.md).  QEMU checks at each
+ * request's handling (and a MIRROR's round trip) far more than its bytes:
+ * on loopback a chunk costs about ten writes, and counting a write as a
+ * chunk made the throttle climb to its maximum whenever the writer kept
+ * up with half the chunks (the measurements are in bench/migrate/NOTES.md).
+ * QEMU checks at each
  * dirty-bitmap sync, at most once a second; pass 1 here has no sync and
  * lasts seconds, hence the fixed period, short enough that the throttle
  * climbs from 20% to 99% in under a second.

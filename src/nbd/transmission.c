@@ -20,10 +20,9 @@
  *   images): one copy, page cache -> socket, and no read syscall.  Reads
  *   under IOC_NBD_MAP_ALONE_MIN (64 KiB) are lent only while the thread
  *   serves other connections or the connection rests (map_small, conn.c):
- *   below 64 KiB, lending to a lone client measured no better (4 KiB
- *   random reads: the same CPU per read).  From 64 KiB on it measured
- *   0.86x the server CPU per read at the same rate, with fewer client
- *   wakeups; an older tree had measured more (bench/nbd/NOTES.md).
+ *   below 64 KiB, lending to a lone client saves nothing, from 64 KiB on
+ *   it saves server CPU per read and client wakeups (the measurements
+ *   are in bench/nbd/NOTES.md).
  *   Reads of at least IOC_NBD_SPARSE_READ_MIN bytes (a page over TLS) ask
  *   the backend for block status first and send OFFSET_HOLE chunks for
  *   zero extents.
