@@ -49,7 +49,10 @@ static void test_nbd_export(void)
 		  "-c 'write -P 0x41 0 6M' -c 'write -P 0x43 10M 2M' base.qcow2 >/dev/null && "
 		  "qemu-img create -q -f qcow2 -o cluster_size=16k -b base.qcow2 -F qcow2 a.qcow2 "
 		  "&& cp a.qcow2 b.qcow2", dir);
-	write_cmds(q2t_path("cmds"));
+	char *cmds = q2t_path("cmds");
+
+	write_cmds(cmds);
+	free(cmds);
 	Q2T_SH_OK("cd '%s' && %s '%s/tools/daemon/iocore-storage-daemon' "
 		  "--blockdev driver=file,node-name=f0,filename=a.qcow2,discard=unmap "
 		  "--blockdev driver=qcow2,node-name=q0,file=f0,discard=unmap "
