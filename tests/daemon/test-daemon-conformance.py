@@ -208,9 +208,15 @@ def main():
     qsd = shutil.which("qemu-storage-daemon")
     if not qsd or not shutil.which("qemu-io") or nbd is None:
         print("1..0 # SKIP qemu-storage-daemon, qemu-io or python3-libnbd not installed")
-        return 77
+        return 0 if os.environ.get("IOC_TAP_ONLY") else 77
     build = os.environ.get("IOC_BUILD_ROOT", "build")
     ioc = os.path.join(build, "tools/daemon/iocore-storage-daemon")
+    if os.environ.get("IOC_CROSS_BUILD"):
+        # The comparison is about replies, not the target: a cross build's
+        # daemon runs under its emulator, which the command lines do not
+        # name; the native suite runs it.
+        print("1..0 # SKIP a cross build (the native suite compares the daemons)")
+        return 0 if os.environ.get("IOC_TAP_ONLY") else 77
     tmp = tempfile.mkdtemp(prefix="ioc-daemon-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                            else None)
     a = b = None

@@ -6,6 +6,7 @@
  * holds exactly the fds it held before: a rejected message leaks none.
  */
 #include <dirent.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -255,8 +256,14 @@ static void test_malformed(void)
 	expect_bad("missing");
 	send_msg(VUB_REM_MEM_REG, 1, &t, 40, 2);
 	expect_bad("too many");
-	send_msg(VUB_SET_FEATURES, 1, &v, 8, 12);
-	expect_bad("too many file descriptors");
+	/* More fds than a message may carry: the kernel truncates them
+	 * (MSG_CTRUNC).  qemu-user's emulation (a cross build's suite)
+	 * receives them all itself and passes some on without the flag, so
+	 * the case is the kernel's only. */
+	if (!getenv("IOC_CROSS_BUILD")) {
+		send_msg(VUB_SET_FEATURES, 1, &v, 8, 12);
+		expect_bad("too many file descriptors");
+	}
 	unpair();
 
 	/* Oversized: refused from the header alone. */
