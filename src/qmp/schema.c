@@ -354,8 +354,10 @@ static bool keyval_put(json_t *root, const char *key, const char *value, char *d
 		next = json_object_get(o, seg);
 		if (!next) {
 			next = json_object();
-			if (!next || json_object_set_new(o, seg, next) < 0)
+			if (!next || json_object_set_new(o, seg, next) < 0) {
+				snprintf(desc, len, "Parameter '%.200s' is not valid UTF-8 text", key);
 				return false;
+			}
 		} else if (!json_is_object(next)) {
 			snprintf(desc, len, "Parameter '%.*s' used inconsistently",
 				 (int)(dot - buf), buf);
@@ -375,7 +377,12 @@ static bool keyval_put(json_t *root, const char *key, const char *value, char *d
 			return false;
 		}
 	}
-	return json_object_set_new(o, seg, json_string(value)) == 0;
+	/* JSON strings are UTF-8: a name or value that is not cannot be kept. */
+	if (json_object_set_new(o, seg, json_string(value)) < 0) {
+		snprintf(desc, len, "Parameter '%.200s' is not valid UTF-8 text", key);
+		return false;
+	}
+	return true;
 }
 
 json_t *ioc__qmp_keyval_parse(const char *s, const char *implied_key, bool *is_json,
