@@ -76,6 +76,102 @@ struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qm
 	return blk;
 }
 
+struct resize {
+	struct ioc_node *n;
+	uint64_t size;
+	int ret;
+	bool done;
+};
+
+static void ioc_coroutine_fn resize_co(void *arg)
+{
+	struct resize *r = arg;
+
+	r->ret = ioc_node_co_truncate(r->n, r->size);
+	r->done = true;
+}
+
+/* On a thread of its own: the resize in a coroutine, its loop run until
+ * it is done; then the loop leaves the node (it stops next). */
+static int resize_fn(void *arg)
+{
+	struct resize *r = arg;
+	struct ioc_co *co = ioc_co_create(resize_co, r);
+
+	if (!co)
+		return -ENOMEM;
+	ioc_co_enter(co);
+	while (!r->done)
+		ioc_loop_poll(ioc_loop_current(), true);
+	ioc_node_loop_exit(r->n);
+	return 0;
+}
+
+/* block_resize: the node's driver resizes, then every export of the node
+ * that can tell its client does.  The driver's call runs on a short-lived
+ * I/O thread, which the main loop waits for: polling the main loop here,
+ * inside a monitor's handler, would run the monitors' handlers again. */
+static json_t *cmd_block_resize(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc_daemon *d = ctx;
+	const char *name = json_string_value(json_object_get(args, "node-name"));
+	const char *dev = json_string_value(json_object_get(args, "device"));
+	struct resize r = { .size = (uint64_t)json_integer_value(json_object_get(args, "size")) };
+	struct ioc_iothread_opts to = { .name = "ioc-resize", .cpu = -1 };
+	struct ioc_iothread *t;
+	int ret;
+
+	if (!name && !dev) {
+		ioc__qmp_errf(err, "Need device or node-name");
+		return NULL;
+	}
+	r.n = ioc_node_find(d->graph, name ? name : dev);
+	if (!r.n) {
+		ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", dev ? dev : "",
+			      name ? name : "");
+		return NULL;
+	}
+	if ((int64_t)r.size < 0) {
+		ioc__qmp_errf(err, "Parameter 'size' expects a >0 size");
+		return NULL;
+	}
+	/* A client that cannot be told of a new size must not see one (QEMU:
+	 * an NBD export does not share the resize permission). */
+	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++) {
+		struct ioc_export *ex = d->exports[i];
+
+		if (ex && ex->node == r.n && !ex->drv->resized) {
+			ioc__qmp_errf(err, "Node '%s' is exported by '%s' (%s), whose clients "
+				      "cannot be told of a new size", r.n->name, ex->id,
+				      ex->drv->type);
+			return NULL;
+		}
+	}
+	ret = ioc_iothread_start(&t, &to);
+	if (ret == 0) {
+		ret = ioc_iothread_call(t, resize_fn, &r);
+		ioc_iothread_stop(t);
+	}
+	if (ret < 0)
+		r.ret = ret;
+	if (r.ret < 0) {
+		ioc__qmp_errf(err, r.ret == -ENOTSUP ? "Block driver '%s' does not support "
+			      "resizing" : r.ret == -EPERM ? "Node '%s' is read-only" :
+			      "Could not resize: %s", r.ret == -ENOTSUP ? r.n->drv->name :
+			      r.ret == -EPERM ? r.n->name : ioc_strerror(r.ret));
+		return NULL;
+	}
+	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
+		if (d->exports[i] && d->exports[i]->node == r.n && d->exports[i]->drv->resized)
+			d->exports[i]->drv->resized(d->exports[i]);
+	return json_object();
+}
+
+static const struct ioc__qmp_arg args_resize[] = {
+	{ "device", IOC_QMP_STR, true }, { "node-name", IOC_QMP_STR, true },
+	{ "size", IOC_QMP_INT, false }, { NULL },
+};
+
 static const struct ioc__qmp_arg args_del[] = {
 	{ "node-name", IOC_QMP_STR, false }, { NULL },
 };
@@ -89,6 +185,7 @@ static const struct ioc__qmp_arg args_blockstats[] = {
 const struct ioc__qmp_cmd ioc__daemon_block_cmds[] = {
 	{ "blockdev-add", cmd_blockdev_add, NULL, ioc_node_blockdev_spec },
 	{ "blockdev-del", cmd_blockdev_del, args_del },
+	{ "block_resize", cmd_block_resize, args_resize },
 	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
 	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
 	IOC_NODE_DIRTY_CMDS,

@@ -44,6 +44,9 @@ struct ioc_export_drv {
 	int (*del)(struct ioc_export *ex, bool hard, char *err, size_t errlen);
 	/* Driver members for query-block-exports (NULL: none). */
 	void (*info)(struct ioc_export *ex, json_t *obj);
+	/* The node's size changed (block_resize): tell the client if the
+	 * protocol can (NULL: it cannot; NBD clients learn it on reconnect). */
+	void (*resized)(struct ioc_export *ex);
 };
 
 struct ioc_export {

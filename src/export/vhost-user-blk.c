@@ -128,9 +128,17 @@ static int vub_del(struct ioc_export *ex, bool hard, char *err, size_t errlen)
 	return 0;
 }
 
+/* GET_CONFIG reads the node's size: the guest rereads it on the config-
+ * change message (when the front end gave a back-end channel). */
+static void vub_resized(struct ioc_export *ex)
+{
+	ioc__vub_export_config_changed(ex->opaque);
+}
+
 const struct ioc_export_drv ioc__export_drv_vhost_user_blk = {
 	.type = "vhost-user-blk",
 	.opts = vub_opts,
 	.create = vub_create,
 	.del = vub_del,
+	.resized = vub_resized,
 };
