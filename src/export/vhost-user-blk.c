@@ -128,6 +128,21 @@ static int vub_del(struct ioc_export *ex, bool hard, char *err, size_t errlen)
 	return 0;
 }
 
+/* query-block-exports: whether a front end is connected and what each
+ * queue served (iocore's members, under the vendor prefix). */
+static void vub_info(struct ioc_export *ex, json_t *obj)
+{
+	struct ioc__vub_info info;
+	json_t *q = json_array();
+
+	ioc__vub_export_info(ex->opaque, &info);
+	for (unsigned i = 0; q && i < info.num_queues; i++)
+		json_array_append_new(q, json_integer((json_int_t)info.queue_requests[i]));
+	json_object_set_new(obj, "__org.iocore_vhost-user-blk", json_pack("{s:b,s:I,s:I,s:o*}",
+		"connected", info.connected, "connections", (json_int_t)info.connections,
+		"requests", (json_int_t)info.requests, "queue-requests", q));
+}
+
 /* GET_CONFIG reads the node's size: the guest rereads it on the config-
  * change message (when the front end gave a back-end channel). */
 static void vub_resized(struct ioc_export *ex)
@@ -140,5 +155,6 @@ const struct ioc_export_drv ioc__export_drv_vhost_user_blk = {
 	.opts = vub_opts,
 	.create = vub_create,
 	.del = vub_del,
+	.info = vub_info,
 	.resized = vub_resized,
 };

@@ -1,6 +1,7 @@
 #!/bin/bash
 # A real guest on the vhost-user-blk export: the Debian kernel under TCG
-# (tests/harness/guest.sh) with QEMU's vhost-user-blk-pci on vub-serve.
+# (tests/harness/guest.sh) with QEMU's vhost-user-blk-pci on
+# iocore-storage-daemon's --export type=vhost-user-blk.
 #   boot 0: the harness itself, on qemu-storage-daemon's export (when it
 #           is installed): a failure here is the harness's, not ours;
 #   boot 1: two queues on two I/O threads, two vCPUs: size, queues,
@@ -16,7 +17,7 @@
 # kernel, its virtio modules or a static busybox.
 set -u
 . "$IOC_SOURCE_ROOT/tests/harness/guest.sh"
-SRV=$IOC_BUILD_ROOT/tests/vhost/vub-serve
+DAEMON=$IOC_BUILD_ROOT/tools/daemon/iocore-storage-daemon
 
 n=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
@@ -54,18 +55,56 @@ host_md5=$(md5sum <"$dir/host.bin" | cut -d' ' -f1)
 head -c 1048576 /dev/zero | tr '\000' 'A' >"$dir/A.bin"
 a_md5=$(md5sum <"$dir/A.bin" | cut -d' ' -f1)
 
-# start_server ARGS...: vub-serve in the background, until it says ready
-# (10 s at most).
+# start_server [--queues N] [--iothreads K] [--serial S] [--read-only]
+# [--logical-block-size B]: iocore-storage-daemon exporting $img as a
+# vhost-user-blk device on $dir/vub.sock, its queues spread over K I/O
+# threads, in the background, until the socket is there (10 s at most).
 start_server() {
-	rm -f "$dir/vub.sock"
-	"$SRV" --socket "$dir/vub.sock" --file "$img" "$@" >"$dir/srv.out" 2>>"$dir/srv.log" &
+	local q=1 k=0 serial= ro=false lbs=512 threads= i
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--queues) q=$2; shift ;;
+		--iothreads) k=$2; shift ;;
+		--serial) serial=$2; shift ;;
+		--read-only) ro=true ;;
+		--logical-block-size) lbs=$2; shift ;;
+		esac
+		shift
+	done
+	set --
+	for i in $(seq 0 $((k - 1))); do
+		set -- "$@" --object "iothread,id=io$i"
+		threads="$threads${threads:+,}\"io$i\""
+	done
+	rm -f "$dir/vub.sock" "$dir/mon.sock"
+	"$DAEMON" "$@" \
+		--blockdev "{\"driver\":\"file\",\"node-name\":\"disk\",\"filename\":\"$img\",\"read-only\":$ro}" \
+		--export "{\"type\":\"vhost-user-blk\",\"id\":\"vub\",\"node-name\":\"disk\",
+			\"addr\":{\"type\":\"unix\",\"path\":\"$dir/vub.sock\"},\"writable\":$([ $ro = true ] && echo false || echo true),
+			\"num-queues\":$q,\"logical-block-size\":$lbs${serial:+,\"__org.iocore_serial\":\"$serial\"}
+			${threads:+,\"iothread\":[$threads]}}" \
+		--chardev "socket,id=mon,path=$dir/mon.sock,server=on,wait=off" --monitor chardev=mon \
+		>"$dir/srv.out" 2>>"$dir/srv.log" &
 	srv_pid=$!
 	for _ in $(seq 200); do
-		grep -q ready "$dir/srv.out" 2>/dev/null && return 0
+		[ -S "$dir/vub.sock" ] && [ -S "$dir/mon.sock" ] && return 0
 		kill -0 "$srv_pid" 2>/dev/null || return 1
 		sleep 0.05
 	done
 	return 1
+}
+# queue_requests: each queue's request count, from query-block-exports.
+queue_requests() {
+	python3 - "$dir/mon.sock" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile("rwb")
+json.loads(f.readline())
+f.write(b'{"execute":"qmp_capabilities"}\n{"execute":"query-block-exports"}\n'); f.flush()
+json.loads(f.readline())
+r = json.loads(f.readline())["return"][0]
+print(" ".join(str(x) for x in r["__org.iocore_vhost-user-blk"]["queue-requests"]))
+PY
 }
 stop_server() {
 	kill "$srv_pid"
@@ -188,10 +227,11 @@ if start_server --queues 2 --iothreads 2 --serial iocore-test; then
 		notok "host: the guest's pattern is in the image"
 	fi
 	boot boot2 2 2 ,event_idx=off,indirect_desc=off
-	if stop_server; then ok "server exits on SIGTERM"; else notok "server exits on SIGTERM"; fi
 	# Both queues served requests (Linux maps each vCPU to one).
-	q0=$(sed -n 's/^queue 0: \([0-9]*\) requests/\1/p' "$dir/srv.log" | tail -n 1)
-	q1=$(sed -n 's/^queue 1: \([0-9]*\) requests/\1/p' "$dir/srv.log" | tail -n 1)
+	read -r q0 q1 <<EOF2
+$(queue_requests)
+EOF2
+	if stop_server; then ok "server exits on SIGTERM"; else notok "server exits on SIGTERM"; fi
 	if [ "${q0:-0}" -gt 0 ] && [ "${q1:-0}" -gt 0 ]; then
 		ok "both queues served requests ($q0, $q1)"
 	else
