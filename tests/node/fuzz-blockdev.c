@@ -62,8 +62,8 @@ static const char *const seeds[] = {
 	"driver=null-co,node-name=z,size=1G,read-zeroes=yes",
 	"driver=rbd,node-name=r,pool=p,image=i,server.0.host=a,server.0.port=1",
 	"{\"driver\": \"file\", \"node-name\": \"n\", \"filename\": \"/x\", \"cache\": {\"direct\": true}}",
-	"driver=__org.iocore_zip-overlay,node-name=o,filename=/y,backing.driver=__org.iocore_zip,"
-	"backing.filename=/z",
+	("driver=__org.iocore_zip-overlay,node-name=o,filename=/y,backing.driver=__org.iocore_zip,"
+	 "backing.filename=/z"),
 	"driver=file,node-name=n,filename=/x,cache.direct=maybe,read-only=2,size=-1",
 	"\x8c\n",         /* not UTF-8: refused, saying so (a fuzzer's find) */
 	"a.\xff=1,b=\xc3",
