@@ -200,6 +200,11 @@ ceph_start_once() {
 		grep -m5 -E 'FAILED|Caught signal|ceph_assert|abort' \
 			"$CEPH_DIR/log/osd.$_id.log" 2>/dev/null | sed 's/^/# /' >&2
 		tail -5 "$CEPH_DIR/log/osd.out" 2>/dev/null | sed 's/^/# /' >&2
+		# Which monitor the OSD met, and what it said of it.
+		ceph_log "mon 127.0.0.1:$CEPH_PORT, fsid $CEPH_FSID; the OSD's fsid and the mon's last lines:"
+		cat "$CEPH_DIR/osd-$_id/ceph_fsid" 2>/dev/null | sed 's/^/# osd ceph_fsid: /' >&2
+		grep -m3 -E 'fsid|wrong' "$CEPH_DIR/log/mon.a.log" 2>/dev/null | sed 's/^/# mon: /' >&2
+		ss -ltnp 2>/dev/null | grep ":$CEPH_PORT " | sed 's/^/# listening: /' >&2
 		return 1
 	fi
 	cephc osd pool create rbd 8 >/dev/null 2>&1 &&
