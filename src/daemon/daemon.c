@@ -153,7 +153,6 @@ int ioc_daemon_chardev_add(struct ioc_daemon *d, json_t *opts, char *err, size_t
 		snprintf(err, errlen, "Too many chardevs (at most %d)", IOC_DAEMON_MAX_MONITORS);
 		return -ENOSPC;
 	}
-	unlink(path);
 	fd = ioc_nbd_listen_unix(path);
 	if (fd < 0) {
 		snprintf(err, errlen, "Failed to bind socket to %s: %s", path, ioc_strerror(fd));

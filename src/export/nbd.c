@@ -90,8 +90,7 @@ static int listen_addr(json_t *addr, bool legacy, char *err, size_t errlen)
 			snprintf(err, errlen, "Abstract Unix sockets are not supported");
 			return -ENOTSUP;
 		}
-		unlink(path);
-		fd = ioc_nbd_listen_unix(path);
+		fd = ioc_nbd_listen_unix(path); /* replaces a stale socket only */
 		if (fd < 0)
 			snprintf(err, errlen, "Failed to bind socket to %s: %s", path,
 				 ioc_strerror(fd));

@@ -2,61 +2,39 @@
  * One NBD connection on its I/O thread: reading and parsing, a coroutine
  * per request, gathered replies, bounds, and the end of the connection.
  *
- * Problem.  A client pipelines many requests; a hostile one sends garbage,
- * never reads, or stalls mid-message.  Per request the server must spend
- * as little CPU as possible (the client competes for the same cores), and
- * no client may hurt another.
+ * Problem.  A client pipelines many requests, a hostile one sends garbage,
+ * never reads or stalls mid-message; per request the server must spend as
+ * little CPU as possible (the client competes for the same cores), and no
+ * client may hurt another.
  *
  * Design.
- * - A connection belongs to one I/O thread for its whole life (server.c
- *   hands it over with a task); all here runs on that thread, in fd
- *   handlers, a bottom half, timers and request coroutines: no lock.
- * - Reading: the fd handler recv()s as much as fits into the input buffer
- *   and parses every complete request in it (transmission.c); a short
- *   recv means the socket is empty, no recv just to see EAGAIN.  A WRITE
- *   payload still arriving goes straight into a tmpfs image's map, whole
- *   blocks (wmap_begin(), from 4 KiB), or if large its buffer, the next
- *   header with it (recvmsg), or into a pipe (then to the file).
- * - Resting (rest_maybe()): when the socket is empty, every reply is out
- *   and a Unix-socket client still has 8 or more of them unread
- *   (SIOCOUTQ), the client is the bottleneck: stop reading for rest_ns
- *   (50-200 us), then take what came in one batch.  A client that cannot
- *   keep up sends a request at a time, and answering each as it comes
- *   costs a wakeup, a recv and a sendmsg per request while saving it
- *   nothing.  A rest that ends with every reply read halves the next.
- * - One coroutine per request, from the coroutine pool, runs it against
- *   the block layer (a cached read on the inline fast path never yields)
- *   and queues the reply.  Handshake output travels in the same queue.
- * - Writing: queued replies go out together in one sendmsg() of up to 64
- *   iovecs, after a parse batch or from a bottom half that runs once per
- *   loop iteration; a long batch is sent every IOC_NBD_FLUSH_EVERY
- *   replies.  READ data is read into the buffer the reply iovec points
- *   at, or lent by a tmpfs image's map (map_reads), or (zc_read_min, off
- *   by default) spliced into a pipe, then on to the socket.
- * - Bounds: at most max_inflight requests (parsed, reply not yet sent)
- *   and IOC_NBD_INFLIGHT_BYTES of payload; beyond that the connection stops
- *   reading until replies drain, so a client that never reads stalls only
- *   itself.  The handshake has a deadline (a loop timer).  A protocol
- *   violation closes this connection.
- * - TLS (tls.c): STARTTLS's ACK is queued in the clear, then the GnuTLS
- *   handshake runs from the same handlers, then recv and send go through
- *   the session, replies gathered into 16 KiB records.  Bytes GnuTLS
- *   already decrypted raise no readiness event, so then the bottom half
- *   comes back instead.
+ * - A connection lives on one I/O thread (server.c hands it over with a
+ *   task): fd handlers, a bottom half, timers and coroutines, no lock.
+ * - Reading: recv() as much as fits and parse every complete request in
+ *   it (transmission.c); a short recv means the socket is empty.  A WRITE
+ *   payload still arriving goes into a tmpfs image's map (wmap_begin(),
+ *   whole blocks from 4 KiB), a large one's buffer, or a pipe.
+ * - Resting (rest_maybe()): with the socket empty, every reply out and 8
+ *   or more unread by a Unix-socket client (SIOCOUTQ), the client is the
+ *   bottleneck: stop reading for rest_ns, then take a batch.
+ * - One pool coroutine per request runs it and queues the reply; replies
+ *   go out in one sendmsg() of up to 64 iovecs per parse batch or bottom
+ *   half.  READ data is read into the reply's buffer, lent by a tmpfs
+ *   image's map (map_reads), or spliced into a pipe (zc_read_min).
+ * - Bounds: max_inflight requests and IOC_NBD_INFLIGHT_BYTES of payload,
+ *   beyond which the connection stops reading, so a client that never
+ *   reads stalls only itself; a handshake deadline; a protocol violation
+ *   closes the connection.
+ * - TLS (tls.c): the same handlers run the GnuTLS handshake and records;
+ *   bytes GnuTLS already decrypted raise no event, so the bottom half
+ *   comes back for them.
  * - The end: EOF or NBD_CMD_DISC stop reading; freed once every request
- *   is answered or dropped.  At shutdown it reads until empty once.
+ *   is answered or dropped.
  *
- * Alternatives rejected (measurements in bench/nbd/NOTES.md).
- * - A coroutine per connection reading requests in a loop (QEMU): a
- *   context switch per request and a stack per idle client.
- * - A sendmsg per reply as it completes; edge-triggered sockets (multishot
- *   polls post a CQE per client send); reads through io_uring instead of
- *   the inline path; MSG_ZEROCOPY (Unix sockets refuse it, loopback TCP
- *   copies anyway).  Resting on TCP: SIOCOUTQ there counts bytes not yet
- *   acknowledged, which a busy client's kernel acknowledges at once.
- *
- * Cost notes.  Per connection ~1 KiB of state, a 128 KiB input buffer
- * (untouched pages are not resident), up to 16 pipes.
+ * Rejected (bench/nbd/NOTES.md): a coroutine per connection reading in a
+ * loop (QEMU: a switch per request, a stack per idle client); a sendmsg
+ * per reply; edge-triggered sockets; reads through io_uring; MSG_ZEROCOPY
+ * (Unix sockets refuse it); resting on TCP (SIOCOUTQ counts unacked bytes).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,62 +1,41 @@
 /*
  * Live migration, the source: send the image an export serves to another
  * iocore-nbd (--incoming) while clients keep using it, then hand the
- * clients over, with QEMU 7.2's migration commands on the control socket.
+ * clients over, with QEMU 7.2's migration commands on a control socket.
  *
  * Problem.  The image changes while it moves, a writer may outrun the
  * link (or take the cores), and compression pays only on several cores.
  *
  * Design (pre-copy, then active mirroring).
- * - A hidden dirty bitmap (__org.iocore_granularity, default 4 KiB) is
- *   added before the first read.  Pass 1 reads the image (pread on a fd of
- *   the thread's own; holes found with SEEK_DATA go as ZERO records);
- *   later passes read what the bitmap says changed.  A chunk is cleared,
- *   then read (blk.h's rule: a write completing after the clear marks
- *   again).  Chunks (<= 256 KiB) go round robin to an in-order ioc_wq of
- *   compress-threads workers (zero test, block CRCs, zstd; without
- *   compression this thread does it, copy_inline()); records leave in
- *   submission order, so in the order their data was read.  END's block
- *   CRCs are recorded as records leave.
- * - Convergence: after a pass, dirty bytes / measured bandwidth within
- *   downtime-limit starts the switch-over by itself.
- * - Active mirroring (__org.iocore_active-mirror): a write waits in
- *   conn.c's hook, after its local write and outside the gate's count,
- *   until its whole granules were cleared, read back by this thread
- *   between chunks, sent as MIRROR jobs through the same in-order queue,
- *   and acknowledged (MACK, cumulative) by the destination, which applies
- *   a MIRROR after everything before it.  Stream order equals read order
- *   for every record, and a write is read after it completed, so the last
- *   record of a block is its newest content whatever the interleaving,
- *   with no range locks; and the remaining set only shrinks.  A MIRROR
- *   leaves behind all that is queued, so while mirroring a chunk is read
- *   only once the socket's send queue is under 1 MiB (pace()).  Granularity:
- *   the bitmap's (4 KiB), so a 4 KiB write sends 4 KiB.  auto starts in
- *   pass 1 once the dirty bytes exceed downtime-limit at pass 1's rate,
- *   else after it if anything is dirty; writes ahead of pass 1's cursor
- *   are left to it.  An answer reader thread reads MACKs and the final ACK
- *   while this one sends (GnuTLS: one sender, one receiver).  Any end
- *   answers every waiting write with success: its data is on the source.
- * - Write admission (__org.iocore_write-admission, admit()): writes are
- *   answered at a rate bound to the copy's progress (writes per MiB).
- * - auto-converge (QEMU's capability): while mirroring, a write is answered
- *   after a pause that grows while the writer's share of the stream stays
- *   above throttle-trigger-threshold (throttle_check(), throttle_pause()).
- * - Switch-over: the serving gate holds new requests and waits for the
- *   running ones (pause-before-switchover: until migrate-continue); status
- *   device, the last pass, END with the checksum, the ACK, completed.
- * - Failure (destination gone, migrate_cancel before END): the gate
- *   opens, the bitmap is dropped, the source serves on: failed or
- *   cancelled.  After END a cancel no longer applies.  TLS: tls.c.
+ * - A hidden dirty bitmap (4 KiB granules) is added before the first
+ *   read.  Pass 1 reads the image (its own fd; holes go as ZERO records),
+ *   later passes what the bitmap says changed; a chunk is cleared, then
+ *   read (blk.h's rule).  Chunks (<= 256 KiB) go round robin to an
+ *   in-order workqueue of compress-threads workers, so records leave in
+ *   the order their data was read.
+ * - Convergence: dirty bytes / measured bandwidth within downtime-limit
+ *   starts the switch-over.
+ * - Active mirroring: a write waits in the NBD server's hook, after its
+ *   local write, until its granules were cleared, read back, sent as a
+ *   MIRROR through the same in-order queue and acknowledged (MACK).  Stream
+ *   order equals read order and a write is read after it completed, so a
+ *   block's last record is its newest content, with no range locks.  While
+ *   mirroring, a chunk is read only under 1 MiB of send queue (pace()).
+ *   Writes ahead of pass 1's cursor are left to it.  Any end answers every
+ *   waiting write with success: its data is on the source.
+ * - Write admission and auto-converge (admit(), throttle_check()): writes
+ *   are answered at a rate bound to the copy, or after a growing pause.
+ * - Switch-over: the serving gate holds new requests and drains running
+ *   ones (pause-before-switchover waits for migrate-continue); the last
+ *   pass, END with the checksum, the ACK, completed.
+ * - Failure (destination gone, cancel before END): the gate opens, the
+ *   bitmap is dropped, the source serves on.  TLS: tls.c.
  *
- * Rejected.  Reading through the block layer on the I/O threads (the
- * copy would compete with requests on their loops).  One record per
- * block.  Rereading the image for the checksum.  Sending the client's own
- * buffer as the MIRROR: a chunk read earlier but still in the queue could
- * land after it, which needs a range-lock table held across the local
- * write; reading back after the write costs a page-cache read of 4 KiB
- * and orders everything by the queue.  Mirroring every write from the
- * start: writes ahead of pass 1 would be sent twice and wait needlessly.
- * Mirroring only after pass 1: too slow to converge (bench/migrate/NOTES.md).
+ * Rejected.  Reading through the block layer on the I/O threads (the copy
+ * would compete with requests).  Sending the client's own buffer as the
+ * MIRROR (a chunk read earlier could land after it: a range-lock table).
+ * Mirroring every write from the start (writes ahead of pass 1 sent twice)
+ * or only after pass 1 (too slow to converge: bench/migrate/NOTES.md).
  */
 #include <errno.h>
 #include <fcntl.h>

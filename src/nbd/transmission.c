@@ -5,40 +5,27 @@
  *
  * - Requests are validated at parse time (flags, bounds, read-only,
  *   negotiated features) so the execute step only runs sane requests.  A
- *   refused WRITE still has its payload consumed (discarded) so the stream
- *   stays in sync; a payload larger than the advertised maximum block size
- *   is a hard disconnect, since draining gigabytes would be a DoS vector.
+ *   refused WRITE still has its payload consumed so the stream stays in
+ *   sync; a payload over the advertised maximum is a hard disconnect.
  * - READ data is read by the backend straight into req->buf, which the
- *   reply iovec then points at: no copy between block layer and socket.
- *   A transport that sets zc_read_min offers a pipe instead for large reads in
- *   the clear; the backend splices the data into it (page references, no
- *   copy) and the iovec with a NULL base stands for the pipe.  All the
- *   data is in the pipe before the reply is built, or the read is done
- *   the ordinary way: an error can never follow a header already sent.
- *   A transport that sets map_reads (its kernel copies from the iovecs)
- *   may have the iovec point into the backend's mapping instead (tmpfs
- *   images): one copy, page cache -> socket, and no read syscall.  Reads
- *   under IOC_NBD_MAP_ALONE_MIN (64 KiB) are lent only while the thread
- *   serves other connections or the connection rests (map_small, conn.c):
- *   below 64 KiB, lending to a lone client saves nothing, from 64 KiB on
- *   it saves server CPU per read and client wakeups (the measurements
- *   are in bench/nbd/NOTES.md).
- *   Reads of at least IOC_NBD_SPARSE_READ_MIN bytes (a page over TLS) ask
- *   the backend for block status first and send OFFSET_HOLE chunks for
- *   zero extents.
+ *   reply iovec points at.  A transport that sets zc_read_min offers a
+ *   pipe for large reads in the clear (a NULL iovec base stands for it);
+ *   all the data is in the pipe before the reply is built, or the read is
+ *   done the ordinary way, so an error never follows a header sent.  With
+ *   map_reads the iovec may point into a tmpfs image's mapping instead;
+ *   under IOC_NBD_MAP_ALONE_MIN (64 KiB) only while the thread serves
+ *   other connections or the connection rests (map_small, conn.c), since
+ *   lending to a lone client saves nothing there.
+ * - Reads of at least IOC_NBD_SPARSE_READ_MIN bytes (a page over TLS) ask
+ *   for block status first and send OFFSET_HOLE chunks for zero extents.
  *
- * Alternatives rejected (measurements in bench/nbd/NOTES.md).
- * - Sparse detection on every read (QEMU does a block status per
- *   structured read): a SEEK_DATA per small read of a hole, and the block
- *   layer's one remembered data region thrashes between data runs; in the
- *   clear a 4 KiB threshold lost to 64 KiB on a partly written image.
- * - The same 64 KiB threshold over TLS: there every byte sent costs the
- *   client a decryption, so a hole chunk saves far more than the SEEK_DATA
- *   costs, hence IOC_NBD_TLS_SPARSE_READ_MIN (a page).
+ * Rejected (bench/nbd/NOTES.md): block status on every read (QEMU): a
+ * SEEK_DATA per small read of a hole, and the block layer's remembered
+ * data region thrashes; the 64 KiB threshold over TLS, where every byte
+ * sent costs the client a decryption.
  *
- * Cost notes.  Each request carries a fixed ~1.5 KiB header area so that
- * sparse reads never allocate per chunk; requests are recycled by the
- * transports, so this is paid once per in-flight slot.
+ * Cost: a fixed ~1.5 KiB header area per request, so sparse reads never
+ * allocate per chunk; paid once per in-flight slot (requests are recycled).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -22,6 +22,7 @@
 
 #include "ioc-config.h"
 #include "daemon/daemon.h"
+#include "die.h"
 
 static const char *prog = "iocore-storage-daemon";
 
@@ -65,18 +66,7 @@ static void usage(FILE *f)
 		prog);
 }
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "%s: ", prog);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
+#define die(...) ioc_tool_die(prog, __VA_ARGS__)
 
 enum {
 	OPT_BLOCKDEV = 256, OPT_CHARDEV, OPT_EXPORT, OPT_MONITOR, OPT_NBD_SERVER, OPT_OBJECT,

@@ -23,6 +23,7 @@
 #include "iocore/loop.h"
 #include "nbd/nbd.h"
 #include "inject.h"
+#include "die.h"
 #include "parse-size.h"
 #include "iocore/zip.h"
 #include "node/node.h"
@@ -98,18 +99,7 @@ static void usage(FILE *f)
 		prog, prog, prog, prog);
 }
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "%s: ", prog);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
+#define die(...) ioc_tool_die(prog, __VA_ARGS__)
 
 /* -v lines: local time in ISO 8601 with milliseconds (QEMU's
  * -msg timestamp=on), or none when stderr is the journal, which stamps
