@@ -1,7 +1,9 @@
 #!/bin/sh
 # Run the suite of one build directory and end with "N passed, N failed[, N skipped]".
 # Before that line: why each skipped test skipped, how many subtests of
-# passing tests skipped and why, and how many tests ran.
+# passing tests skipped and why, how many tests ran, and the last lines of
+# each failed test's stdout and stderr (a CI log is often read from its
+# tail, and meson prints a failure's log far above it).
 # Usage: scripts/test.sh BUILDDIR [extra meson test args]
 set -u
 dir=${1:?build dir}
@@ -13,6 +15,7 @@ import collections, json, re, sys
 p = f = s = 0
 skips = []                          # (test, reason) of each skipped test
 sub = collections.Counter()         # reason -> skipped subtests of run tests
+failed = []                         # (test, tail of its output)
 try:
     lines = open(sys.argv[1]).read().splitlines()
 except OSError:
@@ -46,6 +49,8 @@ for line in lines:
         skips.append((name, "; ".join(reasons(out))))
     else:
         f += 1
+        tail = (out + (j.get("stderr") or "")).splitlines()[-14:]
+        failed.append((name, tail))
 for name, why in skips:
     print(f"skipped {name}: {why}")
 if sub:
@@ -53,6 +58,10 @@ if sub:
     for why, k in sorted(sub.items(), key=lambda x: (-x[1], x[0])):
         print(f"  {k} x {why}")
 print(f"{p + f + s} tests ran")
+for name, tail in failed:
+    print(f"failed {name}, the last lines of its output:")
+    for l in tail:
+        print(f"  | {l}")
 print(f"{p} passed, {f} failed" + (f", {s} skipped" if s else ""))
 PY
 exit $rc

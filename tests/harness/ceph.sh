@@ -19,6 +19,11 @@
 # default) and polls `ceph -s` / `ceph osd stat`, which are the readiness
 # the daemons themselves report.
 #
+# The OSD is placed in the CRUSH map by this script (under root=default)
+# rather than by the OSD itself at start: the monitor was seen refusing
+# those start-up commands of the OSD's ("wrong fsid", on a freshly
+# installed machine, every attempt of one run), and the OSD exits on it.
+#
 # Rejected: vstart.sh (needs a source tree), cephadm and ceph-deploy
 # (containers, systemd, root), a fixed port (two runs collide), bluestore
 # on a file (slower to mkfs and far larger than memstore's 256 MiB).
@@ -77,6 +82,8 @@ osd pool default min size = 1
 mon allow pool size one = true
 mon allow pool delete = true
 osd crush chooseleaf type = 0
+osd crush update on start = false
+osd class update on start = false
 osd objectstore = memstore
 memstore device bytes = 268435456
 osd max object name len = 256
@@ -185,6 +192,8 @@ ceph_start_once() {
 	done
 
 	_id=$(cephc osd create) || { ceph_log "osd create failed"; return 1; }
+	cephc osd crush add "osd.$_id" 1.0 root=default >/dev/null 2>&1 ||
+		{ ceph_log "osd crush add failed"; return 1; }
 	ceph-osd -c "$CEPH_CONF" -i "$_id" --mkfs >>"$CEPH_DIR/log/setup.log" 2>&1 ||
 		{ ceph_log "ceph-osd --mkfs failed"; tail -20 "$CEPH_DIR/log/setup.log" >&2; return 1; }
 	ceph-osd -c "$CEPH_CONF" -i "$_id" -f >>"$CEPH_DIR/log/osd.out" 2>&1 &
@@ -203,7 +212,8 @@ ceph_start_once() {
 		# Which monitor the OSD met, and what it said of it.
 		ceph_log "mon 127.0.0.1:$CEPH_PORT, fsid $CEPH_FSID; the OSD's fsid and the mon's last lines:"
 		cat "$CEPH_DIR/osd-$_id/ceph_fsid" 2>/dev/null | sed 's/^/# osd ceph_fsid: /' >&2
-		grep -m3 -E 'fsid|wrong' "$CEPH_DIR/log/mon.a.log" 2>/dev/null | sed 's/^/# mon: /' >&2
+		grep -m3 -E 'handle_command on fsid|wrong' "$CEPH_DIR/log/mon.a.log" 2>/dev/null |
+			sed 's/^/# mon: /' >&2
 		ss -ltnp 2>/dev/null | grep ":$CEPH_PORT " | sed 's/^/# listening: /' >&2
 		return 1
 	fi
