@@ -191,8 +191,10 @@ void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)
 	result = m->result;
 	snprintf(why, sizeof(why), "%s", m->error);
 	m->t_end = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, result == 0 ? IOC_MIG_ST_COMPLETED :
-				       IOC_MIG_ST_FAILED);
+	/* A stream with no data block never went active. */
+	if (result == 0)
+		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	if (m->in_done)
 		m->in_done(m->in_opaque, result, result == 0 ? "" : why);
@@ -224,7 +226,7 @@ int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
 	memset(&m->st, 0, sizeof(m->st));
 	m->t_start = ioc__nbd_mig_now_ms();
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_SETUP);
+	ioc__nbd_mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
 	ioc__nbd_log(m->srv, "incoming migration: listening on %s", uri);
 	return 0;

@@ -176,8 +176,20 @@ struct ioc__nbd_mig {
 
 /* Get (create on first use, main loop) the migration state of srv. */
 struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv);
-/* Under m->lock: change the status and queue the MIGRATION event. */
-void ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status);
+/* migrate-status.c, the status machine.  Under m->lock: move to status
+ * and queue the MIGRATION event if the machine allows the move from the
+ * current status; false (nothing changed) if not. */
+bool ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status);
+/* Under m->lock: a new migration's setup, from none or a final status;
+ * false (nothing changed) while one runs. */
+bool ioc__nbd_mig_begin_locked(struct ioc__nbd_mig *m);
+/* Whether the machine moves from one status to another; whether a
+ * status is final (completed, failed, cancelled). */
+bool ioc__nbd_mig_move_ok(int from, int to);
+bool ioc__nbd_mig_final(int status);
+/* The status a migration ends in: its result (0 or -errno), cancelled
+ * when it was being cancelled. */
+int ioc__nbd_mig_end_status(int current, int result);
 /* Under m->lock: queue an event for the main loop (name static). */
 void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t v);
 int64_t ioc__nbd_mig_now_ms(void);

@@ -96,14 +96,6 @@ void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t
 	ioc_bh_schedule(m->bh);
 }
 
-void ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status)
-{
-	if (m->status == status)
-		return;
-	m->status = status;
-	ioc__nbd_mig_event_locked(m, "MIGRATION", status);
-}
-
 static void set_status(struct ioc__nbd_mig *m, int status)
 {
 	pthread_mutex_lock(&m->lock);
@@ -1880,9 +1872,7 @@ static void source_finish(struct ioc__nbd_mig *m)
 	m->bm = NULL;
 	pthread_mutex_lock(&m->lock);
 	m->t_end = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, result == 0 ? IOC_MIG_ST_COMPLETED :
-				       result == -ECANCELED ? IOC_MIG_ST_CANCELLED :
-				       IOC_MIG_ST_FAILED);
+	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	if (result < 0 && result != -ECANCELED)
 		ioc__nbd_log(srv, "migration failed: %s", m->error);
@@ -2295,8 +2285,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	/* relaxed: no thread runs yet (pthread_create orders it). */
 	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	m->status = IOC_MIG_ST_NONE;
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_SETUP);
+	ioc__nbd_mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
 	r = pthread_create(&m->thread, NULL, source_thread, a);
 	if (r != 0) {
