@@ -1,25 +1,32 @@
 #!/bin/sh
-# iocore-storage-daemon's NBD server with QEMU's TLS objects: tls-creds-psk
-# (DIR/keys.psk) on --nbd-server tls-creds=; QEMU's own TLS client writes
-# and reads back, libnbd's too; a plain client and a wrong key are
-# refused; credentials of a client endpoint are refused at start.  TAP.
+# iocore-storage-daemon's NBD server with QEMU's TLS objects on
+# --nbd-server tls-creds=.  tls-creds-psk (DIR/keys.psk): QEMU's own TLS
+# client writes and reads back, libnbd's too; a plain client and a wrong
+# key are refused; credentials of a client endpoint are refused at start.
+# tls-creds-x509 (certificates made here): with verify-peer (the default)
+# a client with a certificate of the CA is served, one without a
+# certificate or with another CA's is refused; with verify-peer=off a
+# client without one is served.  As qemu-storage-daemon 7.2 answers.  TAP.
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
 DAEMON="$BUILD/tools/daemon/iocore-storage-daemon"
 . "$SRCDIR/../nbd/nbd-test-lib.sh"
-for t in psktool nbdinfo qemu-io; do
+for t in psktool certtool nbdinfo qemu-io; do
 	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
 done
 workdir ioc-daemon-tls
-echo "1..5"
+echo "1..10"
 mkdir "$dir/k" "$dir/w"
 psktool -u alice -p "$dir/k/keys.psk" >/dev/null 2>&1
 psktool -u alice -p "$dir/w/keys.psk" >/dev/null 2>&1
 truncate -s 16M "$dir/a.img"
 daemon() {
+	daemon_with "tls-creds-psk,id=t0,dir=$dir/k,endpoint=$1"
+}
+daemon_with() {
 	${MESON_EXE_WRAPPER:-} "$DAEMON" --daemonize --pidfile "$dir/d.pid" \
-		--object "tls-creds-psk,id=t0,dir=$dir/k,endpoint=$1" \
+		--object "$1" \
 		--blockdev "driver=file,node-name=disk,filename=$dir/a.img" \
 		--nbd-server "addr.type=unix,addr.path=$dir/n.sock,tls-creds=t0" \
 		--export type=nbd,id=e,node-name=disk,writable=on 2>"$dir/d.err"
@@ -40,5 +47,33 @@ if nbdinfo "nbds+unix://alice@/disk?socket=$dir/n.sock&tls-psk-file=$dir/w/keys.
 else
 	ok "a wrong key is refused"
 fi
+stop d
+
+# X.509: our CA's server and client certificates; a client certificate
+# that another CA signed, beside our CA's certificate; a CA alone.
+make_pki "$dir/x" && mkdir -p "$dir/o" && make_pki "$dir/o" &&
+	mkdir -p "$dir/x/other" "$dir/x/none" &&
+	cp "$dir/x/pki/ca-cert.pem" "$dir/x/other/" &&
+	cp "$dir/o/spki/client-cert.pem" "$dir/o/spki/client-key.pem" "$dir/x/other/" &&
+	cp "$dir/x/pki/ca-cert.pem" "$dir/x/none/" ||
+	{ echo "Bail out! certtool could not make the certificates"; exit 1; }
+# x509_io CLIENTDIR: QEMU's client with tls-creds-x509 from CLIENTDIR
+# writes and reads back.
+x509_io() {
+	qemu-io --object "tls-creds-x509,id=c0,endpoint=client,dir=$1" \
+		--image-opts "driver=nbd,path=$dir/n.sock,export=disk,tls-creds=c0,tls-hostname=localhost" \
+		-c 'write -P 0x3c 2M 64k' -c 'read -P 0x3c 2M 64k' 2>&1 | grep -q '^read 65536'
+}
+refused() { # NAME CLIENTDIR
+	if x509_io "$2"; then notok "$1"; else ok "$1"; fi
+}
+check "the daemon serves with X.509 credentials" \
+	daemon_with "tls-creds-x509,id=t0,dir=$dir/x/pki,endpoint=server"
+check "a client with a certificate of the CA writes and reads back" x509_io "$dir/x/spki"
+refused "a client without a certificate is refused (verify-peer)" "$dir/x/none"
+refused "a client whose certificate another CA signed is refused" "$dir/x/other"
+stop d
+daemon_with "tls-creds-x509,id=t0,dir=$dir/x/pki,endpoint=server,verify-peer=off"
+check "verify-peer=off: a client without a certificate is served" x509_io "$dir/x/none"
 stop d
 exit 0

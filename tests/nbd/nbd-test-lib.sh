@@ -161,3 +161,28 @@ expect_fio_cut() {
 	# Anything else: fio's own words, to tell what stopped it.
 	[ "$_fcut" = "1 yes" ] || grep -iE 'error|err=|fio:' "$2" | head -8 | sed 's/^/# /'
 }
+
+# make_pki DIR: a test CA and, laid out as QEMU's tls-creds-x509 wants
+# them, DIR/pki (ca-cert.pem, server-cert.pem, server-key.pem: the
+# server's, for localhost and 127.0.0.1) and DIR/spki (the same plus
+# client-cert.pem and client-key.pem: a client's); DIR/ca-key.pem signs.
+# Fails when certtool (gnutls-bin) cannot make them.
+make_pki() {
+	_d=$1
+	mkdir -p "$_d/pki" "$_d/spki"
+	printf 'cn = iocore test CA\nca\ncert_signing_key\nexpiration_days = 2\n' >"$_d/ca.info"
+	printf 'cn = localhost\ndns_name = localhost\nip_address = 127.0.0.1\ntls_www_server\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' >"$_d/srv.info"
+	printf 'cn = iocore test client\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' >"$_d/cli.info"
+	certtool --generate-privkey --key-type=ecdsa --outfile "$_d/ca-key.pem" 2>/dev/null &&
+	certtool --generate-self-signed --load-privkey "$_d/ca-key.pem" --template "$_d/ca.info" \
+		--outfile "$_d/pki/ca-cert.pem" 2>/dev/null &&
+	certtool --generate-privkey --key-type=ecdsa --outfile "$_d/pki/server-key.pem" 2>/dev/null &&
+	certtool --generate-certificate --load-privkey "$_d/pki/server-key.pem" \
+		--load-ca-certificate "$_d/pki/ca-cert.pem" --load-ca-privkey "$_d/ca-key.pem" \
+		--template "$_d/srv.info" --outfile "$_d/pki/server-cert.pem" 2>/dev/null &&
+	certtool --generate-privkey --key-type=ecdsa --outfile "$_d/spki/client-key.pem" 2>/dev/null &&
+	certtool --generate-certificate --load-privkey "$_d/spki/client-key.pem" \
+		--load-ca-certificate "$_d/pki/ca-cert.pem" --load-ca-privkey "$_d/ca-key.pem" \
+		--template "$_d/cli.info" --outfile "$_d/spki/client-cert.pem" 2>/dev/null &&
+	cp "$_d/pki/ca-cert.pem" "$_d/pki/server-cert.pem" "$_d/pki/server-key.pem" "$_d/spki/"
+}

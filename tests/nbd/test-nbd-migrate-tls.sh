@@ -45,25 +45,8 @@ serves() { # NAME: the source still answers reads and writes
 # Keys and certificates.
 psktool -u alice -p "$dir/keys.psk" >/dev/null 2>&1
 psktool -u alice -p "$dir/wrong.psk" >/dev/null 2>&1
-pki="$dir/pki"; spki="$dir/spki"; mkdir -p "$pki" "$spki"
-printf 'cn = iocore test CA\nca\ncert_signing_key\nexpiration_days = 2\n' > "$dir/ca.info"
-printf 'cn = localhost\ndns_name = localhost\nip_address = 127.0.0.1\ntls_www_server\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' > "$dir/srv.info"
-printf 'cn = iocore test client\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' > "$dir/cli.info"
-if certtool --generate-privkey --key-type=ecdsa --outfile "$dir/ca-key.pem" 2>/dev/null &&
-	certtool --generate-self-signed --load-privkey "$dir/ca-key.pem" --template "$dir/ca.info" \
-		--outfile "$pki/ca-cert.pem" 2>/dev/null &&
-	certtool --generate-privkey --key-type=ecdsa --outfile "$pki/server-key.pem" 2>/dev/null &&
-	certtool --generate-certificate --load-privkey "$pki/server-key.pem" \
-		--load-ca-certificate "$pki/ca-cert.pem" --load-ca-privkey "$dir/ca-key.pem" \
-		--template "$dir/srv.info" --outfile "$pki/server-cert.pem" 2>/dev/null &&
-	certtool --generate-privkey --key-type=ecdsa --outfile "$spki/client-key.pem" 2>/dev/null &&
-	certtool --generate-certificate --load-privkey "$spki/client-key.pem" \
-		--load-ca-certificate "$pki/ca-cert.pem" --load-ca-privkey "$dir/ca-key.pem" \
-		--template "$dir/cli.info" --outfile "$spki/client-cert.pem" 2>/dev/null &&
-	cp "$pki/ca-cert.pem" "$pki/server-cert.pem" "$pki/server-key.pem" "$spki/"; then :
-else
-	echo "Bail out! certtool could not make the certificates"; exit 1
-fi
+pki="$dir/pki"; spki="$dir/spki"
+make_pki "$dir" || { echo "Bail out! certtool could not make the certificates"; exit 1; }
 
 img="$dir/a.img"
 truncate -s 48M "$img"
