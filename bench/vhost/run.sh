@@ -8,9 +8,11 @@
 # - 4 KiB randread and randwrite at depth 1, 32 and 128 on 1 and 2
 #   queues (the driver runs one thread per ring): IOPS;
 # - 64 KiB and 1 MiB sequential read and write, depth 32 and 8, 1 queue:
-#   MB/s.
+#   MB/s;
+# each with aio=io_uring, then again with aio=threads, for both back-ends;
+# then polling.sh's experiment (1, 10 and 100 devices, one busy ring).
 #
-# The back-ends: qemu-storage-daemon (aio=io_uring, the peer) and iocore's
+# The back-ends: qemu-storage-daemon (the peer) and iocore's
 # own, build/tools/daemon/iocore-storage-daemon, with the same --blockdev
 # and --export syntax.  Until that binary exists its rows are printed with
 # "value": null and the reason, as every run.sh reports what it cannot run.
@@ -33,7 +35,7 @@
 # second a row for qemu-storage-daemon here).  One JSON
 # row per line on stdout, progress and the table on stderr.  Not part of
 # the test suite.
-exec python3 - "$@" <<'EOF'
+IOC_BENCH_HERE=$(cd "$(dirname "$0")" && pwd) exec python3 - "$@" <<'EOF'
 import json, os, resource, shutil, signal, subprocess, sys, tempfile, time
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -76,9 +78,9 @@ def write_image(path):
             f.write(chunk)
 
 
-def export_args(binary):
+def export_args(binary, aio):
     return [binary,
-            "--blockdev", "driver=file,node-name=f,filename=%s,aio=io_uring" % img,
+            "--blockdev", "driver=file,node-name=f,filename=%s,aio=%s" % (img, aio),
             "--export", "type=vhost-user-blk,id=e,node-name=f,addr.type=unix,"
             "addr.path=%s,writable=on,num-queues=2" % sock]
 
@@ -111,7 +113,7 @@ def proc_cpu_s(pid):
         return None
 
 
-def start(binary):
+def start(binary, aio):
     """The back-end in the foreground of a child; its pid once the socket
     exists (10 s at most), or None and why."""
     if not os.access(binary, os.X_OK):
@@ -120,7 +122,7 @@ def start(binary):
     if os.path.exists(sock):
         os.unlink(sock)
     errf = open(os.path.join(work, "server.err"), "wb")
-    p = subprocess.Popen(export_args(binary), stdout=subprocess.DEVNULL, stderr=errf)
+    p = subprocess.Popen(export_args(binary, aio), stdout=subprocess.DEVNULL, stderr=errf)
     for _ in range(1000):
         if os.path.exists(sock):
             return p, errf, None
@@ -174,12 +176,13 @@ t_begin = time.monotonic()
 try:
     if not os.access(driver, os.X_OK):
         sys.exit("bench/vhost: %s not built" % driver)
-    for impl, peer, binary in servers:
+    for aio, impl, peer, binary in [(a,) + s for a in ("io_uring", "threads")
+                                    for s in servers]:
         write_image(img)
-        p, errf, why = start(binary)
-        scmd = " ".join(export_args(binary))
+        p, errf, why = start(binary, aio)
+        scmd = " ".join(export_args(binary, aio))
         for case, rw, bs, depth, queues, metric, count in workloads:
-            params = "bs=%s,iodepth=%d,queues=%d" % (bs, depth, queues)
+            params = "aio=%s,bs=%s,iodepth=%d,queues=%d" % (aio, bs, depth, queues)
             mets = [(metric, "higher"), ("p99 us", "lower"), ("server CPU us/IO", "lower"),
                     ("client CPU us/IO", "lower")]
             if p is None:
@@ -218,7 +221,7 @@ try:
         return "-" if v is None else f % v
 
     log("")
-    log("%-9s %-26s %-4s | %10s %8s %8s %8s | %10s %8s %8s %8s | %7s %7s" % (
+    log("%-9s %-38s %-4s | %10s %8s %8s %8s | %10s %8s %8s %8s | %7s %7s" % (
         "case", "params", "", "qsd", "p50 us", "p99 us", "srv us", "iocore", "p50 us",
         "p99 us", "srv us", "rate x", "cpu x"))
     for (case, params, metric), by in results.items():
@@ -226,12 +229,16 @@ try:
         o = by.get("iocore")
         rr = o[0] / q[0] if o and q and q[0] else None
         cr = q[3] / o[3] if o and q and o[3] and q[3] is not None else None
-        log("%-9s %-26s %-4s | %10s %8s %8s %8s | %10s %8s %8s %8s | %7s %7s" % (
+        log("%-9s %-38s %-4s | %10s %8s %8s %8s | %10s %8s %8s %8s | %7s %7s" % (
             case, params, metric,
             fmt(q and q[0]), fmt(q and q[1], "%.1f"), fmt(q and q[2], "%.1f"),
             fmt(q and q[3], "%.2f"),
             fmt(o and o[0]), fmt(o and o[1], "%.1f"), fmt(o and o[2], "%.1f"),
             fmt(o and o[3], "%.2f"), fmt(rr, "%.2f"), fmt(cr, "%.2f")))
+    # The polling-scalability experiment, its rows on the same stdout.
+    sys.stdout.flush()
+    subprocess.run([os.path.join(os.environ["IOC_BENCH_HERE"], "polling.sh"), build] +
+                   (["--quick"] if quick else []), timeout=1800)
     log("vhost: %.0f s" % (time.monotonic() - t_begin))
 finally:
     shutil.rmtree(work, ignore_errors=True)

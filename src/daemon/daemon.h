@@ -60,7 +60,7 @@ struct ioc_daemon_object {
 };
 
 #define IOC_DAEMON_MAX_OBJECTS  64
-#define IOC_DAEMON_MAX_EXPORTS  64
+#define IOC_DAEMON_MAX_EXPORTS  1024
 #define IOC_DAEMON_MAX_MONITORS 16
 
 struct ioc_daemon {

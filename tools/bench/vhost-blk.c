@@ -18,6 +18,9 @@
  * sends one deliberately malformed request and reports what the back-end
  * answered (a status byte, the connection closed, or nothing before the
  * timeout) and whether it still serves a good request afterwards.
+ * --busy-rings K loads only the first K rings and leaves the others
+ * started and idle, and --idle S starts every ring and sends nothing for
+ * S seconds: what idle devices cost a back-end, and the busy one.
  *
  * Rejected: one thread polling every ring (a 2-queue run would then be
  * bound by one core and measure this tool); an array of every latency
@@ -39,11 +42,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nofile.h"
 #include "parse-size.h"
 #include "vhost-blk.h"
 #include "vhost-frontend.h"
 
-#define MAX_DEVICES 16
+#define MAX_DEVICES 128
 
 enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_MIX };
 static const char *const rw_names[] = { "read", "write", "randread", "randwrite", "mix" };
@@ -111,6 +115,8 @@ static uint64_t hist_pct(const struct hist *h, double pct)
 struct cfg {
 	const char *sockets[MAX_DEVICES];
 	unsigned nsockets, devices, queues, queue_size;
+	unsigned busy_rings;      /* 0: every ring carries load */
+	unsigned idle_s;          /* --idle: start the rings, wait, stop */
 	uint64_t count, depth, size, offset, range, length, seed;
 	enum rw rw;
 	unsigned mix_read;
@@ -415,6 +421,9 @@ static void usage(FILE *f)
 		"                      ioerr, unsupp, invalid, untouched, closed, timeout, any\n"
 		"                      (default ok; with --bad: ioerr,unsupp,closed)\n"
 		"  --timeout MS        bound on every wait (default 30000; 3000 with --bad)\n"
+		"  --busy-rings K      load only the first K rings (device by device), start\n"
+		"                      the others and leave them idle\n"
+		"  --idle SECONDS      start every ring, send nothing for SECONDS, stop\n"
 		"  --info              print the negotiated features and the config, and exit\n"
 		"  --json              one JSON object on stdout\n"
 		"  --verbose           log the vhost-user messages to stderr\n"
@@ -836,6 +845,9 @@ static int run_one(const struct cfg *c, struct ioc_vhf_dev *d)
 static int run_bench(struct cfg *c, struct ioc_vhf_dev *devs, unsigned ndev)
 {
 	unsigned nw = ndev * c->queues;
+
+	if (c->busy_rings && c->busy_rings < nw)
+		nw = c->busy_rings;
 	struct worker *ws = calloc(nw, sizeof(*ws));
 	struct hist *all = calloc(1, sizeof(*all));
 	pthread_barrier_t bar;
@@ -997,7 +1009,8 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 	       OPT_RW, OPT_MIXREAD, OPT_OFFSET, OPT_RANGE, OPT_VERIFY, OPT_SEED, OPT_POLL,
 	       OPT_INDIRECT,
 	       OPT_NOEVIDX, OPT_NOINFL, OPT_OP, OPT_LENGTH, OPT_UNMAP, OPT_INPUT, OPT_OUTPUT,
-	       OPT_PATTERN, OPT_BAD, OPT_EXPECT, OPT_TIMEOUTMS, OPT_INFO, OPT_JSON, OPT_VERBOSE };
+	       OPT_PATTERN, OPT_BAD, OPT_EXPECT, OPT_TIMEOUTMS, OPT_INFO, OPT_JSON, OPT_VERBOSE,
+	       OPT_BUSY, OPT_IDLE };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "devices", required_argument, NULL, OPT_DEVICES },
@@ -1028,6 +1041,8 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 		{ "info", no_argument, NULL, OPT_INFO },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "verbose", no_argument, NULL, OPT_VERBOSE },
+		{ "busy-rings", required_argument, NULL, OPT_BUSY },
+		{ "idle", required_argument, NULL, OPT_IDLE },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -1061,7 +1076,7 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 			break;
 		case OPT_DEVICES: case OPT_QUEUES: case OPT_QSIZE: case OPT_COUNT: case OPT_DEPTH:
 		case OPT_SIZE: case OPT_MIXREAD: case OPT_OFFSET: case OPT_RANGE: case OPT_SEED:
-		case OPT_LENGTH: case OPT_PATTERN: case OPT_TIMEOUTMS:
+		case OPT_LENGTH: case OPT_PATTERN: case OPT_TIMEOUTMS: case OPT_BUSY: case OPT_IDLE:
 			if (ioc_tool_parse_size(optarg, &v) < 0) {
 				fprintf(stderr, "vhost-blk: invalid number '%s'\n", optarg);
 				return 1;
@@ -1080,6 +1095,8 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 			case OPT_LENGTH: c->length = v; break;
 			case OPT_PATTERN: c->pattern = (int)(v & 0xff); break;
 			case OPT_TIMEOUTMS: c->timeout_ms = (int)v; break;
+			case OPT_BUSY: c->busy_rings = (unsigned)v; break;
+			case OPT_IDLE: c->idle_s = v > 86400 ? 86400 : (unsigned)v; break;
 			}
 			break;
 		case OPT_RW: {
@@ -1182,6 +1199,7 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 	if (c->op || c->bad)
 		c->queues = 1;
 
+	ioc_tool_raise_nofile();
 	c->vo.queues = c->queues;
 	c->vo.queue_size = c->queue_size;
 	c->vo.timeout_ms = c->timeout_ms < 10000 ? 10000 : c->timeout_ms;
@@ -1241,7 +1259,16 @@ int ioc_bench_vhost_blk(int argc, char **argv)
 				cap = ioc_vhf_blk_capacity(&devs[i]);
 		c->range = cap > c->offset ? cap - c->offset : 0;
 	}
-	if (c->op || c->bad) {
+	if (c->idle_s) {
+		struct timespec ts = { c->idle_s, 0 };
+
+		if (!c->quiet && !c->json)
+			printf("%u device(s) x %u ring(s) started, idle for %u s\n", ndev,
+			       c->queues, c->idle_s);
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		rc = 0;
+	} else if (c->op || c->bad) {
 		rc = run_one(c, &devs[0]);
 	} else if (c->range / c->queues < c->size ||
 		   (c->verify && c->count * c->size > c->range)) {

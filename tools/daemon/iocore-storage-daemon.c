@@ -23,6 +23,7 @@
 #include "ioc-config.h"
 #include "daemon/daemon.h"
 #include "die.h"
+#include "nofile.h"
 
 static const char *prog = "iocore-storage-daemon";
 
@@ -158,6 +159,7 @@ int main(int argc, char **argv)
 	int ready[2] = { -1, -1 };
 	int c, r;
 
+	ioc_tool_raise_nofile();
 	/* First pass: what changes how the rest runs. */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "hVT:", longopts, NULL)) != -1) {

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -24,6 +23,7 @@
 #include "nbd/nbd.h"
 #include "inject.h"
 #include "die.h"
+#include "nofile.h"
 #include "parse-size.h"
 #include "iocore/zip.h"
 #include "node/node.h"
@@ -486,12 +486,7 @@ int main(int argc, char **argv)
 	if (tls.mode == IOC_NBD_TLS_OFF && (have_creds || tls.verify_peer))
 		die("TLS options given with --tls off");
 
-	/* One fd per client: allow as many as the hard limit does. */
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
-	}
+	ioc_tool_raise_nofile();
 
 	/* Signals: blocked before any thread exists, read through a signalfd. */
 	sigset_t mask;
