@@ -15,10 +15,10 @@ for exe in $(find $dir/tests -type f -perm -u+x -name 'fuzz-*' | sort); do
 	mkdir -p "$corpus"
 	# Targets whose corpus test can write seeds get them.
 	if [ "$name" = fuzz-nbd ] && [ -x $dir/tests/nbd/test-nbd-fuzz-corpus ]; then
-		$dir/tests/nbd/test-nbd-fuzz-corpus --write-seeds "$corpus" >/dev/null
+		$dir/tests/nbd/test-nbd-fuzz-corpus --write-corpus "$corpus" >/dev/null
 	fi
 	if [ "$name" = fuzz-qmp ] && [ -x $dir/tests/nbd/test-nbd-fuzz-qmp ]; then
-		$dir/tests/nbd/test-nbd-fuzz-qmp --write-seeds "$corpus" >/dev/null
+		$dir/tests/nbd/test-nbd-fuzz-qmp --write-corpus "$corpus" >/dev/null
 	fi
 	# The checked-in seeds of the zip targets (tests/zip/corpus/<target>/).
 	seeds=tests/zip/corpus/${name#fuzz-zip-}

@@ -148,14 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifdef IOC_FUZZ_STANDALONE
-#include <dirent.h>
-
-#include "iocore/common.h"
-
-#include "tap.h"
+#include "fuzz-standalone.h"
 #include "mig-test-util.h"
-
-static unsigned long runs;
 
 static int run(const uint8_t *p, size_t n)
 {
@@ -168,7 +162,7 @@ static int run(const uint8_t *p, size_t n)
 	memcpy(c, p, n);
 	ret = run_one(c, n, why, sizeof(why));
 	free(c);
-	runs++;
+	ioc_fuzz_runs++;
 	return ret;
 }
 
@@ -298,75 +292,25 @@ static void test_generated(void)
 		ioc_mig_hdr_encode(&h, g);
 		ASSERT_EQ(run(g, IOC_MIG_HDR_SIZE), -EPROTO);
 	}
-	ioc_test_diag("%lu inputs", runs);
+	ioc_test_diag("%lu inputs", ioc_fuzz_runs);
 }
 
-static const char *extra_dir;
+/* The checked-in corpus: files named valid-* must be accepted, the
+ * others rejected (a directory given as the argument: run, unchecked). */
+static void check_file(const char *name, const uint8_t *p, size_t n, void *opaque)
+{
+	int ret = run(p, n);
 
-/* The checked-in corpus (or the directory given as the argument): files
- * named valid-* must be accepted, the others rejected.  Missing or empty
- * is a failure: a corpus test that runs nothing proves nothing. */
+	(void)opaque;
+	if (!ioc_fuzz_dir && strncmp(name, "valid-", 6) == 0)
+		ASSERT_OK(ret);
+	else if (!ioc_fuzz_dir)
+		ASSERT_LT(ret, 0);
+}
+
 static void test_saved_corpus(void)
 {
-	char path[1024], dflt[768];
-	const char *dir = extra_dir;
-	unsigned long files = 0;
-	struct dirent *e;
-	DIR *d;
-
-	if (!dir) {
-		const char *root = getenv("IOC_SOURCE_ROOT");
-
-		ASSERT_NOT_NULL(root);
-		snprintf(dflt, sizeof(dflt), "%.600s/tests/migrate/corpus/stream", root);
-		dir = dflt;
-	}
-	d = opendir(dir);
-	if (!d)
-		ioc_test_fail(__FILE__, __LINE__, "corpus %s: %s", dir, strerror(errno));
-	while ((e = readdir(d))) {
-		FILE *f;
-		uint8_t *p;
-		long n;
-		int ret;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		f = fopen(path, "rb");
-		ASSERT_NOT_NULL(f);
-		ASSERT_OK(fseek(f, 0, SEEK_END));
-		n = ftell(f);
-		ASSERT_GE(n, 0);
-		rewind(f);
-		p = malloc((size_t)n + 1);
-		ASSERT_NOT_NULL(p);
-		ASSERT_UEQ(fread(p, 1, (size_t)n, f), (size_t)n);
-		ret = run(p, (size_t)n);
-		if (!extra_dir && strncmp(e->d_name, "valid-", 6) == 0)
-			ASSERT_OK(ret);
-		else if (!extra_dir)
-			ASSERT_LT(ret, 0);
-		files++;
-		free(p);
-		fclose(f);
-	}
-	closedir(d);
-	ioc_test_diag("%lu corpus files from %s", files, dir);
-	ASSERT_UGT(files, 0);
-}
-
-static void write_file(const char *dir, const char *name, const uint8_t *p, size_t n)
-{
-	char path[4096];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "wb");
-	if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
-		perror(path);
-		exit(1);
-	}
+	ioc_fuzz_corpus("tests/migrate/corpus/stream", check_file, NULL);
 }
 
 /* The valid streams, one cut short and one with a corrupted payload. */
@@ -379,28 +323,15 @@ static void write_corpus(const char *dir)
 
 		sample_stream(i, &s);
 		snprintf(name, sizeof(name), "valid-%d.bin", i);
-		write_file(dir, name, s.p, s.len);
+		ioc_fuzz_write(dir, name, s.p, s.len);
 		if (i == 0) {
-			write_file(dir, "truncated.bin", s.p, s.len - 40);
+			ioc_fuzz_write(dir, "truncated.bin", s.p, s.len - 40);
 			s.p[IOC_MIG_HDR_SIZE + 2 * IOC_MIG_REC_SIZE + 9] ^= 1;
-			write_file(dir, "bad-data-crc.bin", s.p, s.len);
+			ioc_fuzz_write(dir, "bad-data-crc.bin", s.p, s.len);
 		}
 		mt_free(&s);
 	}
 }
 
-int main(int argc, char **argv)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_generated), IOC_TEST(test_saved_corpus),
-	};
-
-	if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) {
-		write_corpus(argv[2]);
-		return 0;
-	}
-	if (argc > 1)
-		extra_dir = argv[1];
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+IOC_FUZZ_MAIN(write_corpus, IOC_TEST(test_generated), IOC_TEST(test_saved_corpus))
 #endif

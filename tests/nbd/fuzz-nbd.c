@@ -10,9 +10,9 @@
  *  - always: an ordinary test (IOC_FUZZ_STANDALONE) that runs built-in
  *    seeds (valid sessions of each kind) and deterministic mutations of
  *    them, and checks the server ends every session without error other
- *    than a protocol disconnect.  "--write-seeds DIR" stores the seeds as
- *    a starting corpus for the libFuzzer build:
- *      test-nbd-fuzz-corpus --write-seeds corpus/
+ *    than a protocol disconnect.  "--write-corpus DIR" stores the seeds
+ *    as a starting corpus for the libFuzzer build:
+ *      test-nbd-fuzz-corpus --write-corpus corpus/
  *      fuzz-nbd -max_total_time=300 corpus/
  */
 #include <errno.h>
@@ -103,6 +103,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifdef IOC_FUZZ_STANDALONE
+#include "fuzz-standalone.h"
+
 /* ---- seeds ---------------------------------------------------------------- */
 
 struct buf {
@@ -224,57 +226,45 @@ static int check(const struct buf *s, const char *what, enum ioc__nbd_tls_mode t
 	return 1;
 }
 
-/* --write-seeds DIR: store the seed sessions as a libFuzzer corpus. */
-static int write_seeds(const char *dir, const struct buf *seeds, int n)
-{
-	for (int i = 0; i < n; i++) {
-		char path[4096];
-		snprintf(path, sizeof(path), "%s/seed-%d", dir, i);
-		FILE *f = fopen(path, "wb");
-		if (!f || fwrite(seeds[i].b, 1, seeds[i].n, f) != seeds[i].n) {
-			perror(path);
-			return 1;
-		}
-		fclose(f);
-	}
-	return 0;
-}
+static const struct { const char *name; bool sr, ext, meta, tls; } kinds[] = {
+	{ "", false, false, false, false }, { "", true, false, true, false },
+	{ "", true, true, true, false }, { "ro", true, false, false, false },
+	{ "ro", false, false, false, false }, { "", true, false, true, true },
+};
 
-int main(int argc, char **argv)
+/* --write-corpus DIR: the seed sessions as a libFuzzer corpus. */
+static void write_corpus(const char *dir)
 {
-	static const struct { const char *name; bool sr, ext, meta, tls; } kinds[] = {
-		{ "", false, false, false, false }, { "", true, false, true, false },
-		{ "", true, true, true, false }, { "ro", true, false, false, false },
-		{ "ro", false, false, false, false }, { "", true, false, true, true },
-	};
-	const char *scale = getenv("IOC_TEST_SCALE");
-	int per_seed = (int)(400 * (scale ? atof(scale) : 1.0));
-	int n = (int)IOC_ARRAY_SIZE(kinds), fails = 0;
-	struct buf s, m;
+	static struct buf s;
 
-	if (per_seed < 1)
-		per_seed = 1;
-	if (argc == 3 && strcmp(argv[1], "--write-seeds") == 0) {
-		static struct buf all[IOC_ARRAY_SIZE(kinds)];
-		for (int k = 0; k < n; k++)
-			session(&all[k], kinds[k].name, kinds[k].sr, kinds[k].ext,
-				kinds[k].meta, kinds[k].tls);
-		return write_seeds(argv[2], all, n);
-	}
-	printf("1..%d\n", 2 * n);
-	for (int k = 0; k < n; k++) {
+	for (size_t k = 0; k < IOC_ARRAY_SIZE(kinds); k++) {
+		char name[32];
+
 		session(&s, kinds[k].name, kinds[k].sr, kinds[k].ext, kinds[k].meta,
 			kinds[k].tls);
-		/* A seed is a valid session: it must end cleanly (DISC) after
-		 * the server sent at least the 8 KiB read. */
-		int r = run_one(s.b, s.n, IOC__NBD_TLS_OFF);
-		int f = r != 0 || last_received < 8192;
-		if (f)
-			printf("# seed %d: ret %d, %zu reply bytes\n", k, r, last_received);
-		printf("%s %d - seed %d\n", f ? "not ok" : "ok", 2 * k + 1, k);
-		fails += f;
-		f = 0;
-		for (int i = 0; i < per_seed && !f; i++) {
+		snprintf(name, sizeof(name), "seed-%zu", k);
+		ioc_fuzz_write(dir, name, s.b, s.n);
+	}
+}
+
+/* Each kind of session: the seed must end cleanly (DISC) after the server
+ * sent at least the 8 KiB read; its mutations, each against one of the
+ * TLS modes in turn, may end only as check() allows. */
+static void test_sessions(void)
+{
+	unsigned long per_seed = ioc_test_scaled(400);
+	static struct buf s, m;
+
+	for (size_t k = 0; k < IOC_ARRAY_SIZE(kinds); k++) {
+		int r;
+
+		session(&s, kinds[k].name, kinds[k].sr, kinds[k].ext, kinds[k].meta,
+			kinds[k].tls);
+		r = run_one(s.b, s.n, IOC__NBD_TLS_OFF);
+		if (r != 0 || last_received < 8192)
+			ioc_test_fail(__FILE__, __LINE__, "seed %zu: ret %d, %zu reply bytes",
+				      k, r, last_received);
+		for (unsigned long i = 0; i < per_seed; i++) {
 			m = s;
 			int edits = 1 + (int)(next_rand() % 4);
 			for (int e = 0; e < edits; e++) {
@@ -288,13 +278,12 @@ int main(int argc, char **argv)
 				if (m.n == 0)
 					break;
 			}
-			/* Every third mutation against each TLS mode. */
-			f = check(&m, "mutation", (enum ioc__nbd_tls_mode)(i % 3));
+			if (check(&m, "mutation", (enum ioc__nbd_tls_mode)(i % 3)))
+				ioc_test_fail(__FILE__, __LINE__, "mutation %lu of seed %zu", i, k);
 		}
-		printf("%s %d - %d mutations of seed %d\n", f ? "not ok" : "ok",
-		       2 * k + 2, per_seed, k);
-		fails += f;
+		ioc_test_diag("seed %zu and %lu mutations", k, per_seed);
 	}
-	return fails ? 1 : 0;
 }
+
+IOC_FUZZ_MAIN(write_corpus, IOC_TEST(test_sessions))
 #endif

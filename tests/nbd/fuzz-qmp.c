@@ -101,7 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifdef IOC_FUZZ_STANDALONE
-#include "tap.h"
+#include "fuzz-standalone.h"
 
 static const char *const seeds[] = {
 	"{\"execute\":\"qmp_capabilities\"}{\"execute\":\"echo\",\"arguments\":{\"s\":\"x\","
@@ -116,19 +116,18 @@ static const char *const seeds[] = {
 	"{\"s\":\"\\u0000\\ud800\",\"a\":[[[[[[[[[[]]]]]]]]]]}}",
 };
 
-static void write_seeds(const char *dir)
+static void write_corpus(const char *dir)
 {
-	for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
-		char path[4096];
-		FILE *f;
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(seeds); i++) {
+		char name[32], b[1024];
+		size_t n = strlen(seeds[i]);
 
-		snprintf(path, sizeof(path), "%s/seed-%zu", dir, i);
-		f = fopen(path, "wb");
-		if (!f)
+		if (n + 1 > sizeof(b))
 			exit(1);
-		fputc(7, f); /* the piece-size byte */
-		fputs(seeds[i], f);
-		fclose(f);
+		snprintf(name, sizeof(name), "seed-%zu", i);
+		b[0] = 7; /* the piece-size byte */
+		memcpy(b + 1, seeds[i], n);
+		ioc_fuzz_write(dir, name, b, n + 1);
 	}
 }
 
@@ -197,15 +196,5 @@ static void test_mutations(void)
 	}
 }
 
-int main(int argc, char **argv)
-{
-	if (argc == 3 && strcmp(argv[1], "--write-seeds") == 0) {
-		write_seeds(argv[2]);
-		return 0;
-	}
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_seeds), IOC_TEST(test_mutations),
-	};
-	return ioc_test_run(tests, 2);
-}
+IOC_FUZZ_MAIN(write_corpus, IOC_TEST(test_seeds), IOC_TEST(test_mutations))
 #endif

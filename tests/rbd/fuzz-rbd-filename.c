@@ -2,13 +2,17 @@
  * Fuzz target: the "rbd:" file-name parser.  The input, as a string, is
  * parsed; a result must be an object with non-empty pool and image
  * strings, and parsing the same name twice must give equal objects (the
- * parser works on a private copy and keeps no state).
+ * parser works on a private copy and keeps no state).  Standalone
+ * (IOC_FUZZ_STANDALONE): the checked-in seeds of tests/rbd/corpus/filename/,
+ * each mutated with the characters the syntax gives meaning to.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "node/rbd.h"
-#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -44,3 +48,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	free(s);
 	return 0;
 }
+
+#ifdef IOC_FUZZ_STANDALONE
+#include "fuzz-standalone.h"
+
+static void one_seed(const char *name, const uint8_t *p, size_t n, void *opaque)
+{
+	static const uint8_t special[] = { ':', '@', '/', '\\', '=', 0, 'r', 0xff };
+	struct ioc_fuzz_mut m = { .special = special, .nspecial = sizeof(special),
+				  .seed = ++*(uint64_t *)opaque };
+
+	(void)name;
+	ioc_fuzz_mutate(p, n, &m);
+}
+
+static void test_seed_corpus(void)
+{
+	uint64_t k = 0;
+
+	ioc_fuzz_corpus("tests/rbd/corpus/filename", one_seed, &k);
+}
+
+IOC_FUZZ_MAIN(NULL, IOC_TEST(test_seed_corpus))
+#endif

@@ -11,7 +11,8 @@
 
 #include "iocore/zip.h"
 #include "src/zip/codec.h"
-#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define FUZZ_MAX_OUT (1u << 20)
 

@@ -12,7 +12,8 @@
 
 #include "iocore/zip.h"
 #include "src/zip/codec.h"
-#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int sink(void *opaque, const void *buf, size_t len)
 {
