@@ -94,7 +94,9 @@ def drive(n, extra):
 
 def row(case, params, impl, metric, value, better, error=None):
     r = {"suite": "vhost", "case": case, "params": params, "impl": impl,
-         "peer": impl != "iocore", "metric": metric, "value": value, "better": better}
+         "peer": impl != "iocore", "metric": metric, "value": value, "better": better,
+         "cmd": "%s: N exports of one node, num-queues=4, one iothread; iocore-bench "
+                "vhost-blk --devices N --queues 4 --depth 1 (--busy-rings 1 | --idle)" % impl}
     if error:
         r["error"] = error
     print(json.dumps(r), flush=True)

@@ -34,7 +34,8 @@
 #   ceph_start              # sets CEPH_DIR, CEPH_CONF, CEPH_OSD_PID; traps EXIT
 #   ... rbd -c "$CEPH_CONF" ... ; qemu-img ... "rbd:rbd/img:conf=$CEPH_CONF"
 #   ceph_stop               # also run by the EXIT trap
-# ceph_start creates pool "rbd" and image "rbd/img" (CEPH_IMG_SIZE, 1G).
+# ceph_start creates pool "rbd" and image "rbd/img" (CEPH_IMG_SIZE, 1G);
+# the OSD's memstore holds CEPH_MEMSTORE_BYTES (256 MiB) of objects.
 # Diagnostics go to stderr prefixed with '#', so TAP output stays clean.
 
 CEPH_TIMEOUT=${CEPH_TIMEOUT:-90}
@@ -85,7 +86,7 @@ osd crush chooseleaf type = 0
 osd crush update on start = false
 osd class update on start = false
 osd objectstore = memstore
-memstore device bytes = 268435456
+memstore device bytes = ${CEPH_MEMSTORE_BYTES:-268435456}
 osd max object name len = 256
 osd max object namespace len = 64
 osd memory target = 268435456
