@@ -648,6 +648,81 @@ static int rbd_take_lock(struct rbd_node *s, char *err, size_t errlen)
 	return r == -EROFS ? -EBUSY : r;
 }
 
+/* QEMU's name for an image without a file: "json:" and the options that
+ * locate it, in QEMU's order and spacing. */
+static char *filename_json(json_t *opts)
+{
+	static const char *const keys[] = { "pool", "namespace", "image", "snapshot",
+					     "conf", "user" };
+	json_t *o = json_object();
+	char *s, *out = NULL;
+
+	if (!o)
+		return NULL;
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(keys); i++)
+		if (opt_str(opts, keys[i]))
+			json_object_set_new(o, keys[i], json_string(opt_str(opts, keys[i])));
+	json_object_set_new(o, "driver", json_string("rbd"));
+	s = json_dumps(o, JSON_PRESERVE_ORDER);
+	json_decref(o);
+	if (s && asprintf(&out, "json:%s", s) < 0)
+		out = NULL;
+	free(s);
+	return out;
+}
+
+/* The image's snapshots as QEMU lists an rbd image's: the name as id and
+ * name, the snapshot's size as vm-state-size, no dates.  NULL: none, or
+ * librbd could not say (the query then goes without them, as QEMU's). */
+static json_t *snapshots_json(struct rbd_node *s)
+{
+	rbd_snap_info_t *snaps = NULL;
+	int max = 16, r;
+	json_t *list;
+
+	for (;;) {
+		rbd_snap_info_t *m = realloc(snaps, (size_t)max * sizeof(*snaps));
+
+		if (!m) {
+			free(snaps);
+			return NULL;
+		}
+		snaps = m;
+		r = rbd_snap_list(s->image, snaps, &max);
+		if (r != -ERANGE || max > 65536)
+			break;
+	}
+	if (r <= 0) {
+		free(snaps);
+		return NULL;
+	}
+	list = json_array();
+	for (int i = 0; i < r && list; i++)
+		json_array_append_new(list, json_pack("{s:i,s:i,s:s,s:i,s:i,s:i,s:s,s:I}",
+			"icount", 0, "vm-clock-nsec", 0, "name", snaps[i].name, "date-sec", 0,
+			"date-nsec", 0, "vm-clock-sec", 0, "id", snaps[i].name,
+			"vm-state-size", (json_int_t)snaps[i].size));
+	rbd_snap_list_end(snaps);
+	free(snaps);
+	return list;
+}
+
+/* query-named-block-nodes: the object size as the cluster size, QEMU's
+ * (empty) rbd format-specific part, the snapshots, and no actual-size
+ * (QEMU has none for an image on a cluster). */
+static void rbd_node_info(struct ioc_node *n, json_t *image)
+{
+	struct rbd_node *s = n->opaque;
+	json_t *snaps = snapshots_json(s);
+
+	json_object_del(image, "actual-size");
+	if (snaps)
+		json_object_set_new(image, "snapshots", snaps);
+	json_object_set_new(image, "cluster-size", json_integer((json_int_t)s->obj_size));
+	json_object_set_new(image, "format-specific",
+			    json_pack("{s:s,s:{}}", "type", "rbd", "data"));
+}
+
 static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 {
 	const char *pool = opt_str(opts, "pool"), *image = opt_str(opts, "image");
@@ -749,6 +824,8 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 			goto fail;
 	}
 
+	n->filename_buf = filename_json(opts);
+	n->filename = n->filename_buf;
 	n->opaque = s;
 	n->can_discard = !n->read_only;
 	n->can_fast_zero = false;
@@ -788,4 +865,5 @@ const struct ioc_node_drv ioc__node_rbd_drv = {
 	.co_write_zeroes = rbd_co_write_zeroes,
 	.co_block_status = rbd_co_block_status,
 	.co_truncate = rbd_co_truncate,
+	.info = rbd_node_info,
 };

@@ -10,7 +10,7 @@
 set -u
 . "${IOC_SOURCE_ROOT:-$(dirname "$0")/../..}/tests/harness/ceph.sh"
 ceph_require
-for c in qemu-nbd qemu-io qemu-img; do
+for c in qemu-nbd qemu-io qemu-img nbdinfo; do
 	command -v $c >/dev/null 2>&1 || { echo "1..0 # SKIP $c not installed"; exit 77; }
 done
 if ! ls /usr/lib/*/qemu/block-rbd.so >/dev/null 2>&1; then
@@ -101,6 +101,64 @@ check "qemu-io overwrites the head after the snapshot" timeout 60 qemu-io -f raw
 
 phase snap
 phase fault
+
+# The daemon: an rbd node as qemu-storage-daemon shows it in
+# query-named-block-nodes (the same image members, QEMU's json: name,
+# the object size as cluster size), and served over NBD.
+DAEMON=${IOC_BUILD_ROOT:-.}/tools/daemon/iocore-storage-daemon
+node_query() { # BINARY: the node's entry, as JSON, on stdout
+	rm -f "$CEPH_DIR/q.sock" "$CEPH_DIR/d.sock"
+	timeout 60 ${MESON_EXE_WRAPPER:-} "$1" \
+		--blockdev "driver=rbd,node-name=r,pool=rbd,image=img,conf=$CEPH_CONF" \
+		--chardev "socket,id=m,path=$CEPH_DIR/q.sock,server=on,wait=off" \
+		--monitor chardev=m --nbd-server "addr.type=unix,addr.path=$CEPH_DIR/d.sock" \
+		--export type=nbd,id=e,node-name=r,name=r >/dev/null 2>&1 &
+	dpid=$!
+	timeout 60 python3 - "$CEPH_DIR/q.sock" "$CEPH_DIR/d.sock" <<'PY'
+import json, os, socket, subprocess, sys, time
+for _ in range(600):
+    if os.path.exists(sys.argv[1]) and os.path.exists(sys.argv[2]):
+        break
+    time.sleep(0.1)
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+f.readline()
+def cmd(c):
+    f.write(json.dumps({"execute": c}) + "\n"); f.flush()
+    while True:
+        r = json.loads(f.readline())
+        if "event" not in r:
+            return r
+cmd("qmp_capabilities")
+node = cmd("query-named-block-nodes")["return"][0]
+size = subprocess.run(["nbdinfo", "--size", "nbd+unix:///r?socket=" + sys.argv[2]],
+                      stdout=subprocess.PIPE, text=True).stdout.strip()
+node["nbd-size"] = size
+print(json.dumps(node))
+PY
+	kill $dpid 2>/dev/null
+	wait $dpid 2>/dev/null
+}
+ours=$(node_query "$DAEMON")
+rbd_shape() { # JSON: the members checked, as one line
+	echo "$1" | python3 -c 'import json, sys
+n = json.load(sys.stdin); i = n["image"]
+print(n["drv"], i["format"], i["virtual-size"], i.get("cluster-size"),
+      i.get("format-specific"), i["filename"].startswith("json:{\"pool\": \"rbd\""),
+      "actual-size" in i, n["nbd-size"])'
+}
+expect_eq() { if [ "$2" = "$3" ]; then ok "$1"; else notok "$1"; echo "# got: $2"; echo "# want: $3"; fi; }
+expect_eq "daemon: the rbd node in query-named-block-nodes, served over NBD" \
+	"$(rbd_shape "$ours" 2>&1)" \
+	"rbd rbd 1073741824 4194304 {'type': 'rbd', 'data': {}} True False 1073741824"
+if command -v qemu-storage-daemon >/dev/null 2>&1; then
+	theirs=$(node_query qemu-storage-daemon)
+	keys() { echo "$1" | python3 -c 'import json, sys
+i = json.load(sys.stdin)["image"]; print(sorted(i), i.get("snapshots"))'; }
+	expect_eq "daemon: the node's image members and snapshots are qemu-storage-daemon's" \
+		"$(keys "$ours" 2>&1)" "$(keys "$theirs" 2>&1)"
+fi
 
 echo "1..$n"
 [ $fails -eq 0 ]
