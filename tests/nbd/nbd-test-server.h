@@ -1,6 +1,6 @@
 /*
- * Starting and stopping a real iocore-nbd for C tests that do not need the
- * hostile-client machinery of test-nbd-server.c.  The server runs with
+ * Starting and stopping a real iocore-nbd for the C tests (the shell tests
+ * have nbd-test-lib.sh's source_start and dest_start).  The server runs with
  * --fork --pid-file: its parent exits 0 only after the child listens,
  * has started serving and has written the pid file, so waitpid() on the
  * parent is the readiness signal.
@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -21,6 +22,7 @@
 struct ts_srv {
 	char dir[200], img[256], sock[256], pidf[256];
 	pid_t pid;
+	rlim_t nofile;          /* nonzero: the server's limit on open files */
 };
 
 static inline const char *ts_server_bin(void)
@@ -81,6 +83,11 @@ static inline void ts_start(struct ts_srv *s, const char *const *extra)
 	pid_t p = fork();
 	ASSERT_GE(p, 0);
 	if (p == 0) {
+		if (s->nofile) {
+			struct rlimit rl = { s->nofile, s->nofile };
+
+			setrlimit(RLIMIT_NOFILE, &rl);
+		}
 		ioc_test_exec_tool(argv);
 		_exit(127);
 	}

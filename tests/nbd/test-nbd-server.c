@@ -14,22 +14,9 @@
 
 #include "tap.h"
 #include "nbd-client.h"
+#include "nbd-test-server.h"
 
 #define IMG_SIZE (64u << 20)
-
-struct srv {
-	char dir[200], img[256], sock[256], pidf[256];
-	pid_t pid;
-};
-
-static const char *server_bin(void)
-{
-	static char path[512];
-	const char *root = getenv("IOC_BUILD_ROOT");
-
-	snprintf(path, sizeof(path), "%s/tools/nbd/iocore-nbd", root ? root : "build");
-	return path;
-}
 
 /* When nonzero, the server runs with this many fds at most. */
 static rlim_t child_nofile;
@@ -37,85 +24,21 @@ static rlim_t child_nofile;
 static const char *srv_base;
 
 /* Start iocore-nbd on a fresh image; extra is a NULL-terminated list. */
-static void srv_start(struct srv *s, const char *const *extra)
+static void srv_start(struct ts_srv *s, const char *const *extra)
 {
-	const char *argv[32];
-	int n = 0;
-
-	static int seq;
-	snprintf(s->dir, sizeof(s->dir), "%.150s/s%d",
-		 srv_base ? srv_base : ioc_test_tmpdir(), seq++);
-	ASSERT_OK(mkdir(s->dir, 0700));
-	snprintf(s->img, sizeof(s->img), "%s/img", s->dir);
-	snprintf(s->sock, sizeof(s->sock), "%s/sock", s->dir);
-	snprintf(s->pidf, sizeof(s->pidf), "%s/pid", s->dir);
-	if (access(s->img, F_OK) != 0) {
-		int fd = open(s->img, O_CREAT | O_RDWR, 0644);
-		ASSERT_GE(fd, 0);
-		ASSERT_OK(ftruncate(fd, IMG_SIZE));
-		close(fd);
-	}
-	argv[n++] = server_bin();
-	argv[n++] = "--fork";
-	argv[n++] = "--pid-file";
-	argv[n++] = s->pidf;
-	argv[n++] = "-U";
-	argv[n++] = s->sock;
-	for (; extra && *extra; extra++)
-		argv[n++] = *extra;
-	argv[n++] = s->img;
-	argv[n] = NULL;
-	if (access(argv[0], X_OK) != 0)
-		IOC_SKIP("iocore-nbd not built");
-	pid_t p = fork();
-	ASSERT_GE(p, 0);
-	if (p == 0) {
-		if (child_nofile) {
-			struct rlimit rl = { child_nofile, child_nofile };
-			setrlimit(RLIMIT_NOFILE, &rl);
-		}
-		ioc_test_exec_tool(argv);
-		_exit(127);
-	}
-	int st;
-	ASSERT_EQ(waitpid(p, &st, 0), p);
-	ASSERT_TRUE(WIFEXITED(st));
-	ASSERT_EQ(WEXITSTATUS(st), 0);
-	FILE *f = fopen(s->pidf, "r");
-	ASSERT_NOT_NULL(f);
-	int pid = 0;
-	ASSERT_EQ(fscanf(f, "%d", &pid), 1);
-	fclose(f);
-	s->pid = pid;
-	ioc_test_daemon_started(pid);
+	ts_prepare(s, srv_base, IMG_SIZE);
+	s->nofile = child_nofile;
+	ts_start(s, extra);
 }
 
-/* A bounded wait for an exit we caused (see ioc_test_daemon_wait_gone()). */
-static bool srv_wait_gone(struct srv *s, int timeout_ms)
+static void srv_connect(const struct ts_srv *s, struct cl_conn *c, bool structured)
 {
-	return ioc_test_daemon_wait_gone(s->pid, timeout_ms);
-}
-
-static void srv_stop(struct srv *s)
-{
-	ASSERT_OK(kill(s->pid, SIGTERM));
-	ASSERT_TRUE(srv_wait_gone(s, 10000));
-	unlink(s->img);
-	rmdir(s->dir);
-}
-
-static void srv_connect(const struct srv *s, struct cl_conn *c, bool structured)
-{
-	memset(c, 0, sizeof(*c));
-	c->fd = cl_connect_unix(s->sock);
-	ASSERT_GE(c->fd, 0);
-	c->structured = structured;
-	ASSERT_EQ(cl_go(c, ""), 0);
+	ts_connect(s, c, structured);
 	ASSERT_UEQ(c->size, IMG_SIZE);
 }
 
 /* A healthy client can still do I/O. */
-static void check_alive(const struct srv *s)
+static void check_alive(const struct ts_srv *s)
 {
 	struct cl_conn c;
 	uint8_t b[4096];
@@ -132,7 +55,7 @@ static void check_alive(const struct srv *s)
 
 static void test_bad_input(void)
 {
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	uint8_t b[65536] = { 0 };
 
@@ -178,13 +101,13 @@ static void test_bad_input(void)
 	ASSERT_TRUE(cl_closed(c.fd));
 	close(c.fd);
 	check_alive(&s);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 static void test_read_only(void)
 {
 	static const char *const ro[] = { "-r", NULL };
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	uint8_t b[4096] = { 0 };
 
@@ -196,7 +119,7 @@ static void test_read_only(void)
 	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_TRIM, 0, 4096, NULL), NBD_EPERM);
 	ASSERT_EQ(cl_pread(&c, 0, b, 0, sizeof(b), NULL, NULL), 0);
 	close(c.fd);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 static long rss_kib(pid_t pid)
@@ -236,7 +159,7 @@ static long long rchar(pid_t pid)
  * itself, and the server's memory stays bounded. */
 static void test_client_never_reads(void)
 {
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	enum { REQS = 400000 };
 	uint8_t *batch = malloc(REQS * 28), *p = batch;
@@ -276,7 +199,7 @@ static void test_client_never_reads(void)
 	close(c.fd);
 	free(batch);
 	check_alive(&s);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 /*
@@ -292,7 +215,7 @@ static void test_hangup_drops_buffered(void)
 	enum { REQS = 4000 };
 	uint8_t *batch = malloc(REQS * 28), *p = batch;
 	uint8_t b[4096];
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	long long before, after;
 
@@ -322,7 +245,7 @@ static void test_hangup_drops_buffered(void)
 	/* At most what was in flight (the server bounds it at 64 MiB) when
 	 * it found the socket dead; serving them all would be ~4 GiB. */
 	ASSERT_LT(after - before, 128ll << 20);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 /* Hundreds of idle connections: others are served; the handshake timeout
@@ -331,7 +254,7 @@ static void test_idle_connections(void)
 {
 	static const char *const opts[] = { "--handshake-timeout", "1", NULL };
 	enum { N = 300 };
-	struct srv s;
+	struct ts_srv s;
 	int fds[N];
 
 	srv_start(&s, opts);
@@ -349,13 +272,13 @@ static void test_idle_connections(void)
 	for (int i = 0; i < N; i++)
 		close(fds[i]);
 	check_alive(&s);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 static void test_max_connections(void)
 {
 	static const char *const opts[] = { "--max-connections", "2", NULL };
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn a, b;
 
 	srv_start(&s, opts);
@@ -367,14 +290,14 @@ static void test_max_connections(void)
 	close(fd);
 	close(a.fd);
 	close(b.fd);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 /* SIGTERM with requests in flight: every request already sent is answered
  * successfully and its data is in the image. */
 static void test_sigterm_drains(void)
 {
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	enum { N = 256, SZ = 65536 };
 	uint8_t *batch = malloc((size_t)N * (28 + SZ)), *p = batch;
@@ -426,7 +349,7 @@ static void test_sigterm_drains(void)
 	/* At least everything sent before the signal was answered. */
 	ASSERT_GE((long)answered * (28 + SZ), (long)half - (28 + SZ));
 	ioc_test_diag("%d of %d writes answered after SIGTERM", answered, N);
-	ASSERT_TRUE(srv_wait_gone(&s, 10000));
+	ASSERT_TRUE(ts_wait_gone(&s, 10000));
 	/* The answered writes are in the image. */
 	int fd = open(s.img, O_RDONLY);
 	ASSERT_GE(fd, 0);
@@ -447,7 +370,7 @@ static void test_sigterm_drains(void)
 /* Data written with FUA or followed by a flush survives kill -9. */
 static void test_kill9_after_fua_and_flush(void)
 {
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	uint8_t b[8192];
 
@@ -459,7 +382,7 @@ static void test_kill9_after_fua_and_flush(void)
 	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 2 << 20, sizeof(b), b), 0);
 	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_FLUSH, 0, 0, NULL), 0);
 	ASSERT_OK(kill(s.pid, SIGKILL));
-	ASSERT_TRUE(srv_wait_gone(&s, 10000));
+	ASSERT_TRUE(ts_wait_gone(&s, 10000));
 	close(c.fd);
 	int fd = open(s.img, O_RDONLY);
 	ASSERT_GE(fd, 0);
@@ -481,7 +404,7 @@ static void test_kill9_after_fua_and_flush(void)
 static void test_out_of_fds(void)
 {
 	enum { N = 80 };
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c[N];
 	int extra;
 
@@ -500,7 +423,7 @@ static void test_out_of_fds(void)
 	ASSERT_GE(cl_greeting(extra), 0);
 	close(extra);
 	check_alive(&s);
-	srv_stop(&s);
+	ts_stop(&s);
 }
 
 /* --cache none: O_DIRECT needs aligned requests; a client that negotiated
@@ -509,7 +432,7 @@ static void test_cache_none_alignment(void)
 {
 	static const char *const opts[] = { "--cache", "none", NULL };
 	char base[] = "/var/tmp/ioc-nbd-direct-XXXXXX";
-	struct srv s;
+	struct ts_srv s;
 	struct cl_conn c;
 	uint8_t *b = NULL;
 
@@ -547,7 +470,7 @@ static void test_cache_none_alignment(void)
 	ASSERT_EQ(cl_cmd(&c, 0, NBD_CMD_WRITE, 0, 100, b), NBD_EINVAL);
 	close(c.fd);
 	free(b);
-	srv_stop(&s);
+	ts_stop(&s);
 	rmdir(base);
 }
 
