@@ -6,16 +6,10 @@
 # MIGRATION events there; the destination's image equals the source's.
 # Loopback only; every wait has a deadline; nothing asserts on timing.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-SRV="$BUILD/tools/nbd/iocore-nbd"
-CTL="$BUILD/tools/ctl/iocore-ctl"
-DAEMON="$BUILD/tools/daemon/iocore-storage-daemon"
 . "$SRCDIR/../nbd/nbd-test-lib.sh"
 
-for t in qemu-io qemu-img nbdinfo python3; do
-	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
-done
+need qemu-io qemu-img nbdinfo python3
 workdir ioc-daemon-migrate
 echo "1..17"
 

@@ -4,10 +4,8 @@
 # space; a read-only node and a missing one are refused; an NBD export's
 # node is refused (its clients cannot be told).  TAP output.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-CTL="$BUILD/tools/ctl/iocore-ctl"
-DAEMON="$BUILD/tools/daemon/iocore-storage-daemon"
+BUILD=${IOC_BUILD_ROOT:-build}
 BENCH="$BUILD/tools/bench/iocore-bench"
 . "$SRCDIR/../nbd/nbd-test-lib.sh"
 have python3 || { echo "1..0 # SKIP python3 missing"; exit 77; }

@@ -2,6 +2,14 @@
 # directory whose servers are killed and files removed at exit, and a
 # server stop that waits for the process to end.
 
+# The build's programs: IOC_BUILD_ROOT as meson sets it, build/ when a
+# test is run by hand; a script may set any of them before sourcing this.
+BUILD=${BUILD:-${IOC_BUILD_ROOT:-build}}
+SRV=${SRV:-$BUILD/tools/nbd/iocore-nbd}
+CTL=${CTL:-$BUILD/tools/ctl/iocore-ctl}
+ZIP=${ZIP:-$BUILD/tools/zip/iocore-zip}
+DAEMON=${DAEMON:-$BUILD/tools/daemon/iocore-storage-daemon}
+
 n=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 notok() { n=$((n + 1)); echo "not ok $n - $1"; }
@@ -13,6 +21,17 @@ check() {
 		notok "$name"; echo "$out" | sed 's/^/# /' | tail -20; fi
 }
 have() { command -v "$1" >/dev/null 2>&1; }
+# need TOOL...: skip the whole test (TAP's plan with the reason, exit 77)
+# unless every TOOL is installed; need_built PROGRAM...: the same for the
+# build's own programs.
+need() {
+	for _t; do have "$_t" || { echo "1..0 # SKIP $_t missing"; exit 77; }; done
+}
+need_built() {
+	for _p; do
+		[ -x "$_p" ] || { echo "1..0 # SKIP $(basename "$_p") not built"; exit 77; }
+	done
+}
 # srv ARGS...: run the server binary $SRV, through the cross build's
 # emulator when meson says there is one (MESON_EXE_WRAPPER, e.g.
 # qemu-aarch64; unquoted on purpose, so that it splits into words).

@@ -7,9 +7,7 @@ BUILD=$(cd "${IOC_BUILD_ROOT:-build}" && pwd)
 SRC=$(cd "${IOC_SOURCE_ROOT:-$(dirname "$0")/../..}" && pwd)
 . "$(dirname "$0")/nbd-test-lib.sh"
 
-for t in nbdcopy qemu-io qemu-img; do
-	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
-done
+need nbdcopy qemu-io qemu-img
 /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
 	{ echo "1..0 # SKIP libnbd's Python bindings (python3-libnbd) missing"; exit 77; }
 echo "1..2"

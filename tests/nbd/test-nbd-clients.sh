@@ -2,8 +2,6 @@
 # iocore-nbd with real clients: qemu-io, qemu-img, nbdinfo, nbdcopy, fio.
 # TAP output; a client that is not installed skips its cases.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
-SRV="$BUILD/tools/nbd/iocore-nbd"
 . "$(dirname "$0")/nbd-test-lib.sh"
 
 echo "1..21"

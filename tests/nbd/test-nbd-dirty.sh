@@ -5,18 +5,11 @@
 # and kill -9, a torn sidecar, hostile QMP input, and the same exchange
 # replayed against qemu-storage-daemon.  TAP output.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-SRV="$BUILD/tools/nbd/iocore-nbd"
-CTL="$BUILD/tools/ctl/iocore-ctl"
 . "$SRCDIR/nbd-test-lib.sh"
 
-if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
-	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
-fi
-for t in qemu-io qemu-img nbdinfo python3; do
-	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
-done
+need_built "$SRV" "$CTL"
+need qemu-io qemu-img nbdinfo python3
 workdir ioc-nbd-dirty
 img="$dir/disk.img"
 truncate -s 64M "$img"

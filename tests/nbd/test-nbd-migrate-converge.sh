@@ -10,18 +10,11 @@
 # throttled.  Loopback; waits poll with deadlines; nothing asserts on
 # timing.  TAP output.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-SRV="$BUILD/tools/nbd/iocore-nbd"
-CTL="$BUILD/tools/ctl/iocore-ctl"
 . "$SRCDIR/nbd-test-lib.sh"
 
-if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
-	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
-fi
-for t in fio python3; do
-	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
-done
+need_built "$SRV" "$CTL"
+need fio python3
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "1..0 # SKIP fio without the nbd engine"; exit 77; }
 workdir ioc-nbd-migrate-converge
 echo "1..24"

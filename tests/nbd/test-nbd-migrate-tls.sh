@@ -7,15 +7,10 @@
 # Waits poll query-migrate with a deadline; nothing asserts on timing.
 # TAP output; skipped without psktool and certtool (gnutls-bin).
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-SRV="$BUILD/tools/nbd/iocore-nbd"
-CTL="$BUILD/tools/ctl/iocore-ctl"
 . "$SRCDIR/nbd-test-lib.sh"
 
-if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
-	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
-fi
+need_built "$SRV" "$CTL"
 for t in psktool certtool qemu-io python3; do
 	have $t || { echo "1..0 # SKIP $t missing (gnutls-bin, qemu-utils, python3)"; exit 0; }
 done

@@ -8,18 +8,11 @@
 # iocore-ctl migrate --wait.  Loopback only; waits poll query-migrate (or a
 # process, a file) with a deadline; nothing asserts on timing.  TAP output.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-SRV="$BUILD/tools/nbd/iocore-nbd"
-CTL="$BUILD/tools/ctl/iocore-ctl"
 . "$SRCDIR/nbd-test-lib.sh"
 
-if [ ! -x "$SRV" ] || [ ! -x "$CTL" ]; then
-	echo "1..0 # SKIP iocore-nbd or iocore-ctl not built"; exit 77
-fi
-for t in qemu-io qemu-img python3; do
-	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
-done
+need_built "$SRV" "$CTL"
+need qemu-io qemu-img python3
 workdir ioc-nbd-migrate
 echo "1..60"
 

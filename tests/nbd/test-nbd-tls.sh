@@ -4,8 +4,6 @@
 # Keys and certificates are made here with GnuTLS's psktool and certtool.
 # TAP output; a missing tool skips its cases.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
-SRV="$BUILD/tools/nbd/iocore-nbd"
 . "$(dirname "$0")/nbd-test-lib.sh"
 fails() { # name command...: the command must fail
 	name=$1; shift

@@ -5,10 +5,6 @@
 # clients: nbdcopy, qemu-img compare, qemu-io patterns, nbdinfo --map.
 # TAP output; skips when the clients are missing.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
-SRV="$BUILD/tools/nbd/iocore-nbd"
-ZIP="$BUILD/tools/zip/iocore-zip"
-CTL="$BUILD/tools/ctl/iocore-ctl"
 . "$(dirname "$0")/nbd-test-lib.sh"
 # zipt ARGS...: iocore-zip, through the cross build's emulator like srv().
 zipt() { ${MESON_EXE_WRAPPER:-} "$ZIP" "$@"; }

@@ -7,7 +7,6 @@
 # and a program built against the installed headers and pkg-config file
 # links with the installed library and runs.  TAP output.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 . "$(dirname "$0")/../nbd/nbd-test-lib.sh"
 
 echo "1..10"

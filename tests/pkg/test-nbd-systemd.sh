@@ -12,9 +12,8 @@
 # only the binary's directory is replaced by the build's.  TAP output.
 # Usage: test-nbd-systemd.sh [B_SANITIZE]
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SANITIZE=${1:-none}        # meson's b_sanitize
-SRV="$BUILD/tools/nbd/iocore-nbd"
+BUILD=${IOC_BUILD_ROOT:-build}
 UNITS="$BUILD/systemd"
 . "$(dirname "$0")/../nbd/nbd-test-lib.sh"
 

@@ -3,13 +3,9 @@
 # written and read by qemu-io, the same bytes as qemu-nbd's view of the
 # same file, qemu-img check clean after; -f raw serves the file's bytes.
 set -u
-BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
-SRV="$BUILD/tools/nbd/iocore-nbd"
 . "$SRCDIR/../nbd/nbd-test-lib.sh"
-for t in qemu-img qemu-io qemu-nbd; do
-	have $t || { echo "1..0 # SKIP $t missing"; exit 77; }
-done
+need qemu-img qemu-io qemu-nbd
 workdir ioc-qcow2-nbd
 echo "1..7"
 uri() { echo "nbd+unix:///?socket=$dir/$1.sock"; }
