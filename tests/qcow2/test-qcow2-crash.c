@@ -12,7 +12,8 @@
  * clusters are allowed: a lost decrement), and every byte not written
  * since the last flush that succeeded must read as it did at that flush:
  * the driver's ordering rules (data, refcounts, L2, L1) with nothing
- * but flushes to order them.
+ * but flushes to order them.  With lazy refcounts each such file is
+ * dirty, and a writable open must repair it to a clean image first.
  */
 #include <limits.h>
 #include <pthread.h>
@@ -220,6 +221,8 @@ static void make_ops(uint64_t x)
 
 /* One crash point: limit requests, or -1 for none.  Returns the number
  * of write, flush and discard requests the run made. */
+static bool lazy;          /* lazy refcounts: each crash image repaired by an open first */
+
 static long run_point(const char *good, const char *img, long limit, uint64_t seed)
 {
 	char err[512], *raw = q2t_path("crash.raw"), *copy = q2t_path("crash.qcow2");
@@ -268,10 +271,18 @@ static long run_point(const char *good, const char *img, long limit, uint64_t se
 			Q2T_SH_OK("cp '%s' '%s'", copy, img);
 			write_crash_image(img, v, seed * 7919 + (uint64_t)limit * 131 + (uint64_t)v);
 		}
-		/* 0: clean, 3: leaked clusters only. */
+		if (lazy) {
+			struct ioc_node *r;
+
+			if (q2t_open("r", img, false, "", &r, err, sizeof(err)) < 0)
+				ioc_test_fail(__FILE__, __LINE__, "crash after %ld requests (subset "
+					      "%d): the repair refused: %s", limit, v, err);
+			q2t_close(r);
+		}
+		/* 0: clean, 3: leaked clusters only (none after a repair). */
 		int st = q2t_sh("qemu-img check -q '%s' >/dev/null 2>&1", img);
 
-		if (st != 0 && st != 3) {
+		if (st != 0 && (st != 3 || lazy)) {
 			q2t_sh("qemu-img check '%s'", img);
 			ioc_test_fail(__FILE__, __LINE__, "crash after %ld requests (subset %d of "
 				      "%zu writes since the flush): check says %d", limit, v, jr.nent,
@@ -307,7 +318,7 @@ static long run_point(const char *good, const char *img, long limit, uint64_t se
 static void crash_run(const char *name, const char *setup, uint64_t x)
 {
 	char *good = q2t_path("good.qcow2"), *img = q2t_path("img.qcow2");
-	long total, points = (long)ioc_test_scaled(24), step;
+	long total, points = (long)ioc_test_scaled(16), step;
 
 	Q2T_SH_OK("cd '%s' && IMG=good.qcow2 && %s", ioc_test_tmpdir(), setup);
 	make_ops(x);
@@ -352,6 +363,16 @@ static void test_snapshot(void)
 		  "-c 'write -P 0x22 0 2M' $IMG >/dev/null && qemu-img snapshot -c s1 $IMG", 4);
 }
 
+static void test_lazy(void)
+{
+	/* Refcounts written after the L2 entries, or lost: each crash
+	 * image is dirty, and the repair at open must make it clean. */
+	lazy = true;
+	crash_run("lazy refcounts, 4 KiB clusters",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k,lazy_refcounts=on $IMG 2M", 5);
+	lazy = false;
+}
+
 static void test_cleanup(void)
 {
 	ioc_node_graph_free(q2t_graph);
@@ -365,6 +386,7 @@ int main(void)
 		IOC_TEST(test_small_clusters),
 		IOC_TEST(test_backing_ext_l2),
 		IOC_TEST(test_snapshot),
+		IOC_TEST(test_lazy),
 		IOC_TEST(test_cleanup),
 	};
 
