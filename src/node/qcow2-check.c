@@ -251,6 +251,13 @@ static int walk_bitmaps(struct ck *c)
 						    &tsize, c->err, c->errlen);
 		if (ret < 0)
 			break;
+		/* QEMU's limit is larger; this one keeps the buffer below
+		 * the largest L1 table's. */
+		if ((uint64_t)tsize * 8 > Q2_MAX_L1_BYTES) {
+			CKERR(c, "bitmap table of %" PRIu32 " entries too large", tsize);
+			ret = -EFBIG;
+			break;
+		}
 		ret = ref_range(c, toff, (uint64_t)tsize * 8, K_META, true, 1, "bitmap table");
 		if (ret < 0 || !tsize)
 			continue;
