@@ -370,6 +370,11 @@ static void test_lazy(void)
 	lazy = true;
 	crash_run("lazy refcounts, 4 KiB clusters",
 		  "qemu-img create -q -f qcow2 -o cluster_size=4k,lazy_refcounts=on $IMG 2M", 5);
+	/* Shared clusters: counted twice, and copied on write. */
+	crash_run("lazy refcounts, internal snapshot",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k,lazy_refcounts=on $IMG 2M && "
+		  "qemu-io -f qcow2 -c 'write -P 0x22 0 2M' $IMG >/dev/null && qemu-img snapshot "
+		  "-c s1 $IMG", 6);
 	lazy = false;
 }
 
