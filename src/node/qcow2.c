@@ -22,7 +22,8 @@
  *     L2 slices;
  *  2. refcount increase before the L2 entry: refcount blocks are written
  *     and flushed first (lazy-refcounts: unordered, the image is marked
- *     dirty while open);
+ *     dirty while open, and a writable open of a dirty image counts its
+ *     refcounts again, qcow2-check.c);
  *  3. L2 before L1: a new table (zeroed, or copied from a shared one) is
  *     written and flushed with its refcount before its L1 entry;
  *  4. L2 entry removal before the refcount decrease: dropped clusters are
@@ -1361,6 +1362,13 @@ static void ioc_coroutine_fn open_co(void *opaque)
 	ret = read_snapshots(q, err, errlen);
 	if (ret < 0)
 		goto out;
+	/* A dirty image opened to write: its refcounts counted again first,
+	 * as QEMU does (qcow2-check.c); read-only, they are not needed. */
+	if (q->rw && (q->h.incompat & Q2_INCOMPAT_DIRTY)) {
+		ret = ioc__qcow2_repair(q, err, errlen);
+		if (ret < 0)
+			goto out;
+	}
 	ret = open_backing(q, a->opts, err, errlen);
 	if (ret < 0)
 		goto out;

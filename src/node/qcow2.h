@@ -6,6 +6,7 @@
  *                    state, so the fuzz target links them alone;
  *   qcow2-cache.c    the L2 slice cache (lock-free hits);
  *   qcow2-refcount.c refcounts, cluster allocation, metadata writeback;
+ *   qcow2-check.c    the repair of a dirty image's refcounts at open;
  *   qcow2.c          the driver: open, the read and write paths.
  *
  * qcow2.c's opening comment is the design essay, crash ordering included.
@@ -99,8 +100,9 @@ struct q2_header {
 
 /* Parse the first bytes of an image (buf[0..len), len at least the
  * cluster size or the whole file when it is shorter; file_size the
- * file's).  read_write: refuse what may only be read (the corrupt and
- * dirty bits).  0, or -errno with err naming the field in QEMU's words. */
+ * file's).  read_write: refuse what may only be read (the corrupt bit;
+ * a dirty image is repaired at a writable open, qcow2-check.c).
+ * 0, or -errno with err naming the field in QEMU's words. */
 int ioc__qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
 			    bool read_write, struct q2_header *h, char *err, size_t errlen);
 
@@ -147,6 +149,13 @@ int ioc__qcow2_compressed_extent(const struct q2_geom *g, uint64_t l2e, uint64_t
  * must fill exactly.  0 or -EIO. */
 int ioc__qcow2_decompress(enum q2_compression type, const uint8_t *in, size_t inlen,
 			  uint8_t *out, size_t outlen);
+
+/* The bitmap directory entry at *pos of dir[0..len) (docs/interop/qcow2.txt,
+ * "Bitmap directory"): its table's offset and entries; *pos moves to the
+ * next entry.  0, or -EIO with err set. */
+int ioc__qcow2_parse_bitmap_entry(const uint8_t *dir, uint64_t len, uint64_t *pos,
+				  unsigned cluster_bits, uint64_t *table_off,
+				  uint32_t *table_entries, char *err, size_t errlen);
 
 /* Refcount entry i of a refcount block (order 0..6). */
 uint64_t ioc__qcow2_rc_get(const uint8_t *blk, unsigned order, uint64_t i);
@@ -294,5 +303,10 @@ int ioc__qcow2_writeback(struct q2_state *q, bool flush);
 int ioc__qcow2_write_refblocks(struct q2_state *q, bool flush);
 void ioc__qcow2_refcount_free(struct q2_state *q);
 int ioc__qcow2_refcount_init(struct q2_state *q, char *err, size_t errlen);
+
+/* qcow2-check.c, at open (after the L1 and refcount tables are read):
+ * count the refcounts of a dirty image again from its metadata, write
+ * them, clear the dirty bit.  0, or -errno with err naming the fault. */
+int ioc__qcow2_repair(struct q2_state *q, char *err, size_t errlen);
 
 #endif /* IOC_NODE_QCOW2_H */

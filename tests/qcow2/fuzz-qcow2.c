@@ -5,7 +5,8 @@
  * is taken as tables under that header's geometry: every 8-byte word as
  * an L1 entry, every word pair as an L2 entry and bitmap (each subcluster),
  * compressed descriptors followed into the input and decoded, every
- * 40-byte window as a snapshot entry, refcount blocks of every width.
+ * 40-byte window as a snapshot entry, the bytes after the first cluster
+ * as a bitmap directory, refcount blocks of every width.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	for (size_t o = 0; o + Q2_SNAPSHOT_HDR_LEN <= size && o < 4096; o += 8)
 		(void)ioc__qcow2_parse_snapshot(data + o, &h, size, (unsigned)o, err, sizeof(err));
+	/* The input from its first cluster on as a bitmap directory, entry
+	 * after entry (at most 4096 of them). */
+	{
+		uint64_t cs = 1ull << h.cluster_bits, pos = 0, toff;
+		uint32_t tn;
+
+		for (int i = 0; size > cs && i < 4096; i++)
+			if (ioc__qcow2_parse_bitmap_entry(data + cs, size - cs, &pos, h.cluster_bits,
+							  &toff, &tn, err, sizeof(err)) < 0)
+				break;
+	}
 	if (size >= 512) {
 		uint8_t blk[512];
 

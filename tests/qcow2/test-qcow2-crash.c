@@ -1,17 +1,22 @@
 /*
  * Crash points: the same short sequence of writes, write-zeroes,
  * discards and flushes runs again and again, and each time the file
- * stops taking writes after its k-th write request (every write, flush
- * and discard from then on fails, as a disk that went away), for k
- * spread over the whole run.  What reached the file must then be an
- * image `qemu-img check` finds no corruption in (leaked clusters are
- * allowed: a lost decrement), and every byte not written since the last
- * flush that succeeded must read as it did at that flush: the driver's
- * ordering rules (data, refcounts, L2, L1) under a crash that keeps the
- * file's writes in the order they were issued.
+ * stops taking requests at its k-th one (every write, flush and discard
+ * from then on fails, as a disk that went away), for k spread over the
+ * whole run.  A disk that loses power keeps what was flushed, and of the
+ * writes since the last flush that completed, any subset (a cache writes
+ * back in its own order): so the file is then rebuilt from its contents
+ * at that flush and a seeded random subset of the writes issued since
+ * (all of them, then random halves), each as it landed.  Every such
+ * file must be an image `qemu-img check` finds no corruption in (leaked
+ * clusters are allowed: a lost decrement), and every byte not written
+ * since the last flush that succeeded must read as it did at that flush:
+ * the driver's ordering rules (data, refcounts, L2, L1) with nothing
+ * but flushes to order them.  With lazy refcounts each such file is
+ * dirty, and a writable open must repair it to a clean image first.
  */
 #include <limits.h>
-#include <stdatomic.h>
+#include <pthread.h>
 
 #include "q2-test.h"
 #include "src/blk/blk-int.h"
@@ -25,20 +30,130 @@ struct op {
 	uint8_t pat;
 };
 
+#define SUBSETS 3          /* crash images per point: every write, two random halves */
+
 static struct op ops[NOPS];
-static _Atomic long writes_left;
-static _Atomic long writes_seen;
+
+/*
+ * The file's writes since its last flush, as the hook saw them: each
+ * request's range, and its contents read back from the file when the
+ * next request arrives (requests reach the file one at a time: the
+ * test's one coroutine waits for each).  A flush takes the whole file as
+ * the new base.  The hook runs on the thread that submits or on a pool
+ * thread: the mutex orders it with the test's reads of the journal.
+ */
+struct jent {
+	uint64_t off, len;
+	uint8_t *data;          /* NULL until read back */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	int fd;                 /* the image, for reading back */
+	long left;              /* requests until the crash */
+	long seen;
+	uint8_t *base;
+	size_t base_len;
+	struct jent *ent;
+	size_t nent, cap;
+} jr = { .lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1 };
+
+static uint8_t *read_whole(int fd, size_t *len)
+{
+	struct stat st;
+	uint8_t *p;
+
+	ASSERT_OK(fstat(fd, &st));
+	*len = (size_t)st.st_size;
+	p = malloc(*len + 1);
+	ASSERT_NOT_NULL(p);
+	ASSERT_EQ(pread(fd, p, *len, 0), (ssize_t)*len);
+	return p;
+}
+
+/* Lock held: the last request's contents, now that it is done. */
+static void capture_last(void)
+{
+	struct jent *e = jr.nent ? &jr.ent[jr.nent - 1] : NULL;
+
+	if (!e || e->data)
+		return;
+	e->data = calloc(1, e->len ? e->len : 1);
+	ASSERT_NOT_NULL(e->data);
+	/* Past the file's end (a range cut short) reads as zeroes. */
+	ASSERT_GE(pread(jr.fd, e->data, e->len, (off_t)e->off), 0);
+}
+
+static void journal_clear(void)
+{
+	for (size_t i = 0; i < jr.nent; i++)
+		free(jr.ent[i].data);
+	jr.nent = 0;
+}
 
 static int64_t crash_hook(void *opaque, enum blk_op op, uint64_t off, uint64_t len)
 {
+	int64_t ret = 0;
+
+	(void)opaque;
 	if (op == BLK_OP_READ)
 		return 0;
-	/* Counted and refused from any thread: pairs with the stores in
-	 * run_point() made before the node's first request. */
-	atomic_fetch_add_explicit(&writes_seen, 1, memory_order_relaxed);
-	if (atomic_fetch_sub_explicit(&writes_left, 1, memory_order_relaxed) <= 0)
-		return -EIO;
-	return 0;
+	pthread_mutex_lock(&jr.lock);
+	jr.seen++;
+	capture_last();
+	if (jr.left <= 0) {
+		ret = -EIO;
+	} else {
+		jr.left--;
+		if (op == BLK_OP_FLUSH) {
+			/* Everything before it is done: the flush, once it
+			 * completes (it does: the next request waits for it),
+			 * makes the file as it is now the base. */
+			free(jr.base);
+			jr.base = read_whole(jr.fd, &jr.base_len);
+			journal_clear();
+		} else {
+			if (jr.nent == jr.cap) {
+				jr.cap = jr.cap ? jr.cap * 2 : 64;
+				jr.ent = realloc(jr.ent, jr.cap * sizeof(*jr.ent));
+				ASSERT_NOT_NULL(jr.ent);
+			}
+			jr.ent[jr.nent++] = (struct jent){ off, len, NULL };
+		}
+	}
+	pthread_mutex_unlock(&jr.lock);
+	return ret;
+}
+
+/* The file as a crash would leave it: the base, then the writes since
+ * that subset keeps (variant 0: all; others: each with odds of one half
+ * from x), in the order they were issued.  The file keeps its size. */
+static void write_crash_image(const char *img, int variant, uint64_t x)
+{
+	size_t cur;
+	uint8_t *now, *out;
+	int fd = open(img, O_RDWR);
+	size_t kept = 0;
+
+	ASSERT_GE(fd, 0);
+	now = read_whole(fd, &cur);
+	free(now);
+	out = calloc(1, cur + 1);
+	ASSERT_NOT_NULL(out);
+	memcpy(out, jr.base, jr.base_len < cur ? jr.base_len : cur);
+	for (size_t i = 0; i < jr.nent; i++) {
+		struct jent *e = &jr.ent[i];
+
+		if (variant && (q2t_rand(&x) & 1))
+			continue;
+		kept++;
+		if (e->off < cur)
+			memcpy(out + e->off, e->data, e->len < cur - e->off ? e->len : cur - e->off);
+	}
+	ASSERT_EQ(pwrite(fd, out, cur, 0), (ssize_t)cur);
+	close(fd);
+	free(out);
+	(void)kept;
 }
 
 struct run_arg {
@@ -104,11 +219,13 @@ static void make_ops(uint64_t x)
 	}
 }
 
-/* One crash point: limit writes, or -1 for none.  Returns the number of
- * write requests the run made. */
-static long run_point(const char *good, const char *img, long limit)
+/* One crash point: limit requests, or -1 for none.  Returns the number
+ * of write, flush and discard requests the run made. */
+static bool lazy;          /* lazy refcounts: each crash image repaired by an open first */
+
+static long run_point(const char *good, const char *img, long limit, uint64_t seed)
 {
-	char err[512], *raw = q2t_path("crash.raw");
+	char err[512], *raw = q2t_path("crash.raw"), *copy = q2t_path("crash.qcow2");
 	struct ioc_node *n;
 	struct run_arg a;
 	struct ioc_blk *blk;
@@ -129,35 +246,68 @@ static long run_point(const char *good, const char *img, long limit)
 	a.n = n;
 	blk = ioc_node_blk(n->file);
 	ASSERT_NOT_NULL(blk);
-	atomic_store(&writes_left, limit < 0 ? LONG_MAX : limit);
-	atomic_store(&writes_seen, 0);
+	/* The open's own writes are flushed: the file as it is is the base. */
+	pthread_mutex_lock(&jr.lock);
+	jr.fd = open(img, O_RDONLY);
+	ASSERT_GE(jr.fd, 0);
+	free(jr.base);
+	jr.base = read_whole(jr.fd, &jr.base_len);
+	journal_clear();
+	jr.left = limit < 0 ? LONG_MAX : limit;
+	jr.seen = 0;
+	pthread_mutex_unlock(&jr.lock);
 	ioc__blk_set_fault(blk, crash_hook, NULL);
 	bt_run_co_fn(run_co, &a);
 	q2t_close(n);
-	seen = atomic_load(&writes_seen);
+	pthread_mutex_lock(&jr.lock);
+	capture_last();
+	seen = jr.seen;
+	pthread_mutex_unlock(&jr.lock);
 
-	/* 0: clean, 3: leaked clusters only. */
-	int st = q2t_sh("qemu-img check -q '%s' >/dev/null 2>&1", img);
+	/* Without a crash, the file as it is; with one, each subset. */
+	Q2T_SH_OK("cp '%s' '%s'", img, copy);
+	for (int v = 0; v < (limit < 0 ? 1 : SUBSETS); v++) {
+		if (limit >= 0) {
+			Q2T_SH_OK("cp '%s' '%s'", copy, img);
+			write_crash_image(img, v, seed * 7919 + (uint64_t)limit * 131 + (uint64_t)v);
+		}
+		if (lazy) {
+			struct ioc_node *r;
 
-	if (st != 0 && st != 3) {
-		q2t_sh("qemu-img check '%s'", img);
-		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: check says %d", limit,
-			      st);
-	}
-	Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, raw);
-	{
+			if (q2t_open("r", img, false, "", &r, err, sizeof(err)) < 0)
+				ioc_test_fail(__FILE__, __LINE__, "crash after %ld requests (subset "
+					      "%d): the repair refused: %s", limit, v, err);
+			q2t_close(r);
+		}
+		/* 0: clean, 3: leaked clusters only (none after a repair). */
+		int st = q2t_sh("qemu-img check -q '%s' >/dev/null 2>&1", img);
+
+		if (st != 0 && (st != 3 || lazy)) {
+			q2t_sh("qemu-img check '%s'", img);
+			ioc_test_fail(__FILE__, __LINE__, "crash after %ld requests (subset %d of "
+				      "%zu writes since the flush): check says %d", limit, v, jr.nent,
+				      st);
+		}
+		Q2T_SH_OK("qemu-img convert -O raw '%s' '%s'", img, raw);
 		uint8_t *got = q2t_read_file(raw, &rl);
 
 		ASSERT_UEQ(rl, SIZE);
 		for (size_t i = 0; i < SIZE; i++)
 			if (!a.dirty[i] && got[i] != a.flushed[i])
-				ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: byte %zu "
-					      "is %02x, flushed as %02x", limit, i, got[i],
-					      a.flushed[i]);
+				ioc_test_fail(__FILE__, __LINE__, "crash after %ld requests (subset "
+					      "%d): byte %zu is %02x, flushed as %02x", limit, v, i,
+					      got[i], a.flushed[i]);
 		free(got);
 	}
+	pthread_mutex_lock(&jr.lock);
+	close(jr.fd);
+	jr.fd = -1;
+	journal_clear();
+	pthread_mutex_unlock(&jr.lock);
 	unlink(raw);
+	unlink(copy);
 	free(raw);
+	free(copy);
 	free(a.model);
 	free(a.dirty);
 	free(a.unknown);
@@ -168,15 +318,16 @@ static long run_point(const char *good, const char *img, long limit)
 static void crash_run(const char *name, const char *setup, uint64_t x)
 {
 	char *good = q2t_path("good.qcow2"), *img = q2t_path("img.qcow2");
-	long total, points = (long)ioc_test_scaled(24), step;
+	long total, points = (long)ioc_test_scaled(16), step;
 
 	Q2T_SH_OK("cd '%s' && IMG=good.qcow2 && %s", ioc_test_tmpdir(), setup);
 	make_ops(x);
-	total = run_point(good, img, -1);
+	total = run_point(good, img, -1, x);
 	step = total / points > 0 ? total / points : 1;
-	ioc_test_diag("%s: %ld write requests, a crash every %ld", name, total, step);
+	ioc_test_diag("%s: %ld requests, a crash every %ld, %d images each", name, total, step,
+		      SUBSETS);
 	for (long k = 0; k <= total; k += step)
-		run_point(good, img, k);
+		run_point(good, img, k, x);
 	Q2T_SH_OK("cd '%s' && rm -f base.qcow2", ioc_test_tmpdir());
 	unlink(good);
 	unlink(img);
@@ -212,6 +363,21 @@ static void test_snapshot(void)
 		  "-c 'write -P 0x22 0 2M' $IMG >/dev/null && qemu-img snapshot -c s1 $IMG", 4);
 }
 
+static void test_lazy(void)
+{
+	/* Refcounts written after the L2 entries, or lost: each crash
+	 * image is dirty, and the repair at open must make it clean. */
+	lazy = true;
+	crash_run("lazy refcounts, 4 KiB clusters",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k,lazy_refcounts=on $IMG 2M", 5);
+	/* Shared clusters: counted twice, and copied on write. */
+	crash_run("lazy refcounts, internal snapshot",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k,lazy_refcounts=on $IMG 2M && "
+		  "qemu-io -f qcow2 -c 'write -P 0x22 0 2M' $IMG >/dev/null && qemu-img snapshot "
+		  "-c s1 $IMG", 6);
+	lazy = false;
+}
+
 static void test_cleanup(void)
 {
 	ioc_node_graph_free(q2t_graph);
@@ -225,6 +391,7 @@ int main(void)
 		IOC_TEST(test_small_clusters),
 		IOC_TEST(test_backing_ext_l2),
 		IOC_TEST(test_snapshot),
+		IOC_TEST(test_lazy),
 		IOC_TEST(test_cleanup),
 	};
 

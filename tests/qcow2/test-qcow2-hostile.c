@@ -2,9 +2,11 @@
  * Hostile images: qemu-img's images with one field or table entry
  * damaged at a time.  Header faults are refused at open with the field
  * named (QEMU's words where it has them); read-only opens still take
- * what only forbids writing (dirty, corrupt).  Table faults (L1, L2,
+ * what only forbids writing (corrupt).  Table faults (L1, L2,
  * compressed data, refcount table, subcluster bitmaps) open and then fail
- * the request that meets them with -EIO.  Nothing may crash.
+ * the request that meets them with -EIO; with the dirty bit set, a
+ * writable open counts the refcounts again and refuses them instead,
+ * writing nothing.  Nothing may crash.
  */
 #include "q2-test.h"
 
@@ -154,10 +156,13 @@ static void test_features(void)
 		       "feature: 20");
 	put_be(fresh(), 72, 1ull << 2, 8);
 	expect_refused(work, false, "external data file");
-	/* Dirty and corrupt forbid writing only. */
+	/* Dirty: repaired at a writable open (test_dirty); corrupt forbids
+	 * writing only. */
 	put_be(fresh(), 72, 1ull << 0, 8);
-	expect_refused(work, true, "dirty");
 	expect_opens(work, false);
+	ASSERT_UEQ(get_be(work, 72, 8), 1);
+	expect_opens(work, true);
+	ASSERT_UEQ(get_be(work, 72, 8), 0);
 	put_be(fresh(), 72, 1ull << 1, 8);
 	expect_refused(work, true, "qcow2: Image is corrupt; cannot be opened read/write");
 	expect_opens(work, false);
@@ -345,6 +350,109 @@ static void test_l1_l2_entries(void)
 	free(z);
 }
 
+static void set_dirty(const char *path)
+{
+	put_be(path, 72, get_be(path, 72, 8) | 1, 8);
+}
+
+/* The dirty image at work is refused writable, saying want, and left as
+ * it was; read-only it still opens. */
+static void expect_repair_refused(const char *want)
+{
+	size_t l0, l1;
+	uint8_t *before = q2t_read_file(work, &l0), *after;
+
+	expect_refused(work, true, want);
+	after = q2t_read_file(work, &l1);
+	ASSERT_UEQ(l0, l1);
+	ASSERT_TRUE(memcmp(before, after, l0) == 0);
+	free(before);
+	free(after);
+	expect_opens(work, false);
+}
+
+static void test_dirty(void)
+{
+	uint64_t rt, rb, l1, l2, e, so, x = 7;
+	struct stat st;
+
+	setup();
+	ASSERT_OK(stat(good, &st));
+	rt = get_be(good, 48, 8);
+	rb = get_be(good, rt, 8);
+	l1 = get_be(good, 40, 8);
+	l2 = get_be(good, l1, 8) & 0x00fffffffffffe00ull;
+	e = get_be(good, l2, 8) & 0x00fffffffffffe00ull;
+	so = get_be(good, 64, 8);
+	/* Wrong counts (16-bit): a data cluster at zero, the L2 table at 7,
+	 * a free cluster at 1; repaired, clean, the data as it was. */
+	set_dirty(fresh());
+	put_be(work, rb + 2 * (e >> 12), 0, 2);
+	put_be(work, rb + 2 * (l2 >> 12), 7, 2);
+	put_be(work, rb + 2 * ((uint64_t)st.st_size >> 12) + 2, 1, 2);
+	ASSERT_NE(q2t_sh("qemu-img check -q '%s' >/dev/null 2>&1", work), 0);
+	expect_opens(work, true);
+	ASSERT_UEQ(get_be(work, 72, 8), 0);
+	Q2T_SH_OK("qemu-img check -q '%s'", work);
+	Q2T_SH_OK("qemu-io -f qcow2 -r -c 'read -q -P 0x61 0 64k' '%s'", work);
+	Q2T_SH_OK("qemu-img snapshot -a s1 '%s' && qemu-io -f qcow2 -r -c 'read -q -P 0x61 0 "
+		  "64k' '%s'", work, work);
+
+	/* A refcount table entry naming an L2 table. */
+	set_dirty(fresh());
+	put_be(work, rt, l2, 8);
+	expect_repair_refused("is both metadata and an L2 table");
+	/* An unaligned refcount block. */
+	set_dirty(fresh());
+	put_be(work, rt, rb + 512, 8);
+	expect_repair_refused("refcount block 0");
+	/* An L2 entry naming the refcount table, the active L1 table. */
+	set_dirty(fresh());
+	put_be(work, l2, rt, 8);
+	expect_repair_refused("is both metadata and a data cluster");
+	set_dirty(fresh());
+	put_be(work, l2 + 8, l1, 8);
+	expect_repair_refused("is both metadata and a data cluster");
+	/* An L1 entry naming a refcount block. */
+	set_dirty(fresh());
+	put_be(work, l1, rb, 8);
+	expect_repair_refused("is both metadata and an L2 table");
+	/* A data cluster past the end of the file. */
+	set_dirty(fresh());
+	put_be(work, l2, ((uint64_t)st.st_size + (1 << 20)) & ~4095ull, 8);
+	expect_repair_refused("past the end of the file");
+	/* Two entries that each say they own a cluster alone. */
+	set_dirty(fresh());
+	put_be(work, l2, e | 1ull << 63, 8);
+	put_be(work, l2 + 8, e | 1ull << 63, 8);
+	expect_repair_refused("may have only one owner");
+	/* The snapshot's L1 table over the active one. */
+	set_dirty(fresh());
+	put_be(work, so, l1, 8);
+	expect_repair_refused("may have only one owner");
+	/* A compressed entry over the refcount block. */
+	set_dirty(fresh());
+	put_be(work, l2, 1ull << 62 | rb, 8);
+	expect_repair_refused("is both metadata and compressed data");
+
+	/* Random damage with the dirty bit set: never a crash, a refusal
+	 * says why. */
+	for (int i = 0; i < (int)ioc_test_scaled(150); i++) {
+		char err[512];
+		struct ioc_node *n;
+		uint64_t r = q2t_rand(&x);
+		uint64_t off = (r >> 8) % (uint64_t)st.st_size;
+
+		put_be(fresh(), off, q2t_rand(&x), 1 + (int)((r >> 4) % 8));
+		set_dirty(work);
+		if (q2t_open("r", work, false, "", &n, err, sizeof(err)) < 0) {
+			ASSERT_TRUE(err[0] != 0);
+			continue;
+		}
+		q2t_close(n);
+	}
+}
+
 /* Random damage to the first cluster and the tables: whatever the
  * outcome, no crash, and a refusal says why. */
 static void test_random_damage(void)
@@ -393,6 +501,7 @@ int main(void)
 		IOC_TEST(test_extensions),
 		IOC_TEST(test_backing_format),
 		IOC_TEST(test_l1_l2_entries),
+		IOC_TEST(test_dirty),
 		IOC_TEST(test_random_damage),
 		IOC_TEST(test_cleanup),
 	};
