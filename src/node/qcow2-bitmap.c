@@ -19,21 +19,20 @@
  * close, as QEMU does, and while the image is open every bitmap on disk is
  * flagged in_use, so a crash leaves them inconsistent, never wrong.
  *
- * Crash order.  Open, read-write: set in_use on every entry that lacks it
- * by rewriting the directory in place between clearing and setting the
- * header's autoclear bit 0, each step flushed, all before the first guest
- * write (open returns after).  While the bit is clear the extension is
- * ignored by every reader, so a torn directory is never believed.  Add,
- * remove, close: (1) new data clusters and tables, then a new directory,
- * written to clusters from the refcount allocator and flushed with their
- * refcounts; nothing points at them yet (a crash leaks them); (2) clear
- * the autoclear bit, flush; (3) the extension (count, size, offset) in
- * place, or inserted before the end marker, or removed, flush; (4) set
- * the autoclear bit, flush: the commit; (5) only then the old directory,
- * tables and data go to the deferred frees, so nothing on disk ever points
- * at a freed cluster.  A crash in (2)-(4) loses the bitmaps (the bit is
- * clear: QEMU ignores them too), never makes them lie.
- *
+ * Crash order, for every change of the directory (in_use set at a
+ * read-write open, before the first guest write; add and remove over QMP;
+ * the clean close that writes the bits): (1) the new data clusters and
+ * tables, then a new directory, in clusters from the refcount allocator,
+ * written and flushed with their refcounts: nothing points at them yet, a
+ * crash leaks them; (2) the commit: the header extension (count, size,
+ * offset) rewritten in one write inside one 512-byte sector, flushed; (3)
+ * only then the old directory, tables and data go to the deferred frees,
+ * so nothing on disk points at a freed cluster.  Where (2) cannot be one
+ * sector write (the extension is new, goes, or straddles a sector), the
+ * autoclear bit 0 is cleared and flushed before and set and flushed after:
+ * while it is clear every reader ignores the extension, so a crash then
+ * loses the bitmaps (as QEMU would report them), never makes them lie.
+ * tests/qcow2/test-qcow2-crash.c crashes at every write of the close.
  * Rejected: a second bitmap implementation over qcow2 (the marking, the
  * NBD and QMP paths exist once), and writing the bits as they change
  * (QEMU does not either: in_use is the contract).  Limits: 16 bitmaps per
@@ -222,12 +221,14 @@ static int put_autoclear(struct q2_state *q, bool on)
 
 /*
  * Make the header's bitmaps extension say b's directory (present), or
- * take it out.  The autoclear bit is clear meanwhile (the caller's), so a
- * torn write is never believed.  The extension is updated in place, or
- * inserted before the end marker (the backing file name, which QEMU
- * places right after the extensions, moved to the cluster's end first,
- * with the header's offset switched to it in one 8-byte write), or
- * removed with the extensions after it moved up.
+ * take it out: the commit.  An extension whose 24 bytes lie in one
+ * 512-byte sector, under a set autoclear bit, is rewritten in place in
+ * one write (disks write a sector whole).  Otherwise the autoclear bit is
+ * cleared first and set after, so a torn write is never believed: the
+ * extension is updated in place, or inserted before the end marker (the
+ * backing file name, which QEMU places right after the extensions, moved
+ * to the cluster's end first, with the header's offset switched to it in
+ * one 8-byte write), or removed with the extensions after it moved up.
  */
 static int write_ext(struct q2_bitmaps *b, bool present)
 {
@@ -271,6 +272,18 @@ static int write_ext(struct q2_bitmaps *b, bool present)
 	wr32(d + 8, (uint32_t)b->n);
 	wr64(d + 16, b->dir_size);
 	wr64(d + 24, b->dir_off);
+	if (present && pb && (pb + 8) / 512 == (pb + 31) / 512 &&
+	    (q->h.autoclear & Q2_AUTOCLEAR_BITMAPS)) {
+		ret = ioc__qcow2_pwrite(q, pb + 8, d + 8, 24);
+		if (ret == 0)
+			ret = ioc__qcow2_flush_file(q);
+		goto out;
+	}
+	if (q->h.autoclear & Q2_AUTOCLEAR_BITMAPS) {
+		ret = put_autoclear(q, false);
+		if (ret < 0)
+			goto out;
+	}
 	if (present && pb) {
 		ret = ioc__qcow2_pwrite(q, pb + 8, d + 8, 24);
 	} else if (present) {
@@ -307,6 +320,8 @@ static int write_ext(struct q2_bitmaps *b, bool present)
 	}
 	if (ret == 0)
 		ret = ioc__qcow2_flush_file(q);
+	if (ret == 0 && present)
+		ret = put_autoclear(q, true);
 out:
 	free(buf);
 	return ret;
@@ -385,17 +400,13 @@ static int sync_dir(struct q2_bitmaps *b)
 	ret = ioc__qcow2_write_refblocks(q, false);
 	if (ret == 0)
 		ret = ioc__qcow2_flush_file(q);
-	if (ret == 0)
-		ret = put_autoclear(q, false);
 	if (ret < 0)
 		return ret;
 	b->dir_off = off;
 	b->dir_size = len;
 	ret = write_ext(b, b->n > 0);
-	if (ret == 0 && b->n)
-		ret = put_autoclear(q, true);
 	if (ret < 0)
-		return ret;       /* the new clusters leak; the bit stays clear */
+		return ret;       /* the new clusters leak */
 	if (old_size)
 		(void)ioc__qcow2_defer_free(q, old_off, old_size);
 	return 0;
@@ -683,23 +694,9 @@ static int load(struct q2_bitmaps *b, char *err, size_t errlen)
 	b->dir_off = doff;
 	b->dir_size = dsize;
 	if (changed) {
-		/* The directory in place, same size (only flags changed),
-		 * between clearing and setting the autoclear bit. */
-		size_t len;
-		uint8_t *nd = build_dir(b, &len);
-
-		ret = nd ? 0 : -ENOMEM;
-		if (ret == 0 && len != dsize)
-			ret = -EIO;
-		if (ret == 0)
-			ret = put_autoclear(q, false);
-		if (ret == 0)
-			ret = ioc__qcow2_pwrite(q, doff, nd, len);
-		if (ret == 0)
-			ret = ioc__qcow2_flush_file(q);
-		if (ret == 0)
-			ret = put_autoclear(q, true);
-		free(nd);
+		/* A new directory with the flags set, committed like any
+		 * other (not in place: a crash keeps the old one whole). */
+		ret = sync_dir(b);
 		if (ret < 0)
 			ERR("Can't update bitmap directory: %s", ioc_strerror(ret));
 	}

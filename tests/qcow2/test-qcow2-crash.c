@@ -8,7 +8,11 @@
  * allowed: a lost decrement), and every byte not written since the last
  * flush that succeeded must read as it did at that flush: the driver's
  * ordering rules (data, refcounts, L2, L1) under a crash that keeps the
- * file's writes in the order they were issued.
+ * file's writes in the order they were issued.  With a persistent bitmap
+ * in the image, the crash may also hit the close that writes it back:
+ * qemu-img must still read the directory, and a bitmap it lists as not
+ * in use must hold every range the run changed (a commit that came
+ * before its bits would lie).
  */
 #include <limits.h>
 #include <stdatomic.h>
@@ -28,6 +32,8 @@ struct op {
 static struct op ops[NOPS];
 static _Atomic long writes_left;
 static _Atomic long writes_seen;
+static bool with_bitmap;
+static unsigned committed, in_use;
 
 static int64_t crash_hook(void *opaque, enum blk_op op, uint64_t off, uint64_t len)
 {
@@ -104,6 +110,49 @@ static void make_ops(uint64_t x)
 	}
 }
 
+/* After a crash: the image's bitmap b0 is in use (stale, as it says), or
+ * it covers every request of the run (all of them marked: failed ones
+ * too, as they may have changed part of their range). */
+static void check_bitmap(const char *img, long limit)
+{
+	char err[512];
+	struct ioc_node *n;
+	struct ioc_blk_dirty *bm;
+	struct ioc_blk_dirty_info info;
+
+	if (q2t_sh("qemu-img info '%s' >/dev/null 2>&1", img) != 0) {
+		q2t_sh("qemu-img info '%s'", img);
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: qemu-img info fails",
+			      limit);
+	}
+	if (q2t_open("v", img, true, "", &n, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: %s", limit, err);
+	bm = ioc_blk_dirty_find(n->dirty_set, "b0");
+	/* Gone would be a bitmap lost: only where the extension's update is
+	 * not one sector write (not so in this image). */
+	if (!bm)
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: b0 is gone", limit);
+	ioc_blk_dirty_get_info(bm, &info);
+	if (info.inconsistent) {
+		in_use++;
+	} else {
+		committed++;
+		for (int i = 0; i < NOPS; i++) {
+			uint64_t off = ops[i].off, end = ops[i].off + ops[i].len, len;
+
+			if (ops[i].kind == 4)
+				continue;
+			for (; off < end; off += len)
+				if (ioc_blk_dirty_extent(bm, off, end - off, &len) != 1)
+					ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: "
+						      "request %d (%" PRIu64 "+%" PRIu64 ") is not "
+						      "in the committed bitmap at %" PRIu64, limit, i,
+						      ops[i].off, ops[i].len, off);
+		}
+	}
+	q2t_close(n);
+}
+
 /* One crash point: limit writes, or -1 for none.  Returns the number of
  * write requests the run made. */
 static long run_point(const char *good, const char *img, long limit)
@@ -156,6 +205,8 @@ static long run_point(const char *good, const char *img, long limit)
 					      a.flushed[i]);
 		free(got);
 	}
+	if (with_bitmap)
+		check_bitmap(img, limit);
 	unlink(raw);
 	free(raw);
 	free(a.model);
@@ -177,6 +228,10 @@ static void crash_run(const char *name, const char *setup, uint64_t x)
 	ioc_test_diag("%s: %ld write requests, a crash every %ld", name, total, step);
 	for (long k = 0; k <= total; k += step)
 		run_point(good, img, k);
+	/* With a bitmap: every write of the close that stores it. */
+	for (long k = total - 24; with_bitmap && k < total; k++)
+		if (k > 0 && k % step)
+			run_point(good, img, k);
 	Q2T_SH_OK("cd '%s' && rm -f base.qcow2", ioc_test_tmpdir());
 	unlink(good);
 	unlink(img);
@@ -212,6 +267,21 @@ static void test_snapshot(void)
 		  "-c 'write -P 0x22 0 2M' $IMG >/dev/null && qemu-img snapshot -c s1 $IMG", 4);
 }
 
+static void test_bitmap(void)
+{
+	with_bitmap = true;
+	crash_run("a persistent bitmap written back at close",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k $IMG 2M && "
+		  "qemu-img bitmap --add -g 4096 $IMG b0", 5);
+	with_bitmap = false;
+	ioc_test_diag("bitmap: %u crash points left it committed, %u in use", committed,
+		      in_use);
+	/* The run without a crash commits; the first crash points come
+	 * before the close. */
+	ASSERT_UGT(committed, 0);
+	ASSERT_UGT(in_use, 0);
+}
+
 static void test_cleanup(void)
 {
 	ioc_node_graph_free(q2t_graph);
@@ -225,6 +295,7 @@ int main(void)
 		IOC_TEST(test_small_clusters),
 		IOC_TEST(test_backing_ext_l2),
 		IOC_TEST(test_snapshot),
+		IOC_TEST(test_bitmap),
 		IOC_TEST(test_cleanup),
 	};
 
