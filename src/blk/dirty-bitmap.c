@@ -51,6 +51,12 @@
  * Cost: the first write to each 64 KiB granule waits for one fdatasync of
  * the sidecar on the submitting thread; later writes to it cost nothing.
  *
+ * A store.  An image of the null driver can hold the bitmaps of
+ * something else (a qcow2 node's, marked by its write path through
+ * ioc_blk_dirty_mark()): its persistent bitmaps have no sidecar and no
+ * write-ahead (ondisk[] stays NULL); the store is told of adds and
+ * removes and reads the bits out at its own clean close.
+ *
  * Removal.  Markers read bitmap pointers without a lock, so nothing tells
  * when the last one has left a removed bitmap: it waits on a retired list
  * until the image closes (2 MiB per TiB at 64 KiB).  Rejected: a reader

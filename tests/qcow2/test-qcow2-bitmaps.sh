@@ -7,7 +7,8 @@
 # not after; qemu-nbd -B reads the same extents; qemu-img check stays
 # clean; kill -9 leaves the bitmaps in use, reported inconsistent by the
 # next open (iocore and qemu-img), refused but for remove; a read-only
-# node never writes; a v2 image refuses persistent bitmaps.  TAP output.
+# node never writes; an overlay's backing file name makes room for the
+# extension; a v2 image refuses persistent bitmaps.  TAP output.
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +24,7 @@ for t in qemu-img qemu-io qemu-nbd nbdinfo python3; do
 done
 workdir ioc-qcow2-bitmaps
 img="$dir/a.qcow2"
-echo "1..27"
+echo "1..29"
 
 # daemon [RO]: the daemon over $img as node q0 (read-only with RO=1),
 # its NBD server on $dir/nbd.sock, its monitor on $dir/qmp.sock.
@@ -135,7 +136,27 @@ dstop
 expect "a read-only node loads the bitmap and leaves the file as it was" \
 	"True True False 0 $sum" "$ro_state $(md5sum <"$img")"
 
-# 27: qcow2 v2 has no autoclear bits: no persistent bitmaps (as QEMU).
+# 27-28: an overlay: the backing file name sits right after the header
+# extensions, and moves to make room for the new one.
+rm -f "$img"
+qemu-img create -q -f qcow2 "$dir/base.qcow2" 64M
+qemu-io -f qcow2 -c 'write -P 9 0 1M' "$dir/base.qcow2" >/dev/null
+qemu-img create -q -f qcow2 -b "$dir/base.qcow2" -F qcow2 "$img"
+daemon
+ctl block-dirty-bitmap-add node=q0 name=ov persistent=true >/dev/null
+export_q0 '["ov"]'
+qemu-io -f raw -c 'write -P 5 2M 4k' "$U" >/dev/null
+dstop
+expect "a bitmap added to an overlay is in it after the stop, its backing file kept" \
+	"ov:auto:65536 $dir/base.qcow2" \
+	"$(flags) $(qemu-img info --output=json "$img" | python3 -c 'import json,sys; print(json.load(sys.stdin)["backing-filename"])')"
+qemu-nbd -t -r -f qcow2 -B ov -k "$dir/q.sock" --fork --pid-file "$dir/q.pid" "$img"
+expect "qemu-nbd reads its extent, the backing data reads through, check is clean" \
+	"2097152+65536 ok clean" "$(map ov "$QU") $(qemu-io -r -f raw -c 'read -P 9 0 1M' "$QU" \
+	>/dev/null && echo ok) $(qemu-img check -q -U "$img" && echo clean)"
+stop q
+
+# 29: qcow2 v2 has no autoclear bits: no persistent bitmaps (as QEMU).
 rm -f "$img"
 qemu-img create -q -f qcow2 -o compat=0.10 "$img" 64M
 daemon
