@@ -867,3 +867,25 @@ int ioc__qcow2_bitmaps_resize(struct q2_state *q, uint64_t size)
 		return -EBUSY;
 	return ioc_blk_co_truncate(b->set, size, 0);
 }
+
+void ioc__qcow2_bitmaps_info(struct q2_state *q, json_t *data)
+{
+	struct q2_bitmaps *b = q->bitmaps;
+	json_t *list;
+
+	if (!b || !b->n)
+		return;
+	list = json_array();
+	for (size_t i = 0; list && i < b->n; i++) {
+		json_t *flags = json_array();
+
+		if (flags && (b->e[i].flags & Q2_BME_IN_USE))
+			json_array_append_new(flags, json_string("in-use"));
+		if (flags && (b->e[i].flags & Q2_BME_AUTO))
+			json_array_append_new(flags, json_string("auto"));
+		json_array_append_new(list, json_pack("{s:o,s:s,s:I}", "flags", flags,
+						      "name", b->e[i].name, "granularity",
+						      (json_int_t)(1ll << b->e[i].gran_bits)));
+	}
+	json_object_set_new(data, "bitmaps", list);
+}

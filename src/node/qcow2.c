@@ -1564,6 +1564,8 @@ static void q2_info(struct ioc_node *n, json_t *image)
 				 "extended-l2", q->words == 2,
 				 "compression-type", q->h.compression == Q2_COMP_ZSTD ? "zstd" : "zlib");
 
+	if (data)
+		ioc__qcow2_bitmaps_info(q, data);
 	json_object_set_new(image, "cluster-size", json_integer((json_int_t)q->cs));
 	json_object_set_new(image, "dirty-flag",
 			    json_boolean((q->h.incompat & Q2_INCOMPAT_DIRTY) != 0));

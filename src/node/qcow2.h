@@ -349,5 +349,10 @@ int ioc__qcow2_bitmaps_open(struct q2_state *q, char *err, size_t errlen);
 int ioc__qcow2_bitmaps_close(struct q2_state *q);
 void ioc__qcow2_bitmaps_free(struct q2_state *q);
 int ioc__qcow2_bitmaps_resize(struct q2_state *q, uint64_t size);
+/* The image's directory as query-named-block-nodes' format-specific
+ * "bitmaps" (QEMU's Qcow2BitmapInfo: name, granularity, flags), added to
+ * data when there is one. */
+struct json_t;
+void ioc__qcow2_bitmaps_info(struct q2_state *q, struct json_t *data);
 
 #endif /* IOC_NODE_QCOW2_H */

@@ -50,6 +50,14 @@ flags() {
 d = json.load(sys.stdin).get("format-specific", {}).get("data", {})
 for b in d.get("bitmaps", []): print("%s:%s:%d" % (b["name"], ",".join(b["flags"]) or "-", b["granularity"]))'
 }
+# qflags: the same from query-named-block-nodes (QEMU's format-specific data).
+qflags() {
+	ctl --json query-named-block-nodes | python3 -c 'import json,sys
+for n in json.load(sys.stdin):
+    if n["node-name"] == "q0":
+        d = n["image"].get("format-specific", {}).get("data", {})
+        for b in d.get("bitmaps", []): print("%s:%s:%d" % (b["name"], ",".join(b["flags"]) or "-", b["granularity"]))'
+}
 # bm NAME: "recording persistent inconsistent count" from query-named-block-nodes.
 bm() {
 	ctl --json query-named-block-nodes | python3 -c "import json,sys
@@ -68,8 +76,9 @@ qemu-io -f qcow2 -c 'write -P 7 0 64k' "$img" >/dev/null
 
 # 1-6: a bitmap of qemu-img's, tracked and served.
 check "the daemon opens a qcow2 image with bitmaps" daemon
-expect "while open, qemu-img info shows them in use" \
-	"b0:in-use,auto:65536 off0:in-use:65536" "$(flags -U)"
+expect "while open, qemu-img info and the node's format-specific data show them in use" \
+	"b0:in-use,auto:65536 off0:in-use:65536 / b0:in-use,auto:65536 off0:in-use:65536" \
+	"$(flags -U) / $(qflags)"
 expect "query-named-block-nodes lists them (recording, persistent)" \
 	"True True False 65536 / False True False 0" "$(bm b0) / $(bm off0)"
 export_q0 '["b0","off0"]'
