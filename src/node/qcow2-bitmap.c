@@ -289,10 +289,15 @@ static int write_ext(struct q2_bitmaps *b, bool present)
 	} else if (present) {
 		size_t need = pend + sizeof(d);
 
+		ret = -ENOSPC;         /* no room in the header cluster */
 		if (q->h.backing_off && need > q->h.backing_off) {
 			uint64_t noff = (q->cs - q->h.backing_len) & ~7ull, be = htobe64(noff);
 
-			if (q->h.backing_len > q->cs || noff < need || noff + q->h.backing_len > len)
+			/* The copy must not touch the name in use until the
+			 * header points at it. */
+			if (q->h.backing_len > q->cs || noff < need ||
+			    noff < q->h.backing_off + q->h.backing_len ||
+			    noff + q->h.backing_len > len)
 				goto out;
 			ret = ioc__qcow2_pwrite(q, noff, buf + q->h.backing_off,
 						q->h.backing_len);
@@ -362,7 +367,7 @@ static uint8_t *build_dir(const struct q2_bitmaps *b, size_t *len)
 	return dir;
 }
 
-/* Steps (1)-(5) of the essay for b->e as it is now (lock held). */
+/* Steps (1)-(3) of the essay for b->e as it is now (lock held). */
 static int sync_dir(struct q2_bitmaps *b)
 {
 	struct q2_state *q = b->q;
@@ -404,9 +409,11 @@ static int sync_dir(struct q2_bitmaps *b)
 		return ret;
 	b->dir_off = off;
 	b->dir_size = len;
+	/* Failed: the header names the old directory or this one; the next
+	 * commit frees this one (the old may leak), never one in use. */
 	ret = write_ext(b, b->n > 0);
 	if (ret < 0)
-		return ret;       /* the new clusters leak */
+		return ret;
 	if (old_size)
 		(void)ioc__qcow2_defer_free(q, old_off, old_size);
 	return 0;
@@ -465,8 +472,9 @@ static void ioc_coroutine_fn add_co(void *opaque)
 		b->e[b->n++] = m;
 		ret = sync_dir(b);
 		if (ret < 0) {
+			/* The header may name it already: its table leaks
+			 * rather than be freed under it. */
 			b->n--;
-			free_table(q, off, (uint32_t)ts, NULL);
 		} else {
 			(void)ioc__qcow2_writeback(q, true);   /* the old directory's frees */
 		}
