@@ -705,6 +705,10 @@ static int load(struct q2_bitmaps *b, char *err, size_t errlen)
 		/* A new directory with the flags set, committed like any
 		 * other (not in place: a crash keeps the old one whole). */
 		ret = sync_dir(b);
+		/* No request runs yet: the old directory goes now, not leaked
+		 * by a crash before the first flush. */
+		if (ret == 0)
+			ret = ioc__qcow2_writeback(q, true);
 		if (ret < 0)
 			ERR("Can't update bitmap directory: %s", ioc_strerror(ret));
 	}
