@@ -1,44 +1,38 @@
 /*
  * qcow2's persistent dirty bitmaps (docs/interop/qcow2.txt, "Bitmaps
- * extension"): the node's bitmaps, kept in the image as QEMU keeps them.
+ * extension"), kept in the image as QEMU keeps them.
  *
- * Problem: a bitmap made by `qemu-img bitmap --add` must be served and kept
- * up to date while iocore has the image open, one made over QMP with
- * persistent: true must be in the image after a clean stop, and an image
- * that was not closed cleanly must say its bitmaps are stale.  The
- * directory, the tables and their entries come from whoever made the file.
+ * Problem: a bitmap of `qemu-img bitmap --add` must be served and kept up
+ * to date while the node is open, one added over QMP with persistent: true
+ * must be in the image after a clean stop, and an image not closed cleanly
+ * must say its bitmaps are stale.  Directory, tables and entries are input.
  *
- * Design.  The bits live where every other bitmap lives, in the block
- * layer's bitmap code: the node owns an image of the null driver sized
- * like the guest view (n->dirty_set), the node's write notifier marks it
- * in guest offsets after each write, write-zeroes and discard, and the QMP
- * commands, the NBD meta context and the queries find it through
- * ioc_node_dirty_blk() unchanged.  Persistence is this file, behind the
- * block layer's store interface (add, remove).  The directory in memory
- * (b->e) is what this node writes; the bits are written only at a clean
- * close, as QEMU does, and while the image is open every bitmap on disk is
- * flagged in_use, so a crash leaves them inconsistent, never wrong.
+ * Design.  The bits live where every bitmap lives, in the block layer: the
+ * node owns an image of the null driver sized like the guest view
+ * (n->dirty_set), its write notifier marks it in guest offsets, and the
+ * QMP commands, NBD's meta context and the queries reach it through
+ * ioc_node_dirty_blk() unchanged.  This file is the block layer's store
+ * (add, remove) plus open and close.  b->e is the directory this node
+ * writes; the bits are written only at a clean close, as QEMU does, and
+ * while open every bitmap on disk is flagged in_use: a crash leaves them
+ * inconsistent, never wrong.
  *
  * Crash order, for every change of the directory (in_use set at a
- * read-write open, before the first guest write; add and remove over QMP;
- * the clean close that writes the bits): (1) the new data clusters and
- * tables, then a new directory, in clusters from the refcount allocator,
- * written and flushed with their refcounts: nothing points at them yet, a
- * crash leaks them; (2) the commit: the header extension (count, size,
- * offset) rewritten in one write inside one 512-byte sector, flushed; (3)
- * only then the old directory, tables and data go to the deferred frees,
- * so nothing on disk points at a freed cluster.  Where (2) cannot be one
- * sector write (the extension is new, goes, or straddles a sector), the
- * autoclear bit 0 is cleared and flushed before and set and flushed after:
- * while it is clear every reader ignores the extension, so a crash then
- * loses the bitmaps (as QEMU would report them), never makes them lie.
- * tests/qcow2/test-qcow2-crash.c crashes at every write of the close.
- * Rejected: a second bitmap implementation over qcow2 (the marking, the
- * NBD and QMP paths exist once), and writing the bits as they change
- * (QEMU does not either: in_use is the contract).  Limits: 16 bitmaps per
- * node, names below 128 bytes, granularities 4 KiB to 64 MiB (the block
- * layer's); an image outside them is refused at open with the reason.
- * A resize with bitmaps is refused.
+ * read-write open before the first guest write, add and remove, the
+ * close): (1) new data clusters, tables, then a new directory, from the
+ * refcount allocator, written and flushed with their refcounts (a crash
+ * leaks them); (2) the commit: the header extension (count, size, offset)
+ * rewritten in one write inside one 512-byte sector, flushed; (3) then the
+ * old directory, tables and data go to the deferred frees.  Where (2) is
+ * not one sector write (the extension is new, goes, or straddles a
+ * sector), autoclear bit 0 is cleared before and set after, each flushed:
+ * while it is clear readers ignore the extension, so a crash loses the
+ * bitmaps, never makes them lie.  test-qcow2-crash.c crashes at each write.
+ *
+ * Rejected: a second bitmap implementation for qcow2 (marking, NBD and QMP
+ * exist once), and writing bits as they change (in_use is the contract).
+ * Limits: 16 bitmaps a node, names below 128 bytes, granularity 4 KiB to
+ * 64 MiB (the block layer's), refused at open with the reason; no resize.
  */
 #include <endian.h>
 #include <errno.h>
