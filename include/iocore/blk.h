@@ -245,8 +245,10 @@ struct ioc_blk_dirty;
 struct ioc_blk_dirty_opts {
 	const char *name;        /* 1..127 bytes; persistent: [A-Za-z0-9_.-] */
 	uint64_t granularity;    /* 0 = 64 KiB */
-	bool persistent;         /* kept in IMAGE.NAME.iocbm */
+	bool persistent;         /* kept in IMAGE.NAME.iocbm, or by the store */
 	bool disabled;           /* created not recording */
+	bool inconsistent;       /* created inconsistent (a store's bitmap that
+				  * was not written back cleanly) */
 };
 
 struct ioc_blk_dirty_info {
@@ -285,6 +287,34 @@ int ioc_blk_dirty_reset(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len)
 /* Load every persistent bitmap found beside the image (at start-up).
  * Returns how many were loaded (inconsistent ones included) or -errno. */
 int ioc_blk_dirty_load(struct ioc_blk *blk);
+
+/*
+ * A bitmap set fed from outside: an image of the null driver sized like a
+ * block node's guest view holds the node's bitmaps (a qcow2 node's), the
+ * node's write path marks them with ioc_blk_dirty_mark() (any thread,
+ * after the write ran and before it completes, as the block layer marks
+ * its own).  Persistent bitmaps of such a set live in a store (a qcow2
+ * image's bitmaps extension) instead of sidecars: add calls st->add before
+ * the bitmap is published (an error refuses the add), remove calls
+ * st->remove first (an error keeps the bitmap); the store reads and
+ * writes the bits itself with ioc_blk_dirty_export()/_import().  Set once,
+ * before any bitmap is added.  Control thread.
+ */
+struct ioc_blk_dirty_store {
+	int (*add)(void *opaque, const struct ioc_blk_dirty_info *info);
+	int (*remove)(void *opaque, const char *name);
+};
+void ioc_blk_dirty_set_store(struct ioc_blk *blk, const struct ioc_blk_dirty_store *st,
+			     void *opaque);
+int ioc_blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len);
+/* Granule bits [first_bit, first_bit + nbytes * 8) as a little-endian bit
+ * array (bit i of byte j is granule first_bit + 8j + i, qcow2's order);
+ * first_bit a multiple of 64.  Bits past the end read as 0 and are
+ * ignored on import.  Import ORs them in.  0, or -EINVAL. */
+int ioc_blk_dirty_export(struct ioc_blk_dirty *bm, uint64_t first_bit, void *buf,
+			 size_t nbytes);
+int ioc_blk_dirty_import(struct ioc_blk_dirty *bm, uint64_t first_bit, const void *buf,
+			 size_t nbytes);
 
 #ifdef __cplusplus
 }

@@ -141,6 +141,8 @@ struct ioc_blk {
 	_Atomic unsigned dirty_n;
 	struct ioc_blk_dirty *dirty_retired;
 	uint64_t dirty_seq;
+	const struct ioc_blk_dirty_store *dirty_store; /* persistent bitmaps' */
+	void *dirty_store_opaque;
 
 	/* Large inline writes (tmpfs without swap) run on this one-thread
 	 * pool, so the calling loop goes on receiving (see "Large writes"

@@ -51,6 +51,12 @@
  * Cost: the first write to each 64 KiB granule waits for one fdatasync of
  * the sidecar on the submitting thread; later writes to it cost nothing.
  *
+ * A store.  An image of the null driver can hold the bitmaps of
+ * something else (a qcow2 node's, marked by its write path through
+ * ioc_blk_dirty_mark()): its persistent bitmaps have no sidecar and no
+ * write-ahead (ondisk[] stays NULL); the store is told of adds and
+ * removes and reads the bits out at its own clean close.
+ *
  * Removal.  Markers read bitmap pointers without a lock, so nothing tells
  * when the last one has left a removed bitmap: it waits on a retired list
  * until the image closes (2 MiB per TiB at 64 KiB).  Rejected: a reader
@@ -87,7 +93,7 @@ struct ioc_blk_dirty {
 	uint64_t size;             /* image size it was made for */
 	uint64_t nbits, nwords;
 	_Atomic uint64_t *words;
-	_Atomic uint64_t *ondisk;  /* persistent: bits known durable */
+	_Atomic uint64_t *ondisk;  /* sidecar: bits known durable (NULL: none) */
 	_Atomic bool recording;
 	bool persistent, inconsistent;
 	uint64_t seq;              /* creation order, for listing */
@@ -376,7 +382,7 @@ static int mark_one(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len)
 		 * pairs with clear_words()' release, so the ondisk[] load
 		 * below sees clear's reset. */
 		atomic_fetch_or_explicit(&bm->words[w], mask, memory_order_acq_rel);
-		if (bm->persistent &&
+		if (bm->ondisk &&
 		    (atomic_load_explicit(&bm->ondisk[w], memory_order_acquire) & mask) != mask)
 			need = true;
 	}
@@ -416,7 +422,7 @@ int ioc__blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 		bool need = false;
 		int r;
 
-		if (!bm || !bm->persistent ||
+		if (!bm || !bm->ondisk ||
 		    !atomic_load_explicit(&bm->recording, memory_order_relaxed))
 			continue;
 		first = offset >> bm->shift;
@@ -465,8 +471,9 @@ static void bm_free(struct ioc_blk_dirty *bm)
 	free(bm);
 }
 
+/* sidecar: persistent in a sidecar file, with write-ahead (ondisk[]). */
 static struct ioc_blk_dirty *bm_alloc(struct ioc_blk *blk, const char *name,
-				      unsigned shift, bool persistent)
+				      unsigned shift, bool persistent, bool sidecar)
 {
 	struct ioc_blk_dirty *bm = calloc(1, sizeof(*bm));
 
@@ -482,9 +489,9 @@ static struct ioc_blk_dirty *bm_alloc(struct ioc_blk *blk, const char *name,
 	bm->persistent = persistent;
 	pthread_mutex_init(&bm->lock, NULL);
 	bm->words = calloc(bm->nwords ? bm->nwords : 1, 8);
-	if (persistent)
+	if (sidecar)
 		bm->ondisk = calloc(bm->nwords ? bm->nwords : 1, 8);
-	if (!bm->words || (persistent && !bm->ondisk)) {
+	if (!bm->words || (sidecar && !bm->ondisk)) {
 		bm_free(bm);
 		return NULL;
 	}
@@ -536,20 +543,32 @@ int ioc_blk_dirty_add(struct ioc_blk *blk, const struct ioc_blk_dirty_opts *o,
 
 	if (out)
 		*out = NULL;
-	if (shift < 0 || !name_ok(o->name, o->persistent))
+	/* A store takes any name; a sidecar's name is part of a file name. */
+	if (shift < 0 || !name_ok(o->name, o->persistent && !blk->dirty_store))
 		return -EINVAL;
 	if (ioc_blk_dirty_find(blk, o->name))
 		return -EEXIST;
-	if (o->persistent && !blk->path)
+	if (o->persistent && !blk->path && !blk->dirty_store)
 		return -ENOTSUP;
 	slot = free_slot(blk);
 	if (slot < 0)
 		return slot;
-	bm = bm_alloc(blk, o->name, (unsigned)shift, o->persistent);
+	bm = bm_alloc(blk, o->name, (unsigned)shift, o->persistent,
+		      o->persistent && !blk->dirty_store);
 	if (!bm)
 		return -ENOMEM;
-	atomic_init(&bm->recording, !o->disabled);
-	if (o->persistent) {
+	atomic_init(&bm->recording, !o->disabled && !o->inconsistent);
+	bm->inconsistent = o->inconsistent;
+	if (o->persistent && blk->dirty_store) {
+		struct ioc_blk_dirty_info info;
+
+		ioc_blk_dirty_get_info(bm, &info);
+		ret = blk->dirty_store->add(blk->dirty_store_opaque, &info);
+		if (ret < 0) {
+			bm_free(bm);
+			return ret;
+		}
+	} else if (o->persistent) {
 		bm->sidecar = sidecar_path(blk->path, o->name);
 		if (!bm->sidecar) {
 			ret = -ENOMEM;
@@ -603,6 +622,12 @@ int ioc_blk_dirty_remove(struct ioc_blk *blk, const char *name)
 
 		if (!bm || strcmp(bm->name, name) != 0)
 			continue;
+		if (bm->persistent && blk->dirty_store) {
+			int ret = blk->dirty_store->remove(blk->dirty_store_opaque, name);
+
+			if (ret < 0)
+				return ret;
+		}
 		/* Stop recording first: a marker still holding the pointer
 		 * then marks nothing, and never waits on the sidecar. */
 		atomic_store_explicit(&bm->recording, false, memory_order_relaxed);
@@ -632,7 +657,7 @@ int ioc_blk_dirty_clear(struct ioc_blk_dirty *bm)
 		return -EUCLEAN;
 	pthread_mutex_lock(&bm->lock);
 	for (uint64_t w = 0; w < bm->nwords; w++) {
-		if (bm->persistent)
+		if (bm->ondisk)
 			atomic_store_explicit(&bm->ondisk[w], 0, memory_order_relaxed);
 		/* Release: orders the ondisk[] reset before the cleared
 		 * word; pairs with mark_one()'s acq_rel fetch_or. */
@@ -864,7 +889,7 @@ static int load_one(struct ioc_blk *blk, const char *dir, const char *fname,
 	if (ret < 0 && ret != -EUCLEAN)
 		goto out;
 	shift = gran_shift(gran ? gran : IOC_BLK_DIRTY_GRAN_DEFAULT);
-	bm = bm_alloc(blk, name, (unsigned)shift, true);
+	bm = bm_alloc(blk, name, (unsigned)shift, true, true);
 	if (!bm) {
 		ret = -ENOMEM;
 		goto out;
@@ -989,4 +1014,77 @@ void ioc__blk_dirty_close(struct ioc_blk *blk)
 		bm_free(bm);
 	}
 	atomic_store_explicit(&blk->dirty_n, 0, memory_order_relaxed);
+}
+
+/* ---- a set fed from outside, with a store ------------------------------- */
+
+void ioc_blk_dirty_set_store(struct ioc_blk *blk, const struct ioc_blk_dirty_store *st,
+			     void *opaque)
+{
+	blk->dirty_store = st;
+	blk->dirty_store_opaque = opaque;
+}
+
+int ioc_blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)
+{
+	return blk_dirty_mark(blk, offset, len);
+}
+
+/* The 64-bit words [first_bit / 64, +nbytes / 8) of bm that exist, and
+ * where the array's bytes go: -EINVAL for a misaligned start. */
+static int bits_range(const struct ioc_blk_dirty *bm, uint64_t first_bit, size_t nbytes,
+		      uint64_t *w0, uint64_t *nw)
+{
+	uint64_t want = (nbytes + 7) / 8;
+
+	if (first_bit % 64)
+		return -EINVAL;
+	*w0 = first_bit / 64;
+	*nw = *w0 >= bm->nwords ? 0 : bm->nwords - *w0 < want ? bm->nwords - *w0 : want;
+	return 0;
+}
+
+int ioc_blk_dirty_export(struct ioc_blk_dirty *bm, uint64_t first_bit, void *buf,
+			 size_t nbytes)
+{
+	uint64_t w0, nw;
+	uint8_t *p = buf;
+	int ret = bits_range(bm, first_bit, nbytes, &w0, &nw);
+
+	if (ret < 0)
+		return ret;
+	memset(buf, 0, nbytes);
+	for (uint64_t i = 0; i < nw; i++) {
+		uint64_t v = htole64(atomic_load_explicit(&bm->words[w0 + i],
+							  memory_order_relaxed));
+		size_t n = nbytes - i * 8 < 8 ? nbytes - i * 8 : 8;
+
+		memcpy(p + i * 8, &v, n);
+	}
+	return 0;
+}
+
+int ioc_blk_dirty_import(struct ioc_blk_dirty *bm, uint64_t first_bit, const void *buf,
+			 size_t nbytes)
+{
+	uint64_t w0, nw;
+	const uint8_t *p = buf;
+	int ret = bits_range(bm, first_bit, nbytes, &w0, &nw);
+
+	if (ret < 0)
+		return ret;
+	for (uint64_t i = 0; i < nw; i++) {
+		uint64_t v = 0;
+		size_t n = nbytes - i * 8 < 8 ? nbytes - i * 8 : 8;
+
+		memcpy(&v, p + i * 8, n);
+		v = le64toh(v);
+		/* Bits past the last granule mark nothing. */
+		if (w0 + i == bm->nwords - 1 && bm->nbits % 64)
+			v &= (UINT64_C(1) << (bm->nbits % 64)) - 1;
+		/* Release: pairs with the acquire loads of ioc_blk_dirty_extent(),
+		 * as a mark's would. */
+		atomic_fetch_or_explicit(&bm->words[w0 + i], v, memory_order_release);
+	}
+	return 0;
 }

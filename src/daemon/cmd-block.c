@@ -69,7 +69,7 @@ struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qm
 		ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
 		return NULL;
 	}
-	blk = ioc_node_blk(n);
+	blk = ioc_node_dirty_blk(n);
 	if (!blk)
 		ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
 				 node, n->drv->name);

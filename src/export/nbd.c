@@ -203,7 +203,7 @@ static int nbd_create(struct ioc_export *ex, json_t *opts, char *err, size_t err
 	const char *name = json_string_value(json_object_get(opts, "name"));
 	json_t *bms = json_object_get(opts, "bitmaps"), *b;
 	const char *bitmaps[IOC_BLK_DIRTY_MAX + 1] = { NULL };
-	struct ioc_blk *blk = ioc_node_blk(ex->node);
+	struct ioc_blk *blk = ioc_node_dirty_blk(ex->node);
 	struct nbd_export *ne;
 	size_t i;
 	int r;

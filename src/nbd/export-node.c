@@ -10,9 +10,9 @@
  * changes nothing: a node that passes requests to a file unchanged, no
  * detect-zeroes, and for writes no write notifier at the time of the
  * request; what they serve is counted in the node's statistics all the
- * same (ioc_node_account()).  Dirty bitmaps are those of the file under the node
- * (ioc_node_blk()), offered when the node passes requests to a file
- * unchanged, and only those the export names (QEMU's "bitmaps");
+ * same (ioc_node_account()).  Dirty bitmaps are the node's (ioc_node_dirty_blk():
+ * a qcow2 node's own, or those of the file under a node that passes
+ * requests to it unchanged), and only those the export names (QEMU's "bitmaps");
  * qemu:allocation-depth only when asked for.  CAN_MULTI_CONN follows the
  * node's multi_conn.
  */
@@ -97,7 +97,7 @@ static int ioc_coroutine_fn nd_depth_status(void *be, uint64_t off, uint64_t len
 static int nd_dirty_names(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max)
 {
 	struct nd *d = be;
-	struct ioc_blk *blk = ioc_node_blk(d->n);
+	struct ioc_blk *blk = ioc_node_dirty_blk(d->n);
 	int k = 0;
 
 	if (d->all_bitmaps && blk) {
@@ -132,7 +132,7 @@ static int nd_dirty_names(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int 
 static int nd_dirty_status(void *be, const char *name, uint64_t off, uint64_t len,
 			   uint64_t *pnum, uint32_t flags)
 {
-	struct ioc_blk *blk = ioc_node_blk(N(be));
+	struct ioc_blk *blk = ioc_node_dirty_blk(N(be));
 	struct ioc_blk_dirty *bm = blk ? ioc_blk_dirty_find(blk, name) : NULL;
 
 	if (!bm)

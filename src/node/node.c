@@ -452,6 +452,11 @@ struct ioc_blk *ioc_node_blk(struct ioc_node *n)
 	return n->drv->blk ? n->drv->blk(n) : NULL;
 }
 
+struct ioc_blk *ioc_node_dirty_blk(struct ioc_node *n)
+{
+	return n->dirty_set ? n->dirty_set : ioc_node_blk(n);
+}
+
 /* ---- notifiers -------------------------------------------------------- */
 
 void ioc_node_add_notifier(struct ioc_node *n, struct ioc_node_notifier *nt)

@@ -177,6 +177,9 @@ struct ioc_node {
 	char user_desc[64];             /* what uses it, for the error message */
 
 	_Atomic(struct ioc_node_notifier *) notifiers;
+	/* The node's dirty bitmaps when its driver keeps them itself (a
+	 * qcow2 node's, in guest offsets: ioc_node_dirty_blk()); set at open. */
+	struct ioc_blk *dirty_set;
 
 	_Atomic int gate;               /* IOC_NODE_GATE_* */
 	pthread_mutex_t gate_lock;      /* gate_pending, with gate_cond */
@@ -308,5 +311,8 @@ json_t *ioc_node_blockstats_json(struct ioc_node *n);
 /* The block-layer image under a file node (or the file child of a
  * format node that passes requests through unchanged); NULL otherwise. */
 struct ioc_blk *ioc_node_blk(struct ioc_node *n);
+/* Where n's dirty bitmaps live: its driver's set (n->dirty_set), else the
+ * image under it (ioc_node_blk()); NULL when it has none. */
+struct ioc_blk *ioc_node_dirty_blk(struct ioc_node *n);
 
 #endif /* IOC_NODE_H */

@@ -668,5 +668,134 @@ int ioc__qcow2_parse_bitmap_entry(const uint8_t *dir, uint64_t len, uint64_t *po
 		return -EIO;
 	}
 	*pos = p + ((elen + 7) & ~7ull);
+
+/* ---- the bitmaps extension's directory -------------------------------- */
+
+uint64_t ioc__qcow2_bitmap_table_size(uint64_t size, unsigned gran_bits,
+				      unsigned cluster_bits)
+{
+	uint64_t bits = (size >> gran_bits) + ((size & ((1ull << gran_bits) - 1)) != 0);
+	uint64_t bytes = (bits + 7) / 8;
+
+	return (bytes + (1ull << cluster_bits) - 1) >> cluster_bits;
+}
+
+int ioc__qcow2_check_bitmap_te(uint64_t e, unsigned cluster_bits, uint64_t file_size,
+			       char *err, size_t errlen)
+{
+	uint64_t off = e & Q2_BTE_OFFSET_MASK;
+
+	if (e & Q2_BTE_RESERVED) {
+		ERR("bitmap table entry %#" PRIx64 " has reserved bits set", e);
+		return -EINVAL;
+	}
+	if (!off)
+		return 0;
+	if (e & Q2_BTE_ALL_ONES) {
+		ERR("bitmap table entry %#" PRIx64 " has an offset and the all-ones bit", e);
+		return -EINVAL;
+	}
+	if (off & ((1ull << cluster_bits) - 1)) {
+		ERR("bitmap table entry %#" PRIx64 " is not cluster aligned", e);
+		return -EINVAL;
+	}
+	if (off < (1ull << cluster_bits) || off > file_size ||
+	    file_size - off < (1ull << cluster_bits)) {
+		ERR("bitmap table entry %#" PRIx64 " points %s", e,
+		    off < (1ull << cluster_bits) ? "into the image header" :
+		    "past the end of the file");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int ioc__qcow2_parse_bitmap_dir(const uint8_t *dir, size_t len, uint32_t nb,
+				uint64_t image_size, unsigned cluster_bits, uint64_t file_size,
+				struct q2_bitmap_entry *out, char *err, size_t errlen)
+{
+	uint64_t cs = 1ull << cluster_bits;
+	size_t off = 0;
+	uint32_t i = 0;
+
+	while (off < len) {
+		struct q2_bitmap_entry *e = &out[i];
+		uint32_t extra;
+		size_t elen;
+
+		if (len - off < Q2_BME_HDR_LEN) {
+			ERR("Broken bitmap directory");
+			return -EINVAL;
+		}
+		if (i == nb) {
+			ERR("More bitmaps found than specified in header extension");
+			return -EINVAL;
+		}
+		e->table_off = be64(dir + off);
+		e->table_size = be32(dir + off + 8);
+		e->flags = be32(dir + off + 12);
+		e->gran_bits = dir[off + 17];
+		e->name_len = (uint16_t)(dir[off + 18] << 8 | dir[off + 19]);
+		extra = be32(dir + off + 20);
+		elen = (size_t)(((uint64_t)Q2_BME_HDR_LEN + e->name_len + extra + 7) & ~7ull);
+		if ((uint64_t)Q2_BME_HDR_LEN + e->name_len + extra > len - off ||
+		    elen > len - off) {
+			ERR("Broken bitmap directory");
+			return -EINVAL;
+		}
+		e->name = (const char *)dir + off + Q2_BME_HDR_LEN + extra;
+		if (extra) {
+			ERR("Bitmap extra data is not supported");
+			return -EINVAL;
+		}
+#define BAD(...) do {                                                              \
+		char why_[160];                                                    \
+		snprintf(why_, sizeof(why_), __VA_ARGS__);                         \
+		ERR("Bitmap '%.*s' doesn't satisfy the constraints: %s",           \
+		    (int)(e->name_len > 200 ? 200 : e->name_len), e->name, why_);  \
+		return -EINVAL;                                                    \
+	} while (0)
+		if (e->table_size == 0)
+			BAD("bitmap_table_size is 0");
+		if (e->table_off == 0 || (e->table_off & (cs - 1)))
+			BAD("bitmap_table_offset %#" PRIx64 " is not a cluster offset",
+			    e->table_off);
+		if (e->table_size > Q2_BME_MAX_TABLE)
+			BAD("bitmap_table_size %" PRIu32 " exceeds %u", e->table_size,
+			    Q2_BME_MAX_TABLE);
+		if (e->gran_bits < Q2_BME_MIN_GRAN_BITS || e->gran_bits > Q2_BME_MAX_GRAN_BITS)
+			BAD("granularity_bits %u is not in %u..%u", e->gran_bits,
+			    Q2_BME_MIN_GRAN_BITS, Q2_BME_MAX_GRAN_BITS);
+		if (e->flags & ~Q2_BME_KNOWN_FLAGS)
+			BAD("flags %#" PRIx32 " has reserved bits", e->flags);
+		if (e->name_len == 0 || e->name_len > Q2_BME_MAX_NAME)
+			BAD("name_size %u is not in 1..%u", e->name_len, Q2_BME_MAX_NAME);
+		if (dir[off + 16] != Q2_BME_TYPE_DIRTY)
+			BAD("type %u is not a dirty tracking bitmap (1)", dir[off + 16]);
+		if ((uint64_t)e->table_size * cs > Q2_BME_MAX_PHYS)
+			BAD("bitmap_table_size %" PRIu32 " clusters exceed %u bytes",
+			    e->table_size, Q2_BME_MAX_PHYS);
+		if (!(e->flags & Q2_BME_IN_USE) &&
+		    image_size > (((uint64_t)e->table_size * cs * 8) << e->gran_bits))
+			BAD("bitmap_table_size %" PRIu32 " is too small for the image",
+			    e->table_size);
+		if (e->table_off < cs || e->table_off > file_size ||
+		    file_size - e->table_off < (uint64_t)e->table_size * 8)
+			BAD("bitmap_table_offset %#" PRIx64 " %s", e->table_off,
+			    e->table_off < cs ? "overlaps the image header" :
+			    "ends past the end of the file");
+		if (memchr(e->name, 0, e->name_len))
+			BAD("the name contains a NUL byte");
+		for (uint32_t j = 0; j < i; j++)
+			if (out[j].name_len == e->name_len &&
+			    memcmp(out[j].name, e->name, e->name_len) == 0)
+				BAD("the name is used twice");
+#undef BAD
+		off += elen;
+		i++;
+	}
+	if (i != nb) {
+		ERR("Less bitmaps found than specified in header extension");
+		return -EINVAL;
+	}
 	return 0;
 }

@@ -1058,6 +1058,9 @@ static int ioc_coroutine_fn q2_truncate(struct ioc_node *n, uint64_t size)
 		return -ENOTSUP;        /* the L1 table would have to grow */
 	if (size == n->size)
 		return 0;
+	ret = ioc__qcow2_bitmaps_resize(q, size);
+	if (ret < 0)
+		return ret;
 	ioc_co_mutex_lock(&q->lock);
 	be = htobe64(size);
 	ret = ioc__qcow2_pwrite(q, 24, &be, 8);
@@ -1121,6 +1124,11 @@ static int run_sync(struct ioc_node *n, void (*fn)(void *), void *arg)
 		ioc_loop_free(loop);
 	}
 	return 0;
+}
+
+int ioc__qcow2_run_sync(struct ioc_node *n, void (*fn)(void *), void *arg)
+{
+	return run_sync(n, fn, arg);
 }
 
 struct open_args {
@@ -1373,12 +1381,16 @@ static void ioc_coroutine_fn open_co(void *opaque)
 	if (ret < 0)
 		goto out;
 	n->backing = q->backing;
+	ret = ioc__qcow2_bitmaps_open(q, err, errlen);
+	if (ret < 0)
+		goto out;
 
 	if (q->rw) {
-		/* Bitmaps we do not keep up to date: their autoclear bit goes,
-		 * as the format asks of a writer that does not know them. */
-		if (q->h.autoclear) {
-			uint64_t be = 0;
+		/* Features we do not keep up to date: their autoclear bits go,
+		 * as the format asks of a writer that does not know them (the
+		 * bitmaps' is qcow2-bitmap.c's). */
+		if (q->h.autoclear & ~Q2_AUTOCLEAR_BITMAPS) {
+			uint64_t be = htobe64(q->h.autoclear & Q2_AUTOCLEAR_BITMAPS);
 
 			ret = ioc__qcow2_pwrite(q, Q2_OFF_AUTOCLEAR, &be, 8);
 			if (ret == 0)
@@ -1388,7 +1400,7 @@ static void ioc_coroutine_fn open_co(void *opaque)
 					 ioc_strerror(ret));
 				goto out;
 			}
-			q->h.autoclear = 0;
+			q->h.autoclear &= Q2_AUTOCLEAR_BITMAPS;
 		}
 		if (q->lazy) {
 			ret = set_incompat(q, q->h.incompat | Q2_INCOMPAT_DIRTY);
@@ -1453,6 +1465,7 @@ uint64_t ioc__qcow2_clean_passes(struct ioc_node *n)
 
 static void q2_free(struct q2_state *q)
 {
+	ioc__qcow2_bitmaps_free(q);
 	ioc__qcow2_cache_destroy(&q->cache);
 	ioc__qcow2_refcount_free(q);
 	free(q->l1);
@@ -1518,6 +1531,9 @@ static void ioc_coroutine_fn close_co(void *opaque)
 
 	if (!q->rw)
 		return;
+	/* Persistent bitmaps first: the clusters they drop are freed by
+	 * the writeback passes below. */
+	(void)ioc__qcow2_bitmaps_close(q);
 	ret = ioc__qcow2_writeback(q, true);
 	/* No request is in flight: the frees waiting for one go now (the
 	 * first pass may have started their wait). */
@@ -1556,6 +1572,8 @@ static void q2_info(struct ioc_node *n, json_t *image)
 				 "extended-l2", q->words == 2,
 				 "compression-type", q->h.compression == Q2_COMP_ZSTD ? "zstd" : "zlib");
 
+	if (data)
+		ioc__qcow2_bitmaps_info(q, data);
 	json_object_set_new(image, "cluster-size", json_integer((json_int_t)q->cs));
 	json_object_set_new(image, "dirty-flag",
 			    json_boolean((q->h.incompat & Q2_INCOMPAT_DIRTY) != 0));

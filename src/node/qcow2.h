@@ -113,6 +113,46 @@ int64_t ioc__qcow2_parse_snapshot(const uint8_t *p, const struct q2_header *h,
 				  uint64_t file_size, unsigned index, char *err,
 				  size_t errlen);
 
+/* The bitmaps extension (docs/interop/qcow2.txt, "Bitmaps extension"):
+ * a directory of entries, each a bitmap table of cluster offsets. */
+#define Q2_BME_IN_USE         (1u << 0)
+#define Q2_BME_AUTO           (1u << 1)
+#define Q2_BME_KNOWN_FLAGS    0x3u      /* QEMU's: the rest are refused */
+#define Q2_BME_TYPE_DIRTY     1u
+#define Q2_BME_HDR_LEN        24u
+#define Q2_BME_MIN_GRAN_BITS  9u
+#define Q2_BME_MAX_GRAN_BITS  31u
+#define Q2_BME_MAX_NAME       1023u
+#define Q2_BME_MAX_TABLE      0x8000000u   /* entries */
+#define Q2_BME_MAX_PHYS       0x20000000u  /* bytes of bitmap data */
+#define Q2_BTE_OFFSET_MASK    0x00fffffffffffe00ull
+#define Q2_BTE_RESERVED       0xff000000000001feull
+#define Q2_BTE_ALL_ONES       (1ull << 0)
+
+struct q2_bitmap_entry {
+	uint64_t table_off;
+	uint32_t table_size;           /* entries */
+	uint32_t flags;                /* Q2_BME_* */
+	unsigned gran_bits;
+	uint16_t name_len;
+	const char *name;              /* into the directory, not terminated */
+};
+
+/* The bitmap table entries a bitmap of 2^gran_bits granules needs over
+ * size bytes with clusters of 2^cluster_bits. */
+uint64_t ioc__qcow2_bitmap_table_size(uint64_t size, unsigned gran_bits,
+				      unsigned cluster_bits);
+/* Parse and check a bitmap directory (dir[0..len), nb entries by the
+ * header) as QEMU checks it, with offsets also checked against the file
+ * and the header cluster: out[0..nb) filled.  0, or -EINVAL with err
+ * naming the bitmap and the field. */
+int ioc__qcow2_parse_bitmap_dir(const uint8_t *dir, size_t len, uint32_t nb,
+				uint64_t image_size, unsigned cluster_bits, uint64_t file_size,
+				struct q2_bitmap_entry *out, char *err, size_t errlen);
+/* Check a bitmap table entry: 0, or -EINVAL with err set. */
+int ioc__qcow2_check_bitmap_te(uint64_t e, unsigned cluster_bits, uint64_t file_size,
+			       char *err, size_t errlen);
+
 /* Guest cluster kinds of an L2 entry. */
 enum q2_kind {
 	Q2_UNALLOC,        /* backing file, or zeroes */
@@ -273,6 +313,7 @@ struct q2_state {
 	struct ioc_loop *clean_loop;   /* NULL: no timer */
 	bool cleaning;                 /* a clean coroutine runs (that loop only) */
 	uint64_t cleaned;              /* passes that ran (tests) */
+	struct q2_bitmaps *bitmaps;    /* qcow2-bitmap.c */
 };
 
 /* The L2 cache's slices now in memory (tests and statistics). */
@@ -308,5 +349,24 @@ int ioc__qcow2_refcount_init(struct q2_state *q, char *err, size_t errlen);
  * count the refcounts of a dirty image again from its metadata, write
  * them, clear the dirty bit.  0, or -errno with err naming the fault. */
 int ioc__qcow2_repair(struct q2_state *q, char *err, size_t errlen);
+
+/* qcow2.c: run fn(arg) in a coroutine to its end, from the main thread. */
+int ioc__qcow2_run_sync(struct ioc_node *n, void (*fn)(void *), void *arg);
+
+/* qcow2-bitmap.c: the node's dirty bitmaps and the bitmaps extension.
+ * open: in open's coroutine, after the refcounts, before any guest write
+ * (loads the directory; read-write: marks the bitmaps in use, durably).
+ * close: in close's coroutine before the last writeback (a clean stop
+ * writes them back).  free: with the driver's state.  resize: the
+ * set follows a resize, refused (-EBUSY) while it has bitmaps. */
+int ioc__qcow2_bitmaps_open(struct q2_state *q, char *err, size_t errlen);
+int ioc__qcow2_bitmaps_close(struct q2_state *q);
+void ioc__qcow2_bitmaps_free(struct q2_state *q);
+int ioc__qcow2_bitmaps_resize(struct q2_state *q, uint64_t size);
+/* The image's directory as query-named-block-nodes' format-specific
+ * "bitmaps" (QEMU's Qcow2BitmapInfo: name, granularity, flags), added to
+ * data when there is one. */
+struct json_t;
+void ioc__qcow2_bitmaps_info(struct q2_state *q, struct json_t *data);
 
 #endif /* IOC_NODE_QCOW2_H */

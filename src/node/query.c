@@ -71,11 +71,11 @@ json_t *ioc_node_info_json(struct ioc_node *n)
 void ioc_node_query_json(json_t *list, struct ioc_node *n, bool children)
 {
 	json_t *j = ioc_node_info_json(n);
-	struct ioc_blk *blk = ioc_node_blk(n);
+	struct ioc_blk *blk = ioc_node_dirty_blk(n);
 
 	/* Bitmaps belong to the node whose image keeps them; QEMU leaves the
 	 * member out when there are none. */
-	if (j && blk && n->drv->blk && n->drv != ioc_node_drv_find("raw")) {
+	if (j && blk && (n->dirty_set || (n->drv->blk && n->drv != ioc_node_drv_find("raw")))) {
 		json_t *bm = ioc_node_dirty_list_json(blk);
 
 		if (json_array_size(bm))

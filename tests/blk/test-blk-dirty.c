@@ -615,6 +615,103 @@ static void test_ordering_model(void)
 	ASSERT_GT(lost_writes(true), 0);
 }
 
+/* A set fed from outside with a store: adds and removes of persistent
+ * bitmaps reach it (a refusal refuses), marks come from
+ * ioc_blk_dirty_mark(), the bits go out and come back as qcow2's
+ * little-endian bit array, and a bitmap created inconsistent refuses all
+ * but removal. */
+static int store_adds, store_removes, store_fail;
+static char store_last[IOC_BLK_DIRTY_NAME_MAX];
+
+static int st_add(void *opaque, const struct ioc_blk_dirty_info *info)
+{
+	(void)opaque;
+	if (store_fail)
+		return store_fail;
+	store_adds++;
+	snprintf(store_last, sizeof(store_last), "%s", info->name);
+	return 0;
+}
+
+static int st_remove(void *opaque, const char *name)
+{
+	(void)opaque;
+	if (store_fail)
+		return store_fail;
+	store_removes++;
+	snprintf(store_last, sizeof(store_last), "%s", name);
+	return 0;
+}
+
+static void test_store(void)
+{
+	static const struct ioc_blk_dirty_store st = { st_add, st_remove };
+	struct ioc_blk_opts o = { .driver = IOC_BLK_DRIVER_NULL, .null_size = SIZE };
+	struct ioc_blk_dirty *bm, *bad, *t;
+	struct ioc_blk_dirty_info info;
+	struct ioc_blk *blk;
+	uint8_t bits[16], back[16];
+	uint64_t len;
+
+	ASSERT_OK(ioc_blk_open(&blk, NULL, &o));
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "p",
+			.persistent = true }, NULL), -ENOTSUP);
+	ioc_blk_dirty_set_store(blk, &st, NULL);
+	/* Any name a store takes (not a file name's characters). */
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "p q/r",
+			.persistent = true }, &bm));
+	ASSERT_EQ(store_adds, 1);
+	ASSERT_STR_EQ(store_last, "p q/r");
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "t" }, &t));
+	ASSERT_EQ(store_adds, 1);       /* not persistent: not the store's */
+	store_fail = -ENOSPC;
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "f",
+			.persistent = true }, NULL), -ENOSPC);
+	ASSERT_NULL(ioc_blk_dirty_find(blk, "f"));
+	store_fail = 0;
+
+	/* Marks from outside, bits out. */
+	ASSERT_OK(ioc_blk_dirty_mark(blk, GRAN + 1, 1));
+	ASSERT_OK(ioc_blk_dirty_mark(blk, 9 * GRAN, 2 * GRAN));
+	ASSERT_OK(ioc_blk_dirty_export(bm, 0, bits, sizeof(bits)));
+	ASSERT_EQ(bits[0], 0x02);
+	ASSERT_EQ(bits[1], 0x06);       /* granules 9 and 10 */
+	for (size_t i = 2; i < sizeof(bits); i++)
+		ASSERT_EQ(bits[i], 0);      /* 65 granules: the rest reads as 0 */
+	ASSERT_EQ(ioc_blk_dirty_export(bm, 3, bits, sizeof(bits)), -EINVAL);
+
+	/* Bits in, past the end ignored. */
+	memset(bits, 0xff, sizeof(bits));
+	ASSERT_OK(ioc_blk_dirty_import(t, 0, bits, sizeof(bits)));
+	ioc_blk_dirty_get_info(t, &info);
+	ASSERT_UEQ(info.count, SIZE);
+	ASSERT_EQ(ioc_blk_dirty_extent(t, 0, UINT64_MAX, &len), 1);
+	ASSERT_UEQ(len, SIZE);
+	ASSERT_OK(ioc_blk_dirty_export(t, 0, back, sizeof(back)));
+	ASSERT_EQ(back[8], 0x01);       /* granule 64, the cut-short one */
+	ASSERT_EQ(back[9], 0);
+
+	/* Inconsistent: listed, refused, removable (the store is told). */
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "bad",
+			.persistent = true, .inconsistent = true }, &bad));
+	ioc_blk_dirty_get_info(bad, &info);
+	ASSERT_TRUE(info.inconsistent);
+	ASSERT_FALSE(info.recording);
+	ASSERT_EQ(ioc_blk_dirty_clear(bad), -EUCLEAN);
+	ASSERT_EQ(ioc_blk_dirty_set_recording(bad, true), -EUCLEAN);
+	ASSERT_EQ(ioc_blk_dirty_extent(bad, 0, 1, &len), -EUCLEAN);
+	store_fail = -EIO;
+	ASSERT_EQ(ioc_blk_dirty_remove(blk, "bad"), -EIO);
+	ASSERT_NOT_NULL(ioc_blk_dirty_find(blk, "bad"));
+	store_fail = 0;
+	ASSERT_OK(ioc_blk_dirty_remove(blk, "bad"));
+	ASSERT_EQ(store_removes, 1);
+	ASSERT_STR_EQ(store_last, "bad");
+	ASSERT_OK(ioc_blk_dirty_remove(blk, "t"));
+	ASSERT_EQ(store_removes, 1);
+	ioc_blk_close(blk);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_marking),
 	IOC_TEST(test_failed_write_marked),
@@ -624,4 +721,5 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_torn),
 	IOC_TEST(test_ordering_model),
 	IOC_TEST(test_ordering_stress),
+	IOC_TEST(test_store),
 )

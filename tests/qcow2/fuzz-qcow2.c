@@ -5,8 +5,10 @@
  * is taken as tables under that header's geometry: every 8-byte word as
  * an L1 entry, every word pair as an L2 entry and bitmap (each subcluster),
  * compressed descriptors followed into the input and decoded, every
- * 40-byte window as a snapshot entry, the bytes after the first cluster
- * as a bitmap directory, refcount blocks of every width.
+ * 40-byte window as a snapshot entry, refcount blocks of every width; the
+ * bitmap directory the header names, the input's end as a directory (by
+ * both directory parsers: the repair's walk and the bitmaps' loader), its
+ * words as bitmap table entries.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 		}
 	}
+	/* The bitmap directory where the header says it is (when it is in
+	 * the input), and the input's last bytes as a directory of 1..3. */
+	if (h.has_bitmaps && h.bitmap_dir_off < size &&
+	    h.bitmap_dir_size <= size - h.bitmap_dir_off) {
+		struct q2_bitmap_entry *ent = calloc(h.nb_bitmaps ? h.nb_bitmaps : 1,
+						     sizeof(*ent));
+
+		if (ent) {
+			(void)ioc__qcow2_parse_bitmap_dir(data + h.bitmap_dir_off,
+							  (size_t)h.bitmap_dir_size, h.nb_bitmaps,
+							  h.size, h.cluster_bits, size, ent, err,
+							  sizeof(err));
+			free(ent);
+		}
+	}
+	for (uint32_t nb = 1; nb <= 3 && size >= 256; nb++) {
+		struct q2_bitmap_entry ent[3];
+
+		(void)ioc__qcow2_parse_bitmap_dir(data + size - 256, 256, nb, h.size,
+						  h.cluster_bits, size, ent, err, sizeof(err));
+	}
+	for (size_t o = 0; o + 8 <= size && o < 8 * 512; o += 8)
+		(void)ioc__qcow2_check_bitmap_te(word(data + o), h.cluster_bits, size, err,
+						 sizeof(err));
+	(void)ioc__qcow2_bitmap_table_size(h.size, 9 + (unsigned)(size % 23), h.cluster_bits);
 	for (size_t o = 0; o + Q2_SNAPSHOT_HDR_LEN <= size && o < 4096; o += 8)
 		(void)ioc__qcow2_parse_snapshot(data + o, &h, size, (unsigned)o, err, sizeof(err));
 	/* The input from its first cluster on as a bitmap directory, entry

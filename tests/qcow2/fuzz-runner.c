@@ -3,7 +3,7 @@
  * exercises it without libFuzzer.  The corpus is made now: small images
  * from qemu-img and qemu-io (each cluster size class, compressed zlib and
  * zstd, extended L2, version 2, refcount widths, a backing file name, a
- * snapshot, a bitmap), each whole, truncated, and with bytes flipped in
+ * snapshot, bitmaps with data), each whole, truncated, and with bytes flipped in
  * the header and anywhere.  With a directory argument, the files in it
  * (a corpus saved by a libFuzzer run) instead.
  */
@@ -79,6 +79,14 @@ static void test_generated_corpus(void)
 	      "-o cluster_size=4k -b $B -F qcow2 $P && " W);
 	image("qemu-img create -q -f qcow2 -o cluster_size=4k $P 1M && " W
 	      " && qemu-img snapshot -c s1 $P && qemu-img bitmap --add $P b0");
+	/* Bitmaps with data clusters (qemu-io's writes are tracked), one
+	 * disabled, 4 KiB and 512-byte granularities, a longer name. */
+	image("qemu-img create -q -f qcow2 -o cluster_size=4k $P 1M && "
+	      "qemu-img bitmap --add $P b0 && qemu-img bitmap --add -g 4096 $P fine && "
+	      "qemu-img bitmap --add -g 512 $P tiny && "
+	      "qemu-img bitmap --add --disable $P a-rather-long-bitmap-name.x && " W);
+	image("qemu-img create -q -f qcow2 -o cluster_size=512 $P 256k && "
+	      "qemu-img bitmap --add -g 512 $P b0 && " W);
 	image("qemu-img create -q -f raw $B 256k && qemu-io -f raw -c 'write -P 0x33 0 64k' "
 	      "$B >/dev/null && qemu-img convert -c -O qcow2 -o cluster_size=4k $B $P");
 	image("qemu-img create -q -f raw $B 256k && qemu-io -f raw -c 'write -P 0x34 0 64k' "

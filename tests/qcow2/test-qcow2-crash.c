@@ -14,6 +14,10 @@
  * the driver's ordering rules (data, refcounts, L2, L1) with nothing
  * but flushes to order them.  With lazy refcounts each such file is
  * dirty, and a writable open must repair it to a clean image first.
+ * With a persistent bitmap in the image, the crash may also hit the
+ * close that writes it back: qemu-img must still read the directory,
+ * and a bitmap it lists as not in use must hold every range the run
+ * changed (a commit that came before its bits would lie).
  */
 #include <limits.h>
 #include <pthread.h>
@@ -33,6 +37,8 @@ struct op {
 #define SUBSETS 3          /* crash images per point: every write, two random halves */
 
 static struct op ops[NOPS];
+static bool with_bitmap;
+static unsigned committed, in_use;
 
 /*
  * The file's writes since its last flush, as the hook saw them: each
@@ -154,6 +160,49 @@ static void write_crash_image(const char *img, int variant, uint64_t x)
 	close(fd);
 	free(out);
 	(void)kept;
+}
+
+/* After a crash: the image's bitmap b0 is in use (stale, as it says), or
+ * it covers every request of the run (all of them marked: failed ones
+ * too, as they may have changed part of their range). */
+static void check_bitmap(const char *img, long limit)
+{
+	char err[512];
+	struct ioc_node *n;
+	struct ioc_blk_dirty *bm;
+	struct ioc_blk_dirty_info info;
+
+	if (q2t_sh("qemu-img info '%s' >/dev/null 2>&1", img) != 0) {
+		q2t_sh("qemu-img info '%s'", img);
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: qemu-img info fails",
+			      limit);
+	}
+	if (q2t_open("v", img, true, "", &n, err, sizeof(err)) < 0)
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: %s", limit, err);
+	bm = ioc_blk_dirty_find(n->dirty_set, "b0");
+	/* Gone would be a bitmap lost: only where the extension's update is
+	 * not one sector write (not so in this image). */
+	if (!bm)
+		ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: b0 is gone", limit);
+	ioc_blk_dirty_get_info(bm, &info);
+	if (info.inconsistent) {
+		in_use++;
+	} else {
+		committed++;
+		for (int i = 0; i < NOPS; i++) {
+			uint64_t off = ops[i].off, end = ops[i].off + ops[i].len, len;
+
+			if (ops[i].kind == 4)
+				continue;
+			for (; off < end; off += len)
+				if (ioc_blk_dirty_extent(bm, off, end - off, &len) != 1)
+					ioc_test_fail(__FILE__, __LINE__, "crash after %ld writes: "
+						      "request %d (%" PRIu64 "+%" PRIu64 ") is not "
+						      "in the committed bitmap at %" PRIu64, limit, i,
+						      ops[i].off, ops[i].len, off);
+		}
+	}
+	q2t_close(n);
 }
 
 struct run_arg {
@@ -298,6 +347,8 @@ static long run_point(const char *good, const char *img, long limit, uint64_t se
 					      "%d): byte %zu is %02x, flushed as %02x", limit, v, i,
 					      got[i], a.flushed[i]);
 		free(got);
+		if (with_bitmap)
+			check_bitmap(img, limit);
 	}
 	pthread_mutex_lock(&jr.lock);
 	close(jr.fd);
@@ -328,6 +379,10 @@ static void crash_run(const char *name, const char *setup, uint64_t x)
 		      SUBSETS);
 	for (long k = 0; k <= total; k += step)
 		run_point(good, img, k, x);
+	/* With a bitmap: every request of the close that stores it. */
+	for (long k = total - 24; with_bitmap && k < total; k++)
+		if (k > 0 && k % step)
+			run_point(good, img, k, x);
 	Q2T_SH_OK("cd '%s' && rm -f base.qcow2", ioc_test_tmpdir());
 	unlink(good);
 	unlink(img);
@@ -378,6 +433,21 @@ static void test_lazy(void)
 	lazy = false;
 }
 
+static void test_bitmap(void)
+{
+	with_bitmap = true;
+	crash_run("a persistent bitmap written back at close",
+		  "qemu-img create -q -f qcow2 -o cluster_size=4k $IMG 2M && "
+		  "qemu-img bitmap --add -g 4096 $IMG b0", 7);
+	with_bitmap = false;
+	ioc_test_diag("bitmap: %u crash images left it committed, %u in use", committed,
+		      in_use);
+	/* The run without a crash commits; the first crash points come
+	 * before the close. */
+	ASSERT_UGT(committed, 0);
+	ASSERT_UGT(in_use, 0);
+}
+
 static void test_cleanup(void)
 {
 	ioc_node_graph_free(q2t_graph);
@@ -392,6 +462,7 @@ int main(void)
 		IOC_TEST(test_backing_ext_l2),
 		IOC_TEST(test_snapshot),
 		IOC_TEST(test_lazy),
+		IOC_TEST(test_bitmap),
 		IOC_TEST(test_cleanup),
 	};
 

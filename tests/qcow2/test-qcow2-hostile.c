@@ -279,6 +279,94 @@ static void test_extensions(void)
 	expect_opens(work, false);
 }
 
+/* Where the bitmaps extension of path says the directory is, and the
+ * offset of the extension's data (0: none). */
+static uint64_t bitmaps_ext(const char *path, uint64_t *dir_off)
+{
+	uint64_t off = get_be(path, 100, 4);
+
+	for (int i = 0; i < 16; i++) {
+		uint32_t type = (uint32_t)get_be(path, off, 4), len = (uint32_t)get_be(path, off + 4, 4);
+
+		if (type == 0)
+			break;
+		if (type == 0x23852875) {
+			*dir_off = get_be(path, off + 24, 8);
+			return off + 8;
+		}
+		off += 8 + ((len + 7) & ~7u);
+	}
+	return 0;
+}
+
+/* A bitmap directory of qemu-img's, one field damaged at a time: refused
+ * at open with the bitmap and the field named (read-only and
+ * read-write); an in-use bitmap's table is not read, so it opens. */
+static void test_bitmap_directory(void)
+{
+	char *bm = q2t_path("bm.qcow2");
+	uint64_t ext, dir, table, fsz;
+	struct stat st;
+
+	Q2T_SH_OK("qemu-img create -q -f qcow2 -o cluster_size=4k '%s' 1M && "
+		  "qemu-img bitmap --add '%s' b0 && "
+		  "qemu-io -f qcow2 -c 'write -P 0x33 128k 4k' '%s' >/dev/null && "
+		  "cp '%s' '%s'", bm, bm, bm, bm, work);
+	expect_opens(work, false);
+	expect_opens(work, true);      /* (a clean close moves the directory) */
+	ext = bitmaps_ext(bm, &dir);
+	ASSERT_NE(ext, 0);
+	table = get_be(bm, dir, 8);
+	ASSERT_NE(get_be(bm, table, 8), 0);  /* qemu-io's write: a data cluster */
+	ASSERT_OK(stat(bm, &st));
+	fsz = (uint64_t)st.st_size;
+#define DAMAGE(off, v, bytes, want) do {                                  \
+		Q2T_SH_OK("cp '%s' '%s'", bm, work);                              \
+		put_be(work, (off), (v), (bytes));                                \
+		expect_refused(work, false, (want));                              \
+		expect_refused(work, true, (want));                               \
+	} while (0)
+	DAMAGE(dir + 16, 2, 1, "Bitmap 'b0' doesn't satisfy the constraints: type 2");
+	DAMAGE(dir + 17, 40, 1, "granularity_bits 40 is not in 9..31");
+	DAMAGE(dir + 12, 0x12, 4, "flags 0x12 has reserved bits");
+	DAMAGE(dir + 20, 8, 4, "Broken bitmap directory");   /* past the end */
+	Q2T_SH_OK("cp '%s' '%s' && truncate -s +4096 '%s'", bm, work, work);
+	put_be(work, dir + 20, 8, 4);
+	put_be(work, ext + 8, 40, 8);        /* zeroes after the entry */
+	expect_refused(work, false, "Bitmap extra data is not supported");
+	DAMAGE(dir + 18, 2000, 2, "Broken bitmap directory");
+	DAMAGE(dir + 8, 0, 4, "bitmap_table_size is 0");
+	DAMAGE(dir + 8, 0x8000001, 4, "bitmap_table_size 134217729 exceeds");
+	DAMAGE(dir, table + 512, 8, "is not a cluster offset");
+	DAMAGE(dir, 0, 8, "is not a cluster offset");
+	DAMAGE(dir, (fsz + 4096) & ~4095ull, 8, "ends past the end of the file");
+	DAMAGE(ext, 2, 4, "Less bitmaps found than specified in header extension");
+	DAMAGE(ext + 8, 8, 8, "Broken bitmap directory");
+	DAMAGE(ext + 16, (fsz + 4096) & ~4095ull, 8, "bitmap directory offset");
+	DAMAGE(table, 0xff00000000000000ull, 8, "reserved bits set");
+	DAMAGE(table, (fsz + 8192) & ~4095ull, 8, "past the end of the file");
+	DAMAGE(table, 4097, 8, "has an offset and the all-ones bit");
+	DAMAGE(dir + 8, 3, 4, "does not match the image size");
+	DAMAGE(dir + 17, 9, 1, "granularity 512 is not supported");
+#undef DAMAGE
+	/* In use: inconsistent, its table never read. */
+	Q2T_SH_OK("cp '%s' '%s'", bm, work);
+	put_be(work, dir + 12, 3, 4);
+	put_be(work, table, 0xff00000000000000ull, 8);
+	expect_opens(work, false);
+	expect_opens(work, true);
+	/* An all-ones entry is taken, and a clean close writes it back. */
+	Q2T_SH_OK("cp '%s' '%s'", bm, work);
+	put_be(work, table, 1, 8);
+	/* (the data cluster it named is a leak now: repaired first) */
+	Q2T_SH_OK("qemu-img check -q -r leaks '%s' >/dev/null 2>&1", work);
+	expect_opens(work, true);
+	Q2T_SH_OK("qemu-img check -q '%s' && qemu-img info '%s' | grep -q 'name: b0'", work,
+		  work);
+	unlink(bm);
+	free(bm);
+}
+
 /* An overlay whose backing format extension is too long. */
 static void test_backing_format(void)
 {
@@ -500,6 +588,7 @@ int main(void)
 		IOC_TEST(test_tables),
 		IOC_TEST(test_extensions),
 		IOC_TEST(test_backing_format),
+		IOC_TEST(test_bitmap_directory),
 		IOC_TEST(test_l1_l2_entries),
 		IOC_TEST(test_dirty),
 		IOC_TEST(test_random_damage),
