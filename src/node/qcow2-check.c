@@ -229,7 +229,8 @@ out:
 static int walk_bitmaps(struct ck *c)
 {
 	struct q2_state *q = c->q;
-	uint64_t doff = q->h.bitmap_dir_off, dsize = q->h.bitmap_dir_size, pos = 0;
+	uint64_t doff = q->h.bitmap_dir_off, dsize = q->h.bitmap_dir_size;
+	struct q2_bitmap_entry *ent = NULL;
 	uint8_t *dir = NULL;
 	uint64_t *tab = NULL;
 	int ret;
@@ -243,14 +244,21 @@ static int walk_bitmaps(struct ck *c)
 		return -ENOMEM;
 	}
 	ret = ck_read(c, doff, dir, dsize, "the bitmap directory");
+	/* The bitmaps' own parser: a directory it refuses fails the open
+	 * anyway, repaired or not. */
+	if (ret == 0) {
+		ent = calloc(q->h.nb_bitmaps ? q->h.nb_bitmaps : 1, sizeof(*ent));
+		ret = ent ? ioc__qcow2_parse_bitmap_dir(dir, (size_t)dsize, q->h.nb_bitmaps,
+							q->h.size, q->cluster_bits,
+							c->g.file_size, ent, c->err, c->errlen)
+			  : -ENOMEM;
+		if (ret == -ENOMEM)
+			CKERR(c, "out of memory");
+	}
 	for (uint32_t b = 0; ret == 0 && b < q->h.nb_bitmaps; b++) {
-		uint64_t toff;
-		uint32_t tsize;
+		uint64_t toff = ent[b].table_off;
+		uint32_t tsize = ent[b].table_size;
 
-		ret = ioc__qcow2_parse_bitmap_entry(dir, dsize, &pos, q->cluster_bits, &toff,
-						    &tsize, c->err, c->errlen);
-		if (ret < 0)
-			break;
 		/* QEMU's limit is larger; this one keeps the buffer below
 		 * the largest L1 table's. */
 		if ((uint64_t)tsize * 8 > Q2_MAX_L1_BYTES) {
@@ -283,6 +291,7 @@ static int walk_bitmaps(struct ck *c)
 		free(tab);
 		tab = NULL;
 	}
+	free(ent);
 	free(dir);
 	return ret;
 }

@@ -637,38 +637,6 @@ void ioc__qcow2_rc_set(uint8_t *blk, unsigned order, uint64_t i, uint64_t v)
 	}
 }
 
-int ioc__qcow2_parse_bitmap_entry(const uint8_t *dir, uint64_t len, uint64_t *pos,
-				  unsigned cluster_bits, uint64_t *table_off,
-				  uint32_t *table_entries, char *err, size_t errlen)
-{
-	uint64_t p = *pos, elen;
-	uint32_t extra;
-	uint16_t name;
-
-	if (p > len || len - p < 24) {
-		ERR("Bitmap directory entry at %" PRIu64 " is past the directory's end", p);
-		return -EIO;
-	}
-	*table_off = be64(dir + p);
-	*table_entries = be32(dir + p + 8);
-	name = (uint16_t)(dir[p + 18] << 8 | dir[p + 19]);
-	extra = be32(dir + p + 20);
-	elen = 24 + (uint64_t)extra + name;
-	if (elen > len - p) {
-		ERR("Bitmap directory entry at %" PRIu64 " is past the directory's end", p);
-		return -EIO;
-	}
-	if (*table_off & ((1ull << cluster_bits) - 1) || *table_off >> 56) {
-		ERR("Bitmap table offset %#" PRIx64 " invalid", *table_off);
-		return -EIO;
-	}
-	if (*table_entries && !*table_off) {
-		ERR("Bitmap table offset invalid (zero with %" PRIu32 " entries)",
-		    *table_entries);
-		return -EIO;
-	}
-	*pos = p + ((elen + 7) & ~7ull);
-
 /* ---- the bitmaps extension's directory -------------------------------- */
 
 uint64_t ioc__qcow2_bitmap_table_size(uint64_t size, unsigned gran_bits,

@@ -190,12 +190,6 @@ int ioc__qcow2_compressed_extent(const struct q2_geom *g, uint64_t l2e, uint64_t
 int ioc__qcow2_decompress(enum q2_compression type, const uint8_t *in, size_t inlen,
 			  uint8_t *out, size_t outlen);
 
-/* The bitmap directory entry at *pos of dir[0..len) (docs/interop/qcow2.txt,
- * "Bitmap directory"): its table's offset and entries; *pos moves to the
- * next entry.  0, or -EIO with err set. */
-int ioc__qcow2_parse_bitmap_entry(const uint8_t *dir, uint64_t len, uint64_t *pos,
-				  unsigned cluster_bits, uint64_t *table_off,
-				  uint32_t *table_entries, char *err, size_t errlen);
 
 /* Refcount entry i of a refcount block (order 0..6). */
 uint64_t ioc__qcow2_rc_get(const uint8_t *blk, unsigned order, uint64_t i);

@@ -6,8 +6,7 @@
  * an L1 entry, every word pair as an L2 entry and bitmap (each subcluster),
  * compressed descriptors followed into the input and decoded, every
  * 40-byte window as a snapshot entry, refcount blocks of every width; the
- * bitmap directory the header names, the input's end as a directory (by
- * both directory parsers: the repair's walk and the bitmaps' loader), its
+ * bitmap directory the header names, the input's end as a directory, its
  * words as bitmap table entries.
  */
 #include <stdlib.h>
@@ -85,17 +84,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	(void)ioc__qcow2_bitmap_table_size(h.size, 9 + (unsigned)(size % 23), h.cluster_bits);
 	for (size_t o = 0; o + Q2_SNAPSHOT_HDR_LEN <= size && o < 4096; o += 8)
 		(void)ioc__qcow2_parse_snapshot(data + o, &h, size, (unsigned)o, err, sizeof(err));
-	/* The input from its first cluster on as a bitmap directory, entry
-	 * after entry (at most 4096 of them). */
-	{
-		uint64_t cs = 1ull << h.cluster_bits, pos = 0, toff;
-		uint32_t tn;
-
-		for (int i = 0; size > cs && i < 4096; i++)
-			if (ioc__qcow2_parse_bitmap_entry(data + cs, size - cs, &pos, h.cluster_bits,
-							  &toff, &tn, err, sizeof(err)) < 0)
-				break;
-	}
 	if (size >= 512) {
 		uint8_t blk[512];
 
