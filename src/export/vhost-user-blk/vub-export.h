@@ -46,6 +46,9 @@ struct ioc__vub_queue {
 	bool flush_pending;
 	struct ioc_timer nofd_timer;
 	_Atomic uint64_t completed;      /* relaxed: statistics */
+	/* Heads in flight before a restart, taken before the avail ring. */
+	struct ioc__vub_resubmit *resubmit;
+	unsigned nresubmit, resubmit_pos, resubmit_cap;
 };
 
 struct ioc__vub_export {
@@ -77,6 +80,13 @@ struct ioc__vub_conn {
 	uint64_t features, protocol_features;   /* acknowledged */
 	struct ioc__vub_mem *mem;
 	int backend_fd;
+	/* SET_INFLIGHT_FD's region: inflight_nq queues of inflight_qbytes
+	 * each from inflight_base, rings of up to inflight_qsize entries. */
+	void *inflight_map;
+	size_t inflight_map_len;
+	uint8_t *inflight_base;
+	unsigned inflight_nq, inflight_qsize;
+	uint64_t inflight_qbytes;
 };
 
 void ioc__vub_log(struct ioc__vub_export *e, const char *fmt, ...)
