@@ -52,8 +52,11 @@ void ioc__vub_inflight_pop(struct ioc__vub_vring *vr, uint16_t head)
 {
 	struct vub_inflight_state *st = &vr->inflight->desc[head];
 
-	/* Release: the counter before the flag; read by the acquire loads
-	 * of ioc__vub_vring_inflight_start() in the next back end. */
+	/* Release: the counter is stored before the flag that makes it
+	 * count, wherever a kill stops us.  The reader is the next back
+	 * end's ioc__vub_vring_inflight_start(), after our death and its
+	 * own mmap of the region (both full barriers); its acquire loads
+	 * pair with these release stores when it is not. */
 	IOC_VUB_STORE(&st->counter, vr->counter++, __ATOMIC_RELAXED);
 	IOC_VUB_STORE(&st->inflight, 1, __ATOMIC_RELEASE);
 }
@@ -120,10 +123,11 @@ int ioc__vub_vring_inflight_start(struct ioc__vub_vring *vr,
 
 	if (!q)
 		return 0;
-	/* Acquire: pairs with the release stores of flush (used_idx) and
-	 * pop (the flags) of the back end that wrote the region last; a
-	 * dead one's stores reached memory before the front end could
-	 * hand the region over. */
+	/* Acquire: pairs with the release stores of version (dev.c's
+	 * inflight_init()), used_idx (ioc__vub_inflight_published()) and
+	 * the flags (ioc__vub_inflight_pop()) of whoever wrote the region
+	 * last.  A dead back end's stores are in memory before the front
+	 * end can hand the region over, so only their order matters. */
 	ver = __atomic_load_n(&q->version, __ATOMIC_ACQUIRE);
 	used = __atomic_load_n(&vr->used->idx, __ATOMIC_RELAXED);
 	if (ver == 0) {

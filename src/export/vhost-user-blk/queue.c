@@ -29,13 +29,9 @@
  * requests: the waiter parks in drain_waiter and the completion that
  * brings inflight to 0 wakes it (both on this loop's thread).
  *
- * Inflight tracking (vring.c keeps the shared region: marked at pop,
- * linked at push, cleared at flush): at start, the heads the region
- * says were in flight when the last back end died are walked again and
- * resubmitted, in the order they were first taken, before any new avail
- * entry; a slot is a slot for both, so a restart with more of them than
- * slots resubmits the rest as slots free up.  They complete in any order,
- * like the rest.
+ * Inflight tracking (inflight.c): at start, the heads the region says
+ * were in flight when the last back end died are resubmitted in the
+ * order first taken, before any new avail entry, as slots free up.
  *
  * Rejected: a dedicated polling thread per queue (SPDK's reactor: a CPU
  * burned whether the guest is busy or not); publishing used->idx on every

@@ -3,6 +3,7 @@
  *
  *   msg.c    the wire: one message in (header, payload, fds), one out
  *   vring.c  guest memory and the split ring walker (no I/O, no loop)
+ *   inflight.c  the split ring's inflight region (what a restart resumes)
  *   blk.c    virtio-blk requests: one coroutine each, on the queue's loop
  *   dev.c    the device state machine, one handler per front-end message
  *   export.c the export object, its socket, the connection's life
@@ -269,7 +270,7 @@ bool ioc__vub_vring_arm(struct ioc__vub_vring *vr);
 /*
  * Inflight tracking.  With vr->inflight set, pop marks the head in the
  * region, push links it into the batch, flush clears the batch; see
- * vring.c for the order of the stores.  At start, after map:
+ * inflight.c for the order of the stores.  At start, after map:
  *
  * ioc__vub_vring_inflight_start() checks the region against the ring
  * (version, desc_num >= num; a region of version 0 is set up), resolves
