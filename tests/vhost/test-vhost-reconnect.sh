@@ -14,6 +14,13 @@
 # order or completed twice shows as a verify error, an I/O error or a
 # guest that hangs (the run is bounded by a timeout).
 #
+# What QEMU 7.2 sends, as seen here: GET_INFLIGHT_FD then SET_INFLIGHT_FD
+# at each start of the device (SeaBIOS's, then Linux's: a reset drops
+# the region), before the rings' messages; after a reconnect
+# SET_INFLIGHT_FD alone, with the region it kept, and SET_VRING_BASE from
+# the used index (its GET_VRING_BASE to the dead daemon failed: "ring
+# restore failed").
+#
 # How many requests each restart resubmitted is reported, not asserted:
 # whether a kill lands with requests in flight is a matter of timing.
 # Skips (77) only without QEMU, a kernel, its virtio modules, a static
