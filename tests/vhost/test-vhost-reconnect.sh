@@ -3,7 +3,8 @@
 # same socket and image: the guest must not notice but for a pause.
 #
 # The guest (tests/harness/guest.sh, QEMU's vhost-user-blk-pci on a
-# chardev with reconnect=1) runs fio: random 4 KiB writes at depth 32,
+# chardev with reconnect=1, two queues on two vCPUs and the daemon's two
+# I/O threads) runs fio: two jobs of random 4 KiB writes at depth 32,
 # each block with a crc32c header, then a second fio that reads every
 # block back and checks it (verify_only).  Meanwhile the host kills
 # iocore-storage-daemon with SIGKILL up to three times while the writes
@@ -69,9 +70,11 @@ truncate -s 128M "$img"
 # there is stale and replaced), until its sockets are there (10 s at most).
 start_server() {
 	rm -f "$dir/mon.sock"
-	"$DAEMON" \
+	"$DAEMON" --object iothread,id=io0 --object iothread,id=io1 \
 		--blockdev "driver=file,node-name=disk,filename=$img,aio=io_uring,cache.direct=on" \
-		--export "type=vhost-user-blk,id=vub,node-name=disk,addr.type=unix,addr.path=$dir/vub.sock,writable=on" \
+		--export "{\"type\":\"vhost-user-blk\",\"id\":\"vub\",\"node-name\":\"disk\",
+			\"addr\":{\"type\":\"unix\",\"path\":\"$dir/vub.sock\"},\"writable\":true,
+			\"num-queues\":2,\"iothread\":[\"io0\",\"io1\"]}" \
 		--chardev "socket,id=mon,path=$dir/mon.sock,server=on,wait=off" --monitor chardev=mon \
 		>>"$dir/srv.out" 2>>"$dir/srv.log" &
 	srv_pid=$!
@@ -108,7 +111,8 @@ wait_console() {
 }
 
 job="--name=w --filename=/dev/vda --thread --direct=1 --ioengine=libaio --iodepth=32
-	--bs=4k --size=96M --rw=randwrite --verify=crc32c --verify_fatal=1 --randrepeat=1 --fsync=16"
+	--bs=4k --size=48M --numjobs=2 --offset_increment=48M --rw=randwrite
+	--verify=crc32c --verify_fatal=1 --randrepeat=1 --fsync=16"
 job=$(echo $job)
 cat >"$dir/guest.sh" <<EOF
 t() { if eval "\$2"; then echo "GUEST-OK \$1"; else echo "GUEST-FAIL \$1"; fi; }
@@ -126,7 +130,7 @@ if ! start_server; then
 	exit 1
 fi
 ok "server started"
-GUEST_CHARDEV_OPTS=,reconnect=1 guest_run "$dir" "$dir/vub.sock" 1 240 &
+GUEST_SMP=2 GUEST_CHARDEV_OPTS=,reconnect=1 guest_run "$dir" "$dir/vub.sock" 2 240 &
 qemu_pid=$!
 
 kills=0
@@ -181,6 +185,7 @@ else
 	tr -d '\r' <"$dir/console.log" | sed 's/^/# console: /' | tail -30
 fi
 
+grep -o 'queue [0-9]*: resubmitting [0-9]* requests' "$dir/srv.log" | sed 's/^/# /'
 resub=$(grep -o 'resubmitting [0-9]* requests' "$dir/srv.log" | awk '{ s += $2 } END { print s + 0 }')
 if [ "$resub" -gt 0 ]; then
 	ok "restarts resubmitted $resub requests in flight at a kill"
