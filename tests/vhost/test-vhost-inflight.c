@@ -2,9 +2,10 @@
  * Inflight tracking against a back end killed at every store it makes.
  *
  * The ring walker and inflight.c are built here with IOC_VUB_CRASH_POINTS:
- * every store to the used ring or the region after the budget-th is
- * dropped, which is what a kill between two instructions leaves (each
- * store before it is in the shared pages, none after).  A scripted back
+ * every store to used->idx or the region after the budget-th is dropped,
+ * which is what a kill between two instructions leaves (each store
+ * before it is in the shared pages, none after; the used entries are
+ * written either way, unread past used->idx).  A scripted back
  * end takes requests, completes them out of order in batches, and takes
  * a reused head; for each budget from 0 to the whole script, a second
  * back end starts on what is left (ioc__vub_vring_inflight_start()), and

@@ -21,7 +21,9 @@
  * nonzero multiple of 16 bytes inside one region, negotiated, not nested,
  * not chained.  Readable descriptors must come before writable ones.  Any
  * fault marks the ring broken with a reason and it hands out nothing more
- * (the device's "needs reset").
+ * (the device's "needs reset").  With inflight tracking on (inflight.c)
+ * pop, push and flush also note each request in the region the front
+ * end keeps for a restart.
  *
  * Notification: completions are pushed to the used ring without being
  * visible; flush publishes used->idx once per batch and signals the call
@@ -29,9 +31,6 @@
  * crossed; else no NO_INTERRUPT flag).  arm asks for the next kick
  * (avail_event) and re-reads avail->idx after a full fence, so a request
  * made while we armed is never left without a kick or a look.
- *
- * With inflight tracking on (inflight.c) pop, push and flush also note
- * each request in the region the front end keeps for a restart.
  *
  * Rejected: copying whole descriptor tables out of guest memory (cost on
  * every request for what a hostile guest can do anyway: we check each
@@ -279,8 +278,8 @@ void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len)
 	struct vring_used_elem *u = &vr->used->ring[vr->used_idx & (vr->num - 1)];
 
 	/* Published by flush's release store of used->idx. */
-	IOC_VUB_STORE(&u->id, (uint32_t)head, __ATOMIC_RELAXED);
-	IOC_VUB_STORE(&u->len, len, __ATOMIC_RELAXED);
+	__atomic_store_n(&u->id, (uint32_t)head, __ATOMIC_RELAXED);
+	__atomic_store_n(&u->len, len, __ATOMIC_RELAXED);
 	vr->used_idx++;
 	if (vr->inflight)
 		ioc__vub_inflight_push(vr, head);

@@ -78,8 +78,6 @@ struct ioc__vub_conn {
 	struct ioc__vub_export *exp;
 	int fd;
 	uint64_t features, protocol_features;   /* acknowledged */
-	struct ioc__vub_mem *mem;
-	int backend_fd;
 	/* SET_INFLIGHT_FD's region: inflight_nq queues of inflight_qbytes
 	 * each from inflight_base, rings of up to inflight_qsize entries. */
 	void *inflight_map;
@@ -87,6 +85,8 @@ struct ioc__vub_conn {
 	uint8_t *inflight_base;
 	unsigned inflight_nq, inflight_qsize;
 	uint64_t inflight_qbytes;
+	struct ioc__vub_mem *mem;
+	int backend_fd;
 };
 
 void ioc__vub_log(struct ioc__vub_export *e, const char *fmt, ...)

@@ -118,9 +118,9 @@ struct ioc__vub_msg {
 		struct vhost_vring_state state;
 		struct vhost_vring_addr addr;
 		struct vub_mem_table_desc mem;
+		struct vub_inflight_desc inflight;
 		struct vub_mem_one_desc one;
 		struct vub_config_desc cfg;
-		struct vub_inflight_desc inflight;
 		uint8_t raw[VUB_MAX_PAYLOAD];
 	} p;
 	int fds[VUB_MAX_FDS];          /* owned; -1 once taken */
@@ -297,10 +297,11 @@ void ioc__vub_inflight_push(struct ioc__vub_vring *vr, uint16_t head);
 void ioc__vub_inflight_published(struct ioc__vub_vring *vr, uint16_t n);
 
 /*
- * A store other processes see: the used ring and the inflight region.
- * Built with IOC_VUB_CRASH_POINTS (tests only), every store after the
- * ioc__vub_crash_budget-th is dropped, as if the process died there, and
- * ioc__vub_crash_stores counts them.
+ * A store a restart depends on: used->idx and the inflight region.
+ * Built with IOC_VUB_CRASH_POINTS (tests only), every such store after
+ * the ioc__vub_crash_budget-th is dropped, as if the process died there,
+ * and ioc__vub_crash_stores counts them.  (The used entries' stores are
+ * not among them: past used->idx no one reads them.)
  */
 #ifdef IOC_VUB_CRASH_POINTS
 extern long ioc__vub_crash_budget;        /* -1: no crash */
