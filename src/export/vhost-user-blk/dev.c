@@ -804,13 +804,13 @@ void ioc_coroutine_fn ioc__vub_dev_reset(struct ioc__vub_conn *c)
 		q->vr.mem = NULL;
 		q->vr.desc = NULL;
 		q->vr.avail = NULL;
+		q->vr.inflight = NULL;
 		q->vr.used = NULL;
 		q->vr.broken = false;
-		q->vr.inflight = NULL;
 	}
-	inflight_unmap(c);
 	mem_free(c->mem, true);
 	c->mem = NULL;
+	inflight_unmap(c);
 	if (c->backend_fd >= 0)
 		close(c->backend_fd);
 	c->backend_fd = -1;
