@@ -32,7 +32,7 @@
  * zeroed memfd region (version 1 per queue) for the front end to keep;
  * SET_INFLIGHT_FD maps the one it hands back, only while every queue is
  * stopped, each field checked against the file and the device; a queue
- * takes its part at start (vring.c tracks, queue.c resubmits).  Not yet:
+ * takes its part at start (inflight.c tracks, queue.c resubmits).  Not yet:
  * dirty logging (LOG_ALL, not offered); the back-end channel is kept for
  * config-change notices.
  */
