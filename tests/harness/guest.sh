@@ -18,7 +18,10 @@
 #
 # GUEST_SMP (default 1) sets the vCPUs: Linux uses min(num-queues, vCPUs)
 # queues, so a multiqueue test wants 2.  GUEST_DEVICE_OPTS adds options to
-# the device (",event_idx=off"), GUEST_QEMU_ARGS arguments to QEMU.
+# the device (",event_idx=off"), GUEST_QEMU_ARGS arguments to QEMU,
+# GUEST_CHARDEV_OPTS options to the socket chardev (",reconnect=1").
+# GUEST_BINARIES (host paths) are copied into /bin of the initramfs with
+# the shared libraries ldd names for them, at the same paths.
 
 GUEST_MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
 
@@ -73,6 +76,13 @@ guest_initramfs() {
 		*) cp "$f" "$root/lib/modules/$m.ko" ;;
 		esac
 	done
+	for f in ${GUEST_BINARIES:-}; do
+		cp -L "$f" "$root/bin/"
+		for m in $(ldd "$f" | awk '/=> \// { print $3 } /^[[:space:]]*\// { print $1 }'); do
+			mkdir -p "$root$(dirname "$m")"
+			cp -L "$m" "$root$m"
+		done
+	done
 	cp "$script" "$root/test.sh"
 	cat >"$root/init" <<INIT
 #!/bin/busybox sh
@@ -107,7 +117,7 @@ guest_run() {
 		-append "console=ttyS0 panic=-1 quiet loglevel=4" \
 		-object memory-backend-memfd,id=mem,size=512M,share=on \
 		-numa node,memdev=mem \
-		-chardev "socket,id=c0,path=$sock" \
+		-chardev "socket,id=c0,path=$sock${GUEST_CHARDEV_OPTS:-}" \
 		-device "vhost-user-blk-pci,chardev=c0,num-queues=$nq${GUEST_DEVICE_OPTS:-}" \
 		${GUEST_QEMU_ARGS:-} </dev/null >"$dir/qemu.log" 2>&1
 }

@@ -2,8 +2,9 @@
  * Fuzz target: the device state machine and the data path behind it.
  * The input is a program for a front end: each op byte picks a message
  * (framed as msg.c wants, so that it reaches dev.c, with queue indices,
- * sizes, bases, features and fds taken from the bytes after it), a write
- * into guest memory, a kick, or raw bytes.  The export runs on this
+ * sizes, bases, features and fds taken from the bytes after it, GET and
+ * SET_INFLIGHT_FD among them), a write into guest memory, a kick, or raw
+ * bytes.  The export runs on this
  * thread's loop over a null-co node (reads fill guest memory with
  * zeroes), polled after every op.  At the end the front end hangs up:
  * the export must tear the connection down in bounded time, hold no fd
@@ -37,7 +38,8 @@ static struct ioc_node_graph *graph;
 static struct ioc__vub_export *exp;
 static char path[108];
 static uint8_t *gmem;
-static int memfd, memfd2, kick[2], call[2], cli;
+static int memfd, memfd2, memfd3, kick[2], call[2], cli;
+#define INFLIGHT_MAX (2 * 16448)           /* two queues of 1024 entries */
 static unsigned long ops_run, conversations;
 
 static void quiet(void *opaque, const char *line)
@@ -80,7 +82,9 @@ static void setup(void)
 	atexit(unlink_socket);
 	memfd = memfd_create("guest", MFD_CLOEXEC);
 	memfd2 = memfd_create("guest2", MFD_CLOEXEC);
-	if (memfd < 0 || memfd2 < 0 || ftruncate(memfd, GMEM) < 0 || ftruncate(memfd2, GMEM) < 0)
+	memfd3 = memfd_create("inflight", MFD_CLOEXEC);   /* SET_INFLIGHT_FD's */
+	if (memfd < 0 || memfd2 < 0 || memfd3 < 0 || ftruncate(memfd, GMEM) < 0 ||
+	    ftruncate(memfd2, GMEM) < 0)
 		abort();
 	gmem = mmap(NULL, GMEM, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 	if (gmem == MAP_FAILED)
@@ -168,7 +172,7 @@ static uint64_t take(struct cursor *c, unsigned bytes)
 
 static void op(struct cursor *c)
 {
-	unsigned o = (unsigned)take(c, 1) % 16, q = (unsigned)take(c, 1);
+	unsigned o = (unsigned)take(c, 1) % 17, q = (unsigned)take(c, 1);
 	unsigned qi = q & 1;
 	uint32_t fl = (q & 0x80) ? VUB_FLAG_NEED_REPLY : 0;
 	uint64_t v;
@@ -275,6 +279,26 @@ static void op(struct cursor *c)
 		close(fd);
 		break;
 	}
+	case 16: {
+		/* GET_INFLIGHT_FD (its reply's fd is dropped by pump()'s
+		 * recv), or SET_INFLIGHT_FD of memfd3; the shape from the
+		 * bytes, the size and offset fitting it unless q says. */
+		struct vub_inflight_desc d = { .num_queues = (uint16_t)(take(c, 1) % 4),
+					       .queue_size = (uint16_t)(1u << (take(c, 1) % 17)) };
+		int fd = dup(memfd3);
+
+		d.mmap_size = d.num_queues * ioc__vub_inflight_queue_bytes(d.queue_size);
+		if (q & 4) {
+			d.mmap_size = take(c, 4);
+			d.mmap_offset = take(c, 2);
+		}
+		if (q & 2)
+			msg(VUB_SET_INFLIGHT_FD, fl, &d, sizeof(d), &fd, 1);
+		else
+			msg(VUB_GET_INFLIGHT_FD, 0, &d, sizeof(d), NULL, 0);
+		close(fd);
+		break;
+	}
 	default: {
 		/* Raw bytes on the socket. */
 		uint8_t b[64];
@@ -308,6 +332,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!loop)
 		setup();
 	memset(gmem, 0, GMEM);
+	/* A zeroed inflight region each run, as a front end makes one. */
+	if (ftruncate(memfd3, 0) < 0 || ftruncate(memfd3, INFLIGHT_MAX) < 0)
+		abort();
 	before = lowest_free_fd();
 	cli = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
@@ -438,6 +465,24 @@ static unsigned make_inputs(struct input *ins)
 	request(&ins[n], 1, 0, VIRTIO_BLK_T_FLUSH);
 	put(&ins[n], (uint8_t[]){ 13, 2, 32, 1, 0 }, 5);
 	request(&ins[n], 1, 1, 99);
+	n++;
+	/* Inflight tracking: GET and SET_INFLIGHT_FD (two queues of 16)
+	 * before the ring starts, reads, a stop, the region set again and
+	 * a restart that finds what the stop left; then SET_INFLIGHT_FD on
+	 * a running queue, which ends the connection. */
+	put(&ins[n], (uint8_t[]){ 0, 0, 8, 0, 2, 0, 1, 0, 3, 0x80 }, 10);
+	put(&ins[n], (uint8_t[]){ 16, 0, 2, 4, 16, 0x82, 2, 4 }, 8);
+	put(&ins[n], (uint8_t[]){ 4, 0, 4, 6, 0, 0, 0, 5, 0, 7, 0, 8, 0, 9, 2 }, 15);
+	for (uint16_t i = 0; i < 4; i++)
+		request(&ins[n], 0, i, VIRTIO_BLK_T_IN);
+	put(&ins[n], (uint8_t[]){ 10, 0, 16, 0x82, 2, 4, 7, 0 }, 8);
+	request(&ins[n], 0, 4, VIRTIO_BLK_T_OUT);
+	put(&ins[n], (uint8_t[]){ 16, 0x82, 2, 4 }, 4);
+	n++;
+	/* Inflight messages of bad shapes and sizes. */
+	put(&ins[n], (uint8_t[]){ 0, 0, 2, 0, 16, 0, 3, 4, 16, 0, 1, 16 }, 12);
+	n++;
+	put(&ins[n], (uint8_t[]){ 0, 0, 2, 0, 16, 0x86, 1, 4, 0xff, 0xff, 0xff, 0xff, 0, 0 }, 14);
 	n++;
 	/* Without EVENT_IDX, NOFD kick and call. */
 	put(&ins[n], (uint8_t[]){ 2, 0, 1, 4, 3, 0, 4, 0, 4, 5, 0, 7, 2, 8, 2, 9, 2 }, 17);

@@ -163,6 +163,20 @@ static unsigned make_inputs(struct input *ins)
 	ins[n].b[ins[n].n++] = 9;
 	msg(&ins[n], VUB_SET_MEM_TABLE, 1, &t, 8 + 8 * 32);
 	n++;
+	/* The inflight region: GET (no fd), SET with its fd, then SET
+	 * without one, and a GET of the wrong size. */
+	{
+		struct vub_inflight_desc d = { 4096, 0, 2, 128 };
+
+		ins[n].b[ins[n].n++] = 1;
+		msg(&ins[n], VUB_SET_INFLIGHT_FD, 1, &d, sizeof(d));
+		msg(&ins[n], VUB_GET_INFLIGHT_FD, 1, &d, sizeof(d));
+		msg(&ins[n], VUB_SET_INFLIGHT_FD, 1, &d, sizeof(d));
+		n++;
+		ins[n].b[ins[n].n++] = 0;
+		msg(&ins[n], VUB_GET_INFLIGHT_FD, 1, &d, sizeof(d) - 4);
+		n++;
+	}
 	/* SET_CONFIG of the write-cache byte; an oversized header. */
 	ins[n].b[ins[n].n++] = 0;
 	c.offset = 32;

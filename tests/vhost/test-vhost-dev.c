@@ -196,6 +196,35 @@ static int fe_reply(struct fe *f, uint32_t req, void *p, size_t cap)
 	return (int)hdr[2];
 }
 
+/* Read a reply that carries one fd (5 s at most); its payload size. */
+static int fe_reply_fd(struct fe *f, uint32_t req, void *p, size_t cap, int *fd)
+{
+	uint8_t b[VUB_HDR_SIZE + VUB_MAX_PAYLOAD];
+	union {
+		char c[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} cb;
+	struct iovec iov = { b, VUB_HDR_SIZE };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.c,
+			     .msg_controllen = sizeof(cb.c) };
+	struct pollfd pf = { f->sock, POLLIN, 0 };
+	uint32_t hdr[3];
+
+	*fd = -1;
+	ASSERT_EQ(poll(&pf, 1, 5000), 1);
+	ASSERT_EQ(recvmsg(f->sock, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC), VUB_HDR_SIZE);
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+			memcpy(fd, CMSG_DATA(c), sizeof(int));
+	memcpy(hdr, b, sizeof(hdr));
+	ASSERT_UEQ(hdr[0], req);
+	ASSERT_UEQ(hdr[1], VUB_VERSION | VUB_FLAG_REPLY);
+	ASSERT_ULE(hdr[2], cap);
+	if (hdr[2])
+		ASSERT_EQ(recv(f->sock, p, hdr[2], MSG_WAITALL), (ssize_t)hdr[2]);
+	return (int)hdr[2];
+}
+
 static uint64_t fe_get_u64(struct fe *f, uint32_t req)
 {
 	uint64_t v = 0;
@@ -264,6 +293,8 @@ static void fe_close(struct fe *f)
 	}
 }
 
+static bool fe_inflight;   /* fe_negotiate acknowledges INFLIGHT_SHMFD */
+
 static void fe_negotiate(struct fe *f)
 {
 	uint64_t feat, pf;
@@ -274,10 +305,11 @@ static void fe_negotiate(struct fe *f)
 	ASSERT_TRUE(feat & (1ull << VIRTIO_RING_F_EVENT_IDX));
 	pf = fe_get_u64(f, VUB_GET_PROTOCOL_FEATURES);
 	ASSERT_TRUE(pf & (1ull << VUB_PROTO_F_REPLY_ACK));
-	ASSERT_FALSE(pf & (1ull << VUB_PROTO_F_INFLIGHT_SHMFD));
+	ASSERT_TRUE(pf & (1ull << VUB_PROTO_F_INFLIGHT_SHMFD));
 	pf &= (1ull << VUB_PROTO_F_REPLY_ACK) | (1ull << VUB_PROTO_F_CONFIG) |
 	      (1ull << VUB_PROTO_F_MQ) | (1ull << VUB_PROTO_F_CONFIGURE_MEM_SLOTS) |
-	      (1ull << VUB_PROTO_F_BACKEND_REQ);
+	      (1ull << VUB_PROTO_F_BACKEND_REQ) |
+	      (fe_inflight ? 1ull << VUB_PROTO_F_INFLIGHT_SHMFD : 0);
 	fe_send(f, VUB_SET_PROTOCOL_FEATURES, 0, &pf, 8, NULL, 0);
 	fe_send(f, VUB_SET_OWNER, 0, NULL, 0, NULL, 0);
 	/* QEMU sends a call fd before the features: accepted. */
@@ -854,6 +886,360 @@ static void test_read_only(void)
 	fe_close(&f);
 }
 
+/* ---- inflight tracking ---------------------------------------------------------- */
+
+/* Request k of the inflight case: a 512-byte read of sector 8 + k whose
+ * chain sits at descriptors 3k..3k+2 (head 3k), with its own header,
+ * buffer and status byte. */
+#define IF_HDR(k)  (HDR_GPA + 64u * (k))
+#define IF_DATA(k) (DATA_GPA + 4096u * (k))
+#define IF_STAT(k) (STAT_GPA + (k))
+
+static void fe_post_k(struct fe *f, unsigned q, unsigned k, bool kick)
+{
+	uint64_t g = ring_gpa(q);
+	struct vring_desc *d = (struct vring_desc *)gpa(f, g) + 3 * k;
+	struct vring_avail *av = gpa(f, g + 0x1000);
+	struct virtio_blk_outhdr *h = gpa(f, IF_HDR(k));
+	uint16_t head = (uint16_t)(3 * k);
+
+	h->type = VIRTIO_BLK_T_IN;
+	h->ioprio = 0;
+	h->sector = 8 + k;
+	*(uint8_t *)gpa(f, IF_STAT(k)) = 0xee;
+	memset(gpa(f, IF_DATA(k)), 0, 512);
+	d[0] = (struct vring_desc){ IF_HDR(k), 16, VRING_DESC_F_NEXT, (uint16_t)(head + 1) };
+	d[1] = (struct vring_desc){ IF_DATA(k), 512, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+				    (uint16_t)(head + 2) };
+	d[2] = (struct vring_desc){ IF_STAT(k), 1, VRING_DESC_F_WRITE, 0 };
+	av->ring[f->avail[q] % QN] = head;
+	av->ring[QN] = f->used_seen[q];
+	f->avail[q]++;
+	__atomic_store_n(&av->idx, f->avail[q], __ATOMIC_RELEASE);
+	if (kick) {
+		uint64_t one = 1;
+
+		ASSERT_EQ(write(f->kick[q], &one, 8), 8);
+	}
+}
+
+/* The device took every avail entry of ring q: it moved avail_event
+ * there (it arms after taking what is there); 5 s at most. */
+static void fe_wait_taken(struct fe *f, unsigned q)
+{
+	struct vring_used *u = gpa(f, ring_gpa(q) + 0x2000);
+	int i;
+
+	for (i = 0; i < 5000 && __atomic_load_n((uint16_t *)&u->ring[QN], __ATOMIC_ACQUIRE) !=
+				      f->avail[q]; i++)
+		usleep(1000);
+	ASSERT_UEQ(*(uint16_t *)&u->ring[QN], f->avail[q]);
+}
+
+/* Wait (5 s at most) until ring q's used->idx reaches idx. */
+static void fe_wait_used(struct fe *f, unsigned q, uint16_t idx)
+{
+	struct vring_used *u = gpa(f, ring_gpa(q) + 0x2000);
+	struct pollfd pf = { f->call[q], POLLIN, 0 };
+	uint64_t v;
+
+	while (__atomic_load_n(&u->idx, __ATOMIC_ACQUIRE) != idx) {
+		ASSERT_EQ(poll(&pf, 1, 5000), 1);
+		ASSERT_EQ(read(f->call[q], &v, 8), 8);
+	}
+}
+
+static int fe_get_inflight(struct fe *f, struct vub_inflight_desc *d)
+{
+	int fd;
+
+	fe_send(f, VUB_GET_INFLIGHT_FD, 0, d, sizeof(*d), NULL, 0);
+	ASSERT_EQ(fe_reply_fd(f, VUB_GET_INFLIGHT_FD, d, sizeof(*d), &fd), (int)sizeof(*d));
+	ASSERT_GE(fd, 0);
+	return fd;
+}
+
+/*
+ * A back end that dies with requests in flight, as kill -9 leaves it:
+ * three reads are taken and held at the node's gate; the guest memory
+ * and the inflight region as they are then are what a crash leaves
+ * behind.  To that state is added a completion published out of order
+ * whose flag was not yet cleared (the crash fell between the used->idx
+ * store and the clear).  The held requests are then let go and the
+ * connection closed; the crash state is put back, and a new connection
+ * hands the region back with SET_INFLIGHT_FD (no GET, as QEMU does on a
+ * reconnect) and restarts the ring from used->idx.  Exactly the two
+ * requests still in flight must complete, once each; the one already
+ * published must not run again; a new request after them is served as
+ * the next used entry.
+ */
+static void test_inflight(void)
+{
+	struct ioc__vub_export *e;
+	struct vub_inflight_desc d = { .num_queues = 2, .queue_size = QN };
+	struct vring_used *u;
+	struct vub_inflight_queue *iq;
+	uint8_t *region, *saved_region, saved_used[0x1000];
+	uint64_t qbytes;
+	uint16_t base;
+	int before, ifd;
+	struct fe f;
+
+	setup();
+	before = count_fds();
+	e = export_new(sock_path, true);
+	fe_inflight = true;
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	ifd = fe_get_inflight(&f, &d);
+	qbytes = ioc__vub_inflight_queue_bytes(QN);
+	ASSERT_UEQ(d.num_queues, 2);
+	ASSERT_UEQ(d.queue_size, QN);
+	ASSERT_UEQ(d.mmap_offset, 0);
+	ASSERT_UGE(d.mmap_size, 2 * qbytes);
+	region = mmap(NULL, d.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, ifd, 0);
+	ASSERT_TRUE(region != MAP_FAILED);
+	for (unsigned i = 0; i < 2; i++) {
+		iq = (struct vub_inflight_queue *)(region + i * qbytes);
+		ASSERT_UEQ(iq->version, 1);
+		ASSERT_UEQ(iq->desc_num, QN);
+		ASSERT_UEQ(iq->used_idx, 0);
+		for (unsigned h = 0; h < QN; h++)
+			ASSERT_UEQ(iq->desc[h].inflight, 0);
+	}
+	iq = (struct vub_inflight_queue *)region;
+	ASSERT_UEQ(fe_acked(&f, VUB_SET_INFLIGHT_FD, &d, sizeof(d), &ifd, 1), 0);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	u = gpa(&f, ring_gpa(0) + 0x2000);
+
+	/* Tracked while it runs: a request in and out leaves nothing in
+	 * flight and the region's used_idx at used->idx. */
+	fe_post_k(&f, 0, 0, true);
+	ASSERT_UEQ(fe_wait(&f, 0), 513);
+	ASSERT_UEQ(*(uint8_t *)gpa(&f, IF_STAT(0)), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(iq->desc[0].inflight, 0);
+	ASSERT_UEQ(iq->used_idx, 1);
+
+	/* Three in flight, held at the gate. */
+	ioc_node_set_gate(node, IOC_NODE_GATE_HOLD);
+	for (unsigned k = 0; k < 3; k++)
+		fe_post_k(&f, 0, k, k == 2);
+	fe_wait_taken(&f, 0);
+	ASSERT_UEQ(u->idx, 1);
+	for (unsigned k = 0; k < 3; k++)
+		ASSERT_UEQ(iq->desc[3 * k].inflight, 1);
+	ASSERT_ULT(iq->desc[0].counter, iq->desc[3].counter);
+	ASSERT_ULT(iq->desc[3].counter, iq->desc[6].counter);
+
+	/* The crash state, plus request 1 (head 3) published out of order,
+	 * its flag still set. */
+	saved_region = malloc(d.mmap_size);
+	ASSERT_NOT_NULL(saved_region);
+	memcpy(saved_region, region, d.mmap_size);
+	memcpy(saved_used, u, sizeof(saved_used));
+	{
+		struct vring_used *su = (struct vring_used *)saved_used;
+		struct vub_inflight_queue *sq = (struct vub_inflight_queue *)saved_region;
+
+		su->ring[1 % QN] = (struct vring_used_elem){ 3, 513 };
+		su->idx = 2;
+		sq->desc[3].next = sq->last_batch_head;
+		sq->last_batch_head = 3;
+	}
+
+	/* Let them go, and the front end goes away. */
+	ioc_node_set_gate(node, IOC_NODE_GATE_OPEN);
+	fe_wait_used(&f, 0, 4);
+	close(f.sock);
+
+	/* Back to the crash state; the guest's buffers as before. */
+	memcpy(region, saved_region, d.mmap_size);
+	memcpy(u, saved_used, sizeof(saved_used));
+	for (unsigned k = 0; k < 3; k++) {
+		*(uint8_t *)gpa(&f, IF_STAT(k)) = k == 1 ? 0x77 : 0xee;
+		memset(gpa(&f, IF_DATA(k)), 0, 512);
+	}
+	{
+		uint64_t v;
+
+		while (read(f.call[0], &v, 8) == 8) {
+			/* the old connection's signals */
+		}
+	}
+
+	/* The reconnect: SET_INFLIGHT_FD with the same region, the ring
+	 * from used->idx (what QEMU restores when GET_VRING_BASE failed). */
+	f.sock = fe_connect(sock_path);
+	fe_negotiate(&f);
+	ASSERT_UEQ(fe_acked(&f, VUB_SET_INFLIGHT_FD, &d, sizeof(d), &ifd, 1), 0);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 2);
+	fe_wait_used(&f, 0, 4);
+	{
+		uint32_t a = u->ring[2 % QN].id, b = u->ring[3 % QN].id;
+
+		/* In either order: they run at once and complete as they
+		 * finish. */
+		ASSERT_TRUE((a == 0 && b == 6) || (a == 6 && b == 0));
+	}
+	ASSERT_UEQ(*(uint8_t *)gpa(&f, IF_STAT(0)), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(*(uint8_t *)gpa(&f, IF_STAT(2)), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(*(uint8_t *)gpa(&f, IF_STAT(1)), 0x77);   /* not run again */
+	{
+		uint8_t b[512];
+		int fd = open(img, O_RDONLY);
+
+		ASSERT_EQ(pread(fd, b, 512, 10 * 512), 512);
+		close(fd);
+		ASSERT_MEM_EQ(gpa(&f, IF_DATA(2)), b, 512);
+	}
+	/* Nothing more came: the next request is the next used entry. */
+	f.avail[0] = 4;
+	f.used_seen[0] = 4;
+	fe_post_k(&f, 0, 1, true);
+	ASSERT_UEQ(fe_wait(&f, 0), 513);
+	ASSERT_UEQ(u->idx, 5);
+	ASSERT_UEQ(u->ring[4 % QN].id, 3);
+	for (unsigned h = 0; h < QN; h++)
+		ASSERT_UEQ(iq->desc[h].inflight, 0);
+	ASSERT_UEQ(iq->used_idx, 5);
+	base = fe_stop_ring(&f, 0);
+	ASSERT_UEQ(base, 5);
+
+	fe_close(&f);
+	munmap(region, d.mmap_size);
+	close(ifd);
+	free(saved_region);
+	fe_inflight = false;
+	ioc_iothread_call(ctrl_th, free_fn, e);
+	ASSERT_EQ(count_fds(), before);
+}
+
+/* GET/SET_INFLIGHT_FD that do not fit end the connection; the export
+ * serves the next one. */
+static void test_inflight_bad(void)
+{
+	struct ioc__vub_export *e;
+	struct fe f;
+	int before, ifd, small;
+	const uint64_t qbytes = ioc__vub_inflight_queue_bytes(QN);
+	static const struct vub_inflight_desc bad_get[] = {
+		{ 0, 0, 0, QN },             /* no queue */
+		{ 0, 0, 3, QN },             /* more queues than the device */
+		{ 0, 0, 1, 0 },              /* no entries */
+		{ 0, 0, 1, 24 },             /* not a power of two */
+		{ 0, 0, 1, 65535 },
+	};
+
+	setup();
+	before = count_fds();
+	e = export_new(sock_path, true);
+	small = memfd_create("small", MFD_CLOEXEC);
+	ASSERT_OK(ftruncate(small, 4096));
+
+	/* Not negotiated. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_inflight_desc d = { 0, 0, 1, QN };
+
+		fe_send(&f, VUB_GET_INFLIGHT_FD, 0, &d, sizeof(d), NULL, 0);
+		fe_expect_closed(&f);
+	}
+	fe_close(&f);
+
+	fe_inflight = true;
+	for (size_t i = 0; i < IOC_ARRAY_SIZE(bad_get); i++) {
+		fe_open(&f, sock_path);
+		fe_negotiate(&f);
+		fe_send(&f, VUB_GET_INFLIGHT_FD, 0, &bad_get[i], sizeof(bad_get[i]), NULL, 0);
+		fe_expect_closed(&f);
+		fe_close(&f);
+	}
+	/* SET_INFLIGHT_FD: the shapes above, a region smaller than its
+	 * queues, larger than its file, an offset that wraps, a wrong
+	 * payload size, no fd. */
+	{
+		const struct vub_inflight_desc bad_set[] = {
+			bad_get[0], bad_get[1], bad_get[3],
+			{ qbytes, 0, 2, QN },
+			{ 8192, 0, 1, QN },
+			{ qbytes, UINT64_MAX - 100, 1, QN },
+		};
+
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(bad_set) + 2; i++) {
+			fe_open(&f, sock_path);
+			fe_negotiate(&f);
+			if (i < IOC_ARRAY_SIZE(bad_set))
+				fe_send(&f, VUB_SET_INFLIGHT_FD, VUB_FLAG_NEED_REPLY, &bad_set[i],
+					sizeof(bad_set[i]), &small, 1);
+			else if (i == IOC_ARRAY_SIZE(bad_set))
+				fe_send(&f, VUB_SET_INFLIGHT_FD, 0, &bad_set[4], 16, &small, 1);
+			else
+				fe_send(&f, VUB_SET_INFLIGHT_FD, 0, &bad_set[4], 24, NULL, 0);
+			fe_expect_closed(&f);
+			fe_close(&f);
+		}
+	}
+	/* With a queue running. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_inflight_desc d = { .num_queues = 2, .queue_size = QN };
+
+		ifd = fe_get_inflight(&f, &d);
+		fe_mem_table(&f);
+		fe_start_ring(&f, 0, 0);
+		fe_send(&f, VUB_SET_INFLIGHT_FD, 0, &d, sizeof(d), &ifd, 1);
+		fe_expect_closed(&f);
+		close(ifd);
+	}
+	fe_close(&f);
+	/* A ring larger than its region: the queue does not start, the
+	 * connection goes on. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_inflight_desc d = { .num_queues = 2, .queue_size = QN / 2 };
+
+		ifd = fe_get_inflight(&f, &d);
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_INFLIGHT_FD, &d, sizeof(d), &ifd, 1), 0);
+		close(ifd);
+		fe_mem_table(&f);
+		fe_start_ring(&f, 0, 0);
+		{
+			struct { struct ioc__vub_export *e; struct ioc__vub_info i; } a = { e };
+
+			ioc_iothread_call(ctrl_th, info_fn, &a);
+			ASSERT_TRUE(a.i.connected);
+			ASSERT_UEQ(a.i.queues_started, 0);
+		}
+	}
+	fe_close(&f);
+	/* And then a good one. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_inflight_desc d = { .num_queues = 1, .queue_size = QN };
+
+		ifd = fe_get_inflight(&f, &d);
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_INFLIGHT_FD, &d, sizeof(d), &ifd, 1), 0);
+		close(ifd);
+	}
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	/* Queue 1 is past the region's one queue: served, not tracked. */
+	fe_start_ring(&f, 1, 0);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(fe_req(&f, 1, VIRTIO_BLK_T_FLUSH, 0, 0, NULL), VIRTIO_BLK_S_OK);
+	fe_inflight = false;
+	fe_close(&f);
+	close(small);
+	ioc_iothread_call(ctrl_th, free_fn, e);
+	ASSERT_EQ(count_fds(), before);
+}
+
 static void test_teardown(void)
 {
 	ioc_node_graph_detach_loop(graph, ioc_iothread_loop(io_th));
@@ -869,5 +1255,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_requests),
 	IOC_TEST(test_bad_front_ends),
 	IOC_TEST(test_read_only),
+	IOC_TEST(test_inflight),
+	IOC_TEST(test_inflight_bad),
 	IOC_TEST(test_teardown),
 )

@@ -28,9 +28,13 @@
  * Rejected: a lock per queue taken by both sides (the data path would pay
  * for a control path that runs a few times per boot); answering unknown
  * requests with a failure and going on (their fds cannot be accounted
- * for; msg.c ends the connection instead).  Not yet: inflight tracking
- * (GET/SET_INFLIGHT_FD, not offered), dirty logging (LOG_ALL, not
- * offered); the back-end channel is kept for config-change notices.
+ * for; msg.c ends the connection instead).  GET_INFLIGHT_FD makes a
+ * zeroed memfd region (version 1 per queue) for the front end to keep;
+ * SET_INFLIGHT_FD maps the one it hands back, only while every queue is
+ * stopped, each field checked against the file and the device; a queue
+ * takes its part at start (inflight.c tracks, queue.c resubmits).  Not yet:
+ * dirty logging (LOG_ALL, not offered); the back-end channel is kept for
+ * config-change notices.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,7 +53,9 @@ struct reply {
 		uint64_t u64;
 		struct vhost_vring_state state;
 		struct vub_config_desc cfg;
+		struct vub_inflight_desc inflight;
 	} p;
+	int fd;                          /* sent with it, then closed; -1: none */
 };
 
 typedef int ioc_coroutine_fn handler_fn(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
@@ -343,6 +349,16 @@ static int ioc_coroutine_fn queue_try_start(struct ioc__vub_conn *c, struct ioc_
 	/* Without PROTOCOL_FEATURES a queue starts enabled. */
 	if (!(c->features & (1ull << VUB_F_PROTOCOL_FEATURES)))
 		q->want_enable = true;
+	q->vr.inflight = NULL;
+	if (c->inflight_base && q->index < c->inflight_nq) {
+		if (q->vr.num > c->inflight_qsize) {
+			ioc__vub_log(c->exp, "queue %u not started: ring of %u entries, inflight "
+				     "region for %u", q->index, q->vr.num, c->inflight_qsize);
+			return -EINVAL;
+		}
+		q->vr.inflight = (struct vub_inflight_queue *)(c->inflight_base +
+							       q->index * c->inflight_qbytes);
+	}
 	ioc__vub_to_queue(q);
 	r = ioc__vub_queue_start(q, c->mem);
 	ioc__vub_to_ctrl(c->exp);
@@ -541,6 +557,128 @@ static int ioc_coroutine_fn h_set_backend_req_fd(struct ioc__vub_conn *c,
 	return 0;
 }
 
+/* ---- inflight tracking ---------------------------------------------------------- */
+
+static void inflight_unmap(struct ioc__vub_conn *c)
+{
+	if (c->inflight_map)
+		munmap(c->inflight_map, c->inflight_map_len);
+	c->inflight_map = NULL;
+	c->inflight_base = NULL;
+	c->inflight_nq = c->inflight_qsize = 0;
+	c->inflight_qbytes = 0;
+}
+
+/* The queue count and size of a GET/SET_INFLIGHT_FD, checked. */
+static int inflight_shape(struct ioc__vub_conn *c, const struct vub_inflight_desc *d)
+{
+	unsigned qs = d->queue_size;
+
+	if (!(c->protocol_features & (1ull << VUB_PROTO_F_INFLIGHT_SHMFD)))
+		return proto(c, "inflight region without INFLIGHT_SHMFD");
+	if (d->num_queues < 1 || d->num_queues > c->exp->num_queues)
+		return proto(c, "inflight region for more queues than the device has");
+	if (!qs || qs > 32768 || (qs & (qs - 1)))
+		return proto(c, "inflight queue size not a power of two up to 32768");
+	return 0;
+}
+
+/* Set up the queues' regions a front end left zeroed (version 0). */
+static void inflight_init(uint8_t *base, unsigned nq, unsigned qs, uint64_t qbytes)
+{
+	for (unsigned i = 0; i < nq; i++) {
+		struct vub_inflight_queue *q = (struct vub_inflight_queue *)(base + i * qbytes);
+
+		if (__atomic_load_n(&q->version, __ATOMIC_RELAXED))
+			continue;
+		q->desc_num = (uint16_t)qs;
+		/* Release: the fields above before the version that says
+		 * they are set; read by ioc__vub_vring_inflight_start(). */
+		__atomic_store_n(&q->version, VUB_INFLIGHT_VERSION, __ATOMIC_RELEASE);
+	}
+}
+
+static int ioc_coroutine_fn h_get_inflight_fd(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					      struct reply *rep)
+{
+	const struct vub_inflight_desc *d = &m->p.inflight;
+	uint64_t qbytes, total;
+	void *p;
+	int r, fd;
+
+	r = inflight_shape(c, d);
+	if (r < 0)
+		return r;
+	qbytes = ioc__vub_inflight_queue_bytes(d->queue_size);
+	total = qbytes * d->num_queues;   /* at most 64 x 513 KiB */
+	/* The reply carries the region: without one the front end would
+	 * wait for it, so a failure here ends the connection. */
+	fd = memfd_create("iocore-vhost-inflight", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)total) < 0 ||
+	    (p = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+		    MAP_FAILED) {
+		r = -errno;
+		if (fd >= 0)
+			close(fd);
+		ioc__vub_log(c->exp, "closing the connection: an inflight region of %llu bytes: %s",
+			     (unsigned long long)total, ioc_strerror(r));
+		return -EPROTO;
+	}
+	/* A new memfd reads as zeroes; only the headers need writing. */
+	inflight_init(p, d->num_queues, d->queue_size, qbytes);
+	munmap(p, (size_t)total);
+	rep->send = true;
+	rep->size = sizeof(rep->p.inflight);
+	rep->p.inflight = (struct vub_inflight_desc){
+		.mmap_size = total, .mmap_offset = 0,
+		.num_queues = d->num_queues, .queue_size = d->queue_size,
+	};
+	rep->fd = fd;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_inflight_fd(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					      struct reply *rep)
+{
+	const struct vub_inflight_desc *d = &m->p.inflight;
+	uint64_t qbytes, end;
+	struct stat st;
+	void *p;
+	int r;
+
+	r = inflight_shape(c, d);
+	if (r < 0)
+		return r;
+	for (unsigned i = 0; i < c->exp->num_queues; i++)
+		if (c->exp->q[i].started)
+			return proto(c, "SET_INFLIGHT_FD with a queue running");
+	qbytes = ioc__vub_inflight_queue_bytes(d->queue_size);
+	if (d->mmap_size < qbytes * d->num_queues)
+		return proto(c, "inflight region smaller than its queues need");
+	if (__builtin_add_overflow(d->mmap_offset, d->mmap_size, &end) || end > SIZE_MAX)
+		return proto(c, "inflight region of bad size");
+	if (fstat(m->fds[0], &st) < 0)
+		return -errno;
+	/* Past the file's end a mapping faults (SIGBUS) on access. */
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < end)
+		return proto(c, "inflight region larger than its file");
+	p = mmap(NULL, (size_t)end, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0], 0);
+	if (p == MAP_FAILED) {
+		r = -errno;
+		ioc__vub_log(c->exp, "mapping the inflight region: %s", ioc_strerror(r));
+		return r;
+	}
+	inflight_unmap(c);
+	c->inflight_map = p;
+	c->inflight_map_len = (size_t)end;
+	c->inflight_base = (uint8_t *)p + d->mmap_offset;
+	c->inflight_nq = d->num_queues;
+	c->inflight_qsize = d->queue_size;
+	c->inflight_qbytes = qbytes;
+	inflight_init(c->inflight_base, c->inflight_nq, c->inflight_qsize, qbytes);
+	return 0;
+}
+
 /* ---- config space ------------------------------------------------------------- */
 
 static int ioc_coroutine_fn h_get_config(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
@@ -602,6 +740,8 @@ static handler_fn *const handlers[VUB_REQUEST_MAX] = {
 	[VUB_SET_BACKEND_REQ_FD] = h_set_backend_req_fd,
 	[VUB_GET_CONFIG] = h_get_config,
 	[VUB_SET_CONFIG] = h_set_config,
+	[VUB_GET_INFLIGHT_FD] = h_get_inflight_fd,
+	[VUB_SET_INFLIGHT_FD] = h_set_inflight_fd,
 	[VUB_GET_MAX_MEM_SLOTS] = h_get_max_mem_slots,
 	[VUB_ADD_MEM_REG] = h_add_mem_reg,
 	[VUB_REM_MEM_REG] = h_rem_mem_reg,
@@ -610,7 +750,7 @@ static handler_fn *const handlers[VUB_REQUEST_MAX] = {
 int ioc_coroutine_fn ioc__vub_dev_dispatch(struct ioc__vub_conn *c, struct ioc__vub_msg *m)
 {
 	handler_fn *h = m->request < VUB_REQUEST_MAX ? handlers[m->request] : NULL;
-	struct reply rep = { .send = false };
+	struct reply rep = { .send = false, .fd = -1 };
 	char nb[32];
 	int r, w = 0;
 
@@ -629,8 +769,10 @@ int ioc_coroutine_fn ioc__vub_dev_dispatch(struct ioc__vub_conn *c, struct ioc__
 	    (c->protocol_features & (1ull << VUB_PROTO_F_REPLY_ACK)))
 		reply_u64(&rep, r < 0 ? 1 : 0);
 	if (rep.send)
-		w = ioc__vub_msg_send(c->fd, m->request, VUB_VERSION | VUB_FLAG_REPLY,
-				      &rep.p, rep.size);
+		w = ioc__vub_msg_send_fd(c->fd, m->request, VUB_VERSION | VUB_FLAG_REPLY,
+					 &rep.p, rep.size, rep.fd);
+	if (rep.fd >= 0)
+		close(rep.fd);
 	if (w < 0) {
 		ioc__vub_log(c->exp, "closing the connection: reply to %s: %s",
 			     ioc__vub_msg_name(m->request, nb, sizeof(nb)), ioc_strerror(w));
@@ -662,11 +804,13 @@ void ioc_coroutine_fn ioc__vub_dev_reset(struct ioc__vub_conn *c)
 		q->vr.mem = NULL;
 		q->vr.desc = NULL;
 		q->vr.avail = NULL;
+		q->vr.inflight = NULL;
 		q->vr.used = NULL;
 		q->vr.broken = false;
 	}
 	mem_free(c->mem, true);
 	c->mem = NULL;
+	inflight_unmap(c);
 	if (c->backend_fd >= 0)
 		close(c->backend_fd);
 	c->backend_fd = -1;

@@ -232,6 +232,8 @@ int ioc__vub_export_new(struct ioc__vub_export **out, const struct ioc__vub_opts
 			       (1ull << VUB_PROTO_F_BACKEND_REQ) | (1ull << VUB_PROTO_F_CONFIG) |
 			       (1ull << VUB_PROTO_F_CONFIGURE_MEM_SLOTS);
 
+	e->protocol_features |= 1ull << VUB_PROTO_F_INFLIGHT_SHMFD;   /* inflight.c */
+
 	for (unsigned i = 0; i < nq; i++) {
 		struct ioc__vub_queue *q = &e->q[i];
 

@@ -71,6 +71,10 @@ static const struct req_spec specs[VUB_REQUEST_MAX] = {
 	R(VUB_SET_BACKEND_REQ_FD, "SET_BACKEND_REQ_FD", SZ_EXACT, 0, FD_ONE),
 	R(VUB_GET_CONFIG, "GET_CONFIG", SZ_CONFIG, 0, FD_NONE),
 	R(VUB_SET_CONFIG, "SET_CONFIG", SZ_CONFIG, 0, FD_NONE),
+	R(VUB_GET_INFLIGHT_FD, "GET_INFLIGHT_FD", SZ_EXACT,
+	  sizeof(struct vub_inflight_desc), FD_NONE),
+	R(VUB_SET_INFLIGHT_FD, "SET_INFLIGHT_FD", SZ_EXACT,
+	  sizeof(struct vub_inflight_desc), FD_ONE),
 	R(VUB_GET_MAX_MEM_SLOTS, "GET_MAX_MEM_SLOTS", SZ_EXACT, 0, FD_NONE),
 	R(VUB_ADD_MEM_REG, "ADD_MEM_REG", SZ_EXACT,
 	  sizeof(struct vub_mem_one_desc), FD_ONE),
@@ -305,12 +309,16 @@ fail:
 	return r;
 }
 
-int ioc_coroutine_fn ioc__vub_msg_send(int fd, uint32_t request, uint32_t flags,
-				       const void *payload, uint32_t size)
+int ioc_coroutine_fn ioc__vub_msg_send_fd(int fd, uint32_t request, uint32_t flags,
+					  const void *payload, uint32_t size, int pass_fd)
 {
 	uint8_t buf[VUB_HDR_SIZE + VUB_MAX_PAYLOAD];
 	uint32_t hdr[3] = { request, flags, size };
 	size_t len = VUB_HDR_SIZE + size, off = 0;
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} cbuf;
 
 	if (size > VUB_MAX_PAYLOAD)
 		return -EINVAL;
@@ -318,8 +326,24 @@ int ioc_coroutine_fn ioc__vub_msg_send(int fd, uint32_t request, uint32_t flags,
 	if (size)
 		memcpy(buf + VUB_HDR_SIZE, payload, size);
 	while (off < len) {
-		ssize_t r = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+		struct iovec iov = { buf + off, len - off };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+		ssize_t r;
 
+		/* The fd rides with the first byte, as QEMU expects it
+		 * with the header. */
+		if (pass_fd >= 0 && off == 0) {
+			struct cmsghdr *c;
+
+			mh.msg_control = cbuf.b;
+			mh.msg_controllen = sizeof(cbuf.b);
+			c = CMSG_FIRSTHDR(&mh);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SCM_RIGHTS;
+			c->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+		}
+		r = sendmsg(fd, &mh, MSG_NOSIGNAL);
 		if (r < 0) {
 			if (errno == EINTR)
 				continue;
@@ -335,4 +359,10 @@ int ioc_coroutine_fn ioc__vub_msg_send(int fd, uint32_t request, uint32_t flags,
 		off += (size_t)r;
 	}
 	return 0;
+}
+
+int ioc_coroutine_fn ioc__vub_msg_send(int fd, uint32_t request, uint32_t flags,
+				       const void *payload, uint32_t size)
+{
+	return ioc__vub_msg_send_fd(fd, request, flags, payload, size, -1);
 }

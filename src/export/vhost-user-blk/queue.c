@@ -29,8 +29,9 @@
  * requests: the waiter parks in drain_waiter and the completion that
  * brings inflight to 0 wakes it (both on this loop's thread).
  *
- * Inflight tracking (later) hooks in at three points: mark the head in
- * the shared region at pop, link it into the batch at push, clear at flush.
+ * Inflight tracking (inflight.c): at start, the heads the region says
+ * were in flight when the last back end died are resubmitted in the
+ * order first taken, before any new avail entry, as slots free up.
  *
  * Rejected: a dedicated polling thread per queue (SPDK's reactor: a CPU
  * burned whether the guest is busy or not); publishing used->idx on every
@@ -107,7 +108,14 @@ static void process(struct ioc__vub_queue *q)
 		int rc;
 
 		while ((r = q->free)) {
-			rc = ioc__vub_vring_pop(&q->vr, &r->e);
+			/* What was in flight before a restart goes first, in
+			 * the order it was taken. */
+			if (q->resubmit_pos < q->nresubmit)
+				rc = ioc__vub_vring_pop_head(&q->vr,
+							     q->resubmit[q->resubmit_pos++].head,
+							     &r->e);
+			else
+				rc = ioc__vub_vring_pop(&q->vr, &r->e);
 			if (rc == 0)
 				break;
 			if (rc < 0) {
@@ -188,6 +196,8 @@ void ioc__vub_queue_fini(struct ioc__vub_queue *q)
 	q->flush_bh = NULL;
 	free(q->reqs);
 	q->reqs = NULL;
+	free(q->resubmit);
+	q->resubmit = NULL;
 }
 
 static void ioc_coroutine_fn drain(struct ioc__vub_queue *q)
@@ -235,6 +245,25 @@ int ioc_coroutine_fn ioc__vub_queue_start(struct ioc__vub_queue *q,
 		__atomic_load_n(&q->vr.used->idx, __ATOMIC_RELAXED);
 	q->inflight = 0;
 	q->starved = false;
+	q->nresubmit = q->resubmit_pos = 0;
+	if (q->vr.inflight) {
+		if (q->resubmit_cap < q->vr.num) {
+			struct ioc__vub_resubmit *rs = calloc(q->vr.num, sizeof(*rs));
+
+			if (!rs)
+				return -ENOMEM;
+			free(q->resubmit);
+			q->resubmit = rs;
+			q->resubmit_cap = q->vr.num;
+		}
+		r = ioc__vub_vring_inflight_start(&q->vr, q->resubmit);
+		if (r < 0)
+			return r;
+		q->nresubmit = (unsigned)r;
+		if (r > 0)
+			ioc__vub_log(q->exp, "queue %u: resubmitting %d requests in flight "
+				     "before the restart", q->index, r);
+	}
 	if (q->kick_fd >= 0) {
 		r = ioc_loop_set_fd(q->loop, q->kick_fd, kick_read, NULL, kick_poll,
 				    kick_poll_ready, q);

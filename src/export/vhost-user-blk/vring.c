@@ -21,7 +21,9 @@
  * nonzero multiple of 16 bytes inside one region, negotiated, not nested,
  * not chained.  Readable descriptors must come before writable ones.  Any
  * fault marks the ring broken with a reason and it hands out nothing more
- * (the device's "needs reset").
+ * (the device's "needs reset").  With inflight tracking on (inflight.c)
+ * pop, push and flush also note each request in the region the front
+ * end keeps for a restart.
  *
  * Notification: completions are pushed to the used ring without being
  * visible; flush publishes used->idx once per batch and signals the call
@@ -173,25 +175,12 @@ static int add_buffer(struct ioc__vub_vring *vr, struct ioc__vub_elem *e,
 	return 0;
 }
 
-int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e)
+/* Walk the chain at head into e: iovecs, readable ones first. */
+static int walk_chain(struct ioc__vub_vring *vr, uint16_t head, struct ioc__vub_elem *e)
 {
 	const uint8_t *table;   /* may be unaligned (an indirect table) */
 	unsigned tnum, count = 0, i;
-	uint16_t avail, head;
 	bool in_indirect = false;
-
-	if (vr->broken || !vr->avail)
-		return vr->broken ? -EPROTO : 0;
-	avail = avail_idx_acquire(vr);
-	if (avail == vr->last_avail)
-		return 0;
-	if ((uint16_t)(avail - vr->last_avail) > vr->num)
-		return fault(vr, "avail index ran ahead of the ring");
-	/* Relaxed: ordered after the acquire load of avail->idx above. */
-	head = __atomic_load_n(&vr->avail->ring[vr->last_avail & (vr->num - 1)],
-			       __ATOMIC_RELAXED);
-	if (head >= vr->num)
-		return fault(vr, "avail entry out of range");
 
 	e->n_out = e->n_in = 0;
 	table = (const uint8_t *)vr->desc;
@@ -244,9 +233,44 @@ int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e)
 		if (i >= tnum)
 			return fault(vr, "next descriptor out of range");
 	}
-	vr->last_avail++;
 	e->head = head;
 	return 1;
+}
+
+int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e)
+{
+	uint16_t avail, head;
+	int r;
+
+	if (vr->broken || !vr->avail)
+		return vr->broken ? -EPROTO : 0;
+	avail = avail_idx_acquire(vr);
+	if (avail == vr->last_avail)
+		return 0;
+	if ((uint16_t)(avail - vr->last_avail) > vr->num)
+		return fault(vr, "avail index ran ahead of the ring");
+	/* Relaxed: ordered after the acquire load of avail->idx above. */
+	head = __atomic_load_n(&vr->avail->ring[vr->last_avail & (vr->num - 1)],
+			       __ATOMIC_RELAXED);
+	if (head >= vr->num)
+		return fault(vr, "avail entry out of range");
+	r = walk_chain(vr, head, e);
+	if (r < 0)
+		return r;
+	vr->last_avail++;
+	if (vr->inflight)
+		ioc__vub_inflight_pop(vr, head);
+	return 1;
+}
+
+int ioc__vub_vring_pop_head(struct ioc__vub_vring *vr, uint16_t head,
+			    struct ioc__vub_elem *e)
+{
+	if (vr->broken || !vr->desc)
+		return -EPROTO;
+	if (head >= vr->num)
+		return fault(vr, "resubmitted head out of range");
+	return walk_chain(vr, head, e);
 }
 
 void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len)
@@ -257,6 +281,8 @@ void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len)
 	__atomic_store_n(&u->id, (uint32_t)head, __ATOMIC_RELAXED);
 	__atomic_store_n(&u->len, len, __ATOMIC_RELAXED);
 	vr->used_idx++;
+	if (vr->inflight)
+		ioc__vub_inflight_push(vr, head);
 }
 
 bool ioc__vub_vring_flush(struct ioc__vub_vring *vr)
@@ -269,8 +295,10 @@ bool ioc__vub_vring_flush(struct ioc__vub_vring *vr)
 	/* Pairs with the driver's read barrier between its load of
 	 * used->idx and its reads of the used entries (and of the data we
 	 * wrote into its buffers). */
-	__atomic_store_n(&vr->used->idx, now, __ATOMIC_RELEASE);
+	IOC_VUB_STORE(&vr->used->idx, now, __ATOMIC_RELEASE);
 	vr->published = now;
+	if (vr->inflight)
+		ioc__vub_inflight_published(vr, (uint16_t)(now - old));
 	if (vr->call_fd < 0)
 		return false;
 	/* The used->idx store above before the read of what the driver
@@ -313,3 +341,4 @@ bool ioc__vub_vring_arm(struct ioc__vub_vring *vr)
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	return __atomic_load_n(&vr->avail->idx, __ATOMIC_RELAXED) != vr->last_avail;
 }
+

@@ -46,6 +46,9 @@ struct ioc__vub_queue {
 	bool flush_pending;
 	struct ioc_timer nofd_timer;
 	_Atomic uint64_t completed;      /* relaxed: statistics */
+	/* Heads in flight before a restart, taken before the avail ring. */
+	struct ioc__vub_resubmit *resubmit;
+	unsigned nresubmit, resubmit_pos, resubmit_cap;
 };
 
 struct ioc__vub_export {
@@ -75,6 +78,13 @@ struct ioc__vub_conn {
 	struct ioc__vub_export *exp;
 	int fd;
 	uint64_t features, protocol_features;   /* acknowledged */
+	/* SET_INFLIGHT_FD's region: inflight_nq queues of inflight_qbytes
+	 * each from inflight_base, rings of up to inflight_qsize entries. */
+	void *inflight_map;
+	size_t inflight_map_len;
+	uint8_t *inflight_base;
+	unsigned inflight_nq, inflight_qsize;
+	uint64_t inflight_qbytes;
 	struct ioc__vub_mem *mem;
 	int backend_fd;
 };

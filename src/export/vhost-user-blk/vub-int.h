@@ -3,6 +3,7 @@
  *
  *   msg.c    the wire: one message in (header, payload, fds), one out
  *   vring.c  guest memory and the split ring walker (no I/O, no loop)
+ *   inflight.c  the split ring's inflight region (what a restart resumes)
  *   blk.c    virtio-blk requests: one coroutine each, on the queue's loop
  *   dev.c    the device state machine, one handler per front-end message
  *   export.c the export object, its socket, the connection's life
@@ -102,6 +103,13 @@ struct vub_config_desc {
 	uint32_t offset, size, flags;
 	uint8_t data[VUB_CONFIG_MAX];
 };
+/* GET/SET_INFLIGHT_FD: natural alignment makes it 24 bytes on the wire,
+ * as QEMU sends it. */
+struct vub_inflight_desc {
+	uint64_t mmap_size, mmap_offset;
+	uint16_t num_queues, queue_size;
+};
+_Static_assert(sizeof(struct vub_inflight_desc) == 24, "the wire size QEMU uses");
 
 struct ioc__vub_msg {
 	uint32_t request, flags, size;
@@ -110,6 +118,7 @@ struct ioc__vub_msg {
 		struct vhost_vring_state state;
 		struct vhost_vring_addr addr;
 		struct vub_mem_table_desc mem;
+		struct vub_inflight_desc inflight;
 		struct vub_mem_one_desc one;
 		struct vub_config_desc cfg;
 		uint8_t raw[VUB_MAX_PAYLOAD];
@@ -143,6 +152,10 @@ void ioc__vub_msg_close_fds(struct ioc__vub_msg *m);
  * recv.  0 or -errno. */
 int ioc_coroutine_fn ioc__vub_msg_send(int fd, uint32_t request, uint32_t flags,
 				       const void *payload, uint32_t size);
+/* The same with one fd in SCM_RIGHTS (GET_INFLIGHT_FD's reply); fd < 0:
+ * none.  The fd stays the caller's. */
+int ioc_coroutine_fn ioc__vub_msg_send_fd(int fd, uint32_t request, uint32_t flags,
+					  const void *payload, uint32_t size, int pass_fd);
 
 /* ---- guest memory and the split ring (vring.c) ------------------------ */
 
@@ -176,6 +189,35 @@ struct ioc__vub_elem {
 	struct iovec iov[VUB_REQ_IOV];
 };
 
+/*
+ * The inflight region of one split ring (vhost-user.rst, "Inflight I/O
+ * tracking"), shared with the front end, which keeps it across a back
+ * end's death.  desc[] is indexed by head; fields the spec leaves unused
+ * for a split ring are zero.  Every access is an __atomic one: the front
+ * end maps it too.
+ */
+struct vub_inflight_state {
+	uint8_t inflight;              /* 1: popped, used entry not published */
+	uint8_t padding[5];
+	uint16_t next;                 /* the last batch's list */
+	uint64_t counter;              /* pop order */
+};
+struct vub_inflight_queue {
+	uint64_t features;             /* 0 */
+	uint16_t version;              /* VUB_INFLIGHT_VERSION; 0: not set up */
+	uint16_t desc_num;             /* entries of desc[] */
+	uint16_t last_batch_head;
+	uint16_t used_idx;             /* used->idx once the batch is cleared */
+	struct vub_inflight_state desc[];
+};
+_Static_assert(sizeof(struct vub_inflight_state) == 16, "the spec's DescStateSplit");
+_Static_assert(sizeof(struct vub_inflight_queue) == 16, "the spec's QueueRegionSplit");
+#define VUB_INFLIGHT_VERSION 1
+#define VUB_INFLIGHT_ALIGN   64
+/* Bytes of one queue's region for queue_size entries (a multiple of
+ * VUB_INFLIGHT_ALIGN, so each queue's region starts aligned). */
+uint64_t ioc__vub_inflight_queue_bytes(unsigned queue_size);
+
 struct ioc__vub_vring {
 	/* Set by the front end's messages. */
 	unsigned num;                  /* entries, a power of two */
@@ -197,6 +239,10 @@ struct ioc__vub_vring {
 	bool signalled_valid;          /* ... is meaningful (EVENT_IDX) */
 	bool broken;                   /* a fault stopped the ring */
 	const char *why;               /* the fault */
+
+	/* Inflight tracking (NULL: off), set before the ring starts. */
+	struct vub_inflight_queue *inflight;
+	uint64_t counter;              /* the next pop's counter */
 };
 
 /* Check num and the ring addresses against mem and point desc, avail,
@@ -220,6 +266,58 @@ bool ioc__vub_vring_flush(struct ioc__vub_vring *vr);
 /* Ask for a kick at the next request (EVENT_IDX avail_event) and return
  * whether one arrived meanwhile (then process before sleeping). */
 bool ioc__vub_vring_arm(struct ioc__vub_vring *vr);
+
+/*
+ * Inflight tracking.  With vr->inflight set, pop marks the head in the
+ * region, push links it into the batch, flush clears the batch; see
+ * inflight.c for the order of the stores.  At start, after map:
+ *
+ * ioc__vub_vring_inflight_start() checks the region against the ring
+ * (version, desc_num >= num; a region of version 0 is set up), resolves
+ * a batch that was published but not cleared, and fills resubmit[]
+ * (room for vr->num) with the heads still in flight, in the order they
+ * were popped.  It sets last_avail to used->idx plus their count (every
+ * entry taken is either in the used ring or in flight) and counter past
+ * theirs.  Returns their count, or -EINVAL with vr->why.
+ */
+struct ioc__vub_resubmit {
+	uint64_t counter;
+	uint16_t head;
+};
+int ioc__vub_vring_inflight_start(struct ioc__vub_vring *vr,
+				  struct ioc__vub_resubmit *resubmit);
+/* Walk the chain at head (a request in flight before a restart) like
+ * pop does, without taking an avail entry or marking it again.  1, or
+ * -EPROTO (the ring is broken). */
+int ioc__vub_vring_pop_head(struct ioc__vub_vring *vr, uint16_t head,
+			    struct ioc__vub_elem *e);
+/* inflight.c's hooks in pop, push and flush (vr->inflight set). */
+void ioc__vub_inflight_pop(struct ioc__vub_vring *vr, uint16_t head);
+void ioc__vub_inflight_push(struct ioc__vub_vring *vr, uint16_t head);
+void ioc__vub_inflight_published(struct ioc__vub_vring *vr, uint16_t n);
+
+/*
+ * A store a restart depends on: used->idx and the inflight region.
+ * Built with IOC_VUB_CRASH_POINTS (tests only), every such store after
+ * the ioc__vub_crash_budget-th is dropped, as if the process died there,
+ * and ioc__vub_crash_stores counts them.  (The used entries' stores are
+ * not among them: past used->idx no one reads them.)
+ */
+#ifdef IOC_VUB_CRASH_POINTS
+extern long ioc__vub_crash_budget;        /* -1: no crash */
+extern unsigned long ioc__vub_crash_stores;
+#define IOC_VUB_STORE(p, v, mo)                                                \
+	do {                                                                   \
+		ioc__vub_crash_stores++;                                       \
+		if (ioc__vub_crash_budget != 0) {                              \
+			if (ioc__vub_crash_budget > 0)                         \
+				ioc__vub_crash_budget--;                       \
+			__atomic_store_n(p, v, mo);                            \
+		}                                                              \
+	} while (0)
+#else
+#define IOC_VUB_STORE(p, v, mo) __atomic_store_n(p, v, mo)
+#endif
 
 
 #endif /* IOC_VUB_INT_H */
