@@ -62,6 +62,7 @@ struct ioc_fuzz_mut {
 	unsigned rounds;          /* mutated copies (scaled); default 200 */
 	const uint8_t *special;   /* bytes the syntax gives meaning to */
 	size_t nspecial;          /* default: 0, 0xff, 0x7f, 0x80 */
+	size_t head;              /* half the edits land in the first head bytes */
 	size_t tail;              /* half the edits land in the last tail bytes */
 	const void *other;        /* a second seed to splice from */
 	size_t other_n;
@@ -93,6 +94,8 @@ static inline void ioc_fuzz_mutate(const void *base, size_t n, const struct ioc_
 			uint64_t r = ioc_fuzz_rand(&x);
 			size_t at = (m->tail && (r & 1)) ?
 				len - 1 - (size_t)(r >> 8) % (len < m->tail ? len : m->tail) :
+				(m->head && (r & 1)) ?
+				(size_t)(r >> 8) % (len < m->head ? len : m->head) :
 				(size_t)(r >> 8) % len;
 
 			switch ((r >> 1) % 6) {
@@ -120,8 +123,9 @@ static inline void ioc_fuzz_mutate(const void *base, size_t n, const struct ioc_
 typedef void ioc_fuzz_file_fn(const char *name, const uint8_t *p, size_t n, void *opaque);
 
 /* Each file of the corpus: the directory from argv, or subdir under
- * IOC_SOURCE_ROOT.  Missing or empty fails the case: a corpus test that
- * runs nothing proves nothing. */
+ * IOC_SOURCE_ROOT (NULL: none is checked in, the case skips without an
+ * argument).  Missing or empty fails the case: a corpus test that runs
+ * nothing proves nothing. */
 static inline unsigned long ioc_fuzz_corpus(const char *subdir, ioc_fuzz_file_fn *fn,
 					    void *opaque)
 {
@@ -131,6 +135,8 @@ static inline unsigned long ioc_fuzz_corpus(const char *subdir, ioc_fuzz_file_fn
 	struct dirent *e;
 	DIR *d;
 
+	if (!dir && !subdir)
+		IOC_SKIP("no corpus directory given");
 	if (!dir) {
 		const char *root = getenv("IOC_SOURCE_ROOT");
 
@@ -184,12 +190,17 @@ static inline void ioc_fuzz_write(const char *dir, const char *name, const void 
 }
 
 /* main: the cases given, or write_corpus(DIR) for --write-corpus DIR (NULL:
- * the target's corpus is the checked-in one). */
-#define IOC_FUZZ_MAIN(write_corpus, ...)                                        \
+ * the target's corpus is the checked-in one); with _SETUP, setup() first
+ * (where a missing tool skips the whole file). */
+#define IOC_FUZZ_MAIN(write_corpus, ...) IOC_FUZZ_MAIN_SETUP(NULL, write_corpus, __VA_ARGS__)
+#define IOC_FUZZ_MAIN_SETUP(setup, write_corpus, ...)                           \
 	int main(int argc, char **argv)                                         \
 	{                                                                       \
 		static const struct ioc_test ioc_fuzz_cases[] = { __VA_ARGS__ }; \
 		void (*wc)(const char *) = (write_corpus);                      \
+		void (*su)(void) = (setup);                                     \
+		if (su)                                                         \
+			su();                                                   \
 		if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) {      \
 			if (!wc) {                                              \
 				fprintf(stderr, "no generated seeds: the corpus " \

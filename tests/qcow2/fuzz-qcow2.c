@@ -13,7 +13,8 @@
 #include <string.h>
 
 #include "src/node/qcow2.h"
-#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static uint64_t word(const uint8_t *p)
 {

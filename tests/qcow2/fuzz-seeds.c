@@ -1,63 +1,41 @@
 /*
- * Runs the qcow2 fuzz target's entry point as an ordinary TAP test, so CI
- * exercises it without libFuzzer.  The corpus is made now: small images
- * from qemu-img and qemu-io (each cluster size class, compressed zlib and
- * zstd, extended L2, version 2, refcount widths, a backing file name, a
- * snapshot, bitmaps with data), each whole, truncated, and with bytes flipped in
- * the header and anywhere.  With a directory argument, the files in it
- * (a corpus saved by a libFuzzer run) instead.
+ * The standalone cases of the qcow2 fuzz target (fuzz-qcow2.c; the runner
+ * is tests/harness/fuzz-standalone.h).  The corpus is made now: small
+ * images from qemu-img and qemu-io (each cluster size class, compressed
+ * zlib and zstd, extended L2, version 2, refcount widths, a backing file
+ * name, a snapshot, bitmaps with data), each whole, truncated and
+ * mutated, most edits in the header and its extensions; garbage behind
+ * the magic.  With a directory argument, the files in it (a corpus saved
+ * by a libFuzzer run) too; --write-corpus DIR stores the images.
  */
-#include <dirent.h>
-
 #include "q2-test.h"
-#include "fuzz.h"
+#include "fuzz-standalone.h"
 
-static const char *extra_dir;
-static unsigned long runs;
+static const char *write_dir;       /* --write-corpus: images go here */
 
-static void run(const uint8_t *p, size_t n)
-{
-	/* A private copy: ASan sees a read past the end on the exact block. */
-	uint8_t *c = malloc(n ? n : 1);
-
-	memcpy(c, p, n);
-	LLVMFuzzerTestOneInput(c, n);
-	free(c);
-	runs++;
-}
-
-static void mutate_all(const uint8_t *base, size_t n, uint64_t x)
-{
-	uint8_t *m = malloc(n + 1);
-
-	run(base, n);
-	for (int i = 1; i <= 8; i++)
-		run(base, n * (size_t)i / 9);
-	for (int i = 0; i < (int)ioc_test_scaled(200) && n; i++) {
-		uint64_t r = q2t_rand(&x);
-		/* Most flips in the header and its extensions. */
-		size_t pos = (i % 4) ? (size_t)(r % (n < 512 ? n : 512)) : (size_t)(r % n);
-
-		memcpy(m, base, n);
-		m[pos] ^= (uint8_t)(r >> 32 | 1);
-		if (i % 3 == 0)
-			m[(pos + 1) % n] ^= (uint8_t)(r >> 40);
-		run(m, n);
-	}
-	free(m);
-}
-
+/* One image: made by the shell command make, then mutated with half the
+ * edits in its first 512 bytes (the header and its extensions). */
 static void image(const char *make)
 {
 	char *p = q2t_path("fz.qcow2"), *b = q2t_path("fzb.qcow2");
 	static uint64_t x = 12345;
+	static unsigned k;
 	size_t n;
 	uint8_t *d;
 
 	Q2T_SH_OK("P='%s'; B='%s'; %s", p, b, make);
 	d = q2t_read_file(p, &n);
 	ASSERT_ULT(n, 4u << 20);
-	mutate_all(d, n, q2t_rand(&x));
+	if (write_dir) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "image-%u.qcow2", k++);
+		ioc_fuzz_write(write_dir, name, d, n);
+	} else {
+		struct ioc_fuzz_mut m = { .head = 512, .seed = q2t_rand(&x) };
+
+		ioc_fuzz_mutate(d, n, &m);
+	}
 	free(d);
 	unlink(p);
 	unlink(b);
@@ -93,7 +71,7 @@ static void test_generated_corpus(void)
 	      "$B >/dev/null && qemu-img convert -c -O qcow2 -o cluster_size=4k,"
 	      "compression_type=zstd $B $P");
 	/* Garbage behind the magic. */
-	{
+	if (!write_dir) {
 		uint8_t g[4096];
 		uint64_t x = 77;
 
@@ -102,51 +80,32 @@ static void test_generated_corpus(void)
 				g[k] = (uint8_t)q2t_rand(&x);
 			memcpy(g, "QFI\xfb\0\0\0", 7);
 			g[7] = (uint8_t)(2 + (i & 1));
-			run(g, (size_t)(i * 61) % sizeof(g) + 72);
+			ioc_fuzz_run(g, (size_t)(i * 61) % sizeof(g) + 72);
 		}
 	}
-	ioc_test_diag("%lu inputs", runs);
-	ASSERT_UGT(runs, 1000);
+	if (!write_dir) {
+		ioc_test_diag("%lu inputs", ioc_fuzz_runs);
+		ASSERT_UGT(ioc_fuzz_runs, 1000);
+	}
+}
+
+static void run_file(const char *name, const uint8_t *p, size_t n, void *opaque)
+{
+	(void)name;
+	(void)opaque;
+	ioc_fuzz_run(p, n);
 }
 
 static void test_saved_corpus(void)
 {
-	char path[1024];
-	unsigned long files = 0;
-	struct dirent *e;
-	DIR *d;
-
-	if (!extra_dir)
-		IOC_SKIP("no corpus directory given");
-	d = opendir(extra_dir);
-	if (!d)
-		ioc_test_fail(__FILE__, __LINE__, "corpus %s: %s", extra_dir, strerror(errno));
-	while ((e = readdir(d))) {
-		size_t n;
-		uint8_t *p;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", extra_dir, e->d_name);
-		p = q2t_read_file(path, &n);
-		run(p, n);
-		free(p);
-		files++;
-	}
-	closedir(d);
-	ioc_test_diag("%lu corpus files from %s", files, extra_dir);
-	ASSERT_UGT(files, 0);
+	ioc_fuzz_corpus(NULL, run_file, NULL);
 }
 
-int main(int argc, char **argv)
+static void write_corpus(const char *dir)
 {
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_generated_corpus),
-		IOC_TEST(test_saved_corpus),
-	};
-
-	if (argc > 1)
-		extra_dir = argv[1];
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
+	write_dir = dir;
+	test_generated_corpus();
 }
+
+IOC_FUZZ_MAIN_SETUP(q2t_require_qemu, write_corpus, IOC_TEST(test_generated_corpus),
+		    IOC_TEST(test_saved_corpus))
