@@ -7,7 +7,9 @@
  * type with its error answers, a ring fault (the queue stops and the
  * error eventfd fires), malformed messages that end one connection while
  * the export goes on serving the next, a second front end refused, a
- * read-only export, and that no fd outlives the export.
+ * read-only export, dirty logging (exactly the pages each request wrote,
+ * logs replaced and turned off, SET_LOG_BASE messages refused), and that
+ * no fd outlives the export.
  *
  * The export runs on an I/O thread (its control loop) with its two queues
  * on a second one; the node is a file in the test's scratch directory.
