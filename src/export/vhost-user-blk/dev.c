@@ -396,7 +396,6 @@ static int ioc_coroutine_fn h_set_vring_addr(struct ioc__vub_conn *c, struct ioc
 {
 	const struct vhost_vring_addr *a = &m->p.addr;
 	struct ioc__vub_queue *q = queue_of(c, a->index);
-
 	bool log = a->flags & (1u << VHOST_VRING_F_LOG);
 
 	if (!q)
