@@ -20,8 +20,17 @@
 # queues, so a multiqueue test wants 2.  GUEST_DEVICE_OPTS adds options to
 # the device (",event_idx=off"), GUEST_QEMU_ARGS arguments to QEMU,
 # GUEST_CHARDEV_OPTS options to the socket chardev (",reconnect=1").
-# GUEST_BINARIES (host paths) are copied into /bin of the initramfs with
-# the shared libraries ldd names for them, at the same paths.
+#
+# GUEST_BINARIES (default none) lists host programs for the initramfs,
+# "PATH" or "PATH:NAME", each copied to /bin/NAME (its own name by
+# default) with the shared libraries ldd lists, at their paths.  Name a
+# program busybox also has otherwise ("/usr/sbin/blkdiscard:ul-blkdiscard"):
+# busybox's shell runs its own applet before any file of that name.
+# guest_check_binaries says which one is missing.
+#
+# guest_start runs the same guest in the background with more arguments
+# (a QMP socket, -incoming for a migration's destination), for tests that
+# talk to QEMU while the guest runs.
 
 GUEST_MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
 
@@ -76,13 +85,7 @@ guest_initramfs() {
 		*) cp "$f" "$root/lib/modules/$m.ko" ;;
 		esac
 	done
-	for f in ${GUEST_BINARIES:-}; do
-		cp -L "$f" "$root/bin/"
-		for m in $(ldd "$f" | awk '/=> \// { print $3 } /^[[:space:]]*\// { print $1 }'); do
-			mkdir -p "$root$(dirname "$m")"
-			cp -L "$m" "$root$m"
-		done
-	done
+	guest_copy_binaries "$root" || return 1
 	cp "$script" "$root/test.sh"
 	cat >"$root/init" <<INIT
 #!/bin/busybox sh
@@ -103,6 +106,65 @@ INIT
 	chmod +x "$root/init"
 	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$dir/initramfs.gz"
 	rm -rf "$root"
+}
+
+# guest_check_binaries: 1 with GUEST_SKIP naming the first program of
+# GUEST_BINARIES that is not installed (or ldd that is missing).
+guest_check_binaries() {
+	local b
+	GUEST_SKIP=
+	[ -z "${GUEST_BINARIES:-}" ] && return 0
+	if ! command -v ldd >/dev/null 2>&1; then
+		GUEST_SKIP="ldd not installed"
+		return 1
+	fi
+	for b in $GUEST_BINARIES; do
+		if [ ! -x "${b%%:*}" ]; then
+			GUEST_SKIP="${b%%:*} not installed"
+			return 1
+		fi
+	done
+	return 0
+}
+
+# guest_copy_binaries ROOT: GUEST_BINARIES and their libraries into ROOT.
+guest_copy_binaries() {
+	local root=$1 b src name lib
+	for b in ${GUEST_BINARIES:-}; do
+		src=${b%%:*}
+		name=${b##*:}
+		[ "$name" = "$b" ] && name=$(basename "$src")
+		cp -L "$src" "$root/bin/$name" || return 1
+		# "libx.so => /lib/.../libx.so (0x...)" and "/lib64/ld-linux... (0x...)".
+		for lib in $(ldd "$src" | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p'); do
+			[ -e "$root$lib" ] && continue
+			mkdir -p "$root$(dirname "$lib")"
+			cp -L "$lib" "$root$lib" || return 1
+		done
+	done
+	return 0
+}
+
+# guest_start DIR SOCK NUM_QUEUES NAME TIMEOUT_S [QEMU ARGS...]: the guest
+# of guest_run in the background, its console in DIR/NAME.console and
+# QEMU's output in DIR/NAME.qemu.log, with the extra arguments; killed
+# after TIMEOUT_S at the latest.  GUEST_PID is the process to wait for or
+# kill (timeout(1), which passes a SIGTERM on to QEMU).
+guest_start() {
+	local dir=$1 sock=$2 nq=$3 name=$4 t=$5
+	shift 5
+	timeout --kill-after=5 "$t" qemu-system-x86_64 \
+		-accel tcg -m 512M -smp "${GUEST_SMP:-1}" \
+		-nodefaults -no-user-config -display none -no-reboot \
+		-serial "file:$dir/$name.console" \
+		-kernel "$GUEST_KERNEL" -initrd "$dir/initramfs.gz" \
+		-append "console=ttyS0 panic=-1 quiet loglevel=4" \
+		-object memory-backend-memfd,id=mem,size=512M,share=on \
+		-numa node,memdev=mem \
+		-chardev "socket,id=c0,path=$sock" \
+		-device "vhost-user-blk-pci,chardev=c0,num-queues=$nq${GUEST_DEVICE_OPTS:-}" \
+		${GUEST_QEMU_ARGS:-} "$@" </dev/null >"$dir/$name.qemu.log" 2>&1 &
+	GUEST_PID=$!
 }
 
 # guest_run DIR SOCK NUM_QUEUES TIMEOUT_S: boot, run, power off.  Returns

@@ -38,7 +38,7 @@ static struct ioc_node_graph *graph;
 static struct ioc__vub_export *exp;
 static char path[108];
 static uint8_t *gmem;
-static int memfd, memfd2, memfd3, kick[2], call[2], cli;
+static int memfd, memfd2, memfd3, logfd, kick[2], call[2], cli;
 #define INFLIGHT_MAX (2 * 16448)           /* two queues of 1024 entries */
 static unsigned long ops_run, conversations;
 
@@ -83,8 +83,9 @@ static void setup(void)
 	memfd = memfd_create("guest", MFD_CLOEXEC);
 	memfd2 = memfd_create("guest2", MFD_CLOEXEC);
 	memfd3 = memfd_create("inflight", MFD_CLOEXEC);   /* SET_INFLIGHT_FD's */
-	if (memfd < 0 || memfd2 < 0 || memfd3 < 0 || ftruncate(memfd, GMEM) < 0 ||
-	    ftruncate(memfd2, GMEM) < 0)
+	logfd = memfd_create("log", MFD_CLOEXEC);
+	if (memfd < 0 || memfd2 < 0 || memfd3 < 0 || logfd < 0 || ftruncate(memfd, GMEM) < 0 ||
+	    ftruncate(memfd2, GMEM) < 0 || ftruncate(logfd, 4096) < 0)
 		abort();
 	gmem = mmap(NULL, GMEM, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 	if (gmem == MAP_FAILED)
@@ -172,7 +173,7 @@ static uint64_t take(struct cursor *c, unsigned bytes)
 
 static void op(struct cursor *c)
 {
-	unsigned o = (unsigned)take(c, 1) % 17, q = (unsigned)take(c, 1);
+	unsigned o = (unsigned)take(c, 1) % 18, q = (unsigned)take(c, 1);
 	unsigned qi = q & 1;
 	uint32_t fl = (q & 0x80) ? VUB_FLAG_NEED_REPLY : 0;
 	uint64_t v;
@@ -215,6 +216,10 @@ static void op(struct cursor *c)
 		a.desc_user_addr = (q & 2) ? UVA + take(c, 3) : base;
 		a.avail_user_addr = (q & 4) ? UVA + take(c, 3) : base + 0x2000;
 		a.used_user_addr = (q & 8) ? UVA + take(c, 3) : base + 0x4000;
+		if (q & 16) {   /* log the used ring, at its address or not */
+			a.flags = 1u << VHOST_VRING_F_LOG;
+			a.log_guest_addr = (q & 32) ? take(c, 8) : a.used_user_addr - UVA;
+		}
 		msg(VUB_SET_VRING_ADDR, fl, &a, sizeof(a), NULL, 0);
 		break;
 	}
@@ -276,6 +281,20 @@ static void op(struct cursor *c)
 			msg(VUB_REM_MEM_REG, fl, &one, sizeof(one), NULL, 0);
 		else
 			msg(VUB_ADD_MEM_REG, fl, &one, sizeof(one), &fd, 1);
+		close(fd);
+		break;
+	}
+	case 15: {
+		/* The dirty log: SET_LOG_BASE over the whole guest (or the
+		 * size and offset the bytes say; an eventfd instead of a
+		 * memfd), or SET_LOG_FD. */
+		struct vub_log_desc d = { (q & 2) ? take(c, 4) : 64, (q & 4) ? take(c, 2) : 0 };
+		int fd = dup((q & 8) ? call[qi] : logfd);
+
+		if (q & 16)
+			msg(VUB_SET_LOG_FD, fl, NULL, 0, &fd, 1);
+		else
+			msg(VUB_SET_LOG_BASE, fl, &d, sizeof(d), &fd, 1);
 		close(fd);
 		break;
 	}
@@ -487,6 +506,28 @@ static unsigned make_inputs(struct input *ins)
 	/* Without EVENT_IDX, NOFD kick and call. */
 	put(&ins[n], (uint8_t[]){ 2, 0, 1, 4, 3, 0, 4, 0, 4, 5, 0, 7, 2, 8, 2, 9, 2 }, 17);
 	request(&ins[n], 0, 0, VIRTIO_BLK_T_IN);
+	n++;
+	/* Dirty logging (LOG_ALL is among the features startup takes): a
+	 * log, the used ring logged, reads; a second log at an offset, the
+	 * log fd; turned off. */
+	startup(&ins[n], 0);
+	put(&ins[n], (uint8_t[]){ 15, 0, 5, 16 }, 4);
+	for (uint16_t i = 0; i < 3; i++)
+		request(&ins[n], 0, i, VIRTIO_BLK_T_IN);
+	put(&ins[n], (uint8_t[]){ 15, 4, 3, 0, 15, 16 }, 6);
+	request(&ins[n], 0, 3, VIRTIO_BLK_T_GET_ID);
+	/* SET_FEATURES VERSION_1, PROTOCOL_FEATURES, EVENT_IDX: no LOG_ALL. */
+	put(&ins[n], (uint8_t[]){ 1, 2, 0, 0, 0, 0x60, 1, 0, 0, 0, 5, 0 }, 12);
+	request(&ins[n], 0, 4, VIRTIO_BLK_T_IN);
+	n++;
+	/* A log the size of its file and past it; an eventfd as the log. */
+	startup(&ins[n], 1);
+	put(&ins[n], (uint8_t[]){ 15, 3, 0, 0x10, 0, 0 }, 6);
+	request(&ins[n], 1, 0, VIRTIO_BLK_T_IN);
+	put(&ins[n], (uint8_t[]){ 15, 3, 1, 0x10, 0, 0 }, 6);
+	n++;
+	startup(&ins[n], 1);
+	put(&ins[n], (uint8_t[]){ 15, 9 }, 2);
 	n++;
 	return n;
 }

@@ -155,6 +155,21 @@ static unsigned make_inputs(struct input *ins)
 	ins[n].b[ins[n].n++] = 1;
 	msg(&ins[n], VUB_SET_BACKEND_REQ_FD, 1, NULL, 0);
 	n++;
+	/* The dirty log: SET_LOG_BASE and SET_LOG_FD, one fd each; a log
+	 * description one byte short. */
+	ins[n].b[ins[n].n++] = 1;
+	{
+		struct vub_log_desc d = { 4096, 0 };
+
+		msg(&ins[n], VUB_SET_LOG_BASE, 1, &d, sizeof(d));
+		n++;
+		ins[n].b[ins[n].n++] = 1;
+		msg(&ins[n], VUB_SET_LOG_FD, 1, NULL, 0);
+		n++;
+		ins[n].b[ins[n].n++] = 1;
+		msg(&ins[n], VUB_SET_LOG_BASE, 1, &d, sizeof(d) - 1);
+		n++;
+	}
 	/* Eight regions and eight fds; nine fds. */
 	ins[n].b[ins[n].n++] = 8;
 	t.nregions = 8;

@@ -7,7 +7,9 @@
  * type with its error answers, a ring fault (the queue stops and the
  * error eventfd fires), malformed messages that end one connection while
  * the export goes on serving the next, a second front end refused, a
- * read-only export, and that no fd outlives the export.
+ * read-only export, dirty logging (exactly the pages each request wrote,
+ * logs replaced and turned off, SET_LOG_BASE messages refused), and that
+ * no fd outlives the export.
  *
  * The export runs on an I/O thread (its control loop) with its two queues
  * on a second one; the node is a file in the test's scratch directory.
@@ -295,12 +297,17 @@ static void fe_close(struct fe *f)
 
 static bool fe_inflight;   /* fe_negotiate acknowledges INFLIGHT_SHMFD */
 
+static uint64_t extra_pf;   /* protocol features fe_negotiate also takes */
+
 static void fe_negotiate(struct fe *f)
 {
 	uint64_t feat, pf;
 
 	feat = fe_get_u64(f, VUB_GET_FEATURES);
 	ASSERT_TRUE(feat & (1ull << VIRTIO_F_VERSION_1));
+	ASSERT_TRUE(feat & (1ull << VUB_F_LOG_ALL));
+	/* As QEMU: LOG_ALL only while migrating. */
+	feat &= ~(1ull << VUB_F_LOG_ALL);
 	ASSERT_TRUE(feat & (1ull << VUB_F_PROTOCOL_FEATURES));
 	ASSERT_TRUE(feat & (1ull << VIRTIO_RING_F_EVENT_IDX));
 	pf = fe_get_u64(f, VUB_GET_PROTOCOL_FEATURES);
@@ -308,7 +315,7 @@ static void fe_negotiate(struct fe *f)
 	ASSERT_TRUE(pf & (1ull << VUB_PROTO_F_INFLIGHT_SHMFD));
 	pf &= (1ull << VUB_PROTO_F_REPLY_ACK) | (1ull << VUB_PROTO_F_CONFIG) |
 	      (1ull << VUB_PROTO_F_MQ) | (1ull << VUB_PROTO_F_CONFIGURE_MEM_SLOTS) |
-	      (1ull << VUB_PROTO_F_BACKEND_REQ) |
+	      (1ull << VUB_PROTO_F_BACKEND_REQ) | extra_pf |
 	      (fe_inflight ? 1ull << VUB_PROTO_F_INFLIGHT_SHMFD : 0);
 	fe_send(f, VUB_SET_PROTOCOL_FEATURES, 0, &pf, 8, NULL, 0);
 	fe_send(f, VUB_SET_OWNER, 0, NULL, 0, NULL, 0);
@@ -1240,6 +1247,205 @@ static void test_inflight_bad(void)
 	ASSERT_EQ(count_fds(), before);
 }
 
+/* ---- dirty logging ------------------------------------------------------------ */
+
+#define LOG_BYTES (MEMSZ / 4096 / 8)     /* the whole guest, one bit a page */
+
+struct dlog {
+	int fd;
+	uint8_t *map, *bits;
+};
+
+static void dlog_new(struct dlog *l, uint64_t offset)
+{
+	l->fd = memfd_create("log", MFD_CLOEXEC);
+	ASSERT_GE(l->fd, 0);
+	ASSERT_OK(ftruncate(l->fd, (off_t)(offset + LOG_BYTES)));
+	l->map = mmap(NULL, offset + LOG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd, 0);
+	ASSERT_TRUE(l->map != MAP_FAILED);
+	l->bits = l->map + offset;
+}
+
+static void dlog_free(struct dlog *l, uint64_t offset)
+{
+	munmap(l->map, offset + LOG_BYTES);
+	close(l->fd);
+}
+
+/* SET_LOG_BASE: the reply has no payload. */
+static void fe_set_log(struct fe *f, struct dlog *l, uint64_t offset)
+{
+	struct vub_log_desc d = { LOG_BYTES, offset };
+
+	fe_send(f, VUB_SET_LOG_BASE, 0, &d, sizeof(d), &l->fd, 1);
+	ASSERT_EQ(fe_reply(f, VUB_SET_LOG_BASE, NULL, 0), 0);
+}
+
+static void fe_features(struct fe *f, bool log_all)
+{
+	uint64_t feat = fe_get_u64(f, VUB_GET_FEATURES);
+
+	if (!log_all)
+		feat &= ~(1ull << VUB_F_LOG_ALL);
+	ASSERT_UEQ(fe_acked(f, VUB_SET_FEATURES, &feat, 8, NULL, 0), 0);
+}
+
+/* SET_VRING_ADDR on running ring q, its used ring logged or not. */
+static void fe_log_used(struct fe *f, unsigned q, bool on)
+{
+	uint64_t g = ring_gpa(q), u = (uint64_t)(uintptr_t)f->mem;
+	struct vhost_vring_addr a = { .index = q,
+		.flags = on ? 1u << VHOST_VRING_F_LOG : 0,
+		.desc_user_addr = u + g, .avail_user_addr = u + g + 0x1000,
+		.used_user_addr = u + g + 0x2000, .log_guest_addr = g + 0x2000 };
+
+	ASSERT_UEQ(fe_acked(f, VUB_SET_VRING_ADDR, &a, sizeof(a), NULL, 0), 0);
+}
+
+/* The log holds exactly these pages (a 0-terminated list), and is
+ * cleared for the next check. */
+static void check_pages(struct dlog *l, const uint64_t *pages)
+{
+	for (uint64_t p = 0; p < LOG_BYTES * 8; p++) {
+		bool want = false, got = l->bits[p / 8] & (1u << (p % 8));
+
+		for (const uint64_t *w = pages; *w; w++)
+			want |= *w == p;
+		if (want != got)
+			ioc_test_fail(__FILE__, __LINE__, "page %#llx %s in the log",
+				      (unsigned long long)p, got ? "set" : "not set");
+	}
+	memset(l->bits, 0, LOG_BYTES);
+}
+
+/* A request on ring q: header, len bytes of data at data_gpa (written by
+ * the device for IN and GET_ID), status; returns the status. */
+static uint8_t fe_req_at(struct fe *f, unsigned q, uint32_t type, uint64_t data_gpa,
+			 uint32_t len)
+{
+	struct virtio_blk_outhdr *h = gpa(f, HDR_GPA);
+	bool in = type == VIRTIO_BLK_T_IN || type == VIRTIO_BLK_T_GET_ID;
+	struct seg s[3] = { { HDR_GPA, 16, false }, { data_gpa, len, in },
+			    { STAT_GPA, 1, true } };
+
+	h->type = type;
+	h->sector = 8;
+	*status(f) = 0xee;
+	fe_post(f, q, s, 3);
+	fe_wait(f, q);
+	return *status(f);
+}
+
+static void test_dirty_log(void)
+{
+	struct ioc__vub_export *e;
+	struct fe f;
+	struct dlog l1, l2;
+	int before;
+	const uint64_t used0 = (ring_gpa(0) + 0x2000) / 4096, stat = STAT_GPA / 4096;
+
+	setup();
+	before = count_fds();
+	e = export_new(sock_path, true);
+	fe_open(&f, sock_path);
+	{
+		uint64_t pf = fe_get_u64(&f, VUB_GET_PROTOCOL_FEATURES);
+
+		ASSERT_TRUE(pf & (1ull << VUB_PROTO_F_LOG_SHMFD));
+	}
+	extra_pf = 1ull << VUB_PROTO_F_LOG_SHMFD;
+	fe_negotiate(&f);
+	extra_pf = 0;
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	fe_start_ring(&f, 1, 0);
+	dlog_new(&l1, 0);
+	fe_set_log(&f, &l1, 0);
+
+	/* A log but no LOG_ALL: nothing is marked. */
+	ASSERT_UEQ(fe_req_at(&f, 0, VIRTIO_BLK_T_IN, DATA_GPA, 4096), VIRTIO_BLK_S_OK);
+	check_pages(&l1, (const uint64_t[]){ 0 });
+
+	/* LOG_ALL, ring 0's used ring logged.  A read of two pages starting
+	 * mid-page marks the three pages it wrote, the status byte's and
+	 * the used ring's; not the header's, the ring's other parts. */
+	fe_features(&f, true);
+	fe_log_used(&f, 0, true);
+	ASSERT_UEQ(fe_req_at(&f, 0, VIRTIO_BLK_T_IN, DATA_GPA + 0x800, 8192), VIRTIO_BLK_S_OK);
+	check_pages(&l1, (const uint64_t[]){ used0, DATA_GPA / 4096, DATA_GPA / 4096 + 1,
+					     DATA_GPA / 4096 + 2, stat, 0 });
+	/* A write writes only the status byte; ring 1's used ring is not
+	 * logged (no VRING_F_LOG). */
+	ASSERT_UEQ(fe_req_at(&f, 1, VIRTIO_BLK_T_OUT, DATA_GPA, 8192), VIRTIO_BLK_S_OK);
+	check_pages(&l1, (const uint64_t[]){ stat, 0 });
+	/* GET_ID writes its 20 bytes, here across a page boundary. */
+	ASSERT_UEQ(fe_req_at(&f, 0, VIRTIO_BLK_T_GET_ID, 0x220ff0, 64), VIRTIO_BLK_S_OK);
+	check_pages(&l1, (const uint64_t[]){ used0, 0x220, 0x221, stat, 0 });
+	/* A read refused (past the disk) writes, and marks, only its
+	 * status byte. */
+	{
+		struct virtio_blk_outhdr *h = gpa(&f, HDR_GPA);
+		struct seg s[3] = { { HDR_GPA, 16, false }, { 0x230000, 512, true },
+				    { STAT_GPA, 1, true } };
+
+		h->type = VIRTIO_BLK_T_IN;
+		h->sector = IMG_SIZE / 512;
+		fe_post(&f, 0, s, 3);
+		fe_wait(&f, 0);
+		ASSERT_UEQ(*status(&f), VIRTIO_BLK_S_IOERR);
+		check_pages(&l1, (const uint64_t[]){ used0, stat, 0 });
+	}
+
+	/* A new log (at an odd offset in its file: byte-wide ORs) replaces
+	 * the old one, which sees nothing more. */
+	dlog_new(&l2, 3);
+	fe_set_log(&f, &l2, 3);
+	ASSERT_UEQ(fe_req_at(&f, 1, VIRTIO_BLK_T_IN, DATA_GPA, 4096), VIRTIO_BLK_S_OK);
+	check_pages(&l2, (const uint64_t[]){ DATA_GPA / 4096, stat, 0 });
+	check_pages(&l1, (const uint64_t[]){ 0 });
+	ASSERT_UEQ(l2.map[0] | l2.map[1] | l2.map[2], 0);
+	/* Ring 0's used ring logging off, then LOG_ALL off. */
+	fe_log_used(&f, 0, false);
+	ASSERT_UEQ(fe_req_at(&f, 0, VIRTIO_BLK_T_IN, DATA_GPA, 4096), VIRTIO_BLK_S_OK);
+	check_pages(&l2, (const uint64_t[]){ DATA_GPA / 4096, stat, 0 });
+	fe_log_used(&f, 0, true);
+	fe_features(&f, false);
+	ASSERT_UEQ(fe_req_at(&f, 0, VIRTIO_BLK_T_IN, DATA_GPA, 4096), VIRTIO_BLK_S_OK);
+	check_pages(&l2, (const uint64_t[]){ 0 });
+	fe_close(&f);
+
+	/* SET_LOG_BASE messages refused, each ending its connection: without
+	 * LOG_SHMFD, of zero bytes, with offset + size overflowing, larger
+	 * than its file, of the wrong payload size, without an fd. */
+	{
+		static const struct { uint64_t size, offset; uint32_t len; int nfds;
+				      bool shmfd; } bad[] = {
+			{ LOG_BYTES, 0, 16, 1, false },
+			{ 0, 0, 16, 1, true },
+			{ UINT64_MAX - 8, 16, 16, 1, true },
+			{ LOG_BYTES, 1, 16, 1, true },
+			{ LOG_BYTES, 0, 8, 1, true },
+			{ LOG_BYTES, 0, 16, 0, true },
+		};
+
+		for (size_t i = 0; i < IOC_ARRAY_SIZE(bad); i++) {
+			struct vub_log_desc d = { bad[i].size, bad[i].offset };
+
+			fe_open(&f, sock_path);
+			extra_pf = bad[i].shmfd ? 1ull << VUB_PROTO_F_LOG_SHMFD : 0;
+			fe_negotiate(&f);
+			extra_pf = 0;
+			fe_send(&f, VUB_SET_LOG_BASE, 0, &d, bad[i].len, &l1.fd, bad[i].nfds);
+			fe_expect_closed(&f);
+			fe_close(&f);
+		}
+	}
+	dlog_free(&l1, 0);
+	dlog_free(&l2, 3);
+	ioc_iothread_call(ctrl_th, free_fn, e);
+	ASSERT_EQ(count_fds(), before);
+}
+
 static void test_teardown(void)
 {
 	ioc_node_graph_detach_loop(graph, ioc_iothread_loop(io_th));
@@ -1257,5 +1463,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_read_only),
 	IOC_TEST(test_inflight),
 	IOC_TEST(test_inflight_bad),
+	IOC_TEST(test_dirty_log),
 	IOC_TEST(test_teardown),
 )

@@ -212,8 +212,17 @@ static void test_malformed(void)
 	expect_bad("unsupported request");
 	send_msg(0, 1, NULL, 0, 0);
 	expect_bad("unsupported request");
-	send_msg(VUB_SET_LOG_BASE, 1, &v, 8, 1);
+	send_msg(19, 1, &v, 8, 0);   /* SEND_RARP: vhost-user-net's */
 	expect_bad("unsupported request");
+	/* SET_LOG_BASE: a log description (16 bytes) and its fd. */
+	send_msg(VUB_SET_LOG_BASE, 1, &v, 8, 1);
+	expect_bad("payload size");
+	{
+		struct vub_log_desc d = { 4096, 0 };
+
+		send_msg(VUB_SET_LOG_BASE, 1, &d, sizeof(d), 0);
+		expect_bad("file descriptor missing");
+	}
 	send_msg(VUB_SET_FEATURES, 1, &v, 4, 0);
 	expect_bad("payload size");
 	send_msg(VUB_GET_FEATURES, 1, &v, 8, 0);

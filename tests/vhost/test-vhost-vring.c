@@ -493,7 +493,56 @@ static void test_garbage(void)
 	}
 }
 
+/* The dirty log alone: page bits, the byte-wide path, the log's end, an
+ * iovec crossing into the second region. */
+static void test_dirty_log(void)
+{
+	uint64_t words[3] = { 0 };
+	uint8_t bytes[9] = { 0 };
+	struct ioc__vub_log w = { .bits = (uint8_t *)words, .size = 24, .words = true };
+	struct ioc__vub_log b = { .bits = bytes + 1, .size = 8, .words = false };
+
+	ioc__vub_log_gpa(&w, 0x1000, 1);
+	ASSERT_UEQ(words[0], 2);
+	ioc__vub_log_gpa(&w, 0x3fff, 2);                  /* pages 3 and 4 */
+	ASSERT_UEQ(words[0], 0x1a);
+	ioc__vub_log_gpa(&w, 64 * 4096 - 1, 4097 + 4096); /* pages 63..65 */
+	ASSERT_UEQ(words[0], 0x800000000000001aull);
+	ASSERT_UEQ(words[1], 3);
+	ioc__vub_log_gpa(&w, 0x1000, 0);                  /* nothing */
+	ioc__vub_log_gpa(&w, 191 * 4096, UINT64_MAX);     /* to the log's end */
+	ASSERT_UEQ(words[2], 1ull << 63);
+	ioc__vub_log_gpa(&w, UINT64_MAX - 10, 100);       /* far past it */
+	ASSERT_UEQ(words[2], 1ull << 63);
+	ioc__vub_log_gpa(&b, 9 * 4096, 4096);
+	ASSERT_UEQ(bytes[2], 2);
+	ioc__vub_log_gpa(&b, 63 * 4096, 8192);            /* page 64: past */
+	ASSERT_UEQ(bytes[8], 0x80);
+	ASSERT_UEQ(bytes[0], 0);
+	ioc__vub_log_gpa(NULL, 0, 4096);                  /* no log */
+
+	/* Host addresses back to guest pages, through each region. */
+	{
+		static uint64_t big[(R1_GPA + R_SIZE) / 4096 / 64];
+		struct ioc__vub_log l = { .bits = (uint8_t *)big, .size = sizeof(big),
+					  .words = true };
+		struct iovec iov[2];
+
+		setup(false, false);
+		iov[0] = (struct iovec){ host(R1_GPA - 4096), 4096 };
+		iov[1] = (struct iovec){ host(R1_GPA), 8192 };
+		ioc__vub_log_iov(&l, &mem, iov, 2, 4096 + 4097);   /* 1 byte into page 3 */
+		for (uint64_t p = 0; p < sizeof(big) * 8; p++) {
+			uint64_t r1 = R1_GPA / 4096;
+			bool want = p == r1 - 1 || p == r1 || p == r1 + 1;
+
+			ASSERT_UEQ(!!(big[p / 64] & (1ull << (p % 64))), want);
+		}
+	}
+}
+
 IOC_TEST_MAIN(
+	IOC_TEST(test_dirty_log),
 	IOC_TEST(test_map),
 	IOC_TEST(test_translate),
 	IOC_TEST(test_simple_chain),

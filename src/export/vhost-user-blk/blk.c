@@ -18,7 +18,10 @@
  * range and alignment to the logical block size (IOERR), then the node
  * call (its -errno: IOERR).  DISCARD and WRITE_ZEROES carry up to
  * DZ_SEG_MAX 16-byte segments, each checked before any is applied.  With
- * the write cache off (the guest cleared WCE) writes are FUA.
+ * the write cache off (the guest cleared WCE) writes are FUA.  While the
+ * front end logs dirty pages, each request logs what it wrote into guest
+ * memory (read data, GET_ID's bytes, the status byte) after writing it
+ * and before the completion goes on the used ring.
  *
  * Rejected: bouncing data through a buffer (a copy per request for
  * nothing: the regions stay mapped until the queue is stopped and
@@ -174,6 +177,13 @@ static uint8_t ioc_coroutine_fn discard_zeroes(struct ioc__vub_export *e, uint32
 	return VIRTIO_BLK_S_OK;
 }
 
+static void log_status(struct ioc__vub_req *r, uint8_t *status_p)
+{
+	struct iovec v = { status_p, 1 };
+
+	ioc__vub_vring_log_write(&r->q->vr, &v, 1, 1);
+}
+
 static void ioc_coroutine_fn blk_co(void *opaque)
 {
 	struct ioc__vub_req *r = opaque;
@@ -200,6 +210,7 @@ static void ioc_coroutine_fn blk_co(void *opaque)
 	}
 	if (ioc_node_co_enter(e->node) < 0) {
 		*status_p = VIRTIO_BLK_S_IOERR;
+		log_status(r, status_p);
 		ioc__vub_queue_complete(r, 1);
 		return;
 	}
@@ -214,6 +225,8 @@ static void ioc_coroutine_fn blk_co(void *opaque)
 		}
 		ret = len ? ioc_node_co_preadv(e->node, hdr.sector * 512, r->data,
 					       (int)nd, 0) : 0;
+		/* Even a failed read may have written some of the buffers. */
+		ioc__vub_vring_log_write(&r->q->vr, r->data, nd, len);
 		if (ret < 0)
 			status = VIRTIO_BLK_S_IOERR;
 		else
@@ -251,6 +264,7 @@ static void ioc_coroutine_fn blk_co(void *opaque)
 			memcpy(r->data[i].iov_base, e->serial + done, c);
 			done += c;
 		}
+		ioc__vub_vring_log_write(&r->q->vr, r->data, nd, done);
 		used = (uint32_t)done + 1;
 		break;
 	}
@@ -264,6 +278,7 @@ static void ioc_coroutine_fn blk_co(void *opaque)
 	}
 	ioc_node_leave(e->node);
 	*status_p = status;
+	log_status(r, status_p);
 	ioc__vub_queue_complete(r, used);
 }
 
@@ -277,8 +292,10 @@ void ioc__vub_blk_start(struct ioc__vub_req *r)
 
 		for (unsigned i = r->e.n_in; i-- > 0;)
 			if (in[i].iov_len) {
-				((uint8_t *)in[i].iov_base)[in[i].iov_len - 1] =
-					VIRTIO_BLK_S_IOERR;
+				uint8_t *st = (uint8_t *)in[i].iov_base + in[i].iov_len - 1;
+
+				*st = VIRTIO_BLK_S_IOERR;
+				log_status(r, st);
 				ioc__vub_queue_complete(r, 1);
 				return;
 			}

@@ -25,6 +25,16 @@
  * ADD/REM_MEM_REG build a new table sharing the old one's mappings;
  * only the removed region's is unmapped, after every queue moved over.
  *
+ * Dirty logging (a live migration): the front end maps a bitmap with
+ * SET_LOG_BASE, then sets LOG_ALL in SET_FEATURES and VRING_F_LOG (with
+ * the used ring's guest address) in SET_VRING_ADDR of running queues.
+ * Each queue points at the log while LOG_ALL is on, set on its loop like
+ * any running-queue change, so a request logs into the log current when
+ * it completes and an old log is unmapped once no queue points at it.
+ * A SET_LOG_BASE that cannot be mapped ends the connection: QEMU reads
+ * the reply but not its payload, so a "no" would let the migration go
+ * on with no log.
+ *
  * Rejected: a lock per queue taken by both sides (the data path would pay
  * for a control path that runs a few times per boot); answering unknown
  * requests with a failure and going on (their fds cannot be accounted
@@ -32,9 +42,8 @@
  * zeroed memfd region (version 1 per queue) for the front end to keep;
  * SET_INFLIGHT_FD maps the one it hands back, only while every queue is
  * stopped, each field checked against the file and the device; a queue
- * takes its part at start (inflight.c tracks, queue.c resubmits).  Not yet:
- * dirty logging (LOG_ALL, not offered); the back-end channel is kept for
- * config-change notices.
+ * takes its part at start (inflight.c tracks, queue.c resubmits).  The
+ * back-end channel is kept for config-change notices.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -92,6 +101,7 @@ static struct ioc__vub_queue *queue_of(struct ioc__vub_conn *c, uint64_t index)
 }
 
 static void ioc_coroutine_fn start_kicked(struct ioc__vub_conn *c);
+static void ioc_coroutine_fn log_apply(struct ioc__vub_conn *c, bool say);
 
 /* ---- guest memory -------------------------------------------------------- */
 
@@ -276,9 +286,13 @@ static int ioc_coroutine_fn h_get_features(struct ioc__vub_conn *c, struct ioc__
 static int ioc_coroutine_fn h_set_features(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
 					   struct reply *rep)
 {
+	bool was_logging = c->features & (1ull << VUB_F_LOG_ALL);
+
 	if (m->p.u64 & ~c->exp->features)
 		return proto(c, "front end acknowledged features not offered");
 	c->features = m->p.u64;
+	if (was_logging != !!(c->features & (1ull << VUB_F_LOG_ALL)))
+		log_apply(c, true);
 	/* Taken by each queue at its next start. */
 	for (unsigned i = 0; i < c->exp->num_queues; i++) {
 		struct ioc__vub_queue *q = &c->exp->q[i];
@@ -397,15 +411,23 @@ static int ioc_coroutine_fn h_set_vring_addr(struct ioc__vub_conn *c, struct ioc
 {
 	const struct vhost_vring_addr *a = &m->p.addr;
 	struct ioc__vub_queue *q = queue_of(c, a->index);
+	bool log = a->flags & (1u << VHOST_VRING_F_LOG);
 
 	if (!q)
 		return proto(c, "vring index out of range");
 	if (q->started) {
-		if (a->desc_user_addr == q->vr.desc_uva && a->avail_user_addr == q->vr.avail_uva &&
-		    a->used_user_addr == q->vr.used_uva)
-			return 0;
-		return proto(c, "SET_VRING_ADDR moves a running queue");
+		if (a->desc_user_addr != q->vr.desc_uva || a->avail_user_addr != q->vr.avail_uva ||
+		    a->used_user_addr != q->vr.used_uva)
+			return proto(c, "SET_VRING_ADDR moves a running queue");
+		/* The same ring with logging switched (a migration). */
+		ioc__vub_to_queue(q);
+		q->vr.log_used = log;
+		q->vr.log_used_gpa = a->log_guest_addr;
+		ioc__vub_to_ctrl(c->exp);
+		return 0;
 	}
+	q->vr.log_used = log;
+	q->vr.log_used_gpa = a->log_guest_addr;
 	q->vr.desc_uva = a->desc_user_addr;
 	q->vr.avail_uva = a->avail_user_addr;
 	q->vr.used_uva = a->used_user_addr;
@@ -718,6 +740,96 @@ static int ioc_coroutine_fn h_set_config(struct ioc__vub_conn *c, struct ioc__vu
 	return 0;
 }
 
+/* ---- the dirty log --------------------------------------------------------------- */
+
+static void log_unmap(struct ioc__vub_log *l)
+{
+	if (!l)
+		return;
+	munmap(l->map, l->map_len);
+	free(l);
+}
+
+/* Point each queue at the log when logging is on (LOG_ALL acknowledged
+ * and a log mapped), else at none; a running queue on its loop.  say:
+ * log the change. */
+static void ioc_coroutine_fn log_apply(struct ioc__vub_conn *c, bool say)
+{
+	const struct ioc__vub_log *l =
+		(c->features & (1ull << VUB_F_LOG_ALL)) ? c->log : NULL;
+
+	if (say)
+		ioc__vub_log(c->exp, "dirty logging %s", !(c->features & (1ull << VUB_F_LOG_ALL)) ?
+			     "off" : c->log ? "on" : "on, waiting for a log");
+	for (unsigned i = 0; i < c->exp->num_queues; i++) {
+		struct ioc__vub_queue *q = &c->exp->q[i];
+
+		if (q->vr.log == l)
+			continue;
+		if (q->started) {
+			ioc__vub_to_queue(q);
+			q->vr.log = l;
+			ioc__vub_to_ctrl(c->exp);
+		} else {
+			q->vr.log = l;
+		}
+	}
+}
+
+static int ioc_coroutine_fn h_set_log_base(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					   struct reply *rep)
+{
+	const struct vub_log_desc *d = &m->p.log;
+	struct ioc__vub_log *l, *old;
+	struct stat st;
+	uint64_t end;
+	void *p;
+
+	if (!(c->protocol_features & (1ull << VUB_PROTO_F_LOG_SHMFD)))
+		return proto(c, "SET_LOG_BASE without LOG_SHMFD");
+	if (!d->size)
+		return proto(c, "dirty log of zero bytes");
+	if (d->offset > UINT64_MAX - d->size || d->offset + d->size > SIZE_MAX)
+		return proto(c, "dirty log offset and size overflow");
+	end = d->offset + d->size;
+	if (fstat(m->fds[0], &st) < 0 || (uint64_t)st.st_size < end)
+		return proto(c, "dirty log larger than its file");
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return proto(c, "no memory for the dirty log");
+	/* From offset 0: an offset need not be page-aligned. */
+	p = mmap(NULL, (size_t)end, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0], 0);
+	if (p == MAP_FAILED) {
+		ioc__vub_log(c->exp, "mapping a dirty log of %llu bytes: %s",
+			     (unsigned long long)end, ioc_strerror(-errno));
+		free(l);
+		return proto(c, "dirty log not mapped");
+	}
+	l->map = p;
+	l->map_len = (size_t)end;
+	l->bits = (uint8_t *)p + d->offset;
+	l->size = d->size;
+	l->words = !((uintptr_t)l->bits & 7);
+	old = c->log;
+	c->log = l;
+	log_apply(c, false);
+	log_unmap(old);
+	/* The reply QEMU waits for, with no payload. */
+	rep->send = true;
+	rep->size = 0;
+	return 0;
+}
+
+static int ioc_coroutine_fn h_set_log_fd(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+					 struct reply *rep)
+{
+	if (c->log_fd >= 0)
+		close(c->log_fd);
+	c->log_fd = m->fds[0];
+	m->fds[0] = -1;
+	return 0;
+}
+
 /* ---- dispatch ------------------------------------------------------------------- */
 
 static handler_fn *const handlers[VUB_REQUEST_MAX] = {
@@ -726,6 +838,8 @@ static handler_fn *const handlers[VUB_REQUEST_MAX] = {
 	[VUB_SET_OWNER] = h_nop,
 	[VUB_RESET_OWNER] = h_reset_owner,
 	[VUB_SET_MEM_TABLE] = h_set_mem_table,
+	[VUB_SET_LOG_BASE] = h_set_log_base,
+	[VUB_SET_LOG_FD] = h_set_log_fd,
 	[VUB_SET_VRING_NUM] = h_set_vring_num,
 	[VUB_SET_VRING_ADDR] = h_set_vring_addr,
 	[VUB_SET_VRING_BASE] = h_set_vring_base,
@@ -807,7 +921,14 @@ void ioc_coroutine_fn ioc__vub_dev_reset(struct ioc__vub_conn *c)
 		q->vr.inflight = NULL;
 		q->vr.used = NULL;
 		q->vr.broken = false;
+		q->vr.log = NULL;
+		q->vr.log_used = false;
 	}
+	log_unmap(c->log);
+	c->log = NULL;
+	if (c->log_fd >= 0)
+		close(c->log_fd);
+	c->log_fd = -1;
 	mem_free(c->mem, true);
 	c->mem = NULL;
 	inflight_unmap(c);

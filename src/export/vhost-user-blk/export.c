@@ -157,6 +157,7 @@ static void accept_cb(void *opaque)
 	c->exp = e;
 	c->fd = fd;
 	c->backend_fd = -1;
+	c->log_fd = -1;
 	e->conn = c;
 	e->connections++;
 	ioc__vub_log(e, "front end connected");
@@ -223,6 +224,7 @@ int ioc__vub_export_new(struct ioc__vub_export **out, const struct ioc__vub_opts
 		      (1ull << VIRTIO_BLK_F_SEG_MAX) | (1ull << VIRTIO_BLK_F_BLK_SIZE) |
 		      (1ull << VIRTIO_BLK_F_FLUSH) | (1ull << VIRTIO_BLK_F_CONFIG_WCE) |
 		      (1ull << VIRTIO_BLK_F_MQ);
+	e->features |= 1ull << VUB_F_LOG_ALL;   /* dirty logging: live migration */
 	if (e->read_only)
 		e->features |= 1ull << VIRTIO_BLK_F_RO;
 	else
@@ -231,6 +233,7 @@ int ioc__vub_export_new(struct ioc__vub_export **out, const struct ioc__vub_opts
 	e->protocol_features = (1ull << VUB_PROTO_F_MQ) | (1ull << VUB_PROTO_F_REPLY_ACK) |
 			       (1ull << VUB_PROTO_F_BACKEND_REQ) | (1ull << VUB_PROTO_F_CONFIG) |
 			       (1ull << VUB_PROTO_F_CONFIGURE_MEM_SLOTS);
+	e->protocol_features |= 1ull << VUB_PROTO_F_LOG_SHMFD;
 
 	e->protocol_features |= 1ull << VUB_PROTO_F_INFLIGHT_SHMFD;   /* inflight.c */
 

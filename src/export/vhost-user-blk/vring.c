@@ -32,12 +32,23 @@
  * (avail_event) and re-reads avail->idx after a full fence, so a request
  * made while we armed is never left without a kick or a look.
  *
+ * Dirty logging: while the front end logs (LOG_ALL, for a live
+ * migration), every byte the device writes into guest memory marks its
+ * page in the shared bitmap after the write: data and status bytes by
+ * blk.c through log_write (host iovecs mapped back to guest-physical
+ * addresses through the regions, which never overlap), used entries in
+ * push and used->idx in flush at the ring's log_used_gpa.  Each mark is
+ * an atomic OR with release order, so a front end that sees the bit
+ * (its atomic exchange that clears the word) sees the write; one that
+ * cleared the word before our OR finds the bit in its next pass.
+ *
  * Rejected: copying whole descriptor tables out of guest memory (cost on
  * every request for what a hostile guest can do anyway: we check each
  * entry as read); marking visited descriptors to detect loops (a bitmap
  * per ring, for what a count already bounds).
  */
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -81,6 +92,59 @@ void *ioc__vub_uva(const struct ioc__vub_mem *mem, uint64_t uva, uint64_t len)
 		}
 	}
 	return NULL;
+}
+
+/* ---- the dirty log ---------------------------------------------------- */
+
+void ioc__vub_log_gpa(const struct ioc__vub_log *log, uint64_t gpa, uint64_t len)
+{
+	uint64_t first, last;
+
+	if (!log || !len || gpa / VUB_LOG_PAGE / 8 >= log->size)
+		return;
+	first = gpa / VUB_LOG_PAGE;
+	last = (len - 1 > UINT64_MAX - gpa ? UINT64_MAX : gpa + len - 1) / VUB_LOG_PAGE;
+	/* One OR per page: a 1 MiB request is 256 ORs, against the copy
+	 * of a megabyte that came before them. */
+	for (uint64_t p = first; p <= last && p / 8 < log->size; p++) {
+		/* Release: the writes to page p (made by this thread, or by
+		 * the kernel before the completion this thread took) come
+		 * first.  Pairs with the front end's atomic exchange that
+		 * reads and clears the word before it copies the pages. */
+		if (log->words && p / 64 < log->size / 8)
+			__atomic_fetch_or((uint64_t *)(void *)log->bits + p / 64,
+					  1ull << (p % 64), __ATOMIC_RELEASE);
+		else
+			__atomic_fetch_or(log->bits + p / 8, (uint8_t)(1u << (p % 8)),
+					  __ATOMIC_RELEASE);
+	}
+}
+
+void ioc__vub_log_iov(const struct ioc__vub_log *log, const struct ioc__vub_mem *mem,
+		      const struct iovec *iov, unsigned n, size_t len)
+{
+	for (unsigned i = 0; i < n && len; i++) {
+		const uint8_t *h = iov[i].iov_base;
+		size_t l = iov[i].iov_len < len ? iov[i].iov_len : len;
+
+		len -= l;
+		for (unsigned k = 0; k < mem->n; k++) {
+			const struct ioc__vub_region *r = &mem->r[k];
+
+			/* The walker made every iovec inside one region. */
+			if (h >= r->host && (uint64_t)(h - r->host) < r->size) {
+				ioc__vub_log_gpa(log, r->gpa + (uint64_t)(h - r->host), l);
+				break;
+			}
+		}
+	}
+}
+
+void ioc__vub_vring_log_write(const struct ioc__vub_vring *vr, const struct iovec *iov,
+			      unsigned n, size_t len)
+{
+	if (vr->log && vr->mem)
+		ioc__vub_log_iov(vr->log, vr->mem, iov, n, len);
 }
 
 static int map_fail(struct ioc__vub_vring *vr, const char *why)
@@ -280,6 +344,9 @@ void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len)
 	/* Published by flush's release store of used->idx. */
 	__atomic_store_n(&u->id, (uint32_t)head, __ATOMIC_RELAXED);
 	__atomic_store_n(&u->len, len, __ATOMIC_RELAXED);
+	if (vr->log && vr->log_used)
+		ioc__vub_log_gpa(vr->log, vr->log_used_gpa + offsetof(struct vring_used, ring) +
+				 (uint64_t)(vr->used_idx & (vr->num - 1)) * sizeof(*u), sizeof(*u));
 	vr->used_idx++;
 	if (vr->inflight)
 		ioc__vub_inflight_push(vr, head);
@@ -296,6 +363,9 @@ bool ioc__vub_vring_flush(struct ioc__vub_vring *vr)
 	 * used->idx and its reads of the used entries (and of the data we
 	 * wrote into its buffers). */
 	IOC_VUB_STORE(&vr->used->idx, now, __ATOMIC_RELEASE);
+	if (vr->log && vr->log_used)
+		ioc__vub_log_gpa(vr->log, vr->log_used_gpa + offsetof(struct vring_used, idx),
+				 sizeof(vr->used->idx));
 	vr->published = now;
 	if (vr->inflight)
 		ioc__vub_inflight_published(vr, (uint16_t)(now - old));

@@ -87,6 +87,8 @@ struct ioc__vub_conn {
 	uint64_t inflight_qbytes;
 	struct ioc__vub_mem *mem;
 	int backend_fd;
+	struct ioc__vub_log *log;        /* SET_LOG_BASE's bitmap, or NULL */
+	int log_fd;                      /* SET_LOG_FD's eventfd (kept, unused) */
 };
 
 void ioc__vub_log(struct ioc__vub_export *e, const char *fmt, ...)

@@ -62,7 +62,8 @@ enum {
 enum { VUB_BACKEND_CONFIG_CHANGE_MSG = 2 };
 
 enum {
-	VUB_F_PROTOCOL_FEATURES = 30,   /* in the device feature bits */
+	VUB_F_LOG_ALL = 26,             /* in the device feature bits */
+	VUB_F_PROTOCOL_FEATURES = 30,
 };
 enum {
 	VUB_PROTO_F_MQ = 0,
@@ -99,6 +100,9 @@ struct vub_mem_one_desc {
 	uint64_t padding;
 	struct vub_region_desc r;
 };
+struct vub_log_desc {             /* SET_LOG_BASE, with the log's fd */
+	uint64_t size, offset;
+};
 struct vub_config_desc {
 	uint32_t offset, size, flags;
 	uint8_t data[VUB_CONFIG_MAX];
@@ -121,6 +125,7 @@ struct ioc__vub_msg {
 		struct vub_inflight_desc inflight;
 		struct vub_mem_one_desc one;
 		struct vub_config_desc cfg;
+		struct vub_log_desc log;
 		uint8_t raw[VUB_MAX_PAYLOAD];
 	} p;
 	int fds[VUB_MAX_FDS];          /* owned; -1 once taken */
@@ -177,6 +182,30 @@ void *ioc__vub_gpa(const struct ioc__vub_mem *mem, uint64_t gpa, uint64_t len,
 /* The same for a front-end user address (ring addresses). */
 void *ioc__vub_uva(const struct ioc__vub_mem *mem, uint64_t uva, uint64_t len);
 
+/*
+ * The dirty log (VHOST_F_LOG_ALL, for live migration): a bitmap shared
+ * with the front end, one bit per 4 KiB guest-physical page (bit p % 8 of
+ * byte p / 8, which on a little-endian host is bit p % 64 of 64-bit word
+ * p / 64, the front end's unit).  Set with atomic ORs after the write
+ * they describe; the front end clears words with atomic exchanges.
+ */
+#define VUB_LOG_PAGE       4096u
+struct ioc__vub_log {
+	uint8_t *bits;                 /* the mapping plus the front end's offset */
+	uint64_t size;                 /* bytes of bitmap */
+	bool words;                    /* bits is 8-byte aligned: OR whole words */
+	void *map;                     /* what munmap() gets */
+	size_t map_len;
+};
+/* Mark the pages of [gpa, gpa + len) dirty; pages past the log are not
+ * guest memory the front end knows and are skipped.  Each OR is a
+ * release: the caller's writes to those pages come before it. */
+void ioc__vub_log_gpa(const struct ioc__vub_log *log, uint64_t gpa, uint64_t len);
+/* The same for the first len bytes of iovecs into guest memory (host
+ * addresses, translated back through mem's regions). */
+void ioc__vub_log_iov(const struct ioc__vub_log *log, const struct ioc__vub_mem *mem,
+		      const struct iovec *iov, unsigned n, size_t len);
+
 /* Descriptors per request this walker hands out (SEG_MAX + header +
  * status + room for buffers split across regions). */
 #define VUB_SEG_MAX        126
@@ -226,6 +255,9 @@ struct ioc__vub_vring {
 	bool event_idx;                /* VIRTIO_RING_F_EVENT_IDX acked */
 	bool indirect;                 /* VIRTIO_RING_F_INDIRECT_DESC acked */
 	int call_fd;                   /* -1: the front end polls */
+	bool log_used;                 /* VHOST_VRING_F_LOG: log used ring writes */
+	uint64_t log_used_gpa;         /* ... at this guest-physical address */
+	const struct ioc__vub_log *log;  /* NULL: not logging (no LOG_ALL) */
 
 	/* Translated at start (ioc__vub_vring_map()). */
 	const struct ioc__vub_mem *mem;
@@ -257,6 +289,10 @@ bool ioc__vub_vring_avail(struct ioc__vub_vring *vr);
  * gives nothing more.
  */
 int ioc__vub_vring_pop(struct ioc__vub_vring *vr, struct ioc__vub_elem *e);
+/* Log the writes of a request into guest memory (the first len bytes of
+ * iov) when the ring is logging. */
+void ioc__vub_vring_log_write(const struct ioc__vub_vring *vr, const struct iovec *iov,
+			      unsigned n, size_t len);
 /* Put a completion in the used ring (not yet visible: see flush). */
 void ioc__vub_vring_push(struct ioc__vub_vring *vr, uint16_t head, uint32_t len);
 /* Publish the pushed completions (used->idx) and, when the driver wants
