@@ -40,7 +40,8 @@
 # --quick: 2 rounds of 1 s runs after a 0.3 s ramp, 1 GiB images, no
 # iocore-storage-daemon variant.  Full: 3 rounds of 3 s after 1 s.  One
 # JSON row per line on stdout, progress on stderr.  Not part of make test.
-# --only=CASE[,CASE] runs only those workloads, --rounds=N sets the rounds.
+# --only=CASE[,CASE] runs only those workloads, --rounds=N sets the rounds,
+# --compare=PATH adds another build's iocore-nbd as "iocore-compare".
 exec python3 - "$@" <<'EOF'
 import json, os, shutil, signal, subprocess, sys, tempfile, threading, time
 
@@ -49,6 +50,9 @@ quick = "--quick" in sys.argv
 # --only=CASE[,CASE...]: only these workloads (a before/after of one row).
 only = [c for a in sys.argv[1:] if a.startswith("--only=") for c in a[7:].split(",")]
 rounds_arg = [int(a[9:]) for a in sys.argv[1:] if a.startswith("--rounds=")]
+# --compare=PATH: another build's iocore-nbd as the variant "iocore-compare"
+# (a before/after of a change, interleaved with the rest).
+compare = [a[10:] for a in sys.argv[1:] if a.startswith("--compare=")]
 if not args:
     sys.exit("usage: run.sh BUILD_DIR [--quick]")
 build = os.path.abspath(args[0])
@@ -160,7 +164,15 @@ def srv_qsd(img, l2):
     return ["qemu-storage-daemon"] + daemon_args(img, l2, ",aio=io_uring"), "q"
 
 
+def srv_compare(img, l2):
+    if l2 is not None:
+        raise RuntimeError("--compare runs only rows without a cache option")
+    return [compare[0], "-f", "qcow2", "--fork", "--pid-file", pidf, "-U", sock, img], ""
+
+
 servers = [("iocore", False, srv_iocore_nbd)]
+if compare:
+    servers.append(("iocore-compare", False, srv_compare))
 if not quick:
     servers.append(("iocore-storage-daemon", False, srv_iocore_daemon))
 servers += [("qemu-nbd-io_uring", True, srv_qemu_nbd),
@@ -346,7 +358,11 @@ try:
                 if fresh:
                     img = P("run.qcow2")
                     shutil.copyfile(P(image), img)
-                scmd, export = mk(img, l2)
+                try:
+                    scmd, export = mk(img, l2)
+                except RuntimeError as e:
+                    errors[impl] = str(e)
+                    continue
                 cmds[impl] = " ".join(scmd)
                 if not os.access(scmd[0], os.X_OK) and not shutil.which(scmd[0]):
                     errors[impl] = "%s not built or installed" % scmd[0]
