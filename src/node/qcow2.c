@@ -702,6 +702,35 @@ static void alloc_end(struct q2_state *q, struct q2_alloc *a)
 	ioc_co_queue_restart_all(&a->waiters);
 }
 
+static bool is_zero(const uint8_t *p, size_t n)
+{
+	if (n < 16)
+		return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+	for (int i = 0; i < 16; i++)
+		if (p[i])
+			return false;
+	return memcmp(p, p + 16, n - 16) == 0;
+}
+
+/*
+ * Whether writing only the data of a new cluster is enough: the copied
+ * parts of buf (covering [cov_start, cov_end) of the cluster, the data
+ * at [da, db) of buf) are zeroes and the host cluster already reads as
+ * zeroes (a hole, typically the file's fresh end: a truncate made it).
+ * The file decides the latter (SEEK_DATA for a file, data for a device).
+ */
+static bool fresh_zero(struct q2_state *q, uint64_t target, const uint8_t *buf, uint64_t da,
+		       uint64_t db, uint64_t cov_start, uint64_t cov_end)
+{
+	uint64_t len = cov_end - cov_start, pnum = 0;
+	int st;
+
+	if (!is_zero(buf, da) || !is_zero(buf + db, len - db))
+		return false;
+	st = ioc_node_co_block_status(q->file, target + cov_start, len, &pnum, NULL);
+	return st >= 0 && (st & IOC_NODE_ST_ZERO) && pnum >= len;
+}
+
 /*
  * Lock held on entry and on return, dropped in between: write
  * [off, off+*len) (inside one cluster) from iov at skip into a cluster
@@ -799,9 +828,22 @@ static int alloc_write(struct q2_state *q, uint64_t off, uint64_t *len,
 					 false);
 	}
 	if (ret == 0) {
+		uint64_t w0 = cov_start, w1 = cov_end;
+
 		iov_copy(iov, cnt, skip, buf + (a - cov_start), b - a, false);
+		if (!reuse && fresh_zero(q, target, buf, a - cov_start, b - cov_start,
+					 cov_start, cov_end)) {
+			/* The rest already reads as zeroes there: only the
+			 * data, in 4 KiB units (O_DIRECT). */
+			w0 = a & ~4095ull;
+			w1 = (b + 4095) & ~4095ull;
+			if (w0 < cov_start)
+				w0 = cov_start;
+			if (w1 > cov_end)
+				w1 = cov_end;
+		}
 		/* Rule 1: the data first. */
-		ret = ioc__qcow2_pwrite(q, target + cov_start, buf, cov_end - cov_start);
+		ret = ioc__qcow2_pwrite(q, target + w0, buf + (w0 - cov_start), w1 - w0);
 	}
 	leave_io(q, t);
 

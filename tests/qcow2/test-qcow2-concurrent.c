@@ -10,7 +10,8 @@
  * write, or two allocations of one cluster, would show.  After the run
  * the node reads the model, and once closed `qemu-img check` finds the
  * image clean and `qemu-img convert` gives the model too.  Plain 64 KiB
- * clusters, extended L2 entries (2 KiB subclusters), 4 KiB clusters
+ * clusters (also without a backing file, where a new cluster gets only
+ * its data written), extended L2 entries (2 KiB subclusters), 4 KiB clusters
  * with a small L2 cache (evictions while writes are in flight), and a
  * few write-zeroes and discards of clusters nobody writes into.
  */
@@ -145,14 +146,16 @@ static void ioc_coroutine_fn read_all_co(void *opaque)
 	c->ret = ioc_node_co_pread(c->n, 0, c->out, IMG_SIZE, 0);
 }
 
-static void expect(const uint8_t *got, const uint8_t *written, const char *what)
+static void expect(const uint8_t *got, const uint8_t *written, bool backing,
+		   const char *what)
 {
 	for (uint64_t o = 0; o < IMG_SIZE; o++) {
-		uint8_t want = written[o] ? val(o) : bval(o);
+		uint8_t old = backing ? bval(o) : 0;
+		uint8_t want = written[o] ? val(o) : old;
 
 		/* The zeroed part: each cluster zeroed, discarded (zeroes
 		 * over a backing file in v3) or untouched. */
-		if (o >= WSPAN && (got[o] == 0 || got[o] == bval(o)))
+		if (o >= WSPAN && (got[o] == 0 || got[o] == old))
 			continue;
 		if (got[o] != want)
 			ioc_test_fail(__FILE__, __LINE__, "%s: byte %" PRIu64 " is %02x, want %02x "
@@ -161,7 +164,8 @@ static void expect(const uint8_t *got, const uint8_t *written, const char *what)
 	}
 }
 
-static void run(const char *name, const char *create_opts, const char *node_opts)
+static void run(const char *name, bool backing, const char *create_opts,
+		const char *node_opts)
 {
 	char *base = q2t_path("conc-base.raw"), *img = q2t_path("conc.qcow2");
 	char *raw = q2t_path("conc.raw"), err[512];
@@ -181,8 +185,11 @@ static void run(const char *name, const char *create_opts, const char *node_opts
 	ASSERT_NOT_NULL(f);
 	ASSERT_UEQ(fwrite(b, 1, IMG_SIZE, f), IMG_SIZE);
 	fclose(f);
-	Q2T_SH_OK("qemu-img create -q -f qcow2 -b '%s' -F raw -o %s '%s'", base, create_opts,
-		  img);
+	if (backing)
+		Q2T_SH_OK("qemu-img create -q -f qcow2 -b '%s' -F raw -o %s '%s'", base,
+			  create_opts, img);
+	else
+		Q2T_SH_OK("qemu-img create -q -f qcow2 -o %s '%s' %u", create_opts, img, IMG_SIZE);
 	ASSERT_OK(q2t_open(name, img, false, node_opts, &sh.n, err, sizeof(err)));
 	sh.cs = strstr(create_opts, "cluster_size=4k") ? 4096 : 65536;
 	ASSERT_NOT_NULL(written);
@@ -205,7 +212,7 @@ static void run(const char *name, const char *create_opts, const char *node_opts
 	ASSERT_NOT_NULL(c.out);
 	bt_run_co_fn(read_all_co, &c);
 	ASSERT_OK(c.ret);
-	expect(c.out, written, "read back");
+	expect(c.out, written, backing, "read back");
 	free(c.out);
 	q2t_close(sh.n);
 
@@ -214,7 +221,7 @@ static void run(const char *name, const char *create_opts, const char *node_opts
 	free(b);
 	b = q2t_read_file(raw, &rl);
 	ASSERT_UEQ(rl, IMG_SIZE);
-	expect(b, written, "qemu-img convert");
+	expect(b, written, backing, "qemu-img convert");
 	free(b);
 	free(written);
 	unlink(raw);
@@ -227,17 +234,85 @@ static void run(const char *name, const char *create_opts, const char *node_opts
 
 static void test_plain(void)
 {
-	run("c-plain", "cluster_size=64k", "");
+	run("c-plain", true, "cluster_size=64k", "");
+}
+
+/* No backing file: the copied parts are zeroes, and a new cluster in
+ * the file's fresh end gets only its data written. */
+static void test_no_backing(void)
+{
+	run("c-nobk", false, "cluster_size=64k", "");
 }
 
 static void test_extended_l2(void)
 {
-	run("c-ext", "cluster_size=64k,extended_l2=on", "");
+	run("c-ext", true, "cluster_size=64k,extended_l2=on", "");
 }
 
 static void test_small_cache(void)
 {
-	run("c-small", "cluster_size=4k", "\"l2-cache-size\":8192,\"l2-cache-entry-size\":1024");
+	run("c-small", true, "cluster_size=4k", "\"l2-cache-size\":8192,\"l2-cache-entry-size\":1024");
+}
+
+/* A freed cluster that still holds data (discards not passed down) is
+ * reused by the next allocation: the copied parts must be written as
+ * zeroes there; only a cluster that is a hole may get just its data. */
+struct reuse_arg {
+	struct ioc_node *n;
+	uint8_t *out;
+	int ret;
+};
+
+static void ioc_coroutine_fn reuse_co(void *opaque)
+{
+	struct reuse_arg *a = opaque;
+	uint8_t *buf = malloc(65536);
+	int ret;
+
+	ASSERT_NOT_NULL(buf);
+	for (uint64_t k = 0; k < 65536; k++)
+		buf[k] = val(k);
+	ret = ioc_node_co_pwrite(a->n, 0, buf, 65536, 0);
+	if (ret == 0)
+		ret = ioc_node_co_flush(a->n, 0);
+	if (ret == 0)
+		ret = ioc_node_co_discard(a->n, 0, 65536, 0);
+	/* Two writebacks: the first makes the decrement wait for readers,
+	 * the second applies it. */
+	for (int i = 0; i < 3 && ret == 0; i++)
+		ret = ioc_node_co_flush(a->n, 0);
+	if (ret == 0)
+		ret = ioc_node_co_pwrite(a->n, 5 * 65536 + 8192, buf, 4096, 0);
+	if (ret == 0)
+		ret = ioc_node_co_pread(a->n, 5 * 65536, a->out, 65536, 0);
+	a->ret = ret;
+	free(buf);
+}
+
+static void test_reused_cluster(void)
+{
+	char *img = q2t_path("reuse.qcow2"), err[512];
+	struct reuse_arg a = { NULL, malloc(65536), 0 };
+
+	ASSERT_NOT_NULL(a.out);
+	Q2T_SH_OK("qemu-img create -q -f qcow2 '%s' 4M", img);
+	ASSERT_OK(q2t_open("c-reuse", img, false,
+			   "\"discard\":\"unmap\",\"pass-discard-request\":false", &a.n, err,
+			   sizeof(err)));
+	bt_run_co_fn(reuse_co, &a);
+	ASSERT_OK(a.ret);
+	for (uint64_t k = 0; k < 65536; k++) {
+		uint8_t want = k >= 8192 && k < 8192 + 4096 ? val(k - 8192) : 0;
+
+		if (a.out[k] != want)
+			ioc_test_fail(__FILE__, __LINE__, "byte %" PRIu64 " of the cluster is %02x, "
+				      "want %02x", k, a.out[k], want);
+	}
+	q2t_close(a.n);
+	Q2T_SH_OK("qemu-img check -q '%s'", img);
+	free(a.out);
+	unlink(img);
+	free(img);
 }
 
 static void test_cleanup(void)
@@ -250,8 +325,10 @@ int main(void)
 {
 	static const struct ioc_test tests[] = {
 		IOC_TEST(test_plain),
+		IOC_TEST(test_no_backing),
 		IOC_TEST(test_extended_l2),
 		IOC_TEST(test_small_cache),
+		IOC_TEST(test_reused_cluster),
 		IOC_TEST(test_cleanup),
 	};
 
