@@ -41,7 +41,7 @@
 # iocore-storage-daemon variant.  Full: 3 rounds of 3 s after 1 s.  One
 # JSON row per line on stdout, progress on stderr.  Not part of make test.
 # --only=CASE[,CASE] runs only those workloads, --rounds=N sets the rounds,
-# --compare=PATH adds another build's iocore-nbd as "iocore-compare".
+# --compare=[LABEL:]PATH adds another build's iocore-nbd as "iocore-LABEL".
 exec python3 - "$@" <<'EOF'
 import json, os, shutil, signal, subprocess, sys, tempfile, threading, time
 
@@ -50,9 +50,14 @@ quick = "--quick" in sys.argv
 # --only=CASE[,CASE...]: only these workloads (a before/after of one row).
 only = [c for a in sys.argv[1:] if a.startswith("--only=") for c in a[7:].split(",")]
 rounds_arg = [int(a[9:]) for a in sys.argv[1:] if a.startswith("--rounds=")]
-# --compare=PATH: another build's iocore-nbd as the variant "iocore-compare"
-# (a before/after of a change, interleaved with the rest).
-compare = [a[10:] for a in sys.argv[1:] if a.startswith("--compare=")]
+# --compare=[LABEL:]PATH (repeatable): another build's iocore-nbd as the
+# variant "iocore-LABEL" (default "compare"): a before/after of a change,
+# interleaved with the rest.
+compare = []
+for a in sys.argv[1:]:
+    if a.startswith("--compare="):
+        label, _, path = a[10:].rpartition(":")
+        compare.append(("iocore-" + (label or "compare"), path))
 if not args:
     sys.exit("usage: run.sh BUILD_DIR [--quick]")
 build = os.path.abspath(args[0])
@@ -164,15 +169,16 @@ def srv_qsd(img, l2):
     return ["qemu-storage-daemon"] + daemon_args(img, l2, ",aio=io_uring"), "q"
 
 
-def srv_compare(img, l2):
-    if l2 is not None:
-        raise RuntimeError("--compare runs only rows without a cache option")
-    return [compare[0], "-f", "qcow2", "--fork", "--pid-file", pidf, "-U", sock, img], ""
+def srv_compare(path):
+    def mk(img, l2):
+        if l2 is not None:
+            raise RuntimeError("--compare runs only rows without a cache option")
+        return [path, "-f", "qcow2", "--fork", "--pid-file", pidf, "-U", sock, img], ""
+    return mk
 
 
 servers = [("iocore", False, srv_iocore_nbd)]
-if compare:
-    servers.append(("iocore-compare", False, srv_compare))
+servers += [(label, False, srv_compare(path)) for label, path in compare]
 if not quick:
     servers.append(("iocore-storage-daemon", False, srv_iocore_daemon))
 servers += [("qemu-nbd-io_uring", True, srv_qemu_nbd),
