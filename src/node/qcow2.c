@@ -660,6 +660,13 @@ static uint32_t sc_mask(unsigned first, unsigned last)
  * write is the entry it replaces after it.  The records live on the
  * writers' stacks; the list is as long as the allocating writes in
  * flight (a queue depth), so a linear scan.
+ *
+ * Sleep and wake: a waiter finds the record and queues itself on it with
+ * the lock held (ioc_co_queue_wait() drops it only once queued); the
+ * owner unlinks the record and wakes its queue with the lock held too.
+ * So a waiter either finds no record or is on the queue before the
+ * owner wakes it: no wake-up is lost.  A woken waiter looks again (a
+ * new record for the cluster may exist by then).
  */
 struct q2_alloc {
 	uint64_t gidx;
