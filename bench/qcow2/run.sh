@@ -28,7 +28,9 @@
 #
 # Each workload runs in rounds; in each round every server runs it once,
 # started afresh (so the repeats of one server are interleaved with the
-# others', and a burst of load from elsewhere spreads over all of them);
+# others', and a burst of load from elsewhere spreads over all of them),
+# and each round starts with the next server in turn (the first reader of
+# an image just written pays for what the page cache does with it);
 # the rows are the medians over the rounds.  The allocating writes get a
 # fresh copy of the empty image each time; writes into allocated
 # clusters change no mapping, so they share the allocated image (which
@@ -361,7 +363,10 @@ try:
         results = {impl: [] for impl, _, _ in servers}
         errors, cmds = {}, {}
         for rnd in range(rounds):
-            for impl, peer, mk in servers:
+            # Each round starts with another server, so that what the
+            # first reader of a fresh image pays is not always iocore's.
+            k = rnd % len(servers)
+            for impl, peer, mk in servers[k:] + servers[:k]:
                 img = P(image)
                 if fresh:
                     img = P("run.qcow2")
