@@ -226,6 +226,13 @@ def proc_cpu_s(path):
         return None
 
 
+# The server running now: stopped on the way out, also when bench.sh's
+# timeout sends SIGTERM (the daemons detach from our process group, so
+# the signal does not reach them).
+running = []
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+
+
 def start(cmd):
     for p in (sock, pidf):
         if os.path.exists(p):
@@ -240,7 +247,9 @@ def start(cmd):
         if os.path.exists(pidf) and os.path.exists(sock):
             try:
                 with open(pidf) as f:
-                    return int(f.read().strip())
+                    pid = int(f.read().strip())
+                running.append(pid)
+                return pid
             except ValueError:
                 pass
         time.sleep(0.01)
@@ -262,6 +271,8 @@ def settle(pid):
 
 
 def stop(pid):
+    if pid in running:
+        running.remove(pid)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -474,5 +485,7 @@ try:
                     round(median([r["alloc_pct"] for r in rs]), 1), "higher", cmd, **kw)
     log("qcow2: %.0f s" % (time.monotonic() - t_begin))
 finally:
+    for pid in list(running):
+        stop(pid)
     shutil.rmtree(work, ignore_errors=True)
 EOF
