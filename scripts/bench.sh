@@ -119,7 +119,7 @@ all_mods=""
 for d in "$src"/*/; do
 	all_mods="$all_mods $(basename "$d")"
 done
-order="ring loop co pool wq blk nbd zip"
+order="ring loop co pool wq blk nbd qcow2 zip"
 for m in $all_mods; do
 	case " $order " in
 	*" $m "*) ;;

@@ -128,16 +128,36 @@ int ioc__qcow2_rc_get_cluster(struct q2_state *q, uint64_t cluster, uint64_t *rc
 	return 0;
 }
 
+/*
+ * The file covers [0, end).  It grows by a step (a sixteenth of its
+ * size, 1 to 64 MiB), not by the cluster: one truncate for many
+ * allocations, each of which would otherwise pay a thread pool round
+ * trip with the lock held.  The rest of a step is a hole no refcount
+ * counts (qemu-img check does not mind it; later allocations use it,
+ * and qcow2.c writes only the data into a new cluster that is a hole).
+ * A file that cannot grow that far grows to end.
+ */
 static int ensure_file(struct q2_state *q, uint64_t end)
 {
 	uint64_t fsz = atomic_load_explicit(&q->file_size, memory_order_relaxed);
+	uint64_t step = fsz / 16, want;
 	int ret;
 
 	if (end <= fsz)
 		return 0;
-	ret = ioc_node_co_truncate(q->file, end);
+	if (step < (1u << 20))
+		step = 1u << 20;
+	if (step > (64u << 20))
+		step = 64u << 20;
+	want = (end + step - 1) / step * step;
+	ret = ioc_node_co_truncate(q->file, want);
+	if (ret < 0) {
+		want = end;
+		ret = ioc_node_co_truncate(q->file, end);
+	}
 	if (ret < 0)
 		return ret;
+	end = want;
 	/* Relaxed: lockless readers that see an older size look again
 	 * under the lock (qcow2.c, file_size()). */
 	atomic_store_explicit(&q->file_size, end, memory_order_relaxed);

@@ -11,10 +11,11 @@
  * slice cache whose hits take no lock (qcow2-cache.c).  One coroutine
  * mutex covers metadata changes and cache misses: a read takes it only
  * on a miss, a write only to allocate (a cluster this image owns alone,
- * COPIED, is written in place without it).  An allocating write builds
- * the new cluster (or its covered subclusters) under the mutex, the
- * untouched part read through the old mapping (backing node, compressed
- * or shared cluster, zeroes): copy-on-write is the read path, once.
+ * COPIED, is written in place without it).  An allocating write takes
+ * it to allocate and record its guest cluster as in flight, drops it to
+ * read the untouched part through the old mapping (copy-on-write is the
+ * read path, once) and write the data, and takes it again to change the
+ * L2 entry; other changes to that guest cluster wait for the record.
  *
  * Crash ordering, kept by every change:
  *  1. data before the L2 entry: an entry changes in memory only after
@@ -33,9 +34,9 @@
  *     table before the header naming it (qcow2-refcount.c).
  * A guest flush (and FUA) runs the writeback: all of it is durable after.
  *
- * Rejected: writethrough metadata (a flush per allocation).  Not yet:
- * QEMU's in-flight allocation list, so allocating writes serialise on
- * the mutex (reads and in-place writes do not).
+ * Rejected: writethrough metadata (a flush per allocation); in-flight
+ * records by byte range: one per cluster is simpler, and only writes
+ * into the same cluster wait.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -652,27 +653,132 @@ static uint32_t sc_mask(unsigned first, unsigned last)
 }
 
 /*
- * Lock held: write [off, off+len) (inside one cluster) from iov at skip
- * into a cluster that needs allocating or filling: a new cluster, or the
- * image's own cluster when it has it (a preallocated zero cluster,
- * subclusters not yet allocated).
+ * In-flight allocations.  An allocating write records its guest cluster
+ * here (lock held) before it drops the lock for its data write, and
+ * removes it once the L2 entry changed; every other change to that
+ * cluster's entry (another allocating write, zeroing, discard) waits for
+ * the record to go first, so the entry a write read before its data
+ * write is the entry it replaces after it.  The records live on the
+ * writers' stacks; the list is as long as the allocating writes in
+ * flight (a queue depth), so a linear scan.
+ *
+ * Sleep and wake: a waiter finds the record and queues itself on it with
+ * the lock held (ioc_co_queue_wait() drops it only once queued); the
+ * owner unlinks the record and wakes its queue with the lock held too.
+ * So a waiter either finds no record or is on the queue before the
+ * owner wakes it: no wake-up is lost.  A woken waiter looks again (a
+ * new record for the cluster may exist by then).
  */
-static int alloc_write(struct q2_state *q, uint64_t off, uint64_t len,
+struct q2_alloc {
+	uint64_t gidx;
+	struct q2_alloc *next;
+	struct ioc_co_queue waiters;   /* lock held */
+};
+
+/* Lock held: until no allocation of guest cluster gidx is in flight. */
+static void wait_allocs(struct q2_state *q, uint64_t gidx)
+{
+	for (;;) {
+		struct q2_alloc *a = q->allocs;
+
+		while (a && a->gidx != gidx)
+			a = a->next;
+		if (!a)
+			return;
+		/* Drops the lock while waiting; a is gone when this returns
+		 * (its owner removed it and woke us, then returned). */
+		ioc_co_queue_wait(&a->waiters, &q->lock);
+	}
+}
+
+static void alloc_begin(struct q2_state *q, struct q2_alloc *a, uint64_t gidx)
+{
+	a->gidx = gidx;
+	ioc_co_queue_init(&a->waiters);
+	a->next = q->allocs;
+	q->allocs = a;
+}
+
+static void alloc_end(struct q2_state *q, struct q2_alloc *a)
+{
+	struct q2_alloc **pp = &q->allocs;
+
+	while (*pp != a)
+		pp = &(*pp)->next;
+	*pp = a->next;
+	/* Lock held: the waiters resume once we drop it. */
+	ioc_co_queue_restart_all(&a->waiters);
+}
+
+static bool is_zero(const uint8_t *p, size_t n)
+{
+	if (n < 16)
+		return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+	for (int i = 0; i < 16; i++)
+		if (p[i])
+			return false;
+	return memcmp(p, p + 16, n - 16) == 0;
+}
+
+/*
+ * Whether writing only the data of a new cluster is enough: the copied
+ * parts of buf (covering [cov_start, cov_end) of the cluster, the data
+ * at [da, db) of buf) are zeroes and the host cluster already reads as
+ * zeroes (a hole, typically the file's fresh end: a truncate made it).
+ * The file decides the latter (SEEK_DATA for a file, data for a device).
+ */
+static bool fresh_zero(struct q2_state *q, uint64_t target, const uint8_t *buf, uint64_t da,
+		       uint64_t db, uint64_t cov_start, uint64_t cov_end)
+{
+	uint64_t len = cov_end - cov_start, pnum = 0;
+	int st;
+
+	if (!is_zero(buf, da) || !is_zero(buf + db, len - db))
+		return false;
+	st = ioc_node_co_block_status(q->file, target + cov_start, len, &pnum, NULL);
+	return st >= 0 && (st & IOC_NODE_ST_ZERO) && pnum >= len;
+}
+
+/*
+ * Lock held on entry and on return, dropped in between: write
+ * [off, off+*len) (inside one cluster) from iov at skip into a cluster
+ * that needs allocating or filling: a new cluster, or the image's own
+ * cluster when it has it (a preallocated zero cluster, subclusters not
+ * yet allocated).  The caller waited for the cluster's in-flight
+ * allocations.  *len may come back shorter: a write into its own
+ * cluster stops at the first subcluster already allocated, which
+ * lockless writers may be writing in place (the caller goes on there).
+ *
+ * Under the lock: the L2 table made ours, the host cluster allocated
+ * (its refcount raised in memory), the allocation recorded.  Without
+ * it: the untouched part of the covered subclusters read through the
+ * old mapping (which cannot change meanwhile, see wait_allocs()), and
+ * the data written.  Under the lock again: the L2 entry, then the old
+ * cluster queued for its decrement.  Rule 1 holds because the entry
+ * changes after the data write completed; rule 2 because writeback
+ * writes the raised refcount before any slice.
+ */
+static int alloc_write(struct q2_state *q, uint64_t off, uint64_t *len,
 		       const struct iovec *iov, int cnt, size_t skip)
 {
-	uint64_t cstart = off & ~(q->cs - 1), a = off - cstart, b = a + len;
-	uint64_t e, bm, host_old, target, cov_start, cov_end;
-	struct q2_slice *s;
+	uint64_t gidx = off >> q->cluster_bits;
+	uint64_t cstart = off & ~(q->cs - 1), a = off - cstart, b = a + *len;
+	uint64_t e, bm, e2, bm2, host_old, target = 0, cov_start, cov_end;
+	struct q2_slice *s = NULL;
+	struct q2_alloc rec;
+	struct q2_ticket t;
 	size_t idx;
 	uint8_t *buf = NULL;
 	bool comp, reuse;
 	uint32_t alloc_old = 0, zero_old = 0, need, cov;
 	unsigned first, last;
-	int ret = l2_prepare(q, off >> q->cluster_bits, &s, &idx);
+	int ret = l2_prepare(q, gidx, &s, &idx);
 
 	if (ret < 0)
 		return ret;
 	load_entry(q, s, idx, &e, &bm);
+	ioc__qcow2_cache_unpin(s);
+	s = NULL;
 	comp = e & Q2_OFLAG_COMPRESSED;
 	host_old = comp ? 0 : e & Q2_L2E_OFFSET_MASK;
 	if (q->words == 2 && !comp) {
@@ -682,6 +788,17 @@ static int alloc_write(struct q2_state *q, uint64_t off, uint64_t len,
 	reuse = host_old && (e & Q2_OFLAG_COPIED);
 	first = (unsigned)(a >> q->sub_bits);
 	last = (unsigned)((b - 1) >> q->sub_bits);
+	if (reuse && q->words == 2) {
+		/* Stop before the first allocated subcluster after the
+		 * first one (which is not: the caller found it so). */
+		uint32_t later = alloc_old & ~sc_mask(0, first);
+
+		if (later && (unsigned)__builtin_ctz(later) <= last) {
+			last = (unsigned)__builtin_ctz(later) - 1;
+			b = (uint64_t)(last + 1) << q->sub_bits;
+			*len = b - a;
+		}
+	}
 	need = sc_mask(first, last);
 	if (!reuse)
 		need |= comp ? sc_mask(0, q->nsub - 1) : alloc_old;
@@ -694,22 +811,8 @@ static int alloc_write(struct q2_state *q, uint64_t off, uint64_t len,
 	cov_end = (uint64_t)(last + 1) << q->sub_bits;
 
 	buf = aligned_alloc(4096, (cov_end - cov_start + 4095) & ~4095ull);
-	ret = -ENOMEM;
 	if (!buf)
-		goto out;
-	/* The old contents around the write, through the old mapping. */
-	{
-		struct iovec biov = { buf, cov_end - cov_start };
-
-		ret = 0;
-		if (a > cov_start)
-			ret = read_range(q, cstart + cov_start, a - cov_start, &biov, 1, 0, true);
-		if (ret == 0 && cov_end > b)
-			ret = read_range(q, cstart + b, cov_end - b, &biov, 1, b - cov_start, true);
-		if (ret < 0)
-			goto out;
-	}
-	iov_copy(iov, cnt, skip, buf + (a - cov_start), len, false);
+		return -ENOMEM;
 	if (reuse) {
 		target = host_old;
 	} else {
@@ -717,22 +820,70 @@ static int alloc_write(struct q2_state *q, uint64_t off, uint64_t len,
 		if (ret < 0)
 			goto out;
 	}
-	/* Rule 1: the data first. */
-	ret = ioc__qcow2_pwrite(q, target + cov_start, buf, cov_end - cov_start);
-	if (ret < 0)
-		goto out;
-	if (q->words == 2) {
-		uint32_t alloc = alloc_old | cov;
+	alloc_begin(q, &rec, gidx);
+	ioc_co_mutex_unlock(&q->lock);
 
-		store_entry(q, s, idx, target | Q2_OFLAG_COPIED,
-			    (uint64_t)(zero_old & ~alloc) << 32 | alloc, true);
-	} else {
-		store_entry(q, s, idx, target | Q2_OFLAG_COPIED, 0, true);
+	/* The old contents around the write, through the old mapping; the
+	 * ticket keeps the clusters it reads from being reused. */
+	t = enter_io(q);
+	{
+		struct iovec biov = { buf, cov_end - cov_start };
+
+		if (a > cov_start)
+			ret = read_range(q, cstart + cov_start, a - cov_start, &biov, 1, 0, false);
+		if (ret == 0 && cov_end > b)
+			ret = read_range(q, cstart + b, cov_end - b, &biov, 1, b - cov_start,
+					 false);
 	}
-	if (!reuse)
-		ret = drop_entry(q, e);
+	if (ret == 0) {
+		uint64_t w0 = cov_start, w1 = cov_end;
+
+		iov_copy(iov, cnt, skip, buf + (a - cov_start), b - a, false);
+		if (!reuse && fresh_zero(q, target, buf, a - cov_start, b - cov_start,
+					 cov_start, cov_end)) {
+			/* The rest already reads as zeroes there: only the
+			 * data, in 4 KiB units (O_DIRECT). */
+			w0 = a & ~4095ull;
+			w1 = (b + 4095) & ~4095ull;
+			if (w0 < cov_start)
+				w0 = cov_start;
+			if (w1 > cov_end)
+				w1 = cov_end;
+		}
+		/* Rule 1: the data first. */
+		ret = ioc__qcow2_pwrite(q, target + w0, buf + (w0 - cov_start), w1 - w0);
+	}
+	leave_io(q, t);
+
+	ioc_co_mutex_lock(&q->lock);
+	if (ret == 0)
+		ret = l2_prepare(q, gidx, &s, &idx);
+	if (ret == 0) {
+		/* Nothing else changes this entry while rec is listed. */
+		load_entry(q, s, idx, &e2, &bm2);
+		if (e2 != e || bm2 != bm)
+			ret = -EIO;
+	}
+	if (ret == 0) {
+		if (q->words == 2) {
+			uint32_t alloc = alloc_old | cov;
+
+			store_entry(q, s, idx, target | Q2_OFLAG_COPIED,
+				    (uint64_t)(zero_old & ~alloc) << 32 | alloc, true);
+		} else {
+			store_entry(q, s, idx, target | Q2_OFLAG_COPIED, 0, true);
+		}
+		if (!reuse)
+			ret = drop_entry(q, e);
+	} else if (!reuse) {
+		/* Nothing points at the new cluster: give it back (a failure
+		 * to queue it is a leak, not damage). */
+		(void)ioc__qcow2_defer_free(q, target, q->cs);
+	}
+	alloc_end(q, &rec);
 out:
-	ioc__qcow2_cache_unpin(s);
+	if (s)
+		ioc__qcow2_cache_unpin(s);
 	free(buf);
 	return ret;
 }
@@ -749,7 +900,7 @@ static int ioc_coroutine_fn q2_pwritev(struct ioc_node *n, uint64_t off,
 	if (q->failed)
 		return -EIO;
 	while (done < len) {
-		uint64_t pos = off + done;
+		uint64_t pos = off + done, step = 0;
 		struct q2_run r;
 
 		struct q2_ticket t = enter_io(q);
@@ -769,23 +920,23 @@ static int ioc_coroutine_fn q2_pwritev(struct ioc_node *n, uint64_t off,
 		if (ret < 0)
 			break;
 		ioc_co_mutex_lock(&q->lock);
+		wait_allocs(q, pos >> q->cluster_bits);
 		ret = map_run(q, pos, len - done, true, &r);
+		if (ret == 0 && r.kind == Q2_DATA && r.writable) {
+			/* Allocated meanwhile: in place, without the lock. */
+			ioc_co_mutex_unlock(&q->lock);
+			continue;
+		}
 		if (ret == 0) {
 			uint64_t cend = (pos | (q->cs - 1)) + 1;
 
-			if (r.kind == Q2_DATA && r.writable) {
-				ret = r.host + r.len > file_size(q) ? -EIO :
-				      child_io(ioc_node_co_pwritev, q->file, r.host, iov, iovcnt,
-					       done, r.len, 0);
-			} else {
-				r.len = cend - pos < len - done ? cend - pos : len - done;
-				ret = alloc_write(q, pos, r.len, iov, iovcnt, done);
-			}
+			step = cend - pos < len - done ? cend - pos : len - done;
+			ret = alloc_write(q, pos, &step, iov, iovcnt, done);
 		}
 		ioc_co_mutex_unlock(&q->lock);
 		if (ret < 0)
 			break;
-		done += r.len;
+		done += step;
 	}
 	if (ret == 0 && (flags & IOC_NODE_FUA)) {
 		ioc_co_mutex_lock(&q->lock);
@@ -917,6 +1068,7 @@ static int change_range(struct q2_state *q, uint64_t off, uint64_t len, int op)
 		unsigned first = (unsigned)((off & (q->cs - 1)) / unit);
 		unsigned last = (unsigned)(((off + n - 1) & (q->cs - 1)) / unit);
 
+		wait_allocs(q, gidx);
 		ret = change_cluster(q, gidx, first, last, op);
 		off += n;
 		len -= n;

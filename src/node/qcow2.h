@@ -250,6 +250,7 @@ void ioc__qcow2_cache_clean(struct q2_cache *c, uint64_t now_ns, bool all);
 /* ---- the driver's state (qcow2.c, qcow2-refcount.c) -------------------- */
 
 struct ioc_node;
+struct q2_alloc;
 
 #define Q2_SHARDS 16
 
@@ -300,6 +301,7 @@ struct q2_state {
 
 	struct q2_cache cache;
 	struct ioc_co_mutex lock;      /* metadata changes and cache misses */
+	struct q2_alloc *allocs;       /* allocating writes in flight (lock held) */
 
 	/* cache-clean-interval: a timer on the loop that opened the node
 	 * (the main thread's, which closes it too). */
