@@ -204,16 +204,24 @@ static inline void cpu_relax(void)
 
 /* ---- queue (under pool->lock) ---------------------------------------- */
 
-static void queue_unlink(struct ioc_pool *pool, struct ioc_pool_req *req)
+/* Take req off a list linked through next/prev: the queue, or a port's
+ * pending list. */
+static void req_unlink(struct ioc_pool_req **head, struct ioc_pool_req **tail,
+		       struct ioc_pool_req *req)
 {
 	if (req->prev)
 		req->prev->next = req->next;
 	else
-		pool->q_head = req->next;
+		*head = req->next;
 	if (req->next)
 		req->next->prev = req->prev;
 	else
-		pool->q_tail = req->prev;
+		*tail = req->prev;
+}
+
+static void queue_unlink(struct ioc_pool *pool, struct ioc_pool_req *req)
+{
+	req_unlink(&pool->q_head, &pool->q_tail, req);
 	req->next = req->prev = NULL;
 	pool->q_len--;
 	/* Pairs with the relaxed load in spin(); the lock orders the rest. */
@@ -420,21 +428,34 @@ static void port_free_if_orphan(struct ioc_pool_port *port, unsigned was,
 		free(port);
 }
 
+/*
+ * A posted task or the spawn timer starts: clear its bit in live.  False
+ * when the pool is gone, and then the port is freed if that was its last
+ * bit: the caller returns at once.  The fetch_and pairs with the fetch_or
+ * that set bit (port_push_done() for LIVE_DONE, ioc_pool_submit() for
+ * LIVE_FLUSH, port_arm_spawn_timer() for LIVE_TIMER) and with the one
+ * clearing LIVE_POOL in pool_destroy().  Acq_rel matters on a weakly
+ * ordered CPU such as AArch64: whoever sees the last bit cleared frees the
+ * port, after everything the other side did with it.
+ */
+static bool port_unpost(struct ioc_pool_port *port, unsigned bit)
+{
+	unsigned was = atomic_fetch_and_explicit(&port->live, ~bit,
+						 memory_order_acq_rel);
+
+	if (was & LIVE_POOL)
+		return true;
+	port_free_if_orphan(port, was, bit);
+	return false;
+}
+
 static void port_done_task(struct ioc_task *task)
 {
 	struct ioc_pool_port *port =
 		ioc_container_of(task, struct ioc_pool_port, done_task);
-	/* Pairs with the fetch_or in port_push_done() (and the one clearing
-	 * LIVE_POOL in pool_destroy()).  Acq_rel matters on a weakly ordered
-	 * CPU such as AArch64: whoever sees the last bit cleared frees the
-	 * port, after everything the other side did with it. */
-	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_DONE,
-						 memory_order_acq_rel);
 
-	if (!(was & LIVE_POOL)) {
-		port_free_if_orphan(port, was, LIVE_DONE);
+	if (!port_unpost(port, LIVE_DONE))
 		return;
-	}
 	port_dispatch(port);
 	/* Submissions made by the callbacks go out as one batch. */
 	if (port->npend)
@@ -930,18 +951,13 @@ static void port_spawn_timer(void *opaque)
 {
 	struct ioc_pool_port *port = opaque;
 	struct ioc_pool *pool = port->pool;
-	/* Pairs with the fetch_or in port_arm_spawn_timer() and the
-	 * fetch_and in pool_destroy(). */
-	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_TIMER,
-						 memory_order_acq_rel);
 	enum wake wk;
 	bool arm, blocking;
-	int64_t now = ioc_now_ns();
+	int64_t now;
 
-	if (!(was & LIVE_POOL)) {
-		port_free_if_orphan(port, was, LIVE_TIMER);
+	if (!port_unpost(port, LIVE_TIMER))
 		return;
-	}
+	now = ioc_now_ns();
 	pthread_mutex_lock(&pool->lock);
 	/* Blocking jobs: the oldest waited a whole period, and the workers
 	 * started fewer than SPAWN_JOBS_PER_THREAD jobs each during it (so
@@ -975,15 +991,9 @@ static void port_flush_task(struct ioc_task *task)
 {
 	struct ioc_pool_port *port =
 		ioc_container_of(task, struct ioc_pool_port, flush_task);
-	/* Pairs with the fetch_or in ioc_pool_submit() and the fetch_and
-	 * in pool_destroy(). */
-	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_FLUSH,
-						 memory_order_acq_rel);
 
-	if (!(was & LIVE_POOL)) {
-		port_free_if_orphan(port, was, LIVE_FLUSH);
+	if (!port_unpost(port, LIVE_FLUSH))
 		return;
-	}
 	port->flush_posted = false;
 	port_flush(port);
 }
@@ -1078,14 +1088,7 @@ int ioc_pool_cancel(struct ioc_pool *pool, struct ioc_pool_req *req)
 	pthread_mutex_lock(&pool->lock);
 	if (req->state == REQ_PENDING) {
 		/* Still on the port's list; this is its loop thread. */
-		if (req->prev)
-			req->prev->next = req->next;
-		else
-			port->pend_head = req->next;
-		if (req->next)
-			req->next->prev = req->prev;
-		else
-			port->pend_tail = req->prev;
+		req_unlink(&port->pend_head, &port->pend_tail, req);
 		port->npend--;
 	} else if (req->state == REQ_QUEUED) {
 		queue_unlink(pool, req);
