@@ -352,6 +352,15 @@ static void conn_kill(struct conn *c)
 	c->sq_tail = &c->sq_head;
 }
 
+/* The client broke the protocol, or its connection failed (st < 0): say
+ * so, after what (a prefix such as "handshake: "), and kill it. */
+static void conn_refuse(struct conn *c, const char *what, int st)
+{
+	ioc__nbd_log(c->t->srv, "%s: %s%s", c->core.peer, what,
+		     st == -EPROTO ? "protocol violation" : strerror(-st));
+	conn_kill(c);
+}
+
 /* Where each reply that bytes completes ends in the byte stream: see
  * client_busy().  Before ioc__nbd_sent() moves the iovecs on. */
 static void note_sent(struct conn *c, size_t bytes)
@@ -447,34 +456,41 @@ static ssize_t pipe_to_buf(struct conn *c, struct ioc__nbd_req *r, const char **
 	return 0;
 }
 
+/* splice(2) between the socket and a pipe, resumed after EINTR; refused
+ * with EINVAL where a test asks for a socket without splice. */
+static ssize_t sock_splice(struct conn *c, int fd_in, int fd_out, size_t len,
+			   unsigned flags)
+{
+	ssize_t n;
+
+	if (c->t->srv->zc_refuse) {
+		errno = EINVAL;
+		return -1;
+	}
+	do
+		n = splice(fd_in, NULL, fd_out, NULL, len, flags);
+	while (n < 0 && errno == EINTR);
+	return n;
+}
+
 /* The head request's data, from its pipe to the socket. */
 static ssize_t send_pipe(struct conn *c, struct ioc__nbd_req *r, const char **msg)
 {
 	size_t left = r->iov[r->iov_done].iov_len - r->iov_off;
 	unsigned fl = SPLICE_F_NONBLOCK | (r->next ? SPLICE_F_MORE : 0);
 
-	for (;;) {
-		ssize_t s;
+	ssize_t s = sock_splice(c, r->pipe->rfd, c->fd, left, fl);
 
-		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
-			s = -1;
-			errno = EINVAL;
-		} else {
-			s = splice(r->pipe->rfd, NULL, c->fd, NULL, left, fl);
-		}
-		if (s > 0) {
-			r->pipe->fill -= (size_t)s;
-			return s;
-		}
-		if (s < 0 && errno == EINTR)
-			continue;
-		if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return -EAGAIN;
-		if (s < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
-			return pipe_to_buf(c, r, msg);
-		*msg = s == 0 ? "reply data lost from its pipe" : strerror(errno);
-		return s == 0 ? -EIO : -errno;
+	if (s > 0) {
+		r->pipe->fill -= (size_t)s;
+		return s;
 	}
+	if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return -EAGAIN;
+	if (s < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
+		return pipe_to_buf(c, r, msg);
+	*msg = s == 0 ? "reply data lost from its pipe" : strerror(errno);
+	return s == 0 ? -EIO : -errno;
 }
 
 /* In the clear: as many queued replies as one sendmsg takes, up to the
@@ -565,6 +581,14 @@ static void update_handlers(struct conn *c)
 	c->reg_write = w;
 }
 
+/* After an event: the fd's handlers as the state now wants, and a finished
+ * connection reaped. */
+static void conn_settle(struct conn *c)
+{
+	update_handlers(c);
+	conn_maybe_reap(c);
+}
+
 /* ---- request coroutines ------------------------------------------------------- */
 
 /* ---- statistics ------------------------------------------------------------- */
@@ -651,8 +675,7 @@ int ioc__nbd_thread_kill_export(struct nbd_thread *t, const struct ioc__nbd_expo
 			continue;
 		n++;
 		conn_kill(c);
-		update_handlers(c);
-		conn_maybe_reap(c);
+		conn_settle(c);
 	}
 	return n;
 }
@@ -665,8 +688,7 @@ static void thread_drain_conns(struct nbd_thread *t)
 		next = c->next;
 		if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
 			conn_kill(c);
-			update_handlers(c);
-			conn_maybe_reap(c);
+			conn_settle(c);
 			continue;
 		}
 		c->draining = true;
@@ -1008,9 +1030,7 @@ static void hs_process(struct conn *c)
 			return;
 		}
 		if (st < 0) {
-			ioc__nbd_log(c->t->srv, "%s: handshake: %s", core->peer,
-			     st == -EPROTO ? "protocol violation" : strerror(-st));
-			conn_kill(c);
+			conn_refuse(c, "handshake: ", st);
 			return;
 		}
 		if (conn_bounded(c)) {
@@ -1241,37 +1261,27 @@ static ssize_t pipe_back_to_buf(struct conn *c, struct ioc__nbd_req *p)
  * go on with recv), or -errno. */
 static ssize_t recv_to_pipe(struct conn *c, struct ioc__nbd_req *p, size_t want)
 {
-	for (;;) {
-		ssize_t n;
+	ssize_t n = sock_splice(c, c->fd, p->pipe->wfd, want, SPLICE_F_NONBLOCK);
 
-		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
-			n = -1;
-			errno = EINVAL;
-		} else {
-			n = splice(c->fd, NULL, p->pipe->wfd, NULL, want, SPLICE_F_NONBLOCK);
-		}
-		if (n > 0)
-			p->pipe->fill += (size_t)n;
-		if (n >= 0)
-			return n;
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN) {
-			int avail = 0;
+	if (n > 0)
+		p->pipe->fill += (size_t)n;
+	if (n >= 0)
+		return n;
+	if (errno == EAGAIN) {
+		int avail = 0;
 
-			/* Many small segments can fill the pipe's slots
-			 * before the payload is in: the socket still has
-			 * bytes then, and this payload takes the copy. */
-			if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0)
-				return pipe_back_to_buf(c, p);
-			return -EAGAIN;
-		}
-		if (errno == EINVAL || errno == EOPNOTSUPP) {
-			c->zc_wr_off = true;
+		/* Many small segments can fill the pipe's slots before the
+		 * payload is in: the socket still has bytes then, and this
+		 * payload takes the copy. */
+		if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0)
 			return pipe_back_to_buf(c, p);
-		}
-		return -errno;
+		return -EAGAIN;
 	}
+	if (errno == EINVAL || errno == EOPNOTSUPP) {
+		c->zc_wr_off = true;
+		return pipe_back_to_buf(c, p);
+	}
+	return -errno;
 }
 
 /* Decrypted input waits inside GnuTLS: the socket may be empty, so do
@@ -1317,9 +1327,7 @@ static void tx_process(struct conn *c)
 				return;
 			}
 			if (st < 0) {
-				ioc__nbd_log(c->t->srv, "%s: %s", core->peer,
-				     st == -EPROTO ? "protocol violation" : strerror(-st));
-				conn_kill(c);
+				conn_refuse(c, "", st);
 				return;
 			}
 			break; /* need more input */
@@ -1619,8 +1627,7 @@ static void conn_process(struct conn *c)
 		ioc_bh_schedule(c->bh);
 	}
 	rest_maybe(c);
-	update_handlers(c);
-	conn_maybe_reap(c);
+	conn_settle(c);
 }
 
 static void on_read(void *opaque)
@@ -1642,10 +1649,8 @@ static void on_write(void *opaque)
 	conn_flush(c);
 	if (c->stalled && !conn_bounded(c))
 		conn_process(c);
-	else {
-		update_handlers(c);
-		conn_maybe_reap(c);
-	}
+	else
+		conn_settle(c);
 }
 
 /* Once per loop iteration after requests completed: send their replies,
@@ -1657,10 +1662,8 @@ static void conn_bh(void *opaque)
 	conn_flush(c);
 	if (c->stalled && !conn_bounded(c) && !c->dead)
 		conn_process(c);
-	else {
-		update_handlers(c);
-		conn_maybe_reap(c);
-	}
+	else
+		conn_settle(c);
 }
 
 static void hs_timeout(void *opaque)
@@ -1671,8 +1674,7 @@ static void hs_timeout(void *opaque)
 		return;
 	ioc__nbd_log(c->t->srv, "%s: handshake timed out", c->core.peer);
 	conn_kill(c);
-	update_handlers(c);
-	conn_maybe_reap(c);
+	conn_settle(c);
 }
 
 /* ---- connection life ------------------------------------------------------------ */
@@ -1826,8 +1828,7 @@ void ioc__nbd_thread_kill(struct ioc_task *task)
 		next = c->next;
 		ioc__nbd_log(t->srv, "%s: closed at shutdown with replies pending", c->core.peer);
 		conn_kill(c);
-		update_handlers(c);
-		conn_maybe_reap(c);
+		conn_settle(c);
 	}
 }
 
