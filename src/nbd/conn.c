@@ -722,10 +722,10 @@ static void thread_drain_conns(struct nbd_thread *t)
  * queue of this thread), and OPEN or SHUT wakes them; they load the gate
  * again (after the waking task, so they read its state).
  *
- * Sleep/wake handshake of the changer: it sets gate_pending to the number
- * of threads under gate_lock, posts, then waits on gate_cond while
- * gate_pending > 0; each thread decrements under gate_lock and broadcasts
- * when it reaches 0.  The mutex orders both sides, so no wakeup is lost.
+ * Sleep/wake handshake of the changer: srv->gate_applied, a latch
+ * (util/latch.h) set to the number of threads before the posts, each
+ * thread reporting once; the latch's mutex orders both sides, so no
+ * wakeup is lost.
  *
  * Rejected: a reader count or rwlock taken by every request (a shared
  * line written by every I/O thread on every request); failing requests
@@ -734,20 +734,12 @@ static void thread_drain_conns(struct nbd_thread *t)
  * execution: requests already parsed would still run, and a client's
  * pipeline would stall without bound in the kernel instead of here. */
 
-static void gate_report(struct ioc_nbd_server *srv)
-{
-	pthread_mutex_lock(&srv->gate_lock);
-	if (--srv->gate_pending == 0)
-		pthread_cond_broadcast(&srv->gate_cond);
-	pthread_mutex_unlock(&srv->gate_lock);
-}
-
 /* A request past the gate is done with the image. */
 static void exec_end(struct nbd_thread *t)
 {
 	if (--t->executing == 0 && t->gate_draining) {
 		t->gate_draining = false;
-		gate_report(t->srv);
+		ioc__latch_report(&t->srv->gate_applied);
 	}
 }
 
@@ -770,14 +762,14 @@ static void gate_apply(struct ioc_task *task)
 			t->gate_draining = true; /* the last request reports */
 			return;
 		}
-		gate_report(srv);
+		ioc__latch_report(&srv->gate_applied);
 		return;
 	}
 	t->gate_draining = false;
 	ioc_co_queue_restart_all(&t->held);
 	if (state == IOC__NBD_GATE_SHUT)
 		thread_drain_conns(t); /* as at a server stop */
-	gate_report(srv);
+	ioc__latch_report(&srv->gate_applied);
 }
 
 void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state)
@@ -786,19 +778,14 @@ void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state)
 		atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
 		return;
 	}
-	pthread_mutex_lock(&srv->gate_lock);
-	srv->gate_pending = srv->nthreads;
-	pthread_mutex_unlock(&srv->gate_lock);
+	ioc__latch_set(&srv->gate_applied, srv->nthreads);
 	/* relaxed: published to each I/O thread by the post below. */
 	atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
 	for (unsigned i = 0; i < srv->nthreads; i++) {
 		srv->threads[i].gate_task.fn = gate_apply;
 		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].gate_task);
 	}
-	pthread_mutex_lock(&srv->gate_lock);
-	while (srv->gate_pending > 0)
-		pthread_cond_wait(&srv->gate_cond, &srv->gate_lock);
-	pthread_mutex_unlock(&srv->gate_lock);
+	ioc__latch_wait(&srv->gate_applied, 0);
 }
 
 /* The gate is not open: wait while it holds.  True when the request may
