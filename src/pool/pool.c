@@ -421,6 +421,17 @@ static unsigned port_dispatch(struct ioc_pool_port *port)
 	return n;
 }
 
+/* Add port's counters to the totals.  Relaxed: pairs with the
+ * single-writer stores of its loop thread (ioc_pool_submit(),
+ * port_dispatch()); a statistic. */
+static void port_add_counts(struct ioc_pool_port *port, uint64_t *submitted,
+			    uint64_t *completed, uint64_t *batches)
+{
+	*submitted += atomic_load_explicit(&port->submitted, memory_order_relaxed);
+	*completed += atomic_load_explicit(&port->completed, memory_order_relaxed);
+	*batches += atomic_load_explicit(&port->batches, memory_order_relaxed);
+}
+
 static void port_free_if_orphan(struct ioc_pool_port *port, unsigned was,
 				unsigned bit)
 {
@@ -822,13 +833,9 @@ static void port_leave_loop(struct ioc_pool_port *port)
 		while (*pp != port)
 			pp = &(*pp)->next;
 		*pp = port->next;
-		/* Relaxed: single writer, this loop (see ioc_pool_get_stats()). */
-		pool->gone_submitted += atomic_load_explicit(&port->submitted,
-							     memory_order_relaxed);
-		pool->gone_completed += atomic_load_explicit(&port->completed,
-							     memory_order_relaxed);
-		pool->gone_batches += atomic_load_explicit(&port->batches,
-							   memory_order_relaxed);
+		/* The counts of a port that leaves stay in the pool's. */
+		port_add_counts(port, &pool->gone_submitted, &pool->gone_completed,
+				&pool->gone_batches);
 		pthread_mutex_unlock(&pool->lock);
 		drop |= LIVE_POOL;
 	}
@@ -1376,14 +1383,7 @@ void ioc_pool_get_stats(struct ioc_pool *pool, struct ioc_pool_stats *st)
 	st->submitted = pool->gone_submitted;
 	st->completed = pool->gone_completed;
 	st->completion_batches = pool->gone_batches;
-	for (struct ioc_pool_port *p = pool->ports; p; p = p->next) {
-		/* Pairs with the single-writer stores in port_dispatch(). */
-		st->submitted += atomic_load_explicit(&p->submitted,
-						      memory_order_relaxed);
-		st->completed += atomic_load_explicit(&p->completed,
-						      memory_order_relaxed);
-		st->completion_batches += atomic_load_explicit(&p->batches,
-						memory_order_relaxed);
-	}
+	for (struct ioc_pool_port *p = pool->ports; p; p = p->next)
+		port_add_counts(p, &st->submitted, &st->completed, &st->completion_batches);
 	pthread_mutex_unlock(&pool->lock);
 }
