@@ -80,12 +80,13 @@ int64_t ioc__blk_sync_rw(struct blk_req *r)
 	return 0;
 }
 
-int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off)
+/* A whole pread or pwrite, resumed after a short count.  buf is only
+ * written to by a read. */
+static int rw_full(int fd, char *buf, uint64_t len, uint64_t off, bool wr)
 {
-	char *buf = p;
-
 	while (len) {
-		ssize_t n = pread(fd, buf, len, (off_t)off);
+		ssize_t n = wr ? pwrite(fd, buf, len, (off_t)off)
+				  : pread(fd, buf, len, (off_t)off);
 
 		if (n < 0) {
 			if (errno == EINTR)
@@ -93,6 +94,8 @@ int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off)
 			return -errno;
 		}
 		if (n == 0) {
+			if (wr)
+				return -EIO;
 			memset(buf, 0, len); /* past the end reads as zero */
 			return 0;
 		}
@@ -103,25 +106,14 @@ int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off)
 	return 0;
 }
 
+int ioc__blk_pread_full(int fd, void *p, uint64_t len, uint64_t off)
+{
+	return rw_full(fd, p, len, off, false);
+}
+
 int ioc__blk_pwrite_full(int fd, const void *p, uint64_t len, uint64_t off)
 {
-	const char *buf = p;
-
-	while (len) {
-		ssize_t n = pwrite(fd, buf, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		buf += n;
-		off += (uint64_t)n;
-		len -= (uint64_t)n;
-	}
-	return 0;
+	return rw_full(fd, (char *)p, len, off, true);
 }
 
 /*
@@ -251,46 +243,49 @@ static int do_zeroes(struct ioc_blk *blk, uint64_t off, uint64_t len, uint32_t f
 	return ret;
 }
 
+/* One way of zeroing, mode (KEEP_SIZE added): 0 done, -errno failed, 1
+ * not supported here (cap cleared: the next way is tried, now and later). */
+static int try_fallocate(struct ioc_blk *blk, int mode, unsigned cap,
+			 uint64_t off, uint64_t len)
+{
+	if (fallocate(blk->fd, mode | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+		return 0;
+	if (!unsupported(errno))
+		return -errno;
+	blk_cap_clear(blk, cap);
+	return 1;
+}
+
 static int do_zeroes_aligned(struct ioc_blk *blk, uint64_t off, uint64_t len,
 			     uint32_t flags)
 {
 	unsigned caps = blk_caps(blk);
+	int ret;
 
 	if ((flags & IOC_BLK_MAY_UNMAP) && (caps & BLK_CAP_PUNCH)) {
-		if (fallocate(blk->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-			      (off_t)off, (off_t)len) == 0)
-			return 0;
-		if (!unsupported(errno))
-			return -errno;
-		blk_cap_clear(blk, BLK_CAP_PUNCH);
+		ret = try_fallocate(blk, FALLOC_FL_PUNCH_HOLE, BLK_CAP_PUNCH, off, len);
+		if (ret <= 0)
+			return ret;
 	}
 	if (caps & BLK_CAP_ZERO_RANGE) {
-		if (fallocate(blk->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
-			      (off_t)off, (off_t)len) == 0)
-			return 0;
-		if (!unsupported(errno))
-			return -errno;
-		blk_cap_clear(blk, BLK_CAP_ZERO_RANGE);
+		ret = try_fallocate(blk, FALLOC_FL_ZERO_RANGE, BLK_CAP_ZERO_RANGE, off, len);
+		if (ret <= 0)
+			return ret;
 	}
 	caps = blk_caps(blk);
 	if (!blk->is_blockdev && (caps & BLK_CAP_PUNCH)) {
 		/* tmpfs and others without ZERO_RANGE: a hole, then allocate
 		 * it again, gives allocated zeroes. */
-		if (fallocate(blk->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-			      (off_t)off, (off_t)len) == 0) {
+		ret = try_fallocate(blk, FALLOC_FL_PUNCH_HOLE, BLK_CAP_PUNCH, off, len);
+		if (ret < 0)
+			return ret;
+		if (ret == 0) {
 			if (!(caps & BLK_CAP_ALLOC))
 				return 0;
-			if (fallocate(blk->fd, FALLOC_FL_KEEP_SIZE, (off_t)off,
-				      (off_t)len) == 0)
-				return 0;
-			if (!unsupported(errno))
-				return -errno;
-			blk_cap_clear(blk, BLK_CAP_ALLOC);
-			return 0; /* holes read as zeroes: still correct */
+			ret = try_fallocate(blk, 0, BLK_CAP_ALLOC, off, len);
+			/* Without ALLOC, holes read as zeroes: still correct. */
+			return ret < 0 ? ret : 0;
 		}
-		if (!unsupported(errno))
-			return -errno;
-		blk_cap_clear(blk, BLK_CAP_PUNCH);
 	}
 	if (blk->is_blockdev) {
 		uint64_t range[2] = { off, len };

@@ -90,6 +90,7 @@ void ioc__blk_uring_submit(struct blk_req *r)
 	uint64_t max = r->io_len - r->done;
 	uint64_t pos = r->io_offset + r->done;
 	const struct iovec *iov = NULL;
+	bool wr = r->op == BLK_OP_WRITE;
 	struct io_uring_sqe *sqe;
 	int cnt = 0;
 
@@ -118,20 +119,18 @@ void ioc__blk_uring_submit(struct blk_req *r)
 	}
 	switch ((enum blk_op)r->op) {
 	case BLK_OP_READ:
-		/* One buffer: READ spares the kernel importing an iovec. */
-		if (cnt == 1 && iov[0].iov_len <= UINT32_MAX)
-			io_uring_prep_read(sqe, blk->fd, iov[0].iov_base,
-					   (unsigned)iov[0].iov_len, pos);
-		else
-			io_uring_prep_readv(sqe, blk->fd, iov, (unsigned)cnt, pos);
-		break;
 	case BLK_OP_WRITE:
+		/* One buffer: READ and WRITE spare the kernel importing an
+		 * iovec.  (The io_uring_prep_read() family, by opcode.) */
 		if (cnt == 1 && iov[0].iov_len <= UINT32_MAX)
-			io_uring_prep_write(sqe, blk->fd, iov[0].iov_base,
-					    (unsigned)iov[0].iov_len, pos);
+			io_uring_prep_rw(wr ? IORING_OP_WRITE : IORING_OP_READ, sqe,
+					 blk->fd, iov[0].iov_base,
+					 (unsigned)iov[0].iov_len, pos);
 		else
-			io_uring_prep_writev(sqe, blk->fd, iov, (unsigned)cnt, pos);
-		sqe->rw_flags = (r->flags & IOC_BLK_FUA) ? RWF_DSYNC : 0;
+			io_uring_prep_rw(wr ? IORING_OP_WRITEV : IORING_OP_READV, sqe,
+					 blk->fd, iov, (unsigned)cnt, pos);
+		if (wr)
+			sqe->rw_flags = (r->flags & IOC_BLK_FUA) ? RWF_DSYNC : 0;
 		break;
 	case BLK_OP_FLUSH:
 		io_uring_prep_fsync(sqe, blk->fd, IORING_FSYNC_DATASYNC);

@@ -826,18 +826,28 @@ static void fail_cb(struct ioc_blk_req *req, int ret, ioc_blk_cb *cb, void *opaq
 	ioc__blk_deliver(r, ret);
 }
 
+/* The callback API's last step: fail with ret < 0, else submit what is
+ * left after done bytes (done == len completes in blk_submit's "nothing
+ * left" check). */
+static void submit_or_fail(struct ioc_blk *blk, struct ioc_blk_req *req, int ret,
+			   enum blk_op op, uint64_t offset, uint64_t len,
+			   const struct iovec *iov, int iovcnt, uint32_t flags,
+			   uint64_t done, ioc_blk_cb *cb, void *opaque)
+{
+	if (ret < 0)
+		fail_cb(req, ret, cb, opaque);
+	else
+		blk_submit(blk, req, op, offset, len, iov, iovcnt, flags, done,
+			   false, cb, opaque);
+}
+
 static void blk_submit_cb(struct ioc_blk *blk, struct ioc_blk_req *req,
 			  enum blk_op op, uint64_t offset, uint64_t len,
 			  const struct iovec *iov, int iovcnt, uint32_t flags,
 			  ioc_blk_cb *cb, void *opaque)
 {
-	int ret = validate(blk, op, offset, len, iov, iovcnt, flags);
-
-	if (ret < 0)
-		fail_cb(req, ret, cb, opaque);
-	else
-		blk_submit(blk, req, op, offset, len, iov, iovcnt, flags, 0,
-			   false, cb, opaque);
+	submit_or_fail(blk, req, validate(blk, op, offset, len, iov, iovcnt, flags),
+		       op, offset, len, iov, iovcnt, flags, 0, cb, opaque);
 }
 
 /* ---- fast path ------------------------------------------------------- */
@@ -1307,26 +1317,28 @@ static void map_stop(struct ioc_blk *blk)
 		atomic_store_explicit(&blk->map_broken, true, memory_order_relaxed);
 }
 
-int ioc_coroutine_fn ioc_blk_co_discard(struct ioc_blk *blk, uint64_t offset,
-					uint64_t len, uint32_t flags)
+/* Discard and write-zeroes: a range without data, which may punch a hole. */
+static int ioc_coroutine_fn co_hole_op(struct ioc_blk *blk, enum blk_op op, uint64_t offset,
+				       uint64_t len, uint32_t flags)
 {
-	int ret = validate(blk, BLK_OP_DISCARD, offset, len, NULL, 0, flags);
+	int ret = validate(blk, op, offset, len, NULL, 0, flags);
 
 	if (ret < 0 || len == 0)
 		return ret;
 	map_stop(blk);
-	return co_run(blk, BLK_OP_DISCARD, offset, len, NULL, 0, flags, 0);
+	return co_run(blk, op, offset, len, NULL, 0, flags, 0);
+}
+
+int ioc_coroutine_fn ioc_blk_co_discard(struct ioc_blk *blk, uint64_t offset,
+					uint64_t len, uint32_t flags)
+{
+	return co_hole_op(blk, BLK_OP_DISCARD, offset, len, flags);
 }
 
 int ioc_coroutine_fn ioc_blk_co_write_zeroes(struct ioc_blk *blk, uint64_t offset,
 					     uint64_t len, uint32_t flags)
 {
-	int ret = validate(blk, BLK_OP_ZEROES, offset, len, NULL, 0, flags);
-
-	if (ret < 0 || len == 0)
-		return ret;
-	map_stop(blk);
-	return co_run(blk, BLK_OP_ZEROES, offset, len, NULL, 0, flags, 0);
+	return co_hole_op(blk, BLK_OP_ZEROES, offset, len, flags);
 }
 
 /*
@@ -1465,13 +1477,8 @@ void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offse
 	} else if (ret == 0 && (flags & IOC_BLK_NOWAIT_ONLY)) {
 		ret = -EAGAIN;
 	}
-	if (ret < 0) {
-		fail_cb(req, ret, cb, opaque);
-		return;
-	}
-	/* done == len completes in blk_submit's "nothing left" check. */
-	blk_submit(blk, req, BLK_OP_READ, offset, len, iov, iovcnt, flags, done,
-		   false, cb, opaque);
+	submit_or_fail(blk, req, ret, BLK_OP_READ, offset, len, iov, iovcnt, flags,
+		       done, cb, opaque);
 }
 
 void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
@@ -1492,12 +1499,8 @@ void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offs
 		else if (n > 0)
 			done = (uint64_t)n;
 	}
-	if (ret < 0) {
-		fail_cb(req, ret, cb, opaque);
-		return;
-	}
-	blk_submit(blk, req, BLK_OP_WRITE, offset, len, iov, iovcnt, flags, done,
-		   false, cb, opaque);
+	submit_or_fail(blk, req, ret, BLK_OP_WRITE, offset, len, iov, iovcnt, flags,
+		       done, cb, opaque);
 }
 
 void ioc_blk_flush(struct ioc_blk *blk, struct ioc_blk_req *req, uint32_t flags,

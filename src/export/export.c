@@ -37,11 +37,23 @@ static const struct ioc__qmp_arg common_opts[] = {
 	{ NULL },
 };
 
+static const char *const addr_types[] = { "inet", "unix", "fd", "vsock", NULL };
+
+const struct ioc__qmp_arg ioc__export_addr_base[] = {
+	{ "type", IOC_QMP_ENUM, false, .values = addr_types }, { NULL },
+};
+const struct ioc__qmp_arg ioc__export_unix_members[] = {
+	{ "path", IOC_QMP_STR, false }, { "abstract", IOC_QMP_BOOL, true },
+	{ "tight", IOC_QMP_BOOL, true }, { NULL },
+};
+const struct ioc__qmp_arg ioc__export_fd_members[] = {
+	{ "str", IOC_QMP_STR, false }, { NULL },
+};
+const struct ioc__qmp_arg ioc__export_no_members[] = { { NULL } };
+
 static struct ioc__qmp_variant variants[IOC_ARRAY_SIZE(type_values)];
 static struct ioc__qmp_arg spec;
 static pthread_once_t spec_once = PTHREAD_ONCE_INIT;
-
-static const struct ioc__qmp_arg open_members[] = { { NULL } };
 
 static void spec_init(void)
 {
@@ -52,7 +64,7 @@ static void spec_init(void)
 
 		/* A type without a driver: its members are not checked here;
 		 * ioc_export_add() refuses it by name. */
-		variants[k++] = (struct ioc__qmp_variant){ *t, d ? d->opts : open_members };
+		variants[k++] = (struct ioc__qmp_variant){ *t, d ? d->opts : ioc__export_no_members };
 	}
 	spec = (struct ioc__qmp_arg){ .name = "x", .type = IOC_QMP_OBJECT,
 				      .members = common_opts, .tag = "type",

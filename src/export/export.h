@@ -93,6 +93,14 @@ int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool l
 				const struct ioc_nbd_tls_opts *tls, unsigned iothreads,
 				char *err, size_t errlen);
 void ioc_export_nbd_server_stop(struct ioc_export_env *env);
+/* export.c: QEMU's SocketAddress as every export type takes it: the
+ * "type" tag, and the members of its unix and fd variants (those of inet
+ * and vsock are the type's own).  An empty member list. */
+extern const struct ioc__qmp_arg ioc__export_addr_base[];
+extern const struct ioc__qmp_arg ioc__export_unix_members[];
+extern const struct ioc__qmp_arg ioc__export_fd_members[];
+extern const struct ioc__qmp_arg ioc__export_no_members[];
+
 extern const struct ioc__qmp_arg ioc__export_nbd_server_opts[];
 extern const struct ioc__qmp_arg ioc__export_nbd_server_legacy_opts[];
 

@@ -22,36 +22,26 @@
 
 /* ---- the server --------------------------------------------------------- */
 
-static const char *const addr_types[] = { "inet", "unix", "fd", "vsock", NULL };
-
 static const struct ioc__qmp_arg inet_members[] = {
 	{ "host", IOC_QMP_STR, false }, { "port", IOC_QMP_STR, false },
 	{ "numeric", IOC_QMP_BOOL, true }, { "to", IOC_QMP_UINT, true },
 	{ "ipv4", IOC_QMP_BOOL, true }, { "ipv6", IOC_QMP_BOOL, true },
 	{ "keep-alive", IOC_QMP_BOOL, true }, { NULL },
 };
-static const struct ioc__qmp_arg unix_members[] = {
-	{ "path", IOC_QMP_STR, false }, { "abstract", IOC_QMP_BOOL, true },
-	{ "tight", IOC_QMP_BOOL, true }, { NULL },
-};
-static const struct ioc__qmp_arg fd_members[] = { { "str", IOC_QMP_STR, false }, { NULL } };
 static const struct ioc__qmp_arg vsock_members[] = {
 	{ "cid", IOC_QMP_STR, false }, { "port", IOC_QMP_STR, false }, { NULL },
 };
 static const struct ioc__qmp_variant addr_variants[] = {
-	{ "inet", inet_members }, { "unix", unix_members }, { "fd", fd_members },
-	{ "vsock", vsock_members }, { NULL },
-};
-static const struct ioc__qmp_arg addr_base[] = {
-	{ "type", IOC_QMP_ENUM, false, .values = addr_types }, { NULL },
+	{ "inet", inet_members }, { "unix", ioc__export_unix_members },
+	{ "fd", ioc__export_fd_members }, { "vsock", vsock_members }, { NULL },
 };
 /* SocketAddressLegacy: {"type": T, "data": {...}}. */
 static const struct ioc__qmp_arg data_inet[] = {
 	{ "data", IOC_QMP_OBJECT, false, .members = inet_members }, { NULL } };
 static const struct ioc__qmp_arg data_unix[] = {
-	{ "data", IOC_QMP_OBJECT, false, .members = unix_members }, { NULL } };
+	{ "data", IOC_QMP_OBJECT, false, .members = ioc__export_unix_members }, { NULL } };
 static const struct ioc__qmp_arg data_fd[] = {
-	{ "data", IOC_QMP_OBJECT, false, .members = fd_members }, { NULL } };
+	{ "data", IOC_QMP_OBJECT, false, .members = ioc__export_fd_members }, { NULL } };
 static const struct ioc__qmp_arg data_vsock[] = {
 	{ "data", IOC_QMP_OBJECT, false, .members = vsock_members }, { NULL } };
 static const struct ioc__qmp_variant legacy_variants[] = {
@@ -60,7 +50,7 @@ static const struct ioc__qmp_variant legacy_variants[] = {
 };
 
 const struct ioc__qmp_arg ioc__export_nbd_server_opts[] = {
-	{ "addr", IOC_QMP_OBJECT, false, .members = addr_base, .tag = "type",
+	{ "addr", IOC_QMP_OBJECT, false, .members = ioc__export_addr_base, .tag = "type",
 	  .variants = addr_variants },
 	{ "tls-creds", IOC_QMP_STR, true },
 	{ "tls-authz", IOC_QMP_STR, true },
@@ -69,7 +59,7 @@ const struct ioc__qmp_arg ioc__export_nbd_server_opts[] = {
 };
 
 const struct ioc__qmp_arg ioc__export_nbd_server_legacy_opts[] = {
-	{ "addr", IOC_QMP_OBJECT, false, .members = addr_base, .tag = "type",
+	{ "addr", IOC_QMP_OBJECT, false, .members = ioc__export_addr_base, .tag = "type",
 	  .variants = legacy_variants },
 	{ "tls-creds", IOC_QMP_STR, true },
 	{ "tls-authz", IOC_QMP_STR, true },

@@ -1074,25 +1074,25 @@ void ioc_loop_get_stats(struct ioc_loop *loop, struct ioc_loop_stats *st)
 	st->uring_setup_flags = loop->has_ring ? loop->ring_setup_flags : 0;
 }
 
+/* Relaxed: pairs with the loop thread's relaxed store in pst_add(): a
+ * statistic, nothing is ordered by it. */
+static uint64_t pst_read(const _Atomic uint64_t *counter)
+{
+	return atomic_load_explicit(counter, memory_order_relaxed);
+}
+
 void ioc_loop_get_poll_stats(struct ioc_loop *loop,
 			     struct ioc_loop_poll_stats *st)
 {
-	/* Relaxed loads, each pairing with the loop thread's relaxed store
-	 * (pst_add(), publish_poll_ns(), publish_backing_off()): statistics,
-	 * nothing is ordered by them. */
-	st->poll_ns_total = atomic_load_explicit(&loop->pst.ns_total,
-						 memory_order_relaxed);
-	st->polls = atomic_load_explicit(&loop->pst.polls, memory_order_relaxed);
-	st->polls_hit = atomic_load_explicit(&loop->pst.hits,
-					     memory_order_relaxed);
-	st->polls_empty = atomic_load_explicit(&loop->pst.empty,
-					       memory_order_relaxed);
-	st->backoffs = atomic_load_explicit(&loop->pst.backoffs,
-					    memory_order_relaxed);
-	st->sleeps = atomic_load_explicit(&loop->pst.sleeps,
-					  memory_order_relaxed);
-	st->poll_ns = atomic_load_explicit(&loop->pst.poll_ns,
-					   memory_order_relaxed);
+	st->poll_ns_total = pst_read(&loop->pst.ns_total);
+	st->polls = pst_read(&loop->pst.polls);
+	st->polls_hit = pst_read(&loop->pst.hits);
+	st->polls_empty = pst_read(&loop->pst.empty);
+	st->backoffs = pst_read(&loop->pst.backoffs);
+	st->sleeps = pst_read(&loop->pst.sleeps);
+	/* Relaxed, as pst_read(): pair with the relaxed stores in
+	 * publish_poll_ns() and publish_backing_off(). */
+	st->poll_ns = atomic_load_explicit(&loop->pst.poll_ns, memory_order_relaxed);
 	st->backing_off = atomic_load_explicit(&loop->pst.backing_off,
 					       memory_order_relaxed);
 }

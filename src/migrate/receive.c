@@ -81,6 +81,7 @@
 #define RECV_MAX_IN_FLIGHT (64u << 20)  /* payload + decoded bytes of jobs */
 #define ZERO_BUF (1u << 20)
 
+/* Ways to write zeroes, in the order write_zeros() tries them. */
 enum zero_mode { Z_PUNCH, Z_ZERO_RANGE, Z_WRITE };
 
 struct recv;
@@ -454,23 +455,20 @@ static int write_zeros(struct recv *rv, uint64_t off, uint64_t len)
 {
 	int fd = rv->o->image_fd;
 
-	if (rv->zmode == Z_PUNCH) {
-		if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+	/* The ways in order; one the file refuses is not tried again. */
+	static const int falloc_mode[] = {
+		[Z_PUNCH] = FALLOC_FL_PUNCH_HOLE,
+		[Z_ZERO_RANGE] = FALLOC_FL_ZERO_RANGE,
+	};
+
+	while (rv->zmode != Z_WRITE) {
+		if (fallocate(fd, falloc_mode[rv->zmode] | FALLOC_FL_KEEP_SIZE,
 			      (off_t)off, (off_t)len) == 0)
 			return 0;
 		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
 		    errno != ENODEV)
 			return -errno;
-		rv->zmode = Z_ZERO_RANGE;
-	}
-	if (rv->zmode == Z_ZERO_RANGE) {
-		if (fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
-			      (off_t)off, (off_t)len) == 0)
-			return 0;
-		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
-		    errno != ENODEV)
-			return -errno;
-		rv->zmode = Z_WRITE;
+		rv->zmode++;
 	}
 	if (!rv->zbuf && !(rv->zbuf = calloc(1, ZERO_BUF)))
 		return -ENOMEM;
@@ -778,19 +776,14 @@ static int run(struct recv *rv)
 		rv->st->records++;
 		switch (r.type) {
 		case IOC_MIG_DATA_RAW:
-			ret = claim_blocks(rv, &r, recno);
-			if (ret == 0)
-				ret = apply_raw(rv, &r, recno);
-			break;
 		case IOC_MIG_DATA_ZSTD:
-			ret = claim_blocks(rv, &r, recno);
-			if (ret == 0)
-				ret = start_data(rv, &r, recno);
-			break;
 		case IOC_MIG_ZERO:
 			ret = claim_blocks(rv, &r, recno);
-			if (ret == 0)
-				ret = apply_zero(rv, &r, recno);
+			if (ret < 0)
+				break;
+			ret = r.type == IOC_MIG_DATA_RAW ? apply_raw(rv, &r, recno) :
+			      r.type == IOC_MIG_ZERO ? apply_zero(rv, &r, recno) :
+			      start_data(rv, &r, recno);
 			break;
 		case IOC_MIG_MIRROR:
 			ret = apply_mirror(rv, &r, recno);

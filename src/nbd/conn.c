@@ -352,6 +352,15 @@ static void conn_kill(struct conn *c)
 	c->sq_tail = &c->sq_head;
 }
 
+/* The client broke the protocol, or its connection failed (st < 0): say
+ * so, after what (a prefix such as "handshake: "), and kill it. */
+static void conn_refuse(struct conn *c, const char *what, int st)
+{
+	ioc__nbd_log(c->t->srv, "%s: %s%s", c->core.peer, what,
+		     st == -EPROTO ? "protocol violation" : strerror(-st));
+	conn_kill(c);
+}
+
 /* Where each reply that bytes completes ends in the byte stream: see
  * client_busy().  Before ioc__nbd_sent() moves the iovecs on. */
 static void note_sent(struct conn *c, size_t bytes)
@@ -447,34 +456,41 @@ static ssize_t pipe_to_buf(struct conn *c, struct ioc__nbd_req *r, const char **
 	return 0;
 }
 
+/* splice(2) between the socket and a pipe, resumed after EINTR; refused
+ * with EINVAL where a test asks for a socket without splice. */
+static ssize_t sock_splice(struct conn *c, int fd_in, int fd_out, size_t len,
+			   unsigned flags)
+{
+	ssize_t n;
+
+	if (c->t->srv->zc_refuse) {
+		errno = EINVAL;
+		return -1;
+	}
+	do
+		n = splice(fd_in, NULL, fd_out, NULL, len, flags);
+	while (n < 0 && errno == EINTR);
+	return n;
+}
+
 /* The head request's data, from its pipe to the socket. */
 static ssize_t send_pipe(struct conn *c, struct ioc__nbd_req *r, const char **msg)
 {
 	size_t left = r->iov[r->iov_done].iov_len - r->iov_off;
 	unsigned fl = SPLICE_F_NONBLOCK | (r->next ? SPLICE_F_MORE : 0);
 
-	for (;;) {
-		ssize_t s;
+	ssize_t s = sock_splice(c, r->pipe->rfd, c->fd, left, fl);
 
-		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
-			s = -1;
-			errno = EINVAL;
-		} else {
-			s = splice(r->pipe->rfd, NULL, c->fd, NULL, left, fl);
-		}
-		if (s > 0) {
-			r->pipe->fill -= (size_t)s;
-			return s;
-		}
-		if (s < 0 && errno == EINTR)
-			continue;
-		if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return -EAGAIN;
-		if (s < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
-			return pipe_to_buf(c, r, msg);
-		*msg = s == 0 ? "reply data lost from its pipe" : strerror(errno);
-		return s == 0 ? -EIO : -errno;
+	if (s > 0) {
+		r->pipe->fill -= (size_t)s;
+		return s;
 	}
+	if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return -EAGAIN;
+	if (s < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
+		return pipe_to_buf(c, r, msg);
+	*msg = s == 0 ? "reply data lost from its pipe" : strerror(errno);
+	return s == 0 ? -EIO : -errno;
 }
 
 /* In the clear: as many queued replies as one sendmsg takes, up to the
@@ -565,6 +581,14 @@ static void update_handlers(struct conn *c)
 	c->reg_write = w;
 }
 
+/* After an event: the fd's handlers as the state now wants, and a finished
+ * connection reaped. */
+static void conn_settle(struct conn *c)
+{
+	update_handlers(c);
+	conn_maybe_reap(c);
+}
+
 /* ---- request coroutines ------------------------------------------------------- */
 
 /* ---- statistics ------------------------------------------------------------- */
@@ -651,8 +675,7 @@ int ioc__nbd_thread_kill_export(struct nbd_thread *t, const struct ioc__nbd_expo
 			continue;
 		n++;
 		conn_kill(c);
-		update_handlers(c);
-		conn_maybe_reap(c);
+		conn_settle(c);
 	}
 	return n;
 }
@@ -665,8 +688,7 @@ static void thread_drain_conns(struct nbd_thread *t)
 		next = c->next;
 		if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
 			conn_kill(c);
-			update_handlers(c);
-			conn_maybe_reap(c);
+			conn_settle(c);
 			continue;
 		}
 		c->draining = true;
@@ -700,10 +722,10 @@ static void thread_drain_conns(struct nbd_thread *t)
  * queue of this thread), and OPEN or SHUT wakes them; they load the gate
  * again (after the waking task, so they read its state).
  *
- * Sleep/wake handshake of the changer: it sets gate_pending to the number
- * of threads under gate_lock, posts, then waits on gate_cond while
- * gate_pending > 0; each thread decrements under gate_lock and broadcasts
- * when it reaches 0.  The mutex orders both sides, so no wakeup is lost.
+ * Sleep/wake handshake of the changer: srv->gate_applied, a latch
+ * (util/latch.h) set to the number of threads before the posts, each
+ * thread reporting once; the latch's mutex orders both sides, so no
+ * wakeup is lost.
  *
  * Rejected: a reader count or rwlock taken by every request (a shared
  * line written by every I/O thread on every request); failing requests
@@ -712,20 +734,12 @@ static void thread_drain_conns(struct nbd_thread *t)
  * execution: requests already parsed would still run, and a client's
  * pipeline would stall without bound in the kernel instead of here. */
 
-static void gate_report(struct ioc_nbd_server *srv)
-{
-	pthread_mutex_lock(&srv->gate_lock);
-	if (--srv->gate_pending == 0)
-		pthread_cond_broadcast(&srv->gate_cond);
-	pthread_mutex_unlock(&srv->gate_lock);
-}
-
 /* A request past the gate is done with the image. */
 static void exec_end(struct nbd_thread *t)
 {
 	if (--t->executing == 0 && t->gate_draining) {
 		t->gate_draining = false;
-		gate_report(t->srv);
+		ioc__latch_report(&t->srv->gate_applied);
 	}
 }
 
@@ -748,14 +762,14 @@ static void gate_apply(struct ioc_task *task)
 			t->gate_draining = true; /* the last request reports */
 			return;
 		}
-		gate_report(srv);
+		ioc__latch_report(&srv->gate_applied);
 		return;
 	}
 	t->gate_draining = false;
 	ioc_co_queue_restart_all(&t->held);
 	if (state == IOC__NBD_GATE_SHUT)
 		thread_drain_conns(t); /* as at a server stop */
-	gate_report(srv);
+	ioc__latch_report(&srv->gate_applied);
 }
 
 void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state)
@@ -764,19 +778,14 @@ void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state)
 		atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
 		return;
 	}
-	pthread_mutex_lock(&srv->gate_lock);
-	srv->gate_pending = srv->nthreads;
-	pthread_mutex_unlock(&srv->gate_lock);
+	ioc__latch_set(&srv->gate_applied, srv->nthreads);
 	/* relaxed: published to each I/O thread by the post below. */
 	atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
 	for (unsigned i = 0; i < srv->nthreads; i++) {
 		srv->threads[i].gate_task.fn = gate_apply;
 		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].gate_task);
 	}
-	pthread_mutex_lock(&srv->gate_lock);
-	while (srv->gate_pending > 0)
-		pthread_cond_wait(&srv->gate_cond, &srv->gate_lock);
-	pthread_mutex_unlock(&srv->gate_lock);
+	ioc__latch_wait(&srv->gate_applied, 0);
 }
 
 /* The gate is not open: wait while it holds.  True when the request may
@@ -1008,9 +1017,7 @@ static void hs_process(struct conn *c)
 			return;
 		}
 		if (st < 0) {
-			ioc__nbd_log(c->t->srv, "%s: handshake: %s", core->peer,
-			     st == -EPROTO ? "protocol violation" : strerror(-st));
-			conn_kill(c);
+			conn_refuse(c, "handshake: ", st);
 			return;
 		}
 		if (conn_bounded(c)) {
@@ -1241,37 +1248,27 @@ static ssize_t pipe_back_to_buf(struct conn *c, struct ioc__nbd_req *p)
  * go on with recv), or -errno. */
 static ssize_t recv_to_pipe(struct conn *c, struct ioc__nbd_req *p, size_t want)
 {
-	for (;;) {
-		ssize_t n;
+	ssize_t n = sock_splice(c, c->fd, p->pipe->wfd, want, SPLICE_F_NONBLOCK);
 
-		if (c->t->srv->zc_refuse) { /* tests: a socket without splice */
-			n = -1;
-			errno = EINVAL;
-		} else {
-			n = splice(c->fd, NULL, p->pipe->wfd, NULL, want, SPLICE_F_NONBLOCK);
-		}
-		if (n > 0)
-			p->pipe->fill += (size_t)n;
-		if (n >= 0)
-			return n;
-		if (errno == EINTR)
-			continue;
-		if (errno == EAGAIN) {
-			int avail = 0;
+	if (n > 0)
+		p->pipe->fill += (size_t)n;
+	if (n >= 0)
+		return n;
+	if (errno == EAGAIN) {
+		int avail = 0;
 
-			/* Many small segments can fill the pipe's slots
-			 * before the payload is in: the socket still has
-			 * bytes then, and this payload takes the copy. */
-			if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0)
-				return pipe_back_to_buf(c, p);
-			return -EAGAIN;
-		}
-		if (errno == EINVAL || errno == EOPNOTSUPP) {
-			c->zc_wr_off = true;
+		/* Many small segments can fill the pipe's slots before the
+		 * payload is in: the socket still has bytes then, and this
+		 * payload takes the copy. */
+		if (ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0)
 			return pipe_back_to_buf(c, p);
-		}
-		return -errno;
+		return -EAGAIN;
 	}
+	if (errno == EINVAL || errno == EOPNOTSUPP) {
+		c->zc_wr_off = true;
+		return pipe_back_to_buf(c, p);
+	}
+	return -errno;
 }
 
 /* Decrypted input waits inside GnuTLS: the socket may be empty, so do
@@ -1317,9 +1314,7 @@ static void tx_process(struct conn *c)
 				return;
 			}
 			if (st < 0) {
-				ioc__nbd_log(c->t->srv, "%s: %s", core->peer,
-				     st == -EPROTO ? "protocol violation" : strerror(-st));
-				conn_kill(c);
+				conn_refuse(c, "", st);
 				return;
 			}
 			break; /* need more input */
@@ -1619,8 +1614,7 @@ static void conn_process(struct conn *c)
 		ioc_bh_schedule(c->bh);
 	}
 	rest_maybe(c);
-	update_handlers(c);
-	conn_maybe_reap(c);
+	conn_settle(c);
 }
 
 static void on_read(void *opaque)
@@ -1642,10 +1636,8 @@ static void on_write(void *opaque)
 	conn_flush(c);
 	if (c->stalled && !conn_bounded(c))
 		conn_process(c);
-	else {
-		update_handlers(c);
-		conn_maybe_reap(c);
-	}
+	else
+		conn_settle(c);
 }
 
 /* Once per loop iteration after requests completed: send their replies,
@@ -1657,10 +1649,8 @@ static void conn_bh(void *opaque)
 	conn_flush(c);
 	if (c->stalled && !conn_bounded(c) && !c->dead)
 		conn_process(c);
-	else {
-		update_handlers(c);
-		conn_maybe_reap(c);
-	}
+	else
+		conn_settle(c);
 }
 
 static void hs_timeout(void *opaque)
@@ -1671,8 +1661,7 @@ static void hs_timeout(void *opaque)
 		return;
 	ioc__nbd_log(c->t->srv, "%s: handshake timed out", c->core.peer);
 	conn_kill(c);
-	update_handlers(c);
-	conn_maybe_reap(c);
+	conn_settle(c);
 }
 
 /* ---- connection life ------------------------------------------------------------ */
@@ -1826,8 +1815,7 @@ void ioc__nbd_thread_kill(struct ioc_task *task)
 		next = c->next;
 		ioc__nbd_log(t->srv, "%s: closed at shutdown with replies pending", c->core.peer);
 		conn_kill(c);
-		update_handlers(c);
-		conn_maybe_reap(c);
+		conn_settle(c);
 	}
 }
 

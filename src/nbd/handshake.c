@@ -39,6 +39,7 @@
 #include <stdlib.h>
 
 #include "nbd-proto.h"
+#include "util/buf.h"
 
 /* ---- connection state ---------------------------------------------------- */
 
@@ -83,14 +84,10 @@ static int out_reserve(struct ioc__nbd_conn *c, size_t n)
 {
 	if (c->out_len + n <= c->out_cap)
 		return 0;
-	size_t cap = c->out_cap ? c->out_cap : 512;
-	while (cap < c->out_len + n)
-		cap *= 2;
-	uint8_t *p = realloc(c->out, cap);
+	uint8_t *p = ioc__buf_grow(c->out, &c->out_cap, c->out_len + n, 512);
 	if (!p)
 		return -ENOMEM;
 	c->out = p;
-	c->out_cap = cap;
 	return 0;
 }
 

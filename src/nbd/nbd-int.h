@@ -15,6 +15,7 @@
 
 #include "nbd/nbd.h"
 #include "nbd-proto.h"
+#include "util/latch.h"
 
 #define IOC_NBD_MAX_EXPORTS     64
 #define IOC_NBD_MAX_LISTENERS   16
@@ -120,9 +121,7 @@ struct ioc_nbd_server {
 	 * NBD_ESHUTDOWN.  The I/O threads load it relaxed on every request
 	 * (one load: see ioc__nbd_gate_set() for why that is enough). */
 	_Atomic int gate;
-	pthread_mutex_t gate_lock;      /* guards gate_pending, with gate_cond */
-	pthread_cond_t gate_cond;
-	unsigned gate_pending;          /* threads yet to apply the change */
+	struct ioc__latch gate_applied; /* threads yet to apply the change */
 };
 
 enum { IOC__NBD_GATE_OPEN = 0, IOC__NBD_GATE_HOLD, IOC__NBD_GATE_SHUT };

@@ -171,8 +171,7 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 			   srv->opts.rest_max_ns < 0 ? 0 :
 			   srv->opts.rest_max_ns > UINT32_MAX ? UINT32_MAX :
 			   (uint32_t)srv->opts.rest_max_ns;
-	pthread_mutex_init(&srv->gate_lock, NULL);
-	pthread_cond_init(&srv->gate_cond, NULL);
+	ioc__latch_init(&srv->gate_applied);
 	*out = srv;
 	return 0;
 }
@@ -599,8 +598,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 	ioc__nbd_control_free(srv->control);
 	ioc_node_graph_free(srv->graph);
 	free(srv->threads);
-	pthread_mutex_destroy(&srv->gate_lock);
-	pthread_cond_destroy(&srv->gate_cond);
+	ioc__latch_destroy(&srv->gate_applied);
 	free(srv);
 }
 

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "nbd-proto.h"
+#include "util/buf.h"
 
 /* ---- transmission: parsing ------------------------------------------------ */
 
@@ -518,14 +519,10 @@ static bool ext_reserve(struct ext_buf *b, size_t need)
 {
 	if (b->cap - b->used >= need)
 		return true;
-	size_t cap = b->cap ? b->cap : 256;
-	while (cap - b->used < need)
-		cap *= 2;
-	uint8_t *p = realloc(b->p, cap);
+	uint8_t *p = ioc__buf_grow(b->p, &b->cap, b->used + need, 256);
 	if (!p)
 		return false;
 	b->p = p;
-	b->cap = cap;
 	return true;
 }
 

@@ -21,10 +21,9 @@
  * is stored under the graph's lock, which attaching takes, so the loop is
  * either posted to or reads the new state.
  *
- * Sleep/wake handshake of the changer: gate_pending is set under gate_lock
- * to the number of loops posted to, each task decrements it under the lock
- * and broadcasts gate_cond at 0, and the changer waits on gate_cond while
- * it is positive: the mutex orders both sides, so no wakeup is lost.
+ * Sleep/wake handshake of the changer: n->gate_applied, a latch
+ * (util/latch.h) set before the posts, each posted loop reporting once;
+ * the latch's mutex orders both sides, so no wakeup is lost.
  *
  * Rejected: a reader count or rwlock per node (a line written by every
  * I/O thread on every request); failing requests during a switch-over.
@@ -32,14 +31,6 @@
 #include <errno.h>
 
 #include "node-int.h"
-
-static void gate_report(struct ioc_node *n)
-{
-	pthread_mutex_lock(&n->gate_lock);
-	if (--n->gate_pending == 0)
-		pthread_cond_broadcast(&n->gate_cond);
-	pthread_mutex_unlock(&n->gate_lock);
-}
 
 static void gate_apply(struct ioc_task *task)
 {
@@ -53,19 +44,18 @@ static void gate_apply(struct ioc_task *task)
 			s->draining = true; /* the last leave reports */
 			return;
 		}
-		gate_report(n);
+		ioc__latch_report(&n->gate_applied);
 		return;
 	}
 	s->draining = false;
 	ioc_co_queue_restart_all(&s->held);
-	gate_report(n);
+	ioc__latch_report(&n->gate_applied);
 }
 
 void ioc__node_gate_init(struct ioc_node *n)
 {
 	atomic_init(&n->gate, IOC_NODE_GATE_OPEN);
-	pthread_mutex_init(&n->gate_lock, NULL);
-	pthread_cond_init(&n->gate_cond, NULL);
+	ioc__latch_init(&n->gate_applied);
 	for (unsigned i = 0; i < IOC_NODE_MAX_SLOTS; i++) {
 		n->slot[i].node = n;
 		ioc_co_queue_init(&n->slot[i].held);
@@ -75,8 +65,7 @@ void ioc__node_gate_init(struct ioc_node *n)
 
 void ioc__node_gate_destroy(struct ioc_node *n)
 {
-	pthread_mutex_destroy(&n->gate_lock);
-	pthread_cond_destroy(&n->gate_cond);
+	ioc__latch_destroy(&n->gate_applied);
 }
 
 int ioc_coroutine_fn ioc_node_co_enter(struct ioc_node *n)
@@ -107,7 +96,7 @@ void ioc_node_leave(struct ioc_node *n)
 
 	if (s && --s->executing == 0 && s->draining) {
 		s->draining = false;
-		gate_report(n);
+		ioc__latch_report(&n->gate_applied);
 	}
 }
 
@@ -117,9 +106,8 @@ void ioc_node_set_gate(struct ioc_node *n, int state)
 	struct ioc_loop *self = ioc_loop_current();
 	unsigned posted = 0;
 
-	pthread_mutex_lock(&n->gate_lock);
-	n->gate_pending = IOC_NODE_MAX_SLOTS + 1; /* until the count is known */
-	pthread_mutex_unlock(&n->gate_lock);
+	/* More than any count of loops, until the count is known. */
+	ioc__latch_set(&n->gate_applied, IOC_NODE_MAX_SLOTS + 1);
 	pthread_mutex_lock(&g->lock);
 	/* Relaxed: published to each loop by its post (and to loops that
 	 * attach later by g->lock). */
@@ -131,11 +119,7 @@ void ioc_node_set_gate(struct ioc_node *n, int state)
 		posted++;
 	}
 	pthread_mutex_unlock(&g->lock);
-	pthread_mutex_lock(&n->gate_lock);
-	n->gate_pending -= IOC_NODE_MAX_SLOTS + 1 - posted;
-	while (n->gate_pending > 0)
-		pthread_cond_wait(&n->gate_cond, &n->gate_lock);
-	pthread_mutex_unlock(&n->gate_lock);
+	ioc__latch_wait(&n->gate_applied, IOC_NODE_MAX_SLOTS + 1 - posted);
 	/* The caller's own loop, if it is attached, applies the change here:
 	 * it has no request inside (it could not be blocked in here). */
 	for (unsigned i = 0; self && i < g->nslots; i++) {

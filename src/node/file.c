@@ -81,8 +81,7 @@ static int file_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 		return ret;
 	}
 	set_from_blk(n, blk, &info);
-	n->filename_buf = strdup(path);
-	n->filename = n->filename_buf;
+	ioc__node_set_filename(n, path);
 	return 0;
 }
 

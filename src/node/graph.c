@@ -108,6 +108,12 @@ static bool name_ok(const char *s)
 	return true;
 }
 
+void ioc__node_set_filename(struct ioc_node *n, const char *path)
+{
+	n->filename_buf = strdup(path);
+	n->filename = n->filename_buf;
+}
+
 const char *ioc__node_opt_str(json_t *opts, const char *key, const char *dflt)
 {
 	json_t *v = json_object_get(opts, key);

@@ -39,6 +39,9 @@ struct ioc_node *ioc__node_new(struct ioc_node_graph *g, const struct ioc_node_d
 void ioc__node_gate_init(struct ioc_node *n);
 void ioc__node_gate_destroy(struct ioc_node *n);
 
+/* graph.c: n's file name, a copy of path that the node frees. */
+void ioc__node_set_filename(struct ioc_node *n, const char *path);
+
 /* Helpers for drivers: a JSON member or a default. */
 const char *ioc__node_opt_str(json_t *opts, const char *key, const char *dflt);
 bool ioc__node_opt_bool(json_t *opts, const char *key, bool dflt);

@@ -26,6 +26,7 @@
 #include "iocore/co.h"
 #include "iocore/loop.h"
 #include "qmp/schema.h"   /* struct ioc__qmp_arg */
+#include "util/latch.h"
 
 #define IOC_NODE_NAME_MAX    128
 /* Loops that may submit to one node; a thread past the last slot shares
@@ -182,9 +183,7 @@ struct ioc_node {
 	struct ioc_blk *dirty_set;
 
 	_Atomic int gate;               /* IOC_NODE_GATE_* */
-	pthread_mutex_t gate_lock;      /* gate_pending, with gate_cond */
-	pthread_cond_t gate_cond;
-	unsigned gate_pending;
+	struct ioc__latch gate_applied; /* loops yet to apply a change */
 	struct ioc_node_slot slot[IOC_NODE_MAX_SLOTS];
 };
 

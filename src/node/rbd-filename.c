@@ -86,6 +86,23 @@ static int put_str(json_t *o, const char *key, const char *val)
 	return v ? json_object_set_new(o, key, v) : -1;
 }
 
+/* A name of the image's path, unescaped, at key; an empty one is refused
+ * with if_empty.  0, or -errno with err set. */
+static int put_name(json_t *o, const char *key, char *tok, const char *if_empty,
+		    char *err, size_t errlen)
+{
+	unescape(tok);
+	if (!*tok) {
+		snprintf(err, errlen, "%s", if_empty);
+		return -EINVAL;
+	}
+	if (put_str(o, key, tok)) {
+		snprintf(err, errlen, "%s", strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 json_t *ioc__rbd_parse_filename(const char *filename, char *err, size_t errlen)
 {
 	char *buf = NULL, *p, *tok, *image;
@@ -105,24 +122,14 @@ json_t *ioc__rbd_parse_filename(const char *filename, char *err, size_t errlen)
 		snprintf(err, errlen, "Pool name is required");
 		goto fail;
 	}
-	unescape(tok);
-	if (!*tok) {
-		snprintf(err, errlen, "Pool name is required");
+	if (put_name(o, "pool", tok, "Pool name is required", err, errlen))
 		goto fail;
-	}
-	if (put_str(o, "pool", tok))
-		goto nomem;
 
 	if (next_delim(p, '@')) {
 		image = next_tok(p, '@', &p);
 		tok = next_tok(p, ':', &p);
-		unescape(tok);
-		if (!*tok) {
-			snprintf(err, errlen, "Snapshot name is empty");
+		if (put_name(o, "snapshot", tok, "Snapshot name is empty", err, errlen))
 			goto fail;
-		}
-		if (put_str(o, "snapshot", tok))
-			goto nomem;
 	} else {
 		image = next_tok(p, ':', &p);
 	}
@@ -133,13 +140,8 @@ json_t *ioc__rbd_parse_filename(const char *filename, char *err, size_t errlen)
 		if (put_str(o, "namespace", ns))
 			goto nomem;
 	}
-	unescape(image);
-	if (!*image) {
-		snprintf(err, errlen, "Image name is required");
+	if (put_name(o, "image", image, "Image name is required", err, errlen))
 		goto fail;
-	}
-	if (put_str(o, "image", image))
-		goto nomem;
 
 	while (p) {
 		char *name = next_tok(p, '=', &p), *value;

@@ -55,8 +55,7 @@ static int zip_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 	n->size = info.size;
 	n->read_only = true;
 	n->can_block_status = true;
-	n->filename_buf = strdup(path);
-	n->filename = n->filename_buf;
+	ioc__node_set_filename(n, path);
 	return 0;
 }
 
@@ -214,8 +213,7 @@ static int overlay_open(struct ioc_node *n, json_t *opts, char *err, size_t errl
 	n->size = ioc_zip_overlay_size(ov);
 	n->can_discard = n->can_fast_zero = n->can_block_status = true;
 	n->discard_unmap = true; /* a discard is a zeroed range of the overlay */
-	n->filename_buf = strdup(path);
-	n->filename = n->filename_buf;
+	ioc__node_set_filename(n, path);
 	return 0;
 fail:
 	ioc_node_unref(n->backing);

@@ -204,16 +204,24 @@ static inline void cpu_relax(void)
 
 /* ---- queue (under pool->lock) ---------------------------------------- */
 
-static void queue_unlink(struct ioc_pool *pool, struct ioc_pool_req *req)
+/* Take req off a list linked through next/prev: the queue, or a port's
+ * pending list. */
+static void req_unlink(struct ioc_pool_req **head, struct ioc_pool_req **tail,
+		       struct ioc_pool_req *req)
 {
 	if (req->prev)
 		req->prev->next = req->next;
 	else
-		pool->q_head = req->next;
+		*head = req->next;
 	if (req->next)
 		req->next->prev = req->prev;
 	else
-		pool->q_tail = req->prev;
+		*tail = req->prev;
+}
+
+static void queue_unlink(struct ioc_pool *pool, struct ioc_pool_req *req)
+{
+	req_unlink(&pool->q_head, &pool->q_tail, req);
 	req->next = req->prev = NULL;
 	pool->q_len--;
 	/* Pairs with the relaxed load in spin(); the lock orders the rest. */
@@ -413,6 +421,17 @@ static unsigned port_dispatch(struct ioc_pool_port *port)
 	return n;
 }
 
+/* Add port's counters to the totals.  Relaxed: pairs with the
+ * single-writer stores of its loop thread (ioc_pool_submit(),
+ * port_dispatch()); a statistic. */
+static void port_add_counts(struct ioc_pool_port *port, uint64_t *submitted,
+			    uint64_t *completed, uint64_t *batches)
+{
+	*submitted += atomic_load_explicit(&port->submitted, memory_order_relaxed);
+	*completed += atomic_load_explicit(&port->completed, memory_order_relaxed);
+	*batches += atomic_load_explicit(&port->batches, memory_order_relaxed);
+}
+
 static void port_free_if_orphan(struct ioc_pool_port *port, unsigned was,
 				unsigned bit)
 {
@@ -420,21 +439,34 @@ static void port_free_if_orphan(struct ioc_pool_port *port, unsigned was,
 		free(port);
 }
 
+/*
+ * A posted task or the spawn timer starts: clear its bit in live.  False
+ * when the pool is gone, and then the port is freed if that was its last
+ * bit: the caller returns at once.  The fetch_and pairs with the fetch_or
+ * that set bit (port_push_done() for LIVE_DONE, ioc_pool_submit() for
+ * LIVE_FLUSH, port_arm_spawn_timer() for LIVE_TIMER) and with the one
+ * clearing LIVE_POOL in pool_destroy().  Acq_rel matters on a weakly
+ * ordered CPU such as AArch64: whoever sees the last bit cleared frees the
+ * port, after everything the other side did with it.
+ */
+static bool port_unpost(struct ioc_pool_port *port, unsigned bit)
+{
+	unsigned was = atomic_fetch_and_explicit(&port->live, ~bit,
+						 memory_order_acq_rel);
+
+	if (was & LIVE_POOL)
+		return true;
+	port_free_if_orphan(port, was, bit);
+	return false;
+}
+
 static void port_done_task(struct ioc_task *task)
 {
 	struct ioc_pool_port *port =
 		ioc_container_of(task, struct ioc_pool_port, done_task);
-	/* Pairs with the fetch_or in port_push_done() (and the one clearing
-	 * LIVE_POOL in pool_destroy()).  Acq_rel matters on a weakly ordered
-	 * CPU such as AArch64: whoever sees the last bit cleared frees the
-	 * port, after everything the other side did with it. */
-	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_DONE,
-						 memory_order_acq_rel);
 
-	if (!(was & LIVE_POOL)) {
-		port_free_if_orphan(port, was, LIVE_DONE);
+	if (!port_unpost(port, LIVE_DONE))
 		return;
-	}
 	port_dispatch(port);
 	/* Submissions made by the callbacks go out as one batch. */
 	if (port->npend)
@@ -801,13 +833,9 @@ static void port_leave_loop(struct ioc_pool_port *port)
 		while (*pp != port)
 			pp = &(*pp)->next;
 		*pp = port->next;
-		/* Relaxed: single writer, this loop (see ioc_pool_get_stats()). */
-		pool->gone_submitted += atomic_load_explicit(&port->submitted,
-							     memory_order_relaxed);
-		pool->gone_completed += atomic_load_explicit(&port->completed,
-							     memory_order_relaxed);
-		pool->gone_batches += atomic_load_explicit(&port->batches,
-							   memory_order_relaxed);
+		/* The counts of a port that leaves stay in the pool's. */
+		port_add_counts(port, &pool->gone_submitted, &pool->gone_completed,
+				&pool->gone_batches);
 		pthread_mutex_unlock(&pool->lock);
 		drop |= LIVE_POOL;
 	}
@@ -930,18 +958,13 @@ static void port_spawn_timer(void *opaque)
 {
 	struct ioc_pool_port *port = opaque;
 	struct ioc_pool *pool = port->pool;
-	/* Pairs with the fetch_or in port_arm_spawn_timer() and the
-	 * fetch_and in pool_destroy(). */
-	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_TIMER,
-						 memory_order_acq_rel);
 	enum wake wk;
 	bool arm, blocking;
-	int64_t now = ioc_now_ns();
+	int64_t now;
 
-	if (!(was & LIVE_POOL)) {
-		port_free_if_orphan(port, was, LIVE_TIMER);
+	if (!port_unpost(port, LIVE_TIMER))
 		return;
-	}
+	now = ioc_now_ns();
 	pthread_mutex_lock(&pool->lock);
 	/* Blocking jobs: the oldest waited a whole period, and the workers
 	 * started fewer than SPAWN_JOBS_PER_THREAD jobs each during it (so
@@ -975,15 +998,9 @@ static void port_flush_task(struct ioc_task *task)
 {
 	struct ioc_pool_port *port =
 		ioc_container_of(task, struct ioc_pool_port, flush_task);
-	/* Pairs with the fetch_or in ioc_pool_submit() and the fetch_and
-	 * in pool_destroy(). */
-	unsigned was = atomic_fetch_and_explicit(&port->live, ~(unsigned)LIVE_FLUSH,
-						 memory_order_acq_rel);
 
-	if (!(was & LIVE_POOL)) {
-		port_free_if_orphan(port, was, LIVE_FLUSH);
+	if (!port_unpost(port, LIVE_FLUSH))
 		return;
-	}
 	port->flush_posted = false;
 	port_flush(port);
 }
@@ -1078,14 +1095,7 @@ int ioc_pool_cancel(struct ioc_pool *pool, struct ioc_pool_req *req)
 	pthread_mutex_lock(&pool->lock);
 	if (req->state == REQ_PENDING) {
 		/* Still on the port's list; this is its loop thread. */
-		if (req->prev)
-			req->prev->next = req->next;
-		else
-			port->pend_head = req->next;
-		if (req->next)
-			req->next->prev = req->prev;
-		else
-			port->pend_tail = req->prev;
+		req_unlink(&port->pend_head, &port->pend_tail, req);
 		port->npend--;
 	} else if (req->state == REQ_QUEUED) {
 		queue_unlink(pool, req);
@@ -1373,14 +1383,7 @@ void ioc_pool_get_stats(struct ioc_pool *pool, struct ioc_pool_stats *st)
 	st->submitted = pool->gone_submitted;
 	st->completed = pool->gone_completed;
 	st->completion_batches = pool->gone_batches;
-	for (struct ioc_pool_port *p = pool->ports; p; p = p->next) {
-		/* Pairs with the single-writer stores in port_dispatch(). */
-		st->submitted += atomic_load_explicit(&p->submitted,
-						      memory_order_relaxed);
-		st->completed += atomic_load_explicit(&p->completed,
-						      memory_order_relaxed);
-		st->completion_batches += atomic_load_explicit(&p->batches,
-						memory_order_relaxed);
-	}
+	for (struct ioc_pool_port *p = pool->ports; p; p = p->next)
+		port_add_counts(p, &st->submitted, &st->completed, &st->completion_batches);
 	pthread_mutex_unlock(&pool->lock);
 }

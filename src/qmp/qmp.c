@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "qmp.h"
+#include "util/buf.h"
 
 struct ioc__qmp_client {
 	struct ioc__qmp *q;
@@ -123,7 +124,6 @@ static void send_json(struct ioc__qmp_client *c, json_t *v)
 		return;
 	}
 	if (c->out_len + n + 2 > c->out_cap) {
-		size_t cap = c->out_cap ? c->out_cap : 4096;
 		char *p;
 
 		if (c->out_off) {
@@ -131,16 +131,13 @@ static void send_json(struct ioc__qmp_client *c, json_t *v)
 			c->out_len -= c->out_off;
 			c->out_off = 0;
 		}
-		while (cap < c->out_len + n + 2)
-			cap *= 2;
-		p = realloc(c->out, cap);
+		p = ioc__buf_grow(c->out, &c->out_cap, c->out_len + n + 2, 4096);
 		if (!p) {
 			free(s);
 			c->dead = true;
 			return;
 		}
 		c->out = p;
-		c->out_cap = cap;
 	}
 	memcpy(c->out + c->out_len, s, n);
 	memcpy(c->out + c->out_len + n, "\r\n", 2);
@@ -357,16 +354,11 @@ static void process(struct ioc__qmp_client *c)
 static int append_input(struct ioc__qmp_client *c, const void *buf, size_t len)
 {
 	if (c->in_len + len > c->in_cap) {
-		size_t cap = c->in_cap ? c->in_cap : 4096;
-		char *p;
+		char *p = ioc__buf_grow(c->in, &c->in_cap, c->in_len + len, 4096);
 
-		while (cap < c->in_len + len)
-			cap *= 2;
-		p = realloc(c->in, cap);
 		if (!p)
 			return -ENOMEM;
 		c->in = p;
-		c->in_cap = cap;
 	}
 	memcpy(c->in + c->in_len, buf, len);
 	c->in_len += len;

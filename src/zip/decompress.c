@@ -50,6 +50,7 @@
 #include <zstd.h>
 
 #include "zip-int.h"
+#include "util/buf.h"
 
 static int grow(uint8_t **p, size_t *cap, size_t want);
 
@@ -117,16 +118,13 @@ static int stage_reserve(struct ioc_zip *z, size_t want)
 		z->stage_start = 0;
 	}
 	if (z->stage_len + want > z->stage_cap) {
-		size_t cap = z->stage_cap;
-		void *p;
+		/* (The staging buffer starts at its 1 MiB, never empty.) */
+		void *p = ioc__buf_grow(z->stage, &z->stage_cap, z->stage_len + want,
+					1u << 20);
 
-		while (cap < z->stage_len + want)
-			cap *= 2;
-		p = realloc(z->stage, cap);
 		if (!p)
 			return -ENOMEM;
 		z->stage = p;
-		z->stage_cap = cap;
 	}
 	return 0;
 }

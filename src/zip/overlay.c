@@ -59,6 +59,7 @@
 #include "iocore/blk.h"
 #include "iocore/co.h"
 #include "iocore/zip.h"
+#include "codec.h"
 
 #define OVL_MAGIC       "IOCOVL01"
 #define OVL_VERSION     1u
@@ -94,20 +95,6 @@ struct ioc_zip_overlay {
 	struct ioc_co_mutex alloc_lock;
 };
 
-static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int say(char *msg, size_t msglen, int err, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (msg && msglen) {
-		va_start(ap, fmt);
-		vsnprintf(msg, msglen, fmt, ap);
-		va_end(ap);
-	}
-	return err;
-}
-
 static uint32_t header_crc(const struct ovl_header *h)
 {
 	return (uint32_t)crc32(0, (const Bytef *)h, offsetof(struct ovl_header, crc));
@@ -120,13 +107,13 @@ static int create_file(const char *path, const struct ovl_header *h, char *msg, 
 	int r = 0;
 
 	if (fd < 0)
-		return say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
+		return ioc__zip_say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
 	memcpy(page, h, sizeof(*h));
 	/* The map (all BASE) is the hole after the header; the size makes
 	 * the data area exist, sparse. */
 	if (ftruncate(fd, (off_t)(h->data_off + h->size)) < 0 ||
 	    pwrite(fd, page, sizeof(page), 0) != (ssize_t)sizeof(page) || fdatasync(fd) < 0)
-		r = say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
+		r = ioc__zip_say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
 	close(fd);
 	return r;
 }
@@ -162,22 +149,22 @@ int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *bas
 	}
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
+		return ioc__zip_say(msg, msglen, -errno, "%s: %s", path, strerror(errno));
 	r = pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) ? 0 : -EBADMSG;
 	if (r == 0 && (memcmp(h.magic, OVL_MAGIC, 8) || h.crc != header_crc(&h)))
-		r = say(msg, msglen, -EBADMSG, "%s: not an overlay (bad magic or header checksum)",
+		r = ioc__zip_say(msg, msglen, -EBADMSG, "%s: not an overlay (bad magic or header checksum)",
 			path);
 	else if (r == 0 && h.version != OVL_VERSION)
-		r = say(msg, msglen, -ENOTSUP, "%s: overlay version %u not supported", path,
+		r = ioc__zip_say(msg, msglen, -ENOTSUP, "%s: overlay version %u not supported", path,
 			h.version);
 	else if (r == 0 && memcmp(&h, &want, sizeof(h)))
-		r = say(msg, msglen, -EINVAL,
+		r = ioc__zip_say(msg, msglen, -EINVAL,
 			"%s: overlay made for another base (%llu bytes in %llu frames; "
 			"this one has %llu bytes in %llu frames)", path,
 			(unsigned long long)h.size, (unsigned long long)h.base_frames,
 			(unsigned long long)want.size, (unsigned long long)want.base_frames);
 	else if (r < 0)
-		say(msg, msglen, r, "%s: short header", path);
+		ioc__zip_say(msg, msglen, r, "%s: short header", path);
 	if (r < 0) {
 		close(fd);
 		return r;
@@ -200,12 +187,12 @@ int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *bas
 		goto fail;
 	}
 	if (h.map_len && pread(fd, ov->map_buf, h.map_len, (off_t)h.map_off) != (ssize_t)h.map_len) {
-		r = say(msg, msglen, -EBADMSG, "%s: map truncated", path);
+		r = ioc__zip_say(msg, msglen, -EBADMSG, "%s: map truncated", path);
 		goto fail;
 	}
 	for (uint64_t i = 0; i < h.map_len; i++) {
 		if (ov->map_buf[i] > C_ZERO) {
-			r = say(msg, msglen, -EBADMSG, "%s: map entry %llu has state %u", path,
+			r = ioc__zip_say(msg, msglen, -EBADMSG, "%s: map entry %llu has state %u", path,
 				(unsigned long long)i, ov->map_buf[i]);
 			goto fail;
 		}
@@ -218,7 +205,7 @@ int ioc_zip_overlay_open(struct ioc_zip_overlay **out, struct ioc_zip_image *bas
 	fd = -1;
 	r = ioc_blk_open(&ov->blk, path, &bo);
 	if (r < 0) {
-		say(msg, msglen, r, "%s: %s", path, ioc_strerror(r));
+		ioc__zip_say(msg, msglen, r, "%s: %s", path, ioc_strerror(r));
 		goto fail;
 	}
 	*out = ov;
@@ -373,15 +360,22 @@ int ioc_coroutine_fn ioc_zip_overlay_co_flush(struct ioc_zip_overlay *ov, uint32
 	return r;
 }
 
+/* A write's or a zeroing's flags and range: 0 or -EINVAL. */
+static int check_write(const struct ioc_zip_overlay *ov, uint64_t off, uint64_t len,
+		       uint32_t flags)
+{
+	uint64_t end = off + len;
+
+	return (flags & ~IOC_ZIP_OVERLAY_FUA) || end < off || end > ov->size ? -EINVAL : 0;
+}
+
 int ioc_coroutine_fn ioc_zip_overlay_co_pwrite(struct ioc_zip_overlay *ov, uint64_t off,
 					       const void *buf, size_t len, uint32_t flags)
 {
 	const uint8_t *p = buf;
 	uint64_t end = off + len;
-	int r = 0;
+	int r = check_write(ov, off, len, flags);
 
-	if ((flags & ~IOC_ZIP_OVERLAY_FUA) || end < off || end > ov->size)
-		return -EINVAL;
 	while (off < end && r == 0) {
 		uint64_t c = off / OVL_CLUSTER, ce = cl_end(ov, c);
 		uint64_t run_end = off;
@@ -422,10 +416,8 @@ int ioc_coroutine_fn ioc_zip_overlay_co_zero(struct ioc_zip_overlay *ov, uint64_
 					     uint64_t len, uint32_t flags)
 {
 	uint64_t end = off + len;
-	int r = 0;
+	int r = check_write(ov, off, len, flags);
 
-	if ((flags & ~IOC_ZIP_OVERLAY_FUA) || end < off || end > ov->size)
-		return -EINVAL;
 	while (off < end && r == 0) {
 		uint64_t c = off / OVL_CLUSTER, ce = cl_end(ov, c);
 		uint64_t run_end = ce < end ? ce : end;
