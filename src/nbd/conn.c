@@ -845,8 +845,8 @@ static void ioc_coroutine_fn req_co(void *opaque)
 	account(c, r, t1 - t0);
 	exec_end(t);
 	/* Active mirroring: acquire pairs with the migration thread's release
-	 * store of srv->mirror (migrate-source.c, mirror_start). */
-	if (!r->failed && atomic_load_explicit(&t->srv->mirror, memory_order_acquire)) {
+	 * store of srv->write_hook (migrate-source.c, mirror_start). */
+	if (!r->failed && atomic_load_explicit(&t->srv->write_hook, memory_order_acquire)) {
 		ioc__nbd_mig_mirror(t->srv, c->core.exp, r->type, r->offset, r->len);
 		t1 = 0;
 	}

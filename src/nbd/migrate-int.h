@@ -152,10 +152,9 @@ struct ioc__nbd_mig {
 	 * claimed by the hooks with a compare-and-swap. */
 	_Atomic int64_t adm_gap;
 	_Atomic int64_t adm_next;
-	/* The export being migrated, for the hook (relaxed both ways: stored
-	 * before srv->mirror's release store, which orders it). */
-	_Atomic(const struct ioc__nbd_export *) adm_exp;
-	const struct ioc__nbd_export *mir_exp;
+	/* The export being migrated, for the write hook (relaxed both ways:
+	 * stored before srv->write_hook's release store, which orders it). */
+	_Atomic(const struct ioc__nbd_export *) hook_exp;
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */

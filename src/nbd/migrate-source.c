@@ -735,12 +735,11 @@ static void mirror_start(struct src *s)
 	struct ioc__nbd_mig *m = s->m;
 
 	pthread_mutex_lock(&m->mir_lock);
-	m->mir_exp = m->exp;
 	m->mir_open = true;
 	pthread_mutex_unlock(&m->mir_lock);
 	/* Release: pairs with the write hook's acquire load (conn.c), which
 	 * then sees the state initialised here and in ioc__nbd_mig_get(). */
-	atomic_store_explicit(&m->srv->mirror, m, memory_order_release);
+	atomic_store_explicit(&m->srv->write_hook, m, memory_order_release);
 	s->active = true;
 	pthread_mutex_lock(&m->lock);
 	m->st.active_mirror = true;
@@ -772,7 +771,7 @@ static void mirror_stop(struct src *s)
 
 	/* Release: pairs with the hook's acquire load; a hook that still saw
 	 * m finds mir_open false under the lock. */
-	atomic_store_explicit(&m->srv->mirror, NULL, memory_order_release);
+	atomic_store_explicit(&m->srv->write_hook, NULL, memory_order_release);
 	/* Relaxed: pairs with the hook's load (a hint). */
 	atomic_store_explicit(&m->mir_throttle, 0, memory_order_relaxed);
 	/* Relaxed: pairs with admit()'s load (a hint). */
@@ -859,13 +858,13 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	/* Acquire: pairs with the release stores in mirror_start() and
 	 * mirror_stop().  m lives until the server is freed (after its
 	 * I/O threads stopped). */
-	struct ioc__nbd_mig *m = atomic_load_explicit(&srv->mirror, memory_order_acquire);
+	struct ioc__nbd_mig *m = atomic_load_explicit(&srv->write_hook, memory_order_acquire);
 	struct ioc__nbd_mirror_req q = { .offset = off, .len = len };
 
 	if (!m || (type != NBD_CMD_WRITE && type != NBD_CMD_WRITE_ZEROES &&
 		   type != NBD_CMD_TRIM) || len == 0 ||
-	    /* Relaxed: see adm_exp; another export is not migrated. */
-	    atomic_load_explicit(&m->adm_exp, memory_order_relaxed) != e)
+	    /* Relaxed: see hook_exp; another export is not migrated. */
+	    atomic_load_explicit(&m->hook_exp, memory_order_relaxed) != e)
 		return;
 	/* Relaxed: a count, read by throttle_check(). */
 	atomic_fetch_add_explicit(&m->mir_seen, 1, memory_order_relaxed);
@@ -883,7 +882,9 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	}
 	ioc_co_await_init(&q.aw);
 	pthread_mutex_lock(&m->mir_lock);
-	if (!m->mir_open || m->mir_exp != e) {
+	if (!m->mir_open ||
+	    /* Relaxed: see hook_exp. */
+	    atomic_load_explicit(&m->hook_exp, memory_order_relaxed) != e) {
 		/* Not mirrored (yet, or any more): the bitmap has it. */
 		pthread_mutex_unlock(&m->mir_lock);
 		admit(m);
@@ -1661,7 +1662,7 @@ static int run(struct src *s, const char *uri)
 	/* Relaxed, these four: mirror_start()'s release store (or the one
 	 * below) publishes them. */
 	atomic_store_explicit(&m->mir_cursor, 0, memory_order_relaxed);
-	atomic_store_explicit(&m->adm_exp, m->exp, memory_order_relaxed);
+	atomic_store_explicit(&m->hook_exp, m->exp, memory_order_relaxed);
 	atomic_store_explicit(&m->adm_gap, 0, memory_order_relaxed);
 	atomic_store_explicit(&m->adm_next, 0, memory_order_relaxed);
 	if (s->p.active_mirror == IOC_MIG_MIRROR_ON)
@@ -1670,7 +1671,7 @@ static int run(struct src *s, const char *uri)
 		/* Release: pairs with the hook's acquire load (conn.c); the
 		 * hook admits writes, and mirrors none until mirror_start()
 		 * opens mir_open. */
-		atomic_store_explicit(&m->srv->mirror, m, memory_order_release);
+		atomic_store_explicit(&m->srv->write_hook, m, memory_order_release);
 	ret = pass_full(s);
 	if (ret < 0)
 		return ret;

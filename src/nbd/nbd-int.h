@@ -112,9 +112,10 @@ struct ioc_nbd_server {
 		unsigned index;
 	} gone[IOC_NBD_MAX_EXPORTS];
 	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
-	/* While a migration mirrors writes actively: its state, else NULL
-	 * (stored by the migration thread, loaded by the write hook). */
-	_Atomic(struct ioc__nbd_mig *) mirror;
+	/* The migration whose write hook runs on each answered write (it
+	 * admits or mirrors them), else NULL: stored by the migration thread
+	 * (release), loaded by the hook (acquire). */
+	_Atomic(struct ioc__nbd_mig *) write_hook;
 
 	/* The serving gate (conn.c): OPEN lets requests run; HOLD parks new
 	 * ones at the gate until it opens again; SHUT answers them with
