@@ -17,23 +17,17 @@
 #include <string.h>
 
 #include "blk-int.h"
+#include "util/iov.h"
 
 void ioc__blk_iov_memset(const struct iovec *iov, int iovcnt, uint64_t skip,
 		       int c, uint64_t len)
 {
-	for (int i = 0; i < iovcnt && len; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		uint64_t n = iov[i].iov_len - skip;
+	size_t sk = (size_t)skip, ln = (size_t)len;
+	struct iovec p;
+	int i = 0;
 
-		if (n > len)
-			n = len;
-		memset((char *)iov[i].iov_base + skip, c, n);
-		len -= n;
-		skip = 0;
-	}
+	while (ioc__iov_piece(iov, iovcnt, &i, &sk, &ln, &p))
+		memset(p.iov_base, c, p.iov_len);
 }
 
 void ioc__blk_iov_to_buf(const struct iovec *iov, int iovcnt, void *buf)

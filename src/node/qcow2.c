@@ -46,6 +46,7 @@
 
 #include "node-int.h"
 #include "qcow2.h"
+#include "util/iov.h"
 
 #define Q2_DEFAULT_L2_CACHE_MAX (32ull << 20)
 #define Q2_DEFAULT_CLEAN_INTERVAL 600
@@ -108,25 +109,12 @@ static struct iovec *iov_part(const struct iovec *iov, int cnt, size_t skip, siz
 			      int *outcnt)
 {
 	struct iovec *o = malloc((size_t)(cnt ? cnt : 1) * sizeof(*o));
-	int n = 0;
+	int n = 0, i = 0;
 
 	if (!o)
 		return NULL;
-	for (int i = 0; i < cnt && len; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		size_t take = iov[i].iov_len - skip;
-
-		if (take > len)
-			take = len;
-		o[n].iov_base = (char *)iov[i].iov_base + skip;
-		o[n].iov_len = take;
+	while (ioc__iov_piece(iov, cnt, &i, &skip, &len, &o[n]))
 		n++;
-		len -= take;
-		skip = 0;
-	}
 	*outcnt = n;
 	return o;
 }
@@ -136,41 +124,25 @@ static void iov_copy(const struct iovec *iov, int cnt, size_t skip, void *buf, s
 		     bool to_iov)
 {
 	char *b = buf;
+	struct iovec p;
+	int i = 0;
 
-	for (int i = 0; i < cnt && len; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		size_t take = iov[i].iov_len - skip;
-
-		if (take > len)
-			take = len;
+	while (ioc__iov_piece(iov, cnt, &i, &skip, &len, &p)) {
 		if (to_iov)
-			memcpy((char *)iov[i].iov_base + skip, b, take);
+			memcpy(p.iov_base, b, p.iov_len);
 		else
-			memcpy(b, (char *)iov[i].iov_base + skip, take);
-		b += take;
-		len -= take;
-		skip = 0;
+			memcpy(b, p.iov_base, p.iov_len);
+		b += p.iov_len;
 	}
 }
 
 static void iov_zero(const struct iovec *iov, int cnt, size_t skip, size_t len)
 {
-	for (int i = 0; i < cnt && len; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		size_t take = iov[i].iov_len - skip;
+	struct iovec p;
+	int i = 0;
 
-		if (take > len)
-			take = len;
-		memset((char *)iov[i].iov_base + skip, 0, take);
-		len -= take;
-		skip = 0;
-	}
+	while (ioc__iov_piece(iov, cnt, &i, &skip, &len, &p))
+		memset(p.iov_base, 0, p.iov_len);
 }
 
 typedef int ioc_coroutine_fn child_io_fn(struct ioc_node *n, uint64_t off,

@@ -493,18 +493,31 @@ static int ioc_coroutine_fn h_set_vring_kick(struct ioc__vub_conn *c, struct ioc
 	return 0;
 }
 
+/* SET_VRING_CALL and _ERR: the queue the message names and the fd it
+ * carries (taken from the message; -1 without one: polling, or no error
+ * notices). */
+static int vring_fd_msg(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
+			struct ioc__vub_queue **q, int *fd)
+{
+	*q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
+	*fd = -1;
+	if (!*q)
+		return proto(c, "vring index out of range");
+	if (m->nfds) {
+		*fd = m->fds[0];
+		m->fds[0] = -1;
+	}
+	return 0;
+}
+
 static int ioc_coroutine_fn h_set_vring_call(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
 					     struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
-	int fd = -1, old;
+	struct ioc__vub_queue *q;
+	int fd, old, r = vring_fd_msg(c, m, &q, &fd);
 
-	if (!q)
-		return proto(c, "vring index out of range");
-	if (m->nfds) {
-		fd = m->fds[0];
-		m->fds[0] = -1;
-	}
+	if (r < 0)
+		return r;
 	old = q->vr.call_fd;
 	if (q->started) {
 		ioc__vub_to_queue(q);
@@ -521,15 +534,11 @@ static int ioc_coroutine_fn h_set_vring_call(struct ioc__vub_conn *c, struct ioc
 static int ioc_coroutine_fn h_set_vring_err(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
 					    struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
-	int fd = -1, old;
+	struct ioc__vub_queue *q;
+	int fd, old, r = vring_fd_msg(c, m, &q, &fd);
 
-	if (!q)
-		return proto(c, "vring index out of range");
-	if (m->nfds) {
-		fd = m->fds[0];
-		m->fds[0] = -1;
-	}
+	if (r < 0)
+		return r;
 	/* err_fd is read on the queue's loop only after a fault: swap it
 	 * there like the call fd. */
 	ioc__vub_to_queue(q);
