@@ -2,48 +2,39 @@
  * The vhost-user device state machine: one handler per front-end message.
  *
  * Problem: the front end drives the device through a long conversation
- * (features, memory, then per queue: size, base, addresses, kick, call,
- * enable; GET_VRING_BASE to stop) whose order is not fixed: QEMU sends
+ * (features, memory, then per queue size, base, addresses, kick, call,
+ * enable; GET_VRING_BASE to stop) in no fixed order: QEMU sends
  * SET_VRING_CALL before SET_FEATURES, SeaBIOS starts and stops queue 0
- * before Linux starts them all again on the same connection, the memory
- * table can change under running queues, and each queue runs on its own
- * I/O thread.  A message that does not fit the state must end the
- * connection, not the process.
+ * before Linux restarts them all on the same connection, the memory table
+ * changes under running queues, each on its own I/O thread.  A message
+ * that does not fit the state ends the connection, not the process.
  *
  * Design: a const table maps each request to a handler; dispatch runs it,
- * closes the fds it did not take, and answers: the request's own reply,
- * or with REPLY_ACK and NEED_REPLY a u64 (0 or 1).  A handler returns
- * -EPROTO for a protocol violation (the connection ends, logged with the
- * reason), another -errno for a failure the front end is told about.
- * Queue state is kept per queue; a queue starts when it has a size,
- * addresses, memory and its kick fd (the spec's "start on kick") and
- * stops on GET_VRING_BASE, as often as the front end likes.  Whatever
- * touches a running queue runs on the queue's loop: the connection's
- * coroutine moves there (ioc_co_move_to()), acts, and moves back; a stop
- * or a new memory table waits there for the queue's in-flight requests,
- * so guest memory is unmapped only when no request points into it.
- * ADD/REM_MEM_REG build a new table sharing the old one's mappings;
- * only the removed region's is unmapped, after every queue moved over.
+ * closes the fds it did not take, and answers (the reply, or REPLY_ACK's
+ * u64).  -EPROTO ends the connection with the reason logged; another
+ * -errno is told to the front end.  A queue starts when it has a size,
+ * addresses, memory and its kick fd, and stops on GET_VRING_BASE, as often
+ * as the front end likes.  Whatever touches a running queue runs on its
+ * loop (the connection's coroutine moves there and back); a stop or a new
+ * memory table waits there for the queue's requests, so guest memory is
+ * unmapped only when none points into it.  ADD/REM_MEM_REG share the old
+ * table's mappings and unmap only the removed region's.
  *
- * Dirty logging (a live migration): the front end maps a bitmap with
- * SET_LOG_BASE, then sets LOG_ALL in SET_FEATURES and VRING_F_LOG (with
- * the used ring's guest address) in SET_VRING_ADDR of running queues.
- * Each queue points at the log while LOG_ALL is on, set on its loop like
- * any running-queue change, so a request logs into the log current when
- * it completes and an old log is unmapped once no queue points at it.
- * A SET_LOG_BASE that cannot be mapped ends the connection: QEMU reads
- * the reply but not its payload, so a "no" would let the migration go
- * on with no log.
+ * Dirty logging: SET_LOG_BASE maps the bitmap; each queue points at it
+ * while LOG_ALL is on (set on its loop, so a request logs into the log
+ * current when it completes, and an old log is unmapped once no queue
+ * points at it).  A log that cannot be mapped ends the connection: QEMU
+ * reads the reply, not its payload, and would migrate without a log.
+ * Inflight tracking: GET_INFLIGHT_FD makes a zeroed region for the front
+ * end to keep; SET_INFLIGHT_FD maps the one handed back, only while every
+ * queue is stopped, each field checked; a queue takes its part at start
+ * (inflight.c tracks, queue.c resubmits).  The back-end channel carries
+ * config-change notices.
  *
- * Rejected: a lock per queue taken by both sides (the data path would pay
- * for a control path that runs a few times per boot); answering unknown
- * requests with a failure and going on (their fds cannot be accounted
- * for; msg.c ends the connection instead).  GET_INFLIGHT_FD makes a
- * zeroed memfd region (version 1 per queue) for the front end to keep;
- * SET_INFLIGHT_FD maps the one it hands back, only while every queue is
- * stopped, each field checked against the file and the device; a queue
- * takes its part at start (inflight.c tracks, queue.c resubmits).  The
- * back-end channel is kept for config-change notices.
+ * Rejected: a lock per queue on both sides (the data path would pay for
+ * a control path that runs a few times per boot); failing unknown
+ * requests and going on (their fds cannot be accounted for: msg.c ends
+ * the connection).
  */
 #include <errno.h>
 #include <fcntl.h>

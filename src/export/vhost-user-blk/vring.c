@@ -1,51 +1,40 @@
 /*
  * Guest memory and the split virtqueue, seen from the device.
  *
- * Problem: every address in a ring comes from the guest (descriptor
- * buffers, indirect tables) or from the front end (the rings themselves),
- * and both may be wrong or hostile: outside guest memory, straddling two
- * regions, looping, longer than the ring, changing under our feet while we
- * read them.  None of that may crash the process or touch memory outside
- * the regions the front end handed us; the worst it may do is stop the
- * ring.  And the walker sits on the data path, so it must cost a few loads
- * per descriptor.
+ * Problem: every address in a ring comes from the guest or the front end
+ * and may be hostile: outside guest memory, straddling regions, looping,
+ * longer than the ring, changing while we read it.  None of that may
+ * crash us or touch memory outside the regions we were handed; the worst
+ * is a stopped ring.  And the walker is on the data path: a few loads per
+ * descriptor.
  *
- * Design: the memory table is an array of regions (guest physical base,
- * size, front-end address, our mapping), searched linearly: QEMU sends a
- * handful.  A translation succeeds only inside one region; a descriptor
- * buffer that crosses regions becomes several iovecs.  Each descriptor is
- * read once into a local copy (then a compiler barrier: the guest may
- * rewrite it, we use what we checked).  A chain may not visit more
- * descriptors than its table holds (the ring's, or an indirect table's),
- * which catches loops without marking; an indirect table must be one
- * nonzero multiple of 16 bytes inside one region, negotiated, not nested,
- * not chained.  Readable descriptors must come before writable ones.  Any
- * fault marks the ring broken with a reason and it hands out nothing more
- * (the device's "needs reset").  With inflight tracking on (inflight.c)
- * pop, push and flush also note each request in the region the front
- * end keeps for a restart.
+ * Design: the memory table is a short array of regions, searched
+ * linearly; a translation succeeds inside one region only, and a buffer
+ * that crosses regions becomes several iovecs.  Each descriptor is read
+ * once into a local copy (a compiler barrier after: we use what we
+ * checked).  A chain visits at most as many descriptors as its table
+ * holds, which bounds loops without marking; an indirect table is one
+ * nonzero multiple of 16 bytes in one region, negotiated, not nested.
+ * Readable descriptors come before writable ones.  A fault breaks the
+ * ring with a reason (virtio's "needs reset").  With inflight tracking
+ * (inflight.c) pop, push and flush also note each request in the region
+ * the front end keeps for a restart.
  *
- * Notification: completions are pushed to the used ring without being
- * visible; flush publishes used->idx once per batch and signals the call
- * eventfd at most once, when the driver asked (EVENT_IDX: used_event
- * crossed; else no NO_INTERRUPT flag).  arm asks for the next kick
- * (avail_event) and re-reads avail->idx after a full fence, so a request
- * made while we armed is never left without a kick or a look.
+ * Notification: push fills used entries unseen; flush publishes used->idx
+ * once per batch and signals the call eventfd at most once, as the driver
+ * asked (EVENT_IDX or NO_INTERRUPT).  arm asks for the next kick and
+ * re-reads avail->idx after a full fence, so no request is left unseen.
  *
- * Dirty logging: while the front end logs (LOG_ALL, for a live
- * migration), every byte the device writes into guest memory marks its
- * page in the shared bitmap after the write: data and status bytes by
- * blk.c through log_write (host iovecs mapped back to guest-physical
- * addresses through the regions, which never overlap), used entries in
- * push and used->idx in flush at the ring's log_used_gpa.  Each mark is
- * an atomic OR with release order, so a front end that sees the bit
- * (its atomic exchange that clears the word) sees the write; one that
- * cleared the word before our OR finds the bit in its next pass.
+ * Dirty logging (LOG_ALL, a live migration): every byte written into
+ * guest memory marks its guest-physical page after the write (data and
+ * status through log_write, used entries in push, used->idx in flush),
+ * each an atomic OR with release order: a front end whose exchange sees
+ * the bit sees the write, and one that cleared the word before our OR
+ * finds the bit in its next pass.
  *
- * Rejected: copying whole descriptor tables out of guest memory (cost on
- * every request for what a hostile guest can do anyway: we check each
- * entry as read); marking visited descriptors to detect loops (a bitmap
- * per ring, for what a count already bounds).
+ * Rejected: copying descriptor tables out of guest memory (a cost on every
+ * request for what is checked per entry anyway); marking visited
+ * descriptors to find loops (a bitmap per ring for what a count bounds).
  */
 #include <errno.h>
 #include <stddef.h>
