@@ -74,11 +74,17 @@ bench: deps
 
 # iocore-nbd under verified readers and writers, TLS and plain clients,
 # clients that leave mid-request, handshake floods, the connection limit and
-# injected I/O errors, for SOAK_SECONDS; the last line is the verdict.
+# injected I/O errors, for SOAK_SECONDS (its last line is its verdict);
+# then qcow2's differential run against qemu-io, scaled to SOAK_SECONDS, from a new start.
 SOAK_SECONDS ?= 600
 soak: build
 	@[ -x $(BUILD)/tests/nbd/nbd-soak ] || { echo "nbd-soak not built (needs libnbd-dev)"; exit 1; }
 	@$(BUILD)/tests/nbd/nbd-soak -b $(BUILD)/tools/nbd/iocore-nbd -s $(SOAK_SECONDS)
+	@# qcow2's differential run against qemu-io, longer and from a new start.
+	@[ ! -x $(BUILD)/tests/qcow2/test-qcow2-diff ] || \
+	 IOC_SOURCE_ROOT=$(CURDIR) IOC_BUILD_ROOT=$(abspath $(BUILD)) \
+	 IOC_TEST_SCALE=$$(( $(SOAK_SECONDS) / 10 + 1 )) IOC_Q2_DIFF_SEED=$$(date +%s) \
+	 $(BUILD)/tests/qcow2/test-qcow2-diff
 
 # libFuzzer targets (clang), each run FUZZ_SECONDS (default 20).
 fuzz: deps

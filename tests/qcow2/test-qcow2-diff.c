@@ -7,7 +7,9 @@
  * per kind of image: plain, 512-byte clusters with 64-bit refcounts (the
  * refcount table grows), a backing file (copy-on-write from it), extended
  * L2 entries, compressed clusters, an internal snapshot, version 2, lazy
- * refcounts.  The sequence is fixed (xorshift from a constant) and short.
+ * refcounts.  The sequence is fixed (xorshift from a constant) and short
+ * in the suite; make soak runs it longer (IOC_TEST_SCALE) from another
+ * start (IOC_Q2_DIFF_SEED, printed, so a failure reproduces).
  */
 #include "q2-test.h"
 
@@ -126,12 +128,15 @@ static void diff_run_opts(const char *name, const char *setup, const char *opts,
 	struct run_arg ra;
 	const char *dir = ioc_test_tmpdir();
 
+	const char *seed = getenv("IOC_Q2_DIFF_SEED");
+	uint64_t start = DIFF_START + (seed ? strtoull(seed, NULL, 0) : 0);
+
 	nops = (int)ioc_test_scaled((unsigned long)nops);
 	ops = calloc((size_t)nops, sizeof(*ops));
-	ioc_test_diag("%s: %d requests", name, nops);
+	ioc_test_diag("%s: %d requests, start %" PRIu64, name, nops, start);
 	Q2T_SH_OK("cd '%s' && rm -f base.qcow2 && IMG=a.qcow2 && SRC=src.raw && %s", dir, setup);
 	Q2T_SH_OK("cp '%s' '%s'", a_img, b_img);
-	make_ops(ops, nops, rstate + DIFF_START, IMG_SIZE);
+	make_ops(ops, nops, rstate + start, IMG_SIZE);
 	write_cmds(cmds, ops, nops);
 
 	snprintf(extra, sizeof(extra), "\"discard\":\"unmap\"%s%s", opts[0] ? "," : "", opts);
