@@ -1,62 +1,42 @@
 /*
- * The migration receiver (receive.h): a blocking loop that reads the
- * stream, has workqueue workers decode and write its data, and answers
- * the sender's END with an ACK once the image is durable and verified.
- *
- * Problem.  Decompression is the receiver's CPU cost and must use every
- * core, yet the stream is one ordered byte sequence from one socket, and
- * its records have an order that matters across passes: pass 2 may
- * rewrite a block of pass 1, and the older write must not land last.  The
- * peer is not trusted: memory must stay bounded whatever lengths it
- * claims, a record must not write outside the image, and a failure at any
- * point must be reported with where and why.
- *
- * Design.
- *  - One thread (the caller's) reads: header, then record headers and
- *    payloads, each read in full before it is used.  A DATA_ZSTD record
- *    becomes a job that owns its payload; a worker decodes it, computes
- *    the CRCs of its blocks, checks the record's CRC (combined from the
- *    block CRCs, so each byte is read once) and pwrites the block range
- *    itself.  A DATA_RAW record is checked and written by the reader
- *    from one buffer it keeps (apply_raw()).
- *    Nothing serialises the writes within a pass: its records never
- *    overlap, and the reader enforces that with a per-pass bitmap of the
- *    blocks it has seen, so a lying sender cannot make two workers race
- *    on a block.
- *  - Ordering between passes is a drain: at PASS (and at END) the reader
- *    collects every job in flight before reading on.  ZERO records are
- *    applied by the reader itself (fallocate: punch a hole, else zero the
- *    range, else write zeros), never concurrently with a job on the same
- *    block, since the pass's records do not overlap.
- *  - MIRROR records (a client write the sender waits for) may overlap
- *    anything: the reader collects the jobs in flight on their blocks (a
- *    bitmap of blocks busy in jobs), writes the record itself and answers
- *    MACK with the count applied, so each lands after every earlier record
- *    and before any later one.  They claim no blocks of the pass.
- *  - Memory: the payload and decoded bytes of the jobs in flight are
- *    counted, and the reader collects jobs before reading a payload that
- *    would take the count above 64 MiB, so memory is that plus one
- *    record of at most MAX_CHUNK (and zstd's bound) whatever the sender
- *    says.  zstd contexts are pooled, one per worker at most.
+ * The migration receiver (receive.h), answering END with an ACK once the
+ * image is durable and verified.  Problem: decoding must use every core, yet
+ * the stream comes in order from one socket, and a pass may rewrite an
+ * earlier pass's block, whose write must not land last.  The peer is
+ * untrusted: memory stays bounded whatever lengths it claims, no record
+ * writes outside the image, and each failure says where and why.  Design:
+ *  - The caller's thread reads, blocking, every header and payload whole
+ *    before use.  A DATA_ZSTD record becomes a job owning its payload: a
+ *    worker decodes it, takes its blocks' CRCs, checks the record's CRC
+ *    combined from them (each byte read once) and pwrites the range.  The
+ *    reader checks and writes DATA_RAW from a kept buffer (apply_raw()).
+ *    Writes in a pass need no order: a per-pass bitmap of blocks seen keeps
+ *    its records disjoint, so a lying sender cannot make workers race on a
+ *    block.
+ *  - At PASS and END the reader drains all jobs before reading on: that
+ *    orders the passes.  It applies ZERO records itself (punch, else zero the
+ *    range, else write zeros), never alongside a job on its blocks (a pass's
+ *    records do not overlap).  MIRROR records (a client write the sender
+ *    waits for) may overlap anything and claim no pass blocks: the reader
+ *    collects jobs busy on their blocks (a bitmap), writes the record and
+ *    answers MACK with the count applied, so it lands in stream order.
+ *  - Memory, whatever the sender says: jobs are collected before their
+ *    payload and decoded bytes would pass 64 MiB; add one MAX_CHUNK record
+ *    (and zstd's bound) and a pooled zstd context per worker.
  *  - Sleeps and wakes: the reader sleeps in read() (woken by data, EOF, or
- *    a shutdown(2) of the socket by whoever sets the cancel flag; poll()
- *    stands in for a non-blocking socket, with the same wakes) and in
- *    ioc_wq_wait_done() (woken by a worker handing a job back: the
- *    workqueue's own handshake, wq.c).  Workers sleep only inside the
- *    workqueue.  The dctx pool's mutex is held for a push or a pop only.
- *  - END: drain, fdatasync, image checksum from the block CRCs, compare,
- *    ACK.  A failure anywhere drains the jobs (they own memory and may be
- *    writing), then sends an ACK carrying the errno if the socket takes it
- *    without blocking.
- *  - Transport: the plain socket (read(), send()), or the caller's
- *    blocking hooks (TLS) for the same reads and the ACK.  Over the hooks a
- *    failure's ACK is not sent (it could block); the sender sees the
- *    stream close instead.
+ *    shutdown(2) of the socket by whoever sets the cancel flag; poll() on a
+ *    non-blocking socket, same wakes) and in ioc_wq_wait_done() (a worker
+ *    handing a job back wakes it: wq.c's handshake).  Workers sleep only in
+ *    the workqueue; the dctx pool's mutex covers one push or pop.
+ *  - END: drain, fdatasync, image checksum from the block CRCs, compare, ACK.
+ *    A failure drains the jobs (they own memory, may be writing), then ACKs
+ *    the errno if the socket takes it without blocking; over the caller's
+ *    blocking hooks (TLS; they carry the reads too) none is sent, as it could
+ *    block: the sender sees the stream close.
  *
- * Rejected.  Decoding zstd in order on an in-order workqueue, writing on
- * the reader (the zip decoder's notes measured one writer as the
- * bottleneck); mmap of the image (a fault per page, SIGBUS on a full file
- * system); a lock per block (the pass drain gives all the order needed).
+ * Rejected: an in-order workqueue, or writes on the reader (one writer was
+ * the zip decoder's bottleneck); mmap of the image (a fault per page, SIGBUS
+ * on a full file system); a lock per block (the drains give all the order).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -3,42 +3,38 @@
  * stand between a hostile peer and the image, payload decoding, and the
  * per-block CRCs from which both sides compute the image checksum.
  *
- * Problem.  Everything here runs on bytes that came off a socket.  A
- * length is a promise, not a fact: it must be checked against the
- * stream's header and against fixed limits before anything is allocated,
- * read or written on its strength.  And both sides must compute the same
- * image checksum without rereading the image.
+ * Problem.  Everything here runs on bytes off a socket.  A length is a
+ * promise, not a fact: it is checked against the stream's header and fixed
+ * limits before anything is allocated, read or written on its strength.  And
+ * both sides must reach the same image checksum without rereading it.
  *
  * Design.
- *  - Decoding is pure: a header or record buffer in, a struct and a
- *    reason out.  Every rejection names the field and, for records, the
- *    offset, so an operator reading the destination's log can tell a
- *    buggy sender from a flaky link.
- *  - zstd payloads are checked three ways before and after decoding: the
- *    frame states its content size and it equals the record's length, the
- *    frame's compressed size is exactly the payload (one frame, nothing
- *    trailing), and the decoder produced exactly length bytes.  Decoding
- *    is single-shot into the caller's buffer of length bytes, so a frame
- *    cannot make the decoder allocate a window of its choosing.
- *  - The per-block CRC array is written by several threads at once
- *    (decompression workers, compression workers), each on its own
- *    blocks.  The CRCs are plain 32-bit stores to distinct elements; the
- *    "set" bitmap packs 64 blocks into a word, so it is updated with an
- *    atomic OR.  Whoever computes the checksum has synchronised with the
- *    writers by other means (joined the workers, collected the jobs).
- *  - The CRC of a run of zeros is computed by doubling with
- *    crc32_combine() (logarithmic in the length) and cached per length in
- *    a small table of single 64-bit words, so a reader never sees half of
- *    an entry.
- *  - A record's data CRC is not recomputed over the whole record when its
- *    blocks' CRCs are known: ioc_mig_crcs_set() combines the block
- *    CRCs, so the receiver reads each decoded byte once for checking.
+ *  - Decoding is pure: a header or record buffer in, a struct and a reason
+ *    out.  Every rejection names the field and, for records, the offset, so
+ *    the destination's log tells a buggy sender from a flaky link.
+ *  - zstd payloads are checked three ways: the frame's stated content size
+ *    equals the record's length, its compressed size is exactly the payload
+ *    (one frame, nothing trailing), and the decoder produced exactly length
+ *    bytes.  Decoding is single-shot into the caller's buffer of length
+ *    bytes, so no frame makes the decoder allocate a window of its choosing.
+ *  - Several threads (decompression or compression workers) write the
+ *    per-block CRC array at once, each on its own blocks: the CRCs are plain
+ *    32-bit stores to distinct elements, while the "set" bitmap packs 64
+ *    blocks to a word and takes an atomic OR.  Whoever computes the checksum
+ *    has synchronised with the writers by other means (joined the workers,
+ *    collected the jobs).
+ *  - The CRC of a run of zeros is computed by doubling with crc32_combine()
+ *    (logarithmic in the length) and cached per length in a small table of
+ *    single 64-bit words, so no reader sees half an entry.
+ *  - A record's data CRC is not recomputed over the record when its blocks'
+ *    CRCs are known: ioc_mig_crcs_set() combines them, so the receiver reads
+ *    each decoded byte once for checking.
  *
  * Rejected.  A bitmap of bytes instead of bits (no atomics, but 8x the
- * memory for a 1 TiB image); a lock around the CRC array (the workers
- * would serialise on it at every record); streaming zstd decoding (it
- * needs ZSTD_d_windowLogMax to bound memory, and the one-shot decoder
- * with a checked content size is both bounded and faster).
+ * memory for a 1 TiB image); a lock around the CRC array (the workers would
+ * serialise on it at every record); streaming zstd decoding (it needs
+ * ZSTD_d_windowLogMax to bound memory; the one-shot decoder on a checked
+ * content size is bounded and faster).
  */
 #include <errno.h>
 #include <limits.h>

@@ -1,52 +1,42 @@
 /*
  * TLS for the NBD server: GnuTLS credentials and sessions behind a small
- * non-blocking interface for conn.c.
+ * non-blocking interface for conn.c.  Problem: NBD crosses networks
+ * (migration, backup to another host), and proto.md upgrades a session in
+ * place with NBD_OPT_STARTTLS.  The connection code is non-blocking and
+ * event driven: it must never wait inside a TLS call, and every library
+ * failure must come back as a message, never an abort.  Design:
+ *  - ioc_nbd_server_set_tls() loads credentials once; every connection on
+ *    every I/O thread shares them read-only (GnuTLS credentials and priority
+ *    caches are safe to share once set up).  X.509 files follow qemu-nbd's
+ *    and nbdkit's directory layout; PSK keys are psktool's "username:hexkey"
+ *    file.  Priorities are the system's defaults (gnutls_priority_init2,
+ *    DEF_APPEND), plus the PSK key exchanges when a PSK file is set.
+ *  - A GNUTLS_NONBLOCK session per connection works the socket itself
+ *    (gnutls_transport_set_int).  Every call here returns -EAGAIN instead of
+ *    waiting, saying which direction GnuTLS waits for, so conn.c registers
+ *    for readability or writability and calls again.
+ *  - conn.c gathers replies in a 16 KiB staging buffer per TLS connection
+ *    (one copy before encryption) and hands ioc__nbd_tls_send() at most that
+ *    one record at a time, so several 4 KiB reads share a record and a
+ *    send(2).  After -EAGAIN GnuTLS wants the same arguments again (it has
+ *    already encrypted them): the buffer stays untouched until the call
+ *    succeeds.
+ *  - Decrypted bytes may wait inside GnuTLS while the socket is empty;
+ *    ioc__nbd_tls_pending() tells conn.c not to wait for readability then.
+ *  - The migration stream (migrate-source.c, migrate-dest.c) uses the same
+ *    credentials in blocking sessions on its own threads: the destination
+ *    handshakes as a server with them; the source builds client credentials
+ *    per migration from the same files (ca-cert.pem to verify the destination
+ *    against its host name, client-cert.pem and client-key.pem if present,
+ *    the first PSK line).  Those sessions sleep in recv()/send() like the
+ *    plain stream; a cancel shuts the socket down, failing the pending GnuTLS
+ *    call.
  *
- * Problem.  NBD crosses networks (migration, backup to another host), and
- * proto.md upgrades a session in place with NBD_OPT_STARTTLS.  The
- * connection code is non-blocking and event driven; it must never wait
- * inside a TLS call, and everything the library does must fail with a
- * message rather than abort.
- *
- * Design.
- * - Credentials are loaded once by ioc_nbd_server_set_tls() and shared
- *   read-only by every connection on every I/O thread (GnuTLS credentials
- *   and priority caches are safe to share once set up).  X.509 files use
- *   the directory layout of qemu-nbd and nbdkit; PSK keys are the
- *   "username:hexkey" file psktool writes.  The priorities are the
- *   system's defaults (gnutls_priority_init2 with DEF_APPEND), plus the
- *   PSK key exchanges when a PSK file is set.
- * - A session per connection, GNUTLS_NONBLOCK, reading and writing the
- *   socket itself (gnutls_transport_set_int).  Every call here returns
- *   -EAGAIN instead of waiting and says which direction GnuTLS waits for,
- *   so conn.c registers for readability or writability and calls again.
- * - Records: conn.c hands ioc__nbd_tls_send() up to one record (16 KiB)
- *   of gathered replies at a time, so several 4 KiB reads share one
- *   record and one send(2).  After -EAGAIN GnuTLS wants the same
- *   arguments again (it has already encrypted them); conn.c keeps its
- *   staging buffer untouched until the call succeeds.
- * - Decrypted bytes may wait inside GnuTLS while the socket is empty;
- *   ioc__nbd_tls_pending() tells conn.c not to wait for readability then.
- *
- * - The migration stream (migrate-source.c, migrate-dest.c) uses the same
- *   credentials through blocking sessions on its own threads: the
- *   destination handshakes as a server with them; the source builds
- *   client credentials per migration from the same files (ca-cert.pem to
- *   verify the destination against the host name, client-cert.pem and
- *   client-key.pem if present, the first PSK line).  Those sessions sleep
- *   in recv()/send() like the plain stream; a cancel shuts the socket
- *   down, which makes the pending GnuTLS call fail.
- *
- * Alternatives rejected.  kTLS (the kernel encrypting after a user-space
- * handshake) would keep the data path's sendmsg, but needs the session
- * keys exported into setsockopt per cipher and falls back to this path
- * anyway where the kernel lacks the tls module; not worth it before
- * there is a benchmark for it.  A TLS proxy in front of the server
+ * Rejected.  kTLS (the kernel encrypting after a user-space handshake) would
+ * keep the data path's sendmsg, but needs the session keys exported into
+ * setsockopt per cipher and falls back to this path where the kernel lacks
+ * the tls module: not worth it without a benchmark.  A TLS proxy in front
  * (stunnel) cannot do STARTTLS inside the NBD handshake.
- *
- * Cost notes.  Per TLS connection a GnuTLS session (~20 KiB) and conn.c's
- * 16 KiB staging buffer; per record one copy into the staging buffer
- * before encryption.
  */
 #include "ioc-config.h"
 

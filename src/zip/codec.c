@@ -1,55 +1,42 @@
 /*
  * zip codec layer: one block in, one independent frame out, and back.
- *
- * Problem.  The pipeline (pipeline.c) wants to hand a worker a block and get
- * back bytes that stock tools read, with no shared state between workers,
- * and the decoder wants to split hostile input into frames without trusting
- * anything it says.
- *
- * Design.
- *  - zstd: each block is a complete frame made by ZSTD_compress2() on a
- *    per-worker ZSTD_CCtx (reused: creating one costs more than compressing
- *    a small block).  Frames carry content size and checksum, so a decoder
- *    can size its output buffer and verify it.  The seek table is zstd's
- *    seekable format: a skippable frame (magic 0x184D2A5E) whose entries
- *    give each frame's compressed and decompressed size and checksum, and
- *    whose footer ends with 0x8F92EAB1 so a reader finds it from the end.
- *  - gzip: each block is a member.  Members carry no length, so a decoder
- *    would have to inflate to find the next one; ours put the compressed
- *    member size in an FEXTRA subfield ('I','Z', 4 bytes), which gzip and
- *    pigz skip, like BGZF does for samtools.
+ * Problem: the pipeline (pipeline.c) hands a worker a block and wants back
+ * bytes stock tools read, sharing no state between workers; the decoder must
+ * split hostile input into frames trusting nothing it says.  Design:
+ *  - zstd: each block is a whole frame from ZSTD_compress2() on a reused
+ *    per-worker ZSTD_CCtx (making one costs more than compressing a small
+ *    block), with content size and checksum so a decoder can size its buffer
+ *    and verify.  The seek table is zstd's seekable format: a skippable frame
+ *    of each frame's sizes and checksum, with a footer magic (0x8F92EAB1) to
+ *    find it from the end.
+ *  - gzip: each block is a member.  Members carry no length (finding the next
+ *    means inflating), so ours put the compressed size in an FEXTRA subfield
+ *    ('I','Z', 4 bytes), which gzip and pigz skip, as samtools' BGZF does.
  *  - A gzip level is a promise about size: gzip -N and pigz -N are zlib -N,
- *    so ours is no bigger, and then as fast as possible.  Level N runs the
- *    fastest deflater setting that meets that on the calibration corpora
+ *    so ours is no bigger, then as fast as possible.  Level N runs the
+ *    fastest deflater setting that keeps that on the calibration corpora
  *    (ioc__zip_deflate_pick(), ld_level_for[]): ISA-L's igzip for 1-3 when
- *    built in, libdeflate's calibrated level above (and for 1-3 without
- *    ISA-L), zlib when neither is built.  CRC32 comes from the library that
- *    deflated the block (gz_crc()).  Decompression uses libdeflate, whose
- *    inflate beat igzip's on our members.
- *  - All-zero blocks (the zero pages of a memory image) skip the
- *    compressor: zstd gets a frame of RLE blocks built by hand (4 bytes per
- *    128 KiB).  Its checksum is XXH64 of n zeros, which libzstd does not
- *    export; rather than carry a second XXH64, the first zero block of each
- *    size goes through the compressor once and its checksum is kept.  gzip
- *    keeps the whole member of the last zero-block size and copies it.
- *  - Scanning walks zstd block headers (3 bytes each) to find a frame's end
- *    without decoding, incrementally, so the caller can feed it bytes as
- *    they arrive and decide from the header alone whether the frame can be
- *    decoded in memory (content size known and small) or must stream.
+ *    built in, else (and above 3) libdeflate's calibrated level, zlib if
+ *    neither is built.  CRC32 comes from the library that deflated the block
+ *    (gz_crc()).  Inflate is libdeflate's, which beat igzip's on our members.
+ *  - All-zero blocks (a memory image's zero pages; one memcmp pass finds
+ *    them, and data blocks usually leave it at their first bytes) skip the
+ *    compressor.  zstd gets a hand-built frame of RLE blocks; libzstd does
+ *    not export XXH64, so rather than carry a second one the first zero block
+ *    of each size is compressed once and its checksum kept.  gzip copies the
+ *    kept member of the last zero-block size.
+ *  - The scanner walks zstd block headers (3 bytes each) to a frame's end,
+ *    incrementally as bytes arrive, without decoding; the frame header alone
+ *    picks in-memory decoding (content size known, small) or streaming.
  *
- * Rejected (measurements and the calibration tables: bench/zip/NOTES.md).
- *  - libdeflate's level N for gzip -N: its levels are not zlib's, so that
- *    was slower than needed at 6-9 and not small enough at 4.
- *  - libdeflate at 1-3: 2.2-5x slower than igzip for output that igzip
- *    keeps within 2% of pigz's (on ELF binaries igzip 2 and 3 are ~4%
- *    bigger than zlib; IOC_ZIP_DEFLATE_LIBDEFLATE or -4 meet the size).
- *  - Hand-built stored deflate blocks for zero gzip members: bigger than
- *    what libdeflate makes for zeros, and CRC work anyway.
- *  - libzstd's seekable contrib code: not packaged in Debian.
- *  - Trusting a frame's content size for allocation: bounded by max_frame.
- *
- * Cost.  The all-zero test is one memcmp pass over the block (~10 GB/s)
- * before compressing; for data blocks it usually stops at the first bytes.
+ * Rejected (numbers, calibration: bench/zip/NOTES.md): libdeflate's level N
+ * for gzip -N (its levels are not zlib's: slower than needed at 6-9, too big
+ * at 4); libdeflate at 1-3 (much slower than igzip, whose output stays near
+ * pigz's; on ELF binaries igzip 2 and 3 run bigger than zlib, and
+ * IOC_ZIP_DEFLATE_LIBDEFLATE or -4 meet the size); hand-built stored deflate
+ * blocks for zero members (bigger than libdeflate's, CRC work anyway);
+ * libzstd's seekable contrib code (not packaged in Debian); trusting a
+ * content size for allocation (bounded by max_frame).
  */
 #include <errno.h>
 #include <stdlib.h>

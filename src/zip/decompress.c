@@ -1,48 +1,42 @@
 /*
  * zip decompression: frames delimited on the feeding thread, decoded by
- * workqueue workers in the slot cycle of pipeline.c.
- *
- * Problem.  Input is hostile and of any origin (ours, zstd's or gzip's
- * CLI, a pipe), yet decoding should run on every core with bounded memory,
- * and the output should reach its file without the feeding thread copying
- * decoded bytes.
+ * workqueue workers in pipeline.c's slot cycle.  Problem: input is hostile
+ * and of any origin (ours, zstd's or gzip's CLI, a pipe), yet decoding
+ * should use every core with bounded memory, and output should reach its
+ * file with no copy of decoded bytes by the feeding thread.
  *
  * Design.  The feeding thread buffers input in a staging buffer, delimits
- * frames with the codec scanner (block headers only), and hands each
- * complete frame with a known content size of at most max_frame bytes to a
- * slot (small frames batched, as for compression).  Anything else (a
- * foreign single-frame zstd file written from a pipe, a gzip member without
- * our size subfield, a frame bigger than max_frame) is decoded streaming on
- * the feeding thread after the slots drain, with bounded buffers and
- * ZSTD_d_windowLogMax, so memory stays bounded whatever the input says.
- *   - Each frame's output offset is known when it is dispatched, so with
- *     opts.write_at the worker writes its frame itself (pwrite) and decodes
- *     into its context cell's buffer (reused, cache-warm), not the slot's:
- *     decoded memory is one frame per worker, and slots are only input.
- *   - An embedder with the whole output in memory passes opts.out_buf:
- *     workers decode each frame straight into it, as libzstd's single-shot
- *     ZSTD_decompressDCtx() does on one thread.
- *   - Fed by ioc_zip_write_ref() (the CLI maps its input), the caller's
- *     buffer stands in as the staging buffer and slots point into it.
- *   - A seek table met in the input is checked against the frames before
- *     it, as zstd's seekable reader would.
+ * frames with the codec scanner (block headers only) and hands each complete
+ * frame with a known content size of at most max_frame to a slot (small
+ * frames batched, as for compression).  Anything else (a foreign
+ * single-frame zstd file from a pipe, a gzip member without our size
+ * subfield, a frame over max_frame) is decoded streaming on the feeding
+ * thread once the slots drain, with bounded buffers and ZSTD_d_windowLogMax,
+ * so memory stays bounded whatever the input claims.
+ *  - A frame's output offset is known at dispatch, so with opts.write_at the
+ *    worker pwrites its frame itself, decoding into its context cell's
+ *    reused, cache-warm buffer rather than the slot's: decoded memory is one
+ *    frame per worker, and slots hold only input.
+ *  - With opts.out_buf (an embedder's whole output in memory) workers decode
+ *    each frame into it, as ZSTD_decompressDCtx() does on one thread.
+ *  - Fed by ioc_zip_write_ref() (the CLI maps its input), the caller's buffer
+ *    is the staging buffer and slots point into it.
+ *  - A seek table met in the input is checked against the frames before it,
+ *    as zstd's seekable reader would.
  *
- * Rejected (measurements in bench/zip/NOTES.md).  The run is CPU bound:
- * decode plus the tmpfs write path, whose inode lock the workers share.
- *   - One ordered writer (the feeding thread pwrites, workers only decode):
- *     the writer becomes the serial bottleneck.
- *   - More workers, a sleeping write lock, writing each block as decoded
- *     under a try-lock, deferring a write while the lock is busy: no gain
- *     or slower.
- *   - Decoding into a mapping of the output: a fault per page and the unmap.
- *   - More slots than workers + 2 without write_at: each is megabytes of
- *     fresh memory to fault in.
+ * Rejected (measurements in bench/zip/NOTES.md; the run is CPU bound on
+ * decode plus the tmpfs write path, whose inode lock the workers share): one
+ * ordered writer (the feeding thread pwriting while workers only decode
+ * becomes the serial bottleneck); more workers, a sleeping write lock,
+ * writing each block under a try-lock as it is decoded, or deferring a write
+ * while the lock is busy (no gain or slower); decoding into a mapping of the
+ * output (a fault per page, then the unmap); more slots than workers + 2
+ * without write_at (each is megabytes of fresh memory to fault in).
  *
- * Cost.  One memcpy of compressed input into a slot (the staging buffer
- * must survive partial frames), unless fed by reference.  Worst-case
- * memory with write_at is 4 * workers + 2 slots of compressed input (none
- * when fed by reference) plus one decoded frame per worker, each at most
- * max_frame.
+ * Cost.  One memcpy of compressed input into a slot (the staging buffer must
+ * survive partial frames) unless fed by reference.  Worst-case memory with
+ * write_at: 4 * workers + 2 slots of compressed input (none by reference)
+ * plus one decoded frame per worker, each at most max_frame.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,54 +1,42 @@
 /*
  * Frame cache: decoded frames of a compressed image, shared by every
- * connection and I/O thread that reads it.
+ * connection and I/O thread reading it.  Problem: a hit costs a memcpy, a
+ * miss a decode; threads hit the same hot frames, and two readers of a cold
+ * frame must not both decode it.  A first pass (scan, boot, cold benchmark)
+ * touches most frames once: keeping each in fresh memory costs more than its
+ * decode (faults, heap growth) and pushes out frames read again.
  *
- * Problem: a hit costs a memcpy, a miss a decode; readers on several I/O
- * threads hit the same hot frames, and two readers of one cold frame must
- * not both decode it.  A first pass over an image (a scan, a boot, a
- * benchmark's cold run) touches most frames once: keeping each in fresh
- * memory costs more than its decode (page faults, heap growth: ~10 us per
- * 16 KiB frame in a VM) and pushes out frames that are read again.
+ * Design: 16 shards by key hash, each with its own mutex, hash chains, CLOCK
+ * ring (the main cache) and FIFO (probation), so threads on different frames
+ * rarely share a lock.  A miss makes a BUSY entry its creator decodes; later
+ * readers take a reference and queue a waiter (on their stack) under the
+ * shard lock; publish sets READY under that lock and wakes the queue after
+ * unlocking.  A waiter queued before the change is on the list publish
+ * takes, one arriving after sees READY: both decide under the lock, so no
+ * wakeup is lost, and the lock (or ioc_co_await) orders the decoder's writes
+ * before the readers'.  Admission, after S3-FIFO's small queue and ghost: a
+ * new entry goes on probation (a FIFO of a sixteenth of the budget), its
+ * data in a pooled, already touched buffer.  Over its share, probation's
+ * oldest idle entry moves to the ring if read again meanwhile (a second
+ * reader, a sequential walk's next 4 KiB), else leaves: buffer to the pool,
+ * key to the ghost (a direct-mapped table of dropped keys, a slot per frame
+ * the ring holds, aged by collisions).  A miss the ghost holds goes straight
+ * to the ring.  CLOCK passes entries in use (referenced or BUSY), clears
+ * reference bits and evicts the first idle entry with a clear bit, trying
+ * shards in turn, one lock at a time; with every entry in use the cache
+ * overshoots and each put evicts until back under budget.  Evicted entries
+ * live until their last reference goes.  Freed buffers return to the pool
+ * while it holds under probation's share, else to malloc; it starts full (up
+ * to 16 MiB, touched at creation) lest a first pass fault in a buffer per
+ * miss.  FAILED entries leave the table at once: a transient read error is
+ * retried, a corrupt frame fails every time.
  *
- * Design: 16 shards by a hash of the key, each with its own mutex, hash
- * chains, CLOCK ring (the main cache) and FIFO (probation), so threads
- * reading different frames rarely meet on a lock.  A miss creates a BUSY
- * entry (its creator decodes); later readers take a reference and queue a
- * waiter (on their stack) under the shard lock; publish makes it READY
- * under that lock and wakes the queue after unlocking.  A waiter queued
- * before the state change is in the list publish takes, one arriving
- * after sees READY: both decide under the lock, no lost wakeup, and the
- * decoder's writes are ordered before the readers' by it (or by
- * ioc_co_await).
- *
- * Admission (S3-FIFO's small queue and ghost): a new entry goes on
- * probation, a FIFO holding a sixteenth of the budget, its data in a
- * buffer from a pool of recycled ones (memory already touched).  When
- * probation is over its share, its oldest idle entry moves to the ring
- * if it was read again meanwhile (a second reader, the next 4 KiB of a
- * sequential walk), else it leaves, its buffer back to the pool, its key
- * into a small direct-mapped table of recently dropped keys (the ghost,
- * one slot per frame the ring holds, overwritten on collision: that is
- * its ageing).  A miss whose key the ghost still holds goes straight to
- * the ring.  The ring evicts with CLOCK: the hand passes entries in use
- * (a reference or BUSY), clears reference bits, evicts the first idle
- * entry with a clear bit.  Shards are tried in turn, one lock at a time;
- * when every entry is in use the cache overshoots and each put evicts
- * until it is back under budget; evicted entries live until their last
- * reference is dropped.  Buffers freed by either queue go back to the
- * pool while it holds less than probation's share, else to malloc.  The
- * pool starts full (up to 16 MiB, touched at creation): a first pass would
- * otherwise fault a fresh buffer in for each of its first misses.
- *
- * Rejected: admitting every miss (a scan fills the budget with frames
- * never read again, in fresh memory); a doorkeeper alone with no
- * probation (a sequential 4 KiB walk would decode each frame twice:
- * once to record it, again on the second touch); a bitmap with a bit per
- * frame of the image (memory grows with the image, not the budget); one
- * global LRU under one lock (every hit writes the list head); a
- * lock-free hash (much more code for a path that costs a memcpy anyway);
- * per-thread caches (each decodes the same frames).  FAILED entries leave
- * the table at once: a transient read error is retried, a corrupt frame
- * fails every time.
+ * Rejected: admitting every miss (a scan fills the budget with fresh memory
+ * for frames never read again); a doorkeeper without probation (a sequential
+ * 4 KiB walk would decode each frame twice, once to note it); a bit per
+ * frame of the image (grows with the image, not the budget); one locked LRU
+ * (every hit writes its head); a lock-free hash (much more code where a
+ * memcpy is paid anyway); per-thread caches (all decode the same frames).
  */
 #include <errno.h>
 #include <pthread.h>

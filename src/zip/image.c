@@ -1,62 +1,42 @@
 /*
- * Compressed images with random access: serve the decompressed bytes of
- * a file written by iocore-zip (independent zstd frames plus a seek table,
- * or gzip members carrying their sizes) or by stock zstd, at any offset,
- * to coroutines on many I/O threads at once.
+ * Compressed images with random access: the decoded bytes of a file from
+ * iocore-zip (zstd frames plus a seek table, or gzip members carrying their
+ * sizes) or stock zstd, at any offset, to coroutines on many I/O threads.
+ * Problem: 4 KiB to 1 MiB reads land anywhere; decoding from a file's or a
+ * huge frame's start per read is hopeless, and decoding on an I/O thread
+ * stalls its other requests.
  *
- * Problem: an NBD client reads 4 KiB here and 1 MiB there; decoding from
- * the start of the file (or of one huge frame) for each read is hopeless,
- * and decoding on an I/O thread stalls every other request on it.
+ * Design: at open, an index of frames from the seek table, else from one
+ * walk over the frame headers (a frame lacking its content size is decoded
+ * once, and logged).  A read finds its frames by a division (equal frames),
+ * a bitmap of starts (all on one unit) or a binary search, and takes each
+ * from the frame cache (frame-cache.c: one decode per frame, later readers
+ * wait for it).  A read of at most 64 KiB decodes its missed frames (of at
+ * most 64 KiB) inline on its loop thread: a small decode costs about the
+ * pool's round trip.  Larger ones go to the loop's pool on at most CPUs + 1
+ * threads ("runners"), one job per ~128 KiB run of frames, all submitted
+ * before the first wait; uncached frames such a read covers whole are
+ * decoded straight into its buffer, ~512 KiB and one preadv per job (fresh
+ * memory costs more than the decode).  A read of 64 KiB or more, or of a
+ * frame that large, ending on a frame's last byte reads ahead as far again
+ * (up to 1 MiB) unless other large reads are in flight.  Frames over half
+ * the cache are never cached; reads decode them from the start, on the pool.
+ * Zero frames (RLE blocks of byte 0; gzip members with the CRC-32 of zeros,
+ * confirmed by a decode) are known at open or after a decode: reads fill
+ * zeroes, block status reports holes.  Stored frames (one raw zstd block) go
+ * from the file into the reply: no decode, copy or cache entry (random data
+ * would push text out).  Their XXH64 is checked whole on a frame's first
+ * read, then trusted like a cached decode (neither sees the file change
+ * under a running server); with page checks (codec.c) a small read checks
+ * just its pages, each once; a failing page defers to the whole-frame check.
+ * A frame failing its decode or first check fails its reads (-EIO, offsets
+ * logged); the next read tries again.
  *
- * Design: at open, an index of frames (compressed and decompressed offsets
- * and sizes), from the seek table when there is one, else by walking the
- * frame headers once (a frame without a content size is decoded once to
- * learn it; the log says so).  A read finds its frames by a division (all
- * frames but the last one size), a bitmap of frame starts (all on one
- * unit: blocks and runs of zeros) or a binary search, and takes each from
- * the frame cache (frame-cache.c).  A read of at most 64 KiB decodes the
- * frames it misses (of at most 64 KiB each) itself, on its loop thread: a
- * 16 KiB frame decodes in about the time of the pool's round trip, which
- * it saves.  Larger reads and frames go to the calling loop's pool, one
- * job per run of frames (~128 KiB), all requested before the first wait
- * so a large read decodes in parallel while the I/O thread keeps serving,
- * on at most CPUs + 1 threads ("runners" below); the frames such a read
- * covers whole, and nobody has cached, are decoded straight into its
- * buffer in jobs of ~512 KiB, one preadv per job (no entry to allocate,
- * fill and copy out: fresh memory costs more than the decode).  A second
- * reader of a frame being decoded through the cache waits for that decode.
- * A read of 64 KiB or more (or of a frame that large) ending on a frame's
- * last byte starts decoding as much again after it (readahead, up to 1 MiB)
- * unless other large reads are in flight; small reads of small frames do not.
- *
- * Zeros: iocore-zip writes an all-zero block (zstd: a run of them) as a
- * frame of RLE blocks of byte 0, or (gzip) deflate's few hundred bytes;
- * known at open from their bytes (frames of at most 4 KiB: the RLE block
- * headers; a gzip member's trailer, then, if its CRC-32 is that of zeros,
- * a decode), or after a decode finds zeros.  Reads fill zeroes, block
- * status reports holes.  Stored frames (zstd keeps data it cannot shrink
- * as one raw block) are read from the file straight into the reply: no
- * decode, no copy, no cache entry (random data would only push text out).
- * A stored frame's first read checks its checksum (XXH64, libxxhash) over
- * all of it; once that passed, a per-frame state says so and later reads
- * take only their bytes: the check is trusted as a cached frame's decode
- * is (neither sees the file change under a running server).  With page
- * checks (iocore-zip's checksum per 4 KiB page of stored frames, codec.c)
- * a small read reads and checks only its pages, each once; a page that
- * fails sends it to the whole-frame check, which decides.
- *
- * Frames over half the cache (a stock single-frame file) are not cached:
- * each read decodes from the frame's start up to its range, on the pool.
- * Corruption: a frame failing its decode or first check fails the reads
- * of it with -EIO, logs its offsets and is tried again by the next read.
- *
- * Rejected: decoding a frame only as far as a read needs (a frame of up
- * to 128 KiB is one zstd block, decoded whole before any byte comes out);
- * ioc_zip_extract() per read (threads and a copy per request: ~10x one
- * frame's decode for 4 KiB); mmap of the compressed file for decoding (a
- * truncated file would be SIGBUS on a pool thread; pread turns it into an
- * error).  Checking stored frames on every read: a 4 KiB read read and
- * hashed 16 KiB (a third of its CPU) for changes no cache hit would see.
+ * Rejected: partial decodes (a frame of up to 128 KiB is one zstd block,
+ * decoded whole before any byte comes out); ioc_zip_extract() per read
+ * (threads and a copy per request); mmap of the compressed file (truncation:
+ * SIGBUS on a pool thread, where pread errs); checking stored frames on
+ * every read (a whole frame hashed per small read, for changes no hit sees).
  */
 #include <errno.h>
 #include <fcntl.h>

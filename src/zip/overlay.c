@@ -1,48 +1,42 @@
 /*
  * Copy-on-write overlay: makes a read-only compressed image (image.c)
- * writable without touching it, the way a qcow2 file with a backing file
- * does, in one sparse file of our own.
+ * writable without touching it, as a qcow2 file over a backing file does, in
+ * one sparse file of our own.
  *
- * Problem: people boot a VM from a compressed golden image or repair a
- * compressed backup in place; the base must stay as it is (it is shared,
- * or a backup), writes must survive a crash once flushed, and a write of
- * 4 KiB must not cost a rewrite of a compressed frame.
+ * Problem: people boot VMs from compressed golden images or repair
+ * compressed backups in place; the base must stay as it is (shared, or a
+ * backup), flushed writes must survive a crash, and a 4 KiB write must not
+ * rewrite a compressed frame.
  *
- * Design: the overlay file holds a 4 KiB header (magic, version, cluster
- * size, the base's sizes, CRC32), then an allocation map of one byte per
- * 64 KiB cluster (BASE: read the compressed image; DATA: read the overlay;
- * ZERO: reads as zeroes, whatever the base holds), then, from a 1 MiB
- * aligned offset, the data area: cluster N of the image at data_off +
- * N * 64 KiB, sparse where nothing was written.
+ * Design: the overlay holds a 4 KiB header (magic, version, cluster size,
+ * the base's sizes, CRC32), an allocation map of one byte per 64 KiB cluster
+ * (BASE: read the image; DATA: read the overlay; ZERO: reads as zeroes
+ * whatever the base holds), then from a 1 MiB aligned offset the data area,
+ * cluster N at data_off + N * 64 KiB, sparse where never written.  Writes:
+ * whole clusters are written, then marked DATA; a partial write to a cluster
+ * not yet DATA first builds the whole cluster (the base's bytes, or zeroes
+ * if ZERO), merges the new bytes and writes it (copy-before-write), then
+ * marks it DATA.  These state changes run under one coroutine mutex
+ * (alloc_lock), so two writes to halves of one base cluster cannot both copy
+ * it and lose each other's bytes; writes to DATA clusters go straight to the
+ * file in parallel.  WRITE_ZEROES and TRIM make whole clusters ZERO and
+ * punch them out of the data area, and write parts of clusters as zeroes
+ * (copying a base cluster first), so both read as zeroes over any base data.
  *
- * Writes: a write that covers whole clusters writes them and then marks
- * them DATA; a write that covers part of a cluster not yet DATA first
- * builds the whole cluster (the base's bytes, or zeroes for a ZERO one),
- * merges the new bytes and writes it (copy-before-write), then marks it
- * DATA.  Those state changes run under one coroutine mutex (alloc_lock),
- * so two writes to different halves of one base cluster cannot both copy
- * it and lose each other's bytes; writes to clusters already DATA go
- * straight to the file in parallel.  WRITE_ZEROES and TRIM turn whole
- * clusters ZERO and punch them out of the data area; parts of clusters
- * are written as zeroes (copying a base cluster first), so both read back
- * as zeroes even where the base has data.
+ * Crash safety (flush and FUA mean durable): only flush writes the map,
+ * holding alloc_lock throughout: fdatasync, the map, fdatasync again.  A
+ * cluster turns DATA in memory only after its bytes are written, and none
+ * changes state during a flush, so the map on disk never names a cluster
+ * whose bytes are not durable.  After kill -9 a cluster written since the
+ * last flush may read as before (its map byte is old), the unflushed
+ * contract; whatever a flush acknowledged is there.  The map is rewritten
+ * whole; a torn write leaves each byte old or new, both safe, so it carries
+ * no checksum.  The base is opened read-only and never written.
  *
- * Crash safety (flush and FUA mean durable): the map is written only by
- * flush, which holds alloc_lock throughout: fdatasync of the file, then
- * the map, then fdatasync again.  A cluster becomes DATA in memory only
- * after its bytes were written, and no cluster changes state while a
- * flush runs, so the map on disk never names a cluster whose bytes are
- * not durable.  After kill -9 a cluster written since the last flush may
- * read as before that write (its map byte is old) -- the unflushed
- * contract -- but everything acknowledged by a flush is there.  The map
- * is rewritten whole (one byte per 64 KiB: 32 KiB for 2 GiB); a torn map
- * write leaves each byte old or new, both safe, so the map carries no
- * checksum of its own.  The base is opened read-only and never written.
- *
- * Rejected: tracking at 4 KiB with read-merge (64x the map, and reads of
- * a cluster would mix sources per block); a separate map file (two files
- * to keep in step and to lose one of); a journal (the in-place map with
- * the flush ordering above is already crash safe for this use).
+ * Rejected: 4 KiB tracking with read-merge (64x the map, and a cluster's
+ * reads would mix sources per block); a separate map file (two files to keep
+ * in step, or to lose one of); a journal (the in-place map with the flush
+ * ordering above is already crash safe here).
  */
 #include <errno.h>
 #include <fcntl.h>

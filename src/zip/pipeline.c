@@ -1,56 +1,42 @@
 /*
- * zip pipeline: blocks in, workqueue workers (de)compress, frames out in
- * order.  This file is the slot cycle and compression; decompress.c feeds
- * the same cycle with frames.
+ * zip pipeline: blocks in, wq workers (de)compress, frames out in order;
+ * here the slot cycle and compression (decompress.c feeds it frames).
  *
  * Problem.  QEMU's multithreaded migration compression spent its time in
- * locks and wakeups: one request per thread at a time, a lock per thread
- * plus a global one, workers idle while the migration thread slept.  We
- * want every worker busy, bounded memory, no allocation per block, and
- * output in input order, for a CLI and an embedder (a migration or backup
- * stream) alike.
+ * locks and wakeups (a request per thread at a time, per-thread and global
+ * locks, workers idle while the migration thread slept).  We want every
+ * worker busy, bounded memory, no allocation per block, output in input
+ * order, for the CLI and embedders (migration, backup).
  *
- * Design.  A stream owns nslots slots (see ioc__zip_create()), each an
- * input buffer, an output buffer and an embedded struct ioc_wq_job, used
- * strictly in a cycle: job s lives in slot s % nslots.  The feeding thread
- * (the only one that touches the stream's own fields) fills the next slot,
- * submits it and, when the next slot in the cycle is still busy, collects
- * completions and emits finished slots in sequence through the write
- * callback.  So:
- *   - memory is nslots * (block + bound) plus one codec context per worker,
- *     all allocated up front or on first use, and reused;
- *   - order is the cycle itself: slot (emitted % nslots) is emitted only
- *     once the wq has handed its job back, whatever order jobs come back
- *     in, so the wq runs out of order and its least-loaded policy sees
- *     which worker is really free;
- *   - nobody waits on a lock a worker holds: the only shared state is the
- *     wq's lockless rings and the context cells.
- * Blocks under 256 KiB (a migration stream's 4 KiB pages) are batched ~1 MiB
- * to a job, still one independent frame per block, so the per-job cost is
- * paid per megabyte.  Codec contexts live in `workers` claimable cells (an
- * atomic exchange), created lazily by the worker that first claims one.
- * With opts.write_from_workers (the CLI sets it) the workers write the
- * output themselves, in order, through a try-lock (worker_write()): the
- * feeding thread, a third thread on two cores, otherwise took its writes
- * out of one worker's time.  Per-worker CPU time is kept (wstat) to show
- * the balance.
+ * Design.  A stream owns nslots slots (ioc__zip_create()), each an input
+ * buffer, an output buffer and an embedded struct ioc_wq_job, used strictly
+ * in a cycle: job s lives in slot s % nslots.  The feeding thread, the only
+ * one touching the stream's own fields, fills and submits slots in turn and,
+ * when the next is still busy, collects completions and emits finished slots
+ * in sequence through the write callback.  So:
+ *  - memory is nslots * (block + bound) plus one codec context per worker,
+ *    made up front or on first use, and reused;
+ *  - order is the cycle: slot (emitted % nslots) goes out once its job is
+ *    back, so the wq runs out of order and least-loaded sees true load;
+ *  - nobody waits on a lock a worker holds: the only shared state is the wq's
+ *    lockless rings and the context cells (`workers` of them, claimed by
+ *    atomic exchange, created by their first claimant).
+ * Blocks under 256 KiB (a migration's 4 KiB pages) are batched ~1 MiB to a
+ * job, still one frame per block, so the per-job cost is paid per megabyte.
+ * With opts.write_from_workers (the CLI sets it) workers write the output
+ * themselves, in order, through a try-lock (worker_write()): otherwise the
+ * feeding thread, a third thread on two cores, takes its writes out of one
+ * worker's time.  ioc_zip_buffer() saves the input copy, ioc_zip_write_ref()
+ * the read(2) copy too (workers use whole slots of the caller's buffer, the
+ * CLI's mapping).  wstat: CPU time per worker (two clock_gettime() a job).
  *
- * Rejected (measurements in bench/zip/NOTES.md).
- *   - A per-block malloc/free: the allocator's locks and page faults show
- *     at 4 KiB blocks.
- *   - A mutex-protected reorder list: the slot cycle already is one.
- *   - A separate writer thread: the write callback is the embedder's code,
- *     best run on its own thread, and a third busy thread on 2 cores steals
- *     from the workers.
- *   - An in-order workqueue: it blinds least-loaded (strict alternation).
- *   - No spinning in the wq, or workers pinned to their own cells: same
- *     spread, same speed.
- *
- * Cost.  ioc_zip_buffer() avoids a copy of the input; ioc_zip_write_ref()
- * the read(2) copy as well (whole slots of the caller's buffer go to the
- * workers in place; the CLI maps a regular input file).  Two
- * clock_gettime(THREAD CPUTIME) calls per job for the busy accounting
- * (~0.5 us per ~1 MiB).
+ * Rejected (measurements in bench/zip/NOTES.md): a per-block malloc/free
+ * (the allocator's locks and page faults show at 4 KiB blocks); a
+ * mutex-protected reorder list (the slot cycle already is one); a separate
+ * writer thread (the callback is the embedder's code, best on its own
+ * thread; a third busy thread on two cores robs the workers); an in-order
+ * workqueue (it blinds least-loaded: strict alternation); no spinning in the
+ * wq, or workers pinned to their own cells (no change).
  */
 #include <errno.h>
 #include <sched.h>
