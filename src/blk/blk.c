@@ -1,62 +1,42 @@
 /*
  * iocore block layer: the request path shared by every driver and backend.
  *
- * The problem.  A storage server needs to turn "read these bytes of this
- * image" into the cheapest correct system call sequence, from any I/O
- * thread, without allocating per request and without blocking its loop.
- * QEMU's answer is a coroutine per request that yields into linux-aio,
- * io_uring or a thread pool; every request, even one served from the page
- * cache in a microsecond, pays a coroutine switch and a loop round trip.
+ * Problem: the cheapest correct syscalls for "read these bytes of this
+ * image", from any I/O thread, allocating nothing per request and never
+ * blocking the loop, so that a page-cache hit costs no switch or loop trip.
  *
- * The design.  A request is a struct blk_req embedded in the caller's
- * struct ioc_blk_req (or on the coroutine's stack): no allocation.  Life:
+ * Design: a struct blk_req embedded in the caller's ioc_blk_req (or on the
+ * coroutine's stack) goes validate -> [fast path] -> [track] -> [bounce] ->
+ * backend attempt(s) -> finish (copy-out, untrack) -> callback.  This file
+ * validates, tracks, bounces and dispatches; the backends (blk-uring.c,
+ * blk-threads.c) run attempts; request.c, below both, holds what they share.
+ * - Fast path (cache=writeback reads; splice_read to a pipe and map_* too):
+ *   preadv2(RWF_NOWAIT) inline, a short hit going on asynchronously; a
+ *   per-image credit spares workloads that never hit (probing one in 32).
+ *   Lacking RWF_NOWAIT (tmpfs), cachestat(2); tmpfs without swap needs none.
+ * - Backend per request: io_uring on the current loop's ring (one enter per
+ *   iteration), else the loop's pool, which also takes what io_uring cannot
+ *   say cheaply (ioctls, write-zeroes fallbacks, read-modify-write).
+ * - One short-transfer accounting for every backend (ioc__blk_rw_account),
+ *   so injected short transfers run the real code.  Past EOF reads zeroes.
+ * - cache=none: alignment from STATX_DIOALIGN, else BLKSSZGET, else probes.
+ *   Misaligned requests bounce; a write misaligned in offset or length is a
+ *   pool read-modify-write that waits for, and blocks, overlapping writes.
+ * - Completion: the coroutine API's direct_cb skips the yield for a request
+ *   done in submission; callbacks go via a task, never inside the submit.
+ * - Write-back errors reach only the next fsync ("fsyncgate"), so the first
+ *   a sync reports (flush errors but -ENOMEM; -EIO of FUA writes and write-
+ *   zeroes), injected or real, fails every later flush and FUA request until
+ *   close, even after a good sync; reads and plain writes go on, for rescue.
  *
- *   validate -> [fast path] -> [track] -> [bounce] -> backend attempt(s)
- *            -> finish (copy-out, untrack) -> caller's callback
- *
- * This file validates, tracks, bounces and dispatches; the backends
- * (blk-uring.c, blk-threads.c) run attempts; request.c, below both, what
- * every backend shares (short transfers, completion).
- * - Fast path (reads, cache=writeback): preadv2(RWF_NOWAIT) inline; a short
- *   hit continues asynchronously.  A per-image credit stops a workload that
- *   never hits from paying for the syscall (probing one request in 32).
- *   Without RWF_NOWAIT (tmpfs) cachestat(2) says whether the range is
- *   cached; tmpfs without swap needs neither (large writes: below).  Pages
- *   also go to a pipe (splice_read), or to and from a mapping (map_*).
- * - Backends are chosen per request: io_uring on the current loop's ring
- *   (one io_uring_enter per loop iteration), else the loop's thread pool,
- *   which also takes what io_uring cannot express cheaply (ioctls, the
- *   write-zeroes fallbacks, read-modify-write).  The null driver completes
- *   every attempt at once.
- * - Short transfers go through one accounting function for every backend
- *   (ioc__blk_rw_account), so the fault hook's short transfers run the code
- *   a real one does.  Reads past the end of file are zero-filled.
- * - cache=none (O_DIRECT): alignment from statx(STATX_DIOALIGN), else
- *   BLKSSZGET, else probing reads.  Misaligned requests are bounced through
- *   an aligned buffer; a write with a misaligned offset or length becomes a
- *   read-modify-write on the pool that waits for (and blocks) overlapping
- *   writes in a per-image list, so no concurrent write to a block is lost.
- * - Completion: the coroutine API passes direct_cb, so a request done during
- *   submission returns without a yield; the callback API defers it through
- *   a task, so a callback never runs inside the call that submitted it.
- * - Write-back errors: the kernel reports a failed write-back once, to the
- *   next fsync ("fsyncgate").  So the first write-back error a sync reports
- *   (any flush error but -ENOMEM; -EIO of a FUA write or write-zeroes) is
- *   kept, and every later flush and FUA request fails with it until the
- *   image is closed, as does a sync that succeeded meanwhile.  Reads and
- *   plain writes go on, so a client can rescue what is intact.  Injected
- *   faults count like real ones.
- *
- * Alternatives rejected.  A per-request coroutine inside the library (QEMU's
- * blk_aio_*): a switch even on the fast path.  linux-aio: needs O_DIRECT to
- * be asynchronous, and io_uring supersedes it.  Tracking every request
- * (QEMU's tracked requests): only cache=none writes need it.  Retrying a
- * failed sync, or forgetting its error after one good flush: both lie.
- *
- * Cost notes.  A fast-path hit is one preadv2, no allocation, about half
- * the CPU of a request through io_uring or the pool (bench/blk/NOTES.md).
- * Fault hook: a branch when unset.  cache=none tracking: a mutex round
- * trip and an O(queue depth) scan per write.
+ * Rejected: a per-request coroutine in the library (QEMU's blk_aio_*, over
+ * linux-aio, io_uring or a pool: a switch and a loop trip even for a hit);
+ * linux-aio (async only with O_DIRECT; io_uring supersedes it); tracking
+ * every request (only cache=none writes need it); retrying a failed sync or
+ * forgetting its error after a good flush (both lie).  Cost: a hit is one
+ * preadv2 (bench/blk/NOTES.md), an unset fault hook a branch, cache=none
+ * tracking a mutex round trip and an O(queue depth) scan per write.  The
+ * null driver completes every attempt at once.
  */
 #include <assert.h>
 #include <errno.h>

@@ -2,67 +2,41 @@
  * Dirty bitmaps: which granules of an image changed since a point in time,
  * for incremental backup (the NBD meta context qemu:dirty-bitmap:NAME).
  *
- * Marking.  Every write, write-zeroes and discard sets the bits of its
- * granules (a failed one too: it may have changed part of its range)
- * with one atomic fetch_or per 64-bit word, on the thread that completes
- * it, before the request completes: no lock, no shared line but the
- * bitmap's own words.  With no bitmap the cost is one
- * relaxed load of dirty_n (blk_dirty_mark()).
+ * Marking: every write, write-zeroes and discard (failed ones too) sets its
+ * granules' bits, one fetch_or per word, on the completing thread before it
+ * completes: no lock, only the words shared.  No bitmap: one relaxed load.
  *
- * The ordering rule.  A copier clears bits (ioc_blk_dirty_reset(), an
- * acq_rel fetch_and) and then reads the range; a writer's data reaches the
- * image (the syscall or CQE returned) and only then does it mark (an
- * acq_rel fetch_or), before acknowledging.  In the modification order of
- * the word either the mark comes after the clear, and the bit stays set
- * for the next round, or it comes before: then the clear's acquire reads
- * the mark's release, so the write's completion happens before the
- * copier's read, which sees the new data.  Marking before the write would
- * lose it: mark, clear, read old data, write lands.  test-blk-dirty
- * enumerates the interleavings of both orders (marking first loses a
- * write) and races threads against a copier, run under TSan in CI.
+ * Ordering: a copier clears (ioc_blk_dirty_reset(), acq_rel fetch_and),
+ * then reads; a writer marks (acq_rel fetch_or) once its data reached the
+ * image, before acknowledging.  In the word's modification order the mark
+ * follows the clear (the bit stays) or precedes it (the clear's acquire
+ * reads its release: the copier reads the new data).  Marking first would
+ * lose it (mark, clear, read old, land): test-blk-dirty checks both orders.
  *
- * Persistence.  A persistent bitmap lives in IMAGE.NAME.iocbm: a 4 KiB
- * header (little-endian: magic "IOCDBMAP", version 1, flags, image size,
- * granularity, word count, crc32 of the words, name length, name[128],
- * crc32 of the 176 bytes before it) then the words.  While the server
- * runs the header says IN_USE and the words' crc means nothing.  The rule
- * that makes kill -9 lose nothing is write-ahead: before a write, write-
- * zeroes or discard is issued, every granule of its range whose bit is not
- * yet on disk (ondisk[], the bits known durable) is written into the
- * sidecar pages that hold it, fdatasynced, then added to ondisk[]
- * (ioc__blk_dirty_prepare()); only then may the image change.  The
- * in-memory words are still marked after the write (the ordering rule),
- * and that mark persists again if a clear reset ondisk[] meanwhile.
- * Writers queue on the bitmap's lock, and one that finds its bits written
- * by the writer ahead of it returns without I/O, which batches concurrent
- * first writes.  Bits only go from 0 to 1 on disk except in clear, which
- * resets ondisk[] before the words (its release; a marker's acq_rel
- * fetch_or that sees the cleared word then sees the cleared ondisk[] and
- * persists again).  A clean close writes the words, fdatasyncs, then a
- * header without IN_USE carrying the crc.  So a sidecar found IN_USE
- * marks every write that may have reached the image, acknowledged or not
- * (plus perhaps some that never ran); the one exception is a write that
- * raced a clear and had landed, not yet marked, when the process died.
- * One whose header or clean crc does not check, whose size or image size
- * does not match, is torn or stale: it loads inconsistent and is refused
- * until removed.  After a power loss the same holds as long as the
- * device honours fdatasync: a bit reached the disk before its write was
- * issued; the image data of a write without FUA may not have.
- * Cost: the first write to each 64 KiB granule waits for one fdatasync of
- * the sidecar on the submitting thread; later writes to it cost nothing.
+ * Persistence: a sidecar IMAGE.NAME.iocbm, a 4 KiB header (hdr_encode())
+ * then the words, IN_USE while we run (the words' crc is then void).  So
+ * that kill -9 loses nothing, before a write, write-zeroes or discard is
+ * issued its granules not yet in ondisk[] (bits known durable) go to the
+ * sidecar, are fdatasynced, then join ondisk[] (ioc__blk_dirty_prepare());
+ * writers queue on the bitmap's lock, and one whose bits the writer ahead
+ * wrote does no I/O.  On disk bits only go 0 -> 1, except in clear, which
+ * resets ondisk[] before the words (a release: the after-write mark that
+ * sees the cleared word sees the cleared ondisk[] and persists again).  A
+ * clean close writes the words, fdatasyncs, then a header without IN_USE
+ * with their crc.  So an IN_USE sidecar marks every write that may have
+ * reached the image (maybe some that never ran), save one that raced a
+ * clear and landed unmarked as the process died; after a power loss too,
+ * if the device honours fdatasync.  A bad header, clean crc or size: torn
+ * or stale, loaded inconsistent, refused until removed.  Cost: a granule's
+ * first write waits for a sidecar fdatasync on its submitter.  A store (a
+ * null-driver image holding, e.g., a qcow2 node's bitmaps, marked via
+ * ioc_blk_dirty_mark()) has no sidecar or write-ahead (ondisk[] NULL): told
+ * of adds and removes, it reads the bits out at its clean close.
  *
- * A store.  An image of the null driver can hold the bitmaps of
- * something else (a qcow2 node's, marked by its write path through
- * ioc_blk_dirty_mark()): its persistent bitmaps have no sidecar and no
- * write-ahead (ondisk[] stays NULL); the store is told of adds and
- * removes and reads the bits out at its own clean close.
- *
- * Removal.  Markers read bitmap pointers without a lock, so nothing tells
- * when the last one has left a removed bitmap: it waits on a retired list
- * until the image closes (2 MiB per TiB at 64 KiB).  Rejected: a reader
- * count or rwlock on the hot path (a shared line written by every I/O
- * thread on every write), and epochs (the block layer does not know the
- * threads that use it).  A truncate does not resize bitmaps.
+ * Removal: markers read bitmap pointers unlocked, so a removed one waits on
+ * a retired list until close (2 MiB per TiB at 64 KiB).  Rejected: a reader
+ * count or rwlock (a line every I/O thread writes per write); epochs (the
+ * block layer does not know its threads).  Truncate leaves bitmaps' size.
  */
 #include <assert.h>
 #include <dirent.h>

@@ -1,58 +1,42 @@
 /*
  * An image on tmpfs, regrouped into huge pages in the background.
  *
- * Problem.  A file written to tmpfs (mounted without huge=, the usual
- * /dev/shm) sits in 4 KiB pages.  Every read or write of it walks the page
- * cache once per page: for a 64 KiB write on tmpfs the lookups
- * (filemap_get_entry, xas_load) were 15% of the I/O thread's samples, a
- * third as much as the copy itself (bench/nbd/NOTES.md).
+ * Problem: a file written to tmpfs mounted without huge= (the usual
+ * /dev/shm) sits in 4 KiB pages, and each read or write walks the page
+ * cache once per page: for large writes a real share of the I/O thread's
+ * time, beside the copy itself (bench/nbd/NOTES.md).
  *
- * Design.  When an image on tmpfs without swap is opened (the block
- * layer's never_waits), one thread asks the kernel to collapse the file's
- * page cache into 2 MiB pages, one aligned 2 MiB range at a time:
- * mmap(MAP_SHARED) of that range at a 2 MiB-aligned address (a collapse
- * needs the range aligned in the file and in the mapping), then
- * madvise(MADV_COLLAPSE), which copies the small pages into a huge one
- * under the kernel's own locks, so requests running meanwhile on any thread
- * see the same bytes before and after.  The file's contents do not change;
- * only how the kernel keeps them.  Ranges holding a hole are skipped (a
- * collapse would allocate it: a sparse image would grow to its full size).
- * tmpfs answers SEEK_HOLE by walking the page cache to the next hole, the
- * end of a fully written file, so one lseek per range made the pass
- * quadratic (9.9 s of CPU for 1 GiB); the pass asks the block layer's
- * known-data region first (block status's, blk.c), which a discard or
- * write-zeroes drops before it runs: one walk for a fully written image.
- * The first EINVAL (no THP, or shmem_enabled=deny) or ENOMEM (no free huge
- * page) ends the pass; EAGAIN (a page busy) skips the range.  Best effort
- * throughout: a failure costs nothing but the gain.  The pass copies the
- * whole file once (about 0.3 s of CPU per 256 MiB here), so the thread runs
- * at nice 10: on a busy machine it takes longer rather than slowing the
- * requests.  It ends after one pass; ioc_blk_close() stops it between
- * ranges and joins it, and so does ioc_blk_stop_background(): a live
- * migration of the image stops it, since the pass then competes with the
- * copy for the CPU and locks the pages the copy reads (a 2 GiB migration
- * on loopback took 0.94x qemu-storage-daemon's time with it, 0.68x
- * without: bench/migrate/NOTES.md).
+ * Design: when an image on tmpfs without swap opens (never_waits), one
+ * thread collapses its page cache into 2 MiB pages, one aligned range at a
+ * time: mmap(MAP_SHARED) at a 2 MiB-aligned address (the range must be
+ * aligned in file and mapping), then madvise(MADV_COLLAPSE), which copies
+ * under the kernel's locks, so requests on any thread see the same bytes
+ * throughout; only how the kernel keeps them changes.  A range holding a
+ * hole is skipped (collapsing would fill it, growing a sparse image).  As
+ * tmpfs answers SEEK_HOLE by walking to the next hole, the end of a full
+ * file, the pass asks the known-data region (block status's, blk.c) first,
+ * which a discard or write-zeroes drops before it runs: one walk, not one
+ * per range.  The first EINVAL (no THP, shmem_enabled=deny) or ENOMEM (no
+ * free huge page) ends the pass, EAGAIN (a busy page) skips a range: best
+ * effort, a failure costs only the gain.  The pass copies the whole file,
+ * so it runs at nice 10 (slower on a busy machine, not slowing requests),
+ * once; ioc_blk_close() and ioc_blk_stop_background() stop it between
+ * ranges and join it.  A live migration stops it: it would compete with the
+ * copy for the CPU and lock the pages the copy reads (bench/migrate/NOTES.md).
  * IOC_BLK_HUGE=off in the environment turns it off (A/B runs).
  *
- * Stop handshake: close stores huge_stop (relaxed) and joins; the thread
- * loads huge_stop (relaxed) before each range.  The join waits for the
- * thread to end, so at worst close waits for one 2 MiB collapse; join also
- * orders the thread's result fields before close (or the test hook) reads
- * them.
+ * Stop handshake: close stores huge_stop and joins, the thread loads it before
+ * each range (both relaxed): close waits one collapse at worst, and the join
+ * orders the thread's results before close (or the test hook) reads them.
  *
- * Rejected.  Collapsing at open, before serving: about 2.5 ms per 2 MiB on
- * the busy 2-CPU machine, so seconds for a few GiB before the first
- * request.  MADV_HUGEPAGE and khugepaged: tmpfs mounted without huge=
- * ignores it.  Mapping the image and serving reads from the mapping (the
- * same page walk is then the MMU's): tried, no measurable gain, and a file
- * cut short under a mapping is delicate.  Doing it on the writer pool: that
- * thread's latency is the large writes'.
- *
- * Cost: one thread per tmpfs image for the length of one pass, the
- * copies (the whole file once), and a 4 MiB address reservation meanwhile.
- * A discard of less than 2 MiB inside a huge page frees memory only once
- * the kernel manages to split that page (it zeroes the range either way).
+ * Rejected: collapsing at open, before serving (a few GiB would hold the
+ * first request for seconds: bench/blk/NOTES.md); MADV_HUGEPAGE and
+ * khugepaged (tmpfs without huge= ignores them); serving reads from a
+ * mapping (the MMU walks instead: no gain, and a file cut short under a
+ * mapping is delicate); the writer pool (its latency is the large writes').
+ * Cost: a thread per tmpfs image for one pass, the copy, and a 4 MiB
+ * address reservation meanwhile.  A discard under 2 MiB inside a huge page
+ * frees memory only once the kernel splits it (it zeroes the range anyway).
  */
 #include <errno.h>
 #include <stdint.h>

@@ -1,53 +1,42 @@
 /*
- * Coroutines on event loops: wake, move, sleep, wait for an fd, await a
- * callback.
+ * Coroutines on event loops: wake, move, sleep, fd waits, awaited callbacks.
  *
- * Problem: a coroutine waits for things that finish on other threads (a
+ * Problem: a coroutine waits for things finishing on other threads (a
  * worker's completion, a mutex released on another loop) and must resume on
- * its own loop, exactly once, without locks or allocation on the way.  Most
- * completions, though, arrive on that very loop (an io_uring CQE), and
- * should cost no more than a call.
+ * its own loop, exactly once, without locks or allocation; yet most
+ * completions arrive on that loop (an io_uring CQE) and should cost a call.
  *
- * Design.  Every coroutine embeds an ioc_task; ioc_co_wake() posts it to
- * the coroutine's home loop (a lock-free Treiber push in the loop) and the
- * task enters the coroutine there.  The one rule that makes this safe is
- * the *home-thread invariant*: a coroutine that may be woken runs on its
- * home loop's thread, so the loop cannot run the wake task before the
- * coroutine has finished yielding -- the thread is busy running it.  A
- * waker on another thread may therefore wake a coroutine that has published
- * itself as a waiter but not yet switched out.
+ * Design.  Every coroutine embeds an ioc_task; ioc_co_wake() posts it to the
+ * home loop (a lock-free Treiber push), where it enters the coroutine.  The
+ * *home-thread invariant* makes that safe: a coroutine that may be woken runs
+ * on its home loop's thread, so the loop cannot run the wake before the
+ * coroutine has finished yielding (the thread is busy running it), and a
+ * waker on another thread may wake one that published itself as a waiter but
+ * has not yet switched out.  Rejected: entering from another thread (it may
+ * still run); a mutex + condvar per wait (allocates or blocks the loop).
  *
- * Direct path (QEMU's aio_co_wake): a waker on the thread running the home
- * loop, outside every coroutine (a loop callback, a task, the loop's
- * owner between polls), enters the coroutine at once.  Safe by the same
- * invariant: the coroutine can only be mid-yield on this thread, and this
- * thread is running no coroutine, so it has finished yielding.  Depth is
- * bounded: only non-coroutine code enters directly, so a chain of wakes
- * nests at most one coroutine deep.  The price is re-entrancy: the waker's
- * caller must not touch what the coroutine may free once it runs (co.h).
- * A waker *inside* a coroutine still posts: entering from there would nest
- * coroutines (unbounded, and a self-wake before a yield would re-enter a
- * running coroutine), and "wake myself, yield" must still yield to the
- * loop.  Rejected for that case: QEMU's co_queue_wakeup (a list drained
- * when the waker yields) -- it runs the woken coroutines inside whatever
- * code entered the waker, widening re-entrancy to every ioc_co_enter()
- * caller, and starves the loop on a self-wake; the post costs one CAS.
+ * Direct path (QEMU's aio_co_wake): a waker on the home loop's thread outside
+ * every coroutine (a loop callback, a task, the owner between polls) enters
+ * at once: by the invariant the coroutine cannot be mid-yield, and depth
+ * stays one coroutine, as only non-coroutine code enters directly.  The price
+ * is re-entrancy: the waker's caller must not touch what the coroutine may
+ * free (co.h).  A waker *inside* a coroutine posts: entering would nest
+ * without bound, re-enter a running coroutine on a self-wake before its
+ * yield, and "wake myself, yield" must still yield to the loop.  Rejected
+ * there: QEMU's co_queue_wakeup (a list drained when the waker yields) runs
+ * woken coroutines inside whatever entered the waker, spreading re-entrancy
+ * to every ioc_co_enter() caller, and starves the loop on a self-wake; the
+ * post costs one CAS.
  *
- * ioc_co_move_to() keeps the invariant across a move: it must not post to
- * the new loop while still running on the old one (the new thread could
- * enter it mid-yield).  It posts its task to the *current* loop with a
- * function that, running after the yield, sets the new home and wakes the
- * coroutine there (QEMU's aio_co_reschedule_self does the same).
+ * ioc_co_move_to() (QEMU's aio_co_reschedule_self) posts to the *current*
+ * loop a task that, after the yield, sets the new home and wakes it there: a
+ * post to the new loop from the old could be entered mid-yield.
  *
- * ioc_co_await: state INIT -> WAITING (the coroutine, CAS, before it
- * yields) or INIT -> DONE (the callback finished first, exchange).  Only
- * the side that sees the other's mark acts: done() wakes only if it
- * replaced WAITING; await() yields only if its CAS from INIT succeeded.  So
- * the coroutine resumes exactly once, on its home loop, whichever order
- * they run in and on whatever thread done() runs.
- *
- * Rejected: entering directly from any other thread (it may still be
- * running); a mutex+condvar per wait (allocates or blocks the loop).
+ * ioc_co_await: INIT -> WAITING (the coroutine's CAS, before yielding) or
+ * INIT -> DONE (the callback, first, by exchange).  Only the side seeing the
+ * other's mark acts: done() wakes only if it replaced WAITING, await() yields
+ * only if its CAS from INIT succeeded: one resume, on the home loop, in
+ * either order, whatever thread done() runs on.
  */
 #include "co-int.h"
 

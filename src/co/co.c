@@ -2,53 +2,41 @@
  * Coroutines: create, enter, yield, terminate.
  *
  * Problem: a request should read as straight-line code (submit, wait,
- * continue) yet cost about as much as a callback.  Stackful coroutines
- * give the former; this file keeps the switch itself near the floor of
- * what the hardware allows.
+ * continue) yet cost about a callback: stackful coroutines, the switch kept
+ * near the hardware's floor (about Boost.Context's, far below swapcontext:
+ * bench/co/NOTES.md; mostly stmxcsr).
  *
- * Design.  Entering saves the enterer's context in a local on its own
- * stack and points co->ret at it; yielding and terminating switch back to
- * co->ret.  So the enterer can be a thread or another coroutine (nesting),
- * and no per-thread "leader" context is needed.  The thread-local
- * "current coroutine" is only touched by ioc_co_enter(), before the switch
- * and after it returns: the enterer always resumes on the thread it entered
- * from (the coroutine yields back to it there), so the compiler may cache
- * the TLS address across that switch.  Code that runs after a *yield*
- * (which can resume on another thread) must not do that; it reads nothing
- * thread-local (see ioc_co_yield()).
+ * Design.  Entering saves the enterer's context in a local on its own stack
+ * and points co->ret at it; yield and terminate switch back to co->ret.  So
+ * the enterer may be a thread or a coroutine (nesting).  Only ioc_co_enter()
+ * touches the thread-local current coroutine, before the switch and after it
+ * returns: the enterer resumes on the thread it entered from, so the compiler
+ * may cache the TLS address across it.  After a *yield*, which may resume
+ * elsewhere, nothing thread-local is read (ioc_co_yield()).
  *
- * A coroutine's first entry starts trampoline(), which loops forever:
- * run fn, mark terminated, switch back passing itself (a yield passes
- * NULL).  The enterer learns "terminated" from the switch's return value,
- * not from the coroutine's memory -- after a yield the coroutine may
- * already be running on another thread -- and releases it to the pool; the next ioc_co_create() that takes
- * it from the pool sets a new fn and the next enter resumes the loop.  So
- * reuse costs no context setup at all.
+ * The first entry starts trampoline(), which loops forever: run fn, mark
+ * terminated, switch back passing itself (a yield passes NULL).  The enterer
+ * learns "terminated" from the switch's return value, never from the
+ * coroutine's memory (after a yield it may already run elsewhere), and
+ * releases it to the pool; the next ioc_co_create() sets a new fn and the
+ * next enter resumes the loop: reuse costs no context setup.
  *
- * Tools.  ASan must be told about every switch (start/finish_switch_fiber)
- * or it reports false stack-buffer overflows and mis-tracks fake stacks;
- * a terminating coroutine passes NULL so its fake stack is released.  The
- * bounds of the enterer's stack come from finish_switch_fiber's "old"
- * output, so threads need no bookkeeping.  TSan gets a fiber per coroutine
- * and a switch_to_fiber before every switch (flag 0: the switch is a
- * synchronisation point, which is what migrating between threads needs).
+ * Tools.  ASan hears of every switch (start/finish_switch_fiber), or it
+ * reports false stack-buffer overflows and mis-tracks fake stacks; a
+ * terminating coroutine passes NULL to free its fake stack; the enterer's
+ * stack bounds come from finish_switch_fiber's "old" output (no per-thread
+ * bookkeeping).  TSan gets a fiber per coroutine and switch_to_fiber before
+ * each switch (flag 0: a synchronisation point, as migration needs).
  *
- * Rejected: sigsetjmp/siglongjmp switching (QEMU's ucontext backend) --
- * glibc's longjmp mangles pointers and checks shadow stacks, ~3x slower than
- * a dedicated switch; a per-thread leader coroutine (QEMU) -- costs a TLS
- * lookup in every yield and makes migration subtle.
+ * Rejected: sigsetjmp/siglongjmp (QEMU's ucontext backend: glibc's longjmp
+ * mangles pointers and checks shadow stacks, several times slower); QEMU's
+ * per-thread leader coroutine (a TLS lookup per yield; subtle migration).
  *
- * Cost (bench/co, AMD EPYC, thread CPU time): one raw switch 5.1 ns
- * (Boost.Context jump_fcontext 5.3 ns, swapcontext 220 ns); an
- * enter+yield round trip through this API 15 ns; create+enter+terminate
- * from the pool 21 ns.  Most of a switch is stmxcsr (see switch-x86_64.S).
- *
- * Not supported: CET shadow stacks / IBT (the switch returns with an
- * indirect jump and the .S carries no GNU property note); AArch64 BTI.
- * The AArch64 switch runs in the tests under qemu-aarch64 (user mode), on
- * its own (tests/co/test-co-switch-aarch64.sh: arguments, x19-x28, d8-d15,
- * FPCR, the first frame's alignment); the rest of the module (pool, loop,
- * locks) has not run on AArch64, for want of an AArch64 machine.
+ * Not supported: CET shadow stacks / IBT (the switch returns by indirect
+ * jump; the .S has no GNU property note); AArch64 BTI.  Only the AArch64
+ * switch is tested, alone, under qemu-aarch64 (test-co-switch-aarch64.sh:
+ * arguments, x19-x28, d8-d15, FPCR, first-frame alignment); the rest of the
+ * module has never run on AArch64, for want of a machine.
  */
 #include "co-int.h"
 

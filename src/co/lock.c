@@ -1,62 +1,42 @@
 /*
  * Coroutine locks: CoMutex, CoQueue, CoRwlock, event (latch).
  *
- * Waiting never blocks a thread: a waiter links a node on its own stack
- * into the lock and yields; whoever releases wakes it with ioc_co_wake()
- * (co-loop.c), which resumes it on its home loop, on whatever thread that
- * is; co-loop.c's home-thread invariant lets a waker on another thread
- * wake a waiter that has published its node but not yet switched out.
+ * Waiting never blocks a thread: a waiter yields with a node on its stack
+ * linked into the lock; ioc_co_wake() resumes it on its home loop from any
+ * thread, even before it switched out (co-loop.c's home-thread invariant).
  *
- * CoMutex (CoQueue, CoRwlock and the event are described where they start).
- * Problem: coroutines on several loops (threads) share a lock.  It must be
- * fair (FIFO), cost one atomic operation when uncontended, and never lose a
- * wakeup when unlock and a new waiter race.
+ * CoMutex (the others are told where they start), shared by coroutines on
+ * several loops, must be FIFO-fair, cost one atomic uncontended, and never
+ * lose a wakeup when unlock races a new waiter.  `locked` counts the holder
+ * plus each announced waiter; arrivals push a node on `from_push` (a Treiber
+ * stack, any thread); `to_pop` holds them in FIFO order, owned by whoever has
+ * the *pop right*.  Lock: a CAS 0 -> 1 takes a free mutex (only at 0: it
+ * never overtakes an announced waiter); else push the node FIRST, then
+ * increment `locked`.  If that found 0, the mutex was released meanwhile and
+ * we hold the pop right: grant the oldest node, to ourselves (return) or an
+ * earlier arrival (wake it); otherwise, or then, yield until granted.
+ * Unlock: decrement; unless from 1, it has the pop right: grant the oldest.
  *
- * State: `locked` counts the holder plus every waiter that has announced
- * itself; arrivals push a node on `from_push` (a Treiber stack, any
- * thread); `to_pop` is the same arrivals in FIFO order, owned by whoever
- * holds the *pop right*.
+ * No lost wakeup: a node is pushed before its increment and `locked` changes
+ * only by RMWs, so the later RMW in its modification order (an unlocker
+ * seeing > 1, an arrival seeing 0) sees every node whose increment came
+ * earlier: an unlocker seeing > 1 always finds one (the holder's was popped
+ * at its grant).  A node granted before its owner's increment (pushed, popped
+ * by another) leaves the owner seeing > 0, the granter still counted: it
+ * yields, and the posted wake resumes it.  The pop right is exclusive: it
+ * passes from unlocker to woken holder (the loop's release/acquire post) and,
+ * at 0, to the arrival whose increment reads that 0, all ordered by
+ * `locked`'s RMW chain, so `to_pop` needs no atomics.  src/co/comutex.pml
+ * checks these steps (3 coroutines, 3 threads, 2 rounds, every interleaving)
+ * for mutual exclusion, an exclusive pop right, no counted waiter missed, no
+ * lost wakeup; with push and increment swapped it finds the lost waiter.
  *
- * Lock: a CAS 0 -> 1 takes a free mutex (fast path: one CAS).  Otherwise
- * the coroutine pushes its node FIRST and only then increments `locked`.
- * If that increment found 0 the mutex was released meanwhile and this
- * coroutine holds the pop right: it pops the oldest node and grants the
- * mutex to its owner -- itself (return) or an earlier arrival (wake it,
- * then yield until granted in turn).  If the increment found > 0 it yields
- * until granted.
- *
- * Unlock: decrement.  From 1 to 0: nobody announced, done (fast path).
- * Otherwise the unlocker holds the pop right and grants the oldest node.
- *
- * Why no wakeup is lost: a node is pushed before its owner's increment, and
- * `locked` is only ever changed by RMWs, so whoever's RMW comes later in
- * `locked`'s modification order (an unlocker that saw > 1, or an arrival
- * that saw 0) sees every node whose increment came earlier.  An unlocker
- * that sees > 1 therefore always finds a node: the holder's node was popped
- * when it was granted, every other counted waiter's node is still queued.
- * A node can be granted before its owner incremented (it was pushed,
- * popped by someone else, and its owner is about to increment): the owner
- * then sees > 0 (the granter is still counted), yields, and the wake that
- * is already posted resumes it.
- *
- * Why the pop right is exclusive: it passes from unlocker to the woken
- * holder (through the loop's release/acquire post) and, when `locked` hits
- * 0, to the arrival whose increment reads that 0; those are all ordered by
- * `locked`'s RMW chain, so `to_pop` needs no atomics.
- *
- * src/co/comutex.pml is a spin model of exactly these steps (3 coroutines
- * on 3 threads, 2 rounds each, every interleaving): mutual exclusion, an
- * exclusive pop right, a counted waiter always found, no lost wakeup.
- * With the push and the increment swapped it finds the lost waiter.
- *
- * Fairness: FIFO among announced waiters (the fast-path CAS succeeds only
- * while `locked` is 0, before anyone announced).  Rejected: QEMU's CoMutex
- * (a lock-free queue plus a handoff/sequence protocol for the window
- * between a waiter's increment and its push): pushing first closes that
- * window with no handoff state; a spinlock around the queue (a preempted
- * thread inside it stalls every loop).  Cost: uncontended lock+unlock =
- * one CAS + one fetch_sub; contended: a push CAS, a fetch_add, an exchange
- * per batch of arrivals and a loop post per handoff.
+ * Rejected: QEMU's CoMutex (a lock-free queue plus a handoff/sequence
+ * protocol for the window between a waiter's increment and its push, which
+ * pushing first closes with no handoff state); a spinlock around the queue (a
+ * preempted holder stalls every loop).  Cost: uncontended, a CAS and a
+ * fetch_sub; contended, a push CAS, a fetch_add, an exchange per batch of
+ * arrivals and a loop post per handoff.
  */
 #include "co-int.h"
 

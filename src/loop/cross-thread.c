@@ -1,62 +1,42 @@
 /*
- * The loop's cross-thread half: tasks, bottom halves, notify, and the
- * sleep/wake handshake that lets any thread hand work to a loop.
+ * The loop's cross-thread half: tasks, BHs, notify, the sleep/wake handshake.
  *
- * Problem.  Thread-pool completions, workqueue deliveries, coroutine wakeups
- * and ioc_loop_call() all hand work to a loop running on another thread.
- * A hand-off must cost no syscall while the loop is awake, must never be
- * lost while it sleeps, and must not touch the loop after the loop could
- * have been freed: the owner frees a loop as soon as it has seen the last
- * piece of work it waited for, which may be before the posting call
- * returns.
+ * Problem: pool completions, workqueue deliveries, coroutine wakeups and
+ * ioc_loop_call() hand a loop work from other threads: no syscall while it is
+ * awake, none lost while it sleeps, no touch of a loop that may be freed
+ * (once its owner saw its last work, maybe before the post returned).
  *
- * Design.
- *  - Work arrives on two Treiber stacks (tasks and BHs).  A producer does
- *    one CAS; the loop takes a whole stack with one exchange, reverses it
- *    to FIFO order and appends it to a loop-private queue.  No ABA: nobody
- *    pops single elements.  ioc_loop_notify() sets a third word, kicked.
- *  - A BH carries PENDING and SCHEDULED flags in one atomic word: schedule
- *    is one fetch_or and pushes only on the 0 -> PENDING edge.
- *  - Sleep markers instead of a separate "sleeping" flag.  Before blocking
- *    the loop CASes each of the three words from empty to a marker (a
- *    stack holding only SLEEP_MARK, kicked = KICK_SLEEPING); any failure
- *    means work arrived, and it does not block.  A producer's CAS that
- *    replaces a marker both publishes its item and learns, in the same
- *    atomic step, that the loop sleeps: that producer, and only it, owes
- *    the loop one eventfd write.  After the wait the loop takes the markers
- *    back; each one it finds replaced is a wake some producer owes.
- *    Every decision is an RMW on one word, so the modification order of
- *    that word alone rules out a lost wakeup (no store-buffering argument,
- *    no seq_cst), and a producer that finds no marker touches nothing of
- *    the loop after its CAS.
- *  - Lifetime rule (loop.h): once a post is visible the loop may be freed.
- *    The only producer that still touches the loop after its CAS is one
- *    that owes a wake; it ends with a release increment of wakes_done, and
- *    ioc_loop_free() first waits (ioc__loop_quiesce()) until wakes_done
- *    matches the wakes the loop counted as owed.  The wait is short: it
- *    spans a write(2) on another thread, and happens only when such a
- *    producer was still inside it.
- *  - ioc_loop_stop() publishes its request and then notifies, so a busy
- *    loop can see the request, return from ioc_loop_run() and be freed
- *    before the notify's exchange.  The stopper therefore counts itself in
- *    the same word as the request, before setting it, and uncounts itself
- *    as its last access; ioc__loop_quiesce() waits for the count to drain.
+ * - Two Treiber stacks (tasks, BHs): a producer's release CAS pairs with the
+ *   loop's acquire exchange, which takes the whole stack (so it sees
+ *   task->next and the poster's writes; AArch64 could follow a stale next)
+ *   and reverses it to FIFO onto a private queue; nobody pops single items:
+ *   no ABA.  ioc_loop_notify() sets a third word, kicked.  A BH keeps PENDING
+ *   and SCHEDULED in one word: schedule is one fetch_or, pushing only on the
+ *   0 -> PENDING edge.
+ * - Sleep markers: before blocking, the loop CASes each of the three words
+ *   from empty to a marker (SLEEP_MARK on a stack, kicked = KICK_SLEEPING); a
+ *   failure means work came: no sleep.  A producer whose CAS replaces a
+ *   marker publishes its item and learns in the same step that the loop
+ *   sleeps: it alone owes one eventfd write (the loop, taking its markers
+ *   back after the wait, counts those replaced).  Each decision is an RMW on
+ *   one word, needing no order beyond it: that word's modification order
+ *   alone rules out a lost wakeup (no store-buffering argument, no seq_cst).
+ * - Lifetime (loop.h): a loop may be freed once a post is visible.  Only a
+ *   producer owing a wake touches it after its CAS, ending with a release
+ *   increment of wakes_done; ioc_loop_free() waits (ioc__loop_quiesce()) for
+ *   it to match the wakes owed: a short wait, spanning a write(2) at most.
+ * - ioc_loop_stop() publishes, then notifies, so the loop may stop and be
+ *   freed before the notify's exchange: the stopper counts itself in the
+ *   request's word before setting it and uncounts last, and
+ *   ioc__loop_quiesce() waits for that too.
  *
- * Rejected.  A seq_cst "sleeping" flag read after the push (this loop's
- * earlier design, and QEMU's aio_notify): a second access to the loop after
- * the item is visible, i.e. a use after free when the loop is freed in
- * between.  A reference count around every post: two more RMWs on a shared
- * line per post, to protect an access that is only needed while the loop
- * sleeps.  Cross-loop wakeups by IORING_OP_MSG_RING: the sender's ring
- * names the target by fd number and completes the message later, on some
- * kernels only when the target's thread runs, so freeing a loop would have
- * to wait for another loop's progress.  A locked BH list (older QEMU) or
- * an eventfd write per post (libuv): a lock, or a syscall, per post.
- *
- * Weak memory.  The producer's CAS is a release (the loop's acquire
- * exchange must see task->next and what the poster wrote before posting);
- * on AArch64 without it the loop could follow a stale next pointer.  The
- * markers need no ordering beyond their own word.
+ * Rejected: a seq_cst "sleeping" flag read after the push (QEMU's
+ * aio_notify): a second access to a loop that may be freed once the item is
+ * visible.  A reference count per post: two more shared RMWs, for an access
+ * needed only while the loop sleeps.  IORING_OP_MSG_RING: the message
+ * completes later, on some kernels only when the target's thread runs, so a
+ * free would wait on another loop.  A locked BH list (older QEMU), an eventfd
+ * write per post (libuv): a lock, a syscall, per post.
  */
 #include <assert.h>
 #include <errno.h>

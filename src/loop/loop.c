@@ -1,60 +1,42 @@
 /*
  * The event loop: one struct ioc_loop per thread that runs it.
  *
- * Problem.  Every layer above (coroutines, thread pool completions, the
- * block layer, the NBD server) needs one place per thread where fd
- * readiness, cross-thread work, timers and io_uring completions are
- * dispatched, at a cost that stays flat as handlers are added and with no
- * syscall on the cross-thread path while the loop is busy.
+ * Problem: one place per thread where the layers above get fd readiness,
+ * cross-thread work, timers and io_uring completions dispatched, at a cost
+ * flat in handlers and with no syscall on the cross-thread path while busy.
  *
- * Design.
- *  - fd handlers live in an fd-indexed table; fd monitoring is a const
- *    struct ioc_fdmon_ops chosen at run time (io_uring -> epoll -> poll).
- *    Backends push ready handlers on one FIFO (loop->ready) that dispatch
- *    pops one at a time, so a nested ioc_loop_poll() goes on where the
- *    outer level stopped.  Removal marks a handler deleted and frees it at
- *    the end of the outermost iteration: safe from any callback.
- *  - Cross-thread work and the sleep/wake handshake: cross-thread.c.
- *    Timers: an intrusive pairing heap (timer.c).
- *  - Adaptive polling, QEMU's, over the recently active handlers only (as
- *    QEMU's fdmon split proposed): before sleeping, spin up to poll_ns on
- *    the polled set's io_poll, the incoming stacks and the io_uring CQ.  A
- *    handler joins the set when found ready and leaves it after
- *    poll_idle_ns idle: a round costs O(active).  poll_ns follows QEMU's
- *    block_ns rule plus a hit/miss score.  Rounds are separated by
- *    sched_yield() (not with opts.poll_spin): on a loaded machine the
- *    producer we wait for may be waiting for our CPU.  Handlers without
- *    io_poll: where it is cheap (epoll; poll(2) up to POLL_CHECK_MAX_FDS
- *    fds) each round also does a non-blocking wait(0); io_uring needs none.
- *    QEMU stops polling instead, and every round trip pays a wakeup.
- *  - Back-off, for when the peer is the bottleneck (a saturated client
- *    answers late and the spin burns a CPU to save little): every
- *    POLL_WINDOW polls, their cost (ns spent polling, less sched_yield()s
- *    that ran another thread, each capped at its window) is set against
- *    their saving (poll_wake_cost_ns, a sleep and wake, per poll that found
- *    work).  Cost above saving: no polling for 100 ms, doubling while the
- *    probe after it is bad again, up to 1 s.  Per loop, not per handler:
- *    one spin serves every handler and the CQ, which finds most work (an
- *    NBD socket's poll completion, a read's) and belongs to no handler.
- *    Counters: ioc_loop_get_poll_stats(); details in bench/loop/NOTES.md.
- *    The loop cannot tell a slow peer from an idle one; the NBD server
- *    can, and rests a connection whose client is behind (conn.c), so that
- *    its requests come in batches rather than one per wakeup.
- *  - The NBD connection is not a polled handler.  With io_uring its
- *    socket's poll completion shows up in the CQ peek without a syscall;
- *    an io_poll doing recv(MSG_PEEK) would add one syscall per connection
- *    per round to find the same thing.  With epoll the round's wait(0)
- *    covers every fd in one syscall.
+ * - Handlers sit in an fd-indexed table, watched by a const struct
+ *   ioc_fdmon_ops picked at run time (io_uring -> epoll -> poll) that pushes
+ *   ready ones on one FIFO (loop->ready), popped one at a time: a nested
+ *   ioc_loop_poll() goes on where the outer stopped.  A handler removed, from
+ *   any callback, is marked and freed after the outermost iteration.  Also
+ *   cross-thread.c (cross-thread work, its sleep/wake) and timer.c.
+ * - Adaptive polling (QEMU's) over recently active handlers (as its fdmon
+ *   split proposed): before sleeping, spin up to poll_ns on their io_poll,
+ *   the incoming stacks and the CQ.  A handler joins when found ready, leaves
+ *   after poll_idle_ns idle: rounds are O(active).  poll_ns: QEMU's block_ns
+ *   rule plus a hit/miss score.  sched_yield() between rounds (unless
+ *   opts.poll_spin): the producer awaited may need our CPU.  Handlers without
+ *   io_poll get a wait(0) per round where cheap (epoll; poll(2) to
+ *   POLL_CHECK_MAX_FDS fds; io_uring needs none), where QEMU stops polling.
+ * - Back-off, for a peer that is the bottleneck (spinning saves little): per
+ *   POLL_WINDOW polls, their cost (ns polling, less sched_yield()s that ran
+ *   another thread, each capped at its window) against their saving
+ *   (poll_wake_cost_ns per poll that found work); above it, no polling for
+ *   BACKOFF_MIN_NS, doubling while the next probe is bad, to BACKOFF_MAX_NS.
+ *   Per loop: one spin serves all handlers and the CQ, which finds most work
+ *   and belongs to none (ioc_loop_get_poll_stats(); bench/loop/NOTES.md).
+ *   The loop takes a slow peer for an idle one; the NBD server does not, and
+ *   rests a connection whose client is behind (conn.c), so requests batch.
+ * - NBD sockets are not polled handlers: io_uring's CQ peek shows their poll
+ *   completions, epoll's wait(0) covers them: no recv(MSG_PEEK) per round.
  *
- * Rejected alternatives.  RCU-protected handler lists: only the loop thread
- * touches handlers.  Polling every handler (QEMU before its fdmon split):
- * O(handlers) a round.  Thread CPU time as the cost of a poll: a syscall
- * per reading (no vDSO), as dear as the wakeup it is meant to price.
- *
- * Costs.  An iteration that finds nothing: two loads of the incoming
- * stacks, one timer-root read, one clock read, the backend wait; a poll
- * adds a clock read at its end and one per yield.  On epoll/poll a busy
- * loop checks fds without blocking on every 8th iteration only.
+ * Rejected: RCU-protected handler lists (only the loop thread uses them);
+ * polling every handler (QEMU before its fdmon split: O(handlers) a round);
+ * thread CPU time as a poll's cost (a syscall per reading, no vDSO: as dear
+ * as the wakeup it prices).  Cost: an empty iteration, two stack loads, a
+ * timer-root and a clock read, the wait; a poll, a clock read per yield and
+ * at its end; busy on epoll/poll, fds checked every FD_CHECK_EVERY iterations.
  */
 #include <assert.h>
 #include <errno.h>

@@ -1,60 +1,42 @@
 /*
- * iocore thread pool: blocking calls on worker threads, completions on the
- * submitting loop.
+ * Thread pool: blocking calls on workers, results on the submitting loop.
  *
- * Problem: some calls block (preadv without io_uring, fsync, getaddrinfo);
- * a loop hands them to a worker and wants the result on its own thread.  A
- * 4 KiB page-cache read costs about a microsecond, so the pool's overhead
- * (locks, wakeups of workers and of the loop: tens of us each on a VM)
- * decides the rate.
+ * Problem: of the blocking calls (preadv without io_uring, fsync, getaddrinfo)
+ * a page-cache read costs about one lock or wakeup: the pool's overhead rules.
  *
- * Design:
- *  - One queue per pool: a doubly linked list of embedded requests under
- *    pool->lock (O(1) cancel).  Workers wait on request_cond with the queue
- *    itself as the predicate, so no semaphore count must track the queue.
- *  - A port (struct ioc_pool_port) per (pool, loop) pair carries both ways.
- *    Submissions gather on the port's loop-private pending list and are
- *    flushed once per loop iteration (or at the end of a completion batch):
- *    one lock round trip and at most one signal per batch, and a worker
- *    that takes a job while more wait than spare workers wakes the next
- *    (a wake chain).  Completions are pushed on the port's lock-free stack
- *    outside pool->lock, so a worker's next critical section stays short;
- *    only the push that finds the stack empty kicks the loop, which takes
- *    the whole stack with one exchange and runs it in submission order.
- *    The kick is a BH for a loop's own pool (ioc_loop_free() can drop it)
- *    and an embedded ioc_loop_post() task for other loops' ports.
- *  - Idle workers spin before sleeping, with a per-worker adaptive budget
- *    (<= spin_max_ns), at most max_spinners at once, only while a CPU is
- *    spare (running workers + spinners + the loop's thread < CPUs), reading
- *    only the q_visible mirror and yielding every 32 pauses so a loop
- *    thread queued behind the spinner runs.  Submitters count spinning,
- *    signalled and starting workers as spare before signalling a sleeper.
- *  - Lag yield: a worker whose completion landed on a stack the loop has
- *    not collected, with two jobs per thread or fewer left, yields once
- *    before its next job.  The loop is then most likely waiting for the CPU
- *    this worker holds; if it does not run before the queue drains, every
- *    worker sleeps and the loop must wake them again.
- *  - Threads: min..max, named "<name>-<n>", signals blocked.  Up to one per
- *    CPU starts as soon as jobs wait uncovered; past that a per-port timer
- *    looks every spawn_delay_ns and starts one thread when the oldest job
- *    waited a whole period while workers started fewer than 8 jobs each
- *    (jobs that block).  Idle workers above min exit after idle_timeout,
- *    and are joined lazily.  Each step has an ablation switch (pool-int.h);
- *    bench/pool/NOTES.md has the measurements that kept or dropped it.
+ * - One queue per pool: a list of embedded requests under pool->lock (O(1)
+ *   cancel); workers wait on request_cond with the queue as the predicate.
+ * - A port (struct ioc_pool_port) per (pool, loop) carries both ways.
+ *   Submissions gather on a loop-private list, flushed per loop iteration
+ *   or completion batch (one lock trip, at most one signal); a worker taking
+ *   a job while more wait than spare workers wakes the next (a wake chain).
+ *   Completions go on the port's lock-free stack outside pool->lock; only a
+ *   push finding it empty kicks the loop (a BH for its own pool, droppable
+ *   by ioc_loop_free(); else an embedded ioc_loop_post() task), which takes
+ *   it by one exchange and runs it in submission order.
+ * - Idle workers spin before sleeping: an adaptive budget (<= spin_max_ns),
+ *   at most max_spinners, only while a CPU is spare (running workers +
+ *   spinners + the loop's thread < CPUs), reading only q_visible, yielding
+ *   every 32 pauses for a loop thread queued behind.  Submitters count
+ *   spinning, signalled and starting workers as spare before signalling.
+ * - Lag yield: its completion uncollected, with <= 2 jobs per thread left, a
+ *   worker yields once: the loop likely waits for its CPU (else all sleep).
+ * - Threads: min..max, "<name>-<n>", signals blocked; one per CPU starts as
+ *   soon as jobs wait uncovered, then a per-port timer adds one per
+ *   spawn_delay_ns if the oldest job waited it out while workers started
+ *   under 8 jobs each (jobs that block); idle ones above min exit after
+ *   idle_timeout.  Ablations: pool-int.h, measured in bench/pool/NOTES.md.
  *
- * Rejected: a semaphore counting queued jobs (QEMU's older pool: another
- * mutex and condvar, and cancel must keep the count in step); per-worker
- * queues with round-robin (a blocking call strands the jobs behind it while
- * other workers idle); a lock-free MPMC queue (the queue must be the
- * condvar's predicate and cancel in O(1), and the lock is taken once per
- * batch anyway); holding completions back until many gather (a worker that
- * defers the kick and then blocks strands them); QEMU's spawn rule, a
- * thread whenever none is idle (64 threads on 2 CPUs only contend).
- *
- * Costs: a spinner burns a CPU for up to spin_max_ns (50 us) per idle spell;
- * a submission waits for the end of its loop iteration; growth past one
- * thread per CPU needs the submitting loop's timer to run.  Port lifetime:
- * see the LIVE_* bits; ioc_loop_free() detaches its loop's ports.
+ * Rejected: a semaphore of queued jobs (QEMU's older pool: one more mutex
+ * and condvar, a count cancel must keep in step); per-worker round-robin
+ * queues (a blocking call strands the jobs behind it); a lock-free MPMC
+ * queue (it must be the condvar's predicate and cancel in O(1), and the lock
+ * is taken once per batch anyway); holding completions back (a worker that
+ * defers the kick, then blocks, strands them); QEMU's spawn rule, a thread
+ * whenever none is idle (on few CPUs they only contend).  Costs: a spinner
+ * burns a CPU up to spin_max_ns per idle spell; submissions wait for their
+ * loop iteration's end, growth past a thread per CPU for the loop's timer.
+ * Port lifetime: the LIVE_* bits; ioc_loop_free() detaches its loop's ports.
  */
 #include "ioc-config.h"
 

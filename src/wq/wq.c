@@ -1,60 +1,42 @@
 /*
  * Threaded workqueue: one submitter hands CPU jobs to N worker threads.
  *
- * The problem.  A single producer (the compressor's reader, a migration
- * thread) wants to spread many small jobs (a 4 KiB page to checksum or
- * compress) over a few cores.  A shared mutex+condvar queue makes every job
- * pay a contended lock round trip and usually a futex wake; QEMU's first
- * threaded workqueue kept all workers' bitmaps and completion event in
- * shared cache lines, and its round-robin submission put one job at a time
- * on each worker, so every job cost a sleep/wake cycle.
+ * Problem: one producer (the compressor's reader, a migration thread) spreads
+ * small jobs (a page to checksum or compress) over a few cores.  A shared
+ * mutex+condvar queue costs each a contended lock and often a futex wake;
+ * QEMU's first threaded workqueue shared its workers' state lines and put
+ * one job at a time on each worker: a sleep/wake per job.
  *
- * The design.
- *   - Each worker has its own SPSC request ring (submitter -> worker) and
- *     SPSC done ring (worker -> submitter), in its own cache-aligned
- *     allocation split into lines by writer: line 0 read-only after
- *     creation plus submitter-private bookkeeping, line 1 the sleep word
- *     and stop flag (written on transitions only), line 2 the statistics.
- *   - The submitter counts each worker's jobs submitted and not collected
- *     (`inflight`) and never lets it exceed the ring size: neither ring can
- *     overflow, and the count is a free load metric for LEAST_LOADED.
- *   - Policies: FILL (the default) fills one worker's ring before moving
- *     on, so fewer workers are awake and fewer wakes are paid; ROUND_ROBIN
- *     rotates per job; LEAST_LOADED picks the smallest in-flight count.
- *     bench/wq/NOTES.md has the comparison that chose FILL.
- *   - In order: a small FIFO (`order`) records which worker got sequence
- *     number s; each worker completes its jobs in order, so the next job
- *     to release is at the head of one known done ring: no reorder buffer.
- *   - Workers spin adaptively (at most spin_ns, yielding now and then;
- *     QEMU's adaptive polling) before sleeping on a futex; the submitter
- *     makes the wake syscall only for a worker that declared itself asleep.
- *   - A submitter sleeping in wait_done is woken only when a worker is
- *     about to run dry (the low-water rule in notify_completion()), so
- *     completions are collected in batches; wait_done spins first when
- *     the workers leave a CPU free, and gives up when it finds itself
- *     descheduled (WQ_PREEMPTED_NS).
- *   - With opts.loop, the first completion of a batch schedules a BH that
- *     drains every done ring and calls opts.done on the loop's thread.
- * The sleep/wake handshakes are written out above futex_wait() below;
- * src/wq/wq-sleep.pml models them and tests/wq/test-wq-model.sh checks it.
+ * - Per worker an SPSC request ring and done ring, one cache-aligned block
+ *   with a line per writer: 0 read-only plus submitter-private, 1 the sleep
+ *   word and stop flag (written on transitions only), 2 the statistics.
+ * - `inflight` (a worker's jobs submitted, not collected) never exceeds the
+ *   ring size, so no ring overflows; it is LEAST_LOADED's free load metric.
+ *   FILL, the default (bench/wq/NOTES.md), fills one worker's ring before
+ *   moving on, so fewer workers wake; ROUND_ROBIN rotates per job.
+ * - In order: a small FIFO (`order`) says which worker got sequence s; each
+ *   completes in order, so the next release heads a known done ring.
+ * - Workers spin adaptively (at most spin_ns, yielding now and then: QEMU's
+ *   adaptive polling), then sleep on a futex, woken by a syscall only once
+ *   declared asleep.  A submitter in wait_done is woken only as a worker is
+ *   about to run dry (the low-water rule, notify_completion()): completions
+ *   come in batches; it spins first if the workers leave a CPU free, until
+ *   it finds itself descheduled (WQ_PREEMPTED_NS).  These handshakes are
+ *   written out above futex_wait(), modelled by src/wq/wq-sleep.pml.
+ * - With opts.loop, a batch's first completion schedules a BH that drains
+ *   every done ring and calls opts.done on the loop's thread.
  *
- * Alternatives rejected.
- *   - One MPSC done ring: every worker would write the same producer line
- *     on each completion, the sharing that made QEMU's workqueue slow.
- *     Per-worker SPSC done rings cost the submitter a scan of N rings per
- *     poll, cheap for the handful of workers a machine has.
- *   - Work stealing: needs MC rings and breaks the per-worker FIFO that
- *     makes in-order release free; the submitter already balances.
- *   - A condvar per worker: a mutex round trip on every wake check; the
- *     futex word lets the common "worker is awake" case be one load.
- *
- * Cost notes.  A submit is a ring push, one seq_cst fence and one load of
- * the worker's state line; the worker pays a fence and two loads of
- * read-mostly lines per completion.  The low-water wake trades the latency
- * of a single completion for throughput.  busy_ns costs two clock reads per
- * busy period, not per job.  poll_done is O(workers) unordered and O(jobs)
- * in order.  Shrinking with set_workers blocks until the retired workers
- * drained their rings (up to a ring's worth of jobs).
+ * Rejected: one MPSC done ring (every completion would write one shared
+ * producer line, what made QEMU's slow; N SPSC rings cost a scan per poll,
+ * cheap for a machine's few workers); work stealing (MC rings, and it breaks
+ * the per-worker FIFO that makes in-order release free; the submitter
+ * balances already); a condvar per worker (a mutex round trip per wake
+ * check; the futex word makes "worker awake" one load).  Cost: a submit is
+ * a push, a seq_cst fence and a load of the worker's state line, a
+ * completion a fence and two read-mostly loads; the low-water wake trades a
+ * completion's latency for throughput; busy_ns, two clock reads per busy
+ * period; poll_done, O(workers), or O(jobs) in order.  set_workers blocks,
+ * shrinking, until the retired workers drained their rings.
  */
 #include <assert.h>
 #include <errno.h>
