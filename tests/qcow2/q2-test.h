@@ -207,4 +207,23 @@ static inline void q2t_compare_raw(struct ioc_node *n, const char *raw)
 	free(want);
 }
 
+/* The graph's teardown: every file's last case. */
+static inline void q2t_teardown(void)
+{
+	ioc_node_graph_free(q2t_graph);
+	q2t_graph = NULL;
+}
+
+/* main: qemu-img and qemu-io required (a skip of the whole file
+ * otherwise), the cases given, then the teardown. */
+#define Q2T_MAIN(...)                                                           \
+	int main(void)                                                          \
+	{                                                                       \
+		static const struct ioc_test q2t_cases[] = {                    \
+			__VA_ARGS__ IOC_TEST(q2t_teardown),                     \
+		};                                                              \
+		q2t_require_qemu();                                             \
+		return ioc_test_run(q2t_cases, (int)IOC_ARRAY_SIZE(q2t_cases)); \
+	}
+
 #endif /* IOC_Q2_TEST_H */

@@ -315,23 +315,10 @@ static void test_reused_cluster(void)
 	free(img);
 }
 
-static void test_cleanup(void)
-{
-	ioc_node_graph_free(q2t_graph);
-	q2t_graph = NULL;
-}
-
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_plain),
-		IOC_TEST(test_no_backing),
-		IOC_TEST(test_extended_l2),
-		IOC_TEST(test_small_cache),
-		IOC_TEST(test_reused_cluster),
-		IOC_TEST(test_cleanup),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_plain),
+	IOC_TEST(test_no_backing),
+	IOC_TEST(test_extended_l2),
+	IOC_TEST(test_small_cache),
+	IOC_TEST(test_reused_cluster),
+)

@@ -448,24 +448,11 @@ static void test_bitmap(void)
 	ASSERT_UGT(in_use, 0);
 }
 
-static void test_cleanup(void)
-{
-	ioc_node_graph_free(q2t_graph);
-	q2t_graph = NULL;
-}
-
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_plain),
-		IOC_TEST(test_small_clusters),
-		IOC_TEST(test_backing_ext_l2),
-		IOC_TEST(test_snapshot),
-		IOC_TEST(test_lazy),
-		IOC_TEST(test_bitmap),
-		IOC_TEST(test_cleanup),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_plain),
+	IOC_TEST(test_small_clusters),
+	IOC_TEST(test_backing_ext_l2),
+	IOC_TEST(test_snapshot),
+	IOC_TEST(test_lazy),
+	IOC_TEST(test_bitmap),
+)

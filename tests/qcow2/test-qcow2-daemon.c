@@ -180,13 +180,7 @@ static void test_kill_lazy(void)
 	q2t_graph = NULL;
 }
 
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_nbd_export),
-		IOC_TEST(test_kill_lazy),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_nbd_export),
+	IOC_TEST(test_kill_lazy),
+)

@@ -240,26 +240,13 @@ static void test_lazy(void)
 		 "qemu-img create -q -f qcow2 -o lazy_refcounts=on $IMG 8M", 150, 11);
 }
 
-static void test_cleanup(void)
-{
-	ioc_node_graph_free(q2t_graph);
-	q2t_graph = NULL;
-}
-
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_plain),
-		IOC_TEST(test_small_clusters),
-		IOC_TEST(test_backing),
-		IOC_TEST(test_extended_l2),
-		IOC_TEST(test_compressed),
-		IOC_TEST(test_snapshot),
-		IOC_TEST(test_v2),
-		IOC_TEST(test_lazy),
-		IOC_TEST(test_cleanup),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_plain),
+	IOC_TEST(test_small_clusters),
+	IOC_TEST(test_backing),
+	IOC_TEST(test_extended_l2),
+	IOC_TEST(test_compressed),
+	IOC_TEST(test_snapshot),
+	IOC_TEST(test_v2),
+	IOC_TEST(test_lazy),
+)

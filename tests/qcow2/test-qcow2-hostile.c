@@ -576,25 +576,17 @@ static void test_cleanup(void)
 	unlink(work);
 	free(good);
 	free(work);
-	ioc_node_graph_free(q2t_graph);
-	q2t_graph = NULL;
 }
 
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_header_fields),
-		IOC_TEST(test_features),
-		IOC_TEST(test_tables),
-		IOC_TEST(test_extensions),
-		IOC_TEST(test_backing_format),
-		IOC_TEST(test_bitmap_directory),
-		IOC_TEST(test_l1_l2_entries),
-		IOC_TEST(test_dirty),
-		IOC_TEST(test_random_damage),
-		IOC_TEST(test_cleanup),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_header_fields),
+	IOC_TEST(test_features),
+	IOC_TEST(test_tables),
+	IOC_TEST(test_extensions),
+	IOC_TEST(test_backing_format),
+	IOC_TEST(test_bitmap_directory),
+	IOC_TEST(test_l1_l2_entries),
+	IOC_TEST(test_dirty),
+	IOC_TEST(test_random_damage),
+	IOC_TEST(test_cleanup),
+)

@@ -597,30 +597,22 @@ static void test_cleanup(void)
 		unlink(src_raw);
 	free(src_raw);
 	src_raw = NULL;
-	ioc_node_graph_free(q2t_graph);
-	q2t_graph = NULL;
 }
 
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_cluster_sizes),
-		IOC_TEST(test_small_cache),
-		IOC_TEST(test_compressed),
-		IOC_TEST(test_refcount_bits),
-		IOC_TEST(test_v2_lazy),
-		IOC_TEST(test_extended_l2),
-		IOC_TEST(test_backing_chain),
-		IOC_TEST(test_snapshot),
-		IOC_TEST(test_parallel_readers),
-		IOC_TEST(test_parallel_read_write),
-		IOC_TEST(test_truncate),
-		IOC_TEST(test_info),
-		IOC_TEST(test_clean_interval),
-		IOC_TEST(test_zero_no_fallback),
-		IOC_TEST(test_cleanup),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_cluster_sizes),
+	IOC_TEST(test_small_cache),
+	IOC_TEST(test_compressed),
+	IOC_TEST(test_refcount_bits),
+	IOC_TEST(test_v2_lazy),
+	IOC_TEST(test_extended_l2),
+	IOC_TEST(test_backing_chain),
+	IOC_TEST(test_snapshot),
+	IOC_TEST(test_parallel_readers),
+	IOC_TEST(test_parallel_read_write),
+	IOC_TEST(test_truncate),
+	IOC_TEST(test_info),
+	IOC_TEST(test_clean_interval),
+	IOC_TEST(test_zero_no_fallback),
+	IOC_TEST(test_cleanup),
+)

@@ -391,24 +391,11 @@ static void test_repair_stopped(void)
 	free(orig);
 }
 
-static void test_cleanup(void)
-{
-	ioc_node_graph_free(q2t_graph);
-	q2t_graph = NULL;
-}
-
-int main(void)
-{
-	static const struct ioc_test tests[] = {
-		IOC_TEST(test_qemu_dirty),
-		IOC_TEST(test_qemu_dirty_snapshot),
-		IOC_TEST(test_qemu_dirty_bitmap),
-		IOC_TEST(test_own_crash),
-		IOC_TEST(test_lost_blocks),
-		IOC_TEST(test_repair_stopped),
-		IOC_TEST(test_cleanup),
-	};
-
-	q2t_require_qemu();
-	return ioc_test_run(tests, (int)IOC_ARRAY_SIZE(tests));
-}
+Q2T_MAIN(
+	IOC_TEST(test_qemu_dirty),
+	IOC_TEST(test_qemu_dirty_snapshot),
+	IOC_TEST(test_qemu_dirty_bitmap),
+	IOC_TEST(test_own_crash),
+	IOC_TEST(test_lost_blocks),
+	IOC_TEST(test_repair_stopped),
+)
