@@ -57,8 +57,10 @@
 # --quick: 1 s runs after a 0.5 s ramp, a 256 MiB image, one nbdcopy
 # round, and no qemu-nbd --aio=threads (the module stays under about two
 # minutes on two CPUs).  One JSON row per line on stdout, progress on stderr.
-exec python3 - "$@" <<'EOF'
+IOC_BENCH_COMMON=$(cd "$(dirname "$0")/../common" && pwd) exec python3 - "$@" <<'EOF'
 import json, os, shutil, signal, subprocess, sys, tempfile, threading, time
+sys.path.insert(0, os.environ["IOC_BENCH_COMMON"])
+from benchlib import CLK, log, row_writer, workdir  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 quick = "--quick" in sys.argv
@@ -75,25 +77,10 @@ size_mb = 256 if quick else 1024
 # keeps it near 7.
 qi_count = {"4k": 50000 if quick else 200000, "1m": 2000 if quick else 9000}
 BOUND_PCT = 95.0
-CLK = os.sysconf("SC_CLK_TCK")
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def row(case, params, impl, peer, metric, value, better, cmd, error=None, **extra):
-    r = {"suite": "nbd", "case": case, "params": params, "impl": impl,
-         "peer": peer, "metric": metric, "value": value, "better": better,
-         "cmd": cmd}
-    r.update(extra)
-    if error:
-        r["error"] = error
-    print(json.dumps(r), flush=True)
-
-
-base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-work = tempfile.mkdtemp(prefix="ioc-nbd-bench.", dir=base)
+row = row_writer("nbd")
+work = workdir("ioc-nbd-bench.")
 img = os.path.join(work, "disk.img")
 sock = os.path.join(work, "sock")
 pidf = os.path.join(work, "pid")

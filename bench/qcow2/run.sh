@@ -50,8 +50,10 @@
 # JSON row per line on stdout, progress on stderr.  Not part of make test.
 # --only=CASE[,CASE] runs only those workloads, --rounds=N sets the rounds,
 # --compare=[LABEL:]PATH adds another build's iocore-nbd as "iocore-LABEL".
-exec python3 - "$@" <<'EOF'
+IOC_BENCH_COMMON=$(cd "$(dirname "$0")/../common" && pwd) exec python3 - "$@" <<'EOF'
 import json, os, shutil, signal, subprocess, sys, tempfile, threading, time
+sys.path.insert(0, os.environ["IOC_BENCH_COMMON"])
+from benchlib import CLK, log, row_writer, workdir  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 quick = "--quick" in sys.argv
@@ -78,25 +80,10 @@ size_mb = 1024 if quick else 4096
 alloc_gb = 64          # virtual size of the image the allocating writes go to
 CS = 65536
 BOUND_PCT = 95.0
-CLK = os.sysconf("SC_CLK_TCK")
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def row(case, params, impl, peer, metric, value, better, cmd, error=None, **extra):
-    r = {"suite": "qcow2", "case": case, "params": params, "impl": impl,
-         "peer": peer, "metric": metric, "value": value, "better": better,
-         "cmd": cmd}
-    r.update(extra)
-    if error:
-        r["error"] = error
-    print(json.dumps(r), flush=True)
-
-
-base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-work = tempfile.mkdtemp(prefix="ioc-qcow2-bench.", dir=base)
+row = row_writer("qcow2")
+work = workdir("ioc-qcow2-bench.")
 sock = os.path.join(work, "sock")
 pidf = os.path.join(work, "pid")
 P = lambda name: os.path.join(work, name)

@@ -24,8 +24,10 @@
 # ratios (iocore over the best peer; CPU: best peer's over iocore) on
 # stderr.  --quick: 3 s runs and fewer requests.  Not part of the suite.
 IOC_SOURCE_ROOT=${IOC_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)} \
-	exec python3 - "$@" <<'EOF'
-import json, os, shutil, signal, subprocess, sys, tempfile, time
+	IOC_BENCH_COMMON=$(cd "$(dirname "$0")/../common" && pwd) exec python3 - "$@" <<'EOF'
+import json, os, shutil, subprocess, sys, time
+sys.path.insert(0, os.environ["IOC_BENCH_COMMON"])
+from benchlib import cpu_s, log, row_writer, stop, workdir  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 quick = "--quick" in sys.argv
@@ -38,31 +40,14 @@ driver = os.path.join(build, "tools/bench/iocore-bench")
 runtime, ramp = (3, 1) if quick else (10, 2)
 vh_count = 20000 if quick else 100000
 AREA_MB = 256
-CLK = os.sysconf("SC_CLK_TCK")
 t_begin = time.monotonic()
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
+_row = row_writer("rbd")
 
 
-def row(case, params, impl, metric, value, better, error=None, cmd="", **extra):
-    r = {"suite": "rbd", "case": case, "params": params, "impl": impl,
-         "peer": impl != "iocore", "metric": metric, "value": value, "better": better,
-         "cmd": cmd}
-    r.update(extra)
-    if error:
-        r["error"] = error
-    print(json.dumps(r), flush=True)
-
-
-def cpu_s(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            v = f.read().rsplit(")", 1)[1].split()
-        return (int(v[11]) + int(v[12])) / CLK
-    except (OSError, ValueError, IndexError, TypeError):
-        return None
+def row(case, params, impl, metric, value, better, error=None, cmd=""):
+    _row(case, params, impl, impl != "iocore", metric, value, better, cmd, error)
 
 
 # The cluster: a shell holding it, its conf and the OSD's pid on stdout;
@@ -80,8 +65,7 @@ if len(line) != 2:
             "no cluster (ceph packages missing or it did not start)")
     sys.exit(0)
 conf, osd_pid = line[0], int(line[1])
-work = tempfile.mkdtemp(prefix="ioc-rbd-bench.",
-                        dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+work = workdir("ioc-rbd-bench.")
 nbd_sock = os.path.join(work, "nbd.sock")
 vh_sock = os.path.join(work, "vh.sock")
 try:
@@ -119,17 +103,8 @@ try:
             if p.poll() is not None:
                 return None
             time.sleep(0.01)
-        stop(p)
+        stop(p, 30)
         return None
-
-    def stop(p):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
     nbd_rows = [("randread", "randread", "4k", d) for d in (1, 32, 128)] + \
                [("randwrite", "randwrite", "4k", d) for d in (1, 32, 128)] + \
@@ -200,7 +175,7 @@ try:
                 "CPU us/IO server %s OSD %s" % (impl, front, case, bs, depth, rate, metric,
                                                  p99, srv, osd))
         if p is not None:
-            stop(p)
+            stop(p, 30)
 
     def fmt(v, f="%.0f"):
         return "-" if v is None else f % v

@@ -17,8 +17,10 @@
 # devices over IOPS at 1 (the target: within 5% at 100), the idle CPU
 # (the target: under 1% of a core).  --quick: fewer requests and
 # repeats.  Not part of the test suite.
-exec python3 - "$@" <<'EOF'
-import json, os, shutil, signal, statistics, subprocess, sys, tempfile, time
+IOC_BENCH_COMMON=$(cd "$(dirname "$0")/../common" && pwd) exec python3 - "$@" <<'EOF'
+import json, os, shutil, statistics, subprocess, sys, time
+sys.path.insert(0, os.environ["IOC_BENCH_COMMON"])
+from benchlib import cpu_s, log, row_writer, stop, workdir  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 quick = "--quick" in sys.argv
@@ -31,23 +33,8 @@ counts = (1, 10, 100)
 repeats = 3 if quick else 5
 requests = 20000 if quick else 100000
 idle_s = 3 if quick else 10
-CLK = os.sysconf("SC_CLK_TCK")
-base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-work = tempfile.mkdtemp(prefix="ioc-vhost-polling.", dir=base)
+work = workdir("ioc-vhost-polling.")
 img = os.path.join(work, "disk.img")
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def cpu_s(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            v = f.read().rsplit(")", 1)[1].split()
-        return (int(v[11]) + int(v[12])) / CLK
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def sock(i):
@@ -73,16 +60,6 @@ def start(binary, n):
     return None
 
 
-def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def drive(n, extra):
     cmd = [driver, "vhost-blk", "--socket", os.path.join(work, "v%d.sock"),
            "--devices", str(n), "--queues", "4", "--depth", "1", "--json", "-q"] + extra
@@ -92,14 +69,13 @@ def drive(n, extra):
     return (json.loads(r.stdout.decode()) if r.stdout.strip() else {}), None
 
 
+_row = row_writer("vhost")
+
+
 def row(case, params, impl, metric, value, better, error=None):
-    r = {"suite": "vhost", "case": case, "params": params, "impl": impl,
-         "peer": impl != "iocore", "metric": metric, "value": value, "better": better,
-         "cmd": "%s: N exports of one node, num-queues=4, one iothread; iocore-bench "
-                "vhost-blk --devices N --queues 4 --depth 1 (--busy-rings 1 | --idle)" % impl}
-    if error:
-        r["error"] = error
-    print(json.dumps(r), flush=True)
+    _row(case, params, impl, impl != "iocore", metric, value, better,
+         "%s: N exports of one node, num-queues=4, one iothread; iocore-bench "
+         "vhost-blk --devices N --queues 4 --depth 1 (--busy-rings 1 | --idle)" % impl, error)
 
 
 with open(img, "wb") as f:

@@ -35,8 +35,10 @@
 # second a row for qemu-storage-daemon here).  One JSON
 # row per line on stdout, progress and the table on stderr.  Not part of
 # the test suite.
-IOC_BENCH_HERE=$(cd "$(dirname "$0")" && pwd) exec python3 - "$@" <<'EOF'
+IOC_BENCH_HERE=$(cd "$(dirname "$0")" && pwd) IOC_BENCH_COMMON=$(cd "$(dirname "$0")/../common" && pwd) exec python3 - "$@" <<'EOF'
 import json, os, resource, shutil, signal, subprocess, sys, tempfile, time
+sys.path.insert(0, os.environ["IOC_BENCH_COMMON"])
+from benchlib import CLK, cpu_s, log, row_writer, stop, workdir  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 quick = "--quick" in sys.argv
@@ -47,25 +49,10 @@ driver = os.path.join(build, "tools/bench/iocore-bench")
 ours = os.path.join(build, "tools/daemon/iocore-storage-daemon")
 size_mb = 256 if quick else 1024
 scale = 1 if quick else 4
-CLK = os.sysconf("SC_CLK_TCK")
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def row(case, params, impl, peer, metric, value, better, cmd, error=None, **extra):
-    r = {"suite": "vhost", "case": case, "params": params, "impl": impl,
-         "peer": peer, "metric": metric, "value": value, "better": better,
-         "cmd": cmd}
-    r.update(extra)
-    if error:
-        r["error"] = error
-    print(json.dumps(r), flush=True)
-
-
-base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-work = tempfile.mkdtemp(prefix="ioc-vhost-bench.", dir=base)
+row = row_writer("vhost")
+work = workdir("ioc-vhost-bench.")
 img = os.path.join(work, "disk.img")
 sock = os.path.join(work, "vhost.sock")
 
@@ -103,16 +90,6 @@ for bs, depth, count in (("64k", 32, 20000), ("1m", 8, 2000)):
     workloads.append(("seqwrite", "write", bs, depth, 1, "MB/s", count * scale))
 
 
-def proc_cpu_s(pid):
-    """CPU seconds (user + system) of pid from /proc, None if gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def start(binary, aio):
     """The back-end in the foreground of a child; its pid once the socket
     exists (10 s at most), or None and why."""
@@ -135,16 +112,6 @@ def start(binary, aio):
         return None, None, "did not start: " + f.read().decode(errors="replace")[-200:]
 
 
-def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def run_driver(rw, bs, depth, queues, count, server_pid):
     """One run: the driver's JSON, the server's CPU s, the command, the
     driver's CPU s: the growth of RUSAGE_CHILDREN over the run, the driver
@@ -153,7 +120,7 @@ def run_driver(rw, bs, depth, queues, count, server_pid):
            "--depth", str(depth), "--queues", str(queues), "--count", str(count),
            "--json", "--timeout", "30000"]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    srv0 = proc_cpu_s(server_pid)
+    srv0 = cpu_s(server_pid)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = p.communicate(timeout=300)
@@ -161,7 +128,7 @@ def run_driver(rw, bs, depth, queues, count, server_pid):
         if p.poll() is None:
             p.kill()
             p.wait()
-    srv1 = proc_cpu_s(server_pid)
+    srv1 = cpu_s(server_pid)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cli = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     if p.returncode != 0 or not out.strip():
