@@ -182,22 +182,8 @@ refused "needs --tls-certificates DIR or --tls-psk FILE" srv -U "$dir/x.sock" --
 
 # 19-22: X.509, with certificates made here (CN and SAN localhost)
 if have certtool && have python3; then
-	pki="$dir/pki"; cli="$dir/cli"; mkdir -p "$pki" "$cli"
-	printf 'cn = iocore test CA\nca\ncert_signing_key\nexpiration_days = 2\n' > "$dir/ca.info"
-	printf 'cn = localhost\ndns_name = localhost\nip_address = 127.0.0.1\ntls_www_server\nencryption_key\nsigning_key\nexpiration_days = 2\n' > "$dir/srv.info"
-	printf 'cn = iocore test client\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' > "$dir/cli.info"
-	certtool --generate-privkey --key-type=ecdsa --outfile "$dir/ca-key.pem" 2>/dev/null &&
-	certtool --generate-self-signed --load-privkey "$dir/ca-key.pem" --template "$dir/ca.info" \
-		--outfile "$pki/ca-cert.pem" 2>/dev/null &&
-	certtool --generate-privkey --key-type=ecdsa --outfile "$pki/server-key.pem" 2>/dev/null &&
-	certtool --generate-certificate --load-privkey "$pki/server-key.pem" \
-		--load-ca-certificate "$pki/ca-cert.pem" --load-ca-privkey "$dir/ca-key.pem" \
-		--template "$dir/srv.info" --outfile "$pki/server-cert.pem" 2>/dev/null &&
-	certtool --generate-privkey --key-type=ecdsa --outfile "$cli/client-key.pem" 2>/dev/null &&
-	certtool --generate-certificate --load-privkey "$cli/client-key.pem" \
-		--load-ca-certificate "$pki/ca-cert.pem" --load-ca-privkey "$dir/ca-key.pem" \
-		--template "$dir/cli.info" --outfile "$cli/client-cert.pem" 2>/dev/null &&
-	cp "$pki/ca-cert.pem" "$cli/"
+	make_pki "$dir" || { echo "Bail out! certtool could not make the certificates"; exit 1; }
+	pki="$dir/pki"; cli="$dir/spki"
 	port=$(free_port)
 	start x509 -b 127.0.0.1 -p "$port" --tls-certificates "$pki" --tls-verify-peer "$img"
 	check "X.509: nbdinfo with a client certificate" sh -c \
