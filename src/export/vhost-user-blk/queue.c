@@ -243,6 +243,7 @@ int ioc_coroutine_fn ioc__vub_queue_start(struct ioc__vub_queue *q,
 	 * and our last write was before the stop that ordered it. */
 	q->vr.used_idx = q->vr.published =
 		__atomic_load_n(&q->vr.used->idx, __ATOMIC_RELAXED);
+	q->vr.signalled_valid = false;
 	q->inflight = 0;
 	q->starved = false;
 	q->nresubmit = q->resubmit_pos = 0;

@@ -369,8 +369,14 @@ bool ioc__vub_vring_flush(struct ioc__vub_vring *vr)
 		/* Relaxed: ordered by the fence above. */
 		uint16_t ev = __atomic_load_n(used_event(vr), __ATOMIC_RELAXED);
 
-		/* Did used->idx pass ev in this batch: ev in [old, now)? */
-		need = (uint16_t)(now - ev - 1) < (uint16_t)(now - old);
+		/* Did used->idx pass ev in this batch: ev in [old, now)?
+		 * The first batch after a start signals whatever ev says:
+		 * the driver's ev may predate entries an earlier back end
+		 * published and died before signalling, and then no later
+		 * batch would cross it until the index wraps. */
+		need = !vr->signalled_valid ||
+		       (uint16_t)(now - ev - 1) < (uint16_t)(now - old);
+		vr->signalled_valid = true;
 	} else {
 		need = !(__atomic_load_n(&vr->avail->flags, __ATOMIC_RELAXED) &
 			 VRING_AVAIL_F_NO_INTERRUPT);

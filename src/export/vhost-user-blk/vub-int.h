@@ -267,8 +267,7 @@ struct ioc__vub_vring {
 
 	uint16_t used_idx;             /* next used entry to fill */
 	uint16_t published;            /* used->idx as last written */
-	uint16_t signalled;            /* used->idx at the last signal */
-	bool signalled_valid;          /* ... is meaningful (EVENT_IDX) */
+	bool signalled_valid;          /* a flush since the start asked used_event */
 	bool broken;                   /* a fault stopped the ring */
 	const char *why;               /* the fault */
 
