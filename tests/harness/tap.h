@@ -20,6 +20,7 @@
 #ifndef IOC_TEST_TAP_H
 #define IOC_TEST_TAP_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -87,8 +88,11 @@ static inline void ioc_test_daemon_gone(pid_t pid)
 			ioc_test_daemons[i] = 0;
 }
 
-/* Whether a daemon is gone: exited, or a zombie not yet reaped by init.
- * It is not our child (its parent was), so it cannot be waited for. */
+/* Whether a daemon is gone: exited, or a zombie not yet reaped by init
+ * whose other threads are gone too.  It is not our child (its parent
+ * was), so it cannot be waited for.  A leader shows Z while the rest of
+ * its thread group is still exiting, and the files they share stay open
+ * until the last of them is released (out of /proc/PID/task). */
 static inline bool ioc_test_daemon_exited(pid_t pid)
 {
 	char path[64], st[256] = "";
@@ -104,7 +108,18 @@ static inline bool ioc_test_daemon_exited(pid_t pid)
 		fclose(f);
 	}
 	char *rp = strrchr(st, ')');
-	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+	if (!(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X')))
+		return false;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	int threads = 0;
+
+	if (!d)
+		return true;
+	for (struct dirent *de; (de = readdir(d));)
+		threads += de->d_name[0] != '.';
+	closedir(d);
+	return threads <= 1;
 }
 
 /* Poll for a daemon's exit (and forget it): a bounded wait for an exit the
@@ -197,11 +212,14 @@ ioc_test_fail(const char *file, int line, const char *fmt, ...)
 /* A 0-or-negative-errno result that must be success. */
 #define ASSERT_OK(x)                                                      \
 	do {                                                              \
+		errno = 0;                                                \
 		long long ioc_r_ = (long long)(x);                        \
+		int ioc_e_ = errno;                                       \
 		if (ioc_r_ < 0)                                           \
 			ioc_test_fail(__FILE__, __LINE__,                 \
-				"%s failed: %lld (%s)", #x, ioc_r_,       \
-				strerror((int)-ioc_r_));                  \
+				"%s failed: %lld (%s as -errno; errno %s)", \
+				#x, ioc_r_, strerror((int)-ioc_r_),       \
+				strerror(ioc_e_));                        \
 	} while (0)
 
 #define ASSERT_STR_EQ(a, b)                                               \
