@@ -49,7 +49,15 @@ for line in lines:
         skips.append((name, "; ".join(reasons(out))))
     else:
         f += 1
-        tail = (out + (j.get("stderr") or "")).splitlines()[-14:]
+        # TAP's "not ok" lines and the comments after them (the failed
+        # assertion) wherever they are, then the ends of stdout and stderr.
+        ol = out.splitlines()
+        why = []
+        for i, l in enumerate(ol):
+            if l.startswith("not ok"):
+                why += [l] + [c for c in ol[i + 1:i + 4] if c.startswith("#")]
+        tail = why[:12] + ["-- stdout:"] + ol[-4:] + ["-- stderr:"] + \
+            (j.get("stderr") or "").splitlines()[-10:]
         failed.append((name, tail))
 for name, why in skips:
     print(f"skipped {name}: {why}")
