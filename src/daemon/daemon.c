@@ -188,6 +188,11 @@ static unsigned graph_nodes(struct ioc__daemon_ctl *c, struct ioc_node **out, un
 	return n < max ? n : max;
 }
 
+static struct ioc_nbd_server *daemon_nbd(struct ioc__daemon_ctl *c)
+{
+	return ((struct ioc_daemon *)c)->env.nbd;
+}
+
 static struct ioc_loop *iothread_loop(void *opaque, const char *id)
 {
 	struct ioc_daemon_object *o = ioc__daemon_object_find(opaque, id);
@@ -209,7 +214,7 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 		.cmds = table, .ncmds = ntable,
 		.quit = opts->quit, .quit_opaque = opts->opaque,
 		.nodes = graph_nodes, .children = true,
-		.exports = ioc__daemon_exports_json,
+		.exports = ioc__daemon_exports_json, .nbd = daemon_nbd,
 	};
 	ioc__daemon_ctl_init(&d->ctl, "iocore");
 	r = ioc_node_graph_new(&d->graph);

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "export/export.h"
+#include "nbd/nbd.h"
 #include "iocore/loop.h"
 #include "node/dirty-cmd.h"
 #include "node/node.h"
@@ -70,6 +71,9 @@ struct ioc__daemon_ctl {
 	bool children;
 	/* query-block-exports' list (a new reference, or NULL). */
 	json_t *(*exports)(struct ioc__daemon_ctl *c);
+	/* The NBD server the migration commands run on, or NULL when none
+	 * runs ("NBD server not running"). */
+	struct ioc_nbd_server *(*nbd)(struct ioc__daemon_ctl *c);
 };
 
 /* Fill package ("PROG VERSION") and version from IOC_VERSION. */
@@ -144,7 +148,21 @@ void ioc__daemon_exports_stop(struct ioc_daemon *d);
 /* --nbd-server: NbdServerOptions, the flat SocketAddress (keyval). */
 int ioc__daemon_nbd_server_start(struct ioc_daemon *d, json_t *args, char *err,
 				 size_t errlen);
-/* cmd-migrate.c */
+/* cmd-migrate.c: live migration's commands on c->nbd(c) (the NBD
+ * server's, migrate-source.c and migrate-dest.c), for either socket. */
+ioc__qmp_fn ioc__daemon_mig_set_caps, ioc__daemon_mig_query_caps, ioc__daemon_mig_set_params,
+	    ioc__daemon_mig_query_params, ioc__daemon_mig_migrate, ioc__daemon_mig_query,
+	    ioc__daemon_mig_continue, ioc__daemon_mig_cancel, ioc__daemon_mig_incoming;
+#define IOC_DAEMON_MIG_CMDS                                                          \
+	{ "migrate-set-capabilities", ioc__daemon_mig_set_caps, ioc__nbd_mig_args_caps },   \
+	{ "query-migrate-capabilities", ioc__daemon_mig_query_caps, NULL },                \
+	{ "migrate-set-parameters", ioc__daemon_mig_set_params, ioc__nbd_mig_args_params }, \
+	{ "query-migrate-parameters", ioc__daemon_mig_query_params, NULL },                \
+	{ "migrate", ioc__daemon_mig_migrate, ioc__nbd_mig_args_migrate },                  \
+	{ "query-migrate", ioc__daemon_mig_query, NULL },                                  \
+	{ "migrate-continue", ioc__daemon_mig_continue, ioc__nbd_mig_args_continue },       \
+	{ "migrate_cancel", ioc__daemon_mig_cancel, NULL },                                \
+	{ "migrate-incoming", ioc__daemon_mig_incoming, ioc__nbd_mig_args_incoming }
 extern const struct ioc__qmp_cmd ioc__daemon_migrate_cmds[];
 /* cmd-object.c */
 extern const struct ioc__qmp_cmd ioc__daemon_object_cmds[];

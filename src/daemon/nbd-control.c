@@ -159,7 +159,10 @@ static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *e
 	return list;
 }
 
-IOC_NBD_MIG_HANDLERS(cmd_mig, CTL(ctx)->srv)
+static struct ioc_nbd_server *server(struct ioc__daemon_ctl *c)
+{
+	return CTL(c)->srv;
+}
 
 /* Replies keep this order (query-commands lists it). */
 static const struct ioc__qmp_cmd commands[] = {
@@ -170,7 +173,7 @@ static const struct ioc__qmp_cmd commands[] = {
 	IOC_DAEMON_CMD_QUERY_BLOCKSTATS,
 	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
 	{ "__org.iocore_query-polling", cmd_query_polling, NULL },
-	IOC_NBD_MIG_CMDS(cmd_mig),
+	IOC_DAEMON_MIG_CMDS,
 };
 
 /* ---- the server's hooks ------------------------------------------------- */
@@ -210,7 +213,7 @@ int ioc_daemon_nbd_control_new(struct ioc_daemon_nbd_control **out,
 		.cmds = commands, .ncmds = IOC_ARRAY_SIZE(commands),
 		.quit = opts ? opts->quit : NULL, .quit_opaque = opts ? opts->opaque : NULL,
 		.nodes = export_nodes, .children = false,
-		.exports = exports_json,
+		.exports = exports_json, .nbd = server,
 	};
 	ioc__daemon_ctl_init(&ctl->ctl, "iocore-nbd");
 	ctl->srv = srv;

@@ -246,9 +246,9 @@ void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 
 /*
  * Live migration's QMP commands (migrate-source.c, migrate-dest.c), on this
- * server's one export of an image file, for any control socket: the
- * handlers take the server; the specs of their arguments follow.  Main
- * loop.
+ * server's one export of an image file: the bodies of the daemon layer's
+ * handlers (src/daemon/cmd-migrate.c), which take the server; the specs
+ * of their arguments follow.  Main loop.
  */
 json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 			      struct ioc__qmp_err *err);
@@ -272,41 +272,6 @@ json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
 extern const struct ioc__qmp_arg ioc__nbd_mig_args_caps[], ioc__nbd_mig_args_params[],
 	ioc__nbd_mig_args_migrate[], ioc__nbd_mig_args_continue[],
 	ioc__nbd_mig_args_incoming[];
-
-/* A control socket's migration commands: IOC_NBD_MIG_HANDLERS(p, SRV)
- * defines the handlers p_set_caps... for its table, SRV being how a
- * handler finds the server from its ctx (NULL: "NBD server not running");
- * IOC_NBD_MIG_CMDS(p) lists them. */
-#define IOC_NBD_MIG_HANDLER_(p, name, impl, SRV)                                \
-	static json_t *p##_##name(void *ctx, json_t *args, struct ioc__qmp_err *err) \
-	{                                                                         \
-		struct ioc_nbd_server *srv_ = (SRV);                              \
-		if (!srv_) {                                                      \
-			ioc__qmp_errf(err, "NBD server not running");             \
-			return NULL;                                              \
-		}                                                                 \
-		return impl(srv_, args, err);                                     \
-	}
-#define IOC_NBD_MIG_HANDLERS(p, SRV)                                            \
-	IOC_NBD_MIG_HANDLER_(p, set_caps, ioc__nbd_mig_set_caps, SRV)             \
-	IOC_NBD_MIG_HANDLER_(p, query_caps, ioc__nbd_mig_query_caps, SRV)         \
-	IOC_NBD_MIG_HANDLER_(p, set_params, ioc__nbd_mig_set_params, SRV)         \
-	IOC_NBD_MIG_HANDLER_(p, query_params, ioc__nbd_mig_query_params, SRV)     \
-	IOC_NBD_MIG_HANDLER_(p, migrate, ioc__nbd_mig_migrate, SRV)               \
-	IOC_NBD_MIG_HANDLER_(p, query, ioc__nbd_mig_query, SRV)                   \
-	IOC_NBD_MIG_HANDLER_(p, cont, ioc__nbd_mig_continue, SRV)                 \
-	IOC_NBD_MIG_HANDLER_(p, cancel, ioc__nbd_mig_cancel, SRV)                 \
-	IOC_NBD_MIG_HANDLER_(p, incoming, ioc__nbd_mig_incoming, SRV)
-#define IOC_NBD_MIG_CMDS(p)                                                     \
-	{ "migrate-set-capabilities", p##_set_caps, ioc__nbd_mig_args_caps },     \
-	{ "query-migrate-capabilities", p##_query_caps, NULL },                   \
-	{ "migrate-set-parameters", p##_set_params, ioc__nbd_mig_args_params },   \
-	{ "query-migrate-parameters", p##_query_params, NULL },                   \
-	{ "migrate", p##_migrate, ioc__nbd_mig_args_migrate },                    \
-	{ "query-migrate", p##_query, NULL },                                     \
-	{ "migrate-continue", p##_cont, ioc__nbd_mig_args_continue },             \
-	{ "migrate_cancel", p##_cancel, NULL },                                   \
-	{ "migrate-incoming", p##_incoming, ioc__nbd_mig_args_incoming }
 
 /* Listening sockets (non-blocking, close-on-exec).  Return the fd or -errno. */
 int ioc_nbd_listen_unix(const char *path);
