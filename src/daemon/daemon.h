@@ -78,8 +78,8 @@ struct ioc__daemon_ctl {
 
 /* Fill package ("PROG VERSION") and version from IOC_VERSION. */
 void ioc__daemon_ctl_init(struct ioc__daemon_ctl *c, const char *prog);
-/* Serve c's table as QMP on the listening socket fd (owned from here on)
- * on loop. */
+/* Serve c's table as QMP on the listening socket fd (the server's once
+ * this succeeds) on loop. */
 int ioc__daemon_ctl_serve(struct ioc__daemon_ctl *c, struct ioc_loop *loop, int fd,
 			  struct ioc__qmp **out);
 

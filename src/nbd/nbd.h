@@ -46,8 +46,9 @@ struct ioc_nbd_server_opts {
 	struct ioc_loop_opts loop;    /* options of each I/O thread's loop */
 	/* Start the I/O threads without serving: exports and listeners
 	 * may still be added after ioc_nbd_server_start(), until
-	 * ioc_nbd_server_serve() starts accepting.  For a destination of a migration, which must not serve
-	 * before its image is complete (iocore-nbd --incoming). */
+	 * ioc_nbd_server_serve() starts accepting.  For a destination of a
+	 * migration, which must not serve before its image is complete
+	 * (iocore-nbd --incoming). */
 	bool defer_serving;
 	/* Start and serve with no export yet: the storage daemon adds them
 	 * later (block-export-add), as qemu-storage-daemon's nbd-server-start
@@ -215,10 +216,10 @@ int ioc_nbd_server_thread_poll(struct ioc_nbd_server *srv, unsigned t,
 /*
  * Incoming live migration (the destination side; the source side is
  * ioc__nbd_mig_migrate(), a control socket's "migrate").  On a server
- * started with opts.defer_serving: listen on uri ("tcp:ADDR:PORT", or "defer" to wait
- * for migrate-incoming on a control socket), accept one connection and
- * receive the source's image into the file image (created, or resized to
- * the source's size).  done runs once on the main loop: result 0 when the
+ * started with opts.defer_serving: listen on uri ("tcp:ADDR:PORT", or
+ * "defer" to wait for migrate-incoming on a control socket), accept one
+ * connection and receive the source's image into the file image
+ * (created, or resized to the source's size).  done runs once on the main loop: result 0 when the
  * image is complete, durable and verified (the caller then opens it, adds
  * the export and calls ioc_nbd_server_serve()), otherwise -errno with the
  * reason; the image must then not be served.  query-migrate on a control
