@@ -1,8 +1,8 @@
 /*
- * Block commands: nodes (blockdev-add, blockdev-del), what they are and
- * what they did (query-named-block-nodes, query-blockstats, counted once
- * per node by the node layer whatever front end asked), and the dirty
- * bitmaps of a node's image.
+ * Block commands: nodes (blockdev-add, blockdev-del, block_resize), what
+ * they are and what they did (query-named-block-nodes, query-blockstats:
+ * cmd-core.c's, over every node of the graph), and the dirty bitmaps of
+ * a node's image.
  */
 #include <errno.h>
 #include <string.h>
@@ -27,34 +27,6 @@ static json_t *cmd_blockdev_del(void *ctx, json_t *args, struct ioc__qmp_err *er
 	if (ioc_node_del(d->graph, name, &err->cls, err->desc, sizeof(err->desc)) < 0)
 		return NULL;
 	return json_object();
-}
-
-static json_t *cmd_query_named_block_nodes(void *ctx, json_t *args,
-					   struct ioc__qmp_err *err)
-{
-	struct ioc_daemon *d = ctx;
-	struct ioc_node *nodes[256];
-	unsigned n = ioc_node_list(d->graph, nodes, IOC_ARRAY_SIZE(nodes));
-	json_t *list = json_array();
-
-	for (unsigned i = 0; i < n && i < IOC_ARRAY_SIZE(nodes) && list; i++)
-		ioc_node_query_json(list, nodes[i], true);
-	return list;
-}
-
-static json_t *cmd_query_blockstats(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	struct ioc_daemon *d = ctx;
-	struct ioc_node *nodes[256];
-	unsigned n = ioc_node_list(d->graph, nodes, IOC_ARRAY_SIZE(nodes));
-	json_t *list = json_array();
-
-	/* Without query-nodes QEMU lists devices, and a storage daemon has none. */
-	if (!json_is_true(json_object_get(args, "query-nodes")))
-		return list;
-	for (unsigned i = 0; i < n && i < IOC_ARRAY_SIZE(nodes) && list; i++)
-		json_array_append_new(list, ioc_node_blockstats_json(nodes[i]));
-	return list;
 }
 
 /* ---- bitmaps -------------------------------------------------------------- */
@@ -175,19 +147,13 @@ static const struct ioc__qmp_arg args_resize[] = {
 static const struct ioc__qmp_arg args_del[] = {
 	{ "node-name", IOC_QMP_STR, false }, { NULL },
 };
-static const struct ioc__qmp_arg args_nodes[] = {
-	{ "flat", IOC_QMP_BOOL, true }, { NULL },
-};
-static const struct ioc__qmp_arg args_blockstats[] = {
-	{ "query-nodes", IOC_QMP_BOOL, true }, { NULL },
-};
 
 const struct ioc__qmp_cmd ioc__daemon_block_cmds[] = {
 	{ "blockdev-add", cmd_blockdev_add, NULL, ioc_node_blockdev_spec },
 	{ "blockdev-del", cmd_blockdev_del, args_del },
 	{ "block_resize", cmd_block_resize, args_resize },
-	{ "query-named-block-nodes", cmd_query_named_block_nodes, args_nodes },
-	{ "query-blockstats", cmd_query_blockstats, args_blockstats },
+	IOC_DAEMON_CMD_QUERY_NODES,
+	IOC_DAEMON_CMD_QUERY_BLOCKSTATS,
 	IOC_NODE_DIRTY_CMDS,
 	{ NULL },
 };

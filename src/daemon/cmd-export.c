@@ -74,9 +74,9 @@ static json_t *cmd_export_del(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	return json_object();
 }
 
-static json_t *cmd_query_exports(void *ctx, json_t *args, struct ioc__qmp_err *err)
+json_t *ioc__daemon_exports_json(struct ioc__daemon_ctl *c)
 {
-	struct ioc_daemon *d = ctx;
+	struct ioc_daemon *d = (struct ioc_daemon *)c;
 	json_t *list = json_array();
 	unsigned long below = ~0ul;
 
@@ -218,6 +218,6 @@ const struct ioc__qmp_cmd ioc__daemon_export_cmds[] = {
 	{ "nbd-server-stop", cmd_nbd_stop, NULL },
 	{ "block-export-add", cmd_export_add, NULL, ioc_export_spec },
 	{ "block-export-del", cmd_export_del, args_del },
-	{ "query-block-exports", cmd_query_exports, NULL },
+	IOC_DAEMON_CMD_QUERY_EXPORTS,
 	{ NULL },
 };

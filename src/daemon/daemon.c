@@ -16,7 +16,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ioc-config.h"
 #include "nbd/nbd.h"
 #include "daemon.h"
 
@@ -30,34 +29,8 @@ void ioc__daemon_event(struct ioc_daemon *d, const char *name, json_t *data)
 
 /* ---- the table ---------------------------------------------------------- */
 
-static json_t *cmd_query_version(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	struct ioc_daemon *d = ctx;
-
-	return json_pack("{s:{s:i,s:i,s:i},s:s}", "qemu", "major", d->version[0],
-			 "minor", d->version[1], "micro", d->version[2], "package", d->package);
-}
-
-static json_t *cmd_quit(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	struct ioc_daemon *d = ctx;
-
-	if (d->opts.quit)
-		d->opts.quit(d->opts.opaque);
-	return json_object();
-}
-
-static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err);
-
-static const struct ioc__qmp_arg args_caps[] = {
-	{ "enable", IOC_QMP_ARRAY, true, .elem = IOC_QMP_ANY }, { NULL },
-};
-
 static const struct ioc__qmp_cmd core_cmds[] = {
-	{ "qmp_capabilities", NULL, args_caps },
-	{ "query-version", cmd_query_version, NULL },
-	{ "query-commands", cmd_query_commands, NULL },
-	{ "quit", cmd_quit, NULL },
+	IOC_DAEMON_CORE_CMDS,
 	{ NULL },
 };
 
@@ -76,15 +49,6 @@ static void table_init(void)
 		for (const struct ioc__qmp_cmd *c = areas[a]; c->name; c++)
 			if (ntable < IOC_ARRAY_SIZE(table))
 				table[ntable++] = *c;
-}
-
-static json_t *cmd_query_commands(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	json_t *list = json_array();
-
-	for (size_t i = 0; i < ntable && list; i++)
-		json_array_append_new(list, json_pack("{s:s}", "name", table[i].name));
-	return list;
 }
 
 json_t *ioc_daemon_run(struct ioc_daemon *d, const char *name, json_t *args, unsigned flags,
@@ -187,14 +151,7 @@ int ioc_daemon_monitor_add(struct ioc_daemon *d, json_t *opts, char *err, size_t
 		return -ENOTSUP;
 	}
 	id = json_string_value(json_object_get(opts, "chardev"));
-	pthread_once(&table_once, table_init);
 	for (unsigned i = 0; i < d->nchardevs; i++) {
-		struct ioc__qmp_opts qo = {
-			.cmds = table, .ncmds = ntable, .ctx = d, .package = d->package,
-			.major = d->version[0], .minor = d->version[1],
-			.micro = d->version[2],
-		};
-
 		if (strcmp(d->chardevs[i].id, id) != 0)
 			continue;
 		if (d->chardevs[i].fd < 0) {
@@ -203,8 +160,8 @@ int ioc_daemon_monitor_add(struct ioc_daemon *d, json_t *opts, char *err, size_t
 		}
 		if (d->nmonitors == IOC_DAEMON_MAX_MONITORS)
 			return -ENOSPC;
-		r = ioc__qmp_new(&d->monitors[d->nmonitors], d->opts.loop, d->chardevs[i].fd,
-				 &qo);
+		r = ioc__daemon_ctl_serve(&d->ctl, d->opts.loop, d->chardevs[i].fd,
+					  &d->monitors[d->nmonitors]);
 		if (r < 0) {
 			snprintf(err, errlen, "monitor: %s", ioc_strerror(r));
 			return r;
@@ -224,6 +181,18 @@ static void nbd_event(void *opaque, const char *name, void *data)
 	ioc__daemon_event(opaque, name, data);
 }
 
+static unsigned graph_nodes(struct ioc__daemon_ctl *c, struct ioc_node **out, unsigned max)
+{
+	unsigned n = ioc_node_list(((struct ioc_daemon *)c)->graph, out, max);
+
+	return n < max ? n : max;
+}
+
+static struct ioc_nbd_server *daemon_nbd(struct ioc__daemon_ctl *c)
+{
+	return ((struct ioc_daemon *)c)->env.nbd;
+}
+
 static struct ioc_loop *iothread_loop(void *opaque, const char *id)
 {
 	struct ioc_daemon_object *o = ioc__daemon_object_find(opaque, id);
@@ -239,7 +208,15 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 	if (!d)
 		return -ENOMEM;
 	d->opts = *opts;
-	d->dirty = (struct ioc_node_dirty_ctx){ ioc__daemon_find_blk, d };
+	pthread_once(&table_once, table_init);
+	d->ctl = (struct ioc__daemon_ctl){
+		.dirty = { ioc__daemon_find_blk, d },
+		.cmds = table, .ncmds = ntable,
+		.quit = opts->quit, .quit_opaque = opts->opaque,
+		.nodes = graph_nodes, .children = true,
+		.exports = ioc__daemon_exports_json, .nbd = daemon_nbd,
+	};
+	ioc__daemon_ctl_init(&d->ctl, "iocore");
 	r = ioc_node_graph_new(&d->graph);
 	if (r < 0) {
 		free(d);
@@ -249,8 +226,6 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 		.graph = d->graph, .main_loop = opts->loop, .iothread = iothread_loop,
 		.opaque = d, .event = nbd_event,
 	};
-	snprintf(d->package, sizeof(d->package), "iocore %s", IOC_VERSION);
-	sscanf(IOC_VERSION, "%d.%d.%d", &d->version[0], &d->version[1], &d->version[2]);
 	*out = d;
 	return 0;
 }

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "export/export.h"
+#include "nbd/nbd.h"
 #include "iocore/loop.h"
 #include "node/dirty-cmd.h"
 #include "node/node.h"
@@ -49,6 +50,58 @@ const struct ioc__qmp_arg *ioc_daemon_object_spec(void);
 
 /* ---- private to src/daemon: the areas' handlers ------------------------ */
 
+/*
+ * What the commands every control socket of iocore shares (cmd-core.c)
+ * ask of the socket's owner: the storage daemon, or iocore-nbd's control
+ * socket (nbd-control.c).  The first member of the owner, so that one
+ * handler's ctx is both; it starts with the bitmap commands' ctx.
+ */
+struct ioc__daemon_ctl {
+	struct ioc_node_dirty_ctx dirty;
+	const struct ioc__qmp_cmd *cmds; /* the socket's table, for query-commands */
+	size_t ncmds;
+	char package[64];                /* query-version and the greeting */
+	int version[3];
+	void (*quit)(void *opaque);      /* quit (may be NULL) */
+	void *quit_opaque;
+	/* The nodes query-named-block-nodes and query-blockstats report: up
+	 * to max into out[], how many written; children: list each node's
+	 * unnamed children after it, as QEMU lists a graph. */
+	unsigned (*nodes)(struct ioc__daemon_ctl *c, struct ioc_node **out, unsigned max);
+	bool children;
+	/* query-block-exports' list (a new reference, or NULL). */
+	json_t *(*exports)(struct ioc__daemon_ctl *c);
+	/* The NBD server the migration commands run on, or NULL when none
+	 * runs ("NBD server not running"). */
+	struct ioc_nbd_server *(*nbd)(struct ioc__daemon_ctl *c);
+};
+
+/* Fill package ("PROG VERSION") and version from IOC_VERSION. */
+void ioc__daemon_ctl_init(struct ioc__daemon_ctl *c, const char *prog);
+/* Serve c's table as QMP on the listening socket fd (the server's once
+ * this succeeds) on loop. */
+int ioc__daemon_ctl_serve(struct ioc__daemon_ctl *c, struct ioc_loop *loop, int fd,
+			  struct ioc__qmp **out);
+
+/* cmd-core.c: the shared commands, each a table entry (ctx: a struct
+ * ioc__daemon_ctl). */
+ioc__qmp_fn ioc__daemon_cmd_query_version, ioc__daemon_cmd_query_commands,
+	    ioc__daemon_cmd_quit, ioc__daemon_cmd_query_nodes,
+	    ioc__daemon_cmd_query_blockstats, ioc__daemon_cmd_query_exports;
+extern const struct ioc__qmp_arg ioc__daemon_args_caps[], ioc__daemon_args_nodes[],
+	ioc__daemon_args_blockstats[];
+#define IOC_DAEMON_CORE_CMDS                                                       \
+	{ "qmp_capabilities", NULL, ioc__daemon_args_caps },                       \
+	{ "query-version", ioc__daemon_cmd_query_version, NULL },                  \
+	{ "query-commands", ioc__daemon_cmd_query_commands, NULL },                \
+	{ "quit", ioc__daemon_cmd_quit, NULL }
+#define IOC_DAEMON_CMD_QUERY_NODES                                                 \
+	{ "query-named-block-nodes", ioc__daemon_cmd_query_nodes, ioc__daemon_args_nodes }
+#define IOC_DAEMON_CMD_QUERY_BLOCKSTATS                                            \
+	{ "query-blockstats", ioc__daemon_cmd_query_blockstats, ioc__daemon_args_blockstats }
+#define IOC_DAEMON_CMD_QUERY_EXPORTS                                               \
+	{ "query-block-exports", ioc__daemon_cmd_query_exports, NULL }
+
 struct ioc_daemon_object {
 	char *id;
 	const char *type;               /* "iothread", "tls-creds-x509", ... */
@@ -64,7 +117,7 @@ struct ioc_daemon_object {
 #define IOC_DAEMON_MAX_MONITORS 16
 
 struct ioc_daemon {
-	struct ioc_node_dirty_ctx dirty; /* first: the bitmap commands' ctx */
+	struct ioc__daemon_ctl ctl;     /* first: the shared commands' ctx */
 	struct ioc_daemon_opts opts;
 	struct ioc_node_graph *graph;
 	struct ioc_export_env env;
@@ -76,8 +129,6 @@ struct ioc_daemon {
 	unsigned nchardevs;
 	unsigned long export_seq;       /* creation order of exports */
 	struct ioc_daemon_object *nbd_tls;  /* the NBD server's credentials */
-	char package[64];
-	int version[3];
 };
 
 typedef json_t *ioc_daemon_fn(struct ioc_daemon *d, json_t *args, struct ioc__qmp_err *err);
@@ -91,11 +142,27 @@ struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qm
 extern const struct ioc__qmp_cmd ioc__daemon_block_cmds[];
 /* cmd-export.c */
 extern const struct ioc__qmp_cmd ioc__daemon_export_cmds[];
+/* query-block-exports of the daemon: newest first. */
+json_t *ioc__daemon_exports_json(struct ioc__daemon_ctl *c);
 void ioc__daemon_exports_stop(struct ioc_daemon *d);
 /* --nbd-server: NbdServerOptions, the flat SocketAddress (keyval). */
 int ioc__daemon_nbd_server_start(struct ioc_daemon *d, json_t *args, char *err,
 				 size_t errlen);
-/* cmd-migrate.c */
+/* cmd-migrate.c: live migration's commands on c->nbd(c) (the NBD
+ * server's, migrate-source.c and migrate-dest.c), for either socket. */
+ioc__qmp_fn ioc__daemon_mig_set_caps, ioc__daemon_mig_query_caps, ioc__daemon_mig_set_params,
+	    ioc__daemon_mig_query_params, ioc__daemon_mig_migrate, ioc__daemon_mig_query,
+	    ioc__daemon_mig_continue, ioc__daemon_mig_cancel, ioc__daemon_mig_incoming;
+#define IOC_DAEMON_MIG_CMDS                                                          \
+	{ "migrate-set-capabilities", ioc__daemon_mig_set_caps, ioc__nbd_mig_args_caps },   \
+	{ "query-migrate-capabilities", ioc__daemon_mig_query_caps, NULL },                \
+	{ "migrate-set-parameters", ioc__daemon_mig_set_params, ioc__nbd_mig_args_params }, \
+	{ "query-migrate-parameters", ioc__daemon_mig_query_params, NULL },                \
+	{ "migrate", ioc__daemon_mig_migrate, ioc__nbd_mig_args_migrate },                  \
+	{ "query-migrate", ioc__daemon_mig_query, NULL },                                  \
+	{ "migrate-continue", ioc__daemon_mig_continue, ioc__nbd_mig_args_continue },       \
+	{ "migrate_cancel", ioc__daemon_mig_cancel, NULL },                                \
+	{ "migrate-incoming", ioc__daemon_mig_incoming, ioc__nbd_mig_args_incoming }
 extern const struct ioc__qmp_cmd ioc__daemon_migrate_cmds[];
 /* cmd-object.c */
 extern const struct ioc__qmp_cmd ioc__daemon_object_cmds[];

@@ -120,9 +120,8 @@ int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool l
 		.max_connections = (unsigned)json_integer_value(json_object_get(opts,
 							"max-connections")),
 		.allow_empty = true,
-		.event = env->event,
-		.event_opaque = env->opaque,
 	};
+	struct ioc_nbd_server_hooks hooks = { .event = env->event, .opaque = env->opaque };
 	struct ioc_nbd_server *srv;
 	int fd, r;
 
@@ -143,6 +142,7 @@ int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool l
 		snprintf(err, errlen, "Could not create the NBD server: %s", ioc_strerror(r));
 		return r;
 	}
+	ioc_nbd_server_set_hooks(srv, &hooks);
 	if (tls && (r = ioc_nbd_server_set_tls(srv, tls, err, errlen)) < 0) {
 		close(fd);
 		ioc_nbd_server_free(srv);

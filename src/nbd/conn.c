@@ -607,13 +607,13 @@ void ioc__nbd_stats_account(struct ioc__nbd_stats *st, const struct ioc__nbd_req
 	int k;
 
 	switch (r->type) {
-	case NBD_CMD_READ: k = IOC__NBD_ST_READ; break;
-	case NBD_CMD_WRITE: k = IOC__NBD_ST_WRITE; break;
-	case NBD_CMD_FLUSH: k = IOC__NBD_ST_FLUSH; break;
-	case NBD_CMD_TRIM: k = IOC__NBD_ST_TRIM; break;
-	case NBD_CMD_WRITE_ZEROES: k = IOC__NBD_ST_ZERO; break;
-	case NBD_CMD_BLOCK_STATUS: k = IOC__NBD_ST_STATUS; break;
-	case NBD_CMD_CACHE: k = IOC__NBD_ST_CACHE; break;
+	case NBD_CMD_READ: k = IOC_NBD_OP_READ; break;
+	case NBD_CMD_WRITE: k = IOC_NBD_OP_WRITE; break;
+	case NBD_CMD_FLUSH: k = IOC_NBD_OP_FLUSH; break;
+	case NBD_CMD_TRIM: k = IOC_NBD_OP_TRIM; break;
+	case NBD_CMD_WRITE_ZEROES: k = IOC_NBD_OP_ZERO; break;
+	case NBD_CMD_BLOCK_STATUS: k = IOC_NBD_OP_STATUS; break;
+	case NBD_CMD_CACHE: k = IOC_NBD_OP_CACHE; break;
 	default: return;
 	}
 	st_add(&st->op[k].ops, 1);
@@ -621,10 +621,10 @@ void ioc__nbd_stats_account(struct ioc__nbd_stats *st, const struct ioc__nbd_req
 		st_add(&st->op[k].failed, 1);
 		return;
 	}
-	if (k != IOC__NBD_ST_FLUSH)
+	if (k != IOC_NBD_OP_FLUSH)
 		st_add(&st->op[k].bytes, r->len);
 	st_add(&st->op[k].ns, ns > 0 ? (uint64_t)ns : 0);
-	if (k == IOC__NBD_ST_WRITE &&
+	if (k == IOC_NBD_OP_WRITE &&
 	    r->offset + r->len > atomic_load_explicit(&st->wr_highest, memory_order_relaxed))
 		atomic_store_explicit(&st->wr_highest, r->offset + r->len,
 				      memory_order_relaxed);
@@ -636,16 +636,14 @@ static void account(struct conn *c, const struct ioc__nbd_req *r, int64_t ns)
 	ioc__nbd_stats_account(&c->st, r, ns);
 }
 
-unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_info *out,
+unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc_nbd_conn_info *out,
 				   unsigned max)
 {
 	unsigned n = 0;
 
-	for (struct conn *c = t->conns; c; c = c->next, n++) {
-		struct ioc__nbd_conn_info *ci = &out[n];
+	for (struct conn *c = t->conns; c && n < max; c = c->next, n++) {
+		struct ioc_nbd_conn_info *ci = &out[n];
 
-		if (n >= max)
-			continue;
 		memset(ci, 0, sizeof(*ci));
 		snprintf(ci->peer, sizeof(ci->peer), "%s", c->core.peer);
 		if (c->core.exp)
@@ -655,11 +653,14 @@ unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_in
 		ci->transmission = c->core.phase == IOC_NBD_PHASE_TRANSMISSION;
 		ci->tls = c->tls_state == TLS_ON;
 		ci->inflight = c->inflight;
-		for (int k = 0; k < IOC__NBD_ST_N; k++) {
-			atomic_init(&ci->st.op[k].ops, atomic_load_explicit(&c->st.op[k].ops, memory_order_relaxed));
-			atomic_init(&ci->st.op[k].bytes, atomic_load_explicit(&c->st.op[k].bytes, memory_order_relaxed));
-			atomic_init(&ci->st.op[k].failed, atomic_load_explicit(&c->st.op[k].failed, memory_order_relaxed));
-			atomic_init(&ci->st.op[k].ns, atomic_load_explicit(&c->st.op[k].ns, memory_order_relaxed));
+		/* relaxed: counters this thread writes (we run on it). */
+		for (int k = 0; k < IOC_NBD_OP_N; k++) {
+			ci->op[k].ops = atomic_load_explicit(&c->st.op[k].ops, memory_order_relaxed);
+			ci->op[k].bytes = atomic_load_explicit(&c->st.op[k].bytes,
+							       memory_order_relaxed);
+			ci->op[k].failed = atomic_load_explicit(&c->st.op[k].failed,
+								memory_order_relaxed);
+			ci->op[k].ns = atomic_load_explicit(&c->st.op[k].ns, memory_order_relaxed);
 		}
 	}
 	return n;

@@ -1,7 +1,8 @@
 /*
  * Live migration of an export between two iocore-nbd servers: the state
  * shared by the source engine (migrate-source.c), the destination
- * (migrate-dest.c) and the control socket (control.c).  The stream itself
+ * (migrate-dest.c) and the status machine (migrate-status.c); the QMP
+ * commands over them are src/daemon/cmd-migrate.c's.  The stream itself
  * is src/migrate (stream.h, receive.h).
  *
  * Threads.  The control socket and every status change run on the

@@ -20,19 +20,15 @@
 #define IOC_NBD_MAX_EXPORTS     64
 #define IOC_NBD_MAX_LISTENERS   16
 
-/* Request counters by command, QEMU's BlockAcctStats without the merged
- * and timed parts.  Each set has one writer (an I/O thread, for its
- * connections and its share of each export), which adds with relaxed
- * load + store; the control thread reads them relaxed: a statistic. */
-enum {
-	IOC__NBD_ST_READ, IOC__NBD_ST_WRITE, IOC__NBD_ST_FLUSH, IOC__NBD_ST_TRIM,
-	IOC__NBD_ST_ZERO, IOC__NBD_ST_STATUS, IOC__NBD_ST_CACHE, IOC__NBD_ST_N,
-};
+/* Request counters by command (IOC_NBD_OP_*).  Each set has one writer
+ * (an I/O thread, for its connections and its share of each export),
+ * which adds with relaxed load + store; a control socket reads them
+ * relaxed: a statistic. */
 struct ioc__nbd_opstat {
 	_Atomic uint64_t ops, bytes, failed, ns;
 };
 struct ioc__nbd_stats {
-	struct ioc__nbd_opstat op[IOC__NBD_ST_N];
+	struct ioc__nbd_opstat op[IOC_NBD_OP_N];
 	_Atomic uint64_t wr_highest;    /* end of the furthest write */
 };
 
@@ -57,7 +53,7 @@ struct nbd_thread {
 	 * recv, a send or a loop iteration came between: read the clock. */
 	int64_t clk;
 	/* Rests of this thread's connections (conn.c), written by this
-	 * thread only, read by the control socket. */
+	 * thread only, read by ioc_nbd_server_thread_poll(). */
 	_Atomic uint64_t rests, rests_late;
 	bool map_shared;                /* more than one connection (conn.c) */
 } IOC_CACHE_ALIGNED;
@@ -100,7 +96,7 @@ struct ioc_nbd_server {
 	uint32_t rest_max_ns;           /* 0: no rests (conn.c) */
 	bool started;
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
-	struct ioc__nbd_control *control; /* control.c, or NULL */
+	struct ioc_nbd_server_hooks hooks; /* main loop only */
 	struct ioc_node_graph *graph;   /* of the nodes made over opts.blk and
 					 * opts.zip exports (export-node.c) */
 	struct ioc__nbd_export *dying[IOC_NBD_MAX_EXPORTS]; /* deleted, not yet
@@ -155,37 +151,15 @@ void ioc_coroutine_fn ioc__nbd_mig_mirror(struct ioc_nbd_server *srv,
 					  const struct ioc__nbd_export *e, int type,
 					  uint64_t off, uint64_t len);
 
-/* A snapshot of one connection for the control socket (conn.c fills it
- * on the connection's thread). */
-struct ioc__nbd_conn_info {
-	char peer[64];
-	char export_name[256];           /* truncated */
-	unsigned thread;
-	bool transmission;               /* past the handshake */
-	bool tls;
-	uint64_t inflight;
-	struct ioc__nbd_stats st;
-};
 /* conn.c: snapshot up to max connections of thread t into out[]; returns
- * how many there are.  Runs on t's loop (through ioc_loop_call()). */
-unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc__nbd_conn_info *out,
+ * how many were written.  Runs on t's loop (through ioc_loop_call()). */
+unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc_nbd_conn_info *out,
 				   unsigned max);
 /* conn.c: add one request's outcome to a set of counters (its writer). */
 void ioc__nbd_stats_account(struct ioc__nbd_stats *st, const struct ioc__nbd_req *r,
 			    int64_t ns);
 
-/* control.c: the QMP control socket, served on the main loop. */
-struct ioc__nbd_control;
-void ioc__nbd_control_free(struct ioc__nbd_control *ctl);
-/* At stop: tell the control clients the exports are going away. */
-void ioc__nbd_control_stopping(struct ioc__nbd_control *ctl);
-
-/* control.c: emit an event to the control clients (steals data). */
-void ioc__nbd_control_event(struct ioc__nbd_control *ctl, const char *name,
-			    json_t *data);
-
-/* An event to the server's control socket, else to opts.event, else
- * nowhere (steals data).  Main loop. */
+/* An event to hooks.event, else nowhere (steals data).  Main loop. */
 void ioc__nbd_event(struct ioc_nbd_server *srv, const char *name, json_t *data);
 
 /* Log a message through opts.log (no-op without one).  Any thread. */

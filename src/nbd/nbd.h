@@ -2,8 +2,11 @@
  * iocore NBD server: serves block nodes (src/node) over the NBD protocol
  * (NetworkBlockDevice/nbd doc/proto.md, fixed newstyle, structured replies,
  * extended headers, base:allocation, and QEMU's qemu:dirty-bitmap:NAME and
- * qemu:allocation-depth), with a QMP control socket.  Private to the
- * daemon layers (iocore-nbd and the storage daemon link it); an export may
+ * qemu:allocation-depth).  What a control socket reports of it
+ * (connections, statistics, polling) and hears from it (events, the stop)
+ * are plain functions below; the commands are the daemon layer's
+ * (src/daemon/nbd-control.c for iocore-nbd).  Private to the daemon
+ * layers (iocore-nbd and the storage daemon link it); an export may
  * also name an image the caller opened (blk, zip), served through a node
  * the server makes over it.
  *
@@ -41,21 +44,16 @@ struct ioc_nbd_server_opts {
 	ioc_nbd_log_fn *log;          /* per-connection logs; NULL = silent */
 	void *log_opaque;
 	struct ioc_loop_opts loop;    /* options of each I/O thread's loop */
-	/* Start the I/O threads (and allow the control socket) without
-	 * serving: exports and listeners may still be added after
-	 * ioc_nbd_server_start(), until ioc_nbd_server_serve() starts
-	 * accepting.  For a destination of a migration, which must not serve
-	 * before its image is complete (iocore-nbd --incoming). */
+	/* Start the I/O threads without serving: exports and listeners
+	 * may still be added after ioc_nbd_server_start(), until
+	 * ioc_nbd_server_serve() starts accepting.  For a destination of a
+	 * migration, which must not serve before its image is complete
+	 * (iocore-nbd --incoming). */
 	bool defer_serving;
 	/* Start and serve with no export yet: the storage daemon adds them
 	 * later (block-export-add), as qemu-storage-daemon's nbd-server-start
 	 * allows. */
 	bool allow_empty;
-	/* Without a control socket (ioc_nbd_server_add_control()): where the
-	 * server's QMP events (a migration's) go, on the main loop; the
-	 * callee owns data (a jansson json_t *).  NULL: dropped. */
-	void (*event)(void *opaque, const char *name, void *data);
-	void *event_opaque;
 	/* READs of at least this many bytes in the clear go from the page
 	 * cache to the socket by splice(2), without a copy into the server;
 	 * 0 = never (the default: it saves the server CPU but costs a client
@@ -152,30 +150,79 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv);
 void ioc_nbd_server_free(struct ioc_nbd_server *srv);
 
 /*
- * The control socket: QMP, as qemu-storage-daemon speaks it (control.c
- * lists the commands).  fd is a listening socket, owned by the server
- * from here on; served on the main loop.  Call after
- * ioc_nbd_server_start(); at most one.  quit (may be NULL) runs on the
- * main loop when a client asks the server to quit; the caller then stops
- * the server as it would on SIGTERM.
+ * What a control socket above the server hears of it, on the main loop:
+ * event, a QMP event (a migration's; the callee owns data, a jansson
+ * json_t *); stopping, ioc_nbd_server_stop() has begun and the exports
+ * are about to go.  Either may be NULL; set before start or while
+ * serving, from the main loop (the only thread that reads them); NULL
+ * hooks: events are dropped.
  */
-struct ioc_nbd_control_opts {
-	void (*quit)(void *opaque);
+struct ioc_nbd_server_hooks {
+	void (*event)(void *opaque, const char *name, void *data);
+	void (*stopping)(void *opaque);
 	void *opaque;
 };
-int ioc_nbd_server_add_control(struct ioc_nbd_server *srv, int fd,
-			       const struct ioc_nbd_control_opts *opts);
+void ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
+			      const struct ioc_nbd_server_hooks *hooks);
+
+/* The exports, in the server's order: up to max into out[], returns how
+ * many were written.  name and node live until the export is deleted. */
+struct ioc_nbd_export_info {
+	const char *name;
+	struct ioc_node *node;
+};
+unsigned ioc_nbd_server_exports(struct ioc_nbd_server *srv, struct ioc_nbd_export_info *out,
+				unsigned max);
+/* ioc_nbd_server_stop() has begun.  Any thread. */
+bool ioc_nbd_server_stopping(struct ioc_nbd_server *srv);
+
+/* Request counters by command (QEMU's BlockAcctStats without the merged
+ * and timed parts). */
+enum {
+	IOC_NBD_OP_READ, IOC_NBD_OP_WRITE, IOC_NBD_OP_FLUSH, IOC_NBD_OP_TRIM,
+	IOC_NBD_OP_ZERO, IOC_NBD_OP_STATUS, IOC_NBD_OP_CACHE, IOC_NBD_OP_N,
+};
+struct ioc_nbd_opcount {
+	uint64_t ops, bytes, failed, ns;
+};
+/* A snapshot of one connection. */
+struct ioc_nbd_conn_info {
+	char peer[64];
+	char export_name[256];          /* truncated */
+	unsigned thread;                /* its I/O thread */
+	bool transmission;              /* past the handshake */
+	bool tls;
+	uint64_t inflight;
+	struct ioc_nbd_opcount op[IOC_NBD_OP_N];
+};
+/* Snapshot up to max connections into out[], thread by thread, each on
+ * its own I/O thread (ioc_loop_call(): the main loop waits one round trip
+ * per thread and nothing else).  Returns how many were written.  Main
+ * loop, while started. */
+unsigned ioc_nbd_server_conns(struct ioc_nbd_server *srv, struct ioc_nbd_conn_info *out,
+			      unsigned max);
+
+/* The I/O threads (0 before start) and the adaptive polling of thread t,
+ * with the rests of its connections (relaxed reads of counters that
+ * thread writes: no round trip).  -ENOENT: no such thread.  Main loop. */
+struct ioc_nbd_thread_poll {
+	struct ioc_loop_poll_stats loop;
+	uint64_t rests, rests_late;
+};
+unsigned ioc_nbd_server_nthreads(struct ioc_nbd_server *srv);
+int ioc_nbd_server_thread_poll(struct ioc_nbd_server *srv, unsigned t,
+			       struct ioc_nbd_thread_poll *out);
 
 /*
- * Incoming live migration (the destination side; the source side is the
- * control socket's "migrate" command).  On a server started with
- * opts.defer_serving: listen on uri ("tcp:ADDR:PORT", or "defer" to wait
- * for migrate-incoming on the control socket), accept one connection and
- * receive the source's image into the file image (created, or resized to
- * the source's size).  done runs once on the main loop: result 0 when the
+ * Incoming live migration (the destination side; the source side is
+ * ioc__nbd_mig_migrate(), a control socket's "migrate").  On a server
+ * started with opts.defer_serving: listen on uri ("tcp:ADDR:PORT", or
+ * "defer" to wait for migrate-incoming on a control socket), accept one
+ * connection and receive the source's image into the file image
+ * (created, or resized to the source's size).  done runs once on the main loop: result 0 when the
  * image is complete, durable and verified (the caller then opens it, adds
  * the export and calls ioc_nbd_server_serve()), otherwise -errno with the
- * reason; the image must then not be served.  query-migrate on the control
+ * reason; the image must then not be served.  query-migrate on a control
  * socket reports the progress.  Returns 0 or -errno (err says why).
  */
 struct ioc_nbd_incoming_opts {
@@ -200,9 +247,9 @@ void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 
 /*
  * Live migration's QMP commands (migrate-source.c, migrate-dest.c), on this
- * server's one export of an image file, for any control socket: the
- * handlers take the server; the specs of their arguments follow.  Main
- * loop.
+ * server's one export of an image file: the bodies of the daemon layer's
+ * handlers (src/daemon/cmd-migrate.c), which take the server; the specs
+ * of their arguments follow.  Main loop.
  */
 json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 			      struct ioc__qmp_err *err);
@@ -226,41 +273,6 @@ json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
 extern const struct ioc__qmp_arg ioc__nbd_mig_args_caps[], ioc__nbd_mig_args_params[],
 	ioc__nbd_mig_args_migrate[], ioc__nbd_mig_args_continue[],
 	ioc__nbd_mig_args_incoming[];
-
-/* A control socket's migration commands: IOC_NBD_MIG_HANDLERS(p, SRV)
- * defines the handlers p_set_caps... for its table, SRV being how a
- * handler finds the server from its ctx (NULL: "NBD server not running");
- * IOC_NBD_MIG_CMDS(p) lists them. */
-#define IOC_NBD_MIG_HANDLER_(p, name, impl, SRV)                                \
-	static json_t *p##_##name(void *ctx, json_t *args, struct ioc__qmp_err *err) \
-	{                                                                         \
-		struct ioc_nbd_server *srv_ = (SRV);                              \
-		if (!srv_) {                                                      \
-			ioc__qmp_errf(err, "NBD server not running");             \
-			return NULL;                                              \
-		}                                                                 \
-		return impl(srv_, args, err);                                     \
-	}
-#define IOC_NBD_MIG_HANDLERS(p, SRV)                                            \
-	IOC_NBD_MIG_HANDLER_(p, set_caps, ioc__nbd_mig_set_caps, SRV)             \
-	IOC_NBD_MIG_HANDLER_(p, query_caps, ioc__nbd_mig_query_caps, SRV)         \
-	IOC_NBD_MIG_HANDLER_(p, set_params, ioc__nbd_mig_set_params, SRV)         \
-	IOC_NBD_MIG_HANDLER_(p, query_params, ioc__nbd_mig_query_params, SRV)     \
-	IOC_NBD_MIG_HANDLER_(p, migrate, ioc__nbd_mig_migrate, SRV)               \
-	IOC_NBD_MIG_HANDLER_(p, query, ioc__nbd_mig_query, SRV)                   \
-	IOC_NBD_MIG_HANDLER_(p, cont, ioc__nbd_mig_continue, SRV)                 \
-	IOC_NBD_MIG_HANDLER_(p, cancel, ioc__nbd_mig_cancel, SRV)                 \
-	IOC_NBD_MIG_HANDLER_(p, incoming, ioc__nbd_mig_incoming, SRV)
-#define IOC_NBD_MIG_CMDS(p)                                                     \
-	{ "migrate-set-capabilities", p##_set_caps, ioc__nbd_mig_args_caps },     \
-	{ "query-migrate-capabilities", p##_query_caps, NULL },                   \
-	{ "migrate-set-parameters", p##_set_params, ioc__nbd_mig_args_params },   \
-	{ "query-migrate-parameters", p##_query_params, NULL },                   \
-	{ "migrate", p##_migrate, ioc__nbd_mig_args_migrate },                    \
-	{ "query-migrate", p##_query, NULL },                                     \
-	{ "migrate-continue", p##_cont, ioc__nbd_mig_args_continue },             \
-	{ "migrate_cancel", p##_cancel, NULL },                                   \
-	{ "migrate-incoming", p##_incoming, ioc__nbd_mig_args_incoming }
 
 /* Listening sockets (non-blocking, close-on-exec).  Return the fd or -errno. */
 int ioc_nbd_listen_unix(const char *path);

@@ -60,12 +60,16 @@ void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)
 
 void ioc__nbd_event(struct ioc_nbd_server *srv, const char *name, json_t *data)
 {
-	if (srv->control)
-		ioc__nbd_control_event(srv->control, name, data);
-	else if (srv->opts.event)
-		srv->opts.event(srv->opts.event_opaque, name, data);
+	if (srv->hooks.event)
+		srv->hooks.event(srv->hooks.opaque, name, data);
 	else
 		json_decref(data);
+}
+
+void ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
+			      const struct ioc_nbd_server_hooks *hooks)
+{
+	srv->hooks = hooks ? *hooks : (struct ioc_nbd_server_hooks){ 0 };
 }
 
 /* ---- accepting ---------------------------------------------------------------------- */
@@ -531,8 +535,8 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 	ioc__nbd_mig_free(srv);
 	if (atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_HOLD)
 		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
-	if (srv->control)
-		ioc__nbd_control_stopping(srv->control);
+	if (srv->hooks.stopping)
+		srv->hooks.stopping(srv->hooks.opaque);
 	/* seq_cst: pairs with conn_destroy() (see there). */
 	atomic_store_explicit(&srv->stopping, 1, memory_order_seq_cst);
 	/* relaxed: handshakes only read it as a hint (handshake.c). */
@@ -595,7 +599,6 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 			export_reap(srv->dying[i]);
 	}
 	ioc__nbd_tls_creds_free(srv->tls);
-	ioc__nbd_control_free(srv->control);
 	ioc_node_graph_free(srv->graph);
 	free(srv->threads);
 	ioc__latch_destroy(&srv->gate_applied);
@@ -613,6 +616,72 @@ void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 	for (unsigned i = 0; i < srv->nthreads; i++)
 		st->requests += atomic_load_explicit(&srv->threads[i].requests,
 						     memory_order_relaxed);
+}
+
+/* ---- what a control socket reports ------------------------------------------------------ */
+
+unsigned ioc_nbd_server_exports(struct ioc_nbd_server *srv, struct ioc_nbd_export_info *out,
+				unsigned max)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < srv->cfg.nexports && n < max; i++)
+		if (srv->exports[i])
+			out[n++] = (struct ioc_nbd_export_info){ srv->exports[i]->name,
+								 srv->exports[i]->node };
+	return n;
+}
+
+bool ioc_nbd_server_stopping(struct ioc_nbd_server *srv)
+{
+	/* relaxed: a report of the state, ordering nothing. */
+	return atomic_load_explicit(&srv->stopping, memory_order_relaxed);
+}
+
+struct conn_query {
+	struct nbd_thread *t;
+	struct ioc_nbd_conn_info *out;
+	unsigned max, n;
+};
+
+static int conn_query_fn(void *arg)
+{
+	struct conn_query *cq = arg;
+
+	cq->n = ioc__nbd_thread_conn_info(cq->t, cq->out, cq->max);
+	return 0;
+}
+
+unsigned ioc_nbd_server_conns(struct ioc_nbd_server *srv, struct ioc_nbd_conn_info *out,
+			      unsigned max)
+{
+	unsigned n = 0;
+
+	for (unsigned t = 0; t < srv->nthreads && n < max; t++) {
+		struct conn_query cq = { &srv->threads[t], out + n, max - n, 0 };
+
+		ioc_loop_call(srv->threads[t].loop, conn_query_fn, &cq);
+		n += cq.n;
+	}
+	return n;
+}
+
+unsigned ioc_nbd_server_nthreads(struct ioc_nbd_server *srv)
+{
+	return srv->nthreads;
+}
+
+int ioc_nbd_server_thread_poll(struct ioc_nbd_server *srv, unsigned t,
+			       struct ioc_nbd_thread_poll *out)
+{
+	if (t >= srv->nthreads)
+		return -ENOENT;
+	ioc_loop_get_poll_stats(srv->threads[t].loop, &out->loop);
+	/* relaxed: counters, written by that thread only (conn.c). */
+	out->rests = atomic_load_explicit(&srv->threads[t].rests, memory_order_relaxed);
+	out->rests_late = atomic_load_explicit(&srv->threads[t].rests_late,
+					       memory_order_relaxed);
+	return 0;
 }
 
 /* ---- listening sockets ------------------------------------------------------------------ */

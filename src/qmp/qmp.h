@@ -2,7 +2,7 @@
  * The QMP wire protocol (QEMU's docs/interop/qmp-spec.rst) on a loop:
  * greeting, capabilities negotiation, a stream of JSON objects in, one
  * reply or event per line out, and one command table.  What the commands
- * do is the caller's (control.c).  Loop thread only.
+ * do is the caller's (src/daemon's tables).  Loop thread only.
  */
 #ifndef IOC_QMP_QMP_H
 #define IOC_QMP_QMP_H

@@ -7,7 +7,9 @@ of one of its own rank or above, so the include graph between folders has
 no circle.  The same for calls: every symbol a layer's static library
 leaves undefined and another layer defines must be defined in a lower one
 (from `nm` on the libraries of the build in IOC_BUILD_ROOT).  tools/ sits
-above every layer.  Prints TAP.
+above every layer.  And command tables (struct ioc__qmp_cmd) are the
+daemon layer's only: the qmp layer serves them, and the layers below
+offer plain functions.  Prints TAP.
 """
 import os
 import re
@@ -123,7 +125,25 @@ def check_calls():
         tap(not up, "src/%s calls only lower layers" % m, "\n".join(up))
 
 
+def check_tables():
+    """Command tables: src/qmp defines the type, src/daemon fills them."""
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(root, "src")):
+        layer = os.path.relpath(dirpath, os.path.join(root, "src")).split(os.sep)[0]
+        if layer in ("qmp", "daemon"):
+            continue
+        for f in files:
+            if not f.endswith((".c", ".h")):
+                continue
+            path = os.path.join(dirpath, f)
+            for i, line in enumerate(open(path, errors="replace"), 1):
+                if re.search(r"\bioc__qmp_cmd\b", line):
+                    bad.append("%s:%d: %s" % (os.path.relpath(path, root), i, line.strip()))
+    tap(not bad, "command tables only in src/daemon", "\n".join(bad))
+
+
 check_includes()
+check_tables()
 check_calls()
 print("1..%d" % n)
 sys.exit(1 if failed else 0)

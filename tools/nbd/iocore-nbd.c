@@ -21,6 +21,7 @@
 #include "iocore/blk.h"
 #include "iocore/loop.h"
 #include "nbd/nbd.h"
+#include "daemon/nbd-control.h"
 #include "inject.h"
 #include "die.h"
 #include "nofile.h"
@@ -629,6 +630,7 @@ int main(int argc, char **argv)
 	if (verbose)
 		so.log = log_stderr;
 	struct ioc_nbd_server *srv;
+	struct ioc_daemon_nbd_control *ctl = NULL;
 	if ((r = ioc_nbd_server_new(&srv, &so)) < 0 ||
 	    (!incoming_uri && (r = ioc_nbd_server_add_export(srv, &eo)) < 0))
 		die("server: %s", strerror(-r));
@@ -654,8 +656,8 @@ int main(int argc, char **argv)
 		if (cfd < 0)
 			die("control socket %s: %s", control_path, strerror(-cfd));
 		own(&owned_ctl, control_path);
-		struct ioc_nbd_control_opts co = { .quit = on_quit, .opaque = loop };
-		if ((r = ioc_nbd_server_add_control(srv, cfd, &co)) < 0)
+		struct ioc_daemon_nbd_control_opts co = { .quit = on_quit, .opaque = loop };
+		if ((r = ioc_daemon_nbd_control_new(&ctl, srv, loop, cfd, &co)) < 0)
 			die("control socket: %s", strerror(-r));
 	}
 	if (incoming_uri) {
@@ -735,6 +737,7 @@ int main(int argc, char **argv)
 	r = ioc_nbd_server_stop(srv);
 	if (r < 0)
 		fprintf(stderr, "%s: flush at exit: %s\n", prog, strerror(-r));
+	ioc_daemon_nbd_control_free(ctl);
 	ioc_nbd_server_free(srv);
 	if (zimg && verbose) {
 		struct ioc_zip_image_info zi;

@@ -1,0 +1,239 @@
+/*
+ * iocore-nbd's control socket: the storage daemon's commands where the
+ * two agree (cmd-core.c's QMP core and reports, the node layer's bitmap
+ * commands, the NBD server's migration commands) over the nodes of one
+ * NBD server's exports, and two of its own under the __org.iocore_
+ * prefix, QEMU's rule for vendor extensions: the connections and the I/O
+ * threads' polling.
+ *
+ * Every export is a block node whose node name is the export name.  A
+ * compressed export is a node of a vendor format, __org.iocore_zip, or
+ * its overlay over it, shown as QEMU shows a backing chain; the bitmap
+ * commands refuse it, since nothing tracks its changes.
+ *
+ * Design: the NBD server offers what a control socket needs as plain
+ * functions (its exports, connection snapshots, polling counters) and two
+ * hooks (its events, its stop); this file turns them into QMP.  It sits in
+ * the daemon layer, beside the monitors whose handlers it shares, rather
+ * than in a layer of its own between export and daemon: such a layer
+ * would hold either these two commands alone, or the shared handlers
+ * too, and then be the daemon layer's core under another name.
+ *
+ * Threads: everything here runs on the server's main loop.  The
+ * connection snapshot runs on each I/O thread through the server
+ * (ioc_nbd_server_conns()), blocking the main loop for one round trip
+ * per thread and nothing else.  Bitmap changes are the block layer's
+ * management calls, which the I/O threads never make.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "nbd-control.h"
+
+struct ioc_daemon_nbd_control {
+	struct ioc__daemon_ctl ctl;     /* first: the shared commands' ctx */
+	struct ioc_nbd_server *srv;
+	struct ioc__qmp *qmp;
+};
+
+#define CTL(ctx) ((struct ioc_daemon_nbd_control *)(ctx))
+
+/* ---- what the shared commands see ------------------------------------- */
+
+static unsigned export_nodes(struct ioc__daemon_ctl *c, struct ioc_node **out, unsigned max)
+{
+	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
+	unsigned n = ioc_nbd_server_exports(CTL(c)->srv, e, IOC_ARRAY_SIZE(e));
+
+	for (unsigned i = 0; i < n && i < max; i++)
+		out[i] = e[i].node;
+	return n < max ? n : max;
+}
+
+static json_t *exports_json(struct ioc__daemon_ctl *c)
+{
+	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
+	unsigned n = ioc_nbd_server_exports(CTL(c)->srv, e, IOC_ARRAY_SIZE(e));
+	bool down = ioc_nbd_server_stopping(CTL(c)->srv);
+	json_t *list = json_array();
+
+	for (unsigned i = 0; i < n && list; i++)
+		json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", e[i].name,
+						      "type", "nbd", "node-name", e[i].name,
+						      "shutting-down", down));
+	return list;
+}
+
+/* The image of a bitmap command's node: an export's, if it has one. */
+static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
+{
+	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
+	unsigned n = ioc_nbd_server_exports(CTL(ctx)->srv, e, IOC_ARRAY_SIZE(e));
+
+	for (unsigned i = 0; i < n; i++) {
+		struct ioc_blk *blk;
+
+		if (strcmp(e[i].name, node) != 0)
+			continue;
+		blk = ioc_node_blk(e[i].node);
+		/* A compressed export is a node, but its changes are not
+		 * tracked (an overlay could be, one day). */
+		if (!blk)
+			ioc__qmp_errf(err, "Node '%s' is a compressed image: dirty bitmaps "
+				      "are not supported on it", node);
+		return blk;
+	}
+	ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
+	return NULL;
+}
+
+/* ---- its own commands -------------------------------------------------- */
+
+static json_t *opcount_json(const struct ioc_nbd_opcount *o)
+{
+	return json_pack("{s:I,s:I,s:I,s:I}", "operations", (json_int_t)o->ops,
+			 "bytes", (json_int_t)o->bytes, "failed", (json_int_t)o->failed,
+			 "total-time-ns", (json_int_t)o->ns);
+}
+
+static json_t *cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	static const char *const names[IOC_NBD_OP_N] = {
+		"read", "write", "flush", "trim", "write-zeroes", "block-status", "cache",
+	};
+	enum { MAXC = 1024 };
+	struct ioc_nbd_conn_info *ci = calloc(MAXC, sizeof(*ci));
+	json_t *list = json_array();
+	unsigned n;
+
+	if (!ci || !list) {
+		free(ci);
+		json_decref(list);
+		ioc__qmp_errf(err, "out of memory");
+		return NULL;
+	}
+	n = ioc_nbd_server_conns(CTL(ctx)->srv, ci, MAXC);
+	for (unsigned i = 0; i < n; i++) {
+		json_t *req = json_object();
+		uint64_t errors = 0;
+
+		for (int k = 0; k < IOC_NBD_OP_N; k++) {
+			json_object_set_new(req, names[k], opcount_json(&ci[i].op[k]));
+			errors += ci[i].op[k].failed;
+		}
+		json_array_append_new(list, json_pack("{s:s,s:s,s:i,s:b,s:b,s:I,s:I,s:o}",
+			"address", ci[i].peer, "export", ci[i].export_name,
+			"thread", (int)ci[i].thread, "transmission", ci[i].transmission,
+			"tls", ci[i].tls, "in-flight", (json_int_t)ci[i].inflight,
+			"errors", (json_int_t)errors, "requests", req));
+	}
+	free(ci);
+	return list;
+}
+
+static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	struct ioc_nbd_server *srv = CTL(ctx)->srv;
+	json_t *list = json_array();
+	struct ioc_nbd_thread_poll tp;
+
+	if (!list) {
+		ioc__qmp_errf(err, "out of memory");
+		return NULL;
+	}
+	for (unsigned t = 0; ioc_nbd_server_thread_poll(srv, t, &tp) == 0; t++)
+		json_array_append_new(list, json_pack(
+			"{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
+			"thread", (int)t,
+			"poll-ns-total", (json_int_t)tp.loop.poll_ns_total,
+			"polls", (json_int_t)tp.loop.polls,
+			"polls-hit", (json_int_t)tp.loop.polls_hit,
+			"polls-empty", (json_int_t)tp.loop.polls_empty,
+			"backoffs", (json_int_t)tp.loop.backoffs,
+			"sleeps", (json_int_t)tp.loop.sleeps,
+			"poll-ns-current", (json_int_t)tp.loop.poll_ns,
+			"backing-off", tp.loop.backing_off,
+			"rests", (json_int_t)tp.rests, "rests-late", (json_int_t)tp.rests_late));
+	return list;
+}
+
+static struct ioc_nbd_server *server(struct ioc__daemon_ctl *c)
+{
+	return CTL(c)->srv;
+}
+
+/* Replies keep this order (query-commands lists it). */
+static const struct ioc__qmp_cmd commands[] = {
+	IOC_DAEMON_CORE_CMDS,
+	IOC_NODE_DIRTY_CMDS,
+	IOC_DAEMON_CMD_QUERY_NODES,
+	IOC_DAEMON_CMD_QUERY_EXPORTS,
+	IOC_DAEMON_CMD_QUERY_BLOCKSTATS,
+	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
+	{ "__org.iocore_query-polling", cmd_query_polling, NULL },
+	IOC_DAEMON_MIG_CMDS,
+};
+
+/* ---- the server's hooks ------------------------------------------------- */
+
+static void on_event(void *opaque, const char *name, void *data)
+{
+	ioc__qmp_event(CTL(opaque)->qmp, name, data);
+}
+
+/* The stop has begun: every export goes, and the clients hear it now,
+ * before the server's last flush and the process's exit. */
+static void on_stopping(void *opaque)
+{
+	struct ioc_daemon_nbd_control *ctl = opaque;
+	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
+	unsigned n = ioc_nbd_server_exports(ctl->srv, e, IOC_ARRAY_SIZE(e));
+
+	for (unsigned i = 0; i < n; i++)
+		ioc__qmp_event(ctl->qmp, "BLOCK_EXPORT_DELETED",
+			       json_pack("{s:s}", "id", e[i].name));
+	ioc__qmp_flush(ctl->qmp);
+}
+
+/* ---- life ----------------------------------------------------------------- */
+
+int ioc_daemon_nbd_control_new(struct ioc_daemon_nbd_control **out,
+			       struct ioc_nbd_server *srv, struct ioc_loop *loop, int fd,
+			       const struct ioc_daemon_nbd_control_opts *opts)
+{
+	struct ioc_daemon_nbd_control *ctl = calloc(1, sizeof(*ctl));
+	int r;
+
+	if (!ctl)
+		return -ENOMEM;
+	ctl->ctl = (struct ioc__daemon_ctl){
+		.dirty = { find_blk, ctl },
+		.cmds = commands, .ncmds = IOC_ARRAY_SIZE(commands),
+		.quit = opts ? opts->quit : NULL, .quit_opaque = opts ? opts->opaque : NULL,
+		.nodes = export_nodes, .children = false,
+		.exports = exports_json, .nbd = server,
+	};
+	ioc__daemon_ctl_init(&ctl->ctl, "iocore-nbd");
+	ctl->srv = srv;
+	r = ioc__daemon_ctl_serve(&ctl->ctl, loop, fd, &ctl->qmp);
+	if (r < 0) {
+		free(ctl);
+		return r;
+	}
+	ioc_nbd_server_set_hooks(srv, &(struct ioc_nbd_server_hooks){
+		.event = on_event, .stopping = on_stopping, .opaque = ctl });
+	*out = ctl;
+	return 0;
+}
+
+void ioc_daemon_nbd_control_free(struct ioc_daemon_nbd_control *ctl)
+{
+	if (!ctl)
+		return;
+	ioc_nbd_server_set_hooks(ctl->srv, NULL);
+	ioc__qmp_flush(ctl->qmp);
+	ioc__qmp_free(ctl->qmp);
+	free(ctl);
+}
