@@ -77,12 +77,12 @@ static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err
 
 		if (strcmp(e[i].name, node) != 0)
 			continue;
-		blk = ioc_node_blk(e[i].node);
-		/* A compressed export is a node, but its changes are not
-		 * tracked (an overlay could be, one day). */
+		/* A qcow2 node keeps its own set (its persistent bitmaps);
+		 * a compressed export's changes are not tracked. */
+		blk = ioc_node_dirty_blk(e[i].node);
 		if (!blk)
-			ioc__qmp_errf(err, "Node '%s' is a compressed image: dirty bitmaps "
-				      "are not supported on it", node);
+			ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
+				      node, e[i].node->drv->name);
 		return blk;
 	}
 	ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);

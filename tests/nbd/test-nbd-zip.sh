@@ -176,7 +176,7 @@ check "damaged frame: query-named-block-nodes counts the errors" jcheck bad \
 	 n['image']['__org.iocore_zip']['errors'] >= 2 and n['backing_file_depth'] == 0"
 bm_refused() {
 	! ctl bad block-dirty-bitmap-add node= name=b 2>"$dir/bm.err" &&
-	grep -q "Node '' is a compressed image" "$dir/bm.err"
+	grep -q "Node '' (driver __org.iocore_zip) does not support dirty bitmaps" "$dir/bm.err"
 }
 check "damaged frame: a dirty bitmap on the compressed node is refused" bm_refused
 ctl_errors() { ctl bad query-named-block-nodes | grep -q 'frame cache: .* [1-9][0-9]* errors'; }
