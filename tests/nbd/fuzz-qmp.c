@@ -1,5 +1,5 @@
 /*
- * Fuzz target for the control socket's QMP layer (src/nbd/qmp.c): the input
+ * Fuzz target for the control socket's QMP layer (src/qmp/qmp.c): the input
  * is everything a client sends.  It is fed to one attached client in
  * pieces (the first byte chooses the piece size, so objects split across
  * reads are covered), with a table whose commands take every argument
