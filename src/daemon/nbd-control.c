@@ -217,13 +217,20 @@ int ioc_daemon_nbd_control_new(struct ioc_daemon_nbd_control **out,
 	};
 	ioc__daemon_ctl_init(&ctl->ctl, "iocore-nbd");
 	ctl->srv = srv;
-	r = ioc__daemon_ctl_serve(&ctl->ctl, loop, fd, &ctl->qmp);
+	/* The hooks first: a second control socket of one server is
+	 * refused (-EBUSY) before it listens. */
+	r = ioc_nbd_server_set_hooks(srv, &(struct ioc_nbd_server_hooks){
+		.event = on_event, .stopping = on_stopping, .opaque = ctl });
 	if (r < 0) {
 		free(ctl);
 		return r;
 	}
-	ioc_nbd_server_set_hooks(srv, &(struct ioc_nbd_server_hooks){
-		.event = on_event, .stopping = on_stopping, .opaque = ctl });
+	r = ioc__daemon_ctl_serve(&ctl->ctl, loop, fd, &ctl->qmp);
+	if (r < 0) {
+		ioc_nbd_server_set_hooks(srv, NULL);
+		free(ctl);
+		return r;
+	}
 	*out = ctl;
 	return 0;
 }

@@ -155,15 +155,16 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv);
  * json_t *); stopping, ioc_nbd_server_stop() has begun and the exports
  * are about to go.  Either may be NULL; set before start or while
  * serving, from the main loop (the only thread that reads them); NULL
- * hooks: events are dropped.
+ * hooks: events are dropped.  One listener at a time: -EBUSY while
+ * another's are set (NULL gives them back).
  */
 struct ioc_nbd_server_hooks {
 	void (*event)(void *opaque, const char *name, void *data);
 	void (*stopping)(void *opaque);
 	void *opaque;
 };
-void ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
-			      const struct ioc_nbd_server_hooks *hooks);
+int ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
+			     const struct ioc_nbd_server_hooks *hooks);
 
 /* The exports, in the server's order: up to max into out[], returns how
  * many were written.  name and node live until the export is deleted. */

@@ -66,10 +66,13 @@ void ioc__nbd_event(struct ioc_nbd_server *srv, const char *name, json_t *data)
 		json_decref(data);
 }
 
-void ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
-			      const struct ioc_nbd_server_hooks *hooks)
+int ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
+			     const struct ioc_nbd_server_hooks *hooks)
 {
+	if (hooks && (srv->hooks.event || srv->hooks.stopping))
+		return -EBUSY;
 	srv->hooks = hooks ? *hooks : (struct ioc_nbd_server_hooks){ 0 };
+	return 0;
 }
 
 /* ---- accepting ---------------------------------------------------------------------- */
