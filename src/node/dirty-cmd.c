@@ -251,11 +251,16 @@ json_t *ioc_node_dirty_list_json(struct ioc_blk *blk)
 		ioc_blk_dirty_get_info(v[i], info);
 		if (strcmp(info->name, IOC_NODE_MIG_BITMAP) == 0)
 			continue; /* a migration's, hidden */
+		/* QEMU counts whole granules, the last one too where the
+		 * image ends inside it (a 2 GiB granule of a 16 MiB disk
+		 * counts 2 GiB); the block layer clips it: round back up. */
+		uint64_t count = (info->count + info->granularity - 1) / info->granularity *
+				 info->granularity;
 		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info->name,
 				      "recording", info->recording,
 				      "persistent", info->persistent, "busy", 0,
 				      "granularity", (json_int_t)info->granularity,
-				      "count", (json_int_t)info->count);
+				      "count", (json_int_t)count);
 
 		if (b && info->inconsistent)
 			json_object_set_new(b, "inconsistent", json_true());
