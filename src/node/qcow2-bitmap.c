@@ -630,7 +630,8 @@ static int load(struct q2_bitmaps *b, char *err, size_t errlen)
 		goto out;
 	/* What the directory's parser let through, the block layer takes:
 	 * its limits are qcow2's (count, name length, granularity). */
-	_Static_assert(IOC_BLK_DIRTY_MAX >= Q2_MAX_BITMAPS && IOC_BLK_DIRTY_NAME_MAX > Q2_BME_MAX_NAME &&
+	_Static_assert(IOC_BLK_DIRTY_MAX >= Q2_MAX_BITMAPS &&
+		       IOC_BLK_DIRTY_NAME_MAX > Q2_BME_MAX_NAME &&
 		       IOC_BLK_DIRTY_GRAN_MIN <= (1u << Q2_BME_MIN_GRAN_BITS) &&
 		       IOC_BLK_DIRTY_GRAN_MAX >= (1ull << Q2_BME_MAX_GRAN_BITS),
 		       "qcow2's bitmap limits are within the block layer's");
