@@ -34,18 +34,14 @@
  * ioc_blk_dirty_mark()) has no sidecar or write-ahead (ondisk[] NULL): told
  * of adds and removes, it reads the bits out at its clean close.
  *
- * Removal: markers read bitmap pointers unlocked, so a removed one waits on
- * a retired list until close (2 MiB per TiB at 64 KiB).  Rejected: a reader
+ * Removal: markers read pointers unlocked, so a removed bitmap waits on a
+ * retired list until close (2 MiB per TiB at 64 KiB).  Rejected: a reader
  * count or rwlock (a line every I/O thread writes per write); epochs (the
- * block layer does not know its threads); one fixed array of slots (it
- * capped the count, and markers walked disabled bitmaps too).  Truncate
- * leaves bitmaps' size.
- *
- * Limits, QEMU's: up to 65535 bitmaps an image (qcow2's count, which QEMU
- * keeps for persistent ones; in memory it has none, so past this add says
- * -ENOSPC), names of 1 to 1023 bytes, granularity 512 bytes to 2 GiB.  A
- * sidecar's name is part of its file name: below 128 bytes, of
- * [A-Za-z0-9_.-] (QEMU keeps no persistent bitmap beside a raw file).
+ * block layer does not know its threads); a fixed array (it capped the
+ * count, and markers walked disabled bitmaps).  Truncate leaves the size.
+ * Limits, QEMU's: 65535 bitmaps (qcow2's; QEMU sets none in memory: past
+ * it, -ENOSPC), names of 1..1023 bytes, granules of 512 B..2 GiB; a
+ * sidecar's name is in its file name: 1..127 of [A-Za-z0-9_.-].
  */
 #include <assert.h>
 #include <dirent.h>
