@@ -222,7 +222,7 @@ void ioc_blk_write_zeroes(struct ioc_blk *blk, struct ioc_blk_req *req,
 
 /*
  * Named change-tracking bitmaps of an image: one bit per granule (a power
- * of two from 4 KiB to 64 MiB, default 64 KiB) that every write,
+ * of two from 512 bytes to 2 GiB, default 64 KiB: QEMU's range) that every write,
  * write-zeroes and discard (failed ones too) sets before it completes, from
  * whichever thread completes it, without a lock.  A persistent bitmap is
  * kept in a sidecar file beside the image, "IMAGE.NAME.iocbm" (its format
@@ -234,16 +234,22 @@ void ioc_blk_write_zeroes(struct ioc_blk *blk, struct ioc_blk_req *req,
  * from one thread at a time (the control thread); the queries
  * (count, extent) and ioc_blk_dirty_reset() from any thread.
  */
-#define IOC_BLK_DIRTY_MAX        16
-#define IOC_BLK_DIRTY_NAME_MAX   128
-#define IOC_BLK_DIRTY_GRAN_MIN   4096u
-#define IOC_BLK_DIRTY_GRAN_MAX   (64u << 20)
+/* At most IOC_BLK_DIRTY_MAX bitmaps an image (qcow2's limit, which QEMU
+ * applies to persistent bitmaps; it sets none in memory), names of 1 to
+ * IOC_BLK_DIRTY_NAME_MAX - 1 bytes (QEMU's 1023), a sidecar's name below
+ * IOC_BLK_DIRTY_SIDECAR_NAME_MAX bytes (it is part of a file name). */
+#define IOC_BLK_DIRTY_MAX        65535
+#define IOC_BLK_DIRTY_NAME_MAX   1024
+#define IOC_BLK_DIRTY_SIDECAR_NAME_MAX 128
+#define IOC_BLK_DIRTY_GRAN_MIN   512u
+#define IOC_BLK_DIRTY_GRAN_MAX   (1u << 31)
 #define IOC_BLK_DIRTY_GRAN_DEFAULT 65536u
 
 struct ioc_blk_dirty;
 
 struct ioc_blk_dirty_opts {
-	const char *name;        /* 1..127 bytes; persistent: [A-Za-z0-9_.-] */
+	const char *name;        /* 1..1023 bytes; in a sidecar: 1..127 of
+				  * [A-Za-z0-9_.-], not starting with '.' */
 	uint64_t granularity;    /* 0 = 64 KiB */
 	bool persistent;         /* kept in IMAGE.NAME.iocbm, or by the store */
 	bool disabled;           /* created not recording */
@@ -259,7 +265,8 @@ struct ioc_blk_dirty_info {
 	bool recording, persistent, inconsistent;
 };
 
-/* -EEXIST (name taken), -EINVAL (name, granularity), -ENOSPC (16 already),
+/* -EEXIST (name taken), -EINVAL (name, granularity), -ENOSPC
+ * (IOC_BLK_DIRTY_MAX already),
  * -ENOTSUP (persistent without an image file), or a sidecar I/O error. */
 int ioc_blk_dirty_add(struct ioc_blk *blk, const struct ioc_blk_dirty_opts *opts,
 		      struct ioc_blk_dirty **out);
@@ -272,8 +279,15 @@ int ioc_blk_dirty_set_recording(struct ioc_blk_dirty *bm, bool on);
 /* dst |= src (any granularities: src's dirty ranges are marked in dst). */
 int ioc_blk_dirty_merge(struct ioc_blk_dirty *dst, struct ioc_blk_dirty *src);
 void ioc_blk_dirty_get_info(struct ioc_blk_dirty *bm, struct ioc_blk_dirty_info *info);
-/* Bitmaps in creation order; returns how many (at most max are stored). */
+/* Bitmaps in creation order; returns how many (at most max are stored;
+ * out may be NULL with max 0 to count them). */
 int ioc_blk_dirty_list(struct ioc_blk *blk, struct ioc_blk_dirty_info *out, int max);
+/* The same order as handles, without copying names: returns how many.  A
+ * handle stays valid until the image closes, even once its bitmap is
+ * removed (it is then no longer found). */
+int ioc_blk_dirty_handles(struct ioc_blk *blk, struct ioc_blk_dirty **out, int max);
+/* The bitmap's name, valid as long as the handle. */
+const char *ioc_blk_dirty_name(const struct ioc_blk_dirty *bm);
 /* The run of equal state that starts at offset: its length (<= maxlen,
  * clipped at the image end) in *len; returns 1 dirty, 0 clean, -EINVAL
  * when offset is not inside the image, -EUCLEAN when inconsistent. */

@@ -19,9 +19,9 @@ extern "C" {
 #endif
 
 #define IOC_VERSION_MAJOR 0
-#define IOC_VERSION_MINOR 1
+#define IOC_VERSION_MINOR 2
 
-/* The library's version string, "0.1.0". */
+/* The library's version string, "0.2.0". */
 const char *ioc_version(void);
 
 /* Text for an error returned by iocore (-errno) or a plain errno.

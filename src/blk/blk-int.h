@@ -133,12 +133,17 @@ struct ioc_blk {
 	_Atomic uint64_t data_start, data_end, data_gen;
 
 	char *path;                  /* image file; NULL for the null driver */
-	/* Dirty bitmaps (dirty-bitmap.c).  dirty[] slots are published with
-	 * release stores and read with acquire loads by the markers;
-	 * dirty_n bounds the slots in use.  Removed bitmaps wait on the
-	 * retired list until close (see dirty-bitmap.c). */
-	_Atomic(struct ioc_blk_dirty *) dirty[IOC_BLK_DIRTY_MAX];
-	_Atomic unsigned dirty_n;
+	/* Dirty bitmaps (dirty-bitmap.c).  Two published vectors of slots:
+	 * dirty_all holds every bitmap (lookups, listing), dirty_rec only
+	 * the recording ones, which is all a marker walks, NULL while there
+	 * is none.  The vectors and their slots are published with release
+	 * stores and read with acquire loads; a vector replaced (grown,
+	 * compacted, emptied) and a removed bitmap wait on the retired
+	 * lists until close (see "Sets" in dirty-bitmap.c). */
+	struct blk_dirty_vec *_Atomic dirty_all;
+	struct blk_dirty_vec *_Atomic dirty_rec;
+	struct blk_dirty_vec *dirty_vec_retired;
+	unsigned dirty_count;        /* bitmaps in dirty_all; control thread */
 	struct ioc_blk_dirty *dirty_retired;
 	uint64_t dirty_seq;
 	const struct ioc_blk_dirty_store *dirty_store; /* persistent bitmaps' */
@@ -301,9 +306,9 @@ int ioc__blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len);
 static inline int blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 {
 	/* Relaxed: a bitmap added while this request was in flight may or
-	 * may not see it, as with any add racing a write; the slot itself
-	 * is read with acquire in ioc__blk_dirty_mark(). */
-	if (ioc_likely(!atomic_load_explicit(&blk->dirty_n, memory_order_relaxed)))
+	 * may not see it, as with any add racing a write; the vector is
+	 * loaded again with acquire in ioc__blk_dirty_mark(). */
+	if (ioc_likely(!atomic_load_explicit(&blk->dirty_rec, memory_order_relaxed)))
 		return 0;
 	return ioc__blk_dirty_mark(blk, offset, len);
 }
@@ -316,7 +321,7 @@ int ioc__blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len);
 static inline int blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 {
 	/* Relaxed: as in blk_dirty_mark(). */
-	if (ioc_likely(!atomic_load_explicit(&blk->dirty_n, memory_order_relaxed)))
+	if (ioc_likely(!atomic_load_explicit(&blk->dirty_rec, memory_order_relaxed)))
 		return 0;
 	return ioc__blk_dirty_prepare(blk, offset, len);
 }

@@ -4,7 +4,8 @@
  *
  * Marking: every write, write-zeroes and discard (failed ones too) sets its
  * granules' bits, one fetch_or per word, on the completing thread before it
- * completes: no lock, only the words shared.  No bitmap: one relaxed load.
+ * completes: no lock, only the words shared.  It walks the recording
+ * bitmaps only ("Sets"); none: one relaxed load.
  *
  * Ordering: a copier clears (ioc_blk_dirty_reset(), acq_rel fetch_and),
  * then reads; a writer marks (acq_rel fetch_or) once its data reached the
@@ -33,10 +34,14 @@
  * ioc_blk_dirty_mark()) has no sidecar or write-ahead (ondisk[] NULL): told
  * of adds and removes, it reads the bits out at its clean close.
  *
- * Removal: markers read bitmap pointers unlocked, so a removed one waits on
- * a retired list until close (2 MiB per TiB at 64 KiB).  Rejected: a reader
+ * Removal: markers read pointers unlocked, so a removed bitmap waits on a
+ * retired list until close (2 MiB per TiB at 64 KiB).  Rejected: a reader
  * count or rwlock (a line every I/O thread writes per write); epochs (the
- * block layer does not know its threads).  Truncate leaves bitmaps' size.
+ * block layer does not know its threads); a fixed array (it capped the
+ * count, and markers walked disabled bitmaps).  Truncate leaves the size.
+ * Limits, QEMU's: 65535 bitmaps (qcow2's; QEMU sets none in memory: past
+ * it, -ENOSPC), names of 1..1023 bytes, granules of 512 B..2 GiB; a
+ * sidecar's name is in its file name: 1..127 of [A-Za-z0-9_.-].
  */
 #include <assert.h>
 #include <dirent.h>
@@ -62,7 +67,7 @@ static const char magic[8] = { 'I', 'O', 'C', 'D', 'B', 'M', 'A', 'P' };
 
 struct ioc_blk_dirty {
 	struct ioc_blk *blk;
-	char name[IOC_BLK_DIRTY_NAME_MAX];
+	char *name;
 	unsigned shift;            /* log2(granularity) */
 	uint64_t size;             /* image size it was made for */
 	uint64_t nbits, nwords;
@@ -90,6 +95,8 @@ static bool name_ok(const char *name, bool persistent)
 		return false;
 	if (!persistent)
 		return true;
+	if (n >= IOC_BLK_DIRTY_SIDECAR_NAME_MAX)
+		return false;
 	if (name[0] == '.')
 		return false;
 	for (size_t i = 0; i < n; i++) {
@@ -183,7 +190,7 @@ int ioc__blk_dirty_parse(const void *buf, size_t len, uint64_t image_size,
 	*gran = g;
 	*flags = get32(h + 12);
 	nlen = get32(h + 44);
-	if (nlen == 0 || nlen >= IOC_BLK_DIRTY_NAME_MAX || strlen(name) != nlen ||
+	if (nlen == 0 || nlen >= IOC_BLK_DIRTY_SIDECAR_NAME_MAX || strlen(name) != nlen ||
 	    memcmp(h + 48, name, nlen) != 0)
 		return -EUCLEAN;
 	if (get64(h + 16) != image_size)
@@ -334,6 +341,153 @@ static int persist_ahead(struct ioc_blk_dirty *bm, uint64_t first, uint64_t last
 	return ret;
 }
 
+/* ---- sets ------------------------------------------------------------- */
+
+/*
+ * A vector of slots that the control thread changes under readers that
+ * take no lock.  A bitmap keeps its slot for as long as it is in a
+ * vector, so a reader walking [0, n) never misses one that was there
+ * all along; a slot is filled (release) before n covers it (release), and
+ * emptied by a plain store once the bitmap stops recording, so a reader
+ * that still finds it marks nothing.  A vector is never changed once
+ * replaced: growing past its capacity, or compacting once most slots are
+ * empty, or emptying it, builds a new one (or none), publishes it
+ * (release) and retires the old until close: a few words per change, next
+ * to the removed bitmap that waits there too.  A walk costs the slots in
+ * use, within four times the bitmaps it holds.
+ */
+struct blk_dirty_vec {
+	struct blk_dirty_vec *retired_next;
+	unsigned cap;
+	_Atomic unsigned n;                       /* slots [0, n) may be set */
+	_Atomic(struct ioc_blk_dirty *) slot[];
+};
+
+static unsigned vec_len(struct blk_dirty_vec *v)
+{
+	/* Acquire: pairs with the release store of n in vec_add(); the
+	 * slots below it are filled. */
+	return atomic_load_explicit(&v->n, memory_order_acquire);
+}
+
+static struct ioc_blk_dirty *vec_at(struct blk_dirty_vec *v, unsigned i)
+{
+	/* Acquire: pairs with the release store of the slot in vec_add() and
+	 * vec_publish(); a reader that sees the pointer sees the bitmap
+	 * initialised. */
+	return atomic_load_explicit(&v->slot[i], memory_order_acquire);
+}
+
+static void vec_retire(struct ioc_blk *blk, struct blk_dirty_vec *v)
+{
+	if (v) {
+		v->retired_next = blk->dirty_vec_retired;
+		blk->dirty_vec_retired = v;
+	}
+}
+
+/* A new vector holding v's bitmaps packed, with room for cap. */
+static struct blk_dirty_vec *vec_copy(struct blk_dirty_vec *v, unsigned cap)
+{
+	struct blk_dirty_vec *nv = calloc(1, sizeof(*nv) + (size_t)cap * sizeof(nv->slot[0]));
+	unsigned k = 0;
+
+	if (!nv)
+		return NULL;
+	nv->cap = cap;
+	for (unsigned i = 0; v && i < atomic_load_explicit(&v->n, memory_order_relaxed); i++) {
+		struct ioc_blk_dirty *bm = atomic_load_explicit(&v->slot[i], memory_order_relaxed);
+
+		if (bm)
+			atomic_init(&nv->slot[k++], bm);
+	}
+	atomic_init(&nv->n, k);
+	return nv;
+}
+
+static void vec_publish(struct ioc_blk *blk, struct blk_dirty_vec *_Atomic *pv,
+			struct blk_dirty_vec *nv)
+{
+	struct blk_dirty_vec *old = atomic_load_explicit(pv, memory_order_relaxed);
+
+	/* Release: pairs with the acquire loads of the vector in
+	 * ioc__blk_dirty_mark(), _prepare(), and the lookups; a reader that
+	 * sees the new vector sees its slots. */
+	atomic_store_explicit(pv, nv, memory_order_release);
+	vec_retire(blk, old);
+}
+
+static unsigned vec_live(struct blk_dirty_vec *v)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; v && i < atomic_load_explicit(&v->n, memory_order_relaxed); i++)
+		k += atomic_load_explicit(&v->slot[i], memory_order_relaxed) != NULL;
+	return k;
+}
+
+/* Room for one more bitmap in *pv without allocating: 0 or -ENOMEM. */
+static int vec_reserve(struct ioc_blk *blk, struct blk_dirty_vec *_Atomic *pv)
+{
+	struct blk_dirty_vec *v = atomic_load_explicit(pv, memory_order_relaxed), *nv;
+	unsigned live = vec_live(v);
+
+	if (v && (live < atomic_load_explicit(&v->n, memory_order_relaxed) ||
+		  atomic_load_explicit(&v->n, memory_order_relaxed) < v->cap))
+		return 0;
+	nv = vec_copy(v, live < 4 ? 8 : live * 2);
+	if (!nv)
+		return -ENOMEM;
+	vec_publish(blk, pv, nv);
+	return 0;
+}
+
+/* After vec_reserve(): the lowest empty slot, else one past n. */
+static void vec_add(struct blk_dirty_vec *_Atomic *pv, struct ioc_blk_dirty *bm)
+{
+	struct blk_dirty_vec *v = atomic_load_explicit(pv, memory_order_relaxed);
+	unsigned n = atomic_load_explicit(&v->n, memory_order_relaxed), i;
+
+	for (i = 0; i < n && atomic_load_explicit(&v->slot[i], memory_order_relaxed); i++)
+		;
+	/* Release: pairs with vec_at()'s acquire. */
+	atomic_store_explicit(&v->slot[i], bm, memory_order_release);
+	if (i == n)
+		/* Release: pairs with vec_len()'s acquire. */
+		atomic_store_explicit(&v->n, n + 1, memory_order_release);
+}
+
+/* Take bm out of *pv (nothing if it is not there).  The caller stopped it
+ * recording first, or it is out of every walk that matters. */
+static void vec_del(struct ioc_blk *blk, struct blk_dirty_vec *_Atomic *pv,
+		    struct ioc_blk_dirty *bm)
+{
+	struct blk_dirty_vec *v = atomic_load_explicit(pv, memory_order_relaxed), *nv;
+	unsigned n = v ? atomic_load_explicit(&v->n, memory_order_relaxed) : 0, live;
+
+	for (unsigned i = 0; i < n; i++) {
+		if (atomic_load_explicit(&v->slot[i], memory_order_relaxed) != bm)
+			continue;
+		/* Relaxed: a reader that still loads bm finds it not
+		 * recording, or marks a bitmap that was, harmlessly. */
+		atomic_store_explicit(&v->slot[i], NULL, memory_order_relaxed);
+		break;
+	}
+	while (n && !atomic_load_explicit(&v->slot[n - 1], memory_order_relaxed))
+		n--;
+	if (v)
+		/* Relaxed: only empty slots leave the walk. */
+		atomic_store_explicit(&v->n, n, memory_order_relaxed);
+	live = vec_live(v);
+	if (v && live == 0) {
+		vec_publish(blk, pv, NULL);     /* markers' fast path again */
+	} else if (v && n > 16 && live * 4 < n) {
+		nv = vec_copy(v, live * 2);
+		if (nv)                         /* else it stays sparse */
+			vec_publish(blk, pv, nv);
+	}
+}
+
 /* ---- marking --------------------------------------------------------- */
 
 static int mark_one(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len)
@@ -365,13 +519,13 @@ static int mark_one(struct ioc_blk_dirty *bm, uint64_t offset, uint64_t len)
 
 int ioc__blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 {
-	unsigned n = atomic_load_explicit(&blk->dirty_n, memory_order_acquire);
+	/* Acquire: pairs with the release stores of vec_publish(). */
+	struct blk_dirty_vec *v = atomic_load_explicit(&blk->dirty_rec, memory_order_acquire);
+	unsigned n = v ? vec_len(v) : 0;
 	int ret = 0;
 
 	for (unsigned i = 0; i < n; i++) {
-		/* Acquire: pairs with the release store in publish(). */
-		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_acquire);
+		struct ioc_blk_dirty *bm = vec_at(v, i);
 		int r;
 
 		if (!bm || !atomic_load_explicit(&bm->recording, memory_order_relaxed))
@@ -385,13 +539,13 @@ int ioc__blk_dirty_mark(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 
 int ioc__blk_dirty_prepare(struct ioc_blk *blk, uint64_t offset, uint64_t len)
 {
-	unsigned n = atomic_load_explicit(&blk->dirty_n, memory_order_acquire);
+	/* Acquire: pairs with the release stores of vec_publish(). */
+	struct blk_dirty_vec *v = atomic_load_explicit(&blk->dirty_rec, memory_order_acquire);
+	unsigned n = v ? vec_len(v) : 0;
 	int ret = 0;
 
 	for (unsigned i = 0; i < n && len; i++) {
-		/* Acquire: pairs with the release store in publish(). */
-		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_acquire);
+		struct ioc_blk_dirty *bm = vec_at(v, i);
 		uint64_t first, last;
 		bool need = false;
 		int r;
@@ -439,6 +593,7 @@ static void bm_free(struct ioc_blk_dirty *bm)
 	if (bm->fd >= 0)
 		close(bm->fd);
 	free(bm->sidecar);
+	free(bm->name);
 	free(bm->words);
 	free(bm->ondisk);
 	pthread_mutex_destroy(&bm->lock);
@@ -455,13 +610,17 @@ static struct ioc_blk_dirty *bm_alloc(struct ioc_blk *blk, const char *name,
 		return NULL;
 	bm->blk = blk;
 	bm->fd = -1;
-	snprintf(bm->name, sizeof(bm->name), "%s", name);
+	pthread_mutex_init(&bm->lock, NULL);
+	bm->name = strdup(name);
+	if (!bm->name) {
+		bm_free(bm);
+		return NULL;
+	}
 	bm->shift = shift;
 	bm->size = blk_size(blk);
 	bm->nbits = (bm->size + (UINT64_C(1) << shift) - 1) >> shift;
 	bm->nwords = (bm->nbits + 63) / 64;
 	bm->persistent = persistent;
-	pthread_mutex_init(&bm->lock, NULL);
 	bm->words = calloc(bm->nwords ? bm->nwords : 1, 8);
 	if (sidecar)
 		bm->ondisk = calloc(bm->nwords ? bm->nwords : 1, 8);
@@ -472,23 +631,29 @@ static struct ioc_blk_dirty *bm_alloc(struct ioc_blk *blk, const char *name,
 	return bm;
 }
 
-static int free_slot(struct ioc_blk *blk)
+/* Room for one more bitmap (recording: in the markers' set too): 0,
+ * -ENOSPC or -ENOMEM. */
+static int reserve(struct ioc_blk *blk, bool recording)
 {
-	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++)
-		if (!atomic_load_explicit(&blk->dirty[i], memory_order_relaxed))
-			return i;
-	return -ENOSPC;
+	int ret;
+
+	if (blk->dirty_count >= IOC_BLK_DIRTY_MAX)
+		return -ENOSPC;
+	ret = vec_reserve(blk, &blk->dirty_all);
+	return ret || !recording ? ret : vec_reserve(blk, &blk->dirty_rec);
 }
 
-static void publish(struct ioc_blk *blk, int slot, struct ioc_blk_dirty *bm)
+/* After reserve(): into the sets (vec_add()'s release stores publish it). */
+static void publish(struct ioc_blk *blk, struct ioc_blk_dirty *bm)
 {
 	bm->seq = ++blk->dirty_seq;
-	/* Release: pairs with the acquire loads in ioc__blk_dirty_mark();
-	 * a marker that sees the pointer sees the bitmap initialised. */
-	atomic_store_explicit(&blk->dirty[slot], bm, memory_order_release);
-	if (atomic_load_explicit(&blk->dirty_n, memory_order_relaxed) < (unsigned)slot + 1)
-		atomic_store_explicit(&blk->dirty_n, (unsigned)slot + 1,
-				      memory_order_release);
+	vec_add(&blk->dirty_all, bm);
+	blk->dirty_count++;
+	if (atomic_load_explicit(&bm->recording, memory_order_relaxed))
+		vec_add(&blk->dirty_rec, bm);
+	else if (atomic_load_explicit(&blk->dirty_rec, memory_order_relaxed) &&
+		 !vec_live(atomic_load_explicit(&blk->dirty_rec, memory_order_relaxed)))
+		vec_publish(blk, &blk->dirty_rec, NULL);  /* reserved for nothing */
 }
 
 static int fsync_dir_of(const char *path)
@@ -512,7 +677,7 @@ int ioc_blk_dirty_add(struct ioc_blk *blk, const struct ioc_blk_dirty_opts *o,
 		      struct ioc_blk_dirty **out)
 {
 	uint64_t gran = o->granularity ? o->granularity : IOC_BLK_DIRTY_GRAN_DEFAULT;
-	int shift = gran_shift(gran), slot, ret;
+	int shift = gran_shift(gran), ret;
 	struct ioc_blk_dirty *bm;
 
 	if (out)
@@ -524,9 +689,9 @@ int ioc_blk_dirty_add(struct ioc_blk *blk, const struct ioc_blk_dirty_opts *o,
 		return -EEXIST;
 	if (o->persistent && !blk->path && !blk->dirty_store)
 		return -ENOTSUP;
-	slot = free_slot(blk);
-	if (slot < 0)
-		return slot;
+	ret = reserve(blk, !o->disabled && !o->inconsistent);
+	if (ret < 0)
+		return ret;
 	bm = bm_alloc(blk, o->name, (unsigned)shift, o->persistent,
 		      o->persistent && !blk->dirty_store);
 	if (!bm)
@@ -563,7 +728,7 @@ int ioc_blk_dirty_add(struct ioc_blk *blk, const struct ioc_blk_dirty_opts *o,
 		if (ret < 0)
 			goto fail;
 	}
-	publish(blk, slot, bm);
+	publish(blk, bm);
 	if (out)
 		*out = bm;
 	return 0;
@@ -576,11 +741,13 @@ fail:
 
 struct ioc_blk_dirty *ioc_blk_dirty_find(struct ioc_blk *blk, const char *name)
 {
-	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++) {
-		/* Acquire: pairs with publish(); I/O threads look bitmaps up
-		 * for NBD block status while the control thread adds them. */
-		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_acquire);
+	/* Acquire: pairs with vec_publish(); I/O threads look bitmaps up for
+	 * NBD block status while the control thread adds them.  O(bitmaps). */
+	struct blk_dirty_vec *v = atomic_load_explicit(&blk->dirty_all, memory_order_acquire);
+	unsigned n = v ? vec_len(v) : 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		struct ioc_blk_dirty *bm = vec_at(v, i);
 
 		if (bm && strcmp(bm->name, name) == 0)
 			return bm;
@@ -590,35 +757,33 @@ struct ioc_blk_dirty *ioc_blk_dirty_find(struct ioc_blk *blk, const char *name)
 
 int ioc_blk_dirty_remove(struct ioc_blk *blk, const char *name)
 {
-	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++) {
-		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_relaxed);
+	struct ioc_blk_dirty *bm = ioc_blk_dirty_find(blk, name);
 
-		if (!bm || strcmp(bm->name, name) != 0)
-			continue;
-		if (bm->persistent && blk->dirty_store) {
-			int ret = blk->dirty_store->remove(blk->dirty_store_opaque, name);
+	if (!bm)
+		return -ENOENT;
+	if (bm->persistent && blk->dirty_store) {
+		int ret = blk->dirty_store->remove(blk->dirty_store_opaque, name);
 
-			if (ret < 0)
-				return ret;
-		}
-		/* Stop recording first: a marker still holding the pointer
-		 * then marks nothing, and never waits on the sidecar. */
-		atomic_store_explicit(&bm->recording, false, memory_order_relaxed);
-		atomic_store_explicit(&blk->dirty[i], NULL, memory_order_relaxed);
-		pthread_mutex_lock(&bm->lock);
-		if (bm->fd >= 0) {
-			close(bm->fd);
-			bm->fd = -1;
-		}
-		pthread_mutex_unlock(&bm->lock);
-		if (bm->sidecar)
-			unlink(bm->sidecar);
-		bm->retired_next = blk->dirty_retired;
-		blk->dirty_retired = bm;
-		return 0;
+		if (ret < 0)
+			return ret;
 	}
-	return -ENOENT;
+	/* Stop recording first: a marker still holding the pointer then
+	 * marks nothing, and never waits on the sidecar. */
+	atomic_store_explicit(&bm->recording, false, memory_order_relaxed);
+	vec_del(blk, &blk->dirty_rec, bm);
+	vec_del(blk, &blk->dirty_all, bm);
+	blk->dirty_count--;
+	pthread_mutex_lock(&bm->lock);
+	if (bm->fd >= 0) {
+		close(bm->fd);
+		bm->fd = -1;
+	}
+	pthread_mutex_unlock(&bm->lock);
+	if (bm->sidecar)
+		unlink(bm->sidecar);
+	bm->retired_next = blk->dirty_retired;
+	blk->dirty_retired = bm;
+	return 0;
 }
 
 /* ---- management -------------------------------------------------------- */
@@ -645,11 +810,23 @@ int ioc_blk_dirty_clear(struct ioc_blk_dirty *bm)
 
 int ioc_blk_dirty_set_recording(struct ioc_blk_dirty *bm, bool on)
 {
+	struct ioc_blk *blk = bm->blk;
 	int ret = 0;
 
 	if (bm->inconsistent)
 		return -EUCLEAN;
-	atomic_store_explicit(&bm->recording, on, memory_order_relaxed);
+	if (on && !atomic_load_explicit(&bm->recording, memory_order_relaxed)) {
+		ret = vec_reserve(blk, &blk->dirty_rec);
+		if (ret < 0)
+			return ret;
+		/* Relaxed: vec_add()'s release store publishes it. */
+		atomic_store_explicit(&bm->recording, true, memory_order_relaxed);
+		vec_add(&blk->dirty_rec, bm);
+	} else if (!on && atomic_load_explicit(&bm->recording, memory_order_relaxed)) {
+		/* Stopped before it leaves the walk, as in remove. */
+		atomic_store_explicit(&bm->recording, false, memory_order_relaxed);
+		vec_del(blk, &blk->dirty_rec, bm);
+	}
 	if (bm->persistent && bm->fd >= 0) {
 		pthread_mutex_lock(&bm->lock);
 		ret = write_header(bm, run_flags(bm, true), 0);
@@ -707,30 +884,58 @@ void ioc_blk_dirty_get_info(struct ioc_blk_dirty *bm, struct ioc_blk_dirty_info 
 	info->inconsistent = bm->inconsistent;
 }
 
+static int by_seq(const void *a, const void *b)
+{
+	const struct ioc_blk_dirty *x = *(struct ioc_blk_dirty *const *)a;
+	const struct ioc_blk_dirty *y = *(struct ioc_blk_dirty *const *)b;
+
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+int ioc_blk_dirty_handles(struct ioc_blk *blk, struct ioc_blk_dirty **out, int max)
+{
+	/* Acquire: pairs with vec_publish() (NBD's LIST from I/O threads). */
+	struct blk_dirty_vec *v = atomic_load_explicit(&blk->dirty_all, memory_order_acquire);
+	unsigned n = v ? vec_len(v) : 0, k = 0;
+	struct ioc_blk_dirty **all;
+
+	if (!n)
+		return 0;
+	all = malloc(n * sizeof(*all));
+	if (!all)
+		return -ENOMEM;
+	for (unsigned i = 0; i < n; i++) {
+		struct ioc_blk_dirty *bm = vec_at(v, i);
+
+		if (bm)
+			all[k++] = bm;
+	}
+	qsort(all, k, sizeof(*all), by_seq);
+	for (unsigned i = 0; i < k && (int)i < max; i++)
+		out[i] = all[i];
+	free(all);
+	return (int)k;
+}
+
+const char *ioc_blk_dirty_name(const struct ioc_blk_dirty *bm)
+{
+	return bm->name;
+}
+
 int ioc_blk_dirty_list(struct ioc_blk *blk, struct ioc_blk_dirty_info *out, int max)
 {
-	struct ioc_blk_dirty *v[IOC_BLK_DIRTY_MAX];
-	int n = 0;
+	struct ioc_blk_dirty **v;
+	int n = ioc_blk_dirty_handles(blk, NULL, 0);
 
-	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++) {
-		/* Acquire: pairs with publish() (NBD's LIST from I/O threads). */
-		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_acquire);
-		int j = n++;
-
-		if (!bm) {
-			n--;
-			continue;
-		}
-		/* Insertion sort by creation order (at most 16). */
-		while (j > 0 && v[j - 1]->seq > bm->seq) {
-			v[j] = v[j - 1];
-			j--;
-		}
-		v[j] = bm;
-	}
+	if (n <= 0 || max <= 0)
+		return n;
+	v = malloc((size_t)n * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	n = ioc_blk_dirty_handles(blk, v, n);
 	for (int i = 0; i < n && i < max; i++)
 		ioc_blk_dirty_get_info(v[i], &out[i]);
+	free(v);
 	return n;
 }
 
@@ -840,14 +1045,14 @@ static int load_one(struct ioc_blk *blk, const char *dir, const char *fname,
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	uint32_t flags = 0;
-	int slot, ret, fd, shift;
+	int ret, fd, shift;
 	char *path;
 
 	if (!name_ok(name, true) || ioc_blk_dirty_find(blk, name))
 		return 0;
-	slot = free_slot(blk);
-	if (slot < 0)
-		return slot;
+	ret = reserve(blk, true);
+	if (ret < 0)
+		return ret;
 	if (asprintf(&path, "%s/%s", dir, fname) < 0)
 		return -ENOMEM;
 	fd = open(path, O_RDWR | O_CLOEXEC);
@@ -890,7 +1095,7 @@ static int load_one(struct ioc_blk *blk, const char *dir, const char *fname,
 			goto out;
 		}
 	}
-	publish(blk, slot, bm);
+	publish(blk, bm);
 	ret = 1;
 out:
 	if (fd >= 0)
@@ -926,7 +1131,7 @@ int ioc_blk_dirty_load(struct ioc_blk *blk)
 	}
 	while ((de = readdir(d))) {
 		size_t len = strlen(de->d_name);
-		char name[IOC_BLK_DIRTY_NAME_MAX];
+		char name[IOC_BLK_DIRTY_SIDECAR_NAME_MAX];
 		size_t nlen;
 
 		if (len <= blen + 1 + slen || strncmp(de->d_name, base, blen) != 0 ||
@@ -970,16 +1175,29 @@ static void store_clean(struct ioc_blk_dirty *bm)
 
 void ioc__blk_dirty_close(struct ioc_blk *blk)
 {
-	for (int i = 0; i < IOC_BLK_DIRTY_MAX; i++) {
-		struct ioc_blk_dirty *bm = atomic_load_explicit(&blk->dirty[i],
-								memory_order_relaxed);
+	struct blk_dirty_vec *v = atomic_load_explicit(&blk->dirty_all, memory_order_relaxed);
+	unsigned n = v ? atomic_load_explicit(&v->n, memory_order_relaxed) : 0;
+
+	/* No I/O is left: nothing walks the sets any more. */
+	for (unsigned i = 0; i < n; i++) {
+		struct ioc_blk_dirty *bm = atomic_load_explicit(&v->slot[i], memory_order_relaxed);
 
 		if (!bm)
 			continue;
 		if (bm->persistent && !bm->inconsistent && bm->fd >= 0)
 			store_clean(bm);
-		atomic_store_explicit(&blk->dirty[i], NULL, memory_order_relaxed);
 		bm_free(bm);
+	}
+	vec_retire(blk, v);
+	vec_retire(blk, atomic_load_explicit(&blk->dirty_rec, memory_order_relaxed));
+	atomic_store_explicit(&blk->dirty_all, NULL, memory_order_relaxed);
+	atomic_store_explicit(&blk->dirty_rec, NULL, memory_order_relaxed);
+	blk->dirty_count = 0;
+	while (blk->dirty_vec_retired) {
+		struct blk_dirty_vec *r = blk->dirty_vec_retired;
+
+		blk->dirty_vec_retired = r->retired_next;
+		free(r);
 	}
 	while (blk->dirty_retired) {
 		struct ioc_blk_dirty *bm = blk->dirty_retired;
@@ -987,7 +1205,6 @@ void ioc__blk_dirty_close(struct ioc_blk *blk)
 		blk->dirty_retired = bm->retired_next;
 		bm_free(bm);
 	}
-	atomic_store_explicit(&blk->dirty_n, 0, memory_order_relaxed);
 }
 
 /* ---- a set fed from outside, with a store ------------------------------- */

@@ -192,7 +192,7 @@ static int nbd_create(struct ioc_export *ex, json_t *opts, char *err, size_t err
 	struct ioc_nbd_server *srv = ex->env->nbd;
 	const char *name = json_string_value(json_object_get(opts, "name"));
 	json_t *bms = json_object_get(opts, "bitmaps"), *b;
-	const char *bitmaps[IOC_BLK_DIRTY_MAX + 1] = { NULL };
+	const char **bitmaps;
 	struct ioc_blk *blk = ioc_node_dirty_blk(ex->node);
 	struct nbd_export *ne;
 	size_t i;
@@ -208,29 +208,37 @@ static int nbd_create(struct ioc_export *ex, json_t *opts, char *err, size_t err
 		snprintf(err, errlen, "export name '%.32s...' too long", name);
 		return -EINVAL;
 	}
+	/* NULL-terminated, as many as the export names. */
+	bitmaps = calloc(json_array_size(bms) + 1, sizeof(*bitmaps));
+	if (!bitmaps)
+		return -ENOMEM;
 	json_array_foreach(bms, i, b) {
 		const char *bn = json_is_string(b) ? json_string_value(b) :
 				 json_string_value(json_object_get(b, "name"));
 
-		if (!bn || i >= IOC_BLK_DIRTY_MAX) {
+		if (!bn) {
 			snprintf(err, errlen, "Invalid bitmap %zu", i);
-			return -EINVAL;
+			r = -EINVAL;
+			goto out;
 		}
 		if (json_is_object(b) && json_object_get(b, "node") &&
 		    strcmp(json_string_value(json_object_get(b, "node")), ex->node->name)) {
 			snprintf(err, errlen, "Bitmaps of another node are not supported");
-			return -ENOTSUP;
+			r = -ENOTSUP;
+			goto out;
 		}
 		if (!blk || !ioc_blk_dirty_find(blk, bn)) {
 			snprintf(err, errlen, "Bitmap '%s' is not found", bn);
-			return -ENOENT;
+			r = -ENOENT;
+			goto out;
 		}
 		bitmaps[i] = bn;
 	}
 	ne = calloc(1, sizeof(*ne));
 	if (!ne || !(ne->name = strdup(name))) {
 		free(ne);
-		return -ENOMEM;
+		r = -ENOMEM;
+		goto out;
 	}
 	struct ioc_nbd_export_opts eo = {
 		.name = name,
@@ -248,11 +256,14 @@ static int nbd_create(struct ioc_export *ex, json_t *opts, char *err, size_t err
 			snprintf(err, errlen, "Could not add the NBD export: %s", ioc_strerror(r));
 		free(ne->name);
 		free(ne);
-		return r;
+		goto out;
 	}
 	ne->srv = srv;
 	ex->opaque = ne;
-	return 0;
+	r = 0;
+out:
+	free(bitmaps);
+	return r;
 }
 
 static void nbd_deleted(void *opaque, const char *name)

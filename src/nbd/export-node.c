@@ -94,38 +94,58 @@ static int ioc_coroutine_fn nd_depth_status(void *be, uint64_t off, uint64_t len
 	return (st & IOC_NODE_ST_ALLOCATED) ? (int)depth : 0;
 }
 
-static int nd_dirty_names(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max)
+_Static_assert(IOC_NBD_BITMAP_NAME_MAX == IOC_BLK_DIRTY_NAME_MAX,
+	       "a context names any bitmap");
+
+/* Whether a client may use bm (an inconsistent one is not served). */
+static bool servable(struct ioc_blk_dirty *bm, struct ioc_blk_dirty_info *info)
+{
+	ioc_blk_dirty_get_info(bm, info);
+	return !info->inconsistent;
+}
+
+static int nd_dirty_names(void *be, const char **names, int max)
 {
 	struct nd *d = be;
 	struct ioc_blk *blk = ioc_node_dirty_blk(d->n);
-	int k = 0;
+	struct ioc_blk_dirty_info *info;
+	struct ioc_blk_dirty **v = NULL;
+	int k = 0, n;
 
-	if (d->all_bitmaps && blk) {
-		struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
-		int n = ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX);
-
-		for (int i = 0; i < n && i < IOC_BLK_DIRTY_MAX; i++) {
-			if (info[i].inconsistent)
+	if (!blk)
+		return 0;
+	info = malloc(sizeof(*info));
+	if (!info)
+		return -ENOMEM;
+	if (d->all_bitmaps) {
+		n = ioc_blk_dirty_handles(blk, NULL, 0);
+		v = n > 0 ? malloc((size_t)n * sizeof(*v)) : NULL;
+		if (n > 0 && !v) {
+			free(info);
+			return -ENOMEM;
+		}
+		n = v ? ioc_blk_dirty_handles(blk, v, n) : 0;
+		for (int i = 0; i < n; i++) {
+			if (!servable(v[i], info))
 				continue;
 			if (k < max)
-				memcpy(names[k], info[i].name, IOC_NBD_BITMAP_NAME_MAX);
+				names[k] = ioc_blk_dirty_name(v[i]);
 			k++;
 		}
+		free(v);
+		free(info);
 		return k;
 	}
-	for (unsigned i = 0; blk && i < d->nbitmaps; i++) {
+	for (unsigned i = 0; i < d->nbitmaps; i++) {
 		struct ioc_blk_dirty *bm = ioc_blk_dirty_find(blk, d->bitmaps[i]);
-		struct ioc_blk_dirty_info info;
 
-		if (!bm)
-			continue;
-		ioc_blk_dirty_get_info(bm, &info);
-		if (info.inconsistent)
+		if (!bm || !servable(bm, info))
 			continue;
 		if (k < max)
-			memcpy(names[k], info.name, IOC_NBD_BITMAP_NAME_MAX);
+			names[k] = ioc_blk_dirty_name(bm);
 		k++;
 	}
+	free(info);
 	return k;
 }
 

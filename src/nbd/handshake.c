@@ -357,7 +357,7 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 	char name[IOC_NBD_MAX_STRING + 1];
 	bool list = opt == NBD_OPT_LIST_META_CONTEXT;
 	struct meta_sel m = { 0 };
-	char selected[IOC_NBD_META_BITMAPS][IOC_NBD_BITMAP_NAME_MAX];
+	const char *selected[IOC_NBD_META_BITMAPS];
 	unsigned nsel = 0;
 
 	if (!c->structured)
@@ -402,33 +402,44 @@ static int opt_meta(struct ioc__nbd_conn *c, uint32_t opt, const uint8_t *d,
 				   NBD_META_QEMU_DEPTH, "") < 0)
 		return -ENOMEM;
 	if (e->ops->dirty_names && (m.all_bitmaps || m.some_bitmap)) {
-		char names[16][IOC_NBD_BITMAP_NAME_MAX];
-		int n = e->ops->dirty_names(e->be, names, 16);
+		int n = e->ops->dirty_names(e->be, NULL, 0);
+		const char **names = n > 0 ? malloc((size_t)n * sizeof(*names)) : NULL;
 		const uint8_t *queries = d + 8 + nlen;
+		int ret = 0;
 
+		if (n > 0 && !names)
+			return -ENOMEM;
+		if (names)
+			n = e->ops->dirty_names(e->be, names, n);
 		/* LIST: every match.  SET: the matches in creation order,
 		 * up to IOC_NBD_META_BITMAPS of them (as QEMU serves several
 		 * bitmaps of one export); any beyond are not acknowledged,
 		 * which the protocol allows. */
-		for (int i = 0; i < n && i < 16; i++) {
+		for (int i = 0; i < n && ret == 0; i++) {
 			if (!m.all_bitmaps && !bitmap_asked(queries, nq, names[i]))
 				continue;
 			if (!list && nsel == IOC_NBD_META_BITMAPS)
 				continue;
 			if (!list)
-				memcpy(selected[nsel], names[i], sizeof(selected[0]));
-			if (rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_BITMAP + nsel,
-					NBD_META_QEMU_BITMAP, names[i]) < 0)
-				return -ENOMEM;
+				selected[nsel] = names[i];
+			ret = rep_context(c, opt, list ? 0 : NBD_META_ID_QEMU_BITMAP + nsel,
+					  NBD_META_QEMU_BITMAP, names[i]);
 			if (!list)
 				nsel++;
 		}
+		if (ret == 0 && !list) {
+			for (unsigned i = 0; i < nsel; i++)
+				snprintf(c->meta_bitmap[i], sizeof(c->meta_bitmap[i]), "%s",
+					 selected[i]);
+		}
+		free(names);
+		if (ret < 0)
+			return -ENOMEM;
 	}
 	if (!list) {
 		c->meta_export = e;
 		c->meta_base_alloc = m.base;
 		c->meta_depth = m.depth;
-		memcpy(c->meta_bitmap, selected, nsel * sizeof(selected[0]));
 		c->meta_nbitmaps = nsel;
 	}
 	return rep(c, opt, NBD_REP_ACK);

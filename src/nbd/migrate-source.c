@@ -68,6 +68,7 @@
 #define CHUNK_WRITES       10        /* see throttle_check() */
 #define ADMIT_GAP_MAX_NS   1000000   /* see admit_update() */
 #define ADMIT_WAIT_MAX_NS  50000000  /* see admit() */
+#define MIG_GRAN_MAX       (64u << 20) /* the stream's blocks, whatever a bitmap may be */
 
 static const char *const status_names[] = {
 	[IOC_MIG_ST_NONE] = "none", [IOC_MIG_ST_SETUP] = "setup",
@@ -2107,9 +2108,9 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 	if (U("__org.iocore_granularity")) {
 		uint64_t g = (uint64_t)json_integer_value(v);
 
-		if (g < IOC_MIG_MIN_BLOCK || g > IOC_BLK_DIRTY_GRAN_MAX || (g & (g - 1))) {
+		if (g < IOC_MIG_MIN_BLOCK || g > MIG_GRAN_MAX || (g & (g - 1))) {
 			ioc__qmp_errf(err, "Parameter '__org.iocore_granularity' expects a power of 2 "
-			     "between %u and %u", IOC_MIG_MIN_BLOCK, IOC_BLK_DIRTY_GRAN_MAX);
+			     "between %u and %u", IOC_MIG_MIN_BLOCK, MIG_GRAN_MAX);
 			return NULL;
 		}
 		p.granularity = g;
@@ -2245,7 +2246,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	}
 	gran = m->p.granularity;
 	/* Keep the per-block CRC array bounded (stream.h). */
-	while (e->size / gran >= IOC_MIG_MAX_BLOCKS && gran < IOC_BLK_DIRTY_GRAN_MAX)
+	while (e->size / gran >= IOC_MIG_MAX_BLOCKS && gran < MIG_GRAN_MAX)
 		gran *= 2;
 	/* A persistent bitmap of that name can only be stale. */
 	ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);

@@ -131,7 +131,10 @@
 #define NBD_META_ID_QEMU_BITMAP   3u          /* and up, one per bitmap */
 #define IOC_NBD_META_BITMAPS      8u          /* bitmaps one connection selects */
 #define NBD_STATE_DIRTY           (1u << 0)   /* qemu:dirty-bitmap:NAME */
-#define IOC_NBD_BITMAP_NAME_MAX   128         /* = IOC_BLK_DIRTY_NAME_MAX */
+#define IOC_NBD_BITMAP_NAME_MAX   1024        /* = IOC_BLK_DIRTY_NAME_MAX: QEMU's
+						 * 1023 bytes and a NUL; with the
+						 * prefix, well inside a 4096-byte
+						 * context name */
 
 /* Sizes of the fixed headers. */
 #define NBD_REQUEST_SIZE          28
@@ -223,11 +226,13 @@ struct ioc__nbd_backend_ops {
 			    uint32_t flags);
 	int (*cache)(void *be, uint64_t offset, uint64_t len, uint32_t flags);
 	/* Dirty bitmaps (NULL: none).  dirty_names stores up to max usable
-	 * names and returns how many there are; dirty_status returns 1
+	 * names (pointers valid while the export exists; names may be NULL
+	 * with max 0) and returns how many there are, or -errno;
+	 * dirty_status returns 1
 	 * (dirty) or 0 for the run at offset, its length (<= len) in *pnum,
 	 * or -errno (-ENOENT: no such bitmap, -EUCLEAN: inconsistent).
 	 * dirty_status has no flags defined yet and is called with 0. */
-	int (*dirty_names)(void *be, char (*names)[IOC_NBD_BITMAP_NAME_MAX], int max);
+	int (*dirty_names)(void *be, const char **names, int max);
 	int (*dirty_status)(void *be, const char *name, uint64_t offset, uint64_t len,
 			    uint64_t *pnum, uint32_t flags);
 	/* qemu:allocation-depth of the run at offset (0 unallocated, 1 this

@@ -7,7 +7,9 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dirty-cmd.h"
@@ -75,11 +77,29 @@ json_t *ioc_node_dirty_cmd_add(void *ctx, json_t *args, struct ioc__qmp_err *err
 
 	if (!blk)
 		return NULL;
+	/* QEMU's checks and words, in its order: the type (a uint32 in its
+	 * schema), the value (so 2 GiB is the largest), then the name. */
+	if (g && o.granularity > UINT32_MAX) {
+		ioc__qmp_errf(err, "Parameter 'granularity' expects uint32_t");
+		return NULL;
+	}
 	if (g && (o.granularity < IOC_BLK_DIRTY_GRAN_MIN ||
-		  o.granularity > IOC_BLK_DIRTY_GRAN_MAX ||
 		  (o.granularity & (o.granularity - 1)))) {
-		ioc__qmp_errf(err, "Granularity must be power of 2 between %u and %u",
-		     IOC_BLK_DIRTY_GRAN_MIN, IOC_BLK_DIRTY_GRAN_MAX);
+		ioc__qmp_errf(err, "Granularity must be power of 2 and at least %u",
+		     IOC_BLK_DIRTY_GRAN_MIN);
+		return NULL;
+	}
+	if (!name[0]) {
+		ioc__qmp_errf(err, "Bitmap name cannot be empty");
+		return NULL;
+	}
+	if (strlen(name) >= IOC_BLK_DIRTY_NAME_MAX) {
+		if (o.persistent)
+			ioc__qmp_errf(err, "Can't make bitmap '%s' persistent in '%s': Name "
+			     "length exceeds maximum (%d characters)", name, node,
+			     IOC_BLK_DIRTY_NAME_MAX - 1);
+		else
+			ioc__qmp_errf(err, "Bitmap name too long: %s", name);
 		return NULL;
 	}
 	r = ioc_blk_dirty_add(blk, &o, NULL);
@@ -90,9 +110,12 @@ json_t *ioc_node_dirty_cmd_add(void *ctx, json_t *args, struct ioc__qmp_err *err
 		ioc__qmp_errf(err, "Bitmap already exists: %s", name);
 		return NULL;
 	case -EINVAL:
+		/* The lengths were checked above: only a sidecar's name is
+		 * narrower (it is part of a file name). */
 		ioc__qmp_errf(err, o.persistent ? "Bitmap name '%s' is not valid for a persistent "
-		     "bitmap (1 to 127 of A-Z a-z 0-9 _ - ., not starting with '.')" :
-		     "Bitmap name '%s' is not valid (1 to 127 bytes)", name);
+		     "bitmap beside a raw image (1 to %d of A-Z a-z 0-9 _ - ., not starting "
+		     "with '.')" : "Bitmap name '%s' is not valid", name,
+		     IOC_BLK_DIRTY_SIDECAR_NAME_MAX - 1);
 		return NULL;
 	case -ENOSPC:
 		ioc__qmp_errf(err, "Too many bitmaps on node '%s' (at most %d)", node,
@@ -212,23 +235,38 @@ json_t *ioc_node_dirty_cmd_merge(void *ctx, json_t *args, struct ioc__qmp_err *e
 
 json_t *ioc_node_dirty_list_json(struct ioc_blk *blk)
 {
-	struct ioc_blk_dirty_info info[IOC_BLK_DIRTY_MAX];
-	int n = ioc_blk_dirty_list(blk, info, IOC_BLK_DIRTY_MAX);
+	int n = ioc_blk_dirty_handles(blk, NULL, 0);
+	struct ioc_blk_dirty **v = n > 0 ? malloc((size_t)n * sizeof(*v)) : NULL;
+	struct ioc_blk_dirty_info *info = malloc(sizeof(*info));
 	json_t *a = json_array();
 
+	if (n > 0 && (!v || !info)) {
+		json_decref(a);
+		a = NULL;
+	}
+	if (v)
+		n = ioc_blk_dirty_handles(blk, v, n);
 	/* Newest first, as QEMU lists them. */
 	for (int i = n - 1; i >= 0 && a; i--) {
-		if (strcmp(info[i].name, IOC_NODE_MIG_BITMAP) == 0)
+		ioc_blk_dirty_get_info(v[i], info);
+		if (strcmp(info->name, IOC_NODE_MIG_BITMAP) == 0)
 			continue; /* a migration's, hidden */
-		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info[i].name,
-				      "recording", info[i].recording,
-				      "persistent", info[i].persistent, "busy", 0,
-				      "granularity", (json_int_t)info[i].granularity,
-				      "count", (json_int_t)info[i].count);
+		/* QEMU counts whole granules, the last one too where the
+		 * image ends inside it (a 2 GiB granule of a 16 MiB disk
+		 * counts 2 GiB); the block layer clips it: round back up. */
+		uint64_t count = (info->count + info->granularity - 1) / info->granularity *
+				 info->granularity;
+		json_t *b = json_pack("{s:s,s:b,s:b,s:b,s:I,s:I}", "name", info->name,
+				      "recording", info->recording,
+				      "persistent", info->persistent, "busy", 0,
+				      "granularity", (json_int_t)info->granularity,
+				      "count", (json_int_t)count);
 
-		if (b && info[i].inconsistent)
+		if (b && info->inconsistent)
 			json_object_set_new(b, "inconsistent", json_true());
 		json_array_append_new(a, b);
 	}
+	free(v);
+	free(info);
 	return a;
 }

@@ -31,8 +31,10 @@
  *
  * Rejected: a second bitmap implementation for qcow2 (marking, NBD and QMP
  * exist once), and writing bits as they change (in_use is the contract).
- * Limits: 16 bitmaps a node, names below 128 bytes, granularity 4 KiB to
- * 64 MiB (the block layer's), refused at open with the reason; no resize.
+ * Limits: qcow2's, which are QEMU's and the block layer's: 65535 bitmaps,
+ * names of 1 to 1023 bytes, granularity 512 bytes to 2 GiB, a directory
+ * of at most 64 MiB (the parser refuses an image past them, with the
+ * reason); no resize while a node has bitmaps.
  */
 #include <endian.h>
 #include <errno.h>
@@ -430,6 +432,7 @@ static void ioc_coroutine_fn add_co(void *opaque)
 	unsigned gb = (unsigned)__builtin_ctzll(c->info->granularity);
 	uint64_t ts = ioc__qcow2_bitmap_table_size(q->h.size, gb, q->cluster_bits), off = 0;
 	struct q2_bm m = { 0 }, *e;
+	size_t dlen;
 	int ret;
 
 	if (!q->rw) {
@@ -443,6 +446,14 @@ static void ioc_coroutine_fn add_co(void *opaque)
 	if (ts == 0 || ts > Q2_BME_MAX_TABLE || (ts << q->cluster_bits) > Q2_BME_MAX_PHYS ||
 	    strlen(c->info->name) > Q2_BME_MAX_NAME) {
 		c->ret = -EINVAL;
+		return;
+	}
+	/* The header's count and the directory's size have limits too. */
+	dlen = (Q2_BME_HDR_LEN + strlen(c->info->name) + 7) & ~(size_t)7;
+	for (size_t i = 0; i < b->n; i++)
+		dlen += entry_len(&b->e[i]);
+	if (b->n >= Q2_MAX_BITMAPS || dlen > Q2_MAX_BITMAP_DIR) {
+		c->ret = -ENOSPC;
 		return;
 	}
 	e = realloc(b->e, (b->n + 1) * sizeof(*e));
@@ -617,24 +628,19 @@ static int load(struct q2_bitmaps *b, char *err, size_t errlen)
 					  q->cluster_bits, fsz, ent, err, errlen);
 	if (ret < 0)
 		goto out;
-	if (q->h.nb_bitmaps > IOC_BLK_DIRTY_MAX) {
-		ERR("Image has %" PRIu32 " bitmaps; a node keeps at most %d",
-		    q->h.nb_bitmaps, IOC_BLK_DIRTY_MAX);
-		ret = -ENOTSUP;
-		goto out;
-	}
+	/* What the directory's parser let through, the block layer takes:
+	 * its limits are qcow2's (count, name length, granularity). */
+	_Static_assert(IOC_BLK_DIRTY_MAX >= Q2_MAX_BITMAPS &&
+		       IOC_BLK_DIRTY_NAME_MAX > Q2_BME_MAX_NAME &&
+		       IOC_BLK_DIRTY_GRAN_MIN <= (1u << Q2_BME_MIN_GRAN_BITS) &&
+		       IOC_BLK_DIRTY_GRAN_MAX >= (1ull << Q2_BME_MAX_GRAN_BITS),
+		       "qcow2's bitmap limits are within the block layer's");
 	for (uint32_t i = 0; i < q->h.nb_bitmaps; i++) {
 		struct q2_bitmap_entry *x = &ent[i];
 		struct q2_bm *m = &b->e[b->n];
 		struct ioc_blk_dirty *bm = NULL;
 		bool in_use = x->flags & Q2_BME_IN_USE;
 
-		if (x->name_len >= IOC_BLK_DIRTY_NAME_MAX) {
-			ERR("Bitmap '%.*s...': names of %u bytes are not supported (at most %d)",
-			    32, x->name, x->name_len, IOC_BLK_DIRTY_NAME_MAX - 1);
-			ret = -ENOTSUP;
-			goto out;
-		}
 		m->name = strndup(x->name, x->name_len);
 		if (!m->name) {
 			ret = -ENOMEM;
@@ -645,14 +651,6 @@ static int load(struct q2_bitmaps *b, char *err, size_t errlen)
 		m->table_off = x->table_off;
 		m->table_size = x->table_size;
 		b->n++;
-		if ((1ull << x->gran_bits) < IOC_BLK_DIRTY_GRAN_MIN ||
-		    (1ull << x->gran_bits) > IOC_BLK_DIRTY_GRAN_MAX) {
-			ERR("Bitmap '%s': granularity %llu is not supported (%u to %u bytes)",
-			    m->name, 1ull << x->gran_bits, IOC_BLK_DIRTY_GRAN_MIN,
-			    IOC_BLK_DIRTY_GRAN_MAX);
-			ret = -ENOTSUP;
-			goto out;
-		}
 		if (!in_use) {
 			if (x->table_size != ioc__qcow2_bitmap_table_size(q->h.size, x->gran_bits,
 									  q->cluster_bits)) {

@@ -18,7 +18,7 @@
 /* A handler's failure: QEMU's error class and a message. */
 struct ioc__qmp_err {
 	const char *cls;         /* "GenericError" unless set otherwise */
-	char desc[512];
+	char desc[2560];         /* room for two 1023-byte bitmap names */
 };
 
 /* Fill err's text (printf); the class stays as set. */

@@ -91,9 +91,9 @@ static void test_marking(void)
 	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){
 		.name = "g", .granularity = 3000 }, NULL), -EINVAL);
 	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){
-		.name = "g", .granularity = 2048 }, NULL), -EINVAL);
+		.name = "g", .granularity = 256 }, NULL), -EINVAL);
 	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){
-		.name = "g", .granularity = 128u << 20 }, NULL), -EINVAL);
+		.name = "g", .granularity = UINT64_C(4) << 30 }, NULL), -EINVAL);
 	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){
 		.name = "off", .disabled = true }, &off));
 
@@ -147,14 +147,15 @@ static void test_marking(void)
 	extents(bm, ex, sizeof(ex));
 	ASSERT_STR_EQ(ex, "2621440+65536");
 
-	struct ioc_blk_dirty_info list[IOC_BLK_DIRTY_MAX];
-	ASSERT_EQ(ioc_blk_dirty_list(blk, list, IOC_BLK_DIRTY_MAX), 3);
+	struct ioc_blk_dirty_info list[4];
+	ASSERT_EQ(ioc_blk_dirty_list(blk, NULL, 0), 3);
+	ASSERT_EQ(ioc_blk_dirty_list(blk, list, 4), 3);
 	ASSERT_STR_EQ(list[0].name, "b0");
 	ASSERT_STR_EQ(list[2].name, "fine");
 	ASSERT_OK(ioc_blk_dirty_remove(blk, "b0"));
 	ASSERT_EQ(ioc_blk_dirty_remove(blk, "b0"), -ENOENT);
 	ASSERT_NULL(ioc_blk_dirty_find(blk, "b0"));
-	ASSERT_EQ(ioc_blk_dirty_list(blk, list, IOC_BLK_DIRTY_MAX), 2);
+	ASSERT_EQ(ioc_blk_dirty_list(blk, list, 4), 2);
 	write_at(blk, 0, 0, 1); /* no bitmap named b0 is touched */
 	ioc_blk_close(blk);
 	unlink(path);
@@ -712,6 +713,199 @@ static void test_store(void)
 	ioc_blk_close(blk);
 }
 
+/* QEMU's limits: more than 16 bitmaps, names of 1023 bytes, granularity
+ * 512 bytes to 2 GiB; the markers walk the recording bitmaps only. */
+#define NB 40
+static void test_limits(void)
+{
+	struct ioc_blk_opts o = { .driver = IOC_BLK_DRIVER_NULL, .null_size = SIZE };
+	struct ioc_blk_dirty *bm[NB], *fine, *big, *h[NB + 4];
+	struct ioc_blk_dirty_info info;
+	char name[1100], ex[256];
+	struct ioc_blk *blk;
+	unsigned saved;
+
+	ASSERT_OK(ioc_blk_open(&blk, NULL, &o));
+	for (int i = 0; i < NB; i++) {
+		snprintf(name, sizeof(name), "b%d", i);
+		ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = name,
+				.disabled = i % 2 }, &bm[i]));
+	}
+	memset(name, 'n', 1023);
+	name[1023] = 0;
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = name,
+			.granularity = 512 }, &fine));
+	ASSERT_PTR_EQ(ioc_blk_dirty_find(blk, name), fine);
+	ioc_blk_dirty_get_info(fine, &info);
+	ASSERT_STR_EQ(info.name, name);
+	ASSERT_UEQ(info.granularity, 512);
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "big",
+			.granularity = UINT64_C(1) << 31 }, &big));
+	name[1023] = 'n';
+	name[1024] = 0;
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = name }, NULL),
+		  -EINVAL);
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "g256",
+			.granularity = 256 }, NULL), -EINVAL);
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "g4G",
+			.granularity = UINT64_C(1) << 32 }, NULL), -EINVAL);
+	saved = blk->dirty_count;
+	blk->dirty_count = IOC_BLK_DIRTY_MAX;      /* as if full */
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = "x" }, NULL),
+		  -ENOSPC);
+	blk->dirty_count = saved;
+
+	/* Every bitmap listed, in creation order. */
+	ASSERT_EQ(ioc_blk_dirty_handles(blk, h, NB + 4), NB + 2);
+	for (int i = 0; i < NB; i++)
+		ASSERT_PTR_EQ(h[i], bm[i]);
+	ASSERT_PTR_EQ(h[NB], fine);
+	ASSERT_STR_EQ(ioc_blk_dirty_name(h[NB + 1]), "big");
+
+	/* A write marks the recording ones only; 512-byte granules. */
+	ASSERT_OK(ioc_blk_dirty_mark(blk, 1000, 1));
+	ASSERT_OK(ioc_blk_dirty_mark(blk, 8192, 4096));
+	for (int i = 0; i < NB; i++) {
+		ioc_blk_dirty_get_info(bm[i], &info);
+		ASSERT_UEQ(info.count, i % 2 ? 0 : GRAN);
+	}
+	extents(fine, ex, sizeof(ex));
+	ASSERT_STR_EQ(ex, "512+512,8192+4096");
+	ioc_blk_dirty_get_info(big, &info);
+	ASSERT_UEQ(info.count, SIZE);             /* one granule, clipped */
+	ASSERT_EQ(ioc_blk_dirty_reset(fine, 8704, 512), 1);
+	extents(fine, ex, sizeof(ex));
+	ASSERT_STR_EQ(ex, "512+512,8192+512,9216+3072");
+
+	/* The markers' set follows enable and disable; with none recording
+	 * it is gone (the fast path). */
+	for (int i = 0; i < NB; i += 2)
+		ASSERT_OK(ioc_blk_dirty_set_recording(bm[i], false));
+	ASSERT_OK(ioc_blk_dirty_set_recording(fine, false));
+	ASSERT_OK(ioc_blk_dirty_set_recording(big, false));
+	ASSERT_NULL(atomic_load(&blk->dirty_rec));
+	ASSERT_OK(ioc_blk_dirty_set_recording(bm[NB - 1], true));
+	ASSERT_OK(ioc_blk_dirty_mark(blk, 2 * GRAN, 1));
+	ioc_blk_dirty_get_info(bm[NB - 1], &info);
+	ASSERT_UEQ(info.count, GRAN);
+	ioc_blk_dirty_get_info(bm[NB - 2], &info);
+	ASSERT_UEQ(info.count, GRAN);             /* the first write only */
+
+	/* Removing most of them compacts; the rest go on being found and
+	 * marked. */
+	for (int i = 0; i < NB - 3; i++) {
+		snprintf(name, sizeof(name), "b%d", i);
+		ASSERT_OK(ioc_blk_dirty_remove(blk, name));
+	}
+	ASSERT_OK(ioc_blk_dirty_set_recording(bm[NB - 3], true));
+	ASSERT_OK(ioc_blk_dirty_mark(blk, 3 * GRAN, 1));
+	ioc_blk_dirty_get_info(bm[NB - 3], &info);
+	ASSERT_UEQ(info.count, GRAN);
+	ioc_blk_dirty_get_info(bm[NB - 1], &info);
+	ASSERT_UEQ(info.count, 2 * GRAN);
+	ASSERT_PTR_EQ(ioc_blk_dirty_find(blk, "b38"), bm[NB - 2]);
+	ASSERT_NULL(ioc_blk_dirty_find(blk, "b0"));
+	ASSERT_EQ(ioc_blk_dirty_list(blk, NULL, 0), 5);
+	ioc_blk_close(blk);
+}
+
+/* A sidecar keeps a 512-byte granularity; its name stays below 128 bytes
+ * (part of a file name). */
+static void test_persist_fine(void)
+{
+	char *path = bt_make_image(NULL, "pf.img", SIZE, false), name[200], ex[256];
+	struct ioc_blk *blk = open_img(path);
+	struct ioc_blk_dirty *bm;
+
+	memset(name, 's', 128);
+	name[128] = 0;
+	ASSERT_EQ(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = name,
+			.persistent = true }, NULL), -EINVAL);
+	name[127] = 0;
+	ASSERT_OK(ioc_blk_dirty_add(blk, &(struct ioc_blk_dirty_opts){ .name = name,
+			.persistent = true, .granularity = 512 }, &bm));
+	write_at(blk, 0, 1536, 100);
+	ioc_blk_close(blk);
+	blk = open_img(path);
+	ASSERT_EQ(ioc_blk_dirty_load(blk), 1);
+	bm = ioc_blk_dirty_find(blk, name);
+	ASSERT_NOT_NULL(bm);
+	extents(bm, ex, sizeof(ex));
+	ASSERT_STR_EQ(ex, "1536+512");
+	ASSERT_OK(ioc_blk_dirty_remove(blk, name));
+	ioc_blk_close(blk);
+	unlink(path);
+	free(path);
+}
+
+/* Adds, removes, enables and disables while another thread marks: the
+ * sets grow, compact and empty under it, and a bitmap that records all
+ * along misses nothing. */
+struct churn {
+	struct ioc_blk *blk;
+	struct ioc_blk_dirty *keep;
+	_Atomic bool stop;
+	uint64_t marked, missed;
+};
+
+/* Each mark must reach keep at once: checked, then cleared for the next. */
+static void *churn_marker(void *arg)
+{
+	struct churn *c = arg;
+	uint64_t len;
+
+	/* Relaxed: a flag the main thread sets once it is done. */
+	for (uint64_t g = 0; !atomic_load_explicit(&c->stop, memory_order_relaxed); g++) {
+		uint64_t off = (g % 64) * GRAN;
+
+		ASSERT_OK(ioc_blk_dirty_mark(c->blk, off, 1));
+		if (ioc_blk_dirty_extent(c->keep, off, GRAN, &len) != 1)
+			c->missed++;
+		ASSERT_EQ(ioc_blk_dirty_reset(c->keep, off, 1), 1);
+		c->marked++;
+	}
+	return NULL;
+}
+
+static void test_churn(void)
+{
+	struct ioc_blk_opts o = { .driver = IOC_BLK_DRIVER_NULL, .null_size = SIZE };
+	struct churn c = { 0 };
+	struct ioc_blk_dirty *bm;
+	char name[32];
+	pthread_t t;
+
+	ASSERT_OK(ioc_blk_open(&c.blk, NULL, &o));
+	ASSERT_OK(ioc_blk_dirty_add(c.blk, &(struct ioc_blk_dirty_opts){ .name = "keep" },
+				    &c.keep));
+	ASSERT_EQ(pthread_create(&t, NULL, churn_marker, &c), 0);
+	for (int round = 0; round < 30; round++) {
+		for (int i = 0; i < 50; i++) {
+			snprintf(name, sizeof(name), "c%d", i);
+			ASSERT_OK(ioc_blk_dirty_add(c.blk, &(struct ioc_blk_dirty_opts){
+					.name = name, .disabled = i % 3 == 0 }, &bm));
+			if (i % 3 == 1)
+				ASSERT_OK(ioc_blk_dirty_set_recording(bm, false));
+		}
+		for (int i = 0; i < 50; i++) {
+			snprintf(name, sizeof(name), "c%d", i);
+			bm = ioc_blk_dirty_find(c.blk, name);
+			ASSERT_NOT_NULL(bm);
+			if (i % 3 == 0)
+				ASSERT_OK(ioc_blk_dirty_set_recording(bm, true));
+			ASSERT_OK(ioc_blk_dirty_remove(c.blk, name));
+		}
+	}
+	/* Relaxed: pthread_join() orders the rest. */
+	atomic_store_explicit(&c.stop, true, memory_order_relaxed);
+	ASSERT_EQ(pthread_join(t, NULL), 0);
+	ASSERT_UEQ(c.missed, 0);
+	ASSERT_UGT(c.marked, 0);
+	ASSERT_EQ(ioc_blk_dirty_list(c.blk, NULL, 0), 1);
+	ASSERT_NULL(ioc_blk_dirty_find(c.blk, "c0"));
+	ioc_blk_close(c.blk);
+}
+
 IOC_TEST_MAIN(
 	IOC_TEST(test_marking),
 	IOC_TEST(test_failed_write_marked),
@@ -722,4 +916,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_ordering_model),
 	IOC_TEST(test_ordering_stress),
 	IOC_TEST(test_store),
+	IOC_TEST(test_limits),
+	IOC_TEST(test_persist_fine),
+	IOC_TEST(test_churn),
 )

@@ -142,7 +142,18 @@ def exchange(path, nbd_sock):
             ("add b0", {"node": "disk", "name": "b0"}),
             ("add b1", {"node": "disk", "name": "b1", "granularity": 4096}),
             ("add b2 disabled", {"node": "disk", "name": "b2", "disabled": True}),
-            ("add b0 again", {"node": "disk", "name": "b0"})]:
+            ("add b0 again", {"node": "disk", "name": "b0"}),
+            # QEMU's limits: its words past them, and what they allow.
+            ("limit: granularity 256", {"node": "disk", "name": "g", "granularity": 256}),
+            ("limit: granularity 4 GiB", {"node": "disk", "name": "g",
+                                          "granularity": 1 << 32}),
+            ("limit: empty name", {"node": "disk", "name": ""}),
+            ("limit: 1024-byte name", {"node": "disk", "name": "N" * 1024}),
+            ("add 1023-byte name", {"node": "disk", "name": "N" * 1023}),
+            ("add 512-byte granules", {"node": "disk", "name": "fine", "granularity": 512}),
+            ("add 2 GiB granules", {"node": "disk", "name": "huge",
+                                    "granularity": 1 << 31})] + [
+            ("add m%d" % i, {"node": "disk", "name": "m%d" % i}) for i in range(20)]:
         r.append((label, q.cmd("block-dirty-bitmap-add", **args)))
     subprocess.run(["qemu-io", "-f", "raw", "-c", "write 100k 4k", "-c", "write 1M 130k",
                     "-c", "write -z 3M 64k", "-c", "discard 5M 8k",
@@ -204,6 +215,8 @@ def compare(qsd_qmp, qsd_nbd, ioc_qmp, ioc_nbd):
             continue
         ok = kind(a) == kind(b)
         detail = "qsd:    %s\niocore: %s" % (json.dumps(a)[:600], json.dumps(b)[:600])
+        if ok and label.startswith("limit:"):
+            ok = a["error"]["desc"] == b["error"]["desc"]
         if ok and "id" in a:
             ok = b.get("id") == a["id"]
         if ok and kind(a) == ("return",):
@@ -219,8 +232,10 @@ def compare(qsd_qmp, qsd_nbd, ioc_qmp, ioc_nbd):
                 ok = not d
                 detail = "\n".join(d) + "\n" + detail
             if ok and label.startswith("nodes"):
-                ok = a["return"][0]["dirty-bitmaps"] == b["return"][0]["dirty-bitmaps"]
-                detail = "bitmaps differ:\n" + detail
+                qa, ib = a["return"][0]["dirty-bitmaps"], b["return"][0]["dirty-bitmaps"]
+                ok = qa == ib
+                diff = [(x, y) for x, y in zip(qa, ib) if x != y][:1] or [(len(qa), len(ib))]
+                detail = "bitmaps differ: qsd %s, iocore %s\n" % diff[0] + detail
             # (Statistics values are not compared: QEMU counts requests
             # on the export's BlockBackend, so its node-level counters
             # stay 0; iocore's are the export's.)

@@ -2,7 +2,8 @@
 # Dirty bitmaps and the control socket with real clients: qemu-io writes,
 # nbdinfo --map and qemu-img map (x-dirty-bitmap) read them back exactly,
 # clear/remove/merge/disable through iocore-ctl, persistence across SIGTERM
-# and kill -9, a torn sidecar, hostile QMP input, and the same exchange
+# and kill -9, a torn sidecar, hostile QMP input, QEMU's limits (a 1023-byte
+# name, 512-byte granules, more than 16 bitmaps), and the same exchange
 # replayed against qemu-storage-daemon.  TAP output.
 set -u
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
@@ -366,6 +367,22 @@ cat "$dir/hostile.out"
 n=$((n + $(grep -c '^\(not \)\?ok' "$dir/hostile.out")))
 # NBD clients unaffected by all that.
 check "NBD still serves after the hostile clients" qemu-io -f raw -c 'write -P 7 0 64k' -c 'read -P 7 0 64k' "$U"
+
+# QEMU's limits over NBD: a 1023-byte name, 512-byte granules, 24 bitmaps.
+LONG=$(python3 -c 'print("L" * 1023)')
+check "a bitmap with a 1023-byte name and 512-byte granules, and 23 more" sh -c '
+	'"${MESON_EXE_WRAPPER:-}"' "$0" -s "$1" block-dirty-bitmap-add node=disk name="$2" granularity=512 &&
+	for i in $(seq 0 22); do '"${MESON_EXE_WRAPPER:-}"' "$0" -s "$1" block-dirty-bitmap-add node=disk name=x$i || exit 1; done' \
+	"$CTL" "$dir/ctl.sock" "$LONG"
+qemu-io -f raw -c 'write -P 1 1000 1' -c 'write -P 1 70000 2000' "$U" >/dev/null
+expect "served as qemu:dirty-bitmap:<1023 bytes>, in 512-byte granules" \
+	"512+512 69632+2560" "$(map "$LONG")"
+expect "QEMU's client reads it too" "512+512 69632+2560" "$(qmap "$LONG")"
+expect "the 24th bitmap is served" "0+131072" "$(map x22)"
+expect "nbdinfo lists a context for each of them" "24" \
+	"$(nbdinfo --json "$U" | python3 -c 'import json,sys
+c = json.load(sys.stdin)["exports"][0]["contexts"]
+print(sum(1 for x in c if x.startswith("qemu:dirty-bitmap:") and (len(x) == 18 + 1023 or x[18:19] == "x")))')"
 stop srv
 
 # The exchange replayed against qemu-storage-daemon.

@@ -53,7 +53,7 @@ files "binaries in $(dir_of bindir)" \
 	"$bindir/iocore-nbd" "$bindir/iocore-ctl" "$bindir/iocore-zip" \
 	"$bindir/iocore-bench" "$bindir/iocore-storage-daemon"
 files "libiocore in $(dir_of libdir), shared and static" \
-	"$libdir/libiocore.so" "$libdir/libiocore.so.0" "$libdir/libiocore.a"
+	"$libdir/libiocore.so" "$libdir/libiocore.so.1" "$libdir/libiocore.a"
 files "the pkg-config file" "$libdir/pkgconfig/iocore.pc"
 files "the headers" "$incdir/iocore/iocore.h" "$incdir/iocore/blk.h" "$incdir/iocore/zip.h"
 files "the man pages" "$mandir/man8/iocore-nbd.8" "$mandir/man1/iocore-ctl.1" \

@@ -8,7 +8,9 @@
 # clean; kill -9 leaves the bitmaps in use, reported inconsistent by the
 # next open (iocore and qemu-img), refused but for remove; a read-only
 # node never writes; an overlay's backing file name makes room for the
-# extension; a v2 image refuses persistent bitmaps.  TAP output.
+# extension; a v2 image refuses persistent bitmaps; QEMU's limits (40
+# bitmaps, a 1023-byte name, 512-byte and 2 GiB granules) and its words
+# for values past them.  TAP output.
 set -u
 BUILD=${IOC_BUILD_ROOT:-build}
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +26,7 @@ for t in qemu-img qemu-io qemu-nbd nbdinfo python3; do
 done
 workdir ioc-qcow2-bitmaps
 img="$dir/a.qcow2"
-echo "1..29"
+echo "1..42"
 
 # daemon [RO]: the daemon over $img as node q0 (read-only with RO=1),
 # its NBD server on $dir/nbd.sock, its monitor on $dir/qmp.sock.
@@ -165,7 +167,56 @@ expect "qemu-nbd reads its extent, the backing data reads through, check is clea
 	>/dev/null && echo ok) $(qemu-img check -q -U "$img" && echo clean)"
 stop q
 
-# 29: qcow2 v2 has no autoclear bits: no persistent bitmaps (as QEMU).
+# 29-41: QEMU's limits.  An image of qemu-img's with 40 bitmaps, one
+# named with 1023 bytes, one of 512-byte granules, one of 2 GiB.
+rm -f "$img"
+qemu-img create -q -f qcow2 "$img" 64M
+i=0
+while [ $i -lt 40 ]; do qemu-img bitmap --add "$img" "m$i"; i=$((i + 1)); done
+LONG=$(python3 -c 'print("L" * 1023)')
+qemu-img bitmap --add "$img" "$LONG"
+qemu-img bitmap --add -g 512 "$img" fine
+qemu-img bitmap --add -g 2147483648 "$img" huge
+qemu-io -f qcow2 -c 'write -P 4 0 4k' "$img" >/dev/null
+check "the daemon opens an image with 43 bitmaps, a 1023-byte name, 512 B and 2 GiB granules" daemon
+expect "query-named-block-nodes lists all 43, with their granularities" \
+	"43 65536 512 2147483648 4096 1023" \
+	"$(ctl --json query-named-block-nodes | python3 -c 'import json,sys
+for n in json.load(sys.stdin):
+    if n["node-name"] == "q0":
+        b = {x["name"]: x for x in n["dirty-bitmaps"]}
+        l = [k for k in b if len(k) == 1023][0]
+        print(len(b), b[l]["granularity"], b["fine"]["granularity"], b["huge"]["granularity"],
+              b["fine"]["count"], len(l))')"
+ctl block-export-add type=nbd id=e0 node-name=q0 writable:=true \
+	"bitmaps:=[\"$LONG\",\"fine\",\"m39\",\"huge\"]" >/dev/null
+qemu-io -f raw -c 'write -P 6 1000 1' -c 'write -P 6 9000 3000' "$U" >/dev/null
+expect "qemu:dirty-bitmap:fine has 512-byte extents" "0+4096 8704+3584" "$(map fine)"
+expect "qemu:dirty-bitmap:<1023 bytes> is served and tracks writes" "0+65536" "$(map "$LONG")"
+expect "the 40th of qemu-img's bitmaps too" "0+65536" "$(map m39)"
+expect "a 2 GiB granule covers the whole disk" "0+67108864" "$(map huge)"
+# QEMU's words for values out of range (qemu-storage-daemon 7.2's).
+expect "granularity below 512" "1" \
+	"$(ctl block-dirty-bitmap-add node=q0 name=g granularity=256 2>&1 | grep -c 'Granularity must be power of 2 and at least 512')"
+expect "granularity past 2 GiB" "1" \
+	"$(ctl block-dirty-bitmap-add node=q0 name=g granularity=4294967296 2>&1 | grep -c "Parameter 'granularity' expects uint32_t")"
+L1024="${LONG}x"
+expect "a 1024-byte name, in memory and persistent" "1 1" \
+	"$(ctl block-dirty-bitmap-add node=q0 name="$L1024" 2>&1 | grep -c "Bitmap name too long: $L1024") $(ctl block-dirty-bitmap-add node=q0 name="$L1024" persistent=true 2>&1 | grep -c "Can't make bitmap '$L1024' persistent in 'q0': Name length exceeds maximum (1023 characters)")"
+check "a persistent bitmap of 512-byte granules added over QMP" \
+	ctl block-dirty-bitmap-add node=q0 name=pfine persistent=true granularity=512
+qemu-io -f raw -c 'write -P 7 33M 1' "$U" >/dev/null
+dstop
+expect "after the stop qemu-img sees 44 bitmaps, none in use" "44 0 512" \
+	"$(flags | awk -F: '{ n++; if ($2 ~ /in-use/) u++ } /^pfine:/ { g = $3 } END { print n, u + 0, g }')"
+qemu-nbd -t -r -f qcow2 -B fine -B pfine -B "$LONG" -k "$dir/q.sock" --fork --pid-file "$dir/q.pid" "$img"
+expect "qemu-nbd serves the bits iocore wrote back" \
+	"0+4096 8704+3584 34603008+512 / 34603008+512 / 0+65536 34603008+65536" \
+	"$(map fine "$QU" | tr '\n' ' ')/ $(map pfine "$QU") / $(map "$LONG" "$QU" | tr '\n' ' ' | sed 's/ $//')"
+stop q
+check "qemu-img check is clean" qemu-img check -q "$img"
+
+# 42: qcow2 v2 has no autoclear bits: no persistent bitmaps (as QEMU).
 rm -f "$img"
 qemu-img create -q -f qcow2 -o compat=0.10 "$img" 64M
 daemon

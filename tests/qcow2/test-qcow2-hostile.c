@@ -347,7 +347,12 @@ static void test_bitmap_directory(void)
 	DAMAGE(table, (fsz + 8192) & ~4095ull, 8, "past the end of the file");
 	DAMAGE(table, 4097, 8, "has an offset and the all-ones bit");
 	DAMAGE(dir + 8, 3, 4, "does not match the image size");
-	DAMAGE(dir + 17, 9, 1, "granularity 512 is not supported");
+	/* 512 bytes is QEMU's smallest granule: the one table cluster still
+	 * covers the image, so it opens (the bits mean other granules). */
+	Q2T_SH_OK("cp '%s' '%s'", bm, work);
+	put_be(work, dir + 17, 9, 1);
+	expect_opens(work, false);
+	expect_opens(work, true);
 #undef DAMAGE
 	/* In use: inconsistent, its table never read. */
 	Q2T_SH_OK("cp '%s' '%s'", bm, work);

@@ -19,7 +19,7 @@ static void test_strerror_unknown(void)
 
 static void test_version(void)
 {
-	ASSERT_STR_EQ(ioc_version(), "0.1.0");
+	ASSERT_STR_EQ(ioc_version(), "0.2.0");
 }
 
 static void test_clock_monotonic(void)

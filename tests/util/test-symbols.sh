@@ -10,8 +10,8 @@ fi
 bad=$(nm -D --defined-only "$lib" | awk '$3 != "" && $3 !~ /^ioc_[a-z]/ && $3 !~ /^IOCORE_/ {print $3}')
 if [ -z "$bad" ]; then echo "ok 1 - only ioc_* exported"; else
 	echo "not ok 1 - unexpected exports:"; echo "$bad" | sed 's/^/# /'; fi
-if nm -D --defined-only "$lib" | grep -q 'ioc_strerror@@IOCORE_0'; then
-	echo "ok 2 - symbols carry version IOCORE_0"; else echo "not ok 2 - unversioned"; fi
+if nm -D --defined-only "$lib" | grep -q 'ioc_strerror@@IOCORE_1'; then
+	echo "ok 2 - symbols carry version IOCORE_1"; else echo "not ok 2 - unversioned"; fi
 pc="$IOC_BUILD_ROOT/meson-private/iocore.pc"
 if grep -q '^Libs: .*-liocore' "$pc" 2>/dev/null; then echo "ok 3 - pkg-config file"; else
 	echo "not ok 3 - pkg-config file $pc"; fi

@@ -618,13 +618,19 @@ int main(int argc, char **argv)
 		if ((r = ioc_blk_dirty_load(blk)) < 0)
 			die("dirty bitmaps of %s: %s", image, strerror(-r));
 		if (r > 0) {
-			struct ioc_blk_dirty_info bi[IOC_BLK_DIRTY_MAX];
-			int nb = ioc_blk_dirty_list(blk, bi, IOC_BLK_DIRTY_MAX);
-			for (int i = 0; i < nb && i < IOC_BLK_DIRTY_MAX; i++)
-				if (bi[i].inconsistent)
+			struct ioc_blk_dirty *bv[64];
+			struct ioc_blk_dirty_info bi;
+			int nb = ioc_blk_dirty_handles(blk, bv, 64);
+
+			/* Sidecars are loaded only here: fewer than 64 is the
+			 * usual case, and a longer list still names the first. */
+			for (int i = 0; i < nb && i < 64; i++) {
+				ioc_blk_dirty_get_info(bv[i], &bi);
+				if (bi.inconsistent)
 					fprintf(stderr, "%s: dirty bitmap \"%s\" is inconsistent "
 						"(its sidecar is torn or stale); refusing to use it\n",
-						prog, bi[i].name);
+						prog, bi.name);
+			}
 		}
 	}
 	if (verbose)
