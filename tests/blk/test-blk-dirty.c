@@ -6,6 +6,7 @@
  */
 #include <endian.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -845,6 +846,7 @@ struct churn {
 	struct ioc_blk *blk;
 	struct ioc_blk_dirty *keep;
 	_Atomic bool stop;
+	_Atomic bool started;   /* the marker's first mark is done */
 	uint64_t marked, missed;
 };
 
@@ -863,6 +865,9 @@ static void *churn_marker(void *arg)
 			c->missed++;
 		ASSERT_EQ(ioc_blk_dirty_reset(c->keep, off, 1), 1);
 		c->marked++;
+		/* Release: pairs with test_churn()'s acquire wait, so the
+		 * churn starts with the marker running. */
+		atomic_store_explicit(&c->started, true, memory_order_release);
 	}
 	return NULL;
 }
@@ -879,6 +884,10 @@ static void test_churn(void)
 	ASSERT_OK(ioc_blk_dirty_add(c.blk, &(struct ioc_blk_dirty_opts){ .name = "keep" },
 				    &c.keep));
 	ASSERT_EQ(pthread_create(&t, NULL, churn_marker, &c), 0);
+	/* Not a timing wait: the churn must overlap marks, however the
+	 * threads are scheduled.  Acquire: pairs with the marker's release. */
+	while (!atomic_load_explicit(&c.started, memory_order_acquire))
+		sched_yield();
 	for (int round = 0; round < 30; round++) {
 		for (int i = 0; i < 50; i++) {
 			snprintf(name, sizeof(name), "c%d", i);
