@@ -1018,6 +1018,11 @@ static void test_inflight(void)
 	ASSERT_UEQ(d.queue_size, QN);
 	ASSERT_UEQ(d.mmap_offset, 0);
 	ASSERT_UGE(d.mmap_size, 2 * qbytes);
+	/* Sealed at its size: shrinking it under the back end's mapping
+	 * (a SIGBUS there) is refused. */
+	ASSERT_TRUE(fcntl(ifd, F_GET_SEALS) & F_SEAL_SHRINK);
+	ASSERT_EQ(ftruncate(ifd, 0), -1);
+	ASSERT_EQ(errno, EPERM);
 	region = mmap(NULL, d.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, ifd, 0);
 	ASSERT_TRUE(region != MAP_FAILED);
 	for (unsigned i = 0; i < 2; i++) {
@@ -1250,6 +1255,23 @@ static void test_inflight_bad(void)
 			ASSERT_TRUE(a.i.connected);
 			ASSERT_UEQ(a.i.queues_started, 0);
 		}
+	}
+	fe_close(&f);
+	/* A region of the front end's own, in a memfd that allows seals:
+	 * taken, and sealed against shrinking under the mapping. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	{
+		struct vub_inflight_desc d = { qbytes, 0, 1, QN };
+
+		ifd = memfd_create("fe-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		ASSERT_GE(ifd, 0);
+		ASSERT_OK(ftruncate(ifd, (off_t)qbytes));
+		ASSERT_FALSE(fcntl(ifd, F_GET_SEALS) & F_SEAL_SHRINK);
+		ASSERT_UEQ(fe_acked(&f, VUB_SET_INFLIGHT_FD, &d, sizeof(d), &ifd, 1), 0);
+		ASSERT_TRUE(fcntl(ifd, F_GET_SEALS) & F_SEAL_SHRINK);
+		ASSERT_EQ(ftruncate(ifd, 0), -1);
+		close(ifd);
 	}
 	fe_close(&f);
 	/* And then a good one. */

@@ -133,8 +133,9 @@ static int region_map(struct ioc__vub_conn *c, const struct ioc__vub_mem *mem,
 			return proto(c, "memory regions overlap");
 	}
 	/* A mapping past the end of the file would fault (SIGBUS) on access.
-	 * A front end that shrinks the file afterwards still could: memfds
-	 * from QEMU allow no seal we could add, so it is trusted that far. */
+	 * A front end that shrinks the file afterwards still could: QEMU's
+	 * memfd backend seals it against that (seal=on, its default); the
+	 * guest's memory is not ours to seal, so others are trusted that far. */
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < end)
@@ -635,8 +636,12 @@ static int ioc_coroutine_fn h_get_inflight_fd(struct ioc__vub_conn *c, struct io
 	total = qbytes * d->num_queues;   /* at most 64 x 513 KiB */
 	/* The reply carries the region: without one the front end would
 	 * wait for it, so a failure here ends the connection. */
-	fd = memfd_create("iocore-vhost-inflight", MFD_CLOEXEC);
+	/* Sealed at its size: a front end holding it (and handing it back
+	 * to the next back end) can neither shrink it under our mapping, a
+	 * SIGBUS on the next access, nor grow it. */
+	fd = memfd_create("iocore-vhost-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0 || ftruncate(fd, (off_t)total) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
 	    (p = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
 		    MAP_FAILED) {
 		r = -errno;
@@ -684,6 +689,12 @@ static int ioc_coroutine_fn h_set_inflight_fd(struct ioc__vub_conn *c, struct io
 	/* Past the file's end a mapping faults (SIGBUS) on access. */
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < end)
 		return proto(c, "inflight region larger than its file");
+	/* Ours (GET_INFLIGHT_FD) is sealed already; a foreign memfd that
+	 * allows it is sealed against shrinking here.  Any other file is
+	 * trusted not to shrink, as guest memory is. */
+	r = fcntl(m->fds[0], F_GET_SEALS);
+	if (r >= 0 && !(r & F_SEAL_SHRINK))
+		(void)fcntl(m->fds[0], F_ADD_SEALS, F_SEAL_SHRINK);
 	p = mmap(NULL, (size_t)end, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0], 0);
 	if (p == MAP_FAILED) {
 		r = -errno;
