@@ -24,6 +24,8 @@
  * writer is refused at open, naming the owner; QEMU's write fails with
  * EROFS.  __org.iocore_lock=auto keeps librbd's cooperative default (the
  * lock moves to whoever writes, as between two QEMUs in a migration).
+ * Persistent dirty bitmaps live in the cluster beside the image, written
+ * only by the lock holder (rbd-bitmap.c, with what lock=auto does).
  *
  * Faults: __org.iocore_timeout (seconds) sets librados' OSD, monitor and
  * mount timeouts; a request that times out fails with EIO.  The default,
