@@ -24,7 +24,9 @@
  * wrote (or creates it exclusively), so two nodes never overwrite each
  * other's directory unseen: the loser gets -EBUSY.  With the exclusive
  * lock (the default) the node is the image's only writer and checks that
- * it still holds the lock before each write.  With __org.iocore_lock=auto
+ * it still holds the lock before each write (an image without the
+ * exclusive-lock feature has no lock to check: two writers there keep the
+ * object whole, not each other's writes out of it).  With lock=auto
  * another client may write the image at any time, so a bitmap of this
  * node cannot be complete: the stored ones load inconsistent and stay in
  * use (marked so at open), new persistent ones are refused.  Read-only
