@@ -7,11 +7,22 @@ two hosts would be: a bitmap added over QMP on one is found, with its
 count and its exact ranges over NBD, by the next; a daemon killed with
 SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
 the cluster.  TAP on stdout; every wait is bounded."""
-import json, os, signal, socket, subprocess, sys, tempfile, time
+import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 DAEMON, CONF = sys.argv[1], sys.argv[2]
 DIR = tempfile.mkdtemp(prefix="ioc-rbdbm.", dir=os.environ.get("CEPH_DIR", "/tmp"))
 n = fails = 0
+started = []
+
+
+@atexit.register
+def cleanup():
+    """Whatever happened, no daemon outlives the test."""
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(DIR, ignore_errors=True)
 
 
 def ok(cond, name, info=""):
@@ -49,6 +60,7 @@ class Daemon:
             "--chardev", "socket,id=m,path=%s,server=on,wait=off" % self.q,
             "--monitor", "chardev=m", "--nbd-server", "addr.type=unix,addr.path=" + self.s],
             stdout=self.log, stderr=subprocess.STDOUT)
+        started.append(self.p)
         self.f = None
         for _ in range(600):
             if self.p.poll() is not None:
