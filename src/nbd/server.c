@@ -255,11 +255,26 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 	return 0;
 }
 
+static int leave_node_fn(void *arg)
+{
+	ioc_node_loop_exit(arg);
+	return 0;
+}
+
 static void export_reap(struct ioc__nbd_export *e)
 {
 	struct ioc_nbd_server *srv = e->srv;
+	bool shared = false;
 
 	srv->dying[e->index] = NULL;
+	/* Its last connection is gone: the I/O threads submit to its node no
+	 * more (unless another export serves it), so its driver drops what it
+	 * keeps on their loops now; thread_leave_nodes() will not see it. */
+	for (unsigned i = 0; i < srv->cfg.nexports && !shared; i++)
+		shared = (srv->exports[i] && srv->exports[i]->node == e->node) ||
+			 (srv->dying[i] && srv->dying[i]->node == e->node);
+	for (unsigned t = 0; !shared && srv->threads && t < srv->nthreads; t++)
+		ioc_loop_call(srv->threads[t].loop, leave_node_fn, e->node);
 	if (e->deleted)
 		e->deleted(e->deleted_opaque, e->name);
 	ioc__nbd_export_free(e);

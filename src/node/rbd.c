@@ -24,6 +24,8 @@
  * writer is refused at open, naming the owner; QEMU's write fails with
  * EROFS.  __org.iocore_lock=auto keeps librbd's cooperative default (the
  * lock moves to whoever writes, as between two QEMUs in a migration).
+ * Persistent dirty bitmaps live in the cluster beside the image, written
+ * only by the lock holder (rbd-bitmap.c, with what lock=auto does).
  *
  * Faults: __org.iocore_timeout (seconds) sets librados' OSD, monitor and
  * mount timeouts; a request that times out fails with EIO.  The default,
@@ -56,6 +58,7 @@
 #include "iocore/pool.h"
 #include "node/node.h"
 #include "node/rbd.h"
+#include "node/rbd-bitmap.h"
 
 /* Loops that register the event fd; the others rely on them. */
 #define RBD_MAX_LOOPS IOC_NODE_MAX_SLOTS
@@ -70,6 +73,7 @@ struct rbd_node {
 	rados_t cluster;
 	rados_ioctx_t io;
 	rbd_image_t image;
+	struct rbd_bitmaps *bm;         /* persistent bitmaps (rbd-bitmap.c) */
 	int efd;                        /* the image's completion eventfd */
 	uint64_t features;
 	uint64_t obj_size;
@@ -493,18 +497,24 @@ static int64_t rbd_resize_fn(void *arg)
 static int ioc_coroutine_fn rbd_co_truncate(struct ioc_node *n, uint64_t size)
 {
 	struct rbd_resize_arg rs = { .s = n->opaque, .size = size };
-	int64_t r = ioc_pool_co_run(NULL, rbd_resize_fn, &rs);
+	struct ioc_blk_dirty_info any;
+	int64_t r;
 
+	/* The bitmaps cover the old size: none may exist (as for qcow2). */
+	if (n->dirty_set && ioc_blk_dirty_list(n->dirty_set, &any, 1) > 0)
+		return -EBUSY;
+	r = ioc_pool_co_run(NULL, rbd_resize_fn, &rs);
 	if (r < 0)
 		return rbd_io_errno(r);
 	n->size = size;
-	return 0;
+	return ioc__rbd_bitmaps_resize(rs.s->bm, size);
 }
 
 /* ---- open and close -------------------------------------------------- */
 
 static void rbd_node_free(struct rbd_node *s)
 {
+	ioc__rbd_bitmaps_free(s->bm);
 	if (s->image)
 		rbd_close(s->image);
 	if (s->io)
@@ -823,6 +833,25 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 		if ((r = rbd_take_lock(s, err, errlen)) < 0)
 			goto fail;
 	}
+	{
+		/* The bitmaps get an ioctx of their own: its last version is
+		 * theirs, never one of librbd's ops. */
+		enum rbd_bm_mode mode = n->read_only ? RBD_BM_READ :
+					lock && !strcmp(lock, "auto") ? RBD_BM_SHARED :
+					RBD_BM_OWNER;
+		rados_ioctx_t bio;
+
+		r = rados_ioctx_create(s->cluster, pool, &bio);
+		if (r < 0) {
+			snprintf(err, errlen, "error opening pool %s: %s", pool, strerror(-r));
+			goto fail;
+		}
+		rados_ioctx_set_namespace(bio, ns ? ns : "");
+		r = ioc__rbd_bitmaps_open(n, s->cluster, bio, s->image, mode, &s->bm, err,
+					  errlen);
+		if (r < 0)
+			goto fail;
+	}
 
 	n->filename_buf = filename_json(opts);
 	n->filename = n->filename_buf;
@@ -844,10 +873,15 @@ fail:
 static void rbd_node_close(struct ioc_node *n)
 {
 	struct rbd_node *s = n->opaque;
+	int r;
 
 	if (!s)
 		return;
 	rbd_loops_unregister(s);
+	r = ioc__rbd_bitmaps_close(s->bm);
+	if (r < 0)
+		fprintf(stderr, "rbd %s: could not write the dirty bitmaps back (%s); "
+			"they will load inconsistent\n", s->name, ioc_strerror(r));
 	rbd_node_free(s);
 	n->opaque = NULL;
 }

@@ -1,0 +1,472 @@
+/*
+ * Persistent dirty bitmaps of an rbd node, kept in the cluster beside the
+ * image, so an incremental backup can go on from another host after the
+ * export moved there.  (QEMU cannot: its rbd driver refuses persistent
+ * bitmaps, "Can't store persistent bitmaps to NODE: Operation not
+ * supported".)
+ *
+ * Design.  The bits live where every bitmap lives, in the block layer: a
+ * set of the null driver sized like the image (n->dirty_set), marked by
+ * the node's write notifier, reached by QMP and NBD unchanged; this file
+ * is its store (add, remove) plus open and close, in the shape of
+ * qcow2-bitmap.c.  The cluster holds one RADOS object per image,
+ * "__org.iocore_bitmaps.<image id>" in the image's pool and namespace
+ * (the id, not the name: it survives an rbd rename), in the layout of
+ * rbd-bitmap-format.h: a directory and the bit arrays, crc at the end.
+ * Every change rewrites it whole with one write_full op, which RADOS
+ * applies atomically: any state a crash can leave is one this node wrote,
+ * so no commit order is needed.  The rules are the sidecars' (src/blk/
+ * dirty-bitmap.c): a writable open marks every bitmap in use (bits
+ * dropped) before the node serves a write, a clean close writes the bits
+ * and clears it, a bitmap found in use loads inconsistent.
+ *
+ * Writers.  Each write asserts the object version this node last read or
+ * wrote (or creates it exclusively), so two nodes never overwrite each
+ * other's directory unseen: the loser gets -EBUSY.  With the exclusive
+ * lock (the default) the node is the image's only writer and checks that
+ * it still holds the lock before each write (an image without the
+ * exclusive-lock feature has no lock to check: two writers there keep the
+ * object whole, not each other's writes out of it).  With lock=auto
+ * another client may write the image at any time, so a bitmap of this
+ * node cannot be complete: the stored ones load inconsistent and stay in
+ * use (marked so at open), new persistent ones are refused.  Read-only
+ * nodes and snapshots load and never write.
+ *
+ * Rejected: one object per bitmap (directory and bits could then
+ * disagree after a crash, needing qcow2's commit order), the image's
+ * metadata (rbd_metadata_set) for the directory (a second place to keep
+ * in step, for no gain), and writing bits as they change (in use is the
+ * contract).  Limit: the object holds every bitmap at once, so their bit
+ * arrays must fit the OSD's osd_max_object_size and one op's
+ * osd_max_write_size (as the client's configuration says); an add that
+ * would not fit is refused with -EFBIG.  No resize while a bitmap exists.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/rbd-bitmap.h"
+#include "node/rbd-bitmap-format.h"
+
+#define ERR(...) snprintf(err, errlen, __VA_ARGS__)
+#define RBM_PREFIX "__org.iocore_bitmaps."
+
+struct rbd_bitmaps {
+	struct ioc_node *n;
+	rados_t cluster;
+	rados_ioctx_t io;               /* ours: its last version is ours */
+	rbd_image_t image;
+	enum rbd_bm_mode mode;
+	bool has_lock_feature;
+	char oid[160];
+	struct ioc_blk *set;
+	struct ioc_node_notifier nt;
+	bool notifying;
+	bool loading;                   /* adds are the object's own: no write */
+	bool exists;                    /* the object, as of ver */
+	uint64_t ver;
+	uint64_t size;                  /* what the set covers */
+	uint64_t max_obj;               /* bytes one object may hold */
+};
+
+static int mark(struct ioc_node_notifier *nt, struct ioc_node *n, enum ioc_node_op op,
+		uint64_t off, uint64_t len, int ret)
+{
+	struct rbd_bitmaps *b = ioc_container_of(nt, struct rbd_bitmaps, nt);
+
+	(void)n;
+	(void)op;
+	(void)ret;
+	/* A failed request may have changed part of its range: marked too. */
+	(void)ioc_blk_dirty_mark(b->set, off, len);
+	return 0;
+}
+
+/* The client's view of an OSD setting, as a number (0: unknown). */
+static uint64_t conf_u64(rados_t cluster, const char *key)
+{
+	char v[64];
+
+	if (rados_conf_get(cluster, key, v, sizeof(v)) < 0)
+		return 0;
+	return strtoull(v, NULL, 10);
+}
+
+/* ---- writing the object ---------------------------------------------- */
+
+/* What the object would hold: the set's persistent bitmaps except skip,
+ * plus add.  final: the bits of the consistent ones, in use cleared;
+ * else every one in use, without bits.  *need gets the length the object
+ * would have written final (what must fit). */
+struct plan {
+	struct ioc_blk_dirty_info *v;
+	int n;
+};
+
+static int plan_make(struct rbd_bitmaps *b, const struct ioc_blk_dirty_info *add,
+		     const char *skip, struct plan *p)
+{
+	int total = ioc_blk_dirty_list(b->set, NULL, 0), got, k = 0;
+
+	p->v = calloc((size_t)total + 1, sizeof(*p->v));
+	if (!p->v)
+		return -ENOMEM;
+	got = ioc_blk_dirty_list(b->set, p->v, total);
+	for (int i = 0; i < got && i < total; i++) {
+		if (!p->v[i].persistent || (skip && !strcmp(p->v[i].name, skip)))
+			continue;
+		p->v[k++] = p->v[i];
+	}
+	if (add)
+		p->v[k++] = *add;
+	p->n = k;
+	return 0;
+}
+
+static uint64_t plan_len(const struct rbd_bitmaps *b, const struct plan *p, bool final)
+{
+	uint64_t len = RBM_HDR_LEN + RBM_CRC_LEN;
+
+	for (int i = 0; i < p->n; i++) {
+		bool bits = final && !p->v[i].inconsistent;
+
+		len += ioc__rbm_entry_len((uint32_t)strlen(p->v[i].name),
+					  bits ? ioc__rbm_bits_len(b->size, p->v[i].granularity)
+					       : 0);
+	}
+	return len;
+}
+
+/* Write (or remove, when empty) the object for p, asserting the version
+ * this node knows. */
+static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
+{
+	uint64_t len = plan_len(b, p, final);
+	rados_write_op_t op;
+	uint8_t *buf = NULL;
+	size_t pos;
+	int ret;
+
+	if (b->has_lock_feature && b->mode == RBD_BM_OWNER) {
+		int owner = 0;
+
+		if (rbd_is_exclusive_lock_owner(b->image, &owner) < 0 || !owner)
+			return -EBUSY;  /* the lock moved: not ours to write */
+	}
+	if (p->n && len > b->max_obj)
+		return -EFBIG;
+	if (!p->n && !b->exists)
+		return 0;
+	op = rados_create_write_op();
+	if (!op)
+		return -ENOMEM;
+	if (b->exists)
+		rados_write_op_assert_version(op, b->ver);
+	else
+		rados_write_op_create(op, LIBRADOS_CREATE_EXCLUSIVE, NULL);
+	if (p->n) {
+		buf = malloc((size_t)len);
+		ret = -ENOMEM;
+		if (!buf)
+			goto out;
+		ioc__rbm_begin(buf, b->size, &pos);
+		for (int i = 0; i < p->n; i++) {
+			const struct ioc_blk_dirty_info *x = &p->v[i];
+			bool bits = final && !x->inconsistent;
+			uint64_t nb = bits ? ioc__rbm_bits_len(b->size, x->granularity) : 0;
+			uint32_t fl = (bits ? 0 : RBM_IN_USE) | (x->recording ? RBM_AUTO : 0);
+			uint8_t *dst = ioc__rbm_put(buf, &pos, x->name, fl, x->granularity, nb);
+
+			if (nb) {
+				struct ioc_blk_dirty *bm = ioc_blk_dirty_find(b->set, x->name);
+
+				ret = bm ? ioc_blk_dirty_export(bm, 0, dst, (size_t)nb) : -ENOENT;
+				if (ret < 0)
+					goto out;
+			}
+		}
+		len = ioc__rbm_finish(buf, pos, (uint32_t)p->n);
+		rados_write_op_write_full(op, (const char *)buf, (size_t)len);
+	} else {
+		rados_write_op_remove(op);
+	}
+	ret = rados_write_op_operate(op, b->io, b->oid, NULL, 0);
+	if (ret == 0) {
+		b->exists = p->n > 0;
+		b->ver = b->exists ? rados_get_last_version(b->io) : 0;
+	} else if (ret == -ERANGE || ret == -EOVERFLOW || ret == -EEXIST) {
+		ret = -EBUSY;           /* another client changed the object */
+	}
+out:
+	rados_release_write_op(op);
+	free(buf);
+	return ret;
+}
+
+static int write_plan(struct rbd_bitmaps *b, const struct ioc_blk_dirty_info *add,
+		      const char *skip, bool final)
+{
+	struct plan p;
+	int ret = plan_make(b, add, skip, &p);
+
+	if (ret == 0) {
+		/* What the close will write must fit, or the add is refused
+		 * now rather than the bitmap lost then. */
+		if (add && plan_len(b, &p, true) > b->max_obj)
+			ret = -EFBIG;
+		else
+			ret = put_object(b, &p, final);
+	}
+	free(p.v);
+	return ret;
+}
+
+/* ---- the store -------------------------------------------------------- */
+
+static int store_add(void *opaque, const struct ioc_blk_dirty_info *info)
+{
+	struct rbd_bitmaps *b = opaque;
+	struct ioc_blk_dirty_info in_use = *info;
+
+	if (b->loading)
+		return 0;
+	if (b->mode == RBD_BM_READ)
+		return -EROFS;
+	if (b->mode == RBD_BM_SHARED)
+		return -EBUSY;          /* without the lock it could not be whole */
+	in_use.inconsistent = false;
+	return write_plan(b, &in_use, NULL, false);
+}
+
+static int store_remove(void *opaque, const char *name)
+{
+	struct rbd_bitmaps *b = opaque;
+
+	if (b->mode == RBD_BM_READ)
+		return -EROFS;
+	return write_plan(b, NULL, name, false);
+}
+
+static const struct ioc_blk_dirty_store store = {
+	.add = store_add,
+	.remove = store_remove,
+};
+
+/* ---- open -------------------------------------------------------------- */
+
+static int read_object(struct rbd_bitmaps *b, uint8_t **out, size_t *len, char *err,
+		       size_t errlen)
+{
+	uint64_t psize = 0;
+	time_t mtime;
+	uint8_t *buf;
+	int ret = rados_stat(b->io, b->oid, &psize, &mtime);
+
+	*out = NULL;
+	*len = 0;
+	if (ret == -ENOENT)
+		return 0;
+	if (ret < 0) {
+		ERR("Could not read bitmap object %s: %s", b->oid, strerror(-ret));
+		return ret;
+	}
+	if (psize > (uint64_t)INT32_MAX) {
+		ERR("Bitmap object %s: %" PRIu64 " bytes is too large to read", b->oid, psize);
+		return -EFBIG;
+	}
+	buf = malloc(psize ? (size_t)psize : 1);
+	if (!buf)
+		return -ENOMEM;
+	ret = psize ? rados_read(b->io, b->oid, (char *)buf, (size_t)psize, 0) : 0;
+	if (ret == -ENOENT) {           /* removed in between: none */
+		free(buf);
+		return 0;
+	}
+	if (ret < 0) {
+		free(buf);
+		ERR("Could not read bitmap object %s: %s", b->oid, strerror(-ret));
+		return ret;
+	}
+	b->exists = true;
+	b->ver = rados_get_last_version(b->io);
+	*out = buf;
+	*len = (size_t)ret;             /* shorter: the crc check says torn */
+	return 0;
+}
+
+static int load(struct rbd_bitmaps *b, bool *any_clean, char *err, size_t errlen)
+{
+	struct rbm_entry *e = NULL;
+	uint32_t count = 0;
+	uint64_t covers = 0;
+	uint8_t *buf;
+	size_t len;
+	char why[256];
+	int ret = read_object(b, &buf, &len, err, errlen);
+
+	if (ret < 0 || !buf)
+		return ret;
+	ret = ioc__rbm_parse(buf, len, &e, &count, &covers, why, sizeof(why));
+	if (ret < 0) {
+		ERR("Bitmap object %s is invalid: %s (rados rm removes it, with its bitmaps)",
+		    b->oid, why);
+		goto out;
+	}
+	for (uint32_t i = 0; i < count; i++) {
+		struct ioc_blk_dirty *bm = NULL;
+		char *name = strndup(e[i].name, e[i].name_len);
+		/* Bits of another size (rbd resize from outside) describe
+		 * nothing here; lock=auto: another writer may have written. */
+		bool inconsistent = (e[i].flags & RBM_IN_USE) || covers != b->size ||
+				    b->mode == RBD_BM_SHARED;
+
+		if (!name) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		/* Stored clean: a writable open must mark it in use. */
+		if (!(e[i].flags & RBM_IN_USE))
+			*any_clean = true;
+		b->loading = true;
+		ret = ioc_blk_dirty_add(b->set, &(struct ioc_blk_dirty_opts){
+			.name = name, .granularity = e[i].granularity, .persistent = true,
+			.disabled = !(e[i].flags & RBM_AUTO), .inconsistent = inconsistent }, &bm);
+		b->loading = false;
+		if (ret < 0) {
+			ERR("Could not load bitmap '%.64s' of %s: %s", name, b->oid,
+			    ioc_strerror(ret));
+			free(name);
+			goto out;
+		}
+		free(name);
+		if (!inconsistent) {
+			ret = ioc_blk_dirty_import(bm, 0, e[i].bits, (size_t)e[i].nbytes);
+			if (ret < 0) {
+				ERR("Could not load the bits of bitmap %" PRIu32 " of %s: %s", i,
+				    b->oid, ioc_strerror(ret));
+				goto out;
+			}
+		}
+	}
+	/* A writable open of an object that covers another size rewrites it
+	 * at the current size (every entry in use, so no bits to convert). */
+	if (covers != b->size)
+		*any_clean = true;
+out:
+	free(e);
+	free(buf);
+	return ret;
+}
+
+int ioc__rbd_bitmaps_open(struct ioc_node *n, rados_t cluster, rados_ioctx_t io,
+			  rbd_image_t image, enum rbd_bm_mode mode, struct rbd_bitmaps **out,
+			  char *err, size_t errlen)
+{
+	struct rbd_bitmaps *b = calloc(1, sizeof(*b));
+	struct ioc_blk_opts o = { .driver = IOC_BLK_DRIVER_NULL, .null_size = n->size };
+	uint64_t features = 0, wmax;
+	char id[96];
+	bool dirty = false;
+	int ret;
+
+	*out = NULL;
+	if (!b) {
+		rados_ioctx_destroy(io);
+		ERR("%s", strerror(ENOMEM));
+		return -ENOMEM;
+	}
+	b->n = n;
+	b->cluster = cluster;
+	b->io = io;
+	b->image = image;
+	b->mode = mode;
+	b->size = n->size;
+	b->nt.fn = mark;
+	*out = b;
+	b->has_lock_feature = rbd_get_features(image, &features) == 0 &&
+			      (features & RBD_FEATURE_EXCLUSIVE_LOCK);
+	b->max_obj = conf_u64(cluster, "osd_max_object_size");
+	wmax = conf_u64(cluster, "osd_max_write_size") << 20;   /* in MiB */
+	if (!b->max_obj || (wmax && wmax < b->max_obj))
+		b->max_obj = wmax ? wmax : (90u << 20);
+	ret = rbd_get_id(image, id, sizeof(id));
+	if (ret < 0) {
+		ERR("Could not get the image id: %s", strerror(-ret));
+		return ret;
+	}
+	snprintf(b->oid, sizeof(b->oid), RBM_PREFIX "%s", id);
+	ret = ioc_blk_open(&b->set, NULL, &o);
+	if (ret < 0) {
+		b->set = NULL;
+		ERR("Could not make the node's bitmap set: %s", ioc_strerror(ret));
+		return ret;
+	}
+	ioc_blk_dirty_set_store(b->set, &store, b);
+	ret = load(b, &dirty, err, errlen);
+	if (ret < 0)
+		return ret;
+	if (mode != RBD_BM_READ && dirty) {
+		/* In use before the first write. */
+		ret = write_plan(b, NULL, NULL, false);
+		if (ret < 0) {
+			ERR("Could not mark the bitmaps of %s in use: %s", b->oid,
+			    ioc_strerror(ret));
+			return ret;
+		}
+	}
+	n->dirty_set = b->set;
+	ioc_node_add_notifier(n, &b->nt);
+	b->notifying = true;
+	return 0;
+}
+
+/* ---- close --------------------------------------------------------------- */
+
+int ioc__rbd_bitmaps_close(struct rbd_bitmaps *b)
+{
+	if (!b || b->mode != RBD_BM_OWNER)
+		return 0;
+	/* Failed: the bitmaps stay in use (inconsistent at the next open). */
+	return write_plan(b, NULL, NULL, true);
+}
+
+void ioc__rbd_bitmaps_free(struct rbd_bitmaps *b)
+{
+	if (!b)
+		return;
+	/* Close and failed opens: no request runs, and the node goes right
+	 * after, so the notifier is unlinked without a drain. */
+	if (b->notifying) {
+		/* Relaxed: no request runs, none will (see above). */
+		struct ioc_node_notifier *p = atomic_load_explicit(&b->n->notifiers,
+								   memory_order_relaxed);
+
+		if (p == &b->nt) {
+			atomic_store_explicit(&b->n->notifiers, b->nt.next, memory_order_relaxed);
+		} else {
+			while (p && p->next != &b->nt)
+				p = p->next;
+			if (p)
+				p->next = b->nt.next;
+		}
+	}
+	if (b->n->dirty_set == b->set)
+		b->n->dirty_set = NULL;
+	if (b->set)
+		ioc_blk_close(b->set);
+	if (b->io)
+		rados_ioctx_destroy(b->io);
+	free(b);
+}
+
+int ioc_coroutine_fn ioc__rbd_bitmaps_resize(struct rbd_bitmaps *b, uint64_t size)
+{
+	if (!b)
+		return 0;
+	if (ioc_blk_dirty_list(b->set, NULL, 0) > 0)
+		return -EBUSY;
+	b->size = size;
+	return ioc_blk_co_truncate(b->set, size, 0);
+}

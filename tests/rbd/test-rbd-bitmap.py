@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Persistent dirty bitmaps of an rbd node, kept in the cluster.
+
+Run by test-rbd-bitmap.sh on a fresh one-host cluster (CEPH_CONF).  Each
+daemon below is a separate iocore-storage-daemon process on the image, as
+two hosts would be: a bitmap added over QMP on one is found, with its
+count and its exact ranges over NBD, by the next; a daemon killed with
+SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
+the cluster.  TAP on stdout; every wait is bounded."""
+import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+
+DAEMON, CONF = sys.argv[1], sys.argv[2]
+DIR = tempfile.mkdtemp(prefix="ioc-rbdbm.", dir=os.environ.get("CEPH_DIR", "/tmp"))
+n = fails = 0
+started = []
+
+
+@atexit.register
+def cleanup():
+    """Whatever happened, no daemon outlives the test."""
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(DIR, ignore_errors=True)
+
+
+def ok(cond, name, info=""):
+    global n, fails
+    n += 1
+    if not cond:
+        fails += 1
+    print(("ok" if cond else "not ok") + " %d - %s" % (n, name))
+    if not cond and info:
+        for line in str(info).splitlines()[-15:]:
+            print("# " + line)
+    sys.stdout.flush()
+
+
+def run(*cmd, timeout=60):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout
+
+
+def objects():
+    rc, out = run("rados", "-c", CONF, "-p", "rbd", "ls")
+    return sorted(o for o in out.split() if o.startswith("__org.iocore_bitmaps."))
+
+
+class Daemon:
+    def __init__(self, tag, **extra):
+        self.q = os.path.join(DIR, tag + ".q")
+        self.s = os.path.join(DIR, tag + ".s")
+        self.log = open(os.path.join(DIR, tag + ".log"), "w+")
+        node = {"driver": "rbd", "node-name": "r", "pool": "rbd", "image": "img",
+                "conf": CONF}
+        node.update(extra)
+        self.p = subprocess.Popen([DAEMON, "--blockdev", json.dumps(node),
+            "--chardev", "socket,id=m,path=%s,server=on,wait=off" % self.q,
+            "--monitor", "chardev=m", "--nbd-server", "addr.type=unix,addr.path=" + self.s],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        started.append(self.p)
+        self.f = None
+        for _ in range(600):
+            if self.p.poll() is not None:
+                break
+            if os.path.exists(self.q) and os.path.exists(self.s):
+                sk = socket.socket(socket.AF_UNIX)
+                sk.settimeout(60)
+                sk.connect(self.q)
+                self.f = sk.makefile("rw")
+                self.f.readline()
+                self.cmd("qmp_capabilities")
+                return
+            time.sleep(0.1)
+
+    def output(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def cmd(self, c, **a):
+        m = {"execute": c}
+        if a:
+            m["arguments"] = a
+        self.f.write(json.dumps(m) + "\n")
+        self.f.flush()
+        while True:
+            r = json.loads(self.f.readline())
+            if "event" not in r:
+                return r
+
+    def bitmaps(self):
+        return self.cmd("query-named-block-nodes")["return"][0].get("dirty-bitmaps", [])
+
+    def uri(self, name="r"):
+        return "nbd+unix:///%s?socket=%s" % (name, self.s)
+
+    def stop(self, sig=signal.SIGTERM):
+        self.p.send_signal(sig)
+        try:
+            return self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            return self.p.wait()
+
+
+def dirty_map(uri, name):
+    """The dirty extents of qemu:dirty-bitmap:NAME, as [offset, length] runs."""
+    rc, out = run("nbdinfo", "--map=qemu:dirty-bitmap:" + name, uri)
+    runs = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[2] == "1":
+            runs.append([int(f[0]), int(f[1])])
+    return rc, runs, out
+
+
+# 1. The first "host": a persistent bitmap, writes through the export.
+a = Daemon("a")
+ok(a.f is not None, "daemon a serves the rbd node", a.output())
+r = a.cmd("block-dirty-bitmap-add", node="r", name="b0", persistent=True,
+          granularity=65536)
+ok("return" in r, "block-dirty-bitmap-add persistent=true on an rbd node", r)
+ok(len(objects()) == 1, "the bitmap object is in the image's pool", objects())
+r = a.cmd("block-export-add", type="nbd", id="e", **{"node-name": "r"}, name="r",
+          writable=True)
+ok("return" in r, "a writable export of the node", r)
+rc, out = run("qemu-io", "-f", "raw", "-c", "write -P 0x11 1M 64k",
+              "-c", "write -P 0x22 10485760 4k", "-c", "write -P 0x33 200M 128k", a.uri())
+ok(rc == 0, "qemu-io writes through the export", out)
+bm = a.bitmaps()
+ok(bm and bm[0]["count"] == 65536 * 4 and bm[0]["persistent"],
+   "the bitmap counts the writes", bm)
+ok(a.stop() == 0, "daemon a stops cleanly", a.output())
+
+# 2. The second "host": the bitmap found in the cluster, served over NBD.
+b = Daemon("b")
+bm = b.bitmaps() if b.f else None
+ok(bm and bm[0]["name"] == "b0" and bm[0]["count"] == 262144 and bm[0]["persistent"]
+   and not bm[0].get("inconsistent", False) and bm[0]["granularity"] == 65536
+   and bm[0]["recording"], "daemon b lists b0 with its count", bm or b.output())
+r = b.cmd("block-export-add", type="nbd", id="e", **{"node-name": "r"}, name="r",
+          writable=False, bitmaps=["b0"])
+ok("return" in r, "daemon b exports the node with b0", r)
+rc, runs, out = dirty_map(b.uri(), "b0")
+ok(rc == 0 and runs == [[1048576, 65536], [10485760, 65536], [209715200, 131072]],
+   "qemu:dirty-bitmap:b0 has exactly the written ranges", out)
+rc, out = run("qemu-img", "map", "--output=json", "--image-opts",
+              "driver=nbd,server.type=unix,server.path=%s,export=r,"
+              "x-dirty-bitmap=qemu:dirty-bitmap:b0" % b.s)
+try:
+    dirty = [[e["start"], e["length"]] for e in json.loads(out) if not e["data"]]
+except ValueError:
+    dirty = None
+ok(dirty == [[1048576, 65536], [10485760, 65536], [209715200, 131072]],
+   "qemu-img map with x-dirty-bitmap agrees", out)
+# b keeps recording; one more write, then a clean stop.
+b.cmd("block-export-del", id="e")
+r = b.cmd("block-export-add", type="nbd", id="w", **{"node-name": "r"}, name="r",
+          writable=True)
+rc, out = run("qemu-io", "-f", "raw", "-c", "write 512M 4k", b.uri())
+ok(rc == 0 and "return" in r, "daemon b writes once more", out)
+ok(b.stop() == 0, "daemon b stops cleanly", b.output())
+
+# 3. A read-only node loads the bitmap and never writes the object.
+before = run("rados", "-c", CONF, "-p", "rbd", "stat", objects()[0])[1] if objects() else ""
+c = Daemon("c", **{"read-only": True})
+bm = c.bitmaps() if c.f else None
+ok(bm and bm[0]["count"] == 262144 + 65536 and not bm[0].get("inconsistent", False),
+   "a read-only node loads it (with daemon b's write)", bm or c.output())
+r = c.cmd("block-dirty-bitmap-add", node="r", name="ro", persistent=True)
+ok("error" in r, "a read-only node refuses a persistent bitmap", r)
+c.stop()
+after = run("rados", "-c", CONF, "-p", "rbd", "stat", objects()[0])[1] if objects() else ""
+ok(before and before == after, "the read-only node left the object alone", before + after)
+
+# 4. lock=auto: the bitmap cannot be whole, so it loads inconsistent.
+d = Daemon("d", **{"__org.iocore_lock": "auto"})
+bm = d.bitmaps() if d.f else None
+ok(bm and bm[0].get("inconsistent") is True, "lock=auto loads it inconsistent",
+   bm or d.output())
+r = d.cmd("block-dirty-bitmap-add", node="r", name="x", persistent=True)
+ok("error" in r, "lock=auto refuses a new persistent bitmap", r)
+d.stop()
+# Marked in use by d: it stays inconsistent; remove it and start over.
+e = Daemon("e")
+bm = e.bitmaps() if e.f else None
+ok(bm and bm[0].get("inconsistent") is True, "after lock=auto it stays inconsistent",
+   bm or e.output())
+r = e.cmd("block-dirty-bitmap-remove", node="r", name="b0")
+ok("return" in r and objects() == [], "remove deletes it from the cluster",
+   [r, objects()])
+r = e.cmd("block-dirty-bitmap-add", node="r", name="b1", persistent=True)
+ok("return" in r, "a new persistent bitmap", r)
+
+# 5. A crash with the bitmap open: inconsistent at the next open.
+e.stop(signal.SIGKILL)
+f = Daemon("f")
+bm = f.bitmaps() if f.f else None
+ok(bm and bm[0]["name"] == "b1" and bm[0].get("inconsistent") is True,
+   "after kill -9 the bitmap is inconsistent", bm or f.output())
+r = f.cmd("block-dirty-bitmap-remove", node="r", name="b1")
+ok("return" in r and objects() == [], "an inconsistent bitmap can be removed",
+   [r, objects()])
+f.stop()
+
+# 6. A bitmap whose bits would not fit one object is refused, with a
+# reason (the limit as this client's configuration gives it).
+g = Daemon("g", **{"__org.iocore_conf": {"osd_max_object_size": "1024"}})
+r = g.cmd("block-dirty-bitmap-add", node="r", name="big", persistent=True,
+          granularity=65536) if g.f else {}
+ok("File too large" in r.get("error", {}).get("desc", ""),
+   "a bitmap larger than osd_max_object_size is refused", r or g.output())
+r = g.cmd("block-dirty-bitmap-add", node="r", name="big", persistent=False,
+          granularity=65536) if g.f else {}
+ok("return" in r, "a bitmap that is not persistent is not limited", r)
+g.stop()
+ok(objects() == [], "nothing left in the cluster", objects())
+
+print("1..%d" % n)
+sys.exit(1 if fails else 0)
