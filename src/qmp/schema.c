@@ -14,6 +14,7 @@
  * Rejected: jansson's json_unpack_ex format strings, which check types but
  * not ranges, enums or unions, and give messages in jansson's words.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -330,6 +331,22 @@ bool ioc__qmp_check(const struct ioc__qmp_arg *spec, json_t *obj, unsigned flags
 
 /* ---- keyval ---------------------------------------------------------------- */
 
+/* The dot that ends the key fragment at seg, or NULL.  A fragment that
+ * starts with QEMU's downstream prefix "__RFQDN_" keeps the dots of its
+ * domain ("__org.iocore_lock" is one name), as QEMU's keyval parses it. */
+static char *fragment_end(char *seg)
+{
+	char *p = seg;
+
+	if (p[0] == '_' && p[1] == '_') {
+		for (p += 2; isalnum((unsigned char)*p) || *p == '-' || *p == '.'; p++)
+			;
+		if (*p != '_')
+			p = seg;   /* not the prefix: dots split as anywhere */
+	}
+	return strchr(p, '.');
+}
+
 /* Store value at the dotted key inside root, making the objects on the way. */
 static bool keyval_put(json_t *root, const char *key, const char *value, char *desc,
 		       size_t len)
@@ -343,7 +360,7 @@ static bool keyval_put(json_t *root, const char *key, const char *value, char *d
 	}
 	strcpy(buf, key);
 	seg = buf;
-	while ((dot = strchr(seg, '.'))) {
+	while ((dot = fragment_end(seg))) {
 		json_t *next;
 
 		*dot = '\0';

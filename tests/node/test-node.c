@@ -72,6 +72,16 @@ static void test_keyval(void)
 	ASSERT_NOT_NULL(o);
 	ASSERT_STR_EQ(json_string_value(json_object_get(o, "qom-type")), "iothread");
 	json_decref(o);
+	/* QEMU's downstream names keep the dots of their domain; what follows
+	 * them nests as anywhere, and a "__" without the prefix's '_' splits. */
+	o = ioc__qmp_keyval_parse("__org.iocore_lock=auto,__org.iocore_conf.rbd_cache=false,"
+				  "__a.b=1", NULL, NULL, desc, sizeof(desc));
+	ASSERT_NOT_NULL(o);
+	ASSERT_STR_EQ(json_string_value(json_object_get(o, "__org.iocore_lock")), "auto");
+	ASSERT_STR_EQ(json_string_value(json_object_get(json_object_get(o, "__org.iocore_conf"),
+						       "rbd_cache")), "false");
+	ASSERT_STR_EQ(json_string_value(json_object_get(json_object_get(o, "__a"), "b")), "1");
+	json_decref(o);
 	ASSERT_NULL(ioc__qmp_keyval_parse("a=1,b", NULL, NULL, desc, sizeof(desc)));
 	o = ioc__qmp_keyval_parse("{\"driver\": \"file\"}", NULL, NULL, desc, sizeof(desc));
 	ASSERT_NOT_NULL(o);
