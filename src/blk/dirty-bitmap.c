@@ -15,33 +15,30 @@
  * lose it (mark, clear, read old, land): test-blk-dirty checks both orders.
  *
  * Persistence: a sidecar IMAGE.NAME.iocbm, a 4 KiB header (hdr_encode())
- * then the words, IN_USE while we run (the words' crc is then void).  So
- * that kill -9 loses nothing, before a write, write-zeroes or discard is
- * issued its granules not yet in ondisk[] (bits known durable) go to the
- * sidecar, are fdatasynced, then join ondisk[] (ioc__blk_dirty_prepare());
- * writers queue on the bitmap's lock, and one whose bits the writer ahead
- * wrote does no I/O.  On disk bits only go 0 -> 1, except in clear, which
- * resets ondisk[] before the words (a release: the after-write mark that
- * sees the cleared word sees the cleared ondisk[] and persists again).  A
- * clean close writes the words, fdatasyncs, then a header without IN_USE
- * with their crc.  So an IN_USE sidecar marks every write that may have
- * reached the image (maybe some that never ran), save one that raced a
- * clear and landed unmarked as the process died; after a power loss too,
- * if the device honours fdatasync.  A bad header, clean crc or size: torn
- * or stale, loaded inconsistent, refused until removed.  Cost: a granule's
- * first write waits for a sidecar fdatasync on its submitter.  A store (a
- * null-driver image holding, e.g., a qcow2 node's bitmaps, marked via
- * ioc_blk_dirty_mark()) has no sidecar or write-ahead (ondisk[] NULL): told
- * of adds and removes, it reads the bits out at its clean close.
+ * then the words, IN_USE while we run.  So that kill -9 loses nothing,
+ * before a write, write-zeroes or discard is issued its granules not yet
+ * in ondisk[] (bits known durable) go to the sidecar, are fdatasynced,
+ * then join ondisk[] (ioc__blk_dirty_prepare(); writers queue on the
+ * bitmap's lock, one whose bits the writer ahead wrote does no I/O).  On
+ * disk bits only go 0 -> 1, except in clear, which resets ondisk[] before
+ * the words (a release: a mark that sees the cleared word persists
+ * again).  A clean close writes the words, fdatasyncs, then a header
+ * without IN_USE with their crc.  So an IN_USE sidecar marks every write
+ * that may have reached the image, save one that raced a clear as the
+ * process died; after a power loss too, if fdatasync holds.  A bad
+ * header, crc or size loads inconsistent.  Cost: a granule's first write
+ * waits for a sidecar fdatasync.  A store (a null-driver image holding,
+ * e.g., a qcow2 node's bitmaps, marked via ioc_blk_dirty_mark()) has no
+ * sidecar (ondisk[] NULL): told of adds and removes, it reads the bits out
+ * at its clean close.
  *
  * Removal: markers read pointers unlocked, so a removed bitmap waits on a
- * retired list until close (2 MiB per TiB at 64 KiB).  Rejected: a reader
- * count or rwlock (a line every I/O thread writes per write); epochs (the
- * block layer does not know its threads); a fixed array (it capped the
- * count, and markers walked disabled bitmaps).  Truncate leaves the size.
- * Limits, QEMU's: 65535 bitmaps (qcow2's; QEMU sets none in memory: past
- * it, -ENOSPC), names of 1..1023 bytes, granules of 512 B..2 GiB; a
- * sidecar's name is in its file name: 1..127 of [A-Za-z0-9_.-].
+ * retired list until close.  Rejected: a reader count or rwlock (a line
+ * every I/O thread writes per write); epochs (the block layer does not
+ * know its threads); a fixed array (it capped the count, and markers
+ * walked disabled bitmaps).  Limits, QEMU's: 65535 bitmaps, names of
+ * 1..1023 bytes (a sidecar's, in its file name: 1..127 of [A-Za-z0-9_.-]),
+ * granules of 512 B..2 GiB.  Truncate leaves the size.
  */
 #include <assert.h>
 #include <dirent.h>

@@ -1,45 +1,37 @@
 /*
  * Persistent dirty bitmaps of an rbd node, kept in the cluster beside the
  * image, so an incremental backup can go on from another host after the
- * export moved there.  (QEMU cannot: its rbd driver refuses persistent
- * bitmaps, "Can't store persistent bitmaps to NODE: Operation not
- * supported".)
+ * export moved there (QEMU's rbd driver refuses persistent bitmaps).
  *
  * Design.  The bits live where every bitmap lives, in the block layer: a
  * set of the null driver sized like the image (n->dirty_set), marked by
  * the node's write notifier, reached by QMP and NBD unchanged; this file
- * is its store (add, remove) plus open and close, in the shape of
- * qcow2-bitmap.c.  The cluster holds one RADOS object per image,
+ * is its store (add, remove) plus open and close, in qcow2-bitmap.c's
+ * shape.  The cluster holds one RADOS object per image,
  * "__org.iocore_bitmaps.<image id>" in the image's pool and namespace
- * (the id, not the name: it survives an rbd rename), in the layout of
- * rbd-bitmap-format.h: a directory and the bit arrays, crc at the end.
- * Every change rewrites it whole with one write_full op, which RADOS
- * applies atomically: any state a crash can leave is one this node wrote,
- * so no commit order is needed.  The rules are the sidecars' (src/blk/
- * dirty-bitmap.c): a writable open marks every bitmap in use (bits
- * dropped) before the node serves a write, a clean close writes the bits
- * and clears it, a bitmap found in use loads inconsistent.
+ * (the id survives a rename), laid out as rbd-bitmap-format.h says.  Every
+ * change rewrites it whole with one write_full op, which RADOS applies
+ * atomically: a crash leaves a state this node wrote, so no commit order
+ * is needed.  The rules are the sidecars' (src/blk/dirty-bitmap.c): a
+ * writable open marks every bitmap in use before the node serves a write,
+ * a clean close writes the bits and clears it, one found in use loads
+ * inconsistent.
  *
- * Writers.  Each write asserts the object version this node last read or
- * wrote (or creates it exclusively), so two nodes never overwrite each
- * other's directory unseen: the loser gets -EBUSY.  With the exclusive
- * lock (the default) the node is the image's only writer and checks that
- * it still holds the lock before each write (an image without the
- * exclusive-lock feature has no lock to check: two writers there keep the
- * object whole, not each other's writes out of it).  With lock=auto
- * another client may write the image at any time, so a bitmap of this
- * node cannot be complete: the stored ones load inconsistent and stay in
- * use (marked so at open), new persistent ones are refused.  Read-only
- * nodes and snapshots load and never write.
+ * Writers.  Each write asserts the object version this node last saw (or
+ * creates it exclusively): two nodes never overwrite each other's
+ * directory unseen (the loser gets -EBUSY).  With the exclusive lock (the
+ * default) the node checks it still holds the lock before each write; an
+ * image without that feature keeps the object whole, not each writer's
+ * writes in the other's bitmaps.  With lock=auto another client may write
+ * at any time: stored bitmaps load inconsistent, new persistent ones are
+ * refused.  Read-only nodes and snapshots load and never write.
  *
- * Rejected: one object per bitmap (directory and bits could then
- * disagree after a crash, needing qcow2's commit order), the image's
- * metadata (rbd_metadata_set) for the directory (a second place to keep
- * in step, for no gain), and writing bits as they change (in use is the
- * contract).  Limit: the object holds every bitmap at once, so their bit
- * arrays must fit the OSD's osd_max_object_size and one op's
- * osd_max_write_size (as the client's configuration says); an add that
- * would not fit is refused with -EFBIG.  No resize while a bitmap exists.
+ * Rejected: one object per bitmap (directory and bits could disagree
+ * after a crash), rbd_metadata_set for the directory (a second place to
+ * keep in step), writing bits as they change (in use is the contract).
+ * Limit: every bit array at once must fit osd_max_object_size and
+ * osd_max_write_size (the client's view): else the add gets -EFBIG.  No
+ * resize while a bitmap exists.
  */
 #include <errno.h>
 #include <inttypes.h>
