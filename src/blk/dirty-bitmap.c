@@ -3,9 +3,8 @@
  * for incremental backup (the NBD meta context qemu:dirty-bitmap:NAME).
  *
  * Marking: every write, write-zeroes and discard (failed ones too) sets its
- * granules' bits, one fetch_or per word, on the completing thread before it
- * completes: no lock, only the words shared.  It walks the recording
- * bitmaps only ("Sets"); none: one relaxed load.
+ * granules' bits in the recording bitmaps ("Sets"), one fetch_or per word,
+ * before it completes: no lock; no bitmap recording, one relaxed load.
  *
  * Ordering: a copier clears (ioc_blk_dirty_reset(), acq_rel fetch_and),
  * then reads; a writer marks (acq_rel fetch_or) once its data reached the
@@ -37,8 +36,7 @@
  * every I/O thread writes per write); epochs (the block layer does not
  * know its threads); a fixed array (it capped the count, and markers
  * walked disabled bitmaps).  Limits, QEMU's: 65535 bitmaps, names of
- * 1..1023 bytes (a sidecar's, in its file name: 1..127 of [A-Za-z0-9_.-]),
- * granules of 512 B..2 GiB.  Truncate leaves the size.
+ * 1..1023 bytes (a sidecar's: 1..127 of [A-Za-z0-9_.-]), 512 B..2 GiB.
  */
 #include <assert.h>
 #include <dirent.h>
@@ -55,6 +53,7 @@
 #include <zlib.h>
 
 #include "blk-int.h"
+#include "util/endian.h"
 
 #define HDR_SIZE      4096u
 #define HDR_CRC_OFF   176u
@@ -116,33 +115,9 @@ static int gran_shift(uint64_t gran)
 
 /* ---- the sidecar ----------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-	v = htole32(v);
-	memcpy(p, &v, 4);
-}
 
-static void put64(uint8_t *p, uint64_t v)
-{
-	v = htole64(v);
-	memcpy(p, &v, 8);
-}
 
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v;
 
-	memcpy(&v, p, 4);
-	return le32toh(v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return le64toh(v);
-}
 
 static void hdr_encode(const struct ioc_blk_dirty *bm, uint32_t flags,
 		       uint32_t bits_crc, uint8_t *h)
@@ -151,15 +126,15 @@ static void hdr_encode(const struct ioc_blk_dirty *bm, uint32_t flags,
 
 	memset(h, 0, HDR_SIZE);
 	memcpy(h, magic, 8);
-	put32(h + 8, 1);
-	put32(h + 12, flags);
-	put64(h + 16, bm->size);
-	put64(h + 24, gran_of(bm));
-	put64(h + 32, bm->nwords);
-	put32(h + 40, bits_crc);
-	put32(h + 44, (uint32_t)nlen);
+	ioc__put_le32(h + 8, 1);
+	ioc__put_le32(h + 12, flags);
+	ioc__put_le64(h + 16, bm->size);
+	ioc__put_le64(h + 24, gran_of(bm));
+	ioc__put_le64(h + 32, bm->nwords);
+	ioc__put_le32(h + 40, bits_crc);
+	ioc__put_le32(h + 44, (uint32_t)nlen);
 	memcpy(h + 48, bm->name, nlen);
-	put32(h + HDR_CRC_OFF, (uint32_t)crc32(0, h, HDR_CRC_OFF));
+	ioc__put_le32(h + HDR_CRC_OFF, (uint32_t)crc32(0, h, HDR_CRC_OFF));
 }
 
 int ioc__blk_dirty_parse(const void *buf, size_t len, uint64_t image_size,
@@ -176,33 +151,33 @@ int ioc__blk_dirty_parse(const void *buf, size_t len, uint64_t image_size,
 	*words = NULL;
 	if (len < HDR_SIZE || memcmp(h, magic, 8) != 0)
 		return -EUCLEAN;
-	if (get32(h + HDR_CRC_OFF) != (uint32_t)crc32(0, h, HDR_CRC_OFF))
+	if (ioc__get_le32(h + HDR_CRC_OFF) != (uint32_t)crc32(0, h, HDR_CRC_OFF))
 		return -EUCLEAN;
-	if (get32(h + 8) != 1)
+	if (ioc__get_le32(h + 8) != 1)
 		return -EUCLEAN;
-	g = get64(h + 24);
+	g = ioc__get_le64(h + 24);
 	shift = gran_shift(g);
 	if (shift < 0)
 		return -EUCLEAN;
 	*gran = g;
-	*flags = get32(h + 12);
-	nlen = get32(h + 44);
+	*flags = ioc__get_le32(h + 12);
+	nlen = ioc__get_le32(h + 44);
 	if (nlen == 0 || nlen >= IOC_BLK_DIRTY_SIDECAR_NAME_MAX || strlen(name) != nlen ||
 	    memcmp(h + 48, name, nlen) != 0)
 		return -EUCLEAN;
-	if (get64(h + 16) != image_size)
+	if (ioc__get_le64(h + 16) != image_size)
 		return -EUCLEAN;
 	nbits = (image_size + g - 1) >> shift;
-	nwords = get64(h + 32);
+	nwords = ioc__get_le64(h + 32);
 	if (nwords != (nbits + 63) / 64 || (len - HDR_SIZE) / 8 != nwords ||
 	    (len - HDR_SIZE) % 8)
 		return -EUCLEAN;
 	if (!(*flags & IOC__DIRTY_F_IN_USE) &&
-	    get32(h + 40) != (uint32_t)crc32(0, h + HDR_SIZE, (uInt)(nwords * 8)))
+	    ioc__get_le32(h + 40) != (uint32_t)crc32(0, h + HDR_SIZE, (uInt)(nwords * 8)))
 		return -EUCLEAN;
 	/* Bits past the end would be marks of nothing: refuse them. */
 	if (nbits % 64 && nwords &&
-	    get64(h + HDR_SIZE + (nwords - 1) * 8) >> (nbits % 64))
+	    ioc__get_le64(h + HDR_SIZE + (nwords - 1) * 8) >> (nbits % 64))
 		return -EUCLEAN;
 	*words = h + HDR_SIZE;
 	return 0;
@@ -1078,7 +1053,7 @@ static int load_one(struct ioc_blk *blk, const char *dir, const char *fname,
 		atomic_init(&bm->recording, false);
 	} else {
 		for (uint64_t w = 0; w < bm->nwords; w++) {
-			uint64_t v = get64(words + w * 8);
+			uint64_t v = ioc__get_le64(words + w * 8);
 
 			atomic_init(&bm->words[w], v);
 			atomic_init(&bm->ondisk[w], v);

@@ -45,6 +45,7 @@
 
 #include "node-int.h"
 #include "qcow2.h"
+#include "util/endian.h"
 
 /* An entry of the directory this node writes. */
 struct q2_bm {
@@ -69,25 +70,8 @@ struct q2_bitmaps {
 
 #define ERR(...) snprintf(err, errlen, __VA_ARGS__)
 
-static uint32_t rd32(const uint8_t *p)
-{
-	uint32_t v;
 
-	memcpy(&v, p, 4);
-	return be32toh(v);
-}
 
-static void wr32(uint8_t *p, uint32_t v)
-{
-	v = htobe32(v);
-	memcpy(p, &v, 4);
-}
-
-static void wr64(uint8_t *p, uint64_t v)
-{
-	v = htobe64(v);
-	memcpy(p, &v, 8);
-}
 
 static uint64_t clusters_of(const struct q2_state *q, uint64_t bytes)
 {
@@ -190,7 +174,7 @@ static int write_table(struct q2_state *q, const uint64_t *tab, uint32_t size,
 	if (!buf)
 		return -ENOMEM;
 	for (uint32_t i = 0; tab && i < size; i++)
-		wr64(buf + (size_t)i * 8, tab[i]);
+		ioc__put_be64(buf + (size_t)i * 8, tab[i]);
 	ret = alloc_run(q, nc, off);
 	if (ret == 0) {
 		ret = ioc__qcow2_pwrite(q, *off, buf, nc << q->cluster_bits);
@@ -245,7 +229,7 @@ static int write_ext(struct q2_bitmaps *b, bool present)
 	if (end > len)
 		end = len;
 	while (off + 8 <= end) {
-		uint32_t type = rd32(buf + off), l = rd32(buf + off + 4);
+		uint32_t type = ioc__get_be32(buf + off), l = ioc__get_be32(buf + off + 4);
 
 		if (type == Q2_EXT_END) {
 			pend = off;
@@ -263,11 +247,11 @@ static int write_ext(struct q2_bitmaps *b, bool present)
 	ret = -ENOSPC;                 /* no end marker: no room to say more */
 	if (!have_end)
 		goto out;
-	wr32(d, Q2_EXT_BITMAPS);
-	wr32(d + 4, 24);
-	wr32(d + 8, (uint32_t)b->n);
-	wr64(d + 16, b->dir_size);
-	wr64(d + 24, b->dir_off);
+	ioc__put_be32(d, Q2_EXT_BITMAPS);
+	ioc__put_be32(d + 4, 24);
+	ioc__put_be32(d + 8, (uint32_t)b->n);
+	ioc__put_be64(d + 16, b->dir_size);
+	ioc__put_be64(d + 24, b->dir_off);
 	if (present && pb && (pb + 8) / 512 == (pb + 31) / 512 &&
 	    (q->h.autoclear & Q2_AUTOCLEAR_BITMAPS)) {
 		ret = ioc__qcow2_pwrite(q, pb + 8, d + 8, 24);
@@ -349,9 +333,9 @@ static uint8_t *build_dir(const struct q2_bitmaps *b, size_t *len)
 		const struct q2_bm *m = &b->e[i];
 		size_t nl = strlen(m->name);
 
-		wr64(dir + off, m->table_off);
-		wr32(dir + off + 8, m->table_size);
-		wr32(dir + off + 12, m->flags);
+		ioc__put_be64(dir + off, m->table_off);
+		ioc__put_be32(dir + off + 8, m->table_size);
+		ioc__put_be32(dir + off + 12, m->flags);
 		dir[off + 16] = Q2_BME_TYPE_DIRTY;
 		dir[off + 17] = (uint8_t)m->gran_bits;
 		dir[off + 18] = (uint8_t)(nl >> 8);

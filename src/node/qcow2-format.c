@@ -32,24 +32,11 @@
 #include <zstd.h>
 
 #include "qcow2.h"
+#include "util/endian.h"
 
 #define ERR(...) snprintf(err, errlen, __VA_ARGS__)
 
-static uint32_t be32(const uint8_t *p)
-{
-	uint32_t v;
 
-	memcpy(&v, p, 4);
-	return be32toh(v);
-}
-
-static uint64_t be64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return be64toh(v);
-}
 
 /* QEMU's qcow2_validate_table(), with the file's end and the header
  * cluster added: a table of entries * entry_len bytes at offset. */
@@ -130,8 +117,8 @@ static int parse_extensions(const uint8_t *buf, uint64_t start, uint64_t ext_end
 				    off);
 			return -EINVAL;
 		}
-		type = be32(buf + off);
-		len = be32(buf + off + 4);
+		type = ioc__get_be32(buf + off);
+		len = ioc__get_be32(buf + off + 4);
 		off += 8;
 		if (len > ext_end - off) {
 			if (!quiet)
@@ -180,13 +167,13 @@ static int parse_extensions(const uint8_t *buf, uint64_t start, uint64_t ext_end
 			 * stale: ignored, as QEMU ignores them. */
 			if (!(h->autoclear & Q2_AUTOCLEAR_BITMAPS))
 				break;
-			if (be32(buf + off + 4) != 0) {
+			if (ioc__get_be32(buf + off + 4) != 0) {
 				ERR("bitmaps_ext: Reserved field is not zero");
 				return -EINVAL;
 			}
-			h->nb_bitmaps = be32(buf + off);
-			h->bitmap_dir_size = be64(buf + off + 8);
-			h->bitmap_dir_off = be64(buf + off + 16);
+			h->nb_bitmaps = ioc__get_be32(buf + off);
+			h->bitmap_dir_size = ioc__get_be64(buf + off + 8);
+			h->bitmap_dir_off = ioc__get_be64(buf + off + 16);
 			if (h->nb_bitmaps > Q2_MAX_BITMAPS) {
 				ERR("bitmaps_ext: Image has %" PRIu32 " bitmaps, exceeding the QEMU "
 				    "supported maximum of %u", h->nb_bitmaps, Q2_MAX_BITMAPS);
@@ -228,22 +215,22 @@ int ioc__qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
 	int ret;
 
 	memset(h, 0, sizeof(*h));
-	if (len < Q2_V2_HEADER_LEN || be32(buf) != Q2_MAGIC) {
+	if (len < Q2_V2_HEADER_LEN || ioc__get_be32(buf) != Q2_MAGIC) {
 		ERR("Image is not in qcow2 format");
 		return -EINVAL;
 	}
-	h->version = be32(buf + 4);
-	h->backing_off = be64(buf + 8);
-	h->backing_len = be32(buf + 16);
-	h->cluster_bits = be32(buf + 20);
-	h->size = be64(buf + 24) & ~511ull;
-	h->crypt_method = be32(buf + 32);
-	h->l1_size = be32(buf + 36);
-	h->l1_off = be64(buf + 40);
-	h->rt_off = be64(buf + 48);
-	h->rt_clusters = be32(buf + 56);
-	h->nb_snapshots = be32(buf + 60);
-	h->snapshots_off = be64(buf + 64);
+	h->version = ioc__get_be32(buf + 4);
+	h->backing_off = ioc__get_be64(buf + 8);
+	h->backing_len = ioc__get_be32(buf + 16);
+	h->cluster_bits = ioc__get_be32(buf + 20);
+	h->size = ioc__get_be64(buf + 24) & ~511ull;
+	h->crypt_method = ioc__get_be32(buf + 32);
+	h->l1_size = ioc__get_be32(buf + 36);
+	h->l1_off = ioc__get_be64(buf + 40);
+	h->rt_off = ioc__get_be64(buf + 48);
+	h->rt_clusters = ioc__get_be32(buf + 56);
+	h->nb_snapshots = ioc__get_be32(buf + 60);
+	h->snapshots_off = ioc__get_be64(buf + 64);
 
 	if (h->version < 2 || h->version > 3) {
 		ERR("Unsupported qcow2 version %" PRIu32, h->version);
@@ -262,11 +249,11 @@ int ioc__qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
 			ERR("qcow2 header too short");
 			return -EINVAL;
 		}
-		h->incompat = be64(buf + 72);
-		h->compat = be64(buf + 80);
-		h->autoclear = be64(buf + 88);
-		h->refcount_order = be32(buf + 96);
-		h->header_len = be32(buf + 100);
+		h->incompat = ioc__get_be64(buf + 72);
+		h->compat = ioc__get_be64(buf + 80);
+		h->autoclear = ioc__get_be64(buf + 88);
+		h->refcount_order = ioc__get_be32(buf + 96);
+		h->header_len = ioc__get_be32(buf + 100);
 		if (h->header_len < Q2_V3_HEADER_LEN) {
 			ERR("qcow2 header too short");
 			return -EINVAL;
@@ -418,11 +405,11 @@ int64_t ioc__qcow2_parse_snapshot(const uint8_t *p, const struct q2_header *h,
 				  uint64_t file_size, unsigned index, char *err,
 				  size_t errlen)
 {
-	uint64_t l1_off = be64(p);
-	uint32_t l1_size = be32(p + 8);
+	uint64_t l1_off = ioc__get_be64(p);
+	uint32_t l1_size = ioc__get_be32(p + 8);
 	uint16_t id_len = (uint16_t)(p[12] << 8 | p[13]);
 	uint16_t name_len = (uint16_t)(p[14] << 8 | p[15]);
-	uint32_t extra = be32(p + 36);
+	uint32_t extra = ioc__get_be32(p + 36);
 	char what[64];
 	int ret;
 
@@ -609,8 +596,8 @@ uint64_t ioc__qcow2_rc_get(const uint8_t *blk, unsigned order, uint64_t i)
 	switch (order) {
 	case 3: return blk[i];
 	case 4: return (uint64_t)blk[2 * i] << 8 | blk[2 * i + 1];
-	case 5: return be32(blk + 4 * i);
-	case 6: return be64(blk + 8 * i);
+	case 5: return ioc__get_be32(blk + 4 * i);
+	case 6: return ioc__get_be64(blk + 8 * i);
 	default: {
 		unsigned bits = 1u << order;
 		uint64_t bit = i * bits;
@@ -698,12 +685,12 @@ int ioc__qcow2_parse_bitmap_dir(const uint8_t *dir, size_t len, uint32_t nb,
 			ERR("More bitmaps found than specified in header extension");
 			return -EINVAL;
 		}
-		e->table_off = be64(dir + off);
-		e->table_size = be32(dir + off + 8);
-		e->flags = be32(dir + off + 12);
+		e->table_off = ioc__get_be64(dir + off);
+		e->table_size = ioc__get_be32(dir + off + 8);
+		e->flags = ioc__get_be32(dir + off + 12);
 		e->gran_bits = dir[off + 17];
 		e->name_len = (uint16_t)(dir[off + 18] << 8 | dir[off + 19]);
-		extra = be32(dir + off + 20);
+		extra = ioc__get_be32(dir + off + 20);
 		elen = (size_t)(((uint64_t)Q2_BME_HDR_LEN + e->name_len + extra + 7) & ~7ull);
 		if ((uint64_t)Q2_BME_HDR_LEN + e->name_len + extra > len - off ||
 		    elen > len - off) {

@@ -19,36 +19,13 @@
 #include <zlib.h>
 
 #include "node/rbd-bitmap-format.h"
+#include "util/endian.h"
 
 #define ERR(...) snprintf(err, errlen, __VA_ARGS__)
 
-static uint32_t rd32(const uint8_t *p)
-{
-	uint32_t v;
 
-	memcpy(&v, p, 4);
-	return le32toh(v);
-}
 
-static uint64_t rd64(const uint8_t *p)
-{
-	uint64_t v;
 
-	memcpy(&v, p, 8);
-	return le64toh(v);
-}
-
-static void wr32(uint8_t *p, uint32_t v)
-{
-	v = htole32(v);
-	memcpy(p, &v, 4);
-}
-
-static void wr64(uint8_t *p, uint64_t v)
-{
-	v = htole64(v);
-	memcpy(p, &v, 8);
-}
 
 /* zlib's crc32 takes a uInt length: feed it in pieces. */
 static uint32_t crc_of(const uint8_t *p, size_t len)
@@ -96,19 +73,19 @@ int ioc__rbm_parse(const uint8_t *buf, size_t len, struct rbm_entry **out, uint3
 		ERR("not a bitmap object (%zu bytes, no magic)", len);
 		return -EINVAL;
 	}
-	version = rd32(buf + 8);
+	version = ioc__get_le32(buf + 8);
 	if (version != RBM_VERSION) {
 		ERR("bitmap object version %" PRIu32 " is not supported (only %u)", version,
 		    RBM_VERSION);
 		return -ENOTSUP;
 	}
 	end = len - RBM_CRC_LEN;
-	if (rd32(buf + end) != crc_of(buf, end)) {
+	if (ioc__get_le32(buf + end) != crc_of(buf, end)) {
 		ERR("bitmap object checksum mismatch (torn or overwritten)");
 		return -EINVAL;
 	}
-	n = rd32(buf + 12);
-	*size = rd64(buf + 16);
+	n = ioc__get_le32(buf + 12);
+	*size = ioc__get_le64(buf + 16);
 	pos = RBM_HDR_LEN;
 	/* Each entry takes RBM_ENT_LEN bytes at least: a count that cannot
 	 * fit is refused before anything is allocated for it. */
@@ -129,10 +106,10 @@ int ioc__rbm_parse(const uint8_t *buf, size_t len, struct rbm_entry **out, uint3
 			ERR("bitmap object: entry %" PRIu32 " is truncated", i);
 			goto bad;
 		}
-		x->name_len = rd32(buf + pos);
-		x->flags = rd32(buf + pos + 4);
-		x->granularity = rd64(buf + pos + 8);
-		x->nbytes = rd64(buf + pos + 16);
+		x->name_len = ioc__get_le32(buf + pos);
+		x->flags = ioc__get_le32(buf + pos + 4);
+		x->granularity = ioc__get_le64(buf + pos + 8);
+		x->nbytes = ioc__get_le64(buf + pos + 16);
 		pos += RBM_ENT_LEN;
 		padded = ((uint64_t)x->name_len + 7) & ~7ull;
 		if (x->name_len == 0 || padded > end - pos) {
@@ -192,9 +169,9 @@ bad:
 void ioc__rbm_begin(uint8_t *buf, uint64_t size, size_t *pos)
 {
 	memcpy(buf, RBM_MAGIC, 8);
-	wr32(buf + 8, RBM_VERSION);
-	wr32(buf + 12, 0);
-	wr64(buf + 16, size);
+	ioc__put_le32(buf + 8, RBM_VERSION);
+	ioc__put_le32(buf + 12, 0);
+	ioc__put_le64(buf + 16, size);
 	*pos = RBM_HDR_LEN;
 }
 
@@ -204,10 +181,10 @@ uint8_t *ioc__rbm_put(uint8_t *buf, size_t *pos, const char *name, uint32_t flag
 	size_t nl = strlen(name), padded = (nl + 7) & ~(size_t)7;
 	uint8_t *p = buf + *pos;
 
-	wr32(p, (uint32_t)nl);
-	wr32(p + 4, flags);
-	wr64(p + 8, gran);
-	wr64(p + 16, nbytes);
+	ioc__put_le32(p, (uint32_t)nl);
+	ioc__put_le32(p + 4, flags);
+	ioc__put_le64(p + 8, gran);
+	ioc__put_le64(p + 16, nbytes);
 	memset(p + RBM_ENT_LEN, 0, padded);
 	memcpy(p + RBM_ENT_LEN, name, nl);
 	*pos += RBM_ENT_LEN + padded + nbytes;
@@ -216,7 +193,7 @@ uint8_t *ioc__rbm_put(uint8_t *buf, size_t *pos, const char *name, uint32_t flag
 
 size_t ioc__rbm_finish(uint8_t *buf, size_t pos, uint32_t count)
 {
-	wr32(buf + 12, count);
-	wr32(buf + pos, crc_of(buf, pos));
+	ioc__put_le32(buf + 12, count);
+	ioc__put_le32(buf + pos, crc_of(buf, pos));
 	return pos + RBM_CRC_LEN;
 }

@@ -31,9 +31,8 @@
  * mount timeouts; a request that times out fails with EIO.  The default,
  * 0, waits forever, as QEMU and the kernel client do: an OSD restart or a
  * peering pause is ordinary in Ceph and ends by itself, while a guest file
- * system that sees EIO remounts read-only.  Set it where a front end must
- * answer in time.  With 0, an open against a dead cluster waits Ceph's
- * client_mount_timeout (300 s).
+ * system that sees EIO remounts read-only.  With 0, an open against a dead
+ * cluster waits Ceph's client_mount_timeout (300 s).
  *
  * Rejected: a completion thread per node (a second hop), rbd_aio_wait_
  * for_complete (blocks a loop), one image handle per loop (separate lock
