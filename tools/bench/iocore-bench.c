@@ -288,8 +288,10 @@ static int cmd_blk(int argc, char **argv)
 			no_drain = true;
 			break;
 		case 'B':
-			if (ioc_tool_parse_size(optarg, &nbitmaps) < 0 || nbitmaps > 64) {
-				fprintf(stderr, "iocore-bench: --dirty-bitmaps 0..64\n");
+			if (ioc_tool_parse_size(optarg, &nbitmaps) < 0 ||
+			    nbitmaps > IOC_BLK_DIRTY_MAX) {
+				fprintf(stderr, "iocore-bench: --dirty-bitmaps 0..%u\n",
+					IOC_BLK_DIRTY_MAX);
 				return 1;
 			}
 			break;
