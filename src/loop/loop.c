@@ -85,12 +85,7 @@ void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev)
 	if (h->on_ready)
 		return;
 	h->on_ready = true;
-	h->ready_next = NULL;
-	if (loop->ready_tail)
-		loop->ready_tail->ready_next = h;
-	else
-		loop->ready_head = h;
-	loop->ready_tail = h;
+	IOC__FIFO_APPEND(loop->ready_head, loop->ready_tail, h, h, ready_next);
 }
 
 static void polled_add(struct ioc_loop *loop, struct ioc_handler *h)
