@@ -91,11 +91,7 @@ void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev)
 static void polled_add(struct ioc_loop *loop, struct ioc_handler *h)
 {
 	h->polled = true;
-	h->poll_prev = NULL;
-	h->poll_next = loop->polled;
-	if (loop->polled)
-		loop->polled->poll_prev = h;
-	loop->polled = h;
+	IOC__LIST_PUSH(loop->polled, h, poll_prev, poll_next);
 	loop->npolled++;
 }
 
@@ -103,13 +99,8 @@ static void polled_remove(struct ioc_loop *loop, struct ioc_handler *h)
 {
 	if (!h->polled)
 		return;
-	if (h->poll_prev)
-		h->poll_prev->poll_next = h->poll_next;
-	else
-		loop->polled = h->poll_next;
-	if (h->poll_next)
-		h->poll_next->poll_prev = h->poll_prev;
 	/* poll_next stays valid so a walk that is standing on h goes on. */
+	IOC__LIST_UNLINK(loop->polled, h, poll_prev, poll_next);
 	h->polled = false;
 	loop->npolled--;
 }

@@ -54,7 +54,7 @@
 
 #include "iocore/co.h"
 #include "pool-int.h"
-#include "util/fifo.h"
+#include "util/list.h"
 
 enum {
 	DEFAULT_MAX_THREADS = 64,
