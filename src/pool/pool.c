@@ -192,13 +192,8 @@ static inline void cpu_relax(void)
 static void req_unlink(struct ioc_pool_req **head, struct ioc_pool_req **tail,
 		       struct ioc_pool_req *req)
 {
-	if (req->prev)
-		req->prev->next = req->next;
-	else
-		*head = req->next;
-	if (req->next)
-		req->next->prev = req->prev;
-	else
+	IOC__LIST_UNLINK(*head, req, prev, next);
+	if (!req->next)
 		*tail = req->prev;
 }
 
