@@ -945,6 +945,25 @@ static inline bool fast_write_ok(struct ioc_blk *blk, uint32_t flags)
 		!(flags & IOC_BLK_FUA);
 }
 
+/* Read inline what the page cache holds now: *done bytes of len (all,
+ * some or none), the rest for the backend; -EAGAIN where
+ * IOC_BLK_NOWAIT_ONLY wants all of it and not all is cached. */
+static int fast_read_try(struct ioc_blk *blk, uint64_t offset, uint64_t len,
+			 const struct iovec *iov, int iovcnt, uint32_t flags, uint64_t *done)
+{
+	ssize_t n;
+
+	*done = 0;
+	if (!len || !fast_path_ok(blk, flags))
+		return (flags & IOC_BLK_NOWAIT_ONLY) ? -EAGAIN : 0;
+	n = fast_read(blk, offset, len, iov, iovcnt, flags);
+	if ((uint64_t)n != len && (flags & IOC_BLK_NOWAIT_ONLY))
+		return -EAGAIN; /* not all of it was cached */
+	if (n > 0)
+		*done = (uint64_t)n;
+	return 0;
+}
+
 /*
  * Zero-copy reads: the pipe takes references to the page-cache pages, so
  * the caller can splice them on to a socket without the data ever being
@@ -1218,20 +1237,10 @@ int ioc_coroutine_fn ioc_blk_co_preadv(struct ioc_blk *blk, uint64_t offset,
 	uint64_t done = 0;
 	int ret = validate(blk, BLK_OP_READ, offset, len, iov, iovcnt, flags);
 
-	if (ret < 0)
+	if (ret == 0)
+		ret = fast_read_try(blk, offset, len, iov, iovcnt, flags, &done);
+	if (ret < 0 || (len && done == len))
 		return ret;
-	if (fast_path_ok(blk, flags) && len) {
-		ssize_t n = fast_read(blk, offset, len, iov, iovcnt, flags);
-
-		if ((uint64_t)n == len)
-			return 0;
-		if (flags & IOC_BLK_NOWAIT_ONLY)
-			return -EAGAIN; /* not all of it was cached */
-		if (n > 0)
-			done = (uint64_t)n;
-	} else if (flags & IOC_BLK_NOWAIT_ONLY) {
-		return -EAGAIN;
-	}
 	return co_run(blk, BLK_OP_READ, offset, len, iov, iovcnt, flags, done);
 }
 
@@ -1439,48 +1448,56 @@ int ioc_coroutine_fn ioc_blk_co_truncate(struct ioc_blk *blk, uint64_t size, uin
 
 /* ---- callback API ---------------------------------------------------- */
 
+/* Write inline where that cannot wait (fast_write_ok()): *done bytes of
+ * len, the rest for the backend. */
+static int fast_write_try(struct ioc_blk *blk, uint64_t offset, uint64_t len,
+			  const struct iovec *iov, int iovcnt, uint32_t flags, uint64_t *done)
+{
+	ssize_t n;
+	int ret;
+
+	*done = 0;
+	if (!len || !fast_write_ok(blk, flags))
+		return 0;
+	ret = blk_dirty_prepare(blk, offset, len);
+	if (ret < 0)
+		return ret;
+	n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
+	if (n < 0 && errno != EAGAIN && errno != EINTR)
+		return -errno;
+	if (n > 0)
+		*done = (uint64_t)n;
+	return 0;
+}
+
+/* A read or write of the callback API: checked, done inline as far as it
+ * can be without waiting, the rest submitted (or the error reported). */
+static void rw_cb(struct ioc_blk *blk, struct ioc_blk_req *req, enum blk_op op,
+		  uint64_t offset, const struct iovec *iov, int iovcnt, uint32_t flags,
+		  ioc_blk_cb *cb, void *opaque)
+{
+	uint64_t len = iov_total(iov, iovcnt), done = 0;
+	int ret = validate(blk, op, offset, len, iov, iovcnt, flags);
+
+	if (ret == 0 && op == BLK_OP_READ)
+		ret = fast_read_try(blk, offset, len, iov, iovcnt, flags, &done);
+	else if (ret == 0)
+		ret = fast_write_try(blk, offset, len, iov, iovcnt, flags, &done);
+	submit_or_fail(blk, req, ret, op, offset, len, iov, iovcnt, flags, done, cb, opaque);
+}
+
 void ioc_blk_preadv(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
 		    const struct iovec *iov, int iovcnt, uint32_t flags,
 		    ioc_blk_cb *cb, void *opaque)
 {
-	uint64_t len = iov_total(iov, iovcnt);
-	int ret = validate(blk, BLK_OP_READ, offset, len, iov, iovcnt, flags);
-	uint64_t done = 0;
-
-	if (ret == 0 && len && fast_path_ok(blk, flags)) {
-		ssize_t n = fast_read(blk, offset, len, iov, iovcnt, flags);
-
-		if ((uint64_t)n != len && (flags & IOC_BLK_NOWAIT_ONLY))
-			ret = -EAGAIN; /* not all of it was cached */
-		else if (n > 0)
-			done = (uint64_t)n;
-	} else if (ret == 0 && (flags & IOC_BLK_NOWAIT_ONLY)) {
-		ret = -EAGAIN;
-	}
-	submit_or_fail(blk, req, ret, BLK_OP_READ, offset, len, iov, iovcnt, flags,
-		       done, cb, opaque);
+	rw_cb(blk, req, BLK_OP_READ, offset, iov, iovcnt, flags, cb, opaque);
 }
 
 void ioc_blk_pwritev(struct ioc_blk *blk, struct ioc_blk_req *req, uint64_t offset,
 		     const struct iovec *iov, int iovcnt, uint32_t flags,
 		     ioc_blk_cb *cb, void *opaque)
 {
-	uint64_t len = iov_total(iov, iovcnt);
-	int ret = validate(blk, BLK_OP_WRITE, offset, len, iov, iovcnt, flags);
-	uint64_t done = 0;
-
-	if (ret == 0 && len && fast_write_ok(blk, flags))
-		ret = blk_dirty_prepare(blk, offset, len);
-	if (ret == 0 && len && fast_write_ok(blk, flags)) {
-		ssize_t n = pwritev(blk->fd, iov, iovcnt, (off_t)offset);
-
-		if (n < 0 && errno != EAGAIN && errno != EINTR)
-			ret = -errno;
-		else if (n > 0)
-			done = (uint64_t)n;
-	}
-	submit_or_fail(blk, req, ret, BLK_OP_WRITE, offset, len, iov, iovcnt, flags,
-		       done, cb, opaque);
+	rw_cb(blk, req, BLK_OP_WRITE, offset, iov, iovcnt, flags, cb, opaque);
 }
 
 void ioc_blk_flush(struct ioc_blk *blk, struct ioc_blk_req *req, uint32_t flags,

@@ -31,6 +31,7 @@
  * unmapped) or a 128-bit CAS (not everywhere without libatomic's locks).
  */
 #include "co-int.h"
+#include "util/list.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -274,11 +275,7 @@ static void register_thread(struct pool_tls *p)
 		return;
 	ensure_init();
 	pthread_mutex_lock(&g.lock);
-	p->reg_prev = NULL;
-	p->reg_next = g.threads;
-	if (g.threads)
-		g.threads->reg_prev = p;
-	g.threads = p;
+	IOC__LIST_PUSH(g.threads, p, reg_prev, reg_next);
 	pthread_mutex_unlock(&g.lock);
 	p->registered = true;
 	if (g.key_ok)
@@ -321,12 +318,7 @@ static void thread_exit(void *arg)
 	atomic_store_explicit(&p->created, 0, memory_order_relaxed);
 	atomic_store_explicit(&p->reused, 0, memory_order_relaxed);
 	atomic_store_explicit(&p->freed, 0, memory_order_relaxed);
-	if (p->reg_prev)
-		p->reg_prev->reg_next = p->reg_next;
-	else
-		g.threads = p->reg_next;
-	if (p->reg_next)
-		p->reg_next->reg_prev = p->reg_prev;
+	IOC__LIST_UNLINK(g.threads, p, reg_prev, reg_next);
 	p->registered = false;
 	pthread_mutex_unlock(&g.lock);
 }

@@ -35,24 +35,25 @@ static const struct ioc__qmp_arg iothread_props[] = {
 	{ "aio-max-batch", IOC_QMP_INT, true, .min = 0, .max = INT32_MAX },
 	{ NULL },
 };
+/* The properties of QEMU's tls-creds class, which every tls-creds-*
+ * type inherits. */
+#define TLS_CREDS_PROPS                                                  \
+	{ "dir", IOC_QMP_STR, true },                                    \
+	{ "endpoint", IOC_QMP_ENUM, true, .values = endpoint_values },   \
+	{ "verify-peer", IOC_QMP_BOOL, true },                           \
+	{ "loaded", IOC_QMP_BOOL, true },                                \
+	{ "priority", IOC_QMP_STR, true }
 static const struct ioc__qmp_arg x509_props[] = {
-	{ "dir", IOC_QMP_STR, true },
-	{ "endpoint", IOC_QMP_ENUM, true, .values = endpoint_values },
-	{ "verify-peer", IOC_QMP_BOOL, true },
-	{ "loaded", IOC_QMP_BOOL, true },
+	TLS_CREDS_PROPS,
 	{ "sanity-check", IOC_QMP_BOOL, true },
-	{ "priority", IOC_QMP_STR, true },
 	{ NULL },
 };
 static const struct ioc__qmp_arg psk_props[] = {
-	{ "dir", IOC_QMP_STR, true },
-	{ "endpoint", IOC_QMP_ENUM, true, .values = endpoint_values },
-	{ "verify-peer", IOC_QMP_BOOL, true },
-	{ "loaded", IOC_QMP_BOOL, true },
+	TLS_CREDS_PROPS,
 	{ "username", IOC_QMP_STR, true },
-	{ "priority", IOC_QMP_STR, true },
 	{ NULL },
 };
+#undef TLS_CREDS_PROPS
 static const struct ioc__qmp_arg open_props[] = { { NULL } };
 static const struct ioc__qmp_variant variants[] = {
 	{ "iothread", iothread_props }, { "tls-creds-x509", x509_props },

@@ -49,23 +49,20 @@ static const struct ioc__qmp_variant legacy_variants[] = {
 	{ "vsock", data_vsock }, { NULL },
 };
 
-const struct ioc__qmp_arg ioc__export_nbd_server_opts[] = {
-	{ "addr", IOC_QMP_OBJECT, false, .members = ioc__export_addr_base, .tag = "type",
-	  .variants = addr_variants },
-	{ "tls-creds", IOC_QMP_STR, true },
-	{ "tls-authz", IOC_QMP_STR, true },
-	{ "max-connections", IOC_QMP_UINT, true, .min = 0, .max = UINT32_MAX },
-	{ NULL },
-};
-
+/* The NBD server's options (--nbd-server, nbd-server-start), addr in one
+ * form or the other (SocketAddress or SocketAddressLegacy). */
+#define NBD_SERVER_OPTS(addr_forms)                                                      \
+	{ "addr", IOC_QMP_OBJECT, false, .members = ioc__export_addr_base, .tag = "type", \
+	  .variants = addr_forms },                                                      \
+	{ "tls-creds", IOC_QMP_STR, true },                                              \
+	{ "tls-authz", IOC_QMP_STR, true },                                              \
+	{ "max-connections", IOC_QMP_UINT, true, .min = 0, .max = UINT32_MAX },          \
+	{ NULL }
+const struct ioc__qmp_arg ioc__export_nbd_server_opts[] = { NBD_SERVER_OPTS(addr_variants) };
 const struct ioc__qmp_arg ioc__export_nbd_server_legacy_opts[] = {
-	{ "addr", IOC_QMP_OBJECT, false, .members = ioc__export_addr_base, .tag = "type",
-	  .variants = legacy_variants },
-	{ "tls-creds", IOC_QMP_STR, true },
-	{ "tls-authz", IOC_QMP_STR, true },
-	{ "max-connections", IOC_QMP_UINT, true, .min = 0, .max = UINT32_MAX },
-	{ NULL },
+	NBD_SERVER_OPTS(legacy_variants)
 };
+#undef NBD_SERVER_OPTS
 
 static int listen_addr(json_t *addr, bool legacy, char *err, size_t errlen)
 {

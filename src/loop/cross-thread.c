@@ -328,41 +328,21 @@ static void drain_incoming(struct ioc_loop *loop)
 		/* Acquire: pairs with the release CAS in ioc_loop_post(). */
 		struct ioc_task *t = atomic_exchange_explicit(&loop->tasks,
 				NULL, memory_order_acquire);
-		struct ioc_task *fifo = NULL, *last = t;
+		struct ioc_task *last = t;
 
-		assert(t != TASKS_ASLEEP);
-		while (t) {
-			struct ioc_task *next = t->next;
-
-			t->next = fifo;
-			fifo = t;
-			t = next;
-		}
-		if (loop->taskq_tail)
-			loop->taskq_tail->next = fifo;
-		else
-			loop->taskq_head = fifo;
-		loop->taskq_tail = last;
+		assert(t && t != TASKS_ASLEEP);
+		IOC__CHAIN_REVERSE(t, next);
+		IOC__FIFO_APPEND(loop->taskq_head, loop->taskq_tail, t, last, next);
 	}
 	if (atomic_load_explicit(&loop->bhs, memory_order_relaxed)) {
 		/* Acquire: pairs with the release CAS in bh_push(). */
 		struct ioc_bh *b = atomic_exchange_explicit(&loop->bhs, NULL,
 				memory_order_acquire);
-		struct ioc_bh *fifo = NULL, *last = b;
+		struct ioc_bh *last = b;
 
-		assert(b != BHS_ASLEEP);
-		while (b) {
-			struct ioc_bh *next = b->next;
-
-			b->next = fifo;
-			fifo = b;
-			b = next;
-		}
-		if (loop->bhq_tail)
-			loop->bhq_tail->next = fifo;
-		else
-			loop->bhq_head = fifo;
-		loop->bhq_tail = last;
+		assert(b && b != BHS_ASLEEP);
+		IOC__CHAIN_REVERSE(b, next);
+		IOC__FIFO_APPEND(loop->bhq_head, loop->bhq_tail, b, last, next);
 	}
 }
 

@@ -41,12 +41,7 @@ static void queue_arm(struct ioc_loop *loop, struct ioc_handler *h)
 	if (h->on_arm)
 		return;
 	h->on_arm = true;
-	h->arm_next = NULL;
-	if (loop->arm_tail)
-		loop->arm_tail->arm_next = h;
-	else
-		loop->arm_head = h;
-	loop->arm_tail = h;
+	IOC__FIFO_APPEND(loop->arm_head, loop->arm_tail, h, h, arm_next);
 }
 
 static void unqueue_arm(struct ioc_loop *loop, struct ioc_handler *h)

@@ -13,6 +13,7 @@
 
 #include "iocore/loop.h"
 #include "ablation.h"
+#include "util/list.h"
 
 /* Private revents bit: the handler's io_poll callback found work. */
 #define IOC_REV_POLLED (1u << 30)

@@ -85,22 +85,13 @@ void ioc__loop_ready(struct ioc_loop *loop, struct ioc_handler *h, uint32_t rev)
 	if (h->on_ready)
 		return;
 	h->on_ready = true;
-	h->ready_next = NULL;
-	if (loop->ready_tail)
-		loop->ready_tail->ready_next = h;
-	else
-		loop->ready_head = h;
-	loop->ready_tail = h;
+	IOC__FIFO_APPEND(loop->ready_head, loop->ready_tail, h, h, ready_next);
 }
 
 static void polled_add(struct ioc_loop *loop, struct ioc_handler *h)
 {
 	h->polled = true;
-	h->poll_prev = NULL;
-	h->poll_next = loop->polled;
-	if (loop->polled)
-		loop->polled->poll_prev = h;
-	loop->polled = h;
+	IOC__LIST_PUSH(loop->polled, h, poll_prev, poll_next);
 	loop->npolled++;
 }
 
@@ -108,13 +99,8 @@ static void polled_remove(struct ioc_loop *loop, struct ioc_handler *h)
 {
 	if (!h->polled)
 		return;
-	if (h->poll_prev)
-		h->poll_prev->poll_next = h->poll_next;
-	else
-		loop->polled = h->poll_next;
-	if (h->poll_next)
-		h->poll_next->poll_prev = h->poll_prev;
 	/* poll_next stays valid so a walk that is standing on h goes on. */
+	IOC__LIST_UNLINK(loop->polled, h, poll_prev, poll_next);
 	h->polled = false;
 	loop->npolled--;
 }

@@ -189,14 +189,8 @@ static int write_table(struct q2_state *q, const uint64_t *tab, uint32_t size,
 
 static int put_autoclear(struct q2_state *q, bool on)
 {
-	uint64_t v = on ? Q2_AUTOCLEAR_BITMAPS : 0, be = htobe64(v);
-	int ret = ioc__qcow2_pwrite(q, Q2_OFF_AUTOCLEAR, &be, 8);
-
-	if (ret == 0)
-		ret = ioc__qcow2_flush_file(q);
-	if (ret == 0)
-		q->h.autoclear = v;
-	return ret;
+	return ioc__qcow2_header_put64(q, Q2_OFF_AUTOCLEAR, &q->h.autoclear,
+				       on ? Q2_AUTOCLEAR_BITMAPS : 0);
 }
 
 /*

@@ -553,7 +553,6 @@ int ioc__qcow2_repair(struct q2_state *q, char *err, size_t errlen)
 		.err = err,
 		.errlen = errlen,
 	};
-	uint64_t be;
 	int ret;
 
 	c.g.file_size = fsz;
@@ -587,15 +586,12 @@ int ioc__qcow2_repair(struct q2_state *q, char *err, size_t errlen)
 	}
 	q->free_hint = 1;
 	/* Durable (flushed above): the dirty bit goes. */
-	be = htobe64(q->h.incompat & ~Q2_INCOMPAT_DIRTY);
-	ret = ioc__qcow2_pwrite(q, Q2_OFF_INCOMPAT, &be, 8);
-	if (ret == 0)
-		ret = ioc__qcow2_flush_file(q);
+	ret = ioc__qcow2_header_put64(q, Q2_OFF_INCOMPAT, &q->h.incompat,
+				      q->h.incompat & ~Q2_INCOMPAT_DIRTY);
 	if (ret < 0) {
 		CKERR(&c, "could not clear the dirty bit: %s", ioc_strerror(ret));
 		goto out;
 	}
-	q->h.incompat &= ~Q2_INCOMPAT_DIRTY;
 out:
 	free(c.rc);
 	free(c.fl);

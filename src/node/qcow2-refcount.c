@@ -34,6 +34,7 @@
 
 #include "node/node.h"
 #include "qcow2.h"
+#include "util/buf.h"
 
 /* Everything here runs with the driver's lock held: the file size is
  * loaded relaxed (its only writer is ensure_file(), under the same lock),
@@ -419,13 +420,12 @@ int ioc__qcow2_defer_free(struct q2_state *q, uint64_t off, uint64_t len)
 		return 0;
 	for (uint64_t c = first; c <= last; c++) {
 		if (q->npending == q->cap_pending) {
-			size_t cap = q->cap_pending ? q->cap_pending * 2 : 64;
-			uint64_t *p = realloc(q->pending, cap * sizeof(*p));
+			uint64_t *p = ioc__array_grow(q->pending, &q->cap_pending,
+						      q->npending + 1, 64, sizeof(*p));
 
 			if (!p)
 				return -ENOMEM;
 			q->pending = p;
-			q->cap_pending = cap;
 		}
 		q->pending[q->npending++] = c;
 	}

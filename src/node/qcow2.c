@@ -86,6 +86,18 @@ int ioc__qcow2_flush_file(struct q2_state *q)
 	return ioc_node_co_flush(q->file, 0);
 }
 
+int ioc__qcow2_header_put64(struct q2_state *q, uint64_t off, uint64_t *field, uint64_t v)
+{
+	uint64_t be = htobe64(v);
+	int ret = ioc__qcow2_pwrite(q, off, &be, 8);
+
+	if (ret == 0)
+		ret = ioc__qcow2_flush_file(q);
+	if (ret == 0)
+		*field = v;
+	return ret;
+}
+
 /* Relaxed: the size only grows, under the lock; a stale one makes an
  * entry past the old end look damaged, and map_run() then looks again
  * under the lock, where it is current. */
@@ -1265,14 +1277,7 @@ struct open_args {
 
 static int set_incompat(struct q2_state *q, uint64_t v)
 {
-	uint64_t be = htobe64(v);
-	int ret = ioc__qcow2_pwrite(q, Q2_OFF_INCOMPAT, &be, 8);
-
-	if (ret == 0)
-		ret = ioc__qcow2_flush_file(q);
-	if (ret == 0)
-		q->h.incompat = v;
-	return ret;
+	return ioc__qcow2_header_put64(q, Q2_OFF_INCOMPAT, &q->h.incompat, v);
 }
 
 static int read_snapshots(struct q2_state *q, char *err, size_t errlen)
@@ -1514,17 +1519,13 @@ static void ioc_coroutine_fn open_co(void *opaque)
 		 * as the format asks of a writer that does not know them (the
 		 * bitmaps' is qcow2-bitmap.c's). */
 		if (q->h.autoclear & ~Q2_AUTOCLEAR_BITMAPS) {
-			uint64_t be = htobe64(q->h.autoclear & Q2_AUTOCLEAR_BITMAPS);
-
-			ret = ioc__qcow2_pwrite(q, Q2_OFF_AUTOCLEAR, &be, 8);
-			if (ret == 0)
-				ret = ioc__qcow2_flush_file(q);
+			ret = ioc__qcow2_header_put64(q, Q2_OFF_AUTOCLEAR, &q->h.autoclear,
+						      q->h.autoclear & Q2_AUTOCLEAR_BITMAPS);
 			if (ret < 0) {
 				snprintf(err, errlen, "Could not update qcow2 header: %s",
 					 ioc_strerror(ret));
 				goto out;
 			}
-			q->h.autoclear &= Q2_AUTOCLEAR_BITMAPS;
 		}
 		if (q->lazy) {
 			ret = set_incompat(q, q->h.incompat | Q2_INCOMPAT_DIRTY);

@@ -325,6 +325,10 @@ unsigned ioc__qcow2_flip(struct q2_state *q);
 int ioc__qcow2_pread(struct q2_state *q, uint64_t off, void *buf, size_t len);
 int ioc__qcow2_pwrite(struct q2_state *q, uint64_t off, const void *buf, size_t len);
 int ioc__qcow2_flush_file(struct q2_state *q);
+/* Write v as the header's 64-bit field at off (Q2_OFF_INCOMPAT,
+ * Q2_OFF_AUTOCLEAR) and flush it; *field (its copy in q->h) becomes v
+ * only once that succeeded. */
+int ioc__qcow2_header_put64(struct q2_state *q, uint64_t off, uint64_t *field, uint64_t v);
 
 /* qcow2-refcount.c, lock held. */
 int ioc__qcow2_rc_get_cluster(struct q2_state *q, uint64_t cluster, uint64_t *rc);

@@ -54,6 +54,7 @@
 
 #include "iocore/co.h"
 #include "pool-int.h"
+#include "util/list.h"
 
 enum {
 	DEFAULT_MAX_THREADS = 64,
@@ -191,13 +192,8 @@ static inline void cpu_relax(void)
 static void req_unlink(struct ioc_pool_req **head, struct ioc_pool_req **tail,
 		       struct ioc_pool_req *req)
 {
-	if (req->prev)
-		req->prev->next = req->next;
-	else
-		*head = req->next;
-	if (req->next)
-		req->next->prev = req->prev;
-	else
+	IOC__LIST_UNLINK(*head, req, prev, next);
+	if (!req->next)
 		*tail = req->prev;
 }
 
@@ -216,12 +212,7 @@ static void queue_splice(struct ioc_pool *pool, struct ioc_pool_req *first,
 			 struct ioc_pool_req *last, unsigned n)
 {
 	first->prev = pool->q_tail;
-	last->next = NULL;
-	if (pool->q_tail)
-		pool->q_tail->next = first;
-	else
-		pool->q_head = first;
-	pool->q_tail = last;
+	IOC__FIFO_APPEND(pool->q_head, pool->q_tail, first, last, next);
 	pool->q_len += n;
 	/* Pairs with the relaxed load in spin(). */
 	atomic_store_explicit(&pool->q_visible, pool->q_len,
@@ -1036,11 +1027,7 @@ void ioc_pool_submit(struct ioc_pool *pool, struct ioc_pool_req *req,
 	req->task.fn = req_done_task;
 	req->state = REQ_PENDING;
 	req->prev = port->pend_tail;
-	if (port->pend_tail)
-		port->pend_tail->next = req;
-	else
-		port->pend_head = req;
-	port->pend_tail = req;
+	IOC__FIFO_APPEND(port->pend_head, port->pend_tail, req, req, next);
 	port->npend++;
 	/* Single writer (this loop thread); atomic for get_stats. */
 	atomic_store_explicit(&port->submitted,

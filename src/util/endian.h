@@ -12,60 +12,30 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t ioc__get_le32(const void *p)
-{
-	uint32_t v;
+/* ioc__get_<order><bits>(p) loads, ioc__put_<order><bits>(p, v) stores;
+ * the same two bodies for each order and width, so written once:
+ * ioc__get_le32, _le64, _be32, _be64 and ioc__put_le32, _le64, _be32,
+ * _be64. */
+#define IOC__ENDIAN_ACCESSORS(order, bits)                                       \
+	static inline uint##bits##_t ioc__get_##order##bits(const void *p)      \
+	{                                                                        \
+		uint##bits##_t v;                                                \
+                                                                                 \
+		memcpy(&v, p, sizeof(v));                                        \
+		return order##bits##toh(v);                                      \
+	}                                                                        \
+                                                                                 \
+	static inline void ioc__put_##order##bits(void *p, uint##bits##_t v)    \
+	{                                                                        \
+		v = hto##order##bits(v);                                         \
+		memcpy(p, &v, sizeof(v));                                        \
+	}
 
-	memcpy(&v, p, 4);
-	return le32toh(v);
-}
+IOC__ENDIAN_ACCESSORS(le, 32)
+IOC__ENDIAN_ACCESSORS(le, 64)
+IOC__ENDIAN_ACCESSORS(be, 32)
+IOC__ENDIAN_ACCESSORS(be, 64)
 
-static inline uint64_t ioc__get_le64(const void *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return le64toh(v);
-}
-
-static inline uint32_t ioc__get_be32(const void *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return be32toh(v);
-}
-
-static inline uint64_t ioc__get_be64(const void *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return be64toh(v);
-}
-
-static inline void ioc__put_le32(void *p, uint32_t v)
-{
-	v = htole32(v);
-	memcpy(p, &v, 4);
-}
-
-static inline void ioc__put_le64(void *p, uint64_t v)
-{
-	v = htole64(v);
-	memcpy(p, &v, 8);
-}
-
-static inline void ioc__put_be32(void *p, uint32_t v)
-{
-	v = htobe32(v);
-	memcpy(p, &v, 4);
-}
-
-static inline void ioc__put_be64(void *p, uint64_t v)
-{
-	v = htobe64(v);
-	memcpy(p, &v, 8);
-}
+#undef IOC__ENDIAN_ACCESSORS
 
 #endif /* IOC_UTIL_ENDIAN_H */

@@ -56,6 +56,7 @@
 #endif
 
 #include "zip-int.h"
+#include "util/buf.h"
 
 int ioc__zip_fail(struct ioc_zip *z, int err, const char *fmt, ...)
 {
@@ -398,17 +399,15 @@ out:
 
 int ioc__zip_push_entry(struct ioc_zip *z, uint32_t csize, uint32_t dsize, uint32_t sum)
 {
+	if (z->nents >= IOC__ZIP_SEEK_MAX_FRAMES)
+		return -EFBIG;
 	if (z->nents == z->ents_cap) {
-		size_t cap = z->ents_cap ? z->ents_cap * 2 : 256;
-		void *p;
+		void *p = ioc__array_grow(z->ents, &z->ents_cap, z->nents + 1, 256,
+					  sizeof(*z->ents));
 
-		if (cap > IOC__ZIP_SEEK_MAX_FRAMES)
-			return -EFBIG;
-		p = realloc(z->ents, cap * sizeof(*z->ents));
 		if (!p)
 			return -ENOMEM;
 		z->ents = p;
-		z->ents_cap = cap;
 	}
 	z->ents[z->nents++] = (struct ioc__zip_seek_entry){ csize, dsize, sum };
 	return 0;
@@ -421,25 +420,23 @@ static int push_pck(struct ioc_zip *z, const struct fdesc *f, const uint32_t *pc
 	size_t i = z->nents - 1;
 
 	if (i / 8 >= z->pck_map_cap) {
-		size_t cap = z->pck_map_cap ? z->pck_map_cap * 2 : 256;
-		uint8_t *p = realloc(z->pck_map, cap);
+		size_t old = z->pck_map_cap;
+		uint8_t *p = ioc__buf_grow(z->pck_map, &z->pck_map_cap, i / 8 + 1, 256);
 
 		if (!p)
 			return -ENOMEM;
-		memset(p + z->pck_map_cap, 0, cap - z->pck_map_cap);
+		memset(p + old, 0, z->pck_map_cap - old);
 		z->pck_map = p;
-		z->pck_map_cap = cap;
 	}
 	if (!f->pck_n)
 		return 0;
 	if (z->npcks + f->pck_n > z->pcks_cap) {
-		size_t cap = z->pcks_cap ? z->pcks_cap * 2 : 1024;
-		uint32_t *p = realloc(z->pcks, cap * sizeof(*p));
+		uint32_t *p = ioc__array_grow(z->pcks, &z->pcks_cap, z->npcks + f->pck_n, 1024,
+					      sizeof(*p));
 
 		if (!p)
 			return -ENOMEM;
 		z->pcks = p;
-		z->pcks_cap = cap;
 	}
 	z->pck_map[i / 8] |= (uint8_t)(1u << (i % 8));
 	memcpy(z->pcks + z->npcks, pck + f->pck_at, f->pck_n * sizeof(*pck));

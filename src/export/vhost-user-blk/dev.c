@@ -9,10 +9,11 @@
  * changes under running queues, each on its own I/O thread.  A message
  * that does not fit the state ends the connection, not the process.
  *
- * Design: a const table maps each request to a handler; dispatch runs it,
- * closes the fds it did not take, and answers (the reply, or REPLY_ACK's
- * u64).  -EPROTO ends the connection with the reason logged; another
- * -errno is told to the front end.  A queue starts when it has a size,
+ * Design: a const table maps each request to a handler (one about a queue
+ * is handed the queue the message names); dispatch runs it, closes the
+ * fds it did not take, and answers (the reply, or REPLY_ACK's u64).
+ * -EPROTO ends the connection with the reason logged; another -errno is
+ * told to the front end.  A queue starts when it has a size,
  * addresses, memory and its kick fd, and stops on GET_VRING_BASE, as often
  * as the front end likes.  Whatever touches a running queue runs on its
  * loop (the connection's coroutine moves there and back); a stop or a new
@@ -60,6 +61,9 @@ struct reply {
 
 typedef int ioc_coroutine_fn handler_fn(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
 					struct reply *rep);
+/* A message about one queue: dispatch finds the queue it names. */
+typedef int ioc_coroutine_fn vring_fn(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+				      struct ioc__vub_msg *m, struct reply *rep);
 
 static void reply_u64(struct reply *rep, uint64_t v)
 {
@@ -89,6 +93,35 @@ static struct ioc__vub_queue *queue_of(struct ioc__vub_conn *c, uint64_t index)
 	if (index >= c->exp->num_queues)
 		return NULL;
 	return &c->exp->q[index];
+}
+
+/* The queue index a vring message carries: where it stands depends on the
+ * request (msg.c has checked the payload's size). */
+static uint64_t vring_index(const struct ioc__vub_msg *m)
+{
+	switch (m->request) {
+	case VUB_SET_VRING_ADDR:
+		return m->p.addr.index;
+	case VUB_SET_VRING_KICK:
+	case VUB_SET_VRING_CALL:
+	case VUB_SET_VRING_ERR:
+		return m->p.u64 & VUB_VRING_IDX_MASK;
+	default:
+		return m->p.state.index;
+	}
+}
+
+/* The message's fd, taken from it (dispatch closes the ones left), or -1
+ * when it carries none. */
+static int take_fd(struct ioc__vub_msg *m)
+{
+	int fd = -1;
+
+	if (m->nfds) {
+		fd = m->fds[0];
+		m->fds[0] = -1;
+	}
+	return fd;
 }
 
 static void ioc_coroutine_fn start_kicked(struct ioc__vub_conn *c);
@@ -345,6 +378,15 @@ static void ioc_coroutine_fn queue_stop(struct ioc__vub_conn *c, struct ioc__vub
 	q->running = false;
 }
 
+/* Stop q and close its kick fd: GET_VRING_BASE, or a new kick fd. */
+static void ioc_coroutine_fn queue_unkick(struct ioc__vub_conn *c, struct ioc__vub_queue *q)
+{
+	queue_stop(c, q);
+	if (q->kick_fd >= 0)
+		close(q->kick_fd);
+	q->kick_fd = -1;
+}
+
 /* Start q if it has everything a start needs. */
 static int ioc_coroutine_fn queue_try_start(struct ioc__vub_conn *c, struct ioc__vub_queue *q)
 {
@@ -382,14 +424,11 @@ static void ioc_coroutine_fn start_kicked(struct ioc__vub_conn *c)
 		queue_try_start(c, &c->exp->q[i]);
 }
 
-static int ioc_coroutine_fn h_set_vring_num(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					    struct reply *rep)
+static int ioc_coroutine_fn h_set_vring_num(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					    struct ioc__vub_msg *m, struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
 	unsigned n = m->p.state.num;
 
-	if (!q)
-		return proto(c, "vring index out of range");
 	if (q->started)
 		return proto(c, "SET_VRING_NUM on a running queue");
 	if (!n || n > 32768 || (n & (n - 1)))
@@ -398,15 +437,12 @@ static int ioc_coroutine_fn h_set_vring_num(struct ioc__vub_conn *c, struct ioc_
 	return 0;
 }
 
-static int ioc_coroutine_fn h_set_vring_addr(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					     struct reply *rep)
+static int ioc_coroutine_fn h_set_vring_addr(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					     struct ioc__vub_msg *m, struct reply *rep)
 {
 	const struct vhost_vring_addr *a = &m->p.addr;
-	struct ioc__vub_queue *q = queue_of(c, a->index);
 	bool log = a->flags & (1u << VHOST_VRING_F_LOG);
 
-	if (!q)
-		return proto(c, "vring index out of range");
 	if (q->started) {
 		if (a->desc_user_addr != q->vr.desc_uva || a->avail_user_addr != q->vr.avail_uva ||
 		    a->used_user_addr != q->vr.used_uva)
@@ -426,13 +462,9 @@ static int ioc_coroutine_fn h_set_vring_addr(struct ioc__vub_conn *c, struct ioc
 	return 0;
 }
 
-static int ioc_coroutine_fn h_set_vring_base(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					     struct reply *rep)
+static int ioc_coroutine_fn h_set_vring_base(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					     struct ioc__vub_msg *m, struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
-
-	if (!q)
-		return proto(c, "vring index out of range");
 	if (q->started)
 		return proto(c, "SET_VRING_BASE on a running queue");
 	if (m->p.state.num > 0xffff)
@@ -441,17 +473,10 @@ static int ioc_coroutine_fn h_set_vring_base(struct ioc__vub_conn *c, struct ioc
 	return 0;
 }
 
-static int ioc_coroutine_fn h_get_vring_base(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					     struct reply *rep)
+static int ioc_coroutine_fn h_get_vring_base(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					     struct ioc__vub_msg *m, struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
-
-	if (!q)
-		return proto(c, "vring index out of range");
-	queue_stop(c, q);
-	if (q->kick_fd >= 0)
-		close(q->kick_fd);
-	q->kick_fd = -1;
+	queue_unkick(c, q);
 	q->kick_set = false;
 	rep->send = true;
 	rep->size = sizeof(rep->p.state);
@@ -460,57 +485,28 @@ static int ioc_coroutine_fn h_get_vring_base(struct ioc__vub_conn *c, struct ioc
 	return 0;
 }
 
-static int ioc_coroutine_fn h_set_vring_kick(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					     struct reply *rep)
+static int ioc_coroutine_fn h_set_vring_kick(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					     struct ioc__vub_msg *m, struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
-
-	if (!q)
-		return proto(c, "vring index out of range");
 	/* A new kick fd on a running queue: stop it (requests finish) and
 	 * start it again on the new fd from where it was. */
-	queue_stop(c, q);
+	queue_unkick(c, q);
+	q->kick_fd = take_fd(m);
+	/* The kick handler reads only when the fd is readable, but a reader
+	 * that can block the loop is one mistake away. */
 	if (q->kick_fd >= 0)
-		close(q->kick_fd);
-	q->kick_fd = -1;
-	if (m->nfds) {
-		q->kick_fd = m->fds[0];
-		m->fds[0] = -1;
-		/* The kick handler reads only when the fd is readable, but a
-		 * reader that can block the loop is one mistake away. */
 		fcntl(q->kick_fd, F_SETFL, fcntl(q->kick_fd, F_GETFL) | O_NONBLOCK);
-	}
 	q->kick_set = true;
 	queue_try_start(c, q);
 	return 0;
 }
 
-/* SET_VRING_CALL and _ERR: the queue the message names and the fd it
- * carries (taken from the message; -1 without one: polling, or no error
- * notices). */
-static int vring_fd_msg(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-			struct ioc__vub_queue **q, int *fd)
+static int ioc_coroutine_fn h_set_vring_call(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					     struct ioc__vub_msg *m, struct reply *rep)
 {
-	*q = queue_of(c, m->p.u64 & VUB_VRING_IDX_MASK);
-	*fd = -1;
-	if (!*q)
-		return proto(c, "vring index out of range");
-	if (m->nfds) {
-		*fd = m->fds[0];
-		m->fds[0] = -1;
-	}
-	return 0;
-}
+	/* Without an fd (-1) the front end polls the used ring. */
+	int fd = take_fd(m), old = q->vr.call_fd;
 
-static int ioc_coroutine_fn h_set_vring_call(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					     struct reply *rep)
-{
-	struct ioc__vub_queue *q;
-	int fd, old, r = vring_fd_msg(c, m, &q, &fd);
-
-	if (r < 0)
-		return r;
-	old = q->vr.call_fd;
 	if (q->started) {
 		ioc__vub_to_queue(q);
 		ioc__vub_queue_set_call(q, fd);
@@ -523,14 +519,12 @@ static int ioc_coroutine_fn h_set_vring_call(struct ioc__vub_conn *c, struct ioc
 	return 0;
 }
 
-static int ioc_coroutine_fn h_set_vring_err(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					    struct reply *rep)
+static int ioc_coroutine_fn h_set_vring_err(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					    struct ioc__vub_msg *m, struct reply *rep)
 {
-	struct ioc__vub_queue *q;
-	int fd, old, r = vring_fd_msg(c, m, &q, &fd);
+	/* Without an fd (-1) the front end takes no error notices. */
+	int fd = take_fd(m), old;
 
-	if (r < 0)
-		return r;
 	/* err_fd is read on the queue's loop only after a fault: swap it
 	 * there like the call fd. */
 	ioc__vub_to_queue(q);
@@ -542,13 +536,9 @@ static int ioc_coroutine_fn h_set_vring_err(struct ioc__vub_conn *c, struct ioc_
 	return 0;
 }
 
-static int ioc_coroutine_fn h_set_vring_enable(struct ioc__vub_conn *c, struct ioc__vub_msg *m,
-					       struct reply *rep)
+static int ioc_coroutine_fn h_set_vring_enable(struct ioc__vub_conn *c, struct ioc__vub_queue *q,
+					       struct ioc__vub_msg *m, struct reply *rep)
 {
-	struct ioc__vub_queue *q = queue_of(c, m->p.state.index);
-
-	if (!q)
-		return proto(c, "vring index out of range");
 	if (m->p.state.num > 1)
 		return proto(c, "SET_VRING_ENABLE with a value other than 0 or 1");
 	if (q->started) {
@@ -843,47 +833,58 @@ static int ioc_coroutine_fn h_set_log_fd(struct ioc__vub_conn *c, struct ioc__vu
 
 /* ---- dispatch ------------------------------------------------------------------- */
 
-static handler_fn *const handlers[VUB_REQUEST_MAX] = {
-	[VUB_GET_FEATURES] = h_get_features,
-	[VUB_SET_FEATURES] = h_set_features,
-	[VUB_SET_OWNER] = h_nop,
-	[VUB_RESET_OWNER] = h_reset_owner,
-	[VUB_SET_MEM_TABLE] = h_set_mem_table,
-	[VUB_SET_LOG_BASE] = h_set_log_base,
-	[VUB_SET_LOG_FD] = h_set_log_fd,
-	[VUB_SET_VRING_NUM] = h_set_vring_num,
-	[VUB_SET_VRING_ADDR] = h_set_vring_addr,
-	[VUB_SET_VRING_BASE] = h_set_vring_base,
-	[VUB_GET_VRING_BASE] = h_get_vring_base,
-	[VUB_SET_VRING_KICK] = h_set_vring_kick,
-	[VUB_SET_VRING_CALL] = h_set_vring_call,
-	[VUB_SET_VRING_ERR] = h_set_vring_err,
-	[VUB_GET_PROTOCOL_FEATURES] = h_get_protocol_features,
-	[VUB_SET_PROTOCOL_FEATURES] = h_set_protocol_features,
-	[VUB_GET_QUEUE_NUM] = h_get_queue_num,
-	[VUB_SET_VRING_ENABLE] = h_set_vring_enable,
-	[VUB_SET_BACKEND_REQ_FD] = h_set_backend_req_fd,
-	[VUB_GET_CONFIG] = h_get_config,
-	[VUB_SET_CONFIG] = h_set_config,
-	[VUB_GET_INFLIGHT_FD] = h_get_inflight_fd,
-	[VUB_SET_INFLIGHT_FD] = h_set_inflight_fd,
-	[VUB_GET_MAX_MEM_SLOTS] = h_get_max_mem_slots,
-	[VUB_ADD_MEM_REG] = h_add_mem_reg,
-	[VUB_REM_MEM_REG] = h_rem_mem_reg,
+/* Each request has one handler: about the device (fn), or about the queue
+ * the message names (vring). */
+static const struct handler {
+	handler_fn *fn;
+	vring_fn *vring;
+} handlers[VUB_REQUEST_MAX] = {
+	[VUB_GET_FEATURES] = { .fn = h_get_features },
+	[VUB_SET_FEATURES] = { .fn = h_set_features },
+	[VUB_SET_OWNER] = { .fn = h_nop },
+	[VUB_RESET_OWNER] = { .fn = h_reset_owner },
+	[VUB_SET_MEM_TABLE] = { .fn = h_set_mem_table },
+	[VUB_SET_LOG_BASE] = { .fn = h_set_log_base },
+	[VUB_SET_LOG_FD] = { .fn = h_set_log_fd },
+	[VUB_SET_VRING_NUM] = { .vring = h_set_vring_num },
+	[VUB_SET_VRING_ADDR] = { .vring = h_set_vring_addr },
+	[VUB_SET_VRING_BASE] = { .vring = h_set_vring_base },
+	[VUB_GET_VRING_BASE] = { .vring = h_get_vring_base },
+	[VUB_SET_VRING_KICK] = { .vring = h_set_vring_kick },
+	[VUB_SET_VRING_CALL] = { .vring = h_set_vring_call },
+	[VUB_SET_VRING_ERR] = { .vring = h_set_vring_err },
+	[VUB_GET_PROTOCOL_FEATURES] = { .fn = h_get_protocol_features },
+	[VUB_SET_PROTOCOL_FEATURES] = { .fn = h_set_protocol_features },
+	[VUB_GET_QUEUE_NUM] = { .fn = h_get_queue_num },
+	[VUB_SET_VRING_ENABLE] = { .vring = h_set_vring_enable },
+	[VUB_SET_BACKEND_REQ_FD] = { .fn = h_set_backend_req_fd },
+	[VUB_GET_CONFIG] = { .fn = h_get_config },
+	[VUB_SET_CONFIG] = { .fn = h_set_config },
+	[VUB_GET_INFLIGHT_FD] = { .fn = h_get_inflight_fd },
+	[VUB_SET_INFLIGHT_FD] = { .fn = h_set_inflight_fd },
+	[VUB_GET_MAX_MEM_SLOTS] = { .fn = h_get_max_mem_slots },
+	[VUB_ADD_MEM_REG] = { .fn = h_add_mem_reg },
+	[VUB_REM_MEM_REG] = { .fn = h_rem_mem_reg },
 };
 
 int ioc_coroutine_fn ioc__vub_dev_dispatch(struct ioc__vub_conn *c, struct ioc__vub_msg *m)
 {
-	handler_fn *h = m->request < VUB_REQUEST_MAX ? handlers[m->request] : NULL;
+	const struct handler *h = m->request < VUB_REQUEST_MAX ? &handlers[m->request] : NULL;
 	struct reply rep = { .send = false, .fd = -1 };
+	struct ioc__vub_queue *q;
 	char nb[32];
 	int r, w = 0;
 
-	if (!h) {
+	if (!h || (!h->fn && !h->vring)) {
 		ioc__vub_msg_close_fds(m);
 		return proto(c, "unsupported request");
 	}
-	r = h(c, m, &rep);
+	if (h->fn) {
+		r = h->fn(c, m, &rep);
+	} else {
+		q = queue_of(c, vring_index(m));
+		r = q ? h->vring(c, q, m, &rep) : proto(c, "vring index out of range");
+	}
 	ioc__vub_msg_close_fds(m);
 	if (r == -EPROTO)
 		return r;

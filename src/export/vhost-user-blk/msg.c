@@ -210,6 +210,17 @@ static int wait_io(int fd, bool out)
 	return 0;
 }
 
+/* After a recvmsg (out: sendmsg) on fd failed: 0 to try again (it was
+ * interrupted, or fd is ready now), or the -errno that ends the transfer. */
+static int io_failed(int fd, bool out)
+{
+	if (errno == EINTR)
+		return 0;
+	if (errno == EAGAIN || errno == EWOULDBLOCK)
+		return wait_io(fd, out);
+	return -errno;
+}
+
 /* Read exactly len bytes into buf, taking the fds that come with them.
  * at_start: an orderly end before the first byte is -ECONNRESET, not a
  * truncated message. */
@@ -232,16 +243,11 @@ static int recv_exact(int fd, void *buf, size_t len, struct ioc__vub_msg *m,
 		bool too_many = false;
 
 		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				int w = wait_io(fd, false);
+			int w = io_failed(fd, false);
 
-				if (w < 0)
-					return w;
-				continue;
-			}
-			return -errno;
+			if (w < 0)
+				return w;
+			continue;
 		}
 		/* Take every fd first, so an error below leaks none. */
 		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
@@ -347,16 +353,11 @@ int ioc_coroutine_fn ioc__vub_msg_send_fd(int fd, uint32_t request, uint32_t fla
 		}
 		r = sendmsg(fd, &mh, MSG_NOSIGNAL);
 		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				int w = wait_io(fd, true);
+			int w = io_failed(fd, true);
 
-				if (w < 0)
-					return w;
-				continue;
-			}
-			return -errno;
+			if (w < 0)
+				return w;
+			continue;
 		}
 		off += (size_t)r;
 	}
