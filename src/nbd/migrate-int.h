@@ -24,6 +24,7 @@
 
 #include "nbd-int.h"
 #include "node/dirty-cmd.h"
+#include "node/node.h"
 #include "qmp/qmp.h"
 
 /* QEMU's MigrationStatus values that iocore uses. */

@@ -25,7 +25,7 @@
  *   waiting write with success: its data is on the source.
  * - Write admission and auto-converge (admit(), throttle_check()): writes
  *   are answered at a rate bound to the copy, or after a growing pause.
- * - Switch-over: the serving gate holds new requests and drains running
+ * - Switch-over: the node's gate holds new requests and drains running
  *   ones (pause-before-switchover waits for migrate-continue); the last
  *   pass, END with the checksum, the ACK, completed.
  * - Failure (destination gone, cancel before END): the gate opens, the
@@ -1727,7 +1727,7 @@ static int run(struct src *s, const char *uri)
 
 	/* Switch-over: hold the clients, wait for the running requests. */
 	int64_t t_hold = ioc_now_ns();
-	ioc__nbd_gate_set(m->srv, IOC__NBD_GATE_HOLD);
+	ioc_node_set_gate(m->exp->node, IOC_NODE_GATE_HOLD);
 	s->held = true;
 	if (s->p.pause_before_switchover) {
 		pthread_mutex_lock(&m->lock);
@@ -1863,11 +1863,12 @@ static void source_finish(struct ioc__nbd_mig *m)
 	if (result == 0) {
 		/* The destination has the image: NBD_ESHUTDOWN to held and
 		 * new requests, connections finish and close, no listener. */
-		ioc__nbd_gate_set(srv, IOC__NBD_GATE_SHUT);
-		ioc__nbd_close_listeners(srv);
+		ioc_node_set_gate(m->exp->node, IOC_NODE_GATE_SHUT);
+		ioc__nbd_retire(srv);
 		ioc__nbd_log(srv, "migration completed: no longer serving");
-	} else if (atomic_load_explicit(&srv->gate, memory_order_relaxed) != IOC__NBD_GATE_OPEN) {
-		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
+	} else if (m->exp && atomic_load_explicit(&m->exp->node->gate, memory_order_relaxed) !=
+		   IOC_NODE_GATE_OPEN) {
+		ioc_node_set_gate(m->exp->node, IOC_NODE_GATE_OPEN);
 	}
 	if (m->exp && m->exp->blk)
 		ioc_blk_dirty_remove(m->exp->blk, IOC_MIG_BITMAP);
@@ -2218,8 +2219,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		     "There's a migration process in progress");
 		return NULL;
 	}
-	if (!srv->serving ||
-	    atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_SHUT) {
+	if (!srv->serving || srv->retiring) {
 		ioc__qmp_errf(err, "The server does not serve an export (migrated already?)");
 		return NULL;
 	}

@@ -43,11 +43,7 @@ struct nbd_thread {
 	struct ioc_task stop_task;
 	struct ioc_task kill_task;
 	_Atomic uint64_t requests;      /* written by this thread only */
-	/* The serving gate (conn.c), loop thread only but for the tasks. */
-	unsigned executing;             /* requests past the gate, not done */
-	bool gate_draining;             /* a hold waits for executing == 0 */
-	struct ioc_co_queue held;       /* requests waiting at the gate */
-	struct ioc_task gate_task;      /* a gate change to apply here */
+	struct ioc_task retire_task;     /* ioc__nbd_retire() (conn.c) */
 	/* The end of the request that just finished inline, for the next one
 	 * parsed right after it to start from (conn.c, req_co()); 0 when a
 	 * recv, a send or a loop iteration came between: read the clock. */
@@ -112,27 +108,19 @@ struct ioc_nbd_server {
 	 * admits or mirrors them), else NULL: stored by the migration thread
 	 * (release), loaded by the hook (acquire). */
 	_Atomic(struct ioc__nbd_mig *) write_hook;
-
-	/* The serving gate (conn.c): OPEN lets requests run; HOLD parks new
-	 * ones at the gate until it opens again; SHUT answers them with
-	 * NBD_ESHUTDOWN.  The I/O threads load it relaxed on every request
-	 * (one load: see ioc__nbd_gate_set() for why that is enough). */
-	_Atomic int gate;
-	struct ioc__latch gate_applied; /* threads yet to apply the change */
+	bool retiring;                  /* ioc__nbd_retire() ran: no more
+					 * serving (main loop) */
+	struct ioc__latch retired;      /* threads yet to drain (conn.c) */
 };
 
-enum { IOC__NBD_GATE_OPEN = 0, IOC__NBD_GATE_HOLD, IOC__NBD_GATE_SHUT };
-
 /*
- * conn.c: move the serving gate to state (IOC__NBD_GATE_*) and return once
- * every I/O thread has applied it: for HOLD, once no request is executing
- * on any thread (requests already running finish; new ones wait); for
- * OPEN, once the waiting requests have been released; for SHUT, once they
- * have been answered with NBD_ESHUTDOWN and every connection has been told
- * to finish what it has received and close.  Blocks the caller: not from
- * an I/O thread.  Any other thread, one change at a time.
+ * conn.c: the server serves no more (the destination of a migration has
+ * its image): close the listeners and tell every connection to finish
+ * what it received and close, as a stop does; returns once every I/O
+ * thread has done so.  The node's gate (shut by the caller) answers what
+ * comes after NBD_ESHUTDOWN.  Main loop.
  */
-void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state);
+void ioc__nbd_retire(struct ioc_nbd_server *srv);
 /* server.c: stop accepting (close the listeners).  Main loop. */
 void ioc__nbd_close_listeners(struct ioc_nbd_server *srv);
 
@@ -144,7 +132,7 @@ void ioc__nbd_mig_free(struct ioc_nbd_server *srv);
 
 /* migrate-source.c: the write hook.  A request that changed export e's
  * data ([off, off + len), type NBD_CMD_*) calls it after its local write
- * and before its reply, outside the serving gate's count; while the
+ * and before its reply, outside the node (ioc_node_leave() came first); while the
  * migration mirrors actively it yields until those blocks are on the
  * destination, or the migration ended.  Coroutine on an I/O thread. */
 void ioc_coroutine_fn ioc__nbd_mig_mirror(struct ioc_nbd_server *srv,

@@ -178,7 +178,7 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 			   srv->opts.rest_max_ns < 0 ? 0 :
 			   srv->opts.rest_max_ns > UINT32_MAX ? UINT32_MAX :
 			   (uint32_t)srv->opts.rest_max_ns;
-	ioc__latch_init(&srv->gate_applied);
+	ioc__latch_init(&srv->retired);
 	*out = srv;
 	return 0;
 }
@@ -549,10 +549,9 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 
 	if (!srv->started)
 		return 0;
-	/* A migration first: it may hold requests at the gate. */
+	/* A migration first: it may hold requests at its node's gate (it
+	 * opens the gate again when it fails). */
 	ioc__nbd_mig_free(srv);
-	if (atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_HOLD)
-		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
 	if (srv->hooks.stopping)
 		srv->hooks.stopping(srv->hooks.opaque);
 	/* seq_cst: pairs with conn_destroy() (see there). */
@@ -619,7 +618,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 	ioc__nbd_tls_creds_free(srv->tls);
 	ioc_node_graph_free(srv->graph);
 	free(srv->threads);
-	ioc__latch_destroy(&srv->gate_applied);
+	ioc__latch_destroy(&srv->retired);
 	free(srv);
 }
 

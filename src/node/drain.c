@@ -19,7 +19,11 @@
  * slot->held (a coroutine queue of that loop); OPEN and SHUT wake them and
  * they load the gate again.  A loop attaching during a change: the state
  * is stored under the graph's lock, which attaching takes, so the loop is
- * either posted to or reads the new state.
+ * either posted to or reads the new state.  A change the front end makes
+ * outside a request's coroutine (a payload received into the image's
+ * mapping) enters without waiting (ioc_node_enter_cut()) and is cut short
+ * by the task on HOLD or SHUT, so a drain never waits for a client that
+ * stalls in the middle of a payload.
  *
  * Sleep/wake handshake of the changer: n->gate_applied, a latch
  * (util/latch.h) set before the posts, each posted loop reporting once;
@@ -39,6 +43,12 @@ static void gate_apply(struct ioc_task *task)
 	/* Relaxed: ordered after the changer's store by the task's post. */
 	int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
 
+	/* Each cut leaves (ioc_node_leave_cut()), unlinking itself only. */
+	for (struct ioc_node_cut *c = s->cuts, *next; c && state != IOC_NODE_GATE_OPEN;
+	     c = next) {
+		next = c->next;
+		c->fn(c);
+	}
 	if (state == IOC_NODE_GATE_HOLD) {
 		if (s->executing) {
 			s->draining = true; /* the last leave reports */
@@ -98,6 +108,44 @@ void ioc_node_leave(struct ioc_node *n)
 		s->draining = false;
 		ioc__latch_report(&n->gate_applied);
 	}
+}
+
+bool ioc_node_enter_cut(struct ioc_node *n, struct ioc_node_cut *cut)
+{
+	struct ioc_node_slot *s = ioc__node_my_slot(n);
+	/* Relaxed: as in ioc_node_co_enter(); a change is applied by
+	 * gate_apply() on this loop, which then sees the cut. */
+	int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
+
+	cut->slot = NULL;
+	if (state != IOC_NODE_GATE_OPEN)
+		return false;
+	if (!s)
+		return true;
+	s->executing++;
+	cut->slot = s;
+	cut->prev = NULL;
+	cut->next = s->cuts;
+	if (s->cuts)
+		s->cuts->prev = cut;
+	s->cuts = cut;
+	return true;
+}
+
+void ioc_node_leave_cut(struct ioc_node *n, struct ioc_node_cut *cut)
+{
+	struct ioc_node_slot *s = cut->slot;
+
+	if (!s)
+		return;
+	if (cut->prev)
+		cut->prev->next = cut->next;
+	else
+		s->cuts = cut->next;
+	if (cut->next)
+		cut->next->prev = cut->prev;
+	cut->slot = NULL;
+	ioc_node_leave(n);
 }
 
 void ioc_node_set_gate(struct ioc_node *n, int state)
