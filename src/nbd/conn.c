@@ -772,12 +772,6 @@ static void ioc_coroutine_fn req_co(void *opaque)
 	t1 = ioc_now_ns();
 	account(c, r, t1 - t0);
 	ioc_node_leave(n);
-	/* Active mirroring: acquire pairs with the migration thread's release
-	 * store of srv->write_hook (migrate-source.c, mirror_start). */
-	if (!r->failed && atomic_load_explicit(&t->srv->write_hook, memory_order_acquire)) {
-		ioc__nbd_mig_mirror(t->srv, c->core.exp, r->type, r->offset, r->len);
-		t1 = 0;
-	}
 	queue_reply(c, r);
 	t->clk = t1;
 }

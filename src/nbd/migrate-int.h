@@ -138,25 +138,29 @@ struct ioc__nbd_mig {
 	pthread_mutex_t mir_lock;
 	pthread_cond_t mir_cond;        /* the stream's answers, to the
 					 * migration thread (see ack_reader) */
-	bool mir_open;                  /* the hook may queue requests */
+	bool mir_open;                  /* the notifier may queue requests */
 	/* Pass 1 has read everything below (UINT64_MAX after pass 1): a
 	 * write at or above it is left to pass 1.  Release store by the
-	 * migration thread after each read, acquire load in the hook. */
+	 * migration thread after each read, acquire load in the notifier. */
 	_Atomic uint64_t mir_cursor;
 	/* auto-converge (migrate-source.c): the throttle (%, 0 = off), set by
-	 * the migration thread and read by the hook, and the client writes
-	 * the hook saw; relaxed both: a hint and a count. */
+	 * the migration thread and read by the notifier, and the client writes
+	 * the notifier saw; relaxed both: a hint and a count. */
 	_Atomic unsigned mir_throttle;
 	_Atomic uint64_t mir_seen;
 	/* write admission (migrate-source.c, admit()): the gap between two
 	 * answered writes (ns, 0 = unbounded), stored relaxed by the migration
-	 * thread and loaded relaxed by the hook; the next free answer time,
-	 * claimed by the hooks with a compare-and-swap. */
+	 * thread and loaded relaxed by the notifier; the next free answer time,
+	 * claimed by the notifier calls with a compare-and-swap. */
 	_Atomic int64_t adm_gap;
 	_Atomic int64_t adm_next;
-	/* The export being migrated, for the write hook (relaxed both ways:
-	 * stored before srv->write_hook's release store, which orders it). */
-	_Atomic(const struct ioc__nbd_export *) hook_exp;
+	/* The write notifier on the migrated node (migrate-source.c,
+	 * mirror_notify()), added and removed on the main loop; it admits or
+	 * mirrors writes while hook is set: stored by the migration thread
+	 * (release), loaded by the notifier (acquire). */
+	struct ioc_node_notifier nt;
+	bool nt_added;
+	atomic_bool hook;
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */

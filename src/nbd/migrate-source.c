@@ -15,14 +15,16 @@
  *   the order their data was read.
  * - Convergence: dirty bytes / measured bandwidth within downtime-limit
  *   starts the switch-over.
- * - Active mirroring: a write waits in the NBD server's hook, after its
- *   local write, until its granules were cleared, read back, sent as a
- *   MIRROR through the same in-order queue and acknowledged (MACK).  Stream
+ * - Active mirroring: a write of any front end waits in the migration's
+ *   notifier on the node (after its local write, inside the node) until
+ *   its granules were cleared, read back, sent as a MIRROR through the
+ *   same in-order queue and acknowledged (MACK).  Stream
  *   order equals read order and a write is read after it completed, so a
  *   block's last record is its newest content, with no range locks.  While
  *   mirroring, a chunk is read only under 1 MiB of send queue (pace()).
  *   Writes ahead of pass 1's cursor are left to it.  Any end answers every
- *   waiting write with success: its data is on the source.
+ *   waiting write with success: its data is on the source; so does the
+ *   switch-over before its hold, which waits for writes inside the node.
  * - Write admission and auto-converge (admit(), throttle_check()): writes
  *   are answered at a rate bound to the copy, or after a growing pause.
  * - Switch-over: the node's gate holds new requests and drains running
@@ -105,6 +107,7 @@ static void set_status(struct ioc__nbd_mig *m, int status)
 }
 
 static void source_finish(struct ioc__nbd_mig *m);
+static void gate_all(struct ioc__nbd_mig *m, int state);
 
 /* Main loop: emit queued events in order; join a thread that ended. */
 static void mig_bh(void *opaque)
@@ -738,9 +741,9 @@ static void mirror_start(struct src *s)
 	pthread_mutex_lock(&m->mir_lock);
 	m->mir_open = true;
 	pthread_mutex_unlock(&m->mir_lock);
-	/* Release: pairs with the write hook's acquire load (conn.c), which
-	 * then sees the state initialised here and in ioc__nbd_mig_get(). */
-	atomic_store_explicit(&m->srv->write_hook, m, memory_order_release);
+	/* Release: pairs with the notifier's acquire load (mirror_notify()),
+	 * which then sees the state initialised here and in ioc__nbd_mig_get(). */
+	atomic_store_explicit(&m->hook, true, memory_order_release);
 	s->active = true;
 	pthread_mutex_lock(&m->lock);
 	m->st.active_mirror = true;
@@ -763,23 +766,30 @@ static void mirror_release_all_locked(struct ioc__nbd_mig *m)
 	m->mir_wait_tail = &m->mir_wait;
 }
 
-/* The migration ended (any outcome): no more requests, and every waiting
- * one is answered -- its data is on the source, and after a success on
- * the destination too (the last pass sent every block still dirty). */
-static void mirror_stop(struct src *s)
+/* No more mirroring, admission or throttling: every waiting write is
+ * answered -- its data is on the source, and once the last pass ran on
+ * the destination too (it sends every block still dirty). */
+static void mirror_close(struct ioc__nbd_mig *m)
 {
-	struct ioc__nbd_mig *m = s->m;
-
-	/* Release: pairs with the hook's acquire load; a hook that still saw
-	 * m finds mir_open false under the lock. */
-	atomic_store_explicit(&m->srv->write_hook, NULL, memory_order_release);
-	/* Relaxed: pairs with the hook's load (a hint). */
+	/* Release: pairs with the notifier's acquire load; a notifier that
+	 * still saw it set finds mir_open false under the lock. */
+	atomic_store_explicit(&m->hook, false, memory_order_release);
+	/* Relaxed: pairs with the notifier's load (a hint). */
 	atomic_store_explicit(&m->mir_throttle, 0, memory_order_relaxed);
 	/* Relaxed: pairs with admit()'s load (a hint). */
 	atomic_store_explicit(&m->adm_gap, 0, memory_order_relaxed);
 	pthread_mutex_lock(&m->mir_lock);
 	mirror_release_all_locked(m);
 	pthread_mutex_unlock(&m->mir_lock);
+}
+
+/* The migration ended (any outcome): mirror_close(), and the throttle
+ * shown stops. */
+static void mirror_stop(struct src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+
+	mirror_close(m);
 	pthread_mutex_lock(&m->lock);
 	m->st.throttle_pct = 0; /* QEMU: the throttle stops with the migration */
 	pthread_mutex_unlock(&m->lock);
@@ -836,7 +846,7 @@ static void ioc_coroutine_fn admit(struct ioc__nbd_mig *m)
 		return;
 	now = ioc_now_ns();
 	/* Relaxed, with the compare-and-swap below: the claims of other
-	 * hooks are what it pairs with; only this value is shared. */
+	 * writes are what it pairs with; only this value is shared. */
 	next = atomic_load_explicit(&m->adm_next, memory_order_relaxed);
 	do {
 		mine = next > now ? next : now;
@@ -853,25 +863,31 @@ static void ioc_coroutine_fn write_pause(struct ioc__nbd_mig *m)
 	throttle_pause(m);
 }
 
-void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_export *e,
-			 int type, uint64_t off, uint64_t len)
+/*
+ * The write notifier on the migrated node: a write, write-zeroes or
+ * discard of any front end, after the driver did it (a failed one is left
+ * alone).  While the migration mirrors actively it waits, in the request's
+ * coroutine and so inside the node, until those blocks are on the
+ * destination or the migration closed mirroring (mirror_close(), which
+ * the switch-over does before its hold: the hold waits for every request
+ * inside).  m lives until the notifier is removed (source_finish()).
+ */
+static int ioc_coroutine_fn mirror_notify(struct ioc_node_notifier *nt, struct ioc_node *n,
+					  enum ioc_node_op op, uint64_t off, uint64_t len,
+					  int ret)
 {
-	/* Acquire: pairs with the release stores in mirror_start() and
-	 * mirror_stop().  m lives until the server is freed (after its
-	 * I/O threads stopped). */
-	struct ioc__nbd_mig *m = atomic_load_explicit(&srv->write_hook, memory_order_acquire);
+	struct ioc__nbd_mig *m = ioc_container_of(nt, struct ioc__nbd_mig, nt);
 	struct ioc__nbd_mirror_req q = { .offset = off, .len = len };
 
-	if (!m || (type != NBD_CMD_WRITE && type != NBD_CMD_WRITE_ZEROES &&
-		   type != NBD_CMD_TRIM) || len == 0 ||
-	    /* Relaxed: see hook_exp; another export is not migrated. */
-	    atomic_load_explicit(&m->hook_exp, memory_order_relaxed) != e)
-		return;
+	/* Acquire: pairs with the release stores in mirror_start(), run()
+	 * and mirror_close(). */
+	if (ret < 0 || len == 0 || !atomic_load_explicit(&m->hook, memory_order_acquire))
+		return 0;
 	/* Relaxed: a count, read by throttle_check(). */
 	atomic_fetch_add_explicit(&m->mir_seen, 1, memory_order_relaxed);
 	if (len > MIRROR_MAX) {
 		write_pause(m);
-		return; /* a large one stays dirty for the passes */
+		return 0; /* a large one stays dirty for the passes */
 	}
 	/* Acquire: pairs with the release stores in copy_range() and run():
 	 * a write ahead of pass 1 keeps its dirty bits, and pass 1 clears
@@ -879,17 +895,15 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	 * the bitmap: correct either way). */
 	if (off >= atomic_load_explicit(&m->mir_cursor, memory_order_acquire)) {
 		write_pause(m);
-		return;
+		return 0;
 	}
 	ioc_co_await_init(&q.aw);
 	pthread_mutex_lock(&m->mir_lock);
-	if (!m->mir_open ||
-	    /* Relaxed: see hook_exp. */
-	    atomic_load_explicit(&m->hook_exp, memory_order_relaxed) != e) {
+	if (!m->mir_open) {
 		/* Not mirrored (yet, or any more): the bitmap has it. */
 		pthread_mutex_unlock(&m->mir_lock);
 		admit(m);
-		return;
+		return 0;
 	}
 	*m->mir_wait_tail = &q;
 	m->mir_wait_tail = &q.next;
@@ -898,6 +912,7 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	pthread_mutex_unlock(&m->mir_lock);
 	ioc_co_await(&q.aw);
 	write_pause(m);
+	return 0;
 }
 
 /* Raise the throttle (QEMU's steps: cpu-throttle-initial, then
@@ -926,7 +941,7 @@ static void throttle_up(struct src *s, double ratio)
 	if (next > s->p.max_cpu_throttle)
 		next = s->p.max_cpu_throttle;
 	s->thr_pct = next;
-	/* Relaxed: pairs with the hook's load (a hint, see there). */
+	/* Relaxed: pairs with the notifier's load (a hint, see there). */
 	atomic_store_explicit(&s->m->mir_throttle, next, memory_order_relaxed);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->st.throttle_pct = next;
@@ -965,7 +980,7 @@ static void throttle_check(struct src *s, uint64_t bytes)
 		s->thr_t0 = now;
 	if (now - s->thr_t0 < THROTTLE_PERIOD_NS)
 		return;
-	/* Relaxed: pairs with the hook's increment (a count; nothing is
+	/* Relaxed: pairs with the notifier's increment (a count; nothing is
 	 * published with it). */
 	uint64_t seen = atomic_load_explicit(&s->m->mir_seen, memory_order_relaxed);
 	double rb = (double)s->thr_wr_bytes / (double)s->thr_bg_bytes;
@@ -1266,7 +1281,7 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 		off += n;
 		len -= n;
 		if (s->pass == 1) {
-			/* Release: pairs with the hook's acquire load. */
+			/* Release: pairs with the notifier's acquire load. */
 			atomic_store_explicit(&s->m->mir_cursor, off, memory_order_release);
 			pthread_mutex_lock(&s->m->lock);
 			s->m->st.pass1_pos = off;
@@ -1660,23 +1675,22 @@ static int run(struct src *s, const char *uri)
 	pthread_mutex_unlock(&m->lock);
 
 	s->win_start = s->pass_start = ioc_now_ns();
-	/* Relaxed, these four: mirror_start()'s release store (or the one
+	/* Relaxed, these three: mirror_start()'s release store (or the one
 	 * below) publishes them. */
 	atomic_store_explicit(&m->mir_cursor, 0, memory_order_relaxed);
-	atomic_store_explicit(&m->hook_exp, m->exp, memory_order_relaxed);
 	atomic_store_explicit(&m->adm_gap, 0, memory_order_relaxed);
 	atomic_store_explicit(&m->adm_next, 0, memory_order_relaxed);
 	if (s->p.active_mirror == IOC_MIG_MIRROR_ON)
 		mirror_start(s);
 	else if (s->p.write_admission)
-		/* Release: pairs with the hook's acquire load (conn.c); the
-		 * hook admits writes, and mirrors none until mirror_start()
-		 * opens mir_open. */
-		atomic_store_explicit(&m->srv->write_hook, m, memory_order_release);
+		/* Release: pairs with the notifier's acquire load; it admits
+		 * writes, and mirrors none until mirror_start() opens
+		 * mir_open. */
+		atomic_store_explicit(&m->hook, true, memory_order_release);
 	ret = pass_full(s);
 	if (ret < 0)
 		return ret;
-	/* Release: pairs with the hook's acquire load; every write is
+	/* Release: pairs with the notifier's acquire load; every write is
 	 * mirrored from now on (while active). */
 	atomic_store_explicit(&m->mir_cursor, UINT64_MAX, memory_order_release);
 	pass_end(s);
@@ -1725,9 +1739,13 @@ static int run(struct src *s, const char *uri)
 	if (ret < 0)
 		return ret;
 
-	/* Switch-over: hold the clients, wait for the running requests. */
+	/* Switch-over: hold the clients, wait for the running requests.  A
+	 * mirrored write waits inside the node for this thread, which the
+	 * hold blocks: answer the waiting ones first and take no more (their
+	 * blocks are dirty: the last pass sends them). */
 	int64_t t_hold = ioc_now_ns();
-	ioc_node_set_gate(m->exp->node, IOC_NODE_GATE_HOLD);
+	mirror_close(m);
+	gate_all(m, IOC_NODE_GATE_HOLD);
 	s->held = true;
 	if (s->p.pause_before_switchover) {
 		pthread_mutex_lock(&m->lock);
@@ -1851,6 +1869,17 @@ static void *source_thread(void *opaque)
 	return NULL;
 }
 
+/* The gate of every node that writes the migrated image as it is: the
+ * exported node, and the file node under it when the export's node
+ * passes requests to it unchanged (another front end may export that).
+ * Not from a loop that submits to them. */
+static void gate_all(struct ioc__nbd_mig *m, int state)
+{
+	for (struct ioc_node *n = m->exp->node; n;
+	     n = n->file && ioc_node_blk(n->file) == m->exp->blk ? n->file : NULL)
+		ioc_node_set_gate(n, state);
+}
+
 /* Main loop, after the thread was joined: the end of a migration. */
 static void source_finish(struct ioc__nbd_mig *m)
 {
@@ -1863,13 +1892,18 @@ static void source_finish(struct ioc__nbd_mig *m)
 	if (result == 0) {
 		/* The destination has the image: NBD_ESHUTDOWN to held and
 		 * new requests, connections finish and close, no listener. */
-		ioc_node_set_gate(m->exp->node, IOC_NODE_GATE_SHUT);
+		gate_all(m, IOC_NODE_GATE_SHUT);
 		ioc__nbd_retire(srv);
 		ioc__nbd_log(srv, "migration completed: no longer serving");
 	} else if (m->exp && atomic_load_explicit(&m->exp->node->gate, memory_order_relaxed) !=
 		   IOC_NODE_GATE_OPEN) {
-		ioc_node_set_gate(m->exp->node, IOC_NODE_GATE_OPEN);
+		gate_all(m, IOC_NODE_GATE_OPEN);
 	}
+	/* After the gate: a failed migration's hold is open again, which
+	 * the removal's own drain needs. */
+	if (m->nt_added)
+		ioc_node_remove_notifier(m->exp->node, &m->nt);
+	m->nt_added = false;
 	if (m->exp && m->exp->blk)
 		ioc_blk_dirty_remove(m->exp->blk, IOC_MIG_BITMAP);
 	m->bm = NULL;
@@ -2289,9 +2323,20 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
 	ioc__nbd_mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
+	/* Only when it has something to do: a node with a notifier takes no
+	 * zero-copy writes (they bypass the notifiers). */
+	m->nt.fn = mirror_notify;
+	m->nt_added = a->p.active_mirror != IOC_MIG_MIRROR_OFF || a->p.write_admission;
+	/* Relaxed: the release store in ioc_node_add_notifier() orders it. */
+	atomic_store_explicit(&m->hook, false, memory_order_relaxed);
+	if (m->nt_added)
+		ioc_node_add_notifier(e->node, &m->nt);
 	r = pthread_create(&m->thread, NULL, source_thread, a);
 	if (r != 0) {
 		free(a);
+		if (m->nt_added)
+			ioc_node_remove_notifier(e->node, &m->nt);
+		m->nt_added = false;
 		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
 		m->bm = NULL;
 		pthread_mutex_lock(&m->lock);

@@ -104,10 +104,6 @@ struct ioc_nbd_server {
 		unsigned index;
 	} gone[IOC_NBD_MAX_EXPORTS];
 	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
-	/* The migration whose write hook runs on each answered write (it
-	 * admits or mirrors them), else NULL: stored by the migration thread
-	 * (release), loaded by the hook (acquire). */
-	_Atomic(struct ioc__nbd_mig *) write_hook;
 	bool retiring;                  /* ioc__nbd_retire() ran: no more
 					 * serving (main loop) */
 	struct ioc__latch retired;      /* threads yet to drain (conn.c) */
@@ -129,15 +125,6 @@ struct ioc__nbd_mig;
 /* Stop a migration in progress (cancel and join its thread, open the
  * gate again) before the server stops; free the state.  Main loop. */
 void ioc__nbd_mig_free(struct ioc_nbd_server *srv);
-
-/* migrate-source.c: the write hook.  A request that changed export e's
- * data ([off, off + len), type NBD_CMD_*) calls it after its local write
- * and before its reply, outside the node (ioc_node_leave() came first); while the
- * migration mirrors actively it yields until those blocks are on the
- * destination, or the migration ended.  Coroutine on an I/O thread. */
-void ioc_coroutine_fn ioc__nbd_mig_mirror(struct ioc_nbd_server *srv,
-					  const struct ioc__nbd_export *e, int type,
-					  uint64_t off, uint64_t len);
 
 /* conn.c: snapshot up to max connections of thread t into out[]; returns
  * how many were written.  Runs on t's loop (through ioc_loop_call()). */
