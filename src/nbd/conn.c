@@ -709,7 +709,8 @@ static void thread_drain_conns(struct nbd_thread *t)
  * changes the image before its request runs: it enters without waiting
  * and a HOLD or SHUT cuts it short (wmap_cut()).  Telling the clients to
  * go once the destination of a migration has the image is the server's
- * (ioc__nbd_retire()): connections finish what they received and close. */
+ * (ioc_nbd_server_retire()): connections finish what they received and
+ * close. */
 
 static void retire_task(struct ioc_task *task)
 {
@@ -719,7 +720,7 @@ static void retire_task(struct ioc_task *task)
 	ioc__latch_report(&t->srv->retired);
 }
 
-void ioc__nbd_retire(struct ioc_nbd_server *srv)
+void ioc_nbd_server_retire(struct ioc_nbd_server *srv)
 {
 	srv->retiring = true;
 	ioc__nbd_close_listeners(srv);

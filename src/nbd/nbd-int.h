@@ -103,28 +103,15 @@ struct ioc_nbd_server {
 		struct ioc_nbd_server *srv;
 		unsigned index;
 	} gone[IOC_NBD_MAX_EXPORTS];
-	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
+	void *job;                      /* ioc_nbd_server_set_job(), or NULL */
+	void (*job_stop)(void *job);
 	bool retiring;                  /* ioc__nbd_retire() ran: no more
 					 * serving (main loop) */
 	struct ioc__latch retired;      /* threads yet to drain (conn.c) */
 };
 
-/*
- * conn.c: the server serves no more (the destination of a migration has
- * its image): close the listeners and tell every connection to finish
- * what it received and close, as a stop does; returns once every I/O
- * thread has done so.  The node's gate (shut by the caller) answers what
- * comes after NBD_ESHUTDOWN.  Main loop.
- */
-void ioc__nbd_retire(struct ioc_nbd_server *srv);
 /* server.c: stop accepting (close the listeners).  Main loop. */
 void ioc__nbd_close_listeners(struct ioc_nbd_server *srv);
-
-/* migrate-source.c / migrate-dest.c: the migration state of a server. */
-struct ioc__nbd_mig;
-/* Stop a migration in progress (cancel and join its thread, open the
- * gate again) before the server stops; free the state.  Main loop. */
-void ioc__nbd_mig_free(struct ioc_nbd_server *srv);
 
 /* conn.c: snapshot up to max connections of thread t into out[]; returns
  * how many were written.  Runs on t's loop (through ioc_loop_call()). */
@@ -176,13 +163,9 @@ ssize_t ioc__nbd_tls_send(struct ioc__nbd_tls *t, const void *buf, size_t len,
 size_t ioc__nbd_tls_pending(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_bye(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len);
-/* Blocking sessions for the migration stream (its own threads).  accept:
- * a server handshake with the server's credentials; connect: a client
- * handshake with client credentials made from the same files (X.509:
- * ca-cert.pem verifies the peer against hostname, client-cert.pem and
- * client-key.pem are presented if present; PSK: the file's first line).
- * -errno with the reason in err.  recv and send (opaque: the session)
- * return bytes, 0 at EOF (recv), or -errno; free with ioc__nbd_tls_free. */
+/* Blocking sessions on a job's own socket (nbd.h, ioc_nbd_server_tls_*,
+ * wraps them): accept with the server's credentials, connect with client
+ * credentials made from the same files; free with ioc__nbd_tls_free. */
 int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
 			    int fd, char *err, size_t errlen);
 int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,

@@ -1,7 +1,9 @@
 /*
- * Live migration, the source: send the image an export serves to another
- * iocore-nbd (--incoming) while clients keep using it, then hand the
- * clients over, with QEMU 7.2's migration commands on a control socket.
+ * Live migration, the source: send the image of a node (the file node an
+ * NBD server exports) to another iocore-nbd (--incoming) while clients
+ * keep using it, then hand the clients over, with QEMU 7.2's migration
+ * commands on a control socket.  The front end is reached only through
+ * struct ioc__mig_host (migrate.h): which node, events, TLS, retire.
  *
  * Problem.  The image changes while it moves, a writer may outrun the
  * link (or take the cores), and compression pays only on several cores.
@@ -31,7 +33,7 @@
  *   ones (pause-before-switchover waits for migrate-continue); the last
  *   pass, END with the checksum, the ACK, completed.
  * - Failure (destination gone, cancel before END): the gate opens, the
- *   bitmap is dropped, the source serves on.  TLS: tls.c.
+ *   bitmap is dropped, the source serves on.  TLS: the host's sessions.
  *
  * Rejected.  Reading through the block layer on the I/O threads (the copy
  * would compete with requests).  Sending the client's own buffer as the
@@ -113,7 +115,6 @@ static void gate_all(struct ioc__nbd_mig *m, int state);
 static void mig_bh(void *opaque)
 {
 	struct ioc__nbd_mig *m = opaque;
-	struct ioc_nbd_server *srv = m->srv;
 	bool done;
 
 	for (;;) {
@@ -132,9 +133,11 @@ static void mig_bh(void *opaque)
 		m->nev--;
 		pthread_mutex_unlock(&m->lock);
 		if (strcmp(name, "MIGRATION") == 0)
-			ioc__nbd_event(srv, name, json_pack("{s:s}", "status", status_names[v]));
+			m->host.event(m->host.opaque, name,
+				      json_pack("{s:s}", "status", status_names[v]));
 		else
-			ioc__nbd_event(srv, name, json_pack("{s:I}", "pass", (json_int_t)v));
+			m->host.event(m->host.opaque, name,
+				      json_pack("{s:I}", "pass", (json_int_t)v));
 	}
 	if (done && m->thread_running) {
 		pthread_join(m->thread, NULL);
@@ -148,20 +151,18 @@ static void mig_bh(void *opaque)
 	}
 }
 
-struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
+int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host)
 {
-	struct ioc__nbd_mig *m = srv->mig;
+	struct ioc__nbd_mig *m = calloc(1, sizeof(*m));
 
-	if (m)
-		return m;
-	m = calloc(1, sizeof(*m));
+	*out = NULL;
 	if (!m)
-		return NULL;
-	m->srv = srv;
-	m->bh = ioc_bh_new(srv->main_loop, mig_bh, m);
+		return -ENOMEM;
+	m->host = *host;
+	m->bh = ioc_bh_new(host->main_loop, mig_bh, m);
 	if (!m->bh) {
 		free(m);
-		return NULL;
+		return -ENOMEM;
 	}
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
@@ -184,14 +185,25 @@ struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
 	m->p.cpu_throttle_increment = 10;
 	m->p.max_cpu_throttle = 99;
 	m->p.write_admission = 4;
-	srv->mig = m;
-	return m;
+	*out = m;
+	return 0;
 }
 
-void ioc__nbd_mig_free(struct ioc_nbd_server *srv)
+void ioc__nbd_mig_log(struct ioc__nbd_mig *m, const char *fmt, ...)
 {
-	struct ioc__nbd_mig *m = srv->mig;
+	char msg[512];
+	va_list ap;
 
+	if (!m->host.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	m->host.log(m->host.opaque, msg);
+}
+
+void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
+{
 	if (!m)
 		return;
 	m->in_done = NULL; /* the owner is going away too */
@@ -218,7 +230,6 @@ void ioc__nbd_mig_free(struct ioc_nbd_server *srv)
 	pthread_mutex_destroy(&m->mir_lock);
 	pthread_cond_destroy(&m->mir_cond);
 	free(m);
-	srv->mig = NULL;
 }
 
 int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port, size_t pl)
@@ -270,7 +281,8 @@ struct src {
 	struct ioc__nbd_mig *m;
 	struct ioc__mig_params p;
 	int fd, sock;
-	struct ioc__nbd_tls *tls;       /* tls-creds set: the stream's session */
+	void *tls;                      /* tls-creds set: the stream's session
+					 * (host.tls) */
 	uint64_t size;
 	uint32_t block;
 	struct ioc_blk_dirty *bm;
@@ -364,7 +376,7 @@ static int send_tls(struct src *s, const struct iovec *iov, int iovcnt)
 		size_t left = iov[i].iov_len;
 
 		while (left) {
-			ssize_t n = ioc__nbd_tls_mig_send(s->tls, p, left);
+			ssize_t n = s->m->host.tls->send(s->tls, p, left);
 
 			if (n < 0) {
 				if (cancelled(s))
@@ -1113,7 +1125,7 @@ static void *ack_reader(void *opaque)
 			ssize_t n;
 
 			if (s->tls) {
-				n = ioc__nbd_tls_mig_recv(s->tls, buf + got, sizeof(buf) - got);
+				n = m->host.tls->recv(s->tls, buf + got, sizeof(buf) - got);
 			} else {
 				n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
 				if (n < 0 && errno == EINTR)
@@ -1488,10 +1500,10 @@ static int connect_to(struct src *s, const char *uri)
 		char e[200] = "";
 		int r;
 
-		if (!s->m->srv->tls)
+		if (!s->m->host.tls)
 			return fail(s, -EINVAL, "tls-creds is set but this server has no TLS "
 				    "credentials (--tls-certificates or --tls-psk)");
-		r = ioc__nbd_tls_mig_connect(&s->tls, s->m->srv->tls, fd, name, e, sizeof(e));
+		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, &s->tls, e, sizeof(e));
 		if (r < 0)
 			return cancelled(s) ? -ECANCELED :
 			       fail(s, r, "TLS handshake with the destination failed: %s", e);
@@ -1844,11 +1856,8 @@ static void *source_thread(void *opaque)
 	}
 	free(s.slots);
 	ioc_mig_crcs_free(s.crcs);
-	if (s.tls) {
-		if (ret == 0)
-			ioc__nbd_tls_bye(s.tls);
-		ioc__nbd_tls_free(s.tls);
-	}
+	if (s.tls)
+		a->m->host.tls->end(s.tls, ret == 0);
 	if (s.fd >= 0)
 		close(s.fd);
 	if (ret < 0 && cancelled(&s))
@@ -1875,15 +1884,14 @@ static void *source_thread(void *opaque)
  * Not from a loop that submits to them. */
 static void gate_all(struct ioc__nbd_mig *m, int state)
 {
-	for (struct ioc_node *n = m->exp->node; n;
-	     n = n->file && ioc_node_blk(n->file) == m->exp->blk ? n->file : NULL)
+	for (struct ioc_node *n = m->node; n;
+	     n = n->file && ioc_node_blk(n->file) == m->blk ? n->file : NULL)
 		ioc_node_set_gate(n, state);
 }
 
 /* Main loop, after the thread was joined: the end of a migration. */
 static void source_finish(struct ioc__nbd_mig *m)
 {
-	struct ioc_nbd_server *srv = m->srv;
 	int result;
 
 	pthread_mutex_lock(&m->lock);
@@ -1893,26 +1901,26 @@ static void source_finish(struct ioc__nbd_mig *m)
 		/* The destination has the image: NBD_ESHUTDOWN to held and
 		 * new requests, connections finish and close, no listener. */
 		gate_all(m, IOC_NODE_GATE_SHUT);
-		ioc__nbd_retire(srv);
-		ioc__nbd_log(srv, "migration completed: no longer serving");
-	} else if (m->exp && atomic_load_explicit(&m->exp->node->gate, memory_order_relaxed) !=
+		m->host.retire(m->host.opaque);
+		ioc__nbd_mig_log(m, "migration completed: no longer serving");
+	} else if (m->node && atomic_load_explicit(&m->node->gate, memory_order_relaxed) !=
 		   IOC_NODE_GATE_OPEN) {
 		gate_all(m, IOC_NODE_GATE_OPEN);
 	}
 	/* After the gate: a failed migration's hold is open again, which
 	 * the removal's own drain needs. */
 	if (m->nt_added)
-		ioc_node_remove_notifier(m->exp->node, &m->nt);
+		ioc_node_remove_notifier(m->node, &m->nt);
 	m->nt_added = false;
-	if (m->exp && m->exp->blk)
-		ioc_blk_dirty_remove(m->exp->blk, IOC_MIG_BITMAP);
+	if (m->blk)
+		ioc_blk_dirty_remove(m->blk, IOC_MIG_BITMAP);
 	m->bm = NULL;
 	pthread_mutex_lock(&m->lock);
 	m->t_end = ioc__nbd_mig_now_ms();
 	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	if (result < 0 && result != -ECANCELED)
-		ioc__nbd_log(srv, "migration failed: %s", m->error);
+		ioc__nbd_mig_log(m, "migration failed: %s", m->error);
 }
 
 /* ---- QMP ------------------------------------------------------------------------ */
@@ -1965,15 +1973,6 @@ static bool busy(struct ioc__nbd_mig *m)
 	       st == IOC_MIG_ST_CANCELLING;
 }
 
-static struct ioc__nbd_mig *get(struct ioc_nbd_server *srv, struct ioc__qmp_err *err)
-{
-	struct ioc__nbd_mig *m = ioc__nbd_mig_get(srv);
-
-	if (!m)
-		ioc__qmp_errf(err, "out of memory");
-	return m;
-}
-
 static const struct { const char *name; size_t off; } caps[] = {
 	{ "zero-blocks", offsetof(struct ioc__mig_params, zero_blocks) },
 	{ "compress", offsetof(struct ioc__mig_params, compress) },
@@ -1991,16 +1990,13 @@ static json_t *commit_params(struct ioc__nbd_mig *m, const struct ioc__mig_param
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_set_caps(struct ioc__nbd_mig *m, json_t *args,
 			      struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	json_t *list = json_object_get(args, "capabilities"), *v;
 	struct ioc__mig_params p;
 	size_t i;
 
-	if (!m)
-		return NULL;
 	if (busy(m)) {
 		ioc__qmp_errf(err, "There's a migration process in progress");
 		return NULL;
@@ -2029,14 +2025,11 @@ json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 	return commit_params(m, &p);
 }
 
-json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_query_caps(struct ioc__nbd_mig *m, json_t *args,
 				struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	json_t *list;
 
-	if (!m)
-		return NULL;
 	list = json_array();
 	for (size_t k = 0; k < IOC_ARRAY_SIZE(caps) && list; k++)
 		json_array_append_new(list, json_pack("{s:s,s:b}", "capability", caps[k].name,
@@ -2078,15 +2071,12 @@ static bool pct_param(struct ioc__qmp_err *err, const char *name, json_t *v,
 	return true;
 }
 
-json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_set_params(struct ioc__nbd_mig *m, json_t *args,
 				struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	struct ioc__mig_params p;
 	json_t *v;
 
-	if (!m)
-		return NULL;
 	p = m->p;
 #define U(key) ((v = json_object_get(args, key)) != NULL)
 	if (U("compress-level")) {
@@ -2193,13 +2183,9 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 	return commit_params(m, &p);
 }
 
-json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_query_params(struct ioc__nbd_mig *m, json_t *args,
 				  struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
-
-	if (!m)
-		return NULL;
 	static const char *const am[] = {
 		[IOC_MIG_MIRROR_AUTO] = "auto", [IOC_MIG_MIRROR_ON] = "on",
 		[IOC_MIG_MIRROR_OFF] = "off",
@@ -2223,20 +2209,19 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 			 "max-cpu-throttle", (int)m->p.max_cpu_throttle);
 }
 
-json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 			     struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	const char *uri = json_string_value(json_object_get(args, "uri"));
-	struct ioc__nbd_export *e = NULL;
+	struct ioc_node *n;
+	struct ioc_blk *blk;
 	struct ioc_blk_info bi;
+	uint64_t size;
 	struct start_args *a;
 	char host[256], port[16];
 	uint64_t gran;
 	int r;
 
-	if (!m)
-		return NULL;
 	if (json_object_get(args, "blk") || json_object_get(args, "inc")) {
 		if (json_is_true(json_object_get(args, "blk")) ||
 		    json_is_true(json_object_get(args, "inc"))) {
@@ -2253,7 +2238,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		     "There's a migration process in progress");
 		return NULL;
 	}
-	if (!srv->serving || srv->retiring) {
+	if (!m->host.serving(m->host.opaque)) {
 		ioc__qmp_errf(err, "The server does not serve an export (migrated already?)");
 		return NULL;
 	}
@@ -2261,53 +2246,47 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		ioc__qmp_errf(err, "Invalid migration URI '%s' (iocore-nbd supports tcp:HOST:PORT)", uri);
 		return NULL;
 	}
-	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		if (srv->exports[i] && srv->exports[i]->blk) {
-			if (e) {
-				ioc__qmp_errf(err, "Migration of more than one export is not supported");
-				return NULL;
-			}
-			e = srv->exports[i];
-		}
-	if (!e) {
-		ioc__qmp_errf(err, "No export of an image file to migrate");
+	n = m->host.pick(m->host.opaque, err->desc, sizeof(err->desc));
+	if (!n)
 		return NULL;
-	}
-	ioc_blk_get_info(e->blk, &bi);
-	if (!bi.path || !e->size) {
+	blk = ioc_node_blk(n);
+	size = n->size;
+	ioc_blk_get_info(blk, &bi);
+	if (!bi.path || !size) {
 		ioc__qmp_errf(err, "The export's image cannot be migrated (no file, or empty)");
 		return NULL;
 	}
 	gran = m->p.granularity;
 	/* Keep the per-block CRC array bounded (stream.h). */
-	while (e->size / gran >= IOC_MIG_MAX_BLOCKS && gran < MIG_GRAN_MAX)
+	while (size / gran >= IOC_MIG_MAX_BLOCKS && gran < MIG_GRAN_MAX)
 		gran *= 2;
 	/* A persistent bitmap of that name can only be stale. */
-	ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+	ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 	/* The copy needs the CPU and the image's pages now (blk.h). */
-	ioc_blk_stop_background(e->blk);
+	ioc_blk_stop_background(blk);
 	struct ioc_blk_dirty_opts bo = { .name = IOC_MIG_BITMAP, .granularity = gran };
-	r = ioc_blk_dirty_add(e->blk, &bo, &m->bm);
+	r = ioc_blk_dirty_add(blk, &bo, &m->bm);
 	if (r < 0) {
 		ioc__qmp_errf(err, "Cannot track writes for the migration: %s", strerror(-r));
 		return NULL;
 	}
 	a = calloc(1, sizeof(*a));
 	if (!a) {
-		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+		ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 		ioc__qmp_errf(err, "out of memory");
 		return NULL;
 	}
 	a->m = m;
 	a->p = m->p;
 	a->p.granularity = gran;
-	a->size = e->size;
+	a->size = size;
 	snprintf(a->uri, sizeof(a->uri), "%s", uri);
 	snprintf(a->path, sizeof(a->path), "%s", bi.path);
-	m->exp = e;
+	m->node = n;
+	m->blk = blk;
 	pthread_mutex_lock(&m->lock);
 	memset(&m->st, 0, sizeof(m->st));
-	m->st.total = e->size;
+	m->st.total = size;
 	m->st.page_size = gran;
 	m->error[0] = '\0';
 	m->t_start = ioc__nbd_mig_now_ms();
@@ -2330,14 +2309,14 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	/* Relaxed: the release store in ioc_node_add_notifier() orders it. */
 	atomic_store_explicit(&m->hook, false, memory_order_relaxed);
 	if (m->nt_added)
-		ioc_node_add_notifier(e->node, &m->nt);
+		ioc_node_add_notifier(n, &m->nt);
 	r = pthread_create(&m->thread, NULL, source_thread, a);
 	if (r != 0) {
 		free(a);
 		if (m->nt_added)
-			ioc_node_remove_notifier(e->node, &m->nt);
+			ioc_node_remove_notifier(n, &m->nt);
 		m->nt_added = false;
-		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+		ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 		m->bm = NULL;
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
@@ -2351,10 +2330,9 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args,
 			   struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 	struct ioc__mig_stats st;
 	json_t *ret, *disk, *busy_ns;
 	int status;
@@ -2452,10 +2430,9 @@ json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
 	return ret;
 }
 
-json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args,
 			      struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 	const char *state = json_string_value(json_object_get(args, "state"));
 	int st;
 
@@ -2480,10 +2457,9 @@ json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args,
 			    struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 
 	if (!m || !m->thread_running)
 		return json_object(); /* QEMU: nothing to cancel is no error */
