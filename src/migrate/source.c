@@ -1,9 +1,8 @@
 /*
  * Live migration, the source: send the image of a node (the file node an
- * NBD server exports) to another iocore-nbd (--incoming) while clients
- * keep using it, then hand the clients over, with QEMU 7.2's migration
- * commands on a control socket.  The front end is reached only through
- * struct ioc__mig_host (migrate.h): which node, events, TLS, retire.
+ * NBD server exports, reached through struct ioc__mig_host) to another
+ * iocore-nbd (--incoming) while clients keep using it, then hand the
+ * clients over, with QEMU 7.2's migration commands on a control socket.
  *
  * Problem.  The image changes while it moves, a writer may outrun the
  * link (or take the cores), and compression pays only on several cores.
@@ -24,9 +23,8 @@
  *   order equals read order and a write is read after it completed, so a
  *   block's last record is its newest content, with no range locks.  While
  *   mirroring, a chunk is read only under 1 MiB of send queue (pace()).
- *   Writes ahead of pass 1's cursor are left to it.  Any end answers every
- *   waiting write with success: its data is on the source; so does the
- *   switch-over before its hold, which waits for writes inside the node.
+ *   Writes ahead of pass 1's cursor are left to it.  Any end, and the
+ *   hold, answers every waiting write with success (data on the source).
  * - Write admission and auto-converge (admit(), throttle_check()): writes
  *   are answered at a rate bound to the copy, or after a growing pause.
  * - Switch-over: the node's gate holds new requests and drains running
