@@ -36,6 +36,15 @@
 
 #include "node-int.h"
 
+/* Each cut leaves (ioc_node_leave_cut()), unlinking itself only. */
+static void cut_all(struct ioc_node_slot *s)
+{
+	for (struct ioc_node_cut *c = s->cuts, *next; c; c = next) {
+		next = c->next;
+		c->fn(c);
+	}
+}
+
 static void gate_apply(struct ioc_task *task)
 {
 	struct ioc_node_slot *s = ioc_container_of(task, struct ioc_node_slot, task);
@@ -43,12 +52,8 @@ static void gate_apply(struct ioc_task *task)
 	/* Relaxed: ordered after the changer's store by the task's post. */
 	int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
 
-	/* Each cut leaves (ioc_node_leave_cut()), unlinking itself only. */
-	for (struct ioc_node_cut *c = s->cuts, *next; c && state != IOC_NODE_GATE_OPEN;
-	     c = next) {
-		next = c->next;
-		c->fn(c);
-	}
+	if (state != IOC_NODE_GATE_OPEN)
+		cut_all(s);
 	if (state == IOC_NODE_GATE_HOLD) {
 		if (s->executing) {
 			s->draining = true; /* the last leave reports */
@@ -169,8 +174,11 @@ void ioc_node_set_gate(struct ioc_node *n, int state)
 	pthread_mutex_unlock(&g->lock);
 	ioc__latch_wait(&n->gate_applied, IOC_NODE_MAX_SLOTS + 1 - posted);
 	/* The caller's own loop, if it is attached, applies the change here:
-	 * it has no request inside (it could not be blocked in here). */
+	 * it has no request inside (it could not be blocked in here), but
+	 * may have cuts. */
 	for (unsigned i = 0; self && i < g->nslots; i++) {
+		if (g->loops[i] == self && state != IOC_NODE_GATE_OPEN)
+			cut_all(&n->slot[i]);
 		if (g->loops[i] == self && state != IOC_NODE_GATE_HOLD) {
 			n->slot[i].draining = false;
 			ioc_co_queue_restart_all(&n->slot[i].held);
