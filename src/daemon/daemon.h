@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "export/export.h"
+#include "migrate/migrate.h"
 #include "nbd/nbd.h"
 #include "iocore/loop.h"
 #include "node/dirty-cmd.h"
@@ -148,8 +149,8 @@ void ioc__daemon_exports_stop(struct ioc_daemon *d);
 /* --nbd-server: NbdServerOptions, the flat SocketAddress (keyval). */
 int ioc__daemon_nbd_server_start(struct ioc_daemon *d, json_t *args, char *err,
 				 size_t errlen);
-/* cmd-migrate.c: live migration's commands on c->nbd(c) (the NBD
- * server's, migrate-source.c and migrate-dest.c), for either socket. */
+/* cmd-migrate.c: live migration's commands (src/migrate) on the node
+ * c->nbd(c) exports, for either socket. */
 ioc__qmp_fn ioc__daemon_mig_set_caps, ioc__daemon_mig_query_caps, ioc__daemon_mig_set_params,
 	    ioc__daemon_mig_query_params, ioc__daemon_mig_migrate, ioc__daemon_mig_query,
 	    ioc__daemon_mig_continue, ioc__daemon_mig_cancel, ioc__daemon_mig_incoming;

@@ -6,6 +6,7 @@
 #define IOC_DAEMON_NBD_CONTROL_H
 
 #include "iocore/loop.h"
+#include "migrate/migrate.h"
 #include "nbd/nbd.h"
 
 struct ioc_daemon_nbd_control;
@@ -26,5 +27,12 @@ int ioc_daemon_nbd_control_new(struct ioc_daemon_nbd_control **out,
 /* After ioc_nbd_server_stop() (whose last events it sends), before
  * ioc_nbd_server_free(): gives the server's hooks back. */
 void ioc_daemon_nbd_control_free(struct ioc_daemon_nbd_control *ctl);
+
+/* --incoming (cmd-migrate.c): srv, started with defer_serving, receives
+ * its image from a migration's source (migrate.h says how), its
+ * migration made as for the control socket's commands.  0 or -errno with
+ * err. */
+int ioc_daemon_nbd_incoming(struct ioc_nbd_server *srv, const struct ioc__mig_incoming_opts *o,
+			    char *err, size_t errlen);
 
 #endif /* IOC_DAEMON_NBD_CONTROL_H */

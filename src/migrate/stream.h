@@ -1,7 +1,7 @@
 /*
  * The iocore migration stream: how one iocore-nbd sends the image it
- * serves to another while clients keep writing (migrate-source.c,
- * migrate-dest.c), and nothing else: encoding, decoding and checks, with
+ * serves to another while clients keep writing (source.c,
+ * dest.c), and nothing else: encoding, decoding and checks, with
  * no I/O, so the fuzzer and the unit tests drive it on byte buffers.
  *
  * Problem: the stream crosses a network between two processes that must

@@ -51,6 +51,7 @@
 
 #include "iocore/co.h"
 #include "nbd-int.h"
+#include "node/node.h"
 
 #define IOC_NBD_IN_CAP          (128u << 10)
 #define IOC_NBD_INFLIGHT_BYTES  (64u << 20)
@@ -107,6 +108,7 @@ struct conn {
 	uint64_t wmap_from;
 	bool wmap_held;
 	int wmap_err;                   /* a held block failed to store */
+	struct ioc_node_cut wmap_cut;   /* inside the node while wmap is set */
 
 	/* Resting (see rest_maybe()): reading paused for rest_ns while the
 	 * client has a backlog of our replies to read. */
@@ -697,112 +699,39 @@ static void thread_drain_conns(struct nbd_thread *t)
 	}
 }
 
-/* ---- the serving gate ------------------------------------------------------
+/* ---- the drain -------------------------------------------------------------
  *
- * Problem: a live migration's switch-over must stop the image changing
- * while it sends the last dirty blocks, without failing the clients:
- * requests that arrive must wait, requests already running must finish
- * (their writes must reach the image and its dirty bitmap), and once the
- * destination has taken over every waiting request must be answered
- * NBD_ESHUTDOWN.  The request path of every I/O thread pays for this on
- * every request, so it must cost next to nothing while the gate is open.
- *
- * Design: srv->gate (OPEN, HOLD, SHUT) is loaded relaxed once per request
- * in req_co(); while it is OPEN that load is the whole cost, plus a plain
- * per-thread count of requests past the gate (t->executing).  A change is
- * made by ioc__nbd_gate_set(): it stores the new state, then posts
- * t->gate_task to every I/O thread and waits until each has applied it.
- * Why one relaxed load suffices: the task is posted after the store and
- * runs on the I/O thread after the post's release/acquire, so every gate
- * load the thread makes after the task runs reads the new state; a
- * request that loaded OPEN before the task ran has already incremented
- * t->executing (no yield between the load and the increment), so the
- * task sees it.  HOLD: the task reports the thread done when executing
- * is 0, else sets gate_draining and the last finishing request reports
- * it.  Requests that find the gate shut wait in t->held (a coroutine
- * queue of this thread), and OPEN or SHUT wakes them; they load the gate
- * again (after the waking task, so they read its state).
- *
- * Sleep/wake handshake of the changer: srv->gate_applied, a latch
- * (util/latch.h) set to the number of threads before the posts, each
- * thread reporting once; the latch's mutex orders both sides, so no
- * wakeup is lost.
- *
- * Rejected: a reader count or rwlock taken by every request (a shared
- * line written by every I/O thread on every request); failing requests
- * during the switch-over (clients would see errors for a move they should
- * not notice); holding at the socket (stop reading) instead of at
- * execution: requests already parsed would still run, and a client's
- * pipeline would stall without bound in the kernel instead of here. */
+ * Every request that reaches the node is inside it (ioc_node_co_enter()
+ * to ioc_node_leave(), src/node/drain.c), so a node's drain (a migration's
+ * switch-over, a notifier's removal) holds and waits for NBD clients as
+ * for every other front end: a held request waits in the node layer, a
+ * shut node answers NBD_ESHUTDOWN.  A payload received into the mapping
+ * changes the image before its request runs: it enters without waiting
+ * and a HOLD or SHUT cuts it short (wmap_cut()).  Telling the clients to
+ * go once the destination of a migration has the image is the server's
+ * (ioc_nbd_server_retire()): connections finish what they received and
+ * close. */
 
-/* A request past the gate is done with the image. */
-static void exec_end(struct nbd_thread *t)
+static void retire_task(struct ioc_task *task)
 {
-	if (--t->executing == 0 && t->gate_draining) {
-		t->gate_draining = false;
-		ioc__latch_report(&t->srv->gate_applied);
-	}
+	struct nbd_thread *t = ioc_container_of(task, struct nbd_thread, retire_task);
+
+	thread_drain_conns(t); /* as at a server stop */
+	ioc__latch_report(&t->srv->retired);
 }
 
-static void wmap_end(struct conn *c, struct ioc__nbd_req *p, uint64_t got);
-
-static void gate_apply(struct ioc_task *task)
+void ioc_nbd_server_retire(struct ioc_nbd_server *srv)
 {
-	struct nbd_thread *t = ioc_container_of(task, struct nbd_thread, gate_task);
-	struct ioc_nbd_server *srv = t->srv;
-	/* relaxed: ordered after the changer's store by the task's post. */
-	int state = atomic_load_explicit(&srv->gate, memory_order_relaxed);
-
-	/* A payload arriving into the mapping stops there: its bytes so
-	 * far count as written, the rest waits in buf for the gate. */
-	for (struct conn *c = t->conns; c && state != IOC__NBD_GATE_OPEN; c = c->next)
-		if (c->wmap)
-			wmap_end(c, c->core.partial, c->core.partial_got);
-	if (state == IOC__NBD_GATE_HOLD) {
-		if (t->executing) {
-			t->gate_draining = true; /* the last request reports */
-			return;
-		}
-		ioc__latch_report(&srv->gate_applied);
+	srv->retiring = true;
+	ioc__nbd_close_listeners(srv);
+	if (!srv->nthreads)
 		return;
-	}
-	t->gate_draining = false;
-	ioc_co_queue_restart_all(&t->held);
-	if (state == IOC__NBD_GATE_SHUT)
-		thread_drain_conns(t); /* as at a server stop */
-	ioc__latch_report(&srv->gate_applied);
-}
-
-void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state)
-{
-	if (!srv->nthreads) {
-		atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
-		return;
-	}
-	ioc__latch_set(&srv->gate_applied, srv->nthreads);
-	/* relaxed: published to each I/O thread by the post below. */
-	atomic_store_explicit(&srv->gate, state, memory_order_relaxed);
+	ioc__latch_set(&srv->retired, srv->nthreads);
 	for (unsigned i = 0; i < srv->nthreads; i++) {
-		srv->threads[i].gate_task.fn = gate_apply;
-		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].gate_task);
+		srv->threads[i].retire_task.fn = retire_task;
+		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].retire_task);
 	}
-	ioc__latch_wait(&srv->gate_applied, 0);
-}
-
-/* The gate is not open: wait while it holds.  True when the request may
- * run, false when it must be answered NBD_ESHUTDOWN. */
-static bool ioc_coroutine_fn gate_wait(struct nbd_thread *t)
-{
-	for (;;) {
-		/* relaxed: after a wake, ordered by the waking task (above). */
-		int state = atomic_load_explicit(&t->srv->gate, memory_order_relaxed);
-
-		if (state == IOC__NBD_GATE_OPEN)
-			return true;
-		if (state == IOC__NBD_GATE_SHUT)
-			return false;
-		ioc_co_queue_wait(&t->held, NULL);
-	}
+	ioc__latch_wait(&srv->retired, 0);
 }
 
 /* Small reads are lent from the image's mapping only while the thread
@@ -825,17 +754,16 @@ static void ioc_coroutine_fn req_co(void *opaque)
 	struct ioc__nbd_req *r = opaque;
 	struct conn *c = r->transport;
 	struct nbd_thread *t = c->t;
+	struct ioc_node *n = c->core.exp->node;
 	int64_t t0, t1;
 
-	/* The hot path's one gate check (see "the serving gate" above). */
-	if (atomic_load_explicit(&t->srv->gate, memory_order_relaxed) !=
-	    IOC__NBD_GATE_OPEN && !gate_wait(t)) {
+	/* The hot path's one gate check (see "the drain" above). */
+	if (ioc_node_co_enter(n) < 0) {
 		ioc__nbd_reply_error(&c->core, r, NBD_ESHUTDOWN, "server is shutting down");
 		account(c, r, 0);
 		queue_reply(c, r);
 		return;
 	}
-	t->executing++;
 	/* One clock read per request: a request parsed right after one that
 	 * finished inline starts where that one ended (t->clk, the parse of
 	 * its header in between); anything else reads the clock. */
@@ -844,13 +772,7 @@ static void ioc_coroutine_fn req_co(void *opaque)
 	ioc__nbd_execute(&c->core, r);
 	t1 = ioc_now_ns();
 	account(c, r, t1 - t0);
-	exec_end(t);
-	/* Active mirroring: acquire pairs with the migration thread's release
-	 * store of srv->write_hook (migrate-source.c, mirror_start). */
-	if (!r->failed && atomic_load_explicit(&t->srv->write_hook, memory_order_acquire)) {
-		ioc__nbd_mig_mirror(t->srv, c->core.exp, r->type, r->offset, r->len);
-		t1 = 0;
-	}
+	ioc_node_leave(n);
 	queue_reply(c, r);
 	t->clk = t1;
 }
@@ -1065,10 +987,10 @@ static bool zc_write_ok(const struct conn *c, const struct ioc__nbd_req *p)
  * it cost a pwritev and a share of a batched recv (the A/B runs are in
  * bench/nbd/NOTES.md); fio's small writes
  * mostly arrive whole in a batch and go the old way.  The bytes change the
- * image as they arrive, before the request reaches the gate, so from here
- * until wmap_end() the request counts as past the gate (t->executing): a
- * HOLD waits for it, or ends it early (gate_apply()), the rest of the
- * payload then going to buf and written the ordinary way.  Whole blocks
+ * image as they arrive, before the request runs, so from here until
+ * wmap_end() the request is inside the node (ioc_node_enter_cut()): a
+ * HOLD or SHUT ends it early (wmap_cut()), the rest of the payload then
+ * going to buf and written the ordinary way.  Whole blocks
  * only: each receive asks for what the socket holds (FIONREAD) cut at a
  * block boundary of the image, and a block's first part that arrived
  * without its end waits in buf until it is whole, so a client that hangs
@@ -1097,17 +1019,16 @@ static void wmap_begin(struct conn *c, struct ioc__nbd_req *p)
 	if (p->type != NBD_CMD_WRITE || !t->srv->map_writes ||
 	    p->len - got < IOC_NBD_WMAP_MIN ||
 	    c->tls_state != TLS_NONE || !e->ops->map_write || !e->ops->map_store ||
-	    /* relaxed: as in req_co(); a change is applied by gate_apply()
-	     * on this thread, which then sees the count. */
-	    atomic_load_explicit(&t->srv->gate, memory_order_relaxed) != IOC__NBD_GATE_OPEN)
+	    !ioc_node_enter_cut(e->node, &c->wmap_cut))
 		return;
 	c->wmap = e->ops->map_write(e->be, p->offset, (size_t)p->len,
 				    (p->flags & NBD_CMD_FLAG_FUA) && e->can_fua ?
 				    IOC_NBD_BE_FUA : 0);
-	if (!c->wmap)
+	if (!c->wmap) {
+		ioc_node_leave_cut(e->node, &c->wmap_cut);
 		return;
+	}
 	c->wmap_err = 0;
-	t->executing++;
 	/* What came with the header (in buf): its whole blocks now, the
 	 * rest held. */
 	whole = (p->offset + got) / IOC_NBD_WMAP_BLOCK * IOC_NBD_WMAP_BLOCK;
@@ -1120,7 +1041,7 @@ static void wmap_begin(struct conn *c, struct ioc__nbd_req *p)
 
 /* No more of p's payload goes into the mapping: what is there (all of it
  * before a held block) is marked (dirty bitmaps), the rest comes from buf,
- * and the request leaves the gate's count. */
+ * and the request leaves the node. */
 static void wmap_end(struct conn *c, struct ioc__nbd_req *p, uint64_t got)
 {
 	const struct ioc__nbd_export *e = c->core.exp;
@@ -1130,7 +1051,17 @@ static void wmap_end(struct conn *c, struct ioc__nbd_req *p, uint64_t got)
 	p->wmap_len = in;
 	p->wmap_ret = c->wmap_err ? c->wmap_err : ret;
 	c->wmap = NULL;
-	exec_end(c->t);
+	ioc_node_leave_cut(e->node, &c->wmap_cut);
+}
+
+/* A HOLD or SHUT of the node (on this thread): a payload arriving into
+ * the mapping stops there, its bytes so far count as written, the rest
+ * waits in buf for the gate. */
+static void wmap_cut(struct ioc_node_cut *cut)
+{
+	struct conn *c = ioc_container_of(cut, struct conn, wmap_cut);
+
+	wmap_end(c, c->core.partial, c->core.partial_got);
 }
 
 /* One receive of p's payload into the mapping (whole blocks) and buf (a
@@ -1837,6 +1768,7 @@ int ioc__nbd_conn_accept(struct nbd_thread *t, int fd)
 	c->fd = fd;
 	c->t = t;
 	c->start_task.fn = conn_start;
+	c->wmap_cut.fn = wmap_cut;
 	/* Release/acquire inside ioc_loop_post publishes *c to the I/O
 	 * thread. */
 	ioc_loop_post(t->loop, &c->start_task);

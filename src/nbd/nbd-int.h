@@ -43,11 +43,7 @@ struct nbd_thread {
 	struct ioc_task stop_task;
 	struct ioc_task kill_task;
 	_Atomic uint64_t requests;      /* written by this thread only */
-	/* The serving gate (conn.c), loop thread only but for the tasks. */
-	unsigned executing;             /* requests past the gate, not done */
-	bool gate_draining;             /* a hold waits for executing == 0 */
-	struct ioc_co_queue held;       /* requests waiting at the gate */
-	struct ioc_task gate_task;      /* a gate change to apply here */
+	struct ioc_task retire_task;     /* ioc__nbd_retire() (conn.c) */
 	/* The end of the request that just finished inline, for the next one
 	 * parsed right after it to start from (conn.c, req_co()); 0 when a
 	 * recv, a send or a loop iteration came between: read the clock. */
@@ -107,49 +103,15 @@ struct ioc_nbd_server {
 		struct ioc_nbd_server *srv;
 		unsigned index;
 	} gone[IOC_NBD_MAX_EXPORTS];
-	struct ioc__nbd_mig *mig;       /* migrate-source.c, or NULL */
-	/* The migration whose write hook runs on each answered write (it
-	 * admits or mirrors them), else NULL: stored by the migration thread
-	 * (release), loaded by the hook (acquire). */
-	_Atomic(struct ioc__nbd_mig *) write_hook;
-
-	/* The serving gate (conn.c): OPEN lets requests run; HOLD parks new
-	 * ones at the gate until it opens again; SHUT answers them with
-	 * NBD_ESHUTDOWN.  The I/O threads load it relaxed on every request
-	 * (one load: see ioc__nbd_gate_set() for why that is enough). */
-	_Atomic int gate;
-	struct ioc__latch gate_applied; /* threads yet to apply the change */
+	void *job;                      /* ioc_nbd_server_set_job(), or NULL */
+	void (*job_stop)(void *job);
+	bool retiring;                  /* ioc__nbd_retire() ran: no more
+					 * serving (main loop) */
+	struct ioc__latch retired;      /* threads yet to drain (conn.c) */
 };
 
-enum { IOC__NBD_GATE_OPEN = 0, IOC__NBD_GATE_HOLD, IOC__NBD_GATE_SHUT };
-
-/*
- * conn.c: move the serving gate to state (IOC__NBD_GATE_*) and return once
- * every I/O thread has applied it: for HOLD, once no request is executing
- * on any thread (requests already running finish; new ones wait); for
- * OPEN, once the waiting requests have been released; for SHUT, once they
- * have been answered with NBD_ESHUTDOWN and every connection has been told
- * to finish what it has received and close.  Blocks the caller: not from
- * an I/O thread.  Any other thread, one change at a time.
- */
-void ioc__nbd_gate_set(struct ioc_nbd_server *srv, int state);
 /* server.c: stop accepting (close the listeners).  Main loop. */
 void ioc__nbd_close_listeners(struct ioc_nbd_server *srv);
-
-/* migrate-source.c / migrate-dest.c: the migration state of a server. */
-struct ioc__nbd_mig;
-/* Stop a migration in progress (cancel and join its thread, open the
- * gate again) before the server stops; free the state.  Main loop. */
-void ioc__nbd_mig_free(struct ioc_nbd_server *srv);
-
-/* migrate-source.c: the write hook.  A request that changed export e's
- * data ([off, off + len), type NBD_CMD_*) calls it after its local write
- * and before its reply, outside the serving gate's count; while the
- * migration mirrors actively it yields until those blocks are on the
- * destination, or the migration ended.  Coroutine on an I/O thread. */
-void ioc_coroutine_fn ioc__nbd_mig_mirror(struct ioc_nbd_server *srv,
-					  const struct ioc__nbd_export *e, int type,
-					  uint64_t off, uint64_t len);
 
 /* conn.c: snapshot up to max connections of thread t into out[]; returns
  * how many were written.  Runs on t's loop (through ioc_loop_call()). */
@@ -201,13 +163,9 @@ ssize_t ioc__nbd_tls_send(struct ioc__nbd_tls *t, const void *buf, size_t len,
 size_t ioc__nbd_tls_pending(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_bye(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len);
-/* Blocking sessions for the migration stream (its own threads).  accept:
- * a server handshake with the server's credentials; connect: a client
- * handshake with client credentials made from the same files (X.509:
- * ca-cert.pem verifies the peer against hostname, client-cert.pem and
- * client-key.pem are presented if present; PSK: the file's first line).
- * -errno with the reason in err.  recv and send (opaque: the session)
- * return bytes, 0 at EOF (recv), or -errno; free with ioc__nbd_tls_free. */
+/* Blocking sessions on a job's own socket (nbd.h, ioc_nbd_server_tls_*,
+ * wraps them): accept with the server's credentials, connect with client
+ * credentials made from the same files; free with ioc__nbd_tls_free. */
 int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
 			    int fd, char *err, size_t errlen);
 int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,

@@ -215,26 +215,42 @@ int ioc_nbd_server_thread_poll(struct ioc_nbd_server *srv, unsigned t,
 			       struct ioc_nbd_thread_poll *out);
 
 /*
- * Incoming live migration (the destination side; the source side is
- * ioc__nbd_mig_migrate(), a control socket's "migrate").  On a server
- * started with opts.defer_serving: listen on uri ("tcp:ADDR:PORT", or
- * "defer" to wait for migrate-incoming on a control socket), accept one
- * connection and receive the source's image into the file image
- * (created, or resized to the source's size).  done runs once on the main loop: result 0 when the
- * image is complete, durable and verified (the caller then opens it, adds
- * the export and calls ioc_nbd_server_serve()), otherwise -errno with the
- * reason; the image must then not be served.  query-migrate on a control
- * socket reports the progress.  Returns 0 or -errno (err says why).
+ * What a job over the server's exports needs of it (live migration,
+ * src/migrate, which the daemon layer wires to it): the main loop, events
+ * through the hooks (the callee owns data, a json_t *), the log, whether
+ * it serves or waits for an image (opts.defer_serving, started, not yet
+ * serving), and retire: serve no more (close the listeners, every
+ * connection finishes what it received and closes; the job shut the
+ * node).  One job per server: stop(job) runs first thing in
+ * ioc_nbd_server_stop() and ioc_nbd_server_free(), and must end it.
+ * Main loop.
  */
-struct ioc_nbd_incoming_opts {
-	const char *uri;
-	const char *image;
-	void (*done)(void *opaque, int result, const char *why);
-	void *opaque;
-};
-int ioc_nbd_server_incoming(struct ioc_nbd_server *srv,
-			    const struct ioc_nbd_incoming_opts *opts,
-			    char *err, size_t errlen);
+struct ioc_loop *ioc_nbd_server_main_loop(struct ioc_nbd_server *srv);
+void ioc_nbd_server_event(struct ioc_nbd_server *srv, const char *name, void *data);
+void ioc_nbd_server_log(struct ioc_nbd_server *srv, const char *msg);
+bool ioc_nbd_server_serving(struct ioc_nbd_server *srv);
+bool ioc_nbd_server_waiting(struct ioc_nbd_server *srv);
+void ioc_nbd_server_retire(struct ioc_nbd_server *srv);
+void ioc_nbd_server_set_job(struct ioc_nbd_server *srv, void *job, void (*stop)(void *job));
+void *ioc_nbd_server_job(struct ioc_nbd_server *srv);
+/*
+ * Blocking TLS sessions on a job's own socket, with the server's
+ * credentials (ioc_nbd_server_set_tls(); has_tls says whether there are
+ * any): accept is a server handshake (client certificates required with
+ * verify_peer), connect a client one (X.509: ca-cert.pem verifies the
+ * peer against hostname, client-cert.pem and client-key.pem are presented
+ * if present; PSK: the file's first line).  -errno with the reason in
+ * err.  recv and send return bytes, 0 at EOF (recv), or -errno; end frees
+ * the session, after a closing alert when bye.  The job's threads.
+ */
+bool ioc_nbd_server_has_tls(struct ioc_nbd_server *srv);
+int ioc_nbd_server_tls_accept(struct ioc_nbd_server *srv, int fd, void **sess,
+			      char *err, size_t errlen);
+int ioc_nbd_server_tls_connect(struct ioc_nbd_server *srv, int fd, const char *hostname,
+			       void **sess, char *err, size_t errlen);
+ssize_t ioc_nbd_tls_session_recv(void *sess, void *buf, size_t len);
+ssize_t ioc_nbd_tls_session_send(void *sess, const void *buf, size_t len);
+void ioc_nbd_tls_session_end(void *sess, bool bye);
 
 struct ioc_nbd_server_stats {
 	uint64_t accepted;      /* connections accepted */
@@ -245,35 +261,6 @@ struct ioc_nbd_server_stats {
 /* Any thread. */
 void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 			      struct ioc_nbd_server_stats *st);
-
-/*
- * Live migration's QMP commands (migrate-source.c, migrate-dest.c), on this
- * server's one export of an image file: the bodies of the daemon layer's
- * handlers (src/daemon/cmd-migrate.c), which take the server; the specs
- * of their arguments follow.  Main loop.
- */
-json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
-				struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
-				struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
-				  struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
-			     struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
-			   struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
-			    struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err);
-
-extern const struct ioc__qmp_arg ioc__nbd_mig_args_caps[], ioc__nbd_mig_args_params[],
-	ioc__nbd_mig_args_migrate[], ioc__nbd_mig_args_continue[],
-	ioc__nbd_mig_args_incoming[];
 
 /* Listening sockets (non-blocking, close-on-exec).  Return the fd or -errno. */
 int ioc_nbd_listen_unix(const char *path);

@@ -28,7 +28,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +63,96 @@ void ioc__nbd_event(struct ioc_nbd_server *srv, const char *name, json_t *data)
 		srv->hooks.event(srv->hooks.opaque, name, data);
 	else
 		json_decref(data);
+}
+
+/* ---- what a job over the server needs (nbd.h) ---------------------------- */
+
+struct ioc_loop *ioc_nbd_server_main_loop(struct ioc_nbd_server *srv)
+{
+	return srv->main_loop;
+}
+
+void ioc_nbd_server_event(struct ioc_nbd_server *srv, const char *name, void *data)
+{
+	ioc__nbd_event(srv, name, data);
+}
+
+void ioc_nbd_server_log(struct ioc_nbd_server *srv, const char *msg)
+{
+	ioc__nbd_log(srv, "%s", msg);
+}
+
+bool ioc_nbd_server_serving(struct ioc_nbd_server *srv)
+{
+	return srv->serving && !srv->retiring;
+}
+
+bool ioc_nbd_server_waiting(struct ioc_nbd_server *srv)
+{
+	return srv->started && !srv->serving && srv->opts.defer_serving;
+}
+
+void ioc_nbd_server_set_job(struct ioc_nbd_server *srv, void *job, void (*stop)(void *job))
+{
+	srv->job = job;
+	srv->job_stop = stop;
+}
+
+void *ioc_nbd_server_job(struct ioc_nbd_server *srv)
+{
+	return srv->job;
+}
+
+static void stop_job(struct ioc_nbd_server *srv)
+{
+	void *job = srv->job;
+
+	if (!job)
+		return;
+	srv->job = NULL;
+	srv->job_stop(job);
+}
+
+bool ioc_nbd_server_has_tls(struct ioc_nbd_server *srv)
+{
+	return srv->tls != NULL;
+}
+
+int ioc_nbd_server_tls_accept(struct ioc_nbd_server *srv, int fd, void **sess,
+			      char *err, size_t errlen)
+{
+	struct ioc__nbd_tls *t = NULL;
+	int r = ioc__nbd_tls_mig_accept(&t, srv->tls, fd, err, errlen);
+
+	*sess = t;
+	return r;
+}
+
+int ioc_nbd_server_tls_connect(struct ioc_nbd_server *srv, int fd, const char *hostname,
+			       void **sess, char *err, size_t errlen)
+{
+	struct ioc__nbd_tls *t = NULL;
+	int r = ioc__nbd_tls_mig_connect(&t, srv->tls, fd, hostname, err, errlen);
+
+	*sess = t;
+	return r;
+}
+
+ssize_t ioc_nbd_tls_session_recv(void *sess, void *buf, size_t len)
+{
+	return ioc__nbd_tls_mig_recv(sess, buf, len);
+}
+
+ssize_t ioc_nbd_tls_session_send(void *sess, const void *buf, size_t len)
+{
+	return ioc__nbd_tls_mig_send(sess, buf, len);
+}
+
+void ioc_nbd_tls_session_end(void *sess, bool bye)
+{
+	if (bye)
+		ioc__nbd_tls_bye(sess);
+	ioc__nbd_tls_free(sess);
 }
 
 int ioc_nbd_server_set_hooks(struct ioc_nbd_server *srv,
@@ -178,7 +267,7 @@ int ioc_nbd_server_new(struct ioc_nbd_server **out,
 			   srv->opts.rest_max_ns < 0 ? 0 :
 			   srv->opts.rest_max_ns > UINT32_MAX ? UINT32_MAX :
 			   (uint32_t)srv->opts.rest_max_ns;
-	ioc__latch_init(&srv->gate_applied);
+	ioc__latch_init(&srv->retired);
 	*out = srv;
 	return 0;
 }
@@ -549,10 +638,9 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 
 	if (!srv->started)
 		return 0;
-	/* A migration first: it may hold requests at the gate. */
-	ioc__nbd_mig_free(srv);
-	if (atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_HOLD)
-		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
+	/* The job first: a migration may hold requests at its node's gate
+	 * (it opens the gate again when it fails). */
+	stop_job(srv);
 	if (srv->hooks.stopping)
 		srv->hooks.stopping(srv->hooks.opaque);
 	/* seq_cst: pairs with conn_destroy() (see there). */
@@ -608,7 +696,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		return;
 	if (srv->started)
 		ioc_nbd_server_stop(srv);
-	ioc__nbd_mig_free(srv);
+	stop_job(srv);
 	for (unsigned i = 0; i < srv->nlisteners; i++)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
@@ -619,7 +707,7 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 	ioc__nbd_tls_creds_free(srv->tls);
 	ioc_node_graph_free(srv->graph);
 	free(srv->threads);
-	ioc__latch_destroy(&srv->gate_applied);
+	ioc__latch_destroy(&srv->retired);
 	free(srv);
 }
 
@@ -711,32 +799,5 @@ int ioc_nbd_listen_unix(const char *path)
 
 int ioc_nbd_listen_tcp(const char *host, const char *port)
 {
-	struct addrinfo hints = {
-		.ai_family = AF_UNSPEC,
-		.ai_socktype = SOCK_STREAM,
-		.ai_flags = AI_PASSIVE | AI_NUMERICSERV,
-	};
-	struct addrinfo *res, *ai;
-	int fd = -EADDRNOTAVAIL;
-
-	int r = getaddrinfo(host, port, &hints, &res);
-	if (r != 0)
-		return r == EAI_SYSTEM ? -errno : -EADDRNOTAVAIL;
-	for (ai = res; ai; ai = ai->ai_next) {
-		int one = 1;
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-			    ai->ai_protocol);
-		if (fd < 0) {
-			fd = -errno;
-			continue;
-		}
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0)
-			break;
-		int e = -errno;
-		close(fd);
-		fd = e;
-	}
-	freeaddrinfo(res);
-	return fd;
+	return ioc__listen_tcp(host, port, 1024);
 }

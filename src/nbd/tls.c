@@ -23,8 +23,9 @@
  *    succeeds.
  *  - Decrypted bytes may wait inside GnuTLS while the socket is empty;
  *    ioc__nbd_tls_pending() tells conn.c not to wait for readability then.
- *  - The migration stream (migrate-source.c, migrate-dest.c) uses the same
- *    credentials in blocking sessions on its own threads: the destination
+ *  - A job's own socket (the migration stream, src/migrate, through
+ *    ioc_nbd_server_tls_*() in server.c) uses the same credentials in
+ *    blocking sessions on the job's threads: the destination
  *    handshakes as a server with them; the source builds client credentials
  *    per migration from the same files (ca-cert.pem to verify the destination
  *    against its host name, client-cert.pem and client-key.pem if present,

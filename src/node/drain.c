@@ -19,7 +19,11 @@
  * slot->held (a coroutine queue of that loop); OPEN and SHUT wake them and
  * they load the gate again.  A loop attaching during a change: the state
  * is stored under the graph's lock, which attaching takes, so the loop is
- * either posted to or reads the new state.
+ * either posted to or reads the new state.  A change the front end makes
+ * outside a request's coroutine (a payload received into the image's
+ * mapping) enters without waiting (ioc_node_enter_cut()) and is cut short
+ * by the task on HOLD or SHUT, so a drain never waits for a client that
+ * stalls in the middle of a payload.
  *
  * Sleep/wake handshake of the changer: n->gate_applied, a latch
  * (util/latch.h) set before the posts, each posted loop reporting once;
@@ -32,6 +36,15 @@
 
 #include "node-int.h"
 
+/* Each cut leaves (ioc_node_leave_cut()), unlinking itself only. */
+static void cut_all(struct ioc_node_slot *s)
+{
+	for (struct ioc_node_cut *c = s->cuts, *next; c; c = next) {
+		next = c->next;
+		c->fn(c);
+	}
+}
+
 static void gate_apply(struct ioc_task *task)
 {
 	struct ioc_node_slot *s = ioc_container_of(task, struct ioc_node_slot, task);
@@ -39,6 +52,8 @@ static void gate_apply(struct ioc_task *task)
 	/* Relaxed: ordered after the changer's store by the task's post. */
 	int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
 
+	if (state != IOC_NODE_GATE_OPEN)
+		cut_all(s);
 	if (state == IOC_NODE_GATE_HOLD) {
 		if (s->executing) {
 			s->draining = true; /* the last leave reports */
@@ -100,6 +115,44 @@ void ioc_node_leave(struct ioc_node *n)
 	}
 }
 
+bool ioc_node_enter_cut(struct ioc_node *n, struct ioc_node_cut *cut)
+{
+	struct ioc_node_slot *s = ioc__node_my_slot(n);
+	/* Relaxed: as in ioc_node_co_enter(); a change is applied by
+	 * gate_apply() on this loop, which then sees the cut. */
+	int state = atomic_load_explicit(&n->gate, memory_order_relaxed);
+
+	cut->slot = NULL;
+	if (state != IOC_NODE_GATE_OPEN)
+		return false;
+	if (!s)
+		return true;
+	s->executing++;
+	cut->slot = s;
+	cut->prev = NULL;
+	cut->next = s->cuts;
+	if (s->cuts)
+		s->cuts->prev = cut;
+	s->cuts = cut;
+	return true;
+}
+
+void ioc_node_leave_cut(struct ioc_node *n, struct ioc_node_cut *cut)
+{
+	struct ioc_node_slot *s = cut->slot;
+
+	if (!s)
+		return;
+	if (cut->prev)
+		cut->prev->next = cut->next;
+	else
+		s->cuts = cut->next;
+	if (cut->next)
+		cut->next->prev = cut->prev;
+	cut->slot = NULL;
+	ioc_node_leave(n);
+}
+
 void ioc_node_set_gate(struct ioc_node *n, int state)
 {
 	struct ioc_node_graph *g = n->graph;
@@ -121,8 +174,11 @@ void ioc_node_set_gate(struct ioc_node *n, int state)
 	pthread_mutex_unlock(&g->lock);
 	ioc__latch_wait(&n->gate_applied, IOC_NODE_MAX_SLOTS + 1 - posted);
 	/* The caller's own loop, if it is attached, applies the change here:
-	 * it has no request inside (it could not be blocked in here). */
+	 * it has no request inside (it could not be blocked in here), but
+	 * may have cuts. */
 	for (unsigned i = 0; self && i < g->nslots; i++) {
+		if (g->loops[i] == self && state != IOC_NODE_GATE_OPEN)
+			cut_all(&n->slot[i]);
 		if (g->loops[i] == self && state != IOC_NODE_GATE_HOLD) {
 			n->slot[i].draining = false;
 			ioc_co_queue_restart_all(&n->slot[i].held);

@@ -13,8 +13,7 @@
  * writes then run the node's notifier list (dirty tracking, a migration's
  * mirror).  Each loop that submits gets a slot (graph-wide index, kept in
  * a thread-local), so counters have one writer and the drain needs no
- * shared counter: it is the NBD server's serving gate moved down a layer
- * (see "The drain" below).
+ * shared counter (drain.c).
  *
  * Rejected: a filter node per job spliced into the graph (QEMU's mirror
  * top): the same effect with a graph rewrite at every start and stop; a

@@ -133,6 +133,8 @@ struct ioc_node_notifier {
 	struct ioc_node_notifier *next;
 };
 
+struct ioc_node_cut;
+
 /* One loop's share of a node: its counters, and its side of the drain. */
 struct ioc_node_slot {
 	_Atomic(struct ioc_loop *) loop; /* set by the loop's first request */
@@ -140,6 +142,7 @@ struct ioc_node_slot {
 	unsigned executing;             /* requests inside, this loop's */
 	bool draining;                  /* a drain waits for executing == 0 */
 	struct ioc_co_queue held;       /* requests waiting while drained */
+	struct ioc_node_cut *cuts;      /* inside without a coroutine */
 	struct ioc_task task;           /* the drain change to apply here */
 	struct ioc_node *node;
 } IOC_CACHE_ALIGNED;
@@ -285,6 +288,22 @@ void ioc_node_leave(struct ioc_node *n);
  * SHUT answers them -ESHUTDOWN.  Blocks: not from a loop that submits to
  * n.  One change at a time. */
 void ioc_node_set_gate(struct ioc_node *n, int state);
+/*
+ * A change a front end makes outside a request's coroutine (a payload
+ * received straight into the image's mapping): enter_cut is inside at
+ * once (true) or not at all (false: the gate is not open).  While it is
+ * inside, a HOLD or SHUT calls cut->fn on this loop, which must stop
+ * changing the node and call leave_cut before it returns; so a drain
+ * never waits for a client stalled in the middle of a payload.  Both on
+ * the loop, which keeps cut until leave_cut.
+ */
+struct ioc_node_cut {
+	void (*fn)(struct ioc_node_cut *cut);
+	struct ioc_node_cut *next, *prev;
+	struct ioc_node_slot *slot;     /* NULL: not counted */
+};
+bool ioc_node_enter_cut(struct ioc_node *n, struct ioc_node_cut *cut);
+void ioc_node_leave_cut(struct ioc_node *n, struct ioc_node_cut *cut);
 
 void ioc_node_add_notifier(struct ioc_node *n, struct ioc_node_notifier *nt);
 /* Returns once no write is running nt->fn (a drain of the notifier). */

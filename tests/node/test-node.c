@@ -310,8 +310,10 @@ static void ioc_coroutine_fn drain_co(void *arg)
 	char b[512];
 
 	a->held_ret = ioc_node_co_enter(a->n);
-	ioc_node_co_pread(a->n, 0, b, sizeof(b), 0);
-	ioc_node_leave(a->n);
+	if (a->held_ret == 0) { /* a refused request is not inside */
+		ioc_node_co_pread(a->n, 0, b, sizeof(b), 0);
+		ioc_node_leave(a->n);
+	}
 	/* Release: pairs with the acquire load in test_drain(). */
 	atomic_store_explicit(&a->phase, 2, memory_order_release);
 	uint64_t one = 1;
@@ -356,6 +358,62 @@ static void test_drain(void)
 	close(a.efd);
 }
 
+/* A change outside a coroutine: a HOLD cuts it short on its loop, so the
+ * drain does not wait for its owner to leave. */
+struct cut_args {
+	struct ioc_node *n;
+	struct ioc_node_cut cut;
+	bool entered;
+	_Atomic int cuts;           /* times fn ran */
+};
+
+static void cut_fn(struct ioc_node_cut *cut)
+{
+	struct cut_args *a = ioc_container_of(cut, struct cut_args, cut);
+
+	ioc_node_leave_cut(a->n, cut);
+	/* Relaxed: read after the gate change returned (its latch orders it). */
+	atomic_fetch_add_explicit(&a->cuts, 1, memory_order_relaxed);
+}
+
+static int enter_cut_fn(void *arg)
+{
+	struct cut_args *a = arg;
+
+	a->entered = ioc_node_enter_cut(a->n, &a->cut);
+	return 0;
+}
+
+static void test_drain_cut(void)
+{
+	struct ioc_iothread *t;
+	struct cut_args a = { .cut.fn = cut_fn };
+
+	setup();
+	a.n = ioc_node_find(graph, "disk");
+	ASSERT_OK(ioc_iothread_start(&t, NULL));
+	ASSERT_OK(ioc_iothread_call(t, enter_cut_fn, &a));
+	ASSERT_TRUE(a.entered);
+	/* Returns only if the cut left: the loop never leaves on its own. */
+	ioc_node_set_gate(a.n, IOC_NODE_GATE_HOLD);
+	ASSERT_EQ(atomic_load_explicit(&a.cuts, memory_order_relaxed), 1);
+	/* Not open: refused, and nothing to cut. */
+	ASSERT_OK(ioc_iothread_call(t, enter_cut_fn, &a));
+	ASSERT_FALSE(a.entered);
+	ioc_node_set_gate(a.n, IOC_NODE_GATE_SHUT);
+	ASSERT_EQ(atomic_load_explicit(&a.cuts, memory_order_relaxed), 1);
+	ioc_node_set_gate(a.n, IOC_NODE_GATE_OPEN);
+	/* Open again: a cut enters and leaves by itself; a HOLD then finds
+	 * nothing to cut. */
+	ASSERT_OK(ioc_iothread_call(t, enter_cut_fn, &a));
+	ASSERT_TRUE(a.entered);
+	ioc_node_set_gate(a.n, IOC_NODE_GATE_SHUT);
+	ASSERT_EQ(atomic_load_explicit(&a.cuts, memory_order_relaxed), 2);
+	ioc_node_set_gate(a.n, IOC_NODE_GATE_OPEN);
+	ioc_node_graph_detach_loop(graph, ioc_iothread_loop(t));
+	ioc_iothread_stop(t);
+}
+
 static void test_info(void)
 {
 	json_t *j;
@@ -387,5 +445,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_notifiers),
 	IOC_TEST(test_detect_zeroes),
 	IOC_TEST(test_drain),
+	IOC_TEST(test_drain_cut),
 	IOC_TEST(test_info),
 	IOC_TEST(test_teardown))

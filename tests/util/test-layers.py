@@ -18,8 +18,8 @@ import sys
 
 # Lowest first; folders of one rank must not use each other.
 LAYERS = [
-    ["util"], ["ring"], ["loop"], ["co", "qmp"], ["pool", "wq"], ["blk", "migrate"],
-    ["zip"], ["node"], ["nbd"], ["export"], ["daemon"],
+    ["util"], ["ring"], ["loop"], ["co", "qmp"], ["pool", "wq"], ["blk"],
+    ["zip"], ["node"], ["nbd", "migrate"], ["export"], ["daemon"],
 ]
 RANK = {m: r for r, ms in enumerate(LAYERS) for m in ms}
 TOOLS = len(LAYERS)

@@ -668,11 +668,11 @@ int main(int argc, char **argv)
 	}
 	if (incoming_uri) {
 		char err[512];
-		struct ioc_nbd_incoming_opts io = {
+		struct ioc__mig_incoming_opts io = {
 			.uri = incoming_uri, .image = image,
 			.done = incoming_done, .opaque = &in,
 		};
-		if ((r = ioc_nbd_server_incoming(srv, &io, err, sizeof(err))) < 0)
+		if ((r = ioc_daemon_nbd_incoming(srv, &io, err, sizeof(err))) < 0)
 			die("--incoming: %s", err);
 	}
 

@@ -6,10 +6,11 @@
  * source's final image: not a partial one after the source died, not a
  * corrupted one, and not at all before the source has stopped serving.
  *
- * Design.  The server runs with opts.defer_serving: I/O threads and the
- * control socket, no NBD listener watched and no export.  This file
+ * Design.  The front end waits for the image (host.waiting: the NBD
+ * server runs with opts.defer_serving: I/O threads and the control
+ * socket, no NBD listener watched and no export).  This file
  * listens on the migration URI (on the main loop), accepts one connection,
- * closes the listener, and runs ioc_mig_receive() (src/migrate: records
+ * closes the listener, and runs ioc_mig_receive() (receive.c: records
  * applied with decompress-threads workers, the whole-image checksum, the
  * ACK) on a thread of its own, publishing its progress for query-migrate.
  * When the thread ends the main loop reports completed or failed and
@@ -18,9 +19,9 @@
  * source stops serving only after it read the ACK, which the receiver
  * sends only once the image is durable and verified.
  *
- * TLS.  When the server has TLS credentials (--tls on or require) the
+ * TLS.  When the host offers TLS (the server's --tls on or require) the
  * stream must be TLS: the receiving thread does a blocking server
- * handshake with the same credentials (client certificates required with
+ * handshake with the server's credentials (client certificates required with
  * --tls-verify-peer) before anything else, and a source speaking plain
  * text fails it, so the destination reports failed and never serves.
  *
@@ -40,6 +41,7 @@
 
 #include "migrate-int.h"
 #include "receive.h"
+#include "util/socket.h"
 
 struct dest_args {
 	struct ioc__nbd_mig *m;
@@ -74,14 +76,15 @@ static void *dest_thread(void *opaque)
 	struct ioc__nbd_mig *m = a->m;
 	struct ioc_mig_recv_stats st = { 0 };
 	char why[512] = "";
-	struct ioc__nbd_tls *tls = NULL;
-	struct ioc_mig_transport tr = { ioc__nbd_tls_mig_recv, ioc__nbd_tls_mig_send, NULL };
+	const struct ioc__mig_tls_ops *ops = m->host.tls;
+	void *tls = NULL;
+	struct ioc_mig_transport tr = { ops ? ops->recv : NULL, ops ? ops->send : NULL, NULL };
 	int ret, img = -1;
 
-	if (m->srv->tls) {
+	if (ops) {
 		char e[384] = "";
 
-		ret = ioc__nbd_tls_mig_accept(&tls, m->srv->tls, a->fd, e, sizeof(e));
+		ret = ops->accept(m->host.opaque, a->fd, &tls, e, sizeof(e));
 		if (ret < 0) {
 			snprintf(why, sizeof(why), "TLS handshake with the source failed "
 				 "(this destination requires TLS: set tls-creds on the "
@@ -105,11 +108,8 @@ static void *dest_thread(void *opaque)
 		close(img);
 	}
 out:
-	if (tls) {
-		if (ret == 0)
-			ioc__nbd_tls_bye(tls);
-		ioc__nbd_tls_free(tls);
-	}
+	if (tls)
+		ops->end(tls, ret == 0);
 	pthread_mutex_lock(&m->lock);
 	m->sock = -1;
 	close(a->fd);
@@ -141,7 +141,7 @@ static void finish_failed(struct ioc__nbd_mig *m, int r, const char *why)
 static void on_incoming(void *opaque)
 {
 	struct ioc__nbd_mig *m = opaque;
-	struct ioc_loop *loop = m->srv->main_loop;
+	struct ioc_loop *loop = m->host.main_loop;
 	struct dest_args *a;
 	int fd, r;
 
@@ -179,7 +179,7 @@ static void on_incoming(void *opaque)
 		return;
 	}
 	m->thread_running = true;
-	ioc__nbd_log(m->srv, "incoming migration: connected%s", m->srv->tls ? " (TLS)" : "");
+	ioc__nbd_mig_log(m, "incoming migration: connected%s", m->host.tls ? " (TLS)" : "");
 }
 
 void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)
@@ -210,12 +210,12 @@ int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
 		snprintf(err, errlen, "Invalid migration URI '%s' (tcp:ADDR:PORT)", uri);
 		return -EINVAL;
 	}
-	fd = ioc_nbd_listen_tcp(host[0] ? host : NULL, port);
+	fd = ioc__listen_tcp(host[0] ? host : NULL, port, 1024);
 	if (fd < 0) {
 		snprintf(err, errlen, "Cannot listen on %s: %s", uri, strerror(-fd));
 		return fd;
 	}
-	r = ioc_loop_set_fd(m->srv->main_loop, fd, on_incoming, NULL, NULL, NULL, m);
+	r = ioc_loop_set_fd(m->host.main_loop, fd, on_incoming, NULL, NULL, NULL, m);
 	if (r < 0) {
 		close(fd);
 		snprintf(err, errlen, "Cannot watch %s: %s", uri, strerror(-r));
@@ -228,24 +228,16 @@ int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
 	ioc__nbd_mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
-	ioc__nbd_log(m->srv, "incoming migration: listening on %s", uri);
+	ioc__nbd_mig_log(m, "incoming migration: listening on %s", uri);
 	return 0;
 }
 
-int ioc_nbd_server_incoming(struct ioc_nbd_server *srv,
-			    const struct ioc_nbd_incoming_opts *o,
-			    char *err, size_t errlen)
+int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_incoming_opts *o,
+				char *err, size_t errlen)
 {
-	struct ioc__nbd_mig *m;
-
-	if (!srv->started || srv->serving || !srv->opts.defer_serving) {
+	if (!m->host.waiting(m->host.opaque)) {
 		snprintf(err, errlen, "the server must be started with defer_serving");
 		return -EBUSY;
-	}
-	m = ioc__nbd_mig_get(srv);
-	if (!m) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
 	}
 	if (m->incoming) {
 		snprintf(err, errlen, "an incoming migration is already set up");
@@ -260,14 +252,12 @@ int ioc_nbd_server_incoming(struct ioc_nbd_server *srv,
 	return ioc__nbd_mig_incoming_start(m, o->uri, err, errlen);
 }
 
-json_t *ioc__nbd_mig_incoming(struct ioc_nbd_server *srv, json_t *args,
-			      struct ioc__qmp_err *err)
+json_t *ioc__nbd_mig_incoming(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 	const char *uri = json_string_value(json_object_get(args, "uri"));
 	int status;
 
-	if (!m || !m->incoming) {
+	if (!m->incoming) {
 		snprintf(err->desc, sizeof(err->desc),
 			 "'-incoming' was not specified on the command line");
 		return NULL;

@@ -1,20 +1,19 @@
 /*
- * Live migration of an export between two iocore-nbd servers: the state
- * shared by the source engine (migrate-source.c), the destination
- * (migrate-dest.c) and the status machine (migrate-status.c); the QMP
- * commands over them are src/daemon/cmd-migrate.c's.  The stream itself
- * is src/migrate (stream.h, receive.h).
+ * Live migration of a node between two iocore servers: the state shared
+ * by the source engine (source.c), the destination (dest.c) and the
+ * status machine (status.c); the QMP commands over them are
+ * src/daemon/cmd-migrate.c's, the stream stream.h's and receive.h's.
  *
  * Threads.  The control socket and every status change run on the
- * server's main loop; the source's copy and the destination's receive run
- * on a thread of their own.  Everything in struct ioc__nbd_mig below
+ * front end's main loop; the source's copy and the destination's receive
+ * run on a thread of their own.  Everything in struct ioc__nbd_mig below
  * "shared" is guarded by lock; the migration thread reports status
  * changes and its end through an event queue drained by a bottom half on
  * the main loop (mig_bh), which alone emits QMP events, touches the
- * bitmaps, the gate's final states and the listeners.
+ * bitmaps, the notifier, the gate's final states and the front end.
  */
-#ifndef IOC_NBD_MIGRATE_INT_H
-#define IOC_NBD_MIGRATE_INT_H
+#ifndef IOC_MIGRATE_INT_H
+#define IOC_MIGRATE_INT_H
 
 #include <jansson.h>
 #include <pthread.h>
@@ -22,8 +21,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "nbd-int.h"
+#include "iocore/blk.h"
+#include "iocore/co.h"
+#include "migrate.h"
 #include "node/dirty-cmd.h"
+#include "node/node.h"
 #include "qmp/qmp.h"
 
 /* QEMU's MigrationStatus values that iocore uses. */
@@ -60,12 +62,12 @@ struct ioc__mig_params {
 	int active_mirror;              /* IOC_MIG_MIRROR_AUTO, _ON, _OFF */
 	/* auto-converge (QEMU's capability and parameters, QEMU's defaults):
 	 * while writes are mirrored, hold them for a share of the time that
-	 * grows while the writer outpaces the copy (migrate-source.c). */
+	 * grows while the writer outpaces the copy (source.c). */
 	bool auto_converge, cpu_throttle_tailslow;
 	unsigned throttle_trigger_threshold;    /* %, 1-100 */
 	unsigned cpu_throttle_initial, cpu_throttle_increment, max_cpu_throttle; /* %, 1-99 */
 	/* __org.iocore_write-admission: while a migration runs, client writes
-	 * answered per MiB the copy sends (0: unbounded; migrate-source.c). */
+	 * answered per MiB the copy sends (0: unbounded; source.c). */
 	unsigned write_admission;
 	char tls_creds[128];
 	char tls_hostname[256];
@@ -91,7 +93,7 @@ struct ioc__mig_stats {
 #define IOC_MIG_EVQ 64
 
 /* A client write waiting for its blocks to reach the destination (on the
- * stack of the request's coroutine, migrate-source.c). */
+ * stack of the request's coroutine, source.c). */
 struct ioc__nbd_mirror_req {
 	struct ioc__nbd_mirror_req *next;
 	uint64_t offset, len;
@@ -100,7 +102,7 @@ struct ioc__nbd_mirror_req {
 };
 
 struct ioc__nbd_mig {
-	struct ioc_nbd_server *srv;
+	struct ioc__mig_host host;      /* the front end (migrate.h) */
 	struct ioc_bh *bh;              /* main loop: events, the end */
 	struct ioc__mig_params p;       /* main loop; copied at start */
 
@@ -130,32 +132,37 @@ struct ioc__nbd_mig {
 					 * makes it stop; the lock orders the rest) */
 	pthread_t thread;
 	bool thread_running;
-	struct ioc__nbd_export *exp;
+	struct ioc_node *node;          /* source: the node migrated */
+	struct ioc_blk *blk;            /* its image (ioc_node_blk()) */
 	struct ioc_blk_dirty *bm;       /* source: the hidden bitmap */
 	char uri[256];
-	/* ---- active mirroring, guarded by mir_lock (migrate-source.c) ---- */
+	/* ---- active mirroring, guarded by mir_lock (source.c) ---- */
 	pthread_mutex_t mir_lock;
 	pthread_cond_t mir_cond;        /* the stream's answers, to the
 					 * migration thread (see ack_reader) */
-	bool mir_open;                  /* the hook may queue requests */
+	bool mir_open;                  /* the notifier may queue requests */
 	/* Pass 1 has read everything below (UINT64_MAX after pass 1): a
 	 * write at or above it is left to pass 1.  Release store by the
-	 * migration thread after each read, acquire load in the hook. */
+	 * migration thread after each read, acquire load in the notifier. */
 	_Atomic uint64_t mir_cursor;
-	/* auto-converge (migrate-source.c): the throttle (%, 0 = off), set by
-	 * the migration thread and read by the hook, and the client writes
-	 * the hook saw; relaxed both: a hint and a count. */
+	/* auto-converge (source.c): the throttle (%, 0 = off), set by
+	 * the migration thread and read by the notifier, and the client writes
+	 * the notifier saw; relaxed both: a hint and a count. */
 	_Atomic unsigned mir_throttle;
 	_Atomic uint64_t mir_seen;
-	/* write admission (migrate-source.c, admit()): the gap between two
+	/* write admission (source.c, admit()): the gap between two
 	 * answered writes (ns, 0 = unbounded), stored relaxed by the migration
-	 * thread and loaded relaxed by the hook; the next free answer time,
-	 * claimed by the hooks with a compare-and-swap. */
+	 * thread and loaded relaxed by the notifier; the next free answer time,
+	 * claimed by the notifier calls with a compare-and-swap. */
 	_Atomic int64_t adm_gap;
 	_Atomic int64_t adm_next;
-	/* The export being migrated, for the write hook (relaxed both ways:
-	 * stored before srv->write_hook's release store, which orders it). */
-	_Atomic(const struct ioc__nbd_export *) hook_exp;
+	/* The write notifier on the migrated node (source.c,
+	 * mirror_notify()), added and removed on the main loop; it admits or
+	 * mirrors writes while hook is set: stored by the migration thread
+	 * (release), loaded by the notifier (acquire). */
+	struct ioc_node_notifier nt;
+	bool nt_added;
+	atomic_bool hook;
 	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */
@@ -174,9 +181,10 @@ struct ioc__nbd_mig {
 	void *in_opaque;
 };
 
-/* Get (create on first use, main loop) the migration state of srv. */
-struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv);
-/* migrate-status.c, the status machine.  Under m->lock: move to status
+/* A line to host.log ("migration failed: ..."), when there is one. */
+void ioc__nbd_mig_log(struct ioc__nbd_mig *m, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* status.c, the status machine.  Under m->lock: move to status
  * and queue the MIGRATION event if the machine allows the move from the
  * current status; false (nothing changed) if not. */
 bool ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status);
@@ -197,9 +205,9 @@ int64_t ioc__nbd_mig_now_ms(void);
 int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
 			   size_t pl);
 
-/* migrate-dest.c: the destination's thread ended (main loop, from mig_bh). */
+/* dest.c: the destination's thread ended (main loop, from mig_bh). */
 void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m);
-/* migrate-dest.c: begin receiving on uri (migrate-incoming).  Main loop. */
+/* dest.c: begin receiving on uri (migrate-incoming).  Main loop. */
 int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
 				char *err, size_t errlen);
 

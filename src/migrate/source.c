@@ -1,5 +1,6 @@
 /*
- * Live migration, the source: send the image an export serves to another
+ * Live migration, the source: send the image of a node (the file node an
+ * NBD server exports, reached through struct ioc__mig_host) to another
  * iocore-nbd (--incoming) while clients keep using it, then hand the
  * clients over, with QEMU 7.2's migration commands on a control socket.
  *
@@ -15,21 +16,22 @@
  *   the order their data was read.
  * - Convergence: dirty bytes / measured bandwidth within downtime-limit
  *   starts the switch-over.
- * - Active mirroring: a write waits in the NBD server's hook, after its
- *   local write, until its granules were cleared, read back, sent as a
- *   MIRROR through the same in-order queue and acknowledged (MACK).  Stream
+ * - Active mirroring: a write of any front end waits in the migration's
+ *   notifier on the node (after its local write, inside the node) until
+ *   its granules were cleared, read back, sent as a MIRROR through the
+ *   same in-order queue and acknowledged (MACK).  Stream
  *   order equals read order and a write is read after it completed, so a
  *   block's last record is its newest content, with no range locks.  While
  *   mirroring, a chunk is read only under 1 MiB of send queue (pace()).
- *   Writes ahead of pass 1's cursor are left to it.  Any end answers every
- *   waiting write with success: its data is on the source.
+ *   Writes ahead of pass 1's cursor are left to it.  Any end, and the
+ *   hold, answers every waiting write with success (data on the source).
  * - Write admission and auto-converge (admit(), throttle_check()): writes
  *   are answered at a rate bound to the copy, or after a growing pause.
- * - Switch-over: the serving gate holds new requests and drains running
+ * - Switch-over: the node's gate holds new requests and drains running
  *   ones (pause-before-switchover waits for migrate-continue); the last
  *   pass, END with the checksum, the ACK, completed.
  * - Failure (destination gone, cancel before END): the gate opens, the
- *   bitmap is dropped, the source serves on.  TLS: tls.c.
+ *   bitmap is dropped, the source serves on.  TLS: the host's sessions.
  *
  * Rejected.  Reading through the block layer on the I/O threads (the copy
  * would compete with requests).  Sending the client's own buffer as the
@@ -105,12 +107,12 @@ static void set_status(struct ioc__nbd_mig *m, int status)
 }
 
 static void source_finish(struct ioc__nbd_mig *m);
+static void gate_all(struct ioc__nbd_mig *m, int state);
 
 /* Main loop: emit queued events in order; join a thread that ended. */
 static void mig_bh(void *opaque)
 {
 	struct ioc__nbd_mig *m = opaque;
-	struct ioc_nbd_server *srv = m->srv;
 	bool done;
 
 	for (;;) {
@@ -129,9 +131,11 @@ static void mig_bh(void *opaque)
 		m->nev--;
 		pthread_mutex_unlock(&m->lock);
 		if (strcmp(name, "MIGRATION") == 0)
-			ioc__nbd_event(srv, name, json_pack("{s:s}", "status", status_names[v]));
+			m->host.event(m->host.opaque, name,
+				      json_pack("{s:s}", "status", status_names[v]));
 		else
-			ioc__nbd_event(srv, name, json_pack("{s:I}", "pass", (json_int_t)v));
+			m->host.event(m->host.opaque, name,
+				      json_pack("{s:I}", "pass", (json_int_t)v));
 	}
 	if (done && m->thread_running) {
 		pthread_join(m->thread, NULL);
@@ -145,20 +149,18 @@ static void mig_bh(void *opaque)
 	}
 }
 
-struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
+int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host)
 {
-	struct ioc__nbd_mig *m = srv->mig;
+	struct ioc__nbd_mig *m = calloc(1, sizeof(*m));
 
-	if (m)
-		return m;
-	m = calloc(1, sizeof(*m));
+	*out = NULL;
 	if (!m)
-		return NULL;
-	m->srv = srv;
-	m->bh = ioc_bh_new(srv->main_loop, mig_bh, m);
+		return -ENOMEM;
+	m->host = *host;
+	m->bh = ioc_bh_new(host->main_loop, mig_bh, m);
 	if (!m->bh) {
 		free(m);
-		return NULL;
+		return -ENOMEM;
 	}
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
@@ -181,14 +183,25 @@ struct ioc__nbd_mig *ioc__nbd_mig_get(struct ioc_nbd_server *srv)
 	m->p.cpu_throttle_increment = 10;
 	m->p.max_cpu_throttle = 99;
 	m->p.write_admission = 4;
-	srv->mig = m;
-	return m;
+	*out = m;
+	return 0;
 }
 
-void ioc__nbd_mig_free(struct ioc_nbd_server *srv)
+void ioc__nbd_mig_log(struct ioc__nbd_mig *m, const char *fmt, ...)
 {
-	struct ioc__nbd_mig *m = srv->mig;
+	char msg[512];
+	va_list ap;
 
+	if (!m->host.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	m->host.log(m->host.opaque, msg);
+}
+
+void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
+{
 	if (!m)
 		return;
 	m->in_done = NULL; /* the owner is going away too */
@@ -215,7 +228,6 @@ void ioc__nbd_mig_free(struct ioc_nbd_server *srv)
 	pthread_mutex_destroy(&m->mir_lock);
 	pthread_cond_destroy(&m->mir_cond);
 	free(m);
-	srv->mig = NULL;
 }
 
 int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port, size_t pl)
@@ -267,7 +279,8 @@ struct src {
 	struct ioc__nbd_mig *m;
 	struct ioc__mig_params p;
 	int fd, sock;
-	struct ioc__nbd_tls *tls;       /* tls-creds set: the stream's session */
+	void *tls;                      /* tls-creds set: the stream's session
+					 * (host.tls) */
 	uint64_t size;
 	uint32_t block;
 	struct ioc_blk_dirty *bm;
@@ -361,7 +374,7 @@ static int send_tls(struct src *s, const struct iovec *iov, int iovcnt)
 		size_t left = iov[i].iov_len;
 
 		while (left) {
-			ssize_t n = ioc__nbd_tls_mig_send(s->tls, p, left);
+			ssize_t n = s->m->host.tls->send(s->tls, p, left);
 
 			if (n < 0) {
 				if (cancelled(s))
@@ -738,9 +751,9 @@ static void mirror_start(struct src *s)
 	pthread_mutex_lock(&m->mir_lock);
 	m->mir_open = true;
 	pthread_mutex_unlock(&m->mir_lock);
-	/* Release: pairs with the write hook's acquire load (conn.c), which
-	 * then sees the state initialised here and in ioc__nbd_mig_get(). */
-	atomic_store_explicit(&m->srv->write_hook, m, memory_order_release);
+	/* Release: pairs with the notifier's acquire load (mirror_notify()),
+	 * which then sees the state initialised here and in ioc__nbd_mig_get(). */
+	atomic_store_explicit(&m->hook, true, memory_order_release);
 	s->active = true;
 	pthread_mutex_lock(&m->lock);
 	m->st.active_mirror = true;
@@ -763,23 +776,30 @@ static void mirror_release_all_locked(struct ioc__nbd_mig *m)
 	m->mir_wait_tail = &m->mir_wait;
 }
 
-/* The migration ended (any outcome): no more requests, and every waiting
- * one is answered -- its data is on the source, and after a success on
- * the destination too (the last pass sent every block still dirty). */
-static void mirror_stop(struct src *s)
+/* No more mirroring, admission or throttling: every waiting write is
+ * answered -- its data is on the source, and once the last pass ran on
+ * the destination too (it sends every block still dirty). */
+static void mirror_close(struct ioc__nbd_mig *m)
 {
-	struct ioc__nbd_mig *m = s->m;
-
-	/* Release: pairs with the hook's acquire load; a hook that still saw
-	 * m finds mir_open false under the lock. */
-	atomic_store_explicit(&m->srv->write_hook, NULL, memory_order_release);
-	/* Relaxed: pairs with the hook's load (a hint). */
+	/* Release: pairs with the notifier's acquire load; a notifier that
+	 * still saw it set finds mir_open false under the lock. */
+	atomic_store_explicit(&m->hook, false, memory_order_release);
+	/* Relaxed: pairs with the notifier's load (a hint). */
 	atomic_store_explicit(&m->mir_throttle, 0, memory_order_relaxed);
 	/* Relaxed: pairs with admit()'s load (a hint). */
 	atomic_store_explicit(&m->adm_gap, 0, memory_order_relaxed);
 	pthread_mutex_lock(&m->mir_lock);
 	mirror_release_all_locked(m);
 	pthread_mutex_unlock(&m->mir_lock);
+}
+
+/* The migration ended (any outcome): mirror_close(), and the throttle
+ * shown stops. */
+static void mirror_stop(struct src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+
+	mirror_close(m);
 	pthread_mutex_lock(&m->lock);
 	m->st.throttle_pct = 0; /* QEMU: the throttle stops with the migration */
 	pthread_mutex_unlock(&m->lock);
@@ -836,7 +856,7 @@ static void ioc_coroutine_fn admit(struct ioc__nbd_mig *m)
 		return;
 	now = ioc_now_ns();
 	/* Relaxed, with the compare-and-swap below: the claims of other
-	 * hooks are what it pairs with; only this value is shared. */
+	 * writes are what it pairs with; only this value is shared. */
 	next = atomic_load_explicit(&m->adm_next, memory_order_relaxed);
 	do {
 		mine = next > now ? next : now;
@@ -853,25 +873,31 @@ static void ioc_coroutine_fn write_pause(struct ioc__nbd_mig *m)
 	throttle_pause(m);
 }
 
-void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_export *e,
-			 int type, uint64_t off, uint64_t len)
+/*
+ * The write notifier on the migrated node: a write, write-zeroes or
+ * discard of any front end, after the driver did it (a failed one is left
+ * alone).  While the migration mirrors actively it waits, in the request's
+ * coroutine and so inside the node, until those blocks are on the
+ * destination or the migration closed mirroring (mirror_close(), which
+ * the switch-over does before its hold: the hold waits for every request
+ * inside).  m lives until the notifier is removed (source_finish()).
+ */
+static int ioc_coroutine_fn mirror_notify(struct ioc_node_notifier *nt, struct ioc_node *n,
+					  enum ioc_node_op op, uint64_t off, uint64_t len,
+					  int ret)
 {
-	/* Acquire: pairs with the release stores in mirror_start() and
-	 * mirror_stop().  m lives until the server is freed (after its
-	 * I/O threads stopped). */
-	struct ioc__nbd_mig *m = atomic_load_explicit(&srv->write_hook, memory_order_acquire);
+	struct ioc__nbd_mig *m = ioc_container_of(nt, struct ioc__nbd_mig, nt);
 	struct ioc__nbd_mirror_req q = { .offset = off, .len = len };
 
-	if (!m || (type != NBD_CMD_WRITE && type != NBD_CMD_WRITE_ZEROES &&
-		   type != NBD_CMD_TRIM) || len == 0 ||
-	    /* Relaxed: see hook_exp; another export is not migrated. */
-	    atomic_load_explicit(&m->hook_exp, memory_order_relaxed) != e)
-		return;
+	/* Acquire: pairs with the release stores in mirror_start(), run()
+	 * and mirror_close(). */
+	if (ret < 0 || len == 0 || !atomic_load_explicit(&m->hook, memory_order_acquire))
+		return 0;
 	/* Relaxed: a count, read by throttle_check(). */
 	atomic_fetch_add_explicit(&m->mir_seen, 1, memory_order_relaxed);
 	if (len > MIRROR_MAX) {
 		write_pause(m);
-		return; /* a large one stays dirty for the passes */
+		return 0; /* a large one stays dirty for the passes */
 	}
 	/* Acquire: pairs with the release stores in copy_range() and run():
 	 * a write ahead of pass 1 keeps its dirty bits, and pass 1 clears
@@ -879,17 +905,15 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	 * the bitmap: correct either way). */
 	if (off >= atomic_load_explicit(&m->mir_cursor, memory_order_acquire)) {
 		write_pause(m);
-		return;
+		return 0;
 	}
 	ioc_co_await_init(&q.aw);
 	pthread_mutex_lock(&m->mir_lock);
-	if (!m->mir_open ||
-	    /* Relaxed: see hook_exp. */
-	    atomic_load_explicit(&m->hook_exp, memory_order_relaxed) != e) {
+	if (!m->mir_open) {
 		/* Not mirrored (yet, or any more): the bitmap has it. */
 		pthread_mutex_unlock(&m->mir_lock);
 		admit(m);
-		return;
+		return 0;
 	}
 	*m->mir_wait_tail = &q;
 	m->mir_wait_tail = &q.next;
@@ -898,6 +922,7 @@ void ioc__nbd_mig_mirror(struct ioc_nbd_server *srv, const struct ioc__nbd_expor
 	pthread_mutex_unlock(&m->mir_lock);
 	ioc_co_await(&q.aw);
 	write_pause(m);
+	return 0;
 }
 
 /* Raise the throttle (QEMU's steps: cpu-throttle-initial, then
@@ -926,7 +951,7 @@ static void throttle_up(struct src *s, double ratio)
 	if (next > s->p.max_cpu_throttle)
 		next = s->p.max_cpu_throttle;
 	s->thr_pct = next;
-	/* Relaxed: pairs with the hook's load (a hint, see there). */
+	/* Relaxed: pairs with the notifier's load (a hint, see there). */
 	atomic_store_explicit(&s->m->mir_throttle, next, memory_order_relaxed);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->st.throttle_pct = next;
@@ -965,7 +990,7 @@ static void throttle_check(struct src *s, uint64_t bytes)
 		s->thr_t0 = now;
 	if (now - s->thr_t0 < THROTTLE_PERIOD_NS)
 		return;
-	/* Relaxed: pairs with the hook's increment (a count; nothing is
+	/* Relaxed: pairs with the notifier's increment (a count; nothing is
 	 * published with it). */
 	uint64_t seen = atomic_load_explicit(&s->m->mir_seen, memory_order_relaxed);
 	double rb = (double)s->thr_wr_bytes / (double)s->thr_bg_bytes;
@@ -1098,7 +1123,7 @@ static void *ack_reader(void *opaque)
 			ssize_t n;
 
 			if (s->tls) {
-				n = ioc__nbd_tls_mig_recv(s->tls, buf + got, sizeof(buf) - got);
+				n = m->host.tls->recv(s->tls, buf + got, sizeof(buf) - got);
 			} else {
 				n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
 				if (n < 0 && errno == EINTR)
@@ -1266,7 +1291,7 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 		off += n;
 		len -= n;
 		if (s->pass == 1) {
-			/* Release: pairs with the hook's acquire load. */
+			/* Release: pairs with the notifier's acquire load. */
 			atomic_store_explicit(&s->m->mir_cursor, off, memory_order_release);
 			pthread_mutex_lock(&s->m->lock);
 			s->m->st.pass1_pos = off;
@@ -1473,10 +1498,10 @@ static int connect_to(struct src *s, const char *uri)
 		char e[200] = "";
 		int r;
 
-		if (!s->m->srv->tls)
+		if (!s->m->host.tls)
 			return fail(s, -EINVAL, "tls-creds is set but this server has no TLS "
 				    "credentials (--tls-certificates or --tls-psk)");
-		r = ioc__nbd_tls_mig_connect(&s->tls, s->m->srv->tls, fd, name, e, sizeof(e));
+		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, &s->tls, e, sizeof(e));
 		if (r < 0)
 			return cancelled(s) ? -ECANCELED :
 			       fail(s, r, "TLS handshake with the destination failed: %s", e);
@@ -1660,23 +1685,22 @@ static int run(struct src *s, const char *uri)
 	pthread_mutex_unlock(&m->lock);
 
 	s->win_start = s->pass_start = ioc_now_ns();
-	/* Relaxed, these four: mirror_start()'s release store (or the one
+	/* Relaxed, these three: mirror_start()'s release store (or the one
 	 * below) publishes them. */
 	atomic_store_explicit(&m->mir_cursor, 0, memory_order_relaxed);
-	atomic_store_explicit(&m->hook_exp, m->exp, memory_order_relaxed);
 	atomic_store_explicit(&m->adm_gap, 0, memory_order_relaxed);
 	atomic_store_explicit(&m->adm_next, 0, memory_order_relaxed);
 	if (s->p.active_mirror == IOC_MIG_MIRROR_ON)
 		mirror_start(s);
 	else if (s->p.write_admission)
-		/* Release: pairs with the hook's acquire load (conn.c); the
-		 * hook admits writes, and mirrors none until mirror_start()
-		 * opens mir_open. */
-		atomic_store_explicit(&m->srv->write_hook, m, memory_order_release);
+		/* Release: pairs with the notifier's acquire load; it admits
+		 * writes, and mirrors none until mirror_start() opens
+		 * mir_open. */
+		atomic_store_explicit(&m->hook, true, memory_order_release);
 	ret = pass_full(s);
 	if (ret < 0)
 		return ret;
-	/* Release: pairs with the hook's acquire load; every write is
+	/* Release: pairs with the notifier's acquire load; every write is
 	 * mirrored from now on (while active). */
 	atomic_store_explicit(&m->mir_cursor, UINT64_MAX, memory_order_release);
 	pass_end(s);
@@ -1725,9 +1749,13 @@ static int run(struct src *s, const char *uri)
 	if (ret < 0)
 		return ret;
 
-	/* Switch-over: hold the clients, wait for the running requests. */
+	/* Switch-over: hold the clients, wait for the running requests.  A
+	 * mirrored write waits inside the node for this thread, which the
+	 * hold blocks: answer the waiting ones first and take no more (their
+	 * blocks are dirty: the last pass sends them). */
 	int64_t t_hold = ioc_now_ns();
-	ioc__nbd_gate_set(m->srv, IOC__NBD_GATE_HOLD);
+	mirror_close(m);
+	gate_all(m, IOC_NODE_GATE_HOLD);
 	s->held = true;
 	if (s->p.pause_before_switchover) {
 		pthread_mutex_lock(&m->lock);
@@ -1826,11 +1854,8 @@ static void *source_thread(void *opaque)
 	}
 	free(s.slots);
 	ioc_mig_crcs_free(s.crcs);
-	if (s.tls) {
-		if (ret == 0)
-			ioc__nbd_tls_bye(s.tls);
-		ioc__nbd_tls_free(s.tls);
-	}
+	if (s.tls)
+		a->m->host.tls->end(s.tls, ret == 0);
 	if (s.fd >= 0)
 		close(s.fd);
 	if (ret < 0 && cancelled(&s))
@@ -1851,10 +1876,20 @@ static void *source_thread(void *opaque)
 	return NULL;
 }
 
+/* The gate of every node that writes the migrated image as it is: the
+ * exported node, and the file node under it when the export's node
+ * passes requests to it unchanged (another front end may export that).
+ * Not from a loop that submits to them. */
+static void gate_all(struct ioc__nbd_mig *m, int state)
+{
+	for (struct ioc_node *n = m->node; n;
+	     n = n->file && ioc_node_blk(n->file) == m->blk ? n->file : NULL)
+		ioc_node_set_gate(n, state);
+}
+
 /* Main loop, after the thread was joined: the end of a migration. */
 static void source_finish(struct ioc__nbd_mig *m)
 {
-	struct ioc_nbd_server *srv = m->srv;
 	int result;
 
 	pthread_mutex_lock(&m->lock);
@@ -1863,21 +1898,27 @@ static void source_finish(struct ioc__nbd_mig *m)
 	if (result == 0) {
 		/* The destination has the image: NBD_ESHUTDOWN to held and
 		 * new requests, connections finish and close, no listener. */
-		ioc__nbd_gate_set(srv, IOC__NBD_GATE_SHUT);
-		ioc__nbd_close_listeners(srv);
-		ioc__nbd_log(srv, "migration completed: no longer serving");
-	} else if (atomic_load_explicit(&srv->gate, memory_order_relaxed) != IOC__NBD_GATE_OPEN) {
-		ioc__nbd_gate_set(srv, IOC__NBD_GATE_OPEN);
+		gate_all(m, IOC_NODE_GATE_SHUT);
+		m->host.retire(m->host.opaque);
+		ioc__nbd_mig_log(m, "migration completed: no longer serving");
+	} else if (m->node && atomic_load_explicit(&m->node->gate, memory_order_relaxed) !=
+		   IOC_NODE_GATE_OPEN) {
+		gate_all(m, IOC_NODE_GATE_OPEN);
 	}
-	if (m->exp && m->exp->blk)
-		ioc_blk_dirty_remove(m->exp->blk, IOC_MIG_BITMAP);
+	/* After the gate: a failed migration's hold is open again, which
+	 * the removal's own drain needs. */
+	if (m->nt_added)
+		ioc_node_remove_notifier(m->node, &m->nt);
+	m->nt_added = false;
+	if (m->blk)
+		ioc_blk_dirty_remove(m->blk, IOC_MIG_BITMAP);
 	m->bm = NULL;
 	pthread_mutex_lock(&m->lock);
 	m->t_end = ioc__nbd_mig_now_ms();
 	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	if (result < 0 && result != -ECANCELED)
-		ioc__nbd_log(srv, "migration failed: %s", m->error);
+		ioc__nbd_mig_log(m, "migration failed: %s", m->error);
 }
 
 /* ---- QMP ------------------------------------------------------------------------ */
@@ -1930,15 +1971,6 @@ static bool busy(struct ioc__nbd_mig *m)
 	       st == IOC_MIG_ST_CANCELLING;
 }
 
-static struct ioc__nbd_mig *get(struct ioc_nbd_server *srv, struct ioc__qmp_err *err)
-{
-	struct ioc__nbd_mig *m = ioc__nbd_mig_get(srv);
-
-	if (!m)
-		ioc__qmp_errf(err, "out of memory");
-	return m;
-}
-
 static const struct { const char *name; size_t off; } caps[] = {
 	{ "zero-blocks", offsetof(struct ioc__mig_params, zero_blocks) },
 	{ "compress", offsetof(struct ioc__mig_params, compress) },
@@ -1956,16 +1988,13 @@ static json_t *commit_params(struct ioc__nbd_mig *m, const struct ioc__mig_param
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_set_caps(struct ioc__nbd_mig *m, json_t *args,
 			      struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	json_t *list = json_object_get(args, "capabilities"), *v;
 	struct ioc__mig_params p;
 	size_t i;
 
-	if (!m)
-		return NULL;
 	if (busy(m)) {
 		ioc__qmp_errf(err, "There's a migration process in progress");
 		return NULL;
@@ -1994,14 +2023,11 @@ json_t *ioc__nbd_mig_set_caps(struct ioc_nbd_server *srv, json_t *args,
 	return commit_params(m, &p);
 }
 
-json_t *ioc__nbd_mig_query_caps(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_query_caps(struct ioc__nbd_mig *m, json_t *args,
 				struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	json_t *list;
 
-	if (!m)
-		return NULL;
 	list = json_array();
 	for (size_t k = 0; k < IOC_ARRAY_SIZE(caps) && list; k++)
 		json_array_append_new(list, json_pack("{s:s,s:b}", "capability", caps[k].name,
@@ -2043,15 +2069,12 @@ static bool pct_param(struct ioc__qmp_err *err, const char *name, json_t *v,
 	return true;
 }
 
-json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_set_params(struct ioc__nbd_mig *m, json_t *args,
 				struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	struct ioc__mig_params p;
 	json_t *v;
 
-	if (!m)
-		return NULL;
 	p = m->p;
 #define U(key) ((v = json_object_get(args, key)) != NULL)
 	if (U("compress-level")) {
@@ -2158,13 +2181,9 @@ json_t *ioc__nbd_mig_set_params(struct ioc_nbd_server *srv, json_t *args,
 	return commit_params(m, &p);
 }
 
-json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_query_params(struct ioc__nbd_mig *m, json_t *args,
 				  struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
-
-	if (!m)
-		return NULL;
 	static const char *const am[] = {
 		[IOC_MIG_MIRROR_AUTO] = "auto", [IOC_MIG_MIRROR_ON] = "on",
 		[IOC_MIG_MIRROR_OFF] = "off",
@@ -2188,20 +2207,19 @@ json_t *ioc__nbd_mig_query_params(struct ioc_nbd_server *srv, json_t *args,
 			 "max-cpu-throttle", (int)m->p.max_cpu_throttle);
 }
 
-json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 			     struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = get(srv, err);
 	const char *uri = json_string_value(json_object_get(args, "uri"));
-	struct ioc__nbd_export *e = NULL;
+	struct ioc_node *n;
+	struct ioc_blk *blk;
 	struct ioc_blk_info bi;
+	uint64_t size;
 	struct start_args *a;
 	char host[256], port[16];
 	uint64_t gran;
 	int r;
 
-	if (!m)
-		return NULL;
 	if (json_object_get(args, "blk") || json_object_get(args, "inc")) {
 		if (json_is_true(json_object_get(args, "blk")) ||
 		    json_is_true(json_object_get(args, "inc"))) {
@@ -2218,8 +2236,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		     "There's a migration process in progress");
 		return NULL;
 	}
-	if (!srv->serving ||
-	    atomic_load_explicit(&srv->gate, memory_order_relaxed) == IOC__NBD_GATE_SHUT) {
+	if (!m->host.serving(m->host.opaque)) {
 		ioc__qmp_errf(err, "The server does not serve an export (migrated already?)");
 		return NULL;
 	}
@@ -2227,53 +2244,47 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 		ioc__qmp_errf(err, "Invalid migration URI '%s' (iocore-nbd supports tcp:HOST:PORT)", uri);
 		return NULL;
 	}
-	for (unsigned i = 0; i < srv->cfg.nexports; i++)
-		if (srv->exports[i] && srv->exports[i]->blk) {
-			if (e) {
-				ioc__qmp_errf(err, "Migration of more than one export is not supported");
-				return NULL;
-			}
-			e = srv->exports[i];
-		}
-	if (!e) {
-		ioc__qmp_errf(err, "No export of an image file to migrate");
+	n = m->host.pick(m->host.opaque, err->desc, sizeof(err->desc));
+	if (!n)
 		return NULL;
-	}
-	ioc_blk_get_info(e->blk, &bi);
-	if (!bi.path || !e->size) {
+	blk = ioc_node_blk(n);
+	size = n->size;
+	ioc_blk_get_info(blk, &bi);
+	if (!bi.path || !size) {
 		ioc__qmp_errf(err, "The export's image cannot be migrated (no file, or empty)");
 		return NULL;
 	}
 	gran = m->p.granularity;
 	/* Keep the per-block CRC array bounded (stream.h). */
-	while (e->size / gran >= IOC_MIG_MAX_BLOCKS && gran < MIG_GRAN_MAX)
+	while (size / gran >= IOC_MIG_MAX_BLOCKS && gran < MIG_GRAN_MAX)
 		gran *= 2;
 	/* A persistent bitmap of that name can only be stale. */
-	ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+	ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 	/* The copy needs the CPU and the image's pages now (blk.h). */
-	ioc_blk_stop_background(e->blk);
+	ioc_blk_stop_background(blk);
 	struct ioc_blk_dirty_opts bo = { .name = IOC_MIG_BITMAP, .granularity = gran };
-	r = ioc_blk_dirty_add(e->blk, &bo, &m->bm);
+	r = ioc_blk_dirty_add(blk, &bo, &m->bm);
 	if (r < 0) {
 		ioc__qmp_errf(err, "Cannot track writes for the migration: %s", strerror(-r));
 		return NULL;
 	}
 	a = calloc(1, sizeof(*a));
 	if (!a) {
-		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+		ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 		ioc__qmp_errf(err, "out of memory");
 		return NULL;
 	}
 	a->m = m;
 	a->p = m->p;
 	a->p.granularity = gran;
-	a->size = e->size;
+	a->size = size;
 	snprintf(a->uri, sizeof(a->uri), "%s", uri);
 	snprintf(a->path, sizeof(a->path), "%s", bi.path);
-	m->exp = e;
+	m->node = n;
+	m->blk = blk;
 	pthread_mutex_lock(&m->lock);
 	memset(&m->st, 0, sizeof(m->st));
-	m->st.total = e->size;
+	m->st.total = size;
 	m->st.page_size = gran;
 	m->error[0] = '\0';
 	m->t_start = ioc__nbd_mig_now_ms();
@@ -2289,10 +2300,21 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
 	ioc__nbd_mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
+	/* Only when it has something to do: a node with a notifier takes no
+	 * zero-copy writes (they bypass the notifiers). */
+	m->nt.fn = mirror_notify;
+	m->nt_added = a->p.active_mirror != IOC_MIG_MIRROR_OFF || a->p.write_admission;
+	/* Relaxed: the release store in ioc_node_add_notifier() orders it. */
+	atomic_store_explicit(&m->hook, false, memory_order_relaxed);
+	if (m->nt_added)
+		ioc_node_add_notifier(n, &m->nt);
 	r = pthread_create(&m->thread, NULL, source_thread, a);
 	if (r != 0) {
 		free(a);
-		ioc_blk_dirty_remove(e->blk, IOC_MIG_BITMAP);
+		if (m->nt_added)
+			ioc_node_remove_notifier(n, &m->nt);
+		m->nt_added = false;
+		ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 		m->bm = NULL;
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
@@ -2306,10 +2328,9 @@ json_t *ioc__nbd_mig_migrate(struct ioc_nbd_server *srv, json_t *args,
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args,
 			   struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 	struct ioc__mig_stats st;
 	json_t *ret, *disk, *busy_ns;
 	int status;
@@ -2407,10 +2428,9 @@ json_t *ioc__nbd_mig_query(struct ioc_nbd_server *srv, json_t *args,
 	return ret;
 }
 
-json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args,
 			      struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 	const char *state = json_string_value(json_object_get(args, "state"));
 	int st;
 
@@ -2435,10 +2455,9 @@ json_t *ioc__nbd_mig_continue(struct ioc_nbd_server *srv, json_t *args,
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_cancel(struct ioc_nbd_server *srv, json_t *args,
+json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args,
 			    struct ioc__qmp_err *err)
 {
-	struct ioc__nbd_mig *m = srv->mig;
 
 	if (!m || !m->thread_running)
 		return json_object(); /* QEMU: nothing to cancel is no error */

@@ -1,0 +1,104 @@
+/*
+ * Live migration of one block node between two iocore servers (QEMU 7.2's
+ * migration commands), as a job over the node: what the daemon layer
+ * drives.  The job copies the node's image file to the destination,
+ * mirrors the writes of every front end on the node (a write notifier),
+ * and at the switch-over holds and drains the node (its gate); the front
+ * end that serves it (the NBD server) is reached only through struct
+ * ioc__mig_host, which the daemon layer fills.  Main loop, unless said.
+ */
+#ifndef IOC_MIGRATE_H
+#define IOC_MIGRATE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "iocore/loop.h"
+#include "qmp/qmp.h"
+
+struct ioc_node;
+
+/* A blocking session (TLS) on the migration's own socket, its threads. */
+struct ioc__mig_tls_ops {
+	/* A client (source) or server (destination) handshake on fd; the
+	 * session in *sess, or -errno with the reason in err. */
+	int (*connect)(void *opaque, int fd, const char *hostname, void **sess,
+		       char *err, size_t errlen);
+	int (*accept)(void *opaque, int fd, void **sess, char *err, size_t errlen);
+	/* Bytes, 0 at EOF (recv), or -errno. */
+	ssize_t (*recv)(void *sess, void *buf, size_t len);
+	ssize_t (*send)(void *sess, const void *buf, size_t len);
+	/* Free the session, after a closing alert when bye. */
+	void (*end)(void *sess, bool bye);
+};
+
+/* What the migration needs of the front end that serves the node.  Every
+ * callback on the main loop; opaque is theirs. */
+struct ioc__mig_host {
+	struct ioc_loop *main_loop;
+	void *opaque;
+	/* A QMP event (MIGRATION, MIGRATION_PASS) to the control sockets;
+	 * the callee owns data. */
+	void (*event)(void *opaque, const char *name, json_t *data);
+	void (*log)(void *opaque, const char *msg);
+	/* migrate: whether the front end serves (not once a migration
+	 * completed); then the node to send (one whose image is a file: a
+	 * node with ioc_node_blk()), or NULL with QEMU's message in err. */
+	bool (*serving)(void *opaque);
+	struct ioc_node *(*pick)(void *opaque, char *err, size_t errlen);
+	/* The destination has the image and the node is shut: the front end
+	 * tells its clients to go and serves no more. */
+	void (*retire)(void *opaque);
+	/* Incoming: the front end waits for the image (started, not yet
+	 * serving). */
+	bool (*waiting)(void *opaque);
+	/* NULL: no TLS (the stream is plain; a TLS peer fails). */
+	const struct ioc__mig_tls_ops *tls;
+};
+
+/* The migration state of one front end (both ends' commands). */
+struct ioc__nbd_mig;
+int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host);
+/* Stop a migration in progress (cancel and join its thread, open the
+ * node's gate again) and free the state: before the front end stops. */
+void ioc__nbd_mig_free(struct ioc__nbd_mig *m);
+
+/*
+ * Incoming live migration (the destination side), on a front end that
+ * waits for its image (host->waiting): listen on uri ("tcp:ADDR:PORT", or
+ * "defer" to wait for migrate-incoming), accept one connection and receive
+ * the source's image into the file image (created, or resized to the
+ * source's size).  done runs once on the main loop: result 0 when the
+ * image is complete, durable and verified (the caller then opens it and
+ * serves it), otherwise -errno with the reason; the image must then not
+ * be served.  Returns 0 or -errno (err says why).
+ */
+struct ioc__mig_incoming_opts {
+	const char *uri;
+	const char *image;
+	void (*done)(void *opaque, int result, const char *why);
+	void *opaque;
+};
+int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_incoming_opts *o,
+				char *err, size_t errlen);
+
+/* The QMP commands' bodies (src/daemon/cmd-migrate.c), and the specs of
+ * their arguments. */
+json_t *ioc__nbd_mig_set_caps(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query_caps(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_set_params(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query_params(struct ioc__nbd_mig *m, json_t *args,
+				  struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__nbd_mig_incoming(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+
+extern const struct ioc__qmp_arg ioc__nbd_mig_args_caps[], ioc__nbd_mig_args_params[],
+	ioc__nbd_mig_args_migrate[], ioc__nbd_mig_args_continue[],
+	ioc__nbd_mig_args_incoming[];
+
+#endif /* IOC_MIGRATE_H */
