@@ -14,17 +14,16 @@
  *   read (blk.h's rule).  Chunks (<= 256 KiB) go round robin to an
  *   in-order workqueue of compress-threads workers, so records leave in
  *   the order their data was read.
- * - Convergence: dirty bytes / measured bandwidth within downtime-limit
- *   starts the switch-over.
+ * - Convergence: once dirty bytes / bandwidth fit downtime-limit, switch over.
  * - Active mirroring: a write of any front end waits in the migration's
  *   notifier on the node (after its local write, inside the node) until
  *   its granules were cleared, read back, sent as a MIRROR through the
- *   same in-order queue and acknowledged (MACK).  Stream
- *   order equals read order and a write is read after it completed, so a
- *   block's last record is its newest content, with no range locks.  While
- *   mirroring, a chunk is read only under 1 MiB of send queue (pace()).
- *   Writes ahead of pass 1's cursor are left to it.  Any end, and the
- *   hold, answers every waiting write with success (data on the source).
+ *   same in-order queue and acknowledged (MACK).  Stream order equals read
+ *   order and a write is read after it completed, so a block's last record
+ *   is its newest content, with no range locks.  While mirroring, a chunk
+ *   is read only under 1 MiB of send queue (pace()).  Writes ahead of pass
+ *   1's cursor are left to it.  Any end, and the hold, answers every
+ *   waiting write with success (data on the source).
  * - Write admission and auto-converge (admit(), throttle_check()): writes
  *   are answered at a rate bound to the copy, or after a growing pause.
  * - Switch-over: the node's gate holds new requests and drains running

@@ -21,12 +21,11 @@
  *    send(2).  After -EAGAIN GnuTLS wants the same arguments again (it has
  *    already encrypted them): the buffer stays untouched until the call
  *    succeeds.
- *  - Decrypted bytes may wait inside GnuTLS while the socket is empty;
- *    ioc__nbd_tls_pending() tells conn.c not to wait for readability then.
+ *  - Decrypted bytes may wait in GnuTLS: ioc__nbd_tls_pending() says so.
  *  - A job's own socket (the migration stream, src/migrate, through
  *    ioc_nbd_server_tls_*() in server.c) uses the same credentials in
- *    blocking sessions on the job's threads: the destination
- *    handshakes as a server with them; the source builds client credentials
+ *    blocking sessions on the job's threads: the destination handshakes as
+ *    a server with them; the source builds client credentials
  *    per migration from the same files (ca-cert.pem to verify the destination
  *    against its host name, client-cert.pem and client-key.pem if present,
  *    the first PSK line).  Those sessions sleep in recv()/send() like the

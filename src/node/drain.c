@@ -35,6 +35,7 @@
 #include <errno.h>
 
 #include "node-int.h"
+#include "util/list.h"
 
 /* Each cut leaves (ioc_node_leave_cut()), unlinking itself only. */
 static void cut_all(struct ioc_node_slot *s)
@@ -129,11 +130,7 @@ bool ioc_node_enter_cut(struct ioc_node *n, struct ioc_node_cut *cut)
 		return true;
 	s->executing++;
 	cut->slot = s;
-	cut->prev = NULL;
-	cut->next = s->cuts;
-	if (s->cuts)
-		s->cuts->prev = cut;
-	s->cuts = cut;
+	IOC__LIST_PUSH(s->cuts, cut, prev, next);
 	return true;
 }
 
@@ -143,12 +140,7 @@ void ioc_node_leave_cut(struct ioc_node *n, struct ioc_node_cut *cut)
 
 	if (!s)
 		return;
-	if (cut->prev)
-		cut->prev->next = cut->next;
-	else
-		s->cuts = cut->next;
-	if (cut->next)
-		cut->next->prev = cut->prev;
+	IOC__LIST_UNLINK(s->cuts, cut, prev, next);
 	cut->slot = NULL;
 	ioc_node_leave(n);
 }
