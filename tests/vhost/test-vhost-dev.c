@@ -385,8 +385,15 @@ struct seg {
 	bool write;
 };
 
-/* Post a chain on ring q and kick. */
-static void fe_post(struct fe *f, unsigned q, const struct seg *s, unsigned n)
+static void fe_kick(struct fe *f, unsigned q)
+{
+	uint64_t one = 1;
+
+	ASSERT_EQ(write(f->kick[q], &one, 8), 8);
+}
+
+/* Post a chain on ring q, without a kick. */
+static void fe_queue(struct fe *f, unsigned q, const struct seg *s, unsigned n)
 {
 	uint64_t g = ring_gpa(q);
 	struct vring_desc *d = gpa(f, g);
@@ -400,8 +407,13 @@ static void fe_post(struct fe *f, unsigned q, const struct seg *s, unsigned n)
 	av->ring[QN] = f->used_seen[q];   /* used_event: signal the next one */
 	f->avail[q]++;
 	__atomic_store_n(&av->idx, f->avail[q], __ATOMIC_RELEASE);
-	uint64_t one = 1;
-	ASSERT_EQ(write(f->kick[q], &one, 8), 8);
+}
+
+/* Post a chain on ring q and kick. */
+static void fe_post(struct fe *f, unsigned q, const struct seg *s, unsigned n)
+{
+	fe_queue(f, q, s, n);
+	fe_kick(f, q);
 }
 
 /* Wait (5 s at most) for the next used entry of ring q; its len. */
@@ -1496,6 +1508,51 @@ static void test_dirty_log(void)
 	ASSERT_EQ(count_fds(), before);
 }
 
+/*
+ * A front end truncates the guest memory it passed (a memfd it could not
+ * seal) under a running queue: the queue stops and says so on its error
+ * eventfd, the process lives on, and the next connection is served.
+ * Without the guard the export's next look at the ring kills the process
+ * with SIGBUS.  After the truncation the front end must not touch its own
+ * mapping either: the request is queued first, only the kick comes after.
+ */
+static void test_memory_shrinks(void)
+{
+	struct ioc__vub_export *e;
+	struct seg s[3] = {
+		{ HDR_GPA, 16, false }, { DATA_GPA, 4096, true }, { STAT_GPA, 1, true },
+	};
+	struct pollfd pf;
+	struct fe f;
+	uint64_t v;
+
+	setup();
+	e = export_new(sock_path, true);
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 0, 4096, NULL), VIRTIO_BLK_S_OK);
+	((struct virtio_blk_outhdr *)gpa(&f, HDR_GPA))->type = VIRTIO_BLK_T_IN;
+	fe_queue(&f, 0, s, 3);
+	ASSERT_OK(ftruncate(f.memfd, 0));
+	fe_kick(&f, 0);
+	pf = (struct pollfd){ f.err[0], POLLIN, 0 };
+	ASSERT_EQ(poll(&pf, 1, 5000), 1);
+	ASSERT_EQ(read(f.err[0], &v, 8), 8);
+	fe_close(&f);
+
+	/* The same export, a new front end with memory that stays. */
+	fe_open(&f, sock_path);
+	fe_negotiate(&f);
+	fe_mem_table(&f);
+	fe_start_ring(&f, 0, 0);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_IN, 0, 4096, NULL), VIRTIO_BLK_S_OK);
+	ASSERT_UEQ(fe_req(&f, 0, VIRTIO_BLK_T_OUT, 8, 4096, NULL), VIRTIO_BLK_S_OK);
+	fe_close(&f);
+	ioc_iothread_call(ctrl_th, free_fn, e);
+}
+
 static void test_teardown(void)
 {
 	ioc_node_graph_detach_loop(graph, ioc_iothread_loop(io_th));
@@ -1514,5 +1571,6 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_inflight),
 	IOC_TEST(test_inflight_bad),
 	IOC_TEST(test_dirty_log),
+	IOC_TEST(test_memory_shrinks),
 	IOC_TEST(test_teardown),
 )

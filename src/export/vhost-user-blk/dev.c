@@ -131,6 +131,8 @@ static void ioc_coroutine_fn log_apply(struct ioc__vub_conn *c, bool say);
 
 static void region_unmap(struct ioc__vub_region *r)
 {
+	ioc__vub_guard_del(r->guard);
+	r->guard = 0;
 	if (r->map)
 		munmap(r->map, r->map_len);
 	r->map = NULL;
@@ -168,7 +170,8 @@ static int region_map(struct ioc__vub_conn *c, const struct ioc__vub_mem *mem,
 	/* A mapping past the end of the file would fault (SIGBUS) on access.
 	 * A front end that shrinks the file afterwards still could: QEMU's
 	 * memfd backend seals it against that (seal=on, its default); the
-	 * guest's memory is not ours to seal, so others are trusted that far. */
+	 * guest's memory is not ours to seal, so the mapping is guarded
+	 * (guard.c) instead. */
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < end)
@@ -186,6 +189,7 @@ static int region_map(struct ioc__vub_conn *c, const struct ioc__vub_mem *mem,
 	*out = (struct ioc__vub_region){
 		.gpa = d->gpa, .size = d->size, .uva = d->uva,
 		.host = (uint8_t *)p + d->mmap_offset, .map = p, .map_len = (size_t)end,
+		.guard = ioc__vub_guard_add(p, (size_t)end, &c->exp->mem_shrunk),
 	};
 	return 0;
 }
@@ -574,6 +578,8 @@ static int ioc_coroutine_fn h_set_backend_req_fd(struct ioc__vub_conn *c,
 
 static void inflight_unmap(struct ioc__vub_conn *c)
 {
+	ioc__vub_guard_del(c->inflight_guard);
+	c->inflight_guard = 0;
 	if (c->inflight_map)
 		munmap(c->inflight_map, c->inflight_map_len);
 	c->inflight_map = NULL;
@@ -681,7 +687,7 @@ static int ioc_coroutine_fn h_set_inflight_fd(struct ioc__vub_conn *c, struct io
 		return proto(c, "inflight region larger than its file");
 	/* Ours (GET_INFLIGHT_FD) is sealed already; a foreign memfd that
 	 * allows it is sealed against shrinking here.  Any other file is
-	 * trusted not to shrink, as guest memory is. */
+	 * guarded, as guest memory is. */
 	r = fcntl(m->fds[0], F_GET_SEALS);
 	if (r >= 0 && !(r & F_SEAL_SHRINK))
 		(void)fcntl(m->fds[0], F_ADD_SEALS, F_SEAL_SHRINK);
@@ -694,6 +700,7 @@ static int ioc_coroutine_fn h_set_inflight_fd(struct ioc__vub_conn *c, struct io
 	inflight_unmap(c);
 	c->inflight_map = p;
 	c->inflight_map_len = (size_t)end;
+	c->inflight_guard = ioc__vub_guard_add(p, (size_t)end, &c->exp->mem_shrunk);
 	c->inflight_base = (uint8_t *)p + d->mmap_offset;
 	c->inflight_nq = d->num_queues;
 	c->inflight_qsize = d->queue_size;
@@ -747,6 +754,7 @@ static void log_unmap(struct ioc__vub_log *l)
 {
 	if (!l)
 		return;
+	ioc__vub_guard_del(l->guard);
 	munmap(l->map, l->map_len);
 	free(l);
 }
@@ -808,6 +816,7 @@ static int ioc_coroutine_fn h_set_log_base(struct ioc__vub_conn *c, struct ioc__
 	}
 	l->map = p;
 	l->map_len = (size_t)end;
+	l->guard = ioc__vub_guard_add(p, (size_t)end, &c->exp->mem_shrunk);
 	l->bits = (uint8_t *)p + d->offset;
 	l->size = d->size;
 	l->words = !((uintptr_t)l->bits & 7);
@@ -944,6 +953,8 @@ void ioc_coroutine_fn ioc__vub_dev_reset(struct ioc__vub_conn *c)
 	mem_free(c->mem, true);
 	c->mem = NULL;
 	inflight_unmap(c);
+	/* Relaxed: every mapping it spoke of is gone, and no queue runs. */
+	atomic_store_explicit(&e->mem_shrunk, false, memory_order_relaxed);
 	if (c->backend_fd >= 0)
 		close(c->backend_fd);
 	c->backend_fd = -1;

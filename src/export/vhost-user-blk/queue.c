@@ -103,6 +103,15 @@ static void process(struct ioc__vub_queue *q)
 {
 	if (!q->started || !q->enabled || q->vr.broken)
 		return;
+	/* Relaxed: guard.c's flag; the zeros it mapped are harmless until
+	 * this pass sees it. */
+	if (atomic_load_explicit(&q->exp->mem_shrunk, memory_order_relaxed)) {
+		q->vr.broken = true;
+		q->vr.why = "a file the front end passed (guest memory, its dirty log "
+			    "or the inflight region) shrank under its mapping";
+		ring_fault(q);
+		return;
+	}
 	for (;;) {
 		struct ioc__vub_req *r;
 		int rc;

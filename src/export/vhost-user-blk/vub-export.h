@@ -62,6 +62,10 @@ struct ioc__vub_export {
 	unsigned num_queues;
 	char serial[IOC_VUB_SERIAL_MAX];
 	_Atomic bool wce;                /* relaxed: the guest's cache mode */
+	/* A file the front end passed shrank under its mapping (guard.c
+	 * sets it in its SIGBUS handler; queues stop on it); cleared when
+	 * the connection's mappings are gone.  Relaxed. */
+	_Atomic bool mem_shrunk;
 	uint64_t features, protocol_features;   /* offered */
 	void (*log)(void *opaque, const char *line);
 	void *log_opaque;
@@ -85,6 +89,7 @@ struct ioc__vub_conn {
 	uint8_t *inflight_base;
 	unsigned inflight_nq, inflight_qsize;
 	uint64_t inflight_qbytes;
+	int inflight_guard;              /* guard.c's slot + 1; 0: none */
 	struct ioc__vub_mem *mem;
 	int backend_fd;
 	struct ioc__vub_log *log;        /* SET_LOG_BASE's bitmap, or NULL */
@@ -93,6 +98,14 @@ struct ioc__vub_conn {
 
 void ioc__vub_log(struct ioc__vub_export *e, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* guard.c: a mapping of a front end's file [map, map + len) whose
+ * truncation sets *flag instead of killing the process.  Returns the
+ * slot + 1 to give back to ioc__vub_guard_del() before the unmap, or 0
+ * when it cannot be guarded (the table is full, no handler); g == 0 is
+ * a no-op. */
+int ioc__vub_guard_add(void *map, size_t len, _Atomic bool *flag);
+void ioc__vub_guard_del(int g);
 
 /* blk.c: run one popped request (in a new coroutine); the slot goes back
  * to the queue through ioc__vub_queue_complete(). */

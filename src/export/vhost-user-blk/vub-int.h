@@ -169,6 +169,7 @@ struct ioc__vub_region {
 	uint8_t *host;                 /* gpa maps here */
 	void *map;                     /* what munmap() gets (NULL: not ours) */
 	size_t map_len;
+	int guard;                     /* guard.c's slot + 1; 0: none */
 };
 struct ioc__vub_mem {
 	unsigned n;
@@ -196,6 +197,7 @@ struct ioc__vub_log {
 	bool words;                    /* bits is 8-byte aligned: OR whole words */
 	void *map;                     /* what munmap() gets */
 	size_t map_len;
+	int guard;                     /* guard.c's slot + 1; 0: none */
 };
 /* Mark the pages of [gpa, gpa + len) dirty; pages past the log are not
  * guest memory the front end knows and are skipped.  Each OR is a
