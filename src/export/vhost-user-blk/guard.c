@@ -70,6 +70,12 @@ static void pass_on(int sig, siginfo_t *si, void *uc)
 	signal(SIGBUS, SIG_DFL);
 }
 
+static bool zero_fill(uintptr_t at, size_t len)
+{
+	return mmap((void *)at, len, PROT_READ | PROT_WRITE,
+		    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) != MAP_FAILED;
+}
+
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
 	uintptr_t a = (uintptr_t)si->si_addr;
@@ -85,9 +91,9 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
 			continue;
 		if (page < s)
 			page = s;
-		if (mmap((void *)page, s + len - page, PROT_READ | PROT_WRITE,
-			 MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) ==
-		    MAP_FAILED)
+		/* From the page, or (hugetlbfs: a huge page cannot be split
+		 * at a small page) the whole mapping. */
+		if (!zero_fill(page, s + len - page) && !zero_fill(s, len))
 			break;
 		/* Relaxed: the queues read it at their next pass; nothing
 		 * else is published with it. */
