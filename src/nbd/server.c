@@ -26,6 +26,7 @@
  * Cost notes.  Round-robin placement ignores load; connections are
  * long-lived and similar, so this has been good enough.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -668,6 +669,16 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 		ioc_timer_arm_in(&tick, 50 * 1000000);
 		ioc_loop_poll(srv->main_loop, true);
 	}
+	/* Every connection is gone, so each export being deleted has been
+	 * reaped or has its reaping posted here (a connection's release
+	 * posts it before its nconns decrement): run them, so that none is
+	 * left to run after the server is freed. */
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
+		while (srv->dying[i]) {
+			ioc_timer_arm_in(&tick, 50 * 1000000);
+			ioc_loop_poll(srv->main_loop, true);
+		}
+	}
 	/* Everything answered: make it durable. */
 	struct ioc_co *co = ioc_co_create(flush_co, &job);
 	if (!co) {
@@ -701,8 +712,9 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
 		ioc__nbd_export_free(srv->exports[i]);
-		if (srv->dying[i]) /* its connections are gone: reap it now */
-			export_reap(srv->dying[i]);
+		/* Never started: a deletion reaped at once.  Stopped: the
+		 * stop ran every reaping. */
+		assert(!srv->dying[i]);
 	}
 	ioc__nbd_tls_creds_free(srv->tls);
 	ioc_node_graph_free(srv->graph);
