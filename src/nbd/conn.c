@@ -47,6 +47,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "iocore/co.h"
@@ -651,7 +652,8 @@ unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc_nbd_conn_inf
 		if (c->core.exp)
 			snprintf(ci->export_name, sizeof(ci->export_name), "%s",
 				 c->core.exp->name);
-		ci->thread = (unsigned)(t - t->srv->threads);
+		ci->thread = (int)(t - t->srv->threads);
+		ci->thread_id = (long)syscall(SYS_gettid); /* we run on t */
 		ci->transmission = c->core.phase == IOC_NBD_PHASE_TRANSMISSION;
 		ci->tls = c->tls_state == TLS_ON;
 		ci->inflight = c->inflight;

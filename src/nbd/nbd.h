@@ -190,7 +190,8 @@ struct ioc_nbd_opcount {
 struct ioc_nbd_conn_info {
 	char peer[64];
 	char export_name[256];          /* truncated */
-	unsigned thread;                /* its I/O thread */
+	int thread;                     /* its I/O thread's index */
+	long thread_id;                 /* the OS thread serving it (gettid) */
 	bool transmission;              /* past the handshake */
 	bool tls;
 	uint64_t inflight;
