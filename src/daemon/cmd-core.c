@@ -126,8 +126,9 @@ static json_t *opcount_json(const struct ioc_nbd_opcount *o)
 			 "total-time-ns", (json_int_t)o->ns);
 }
 
-/* Each NBD client: its I/O thread (the server's, by index) and the OS
- * thread serving it, as query-iothreads names threads.  The snapshot runs on each thread through the server
+/* Each NBD client: its I/O thread (the server's, by index, or -1 for its
+ * export's iothread) and the OS thread serving it, as query-iothreads
+ * names threads.  The snapshot runs on each thread through the server
  * (ioc_nbd_server_conns()), blocking the main loop for one round trip
  * per thread and nothing else.  No server: no clients. */
 json_t *ioc__daemon_cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_err *err)
