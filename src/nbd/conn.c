@@ -8,8 +8,9 @@
  * client may hurt another.
  *
  * Design.
- * - A connection lives on one I/O thread (server.c hands it over with a
- *   task): fd handlers, a bottom half, timers and coroutines, no lock.
+ * - A connection lives on one I/O thread at a time (server.c hands it
+ *   over with a task; an export's own loop takes it after the handshake,
+ *   "The move"): fd handlers, a bottom half, timers, coroutines, no lock.
  * - Reading: recv() as much as fits and parse every complete request in
  *   it (transmission.c); a short recv means the socket is empty.  A WRITE
  *   payload still arriving goes into a tmpfs image's map (wmap_begin(),
