@@ -1548,9 +1548,10 @@ static void conn_count_export(struct conn *c)
  * Who owns what, when.  Until the move the accepting thread owns the
  * connection.  conn_move(), on that thread: a bottom half made for the
  * new loop replaces the old one (deleted here, its pending run dropped),
- * the fd's handlers leave this loop, the timers (the handshake's is
- * cancelled already; no rest in a handshake) are cancelled, and the
- * connection leaves this thread's list.  What is plain data goes as it
+ * the fd's handlers leave this loop (with io_uring, its poll on this
+ * loop's ring: the connection submits nothing else to a ring), the
+ * timers (the handshake's is cancelled already; no rest in a handshake)
+ * are cancelled, and the connection leaves this thread's list.  What is plain data goes as it
  * is: the input already received (requests sent behind the GO), the
  * queued GO reply, the TLS session, the idle zero-copy pipes, the
  * counters.  Posting start_task (release) hands the whole connection to
