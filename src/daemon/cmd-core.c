@@ -1,8 +1,9 @@
 /*
  * The commands every control socket of iocore answers alike: the QMP
  * core (qmp_capabilities, query-version, query-commands, quit) and the
- * reports of nodes and exports (query-named-block-nodes,
- * query-blockstats, query-block-exports).  The storage daemon's monitors
+ * reports of nodes, exports and NBD clients (query-named-block-nodes,
+ * query-blockstats, query-block-exports, __org.iocore_query-connections).
+ * The storage daemon's monitors
  * and iocore-nbd's control socket (nbd-control.c) put these entries in
  * their tables; the bitmap commands are the node layer's
  * (IOC_NODE_DIRTY_CMDS), shared the same way.
@@ -26,6 +27,7 @@
  * Main loop only, like every handler of a command table.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ioc-config.h"
@@ -115,6 +117,56 @@ json_t *ioc__daemon_cmd_query_exports(void *ctx, json_t *args, struct ioc__qmp_e
 	struct ioc__daemon_ctl *c = ctx;
 
 	return c->exports(c);
+}
+
+static json_t *opcount_json(const struct ioc_nbd_opcount *o)
+{
+	return json_pack("{s:I,s:I,s:I,s:I}", "operations", (json_int_t)o->ops,
+			 "bytes", (json_int_t)o->bytes, "failed", (json_int_t)o->failed,
+			 "total-time-ns", (json_int_t)o->ns);
+}
+
+/* Each NBD client: its I/O thread (the server's, by index, or -1 for its
+ * export's iothread) and the OS thread serving it, as query-iothreads
+ * names threads.  The snapshot runs on each thread through the server
+ * (ioc_nbd_server_conns()), blocking the main loop for one round trip
+ * per thread and nothing else.  No server: no clients. */
+json_t *ioc__daemon_cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_err *err)
+{
+	static const char *const names[IOC_NBD_OP_N] = {
+		"read", "write", "flush", "trim", "write-zeroes", "block-status", "cache",
+	};
+	enum { MAXC = 1024 };
+	struct ioc__daemon_ctl *c = ctx;
+	struct ioc_nbd_server *srv = c->nbd ? c->nbd(c) : NULL;
+	struct ioc_nbd_conn_info *ci = calloc(MAXC, sizeof(*ci));
+	json_t *list = json_array();
+	unsigned n;
+
+	if (!ci || !list) {
+		free(ci);
+		json_decref(list);
+		ioc__qmp_errf(err, "out of memory");
+		return NULL;
+	}
+	n = srv ? ioc_nbd_server_conns(srv, ci, MAXC) : 0;
+	for (unsigned i = 0; i < n; i++) {
+		json_t *req = json_object();
+		uint64_t errors = 0;
+
+		for (int k = 0; k < IOC_NBD_OP_N; k++) {
+			json_object_set_new(req, names[k], opcount_json(&ci[i].op[k]));
+			errors += ci[i].op[k].failed;
+		}
+		json_array_append_new(list, json_pack("{s:s,s:s,s:i,s:I,s:b,s:b,s:I,s:I,s:o}",
+			"address", ci[i].peer, "export", ci[i].export_name,
+			"thread", ci[i].thread, "thread-id", (json_int_t)ci[i].thread_id,
+			"transmission", ci[i].transmission,
+			"tls", ci[i].tls, "in-flight", (json_int_t)ci[i].inflight,
+			"errors", (json_int_t)errors, "requests", req));
+	}
+	free(ci);
+	return list;
 }
 
 const struct ioc__qmp_arg ioc__daemon_args_caps[] = {

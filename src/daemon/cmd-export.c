@@ -1,7 +1,8 @@
 /*
- * Export commands: the NBD server (nbd-server-start, nbd-server-stop) and
- * exports of any type (block-export-add, block-export-del with QEMU's
- * safe and hard modes, query-block-exports).  An export leaves the list,
+ * Export commands: the NBD server (nbd-server-start, nbd-server-stop,
+ * and its clients in __org.iocore_query-connections) and exports of any
+ * type (block-export-add, block-export-del with QEMU's safe and hard
+ * modes, query-block-exports).  An export leaves the list,
  * and BLOCK_EXPORT_DELETED goes to every monitor, when its driver says it
  * is gone, which for a hard deletion with clients is after the reply.
  */
@@ -219,5 +220,6 @@ const struct ioc__qmp_cmd ioc__daemon_export_cmds[] = {
 	{ "block-export-add", cmd_export_add, NULL, ioc_export_spec },
 	{ "block-export-del", cmd_export_del, args_del },
 	IOC_DAEMON_CMD_QUERY_EXPORTS,
+	IOC_DAEMON_CMD_QUERY_CONNECTIONS,
 	{ NULL },
 };

@@ -72,8 +72,9 @@ struct ioc__daemon_ctl {
 	bool children;
 	/* query-block-exports' list (a new reference, or NULL). */
 	json_t *(*exports)(struct ioc__daemon_ctl *c);
-	/* The NBD server the migration commands run on, or NULL when none
-	 * runs ("NBD server not running"). */
+	/* The NBD server the migration commands run on and whose clients
+	 * __org.iocore_query-connections lists, or NULL when none runs
+	 * ("NBD server not running"). */
 	struct ioc_nbd_server *(*nbd)(struct ioc__daemon_ctl *c);
 };
 
@@ -88,7 +89,8 @@ int ioc__daemon_ctl_serve(struct ioc__daemon_ctl *c, struct ioc_loop *loop, int 
  * ioc__daemon_ctl). */
 ioc__qmp_fn ioc__daemon_cmd_query_version, ioc__daemon_cmd_query_commands,
 	    ioc__daemon_cmd_quit, ioc__daemon_cmd_query_nodes,
-	    ioc__daemon_cmd_query_blockstats, ioc__daemon_cmd_query_exports;
+	    ioc__daemon_cmd_query_blockstats, ioc__daemon_cmd_query_exports,
+	    ioc__daemon_cmd_query_connections;
 extern const struct ioc__qmp_arg ioc__daemon_args_caps[], ioc__daemon_args_nodes[],
 	ioc__daemon_args_blockstats[];
 #define IOC_DAEMON_CORE_CMDS                                                       \
@@ -102,6 +104,9 @@ extern const struct ioc__qmp_arg ioc__daemon_args_caps[], ioc__daemon_args_nodes
 	{ "query-blockstats", ioc__daemon_cmd_query_blockstats, ioc__daemon_args_blockstats }
 #define IOC_DAEMON_CMD_QUERY_EXPORTS                                               \
 	{ "query-block-exports", ioc__daemon_cmd_query_exports, NULL }
+/* The NBD server's clients (c->nbd(c)'s; none without a server). */
+#define IOC_DAEMON_CMD_QUERY_CONNECTIONS                                           \
+	{ "__org.iocore_query-connections", ioc__daemon_cmd_query_connections, NULL }
 
 struct ioc_daemon_object {
 	char *id;

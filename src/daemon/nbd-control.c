@@ -1,9 +1,9 @@
 /*
  * iocore-nbd's control socket: the storage daemon's commands where the
- * two agree (cmd-core.c's QMP core and reports, the node layer's bitmap
- * commands, the NBD server's migration commands) over the nodes of one
- * NBD server's exports, and two of its own under the __org.iocore_
- * prefix, QEMU's rule for vendor extensions: the connections and the I/O
+ * two agree (cmd-core.c's QMP core and reports, the NBD connections, the
+ * node layer's bitmap commands, the NBD server's migration commands)
+ * over the nodes of one NBD server's exports, and one of its own under
+ * the __org.iocore_ prefix, QEMU's rule for vendor extensions: the I/O
  * threads' polling.
  *
  * Every export is a block node whose node name is the export name.  A
@@ -19,10 +19,7 @@
  * would hold either these two commands alone, or the shared handlers
  * too, and then be the daemon layer's core under another name.
  *
- * Threads: everything here runs on the server's main loop.  The
- * connection snapshot runs on each I/O thread through the server
- * (ioc_nbd_server_conns()), blocking the main loop for one round trip
- * per thread and nothing else.  Bitmap changes are the block layer's
+ * Threads: everything here runs on the server's main loop.  Bitmap changes are the block layer's
  * management calls, which the I/O threads never make.
  */
 #include <errno.h>
@@ -91,48 +88,6 @@ static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err
 
 /* ---- its own commands -------------------------------------------------- */
 
-static json_t *opcount_json(const struct ioc_nbd_opcount *o)
-{
-	return json_pack("{s:I,s:I,s:I,s:I}", "operations", (json_int_t)o->ops,
-			 "bytes", (json_int_t)o->bytes, "failed", (json_int_t)o->failed,
-			 "total-time-ns", (json_int_t)o->ns);
-}
-
-static json_t *cmd_query_connections(void *ctx, json_t *args, struct ioc__qmp_err *err)
-{
-	static const char *const names[IOC_NBD_OP_N] = {
-		"read", "write", "flush", "trim", "write-zeroes", "block-status", "cache",
-	};
-	enum { MAXC = 1024 };
-	struct ioc_nbd_conn_info *ci = calloc(MAXC, sizeof(*ci));
-	json_t *list = json_array();
-	unsigned n;
-
-	if (!ci || !list) {
-		free(ci);
-		json_decref(list);
-		ioc__qmp_errf(err, "out of memory");
-		return NULL;
-	}
-	n = ioc_nbd_server_conns(CTL(ctx)->srv, ci, MAXC);
-	for (unsigned i = 0; i < n; i++) {
-		json_t *req = json_object();
-		uint64_t errors = 0;
-
-		for (int k = 0; k < IOC_NBD_OP_N; k++) {
-			json_object_set_new(req, names[k], opcount_json(&ci[i].op[k]));
-			errors += ci[i].op[k].failed;
-		}
-		json_array_append_new(list, json_pack("{s:s,s:s,s:i,s:b,s:b,s:I,s:I,s:o}",
-			"address", ci[i].peer, "export", ci[i].export_name,
-			"thread", (int)ci[i].thread, "transmission", ci[i].transmission,
-			"tls", ci[i].tls, "in-flight", (json_int_t)ci[i].inflight,
-			"errors", (json_int_t)errors, "requests", req));
-	}
-	free(ci);
-	return list;
-}
-
 static json_t *cmd_query_polling(void *ctx, json_t *args, struct ioc__qmp_err *err)
 {
 	struct ioc_nbd_server *srv = CTL(ctx)->srv;
@@ -171,7 +126,7 @@ static const struct ioc__qmp_cmd commands[] = {
 	IOC_DAEMON_CMD_QUERY_NODES,
 	IOC_DAEMON_CMD_QUERY_EXPORTS,
 	IOC_DAEMON_CMD_QUERY_BLOCKSTATS,
-	{ "__org.iocore_query-connections", cmd_query_connections, NULL },
+	IOC_DAEMON_CMD_QUERY_CONNECTIONS,
 	{ "__org.iocore_query-polling", cmd_query_polling, NULL },
 	IOC_DAEMON_MIG_CMDS,
 };

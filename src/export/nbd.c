@@ -3,9 +3,15 @@
  * makes the daemon's one NBD server (its listener, TLS credentials and
  * connection limit, as qemu-storage-daemon's), and each export of type
  * "nbd" is one export of that server serving a node.  The server keeps
- * its own I/O threads; a connection lives on one of them for its life,
- * chosen when it connects, before it names an export, so an export's
- * "iothread" is checked (it must exist) but does not place connections.
+ * its own I/O threads, where each connection runs its handshake; an
+ * export with "iothread" gives the server that I/O thread's loop, and
+ * its connections move there once they chose it, as QEMU runs an
+ * export's clients in its iothread's AioContext (the handshake in the
+ * main one).  Without it they stay on the server's threads.  The
+ * daemon's I/O thread objects outlive the exports that name them
+ * (object-del refuses one in use) and leave the nodes when they stop.
+ * "fixed-iothread" asks that the node not move to another thread: an
+ * iocore node serves any loop and never moves, so it always holds.
  *
  * Deletion is the server's: safe refuses while a client is connected,
  * hard disconnects them; the server calls back once the last connection
@@ -245,6 +251,10 @@ static int nbd_create(struct ioc_export *ex, json_t *opts, char *err, size_t err
 		.allocation_depth = json_is_true(json_object_get(opts, "allocation-depth")),
 		.read_only = !ex->writable,
 	};
+	/* One I/O thread at most for NBD (checked by the export layer). */
+	if (json_array_size(ex->iothreads))
+		eo.loop = ex->env->iothread(ex->env->opaque,
+					    json_string_value(json_array_get(ex->iothreads, 0)));
 	r = ioc_nbd_server_add_export(srv, &eo);
 	if (r < 0) {
 		if (r == -EEXIST)

@@ -8,8 +8,9 @@
  * client may hurt another.
  *
  * Design.
- * - A connection lives on one I/O thread (server.c hands it over with a
- *   task): fd handlers, a bottom half, timers and coroutines, no lock.
+ * - A connection lives on one I/O thread at a time (server.c hands it
+ *   over with a task; an export's own loop takes it after the handshake,
+ *   "The move"): fd handlers, a bottom half, timers, coroutines, no lock.
  * - Reading: recv() as much as fits and parse every complete request in
  *   it (transmission.c); a short recv means the socket is empty.  A WRITE
  *   payload still arriving goes into a tmpfs image's map (wmap_begin(),
@@ -47,6 +48,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "iocore/co.h"
@@ -77,7 +79,8 @@
 struct conn {
 	struct ioc__nbd_conn core;
 	struct ioc__nbd_export *counted; /* the export counted as chosen */
-	struct ioc_task start_task;     /* handoff from the accepting thread */
+	struct ioc_task start_task;     /* hand-offs: from the accepting
+					 * thread, then to its export's loop */
 	struct ioc_task kill_task;      /* shutdown grace expired */
 	struct nbd_thread *t;
 	struct conn *next, *prev;       /* the thread's connections */
@@ -651,7 +654,8 @@ unsigned ioc__nbd_thread_conn_info(struct nbd_thread *t, struct ioc_nbd_conn_inf
 		if (c->core.exp)
 			snprintf(ci->export_name, sizeof(ci->export_name), "%s",
 				 c->core.exp->name);
-		ci->thread = (unsigned)(t - t->srv->threads);
+		ci->thread = t->placed ? -1 : (int)(t - t->srv->threads);
+		ci->thread_id = (long)syscall(SYS_gettid); /* we run on t */
 		ci->transmission = c->core.phase == IOC_NBD_PHASE_TRANSMISSION;
 		ci->tls = c->tls_state == TLS_ON;
 		ci->inflight = c->inflight;
@@ -722,14 +726,23 @@ static void retire_task(struct ioc_task *task)
 
 void ioc_nbd_server_retire(struct ioc_nbd_server *srv)
 {
-	srv->retiring = true;
+	unsigned n = 0;
+
+	/* seq_cst, as the stop's store of stopping: see conn_arrive(). */
+	atomic_store_explicit(&srv->retiring, true, memory_order_seq_cst);
 	ioc__nbd_close_listeners(srv);
 	if (!srv->nthreads)
 		return;
-	ioc__latch_set(&srv->retired, srv->nthreads);
-	for (unsigned i = 0; i < srv->nthreads; i++) {
-		srv->threads[i].retire_task.fn = retire_task;
-		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].retire_task);
+	for (unsigned i = 0; i < ioc__nbd_threads_end(srv); i++)
+		n += ioc__nbd_thread_at(srv, i) != NULL;
+	ioc__latch_set(&srv->retired, n);
+	for (unsigned i = 0; i < ioc__nbd_threads_end(srv); i++) {
+		struct nbd_thread *t = ioc__nbd_thread_at(srv, i);
+
+		if (t) {
+			t->retire_task.fn = retire_task;
+			ioc_loop_post(t->loop, &t->retire_task);
+		}
 	}
 	ioc__latch_wait(&srv->retired, 0);
 }
@@ -1520,6 +1533,119 @@ static void conn_count_export(struct conn *c)
 		conn_kill(c);
 }
 
+/* ---- the move ---------------------------------------------------------------
+ *
+ * An export with a loop of its own (ioc_nbd_export_opts.loop, the storage
+ * daemon's iothread=) is served there, as QEMU serves an export in its
+ * iothread's AioContext; the handshake runs where the connection was
+ * accepted, since nothing names the export before it ends.  The move
+ * happens in the callback whose handshake step chose the export (GO or
+ * EXPORT_NAME) and counted it (conn_count_export()), before a request is
+ * parsed, so every request runs on the export's loop.  There is no
+ * coroutine to move: request coroutines start in transmission, on the
+ * loop that will run them, and the handshake has none.
+ *
+ * Who owns what, when.  Until the move the accepting thread owns the
+ * connection.  conn_move(), on that thread: a bottom half made for the
+ * new loop replaces the old one (deleted here, its pending run dropped),
+ * the fd's handlers leave this loop (with io_uring, its poll on this
+ * loop's ring: the connection submits nothing else to a ring), the
+ * timers (the handshake's is cancelled already; no rest in a handshake)
+ * are cancelled, and the connection leaves this thread's list.  What is plain data goes as it
+ * is: the input already received (requests sent behind the GO), the
+ * queued GO reply, the TLS session, the idle zero-copy pipes, the
+ * counters.  Posting start_task (release) hands the whole connection to
+ * the new loop (acquire in its loop), and the old thread touches it no
+ * more.  conn_arrive(), on the new loop: the connection joins that
+ * thread's list, its timers are set up on it, and conn_process() sends
+ * the reply, parses what is there and registers the fd there.  The node
+ * learns the new loop at the first request (its slot, node.c); the old
+ * loop never submitted to it for this connection.
+ *
+ * A deletion's sweep, a stop or a retirement that visits the new thread
+ * before the connection arrives cannot find it there: conn_arrive()
+ * checks for each (see there).  The connection stays counted in its
+ * export and in nconns throughout, so neither the export nor the server
+ * goes while it travels.
+ */
+
+static void conn_bh(void *opaque);
+static void hs_timeout(void *opaque);
+
+static void conn_arrive(struct ioc_task *task)
+{
+	struct conn *c = ioc_container_of(task, struct conn, start_task);
+	struct nbd_thread *t = c->t;
+	struct ioc_nbd_server *srv = t->srv;
+
+	c->prev = NULL;
+	c->next = t->conns;
+	if (t->conns)
+		t->conns->prev = c;
+	t->conns = c;
+	thread_map_policy(t);
+	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);
+	ioc_timer_init(&c->rest_timer, t->loop, rest_end, c);
+	ioc__nbd_log(srv, "%s: on its export's I/O thread", c->core.peer);
+	/*
+	 * A deleter stores gone, then sweeps every thread (ioc_loop_call());
+	 * a stop stores stopping, then posts its tasks to every thread; a
+	 * retirement stores retiring, then posts its task.  Each such visit
+	 * of this thread either comes after this callback, and finds the
+	 * connection in t->conns, or came before it: then the store
+	 * happened before the visit ran here (the post's release, this
+	 * loop's acquire), which ran before us on this thread, and we see
+	 * it.  seq_cst for gone, as every access to it (server.c).
+	 */
+	if (atomic_load_explicit(&c->counted->gone, memory_order_seq_cst) ||
+	    atomic_load_explicit(&srv->stopping, memory_order_seq_cst) > 1)
+		conn_kill(c);
+	else if (atomic_load_explicit(&srv->stopping, memory_order_seq_cst) ||
+		 atomic_load_explicit(&srv->retiring, memory_order_seq_cst))
+		c->draining = true;
+	conn_process(c);
+}
+
+/* Leave for the export's loop, if it has one and this is not it.  True:
+ * the connection is gone from this thread, which must not touch it
+ * again.  False: it stays (it may have been killed). */
+static bool conn_move(struct conn *c)
+{
+	const struct ioc__nbd_export *e = c->core.exp;
+	struct nbd_thread *from = c->t, *to = e ? e->place : NULL;
+	struct ioc_bh *bh;
+
+	if (!to || to == from || c->dead || c->core.phase != IOC_NBD_PHASE_TRANSMISSION)
+		return false;
+	bh = ioc_bh_new(to->loop, conn_bh, c);
+	if (!bh) {
+		ioc__nbd_log(from->srv, "%s: cannot move to its export's I/O thread: %s",
+			     c->core.peer, strerror(ENOMEM));
+		conn_kill(c);
+		return false;
+	}
+	if (c->reg_read || c->reg_write)
+		ioc_loop_set_fd(from->loop, c->fd, NULL, NULL, NULL, NULL, NULL);
+	c->reg_read = c->reg_write = false;
+	ioc_timer_cancel(&c->hs_timer);
+	ioc_timer_cancel(&c->rest_timer);
+	ioc_bh_delete(c->bh);
+	c->bh = bh;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		from->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	thread_map_policy(from);
+	from->clk = 0;
+	c->t = to;
+	c->start_task.fn = conn_arrive;
+	/* Release inside ioc_loop_post publishes *c to the new loop. */
+	ioc_loop_post(to->loop, &c->start_task);
+	return true;
+}
+
 /* Run everything that can make progress now; then send, re-arm, reap. */
 static void conn_process(struct conn *c)
 {
@@ -1527,6 +1653,8 @@ static void conn_process(struct conn *c)
 	if (c->core.phase != IOC_NBD_PHASE_TRANSMISSION) {
 		hs_process(c);
 		conn_count_export(c);
+		if (conn_move(c))
+			return;
 	}
 	if (c->core.phase == IOC_NBD_PHASE_TRANSMISSION && !c->dead)
 		tx_process(c);
@@ -1536,6 +1664,8 @@ static void conn_process(struct conn *c)
 		if (!c->dead) {
 			hs_process(c);
 			conn_count_export(c);
+			if (conn_move(c))
+				return;
 		}
 		conn_flush(c);
 	}

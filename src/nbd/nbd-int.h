@@ -32,13 +32,19 @@ struct ioc__nbd_stats {
 	_Atomic uint64_t wr_highest;    /* end of the furthest write */
 };
 
-/* One I/O thread of the server; its connections live in conn.c. */
+/* One I/O thread of the server, or one export loop of the caller's
+ * (placed: ioc_nbd_export_opts.loop, shared by the exports that name
+ * it); its connections live in conn.c. */
 #define IOC_NBD_REST_MAX_NS 200000  /* default longest rest (conn.c) */
 
 struct nbd_thread {
 	struct ioc_nbd_server *srv;
-	struct ioc_iothread *th;
+	struct ioc_iothread *th;        /* NULL when placed */
 	struct ioc_loop *loop;
+	bool placed;
+	unsigned exports;               /* placed: exports (live or dying,
+					 * not yet reaped) whose connections
+					 * run here; 0: idle.  Main loop. */
 	struct conn *conns;             /* loop thread only */
 	struct ioc_task stop_task;
 	struct ioc_task kill_task;
@@ -75,9 +81,14 @@ struct ioc_nbd_server {
 	struct ioc_loop *main_loop;
 	struct nbd_thread *threads;
 	unsigned nthreads, next_thread;
+	/* The exports' loops (server.c, "Exports on a loop of their own"):
+	 * never freed before the server, an idle one reused for the next
+	 * loop.  Written on the main loop (release), read anywhere. */
+	struct nbd_thread *placed[IOC_NBD_MAX_EXPORTS];
 	_Atomic uint64_t nconns;        /* open connections */
 	_Atomic uint64_t accepted, refused;
-	_Atomic int stopping;
+	_Atomic int stopping;           /* 1: ioc_nbd_server_stop() began;
+					 * 2: its grace period is over */
 	/* Spliced READs and WRITEs from these sizes up (0: off; conn.c);
 	 * zc_refuse, for tests, makes every socket refuse splice(2). */
 	size_t zc_read_min, zc_write_min;
@@ -105,13 +116,20 @@ struct ioc_nbd_server {
 	} gone[IOC_NBD_MAX_EXPORTS];
 	void *job;                      /* ioc_nbd_server_set_job(), or NULL */
 	void (*job_stop)(void *job);
-	bool retiring;                  /* ioc__nbd_retire() ran: no more
-					 * serving (main loop) */
+	/* ioc_nbd_server_retire() ran: no more serving.  Written on the
+	 * main loop; a connection arriving on its export's loop reads it
+	 * (conn.c, conn_arrive()). */
+	atomic_bool retiring;
 	struct ioc__latch retired;      /* threads yet to drain (conn.c) */
 };
 
 /* server.c: stop accepting (close the listeners).  Main loop. */
 void ioc__nbd_close_listeners(struct ioc_nbd_server *srv);
+/* server.c: every thread that may hold connections, i from 0 below
+ * ioc__nbd_threads_end(): the server's own, then the exports' loops in
+ * use (NULL for a hole).  Main loop. */
+unsigned ioc__nbd_threads_end(const struct ioc_nbd_server *srv);
+struct nbd_thread *ioc__nbd_thread_at(struct ioc_nbd_server *srv, unsigned i);
 
 /* conn.c: snapshot up to max connections of thread t into out[]; returns
  * how many were written.  Runs on t's loop (through ioc_loop_call()). */

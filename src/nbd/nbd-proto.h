@@ -302,6 +302,9 @@ struct ioc__nbd_export {
 	_Atomic unsigned conns;
 	atomic_bool gone, reaped;
 	void *srv;                      /* the server (struct ioc_nbd_server) */
+	/* Where its connections move after the handshake (a struct
+	 * nbd_thread of server.c), or NULL: they stay where they are. */
+	void *place;
 	void (*deleted)(void *opaque, const char *name);
 	void *deleted_opaque;
 };

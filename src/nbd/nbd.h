@@ -12,10 +12,12 @@
  *
  * A server owns N I/O threads (each running one loop); listening sockets
  * are watched on the loop of the thread that starts the server, and each
- * accepted connection lives on one I/O thread for its whole life, with one
- * coroutine per request.  Call every function from the thread that created
- * the server (its "main" loop), unless it says otherwise.  All results are
- * 0 (or a count / fd) or -errno.
+ * accepted connection runs its handshake on one of those threads, then
+ * lives there, or on its export's own loop when the export has one
+ * (opts.loop: the storage daemon's iothread=), with one coroutine per
+ * request.  Call every function from the thread that created the server
+ * (its "main" loop), unless it says otherwise.  All results are 0 (or a
+ * count / fd) or -errno.
  */
 #ifndef IOCORE_NBD_H
 #define IOCORE_NBD_H
@@ -83,6 +85,12 @@ struct ioc_nbd_export_opts {
 	const char *const *bitmaps;
 	bool allocation_depth;
 	bool read_only;               /* refuse writes even if blk is writable */
+	/* Where the export's connections run once their handshake chose it
+	 * (conn.c, "The move"): a loop of the caller's, running until the
+	 * export is deleted and the server stopped, which leaves the nodes
+	 * it submitted to when it stops (ioc_node_loop_exit()), as for any
+	 * other front end on it.  NULL: the server's own I/O threads. */
+	struct ioc_loop *loop;
 };
 
 /*
@@ -190,16 +198,19 @@ struct ioc_nbd_opcount {
 struct ioc_nbd_conn_info {
 	char peer[64];
 	char export_name[256];          /* truncated */
-	unsigned thread;                /* its I/O thread */
+	int thread;                     /* its I/O thread's index, or -1: its
+					 * export's loop (opts.loop) */
+	long thread_id;                 /* the OS thread serving it (gettid) */
 	bool transmission;              /* past the handshake */
 	bool tls;
 	uint64_t inflight;
 	struct ioc_nbd_opcount op[IOC_NBD_OP_N];
 };
-/* Snapshot up to max connections into out[], thread by thread, each on
- * its own I/O thread (ioc_loop_call(): the main loop waits one round trip
- * per thread and nothing else).  Returns how many were written.  Main
- * loop, while started. */
+/* Snapshot up to max connections into out[], thread by thread (the
+ * server's, then the exports' loops), each on its own thread
+ * (ioc_loop_call(): the main loop waits one round trip per thread and
+ * nothing else).  Returns how many were written.  Main loop, while
+ * started. */
 unsigned ioc_nbd_server_conns(struct ioc_nbd_server *srv, struct ioc_nbd_conn_info *out,
 			      unsigned max);
 
@@ -258,7 +269,7 @@ struct ioc_nbd_server_stats {
 	uint64_t connections;   /* open now */
 	uint64_t requests;      /* transmission requests served */
 };
-/* Any thread. */
+/* Any thread (the exports' loops' requests included). */
 void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 			      struct ioc_nbd_server_stats *st);
 

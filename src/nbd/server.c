@@ -10,6 +10,12 @@
  *   (an embedded task: lock-free, no allocation on the target side).  From
  *   then on the connection is touched by its I/O thread only; the only
  *   cross-thread state is a few counters.
+ * - An export may name a loop of the caller's (the storage daemon's
+ *   iothread=): its connections move there once their handshake chose
+ *   it (conn.c, "The move"), and each such loop is one more thread of
+ *   the server's for everything that visits every thread (a deletion's
+ *   sweep, the stop, the retirement, the reports), though the server
+ *   neither starts nor stops it.
  * - Out of fds (EMFILE) the listener stays readable with the connection
  *   queued: it is unwatched for 100 ms instead of spinning.
  * - Stop: stop accepting; each I/O thread closes connections still in the
@@ -26,6 +32,7 @@
  * Cost notes.  Round-robin placement ignores load; connections are
  * long-lived and similar, so this has been good enough.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -84,7 +91,8 @@ void ioc_nbd_server_log(struct ioc_nbd_server *srv, const char *msg)
 
 bool ioc_nbd_server_serving(struct ioc_nbd_server *srv)
 {
-	return srv->serving && !srv->retiring;
+	/* Relaxed: written on this (the main) loop. */
+	return srv->serving && !atomic_load_explicit(&srv->retiring, memory_order_relaxed);
 }
 
 bool ioc_nbd_server_waiting(struct ioc_nbd_server *srv)
@@ -298,6 +306,93 @@ static struct ioc__nbd_export *slot_export(struct ioc_nbd_server *srv, unsigned 
 	return ioc__nbd_cfg_export(&srv->cfg, i);
 }
 
+/* ---- exports on a loop of their own ----------------------------------------
+ *
+ * An export with opts.loop has its connections served there after the
+ * handshake (conn.c, "The move").  Each such loop is a struct nbd_thread
+ * like the server's own (its connections, its stop, kill and retire
+ * tasks, its counters), shared by every export on it: placed[] holds
+ * them, each counting the exports not yet reaped that use it.  When the
+ * last is reaped the record goes idle, after a round trip to its loop
+ * (place_put()): every task posted there before (a stop's, a
+ * retirement's) has run by then, and so has the callback of the last
+ * connection's close, which may have posted the reaping.  An idle record
+ * is reused for the next loop, and records are freed with the server
+ * only, so a report reading them from any thread never meets a freed one.
+ * The loop itself is the caller's: the server never stops it, and after
+ * place_put() (or ioc_nbd_server_stop()) posts nothing more to it.
+ */
+
+static struct nbd_thread *place_get(struct ioc_nbd_server *srv, struct ioc_loop *loop)
+{
+	struct nbd_thread *idle = NULL;
+	int hole = -1;
+
+	for (int i = 0; i < IOC_NBD_MAX_EXPORTS; i++) {
+		struct nbd_thread *t = srv->placed[i];
+
+		if (!t) {
+			if (hole < 0)
+				hole = i;
+		} else if (t->exports && t->loop == loop) {
+			t->exports++;
+			return t;
+		} else if (!t->exports && !idle) {
+			idle = t;
+		}
+	}
+	/* At most one record per export in use, and idle ones are reused:
+	 * a hole is left when none is idle. */
+	if (!idle) {
+		if (hole < 0 || !(idle = aligned_alloc(IOC_CACHELINE, sizeof(*idle))))
+			return NULL;
+		memset(idle, 0, sizeof(*idle));
+		idle->srv = srv;
+		idle->placed = true;
+		/* Release: pairs with the acquire load in
+		 * ioc_nbd_server_get_stats(), which may run on any thread. */
+		__atomic_store_n(&srv->placed[hole], idle, __ATOMIC_RELEASE);
+	}
+	idle->loop = loop;
+	idle->exports = 1;
+	return idle;
+}
+
+static int place_barrier_fn(void *arg)
+{
+	return 0;
+}
+
+/* An export of t is reaped. */
+static void place_put(struct nbd_thread *t)
+{
+	struct ioc_nbd_server *srv = t->srv;
+
+	if (--t->exports)
+		return;
+	/* The round trip: tasks are run in the order they were posted, and
+	 * only between callbacks (see the essay above). */
+	if (srv->started)
+		ioc_loop_call(t->loop, place_barrier_fn, NULL);
+	t->loop = NULL;
+}
+
+unsigned ioc__nbd_threads_end(const struct ioc_nbd_server *srv)
+{
+	return srv->nthreads + IOC_NBD_MAX_EXPORTS;
+}
+
+struct nbd_thread *ioc__nbd_thread_at(struct ioc_nbd_server *srv, unsigned i)
+{
+	struct nbd_thread *t;
+
+	if (i < srv->nthreads)
+		return &srv->threads[i];
+	i -= srv->nthreads;
+	t = i < IOC_NBD_MAX_EXPORTS ? srv->placed[i] : NULL;
+	return t && t->exports ? t : NULL;
+}
+
 int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 			      const struct ioc_nbd_export_opts *opts)
 {
@@ -335,6 +430,10 @@ int ioc_nbd_server_add_export(struct ioc_nbd_server *srv,
 			ioc_node_unref(n);
 		return r;
 	}
+	if (opts->loop && !(e->place = place_get(srv, opts->loop))) {
+		ioc__nbd_export_free(e);
+		return -ENOMEM;
+	}
 	e->index = slot;
 	e->srv = srv;
 	/* Release: pairs with the handshake's acquire loads (above). */
@@ -364,6 +463,9 @@ static void export_reap(struct ioc__nbd_export *e)
 			 (srv->dying[i] && srv->dying[i]->node == e->node);
 	for (unsigned t = 0; !shared && srv->threads && t < srv->nthreads; t++)
 		ioc_loop_call(srv->threads[t].loop, leave_node_fn, e->node);
+	/* Its loop (if it has one) is its owner's to leave the node. */
+	if (e->place)
+		place_put(e->place);
 	if (e->deleted)
 		e->deleted(e->deleted_opaque, e->name);
 	ioc__nbd_export_free(e);
@@ -425,10 +527,11 @@ int ioc_nbd_server_del_export(struct ioc_nbd_server *srv, const char *name, bool
 	srv->dying[e->index] = e;
 	/* Release: pairs with the handshake's acquire load of the slot. */
 	__atomic_store_n(&srv->exports[e->index], NULL, __ATOMIC_RELEASE);
-	for (unsigned t = 0; srv->threads && t < srv->nthreads; t++) {
-		struct sweep s = { &srv->threads[t], e };
+	for (unsigned i = 0; srv->started && i < ioc__nbd_threads_end(srv); i++) {
+		struct sweep s = { ioc__nbd_thread_at(srv, i), e };
 
-		ioc_loop_call(srv->threads[t].loop, sweep_fn, &s);
+		if (s.t)
+			ioc_loop_call(s.t->loop, sweep_fn, &s);
 	}
 	/* seq_cst: see ioc__nbd_export_release(). */
 	if (atomic_load_explicit(&e->conns, memory_order_seq_cst) == 0 &&
@@ -649,24 +752,45 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 	atomic_store_explicit(&srv->cfg.shutting_down, 1,
 			      memory_order_relaxed);
 	ioc__nbd_close_listeners(srv);
-	for (unsigned i = 0; i < srv->nthreads; i++) {
-		srv->threads[i].stop_task.fn = ioc__nbd_thread_stop;
-		ioc_loop_post(srv->threads[i].loop, &srv->threads[i].stop_task);
+	for (unsigned i = 0; i < ioc__nbd_threads_end(srv); i++) {
+		struct nbd_thread *t = ioc__nbd_thread_at(srv, i);
+
+		if (t) {
+			t->stop_task.fn = ioc__nbd_thread_stop;
+			ioc_loop_post(t->loop, &t->stop_task);
+		}
 	}
 	int64_t deadline = ioc_now_ns() + IOC_NBD_STOP_GRACE_NS;
 	bool killed = false;
 	ioc_timer_init(&tick, srv->main_loop, stop_tick, NULL);
 	while (atomic_load_explicit(&srv->nconns, memory_order_seq_cst) > 0) {
 		if (!killed && ioc_now_ns() >= deadline) {
-			for (unsigned i = 0; i < srv->nthreads; i++) {
-				srv->threads[i].kill_task.fn = ioc__nbd_thread_kill;
-				ioc_loop_post(srv->threads[i].loop,
-					      &srv->threads[i].kill_task);
+			/* seq_cst, as the first store: a connection on its way
+			 * to its export's loop is killed when it arrives
+			 * (conn.c, conn_arrive()). */
+			atomic_store_explicit(&srv->stopping, 2, memory_order_seq_cst);
+			for (unsigned i = 0; i < ioc__nbd_threads_end(srv); i++) {
+				struct nbd_thread *t = ioc__nbd_thread_at(srv, i);
+
+				if (t) {
+					t->kill_task.fn = ioc__nbd_thread_kill;
+					ioc_loop_post(t->loop, &t->kill_task);
+				}
 			}
 			killed = true;
 		}
 		ioc_timer_arm_in(&tick, 50 * 1000000);
 		ioc_loop_poll(srv->main_loop, true);
+	}
+	/* Every connection is gone, so each export being deleted has been
+	 * reaped or has its reaping posted here (a connection's release
+	 * posts it before its nconns decrement): run them, so that none is
+	 * left to run after the server is freed. */
+	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
+		while (srv->dying[i]) {
+			ioc_timer_arm_in(&tick, 50 * 1000000);
+			ioc_loop_poll(srv->main_loop, true);
+		}
 	}
 	/* Everything answered: make it durable. */
 	struct ioc_co *co = ioc_co_create(flush_co, &job);
@@ -680,6 +804,15 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 		}
 	}
 	ioc_timer_cancel(&tick);
+	/* The exports' loops go on (they are their owners'): a round trip to
+	 * each, so that the last connection's close has returned there and
+	 * the stop's tasks have run (place_put() for why that suffices). */
+	for (unsigned i = 0; i < IOC_NBD_MAX_EXPORTS; i++) {
+		struct nbd_thread *t = srv->placed[i];
+
+		if (t && t->exports)
+			ioc_loop_call(t->loop, place_barrier_fn, NULL);
+	}
 	for (unsigned i = 0; i < srv->nthreads; i++) {
 		ioc_iothread_call(srv->threads[i].th, thread_leave_nodes, srv);
 		ioc_iothread_stop(srv->threads[i].th);
@@ -701,9 +834,12 @@ void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 		close(srv->listeners[i].fd);
 	for (unsigned i = 0; i < srv->cfg.nexports; i++) {
 		ioc__nbd_export_free(srv->exports[i]);
-		if (srv->dying[i]) /* its connections are gone: reap it now */
-			export_reap(srv->dying[i]);
+		/* Never started: a deletion reaped at once.  Stopped: the
+		 * stop ran every reaping. */
+		assert(!srv->dying[i]);
 	}
+	for (unsigned i = 0; i < IOC_NBD_MAX_EXPORTS; i++)
+		free(srv->placed[i]);
 	ioc__nbd_tls_creds_free(srv->tls);
 	ioc_node_graph_free(srv->graph);
 	free(srv->threads);
@@ -722,6 +858,14 @@ void ioc_nbd_server_get_stats(struct ioc_nbd_server *srv,
 	for (unsigned i = 0; i < srv->nthreads; i++)
 		st->requests += atomic_load_explicit(&srv->threads[i].requests,
 						     memory_order_relaxed);
+	for (unsigned i = 0; i < IOC_NBD_MAX_EXPORTS; i++) {
+		/* Acquire: pairs with the release store in place_get(). */
+		struct nbd_thread *t = __atomic_load_n(&srv->placed[i], __ATOMIC_ACQUIRE);
+
+		if (t)
+			st->requests += atomic_load_explicit(&t->requests,
+							     memory_order_relaxed);
+	}
 }
 
 /* ---- what a control socket reports ------------------------------------------------------ */
@@ -763,10 +907,12 @@ unsigned ioc_nbd_server_conns(struct ioc_nbd_server *srv, struct ioc_nbd_conn_in
 {
 	unsigned n = 0;
 
-	for (unsigned t = 0; t < srv->nthreads && n < max; t++) {
-		struct conn_query cq = { &srv->threads[t], out + n, max - n, 0 };
+	for (unsigned i = 0; srv->started && i < ioc__nbd_threads_end(srv) && n < max; i++) {
+		struct conn_query cq = { ioc__nbd_thread_at(srv, i), out + n, max - n, 0 };
 
-		ioc_loop_call(srv->threads[t].loop, conn_query_fn, &cq);
+		if (!cq.t)
+			continue;
+		ioc_loop_call(cq.t->loop, conn_query_fn, &cq);
 		n += cq.n;
 	}
 	return n;

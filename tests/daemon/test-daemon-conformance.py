@@ -3,9 +3,9 @@
 and the same QMP exchanges, replies compared.
 
 Both daemons start with one file node, an iothread, an NBD server and an
-NBD export, then take the same list of commands: nodes added, exported,
-queried, read and written by qemu-io, deleted with a client connected in
-each mode, and wrong arguments, unknown drivers and nodes still in use.
+NBD export on it, then take the same list of commands: nodes added,
+exported (a second export on the iothread too), queried, read and written by qemu-io,
+deleted with a client connected in each mode, and wrong arguments, unknown drivers and nodes still in use.
 For each step the replies must be of the same kind (return or error),
 with the same error class and text, the same shape (every member iocore
 sends exists in QEMU's reply with the same JSON type, and every member of
@@ -318,6 +318,20 @@ def run_steps(a, b):
             "qemu-io writes and reads through %s" % d.dir.split("/")[-1], r.stdout + r.stderr)
     with open(a.img2, "rb") as fa, open(b.img2, "rb") as fb:
         tap(fa.read(1 << 20) == fb.read(1 << 20), "the files hold the same bytes")
+
+    # A second export of r1, on the iothread.  No client of it here:
+    # qemu-storage-daemon 7.2 aborts when a client of an export on an
+    # iothread leaves (nbd_blockdev_client_closed() asserts that it runs
+    # in the main thread); test-daemon-iothread.py serves them on iocore.
+    same("block-export-add on an iothread, fixed",
+         *both(a, b, "block-export-add", type="nbd", id="e2", **{"node-name": "r1"},
+               name="r1io", writable=True, iothread="io0", **{"fixed-iothread": True}))
+    same("query-block-exports with three", *both(a, b, "query-block-exports"), exact=True)
+    same("block-export-del of the iothread's export",
+         *both(a, b, "block-export-del", id="e2"))
+    ea, eb = a.q.wait_event("BLOCK_EXPORT_DELETED"), b.q.wait_event("BLOCK_EXPORT_DELETED")
+    tap(ea is not None and eb is not None and ea["data"] == eb["data"] == {"id": "e2"},
+        "its BLOCK_EXPORT_DELETED as qemu-storage-daemon", "qsd %r\niocore %r" % (ea, eb))
     # DIFFERS: QEMU counts requests on the export's BlockBackend, so its
     # nodes show zeroes; iocore counts them on the node, for every front
     # end alike.  The shape is QEMU's; the counts are checked on their own.

@@ -2,8 +2,9 @@
 # Live migration and dirty bitmaps on an export of iocore-storage-daemon:
 # a bitmap added over the daemon's monitor tracks an NBD client's writes;
 # the export migrates to an iocore-nbd destination, idle and while a
-# client writes, with QEMU's commands on the daemon's monitor and its
-# MIGRATION events there; the destination's image equals the source's.
+# client writes (on the export's I/O thread), with QEMU's commands on the
+# daemon's monitor and its MIGRATION events there; the destination's
+# image equals the source's.
 # Loopback only; every wait has a deadline; nothing asserts on timing.
 set -u
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
@@ -76,8 +77,10 @@ check "the destination serves the same bytes" sh -c \
 stop dst
 stop src
 
-# A client writes until the switch-over.
-check "the daemon starts again, exporting on its command line" daemon src "$dir/src.img" $EXPORT
+# A client writes until the switch-over, its connections on the
+# export's I/O thread (the switch-over retires them there).
+check "the daemon starts again, exporting on its command line" daemon src "$dir/src.img" \
+	--object iothread,id=io0 $EXPORT,iothread=io0
 qemu-io -f raw -c 'write -P 0x11 0 4M' "$(uri src)" >/dev/null
 python3 - "$dir/src.sock" >"$dir/writer.out" 2>&1 <<'PY' &
 import subprocess, sys

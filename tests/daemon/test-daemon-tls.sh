@@ -1,7 +1,8 @@
 #!/bin/sh
 # iocore-storage-daemon's NBD server with QEMU's TLS objects on
 # --nbd-server tls-creds=.  tls-creds-psk (DIR/keys.psk): QEMU's own TLS
-# client writes and reads back, libnbd's too; a plain client and a wrong
+# client writes and reads back, also through an export on an I/O thread
+# (the session moves there after the handshake), libnbd's too; a plain client and a wrong
 # key are refused; credentials of a client endpoint are refused at start.
 # tls-creds-x509 (certificates made here): with verify-peer (the default)
 # a client with a certificate of the CA is served, one without a
@@ -12,7 +13,7 @@ SRCDIR=$(cd "$(dirname "$0")" && pwd)
 . "$SRCDIR/../nbd/nbd-test-lib.sh"
 need psktool certtool nbdinfo qemu-io
 workdir ioc-daemon-tls
-echo "1..10"
+echo "1..11"
 mkdir "$dir/k" "$dir/w"
 psktool -u alice -p "$dir/k/keys.psk" >/dev/null 2>&1
 psktool -u alice -p "$dir/w/keys.psk" >/dev/null 2>&1
@@ -22,10 +23,12 @@ daemon() {
 }
 daemon_with() {
 	${MESON_EXE_WRAPPER:-} "$DAEMON" --daemonize --pidfile "$dir/d.pid" \
-		--object "$1" \
+		--object "$1" --object iothread,id=io0 \
 		--blockdev "driver=file,node-name=disk,filename=$dir/a.img" \
 		--nbd-server "addr.type=unix,addr.path=$dir/n.sock,tls-creds=t0" \
-		--export type=nbd,id=e,node-name=disk,writable=on 2>"$dir/d.err"
+		--export type=nbd,id=e,node-name=disk,writable=on \
+		--export type=nbd,id=e2,node-name=disk,name=e2,writable=on,iothread=io0 \
+		2>"$dir/d.err"
 }
 daemon client
 expect "client credentials are refused for the server" "1 1" \
@@ -35,6 +38,11 @@ check "QEMU's TLS client writes and reads back" sh -c \
 	"qemu-io --object tls-creds-psk,id=c0,endpoint=client,dir=$dir/k,username=alice \
 	 --image-opts 'driver=nbd,path=$dir/n.sock,export=disk,tls-creds=c0' \
 	 -c 'write -P 0x6c 1M 64k' -c 'read -P 0x6c 1M 64k' | grep -q '^read 65536'"
+check "... and through an export on an I/O thread, its session moved there" sh -c \
+	"qemu-io --object tls-creds-psk,id=c0,endpoint=client,dir=$dir/k,username=alice \
+	 --image-opts 'driver=nbd,path=$dir/n.sock,export=e2,tls-creds=c0' \
+	 -c 'write -P 0x6d 2M 1M' -c 'read -P 0x6d 2M 1M' -c 'read -P 0x6c 1M 64k' |
+	 grep -c '^read' | grep -qx 2"
 expect "a plain client is refused: TLS is required" 1 \
 	"$(nbdinfo "nbd+unix:///disk?socket=$dir/n.sock" 2>&1 | grep -ci 'tls')"
 if nbdinfo "nbds+unix://alice@/disk?socket=$dir/n.sock&tls-psk-file=$dir/w/keys.psk" \

@@ -305,9 +305,17 @@ static void print_connections(json_t *ret)
 	if (!json_array_size(ret))
 		printf("no connections\n");
 	json_array_foreach(ret, i, c) {
-		printf("%s export \"%s\" thread %d%s%s, %" PRIu64 " in flight, %" PRIu64
-		       " errors\n", str(c, "address"), str(c, "export"),
-		       (int)json_integer_value(json_object_get(c, "thread")),
+		int th = (int)json_integer_value(json_object_get(c, "thread"));
+		char where[64];
+
+		/* -1: the export's own I/O thread (iothread=). */
+		if (th >= 0)
+			snprintf(where, sizeof(where), "thread %d", th);
+		else
+			snprintf(where, sizeof(where), "the export's I/O thread");
+		printf("%s export \"%s\" %s (tid %" PRIu64 ")%s%s, %" PRIu64 " in flight, %"
+		       PRIu64 " errors\n", str(c, "address"), str(c, "export"), where,
+		       u64(c, "thread-id"),
 		       json_is_true(json_object_get(c, "tls")) ? ", TLS" : "",
 		       json_is_true(json_object_get(c, "transmission")) ? "" : ", handshake",
 		       u64(c, "in-flight"), u64(c, "errors"));
