@@ -169,12 +169,13 @@ struct ioc__nbd_mig {
 	_Atomic int64_t adm_next;
 	/* The write notifier on the migrated node (source.c,
 	 * mirror_notify()), added and removed on the main loop; it admits or
-	 * mirrors writes while hook is set: stored by the engine (release), loaded by the notifier (acquire). */
+	 * mirrors writes while hook is set: stored by the engine (release),
+	 * loaded by the notifier (acquire). */
 	struct ioc_node_notifier nt;
 	bool nt_added;
 	atomic_bool hook;
-	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send:
-					 * queued, then a kick (mirror_notify()) */
+	/* to send: queued, then a kick (mirror_notify()) */
+	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail;
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */
 	uint64_t mir_bound;             /* MIRROR records that may have been sent:

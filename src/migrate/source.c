@@ -645,7 +645,8 @@ static void ioc_coroutine_fn throttle(struct src *s, uint64_t bytes)
 		engine_sleep_until(s, due);
 }
 
-static int ioc_coroutine_fn send_rec(struct src *s, const struct ioc_mig_rec *r, const void *payload)
+static int ioc_coroutine_fn send_rec(struct src *s, const struct ioc_mig_rec *r,
+				      const void *payload)
 {
 	uint8_t hdr[IOC_MIG_REC_SIZE];
 	struct iovec iov[2] = {
