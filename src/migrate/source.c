@@ -130,7 +130,8 @@ static void set_status(struct ioc__nbd_mig *m, int status)
  * Lifetime: the engine cannot end while asleep, and only the kick that
  * posts eng_wake ends a sleep; a kick after the engine ended touches only
  * eng_state.  Mirrored writes kick under mir_lock, so none kicks after
- * mirror_close() returned.
+ * mirror_close() returned.  src/migrate/engine-wake.pml models it
+ * (tests/migrate/test-mig-engine-model.sh).
  */
 enum { ENG_RUNNING, ENG_KICKED, ENG_SLEEPING };
 
