@@ -85,6 +85,7 @@ static int tls_accept(void *opaque, int fd, void **sess, char *err, size_t errle
 static const struct ioc__mig_tls_ops nbd_tls = {
 	.connect = tls_connect, .accept = tls_accept, .recv = ioc_nbd_tls_session_recv,
 	.send = ioc_nbd_tls_session_send, .end = ioc_nbd_tls_session_end,
+	.nonblock = true,
 };
 
 static void job_stop(void *job)

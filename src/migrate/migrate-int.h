@@ -5,12 +5,15 @@
  * src/daemon/cmd-migrate.c's, the stream stream.h's and receive.h's.
  *
  * Threads.  The control socket and every status change run on the
- * front end's main loop; the source's copy and the destination's receive
- * run on a thread of their own.  Everything in struct ioc__nbd_mig below
- * "shared" is guarded by lock; the migration thread reports status
+ * front end's main loop.  The source's copy is an engine coroutine on an
+ * I/O thread of its own (eng), with its answer reader, compression
+ * workers and timers on that loop; the destination's receive runs on a
+ * thread of its own.  Everything in struct ioc__nbd_mig below "shared" is
+ * guarded by lock; the engine (or the receiving thread) reports status
  * changes and its end through an event queue drained by a bottom half on
  * the main loop (mig_bh), which alone emits QMP events, touches the
  * bitmaps, the notifier, the gate's final states and the front end.
+ * Other threads reach the engine only through engine_kick() (source.c).
  */
 #ifndef IOC_MIGRATE_INT_H
 #define IOC_MIGRATE_INT_H
@@ -106,10 +109,11 @@ struct ioc__nbd_mig {
 	struct ioc_bh *bh;              /* main loop: events, the end */
 	struct ioc__mig_params p;       /* main loop; copied at start */
 
+	/* Lock order: lock and mir_lock are never held together (each
+	 * guards a few loads and stores); engine_kick() takes no lock and
+	 * is called under either. */
 	pthread_mutex_t lock;
-	pthread_cond_t cond;            /* migrate-continue, cancel and the
-					 * end of the answer reader, to the
-					 * thread waiting in pre-switchover */
+	pthread_cond_t cond;            /* thread_done, to ioc__nbd_mig_free() */
 	/* ---- shared (lock) ---- */
 	int status;
 	bool incoming;
@@ -120,56 +124,65 @@ struct ioc__nbd_mig {
 	bool dest_gone;                 /* the answer reader ended (a copy of
 					 * ans_done under this lock, so the
 					 * pre-switchover wait can see it) */
-	bool thread_done;               /* the thread's last word: join it */
-	int result;                     /* the thread's outcome */
+	bool thread_done;               /* the engine's (the receiving
+					 * thread's) last word: join it */
+	int result;                     /* its outcome */
 	int sock;                       /* the stream, -1: shut it to cancel */
 	bool end_sent;                  /* END is out: cancel no longer applies */
 	struct { const char *name; int64_t v; } evq[IOC_MIG_EVQ];
 	unsigned nev;
 	/* ---- main loop ---- */
-	atomic_bool cancel;             /* set by migrate_cancel: read relaxed
-					 * by the thread at each step (it only
-					 * makes it stop; the lock orders the rest) */
-	pthread_t thread;
-	bool thread_running;
+	atomic_bool cancel;             /* set by migrate_cancel (then a
+					 * kick): read relaxed by the engine at
+					 * each step (it only makes it stop;
+					 * the lock orders the rest) */
+	pthread_t thread;               /* destination: the receiving thread */
+	bool thread_running;            /* the engine or that thread runs */
+	/* ---- the source's engine (source.c, engine_kick()) ---- */
+	struct ioc_iothread *eng;       /* main loop: started and stopped */
+	struct ioc_loop *eng_loop;      /* its loop, set before it starts */
+	struct ioc_co *eng_co;          /* the engine, set by itself before
+					 * its first sleep (published by it) */
+	_Atomic int eng_state;          /* running, kicked or sleeping */
+	struct ioc_task eng_wake;       /* posted by the kick that ends a sleep */
 	struct ioc_node *node;          /* source: the node migrated */
 	struct ioc_blk *blk;            /* its image (ioc_node_blk()) */
 	struct ioc_blk_dirty *bm;       /* source: the hidden bitmap */
 	char uri[256];
 	/* ---- active mirroring, guarded by mir_lock (source.c) ---- */
 	pthread_mutex_t mir_lock;
-	pthread_cond_t mir_cond;        /* the stream's answers, to the
-					 * migration thread (see ack_reader) */
 	bool mir_open;                  /* the notifier may queue requests */
 	/* Pass 1 has read everything below (UINT64_MAX after pass 1): a
 	 * write at or above it is left to pass 1.  Release store by the
-	 * migration thread after each read, acquire load in the notifier. */
+	 * engine after each read, acquire load in the notifier. */
 	_Atomic uint64_t mir_cursor;
 	/* auto-converge (source.c): the throttle (%, 0 = off), set by
-	 * the migration thread and read by the notifier, and the client writes
+	 * the engine and read by the notifier, and the client writes
 	 * the notifier saw; relaxed both: a hint and a count. */
 	_Atomic unsigned mir_throttle;
 	_Atomic uint64_t mir_seen;
 	/* write admission (source.c, admit()): the gap between two
-	 * answered writes (ns, 0 = unbounded), stored relaxed by the migration
-	 * thread and loaded relaxed by the notifier; the next free answer time,
+	 * answered writes (ns, 0 = unbounded), stored relaxed by the engine
+	 * and loaded relaxed by the notifier; the next free answer time,
 	 * claimed by the notifier calls with a compare-and-swap. */
 	_Atomic int64_t adm_gap;
 	_Atomic int64_t adm_next;
 	/* The write notifier on the migrated node (source.c,
 	 * mirror_notify()), added and removed on the main loop; it admits or
-	 * mirrors writes while hook is set: stored by the migration thread
-	 * (release), loaded by the notifier (acquire). */
+	 * mirrors writes while hook is set: stored by the engine (release),
+	 * loaded by the notifier (acquire). */
 	struct ioc_node_notifier nt;
 	bool nt_added;
 	atomic_bool hook;
-	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail; /* to send */
+	/* to send: queued, then a kick (mirror_notify()) */
+	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail;
 	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */
 	uint64_t mir_bound;             /* MIRROR records that may have been sent:
 					 * raised before each is submitted, so a
 					 * MACK above it is a lying destination */
-	bool ans_done;                  /* the answer reader ended: */
+	bool ans_done;                  /* the answer reader ended (then a
+					 * kick): */
 	int ans_ret;                    /* 0: ans holds the ACK; or -errno */
 	uint32_t ans_type, ans_crc;
 	uint64_t ans_off;

@@ -20,16 +20,28 @@
 
 struct ioc_node;
 
-/* A blocking session (TLS) on the migration's own socket, its threads. */
+/* A session (TLS) on the migration's own socket, on the job's threads.
+ * The destination's socket blocks; the source's engine makes its socket
+ * non-blocking after the handshake (source.c) and needs nonblock. */
 struct ioc__mig_tls_ops {
 	/* A client (source) or server (destination) handshake on fd; the
 	 * session in *sess, or -errno with the reason in err. */
 	int (*connect)(void *opaque, int fd, const char *hostname, void **sess,
 		       char *err, size_t errlen);
 	int (*accept)(void *opaque, int fd, void **sess, char *err, size_t errlen);
-	/* Bytes, 0 at EOF (recv), or -errno. */
+	/* Bytes, 0 at EOF (recv), or -errno.  On a non-blocking socket
+	 * -EAGAIN where the socket would block: the caller waits for it to
+	 * be readable (recv) or writable (send) and calls again; a send
+	 * that returned -EAGAIN is called again with the same buffer and
+	 * length (GnuTLS has taken them already).  recv returns -EAGAIN
+	 * only once the session holds no decrypted bytes, so waiting for
+	 * the socket then loses none.  One recv and one send may be pending
+	 * at a time, from one thread or two. */
 	ssize_t (*recv)(void *sess, void *buf, size_t len);
 	ssize_t (*send)(void *sess, const void *buf, size_t len);
+	/* recv and send keep the -EAGAIN contract above (a capability:
+	 * without it the source refuses TLS). */
+	bool nonblock;
 	/* Free the session, after a closing alert when bye. */
 	void (*end)(void *sess, bool bye);
 };

@@ -8,35 +8,36 @@
  * link (or take the cores), and compression pays only on several cores.
  *
  * Design (pre-copy, then active mirroring).
- * - A hidden dirty bitmap (4 KiB granules) is added before the first
- *   read.  Pass 1 reads the image (its own fd; holes go as ZERO records),
- *   later passes what the bitmap says changed; a chunk is cleared, then
- *   read (blk.h's rule).  Chunks (<= 256 KiB) go round robin to an
- *   in-order workqueue of compress-threads workers, so records leave in
- *   the order their data was read.
- * - Convergence: once dirty bytes / bandwidth fit downtime-limit, switch over.
- * - Active mirroring: a write of any front end waits in the migration's
- *   notifier on the node (after its local write, inside the node) until
- *   its granules were cleared, read back, sent as a MIRROR through the
- *   same in-order queue and acknowledged (MACK).  Stream order equals read
- *   order and a write is read after it completed, so a block's last record
- *   is its newest content, with no range locks.  While mirroring, a chunk
- *   is read only under 1 MiB of send queue (pace()).  Writes ahead of pass
- *   1's cursor are left to it.  Any end, and the hold, answers every
- *   waiting write with success (data on the source).
- * - Write admission and auto-converge (admit(), throttle_check()): writes
- *   are answered at a rate bound to the copy, or after a growing pause.
- * - Switch-over: the node's gate holds new requests and drains running
- *   ones (pause-before-switchover waits for migrate-continue); the last
- *   pass, END with the checksum, the ACK, completed.
- * - Failure (destination gone, cancel before END): the gate opens, the
- *   bitmap is dropped, the source serves on.  TLS: the host's sessions.
+ * - A hidden dirty bitmap is added before the first read.  Pass 1 reads
+ *   the image (its own fd; holes go as ZERO), later passes what changed;
+ *   a chunk (<= 256 KiB) is cleared, then read (blk.h's rule), and goes to
+ *   an in-order workqueue of compress-threads workers: records leave in
+ *   read order.  Once dirty bytes / bandwidth fit downtime-limit, switch.
+ * - Active mirroring: a write of any front end waits in the notifier on
+ *   the node until its granules were cleared, read back, sent as a MIRROR
+ *   through the same queue and acknowledged (MACK): a block's last record
+ *   is its newest content, with no range locks.  While mirroring a chunk
+ *   is read only under 1 MiB of send queue (pace()); writes ahead of pass
+ *   1 are left to it; any end, and the hold, answers the waiting writes;
+ *   admit() and throttle_check() slow the writer down.
+ * - Switch-over: the node's gate holds and drains (pause-before-switchover
+ *   waits for migrate-continue); the last pass, END, the ACK.  Failure
+ *   before END: the gate opens, the bitmap goes, the source serves on.
+ * - Runtime: the engine is a coroutine on an I/O thread of its own; the
+ *   answer reader is another on its loop, where the workers hand jobs
+ *   back.  It sleeps only in engine_wait() (a loop timer); whatever has
+ *   news kicks it (engine_kick(): the handshake).  The socket is
+ *   non-blocking: a send waits on the loop while the reader runs (else
+ *   both ends can deadlock, send_all()).  SIOCOUTQ has no event: a 200 us
+ *   timer looks (pace()).  Image reads stay pread() on this dedicated
+ *   thread (only the reader shares it, a chunk late at most; a hop to the
+ *   thread pool per chunk buys nothing).  The TLS handshake blocks first.
  *
  * Rejected.  Reading through the block layer on the I/O threads (the copy
  * would compete with requests).  Sending the client's own buffer as the
- * MIRROR (a chunk read earlier could land after it: a range-lock table).
- * Mirroring every write from the start (writes ahead of pass 1 sent twice)
- * or only after pass 1 (too slow to converge: bench/migrate/NOTES.md).
+ * MIRROR (a range-lock table).  Mirroring from the start or only after
+ * pass 1 (bench/migrate/NOTES.md).  Threads napping in nanosleep() and
+ * poll() (a mirrored write waited for the next look).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +52,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -62,6 +62,7 @@
 #define CHUNK_MAX        (256u << 10)
 #define ACK_TIMEOUT_MS   120000
 #define SENT_SLACK       (64 << 10) /* see wait_sent() */
+#define QUEUE_LOOK_NS    200000     /* see pace() */
 #define MIRROR_QUEUE     (1 << 20)  /* see pace() */
 #define CONNECT_TIMEOUT_MS 30000
 #define THROTTLE_UNIT_NS   250000    /* see throttle_pause() */
@@ -105,8 +106,85 @@ static void set_status(struct ioc__nbd_mig *m, int status)
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* ---- waking the engine ------------------------------------------------- */
+
+/*
+ * The engine sleeps only in engine_wait().  Whatever may end a sleep (a
+ * mirrored write queued, a worker's finished job, an answer, the socket
+ * turning writable, a timer, migrate-continue, a cancel) first publishes
+ * its news, then kicks.  eng_state is the handshake:
+ *   engine_kick(), any thread: SLEEPING -> RUNNING, then post eng_wake,
+ *     which resumes the engine on its loop; RUNNING or KICKED -> KICKED.
+ *   engine_wait(): RUNNING -> SLEEPING, then yield; or, finding KICKED,
+ *     back to RUNNING and return at once.
+ * The engine looks at its conditions, calls engine_wait() and looks again
+ * when it returns.  News published after a look is followed by a kick
+ * that finds SLEEPING (and wakes the engine) or RUNNING or KICKED (and the
+ * engine's next compare-and-swap fails, so it looks again): no kick is
+ * lost.  Exactly one kick ends a sleep, so eng_wake is never posted again
+ * before it ran.  Every kick is a read-modify-write (acq_rel), so the
+ * engine's acquire, reading the last of them, sees every kicker's news;
+ * the engine's release of SLEEPING gives a waking kicker eng_co.  A kick
+ * never enters the engine directly, even on the engine's own thread (the
+ * workqueue's callback and the reader coroutine must not run it nested).
+ * Lifetime: the engine cannot end while asleep, and only the kick that
+ * posts eng_wake ends a sleep; a kick after the engine ended touches only
+ * eng_state.  Mirrored writes kick under mir_lock, so none kicks after
+ * mirror_close() returned.  src/migrate/engine-wake.pml models it
+ * (tests/migrate/test-mig-engine-model.sh).
+ */
+enum { ENG_RUNNING, ENG_KICKED, ENG_SLEEPING };
+
+static void engine_wake(struct ioc_task *t)
+{
+	struct ioc__nbd_mig *m = ioc_container_of(t, struct ioc__nbd_mig, eng_wake);
+
+	/* On the engine's loop, outside coroutines: enters it at once. */
+	ioc_co_wake(m->eng_co);
+}
+
+static void engine_kick(struct ioc__nbd_mig *m)
+{
+	/* Relaxed: the compare-and-swap below is what pairs. */
+	int st = atomic_load_explicit(&m->eng_state, memory_order_relaxed);
+
+	/* Acq_rel: the release pairs with engine_wait()'s acquire (the
+	 * news before this kick is seen there), the acquire with its
+	 * release store of SLEEPING (eng_co and eng_loop are seen here). */
+	while (!atomic_compare_exchange_weak_explicit(&m->eng_state, &st,
+						      st == ENG_SLEEPING ? ENG_RUNNING
+									 : ENG_KICKED,
+						      memory_order_acq_rel,
+						      memory_order_relaxed))
+		;
+	if (st == ENG_SLEEPING) {
+		m->eng_wake.fn = engine_wake;
+		ioc_loop_post(m->eng_loop, &m->eng_wake);
+	}
+}
+
 static void source_finish(struct ioc__nbd_mig *m);
 static void gate_all(struct ioc__nbd_mig *m, int state);
+
+/* Main loop: the engine (its I/O thread) or the receiving thread, which
+ * has said its last word (thread_done), goes, and the end is reported. */
+static void join_job(struct ioc__nbd_mig *m)
+{
+	if (m->incoming) {
+		pthread_join(m->thread, NULL);
+	} else {
+		/* Its loop runs the engine's last iteration out first. */
+		ioc_iothread_stop(m->eng);
+		m->eng = NULL;
+		m->eng_loop = NULL;
+		m->eng_co = NULL;
+	}
+	m->thread_running = false;
+	if (m->incoming)
+		ioc__nbd_mig_incoming_finish(m);
+	else
+		source_finish(m);
+}
 
 /* Main loop: emit queued events in order; join a thread that ended. */
 static void mig_bh(void *opaque)
@@ -137,12 +215,7 @@ static void mig_bh(void *opaque)
 				      json_pack("{s:I}", "pass", (json_int_t)v));
 	}
 	if (done && m->thread_running) {
-		pthread_join(m->thread, NULL);
-		m->thread_running = false;
-		if (m->incoming)
-			ioc__nbd_mig_incoming_finish(m);
-		else
-			source_finish(m);
+		join_job(m);
 		/* The final status events. */
 		ioc_bh_schedule(m->bh);
 	}
@@ -164,7 +237,6 @@ int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
 	pthread_mutex_init(&m->mir_lock, NULL);
-	pthread_cond_init(&m->mir_cond, NULL);
 	m->sock = -1;
 	m->listen_fd = -1;
 	/* QEMU 7.2's defaults, but zero-blocks (on: storage is mostly holes)
@@ -206,18 +278,20 @@ void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
 	m->in_done = NULL; /* the owner is going away too */
 	if (m->thread_running) {
 		pthread_mutex_lock(&m->lock);
-		/* relaxed: the lock and the shutdown below order the rest. */
+		/* relaxed: the kick, the lock and the shutdown below order the
+		 * rest. */
 		atomic_store_explicit(&m->cancel, true, memory_order_relaxed);
 		if (m->sock >= 0)
 			shutdown(m->sock, SHUT_RDWR);
-		pthread_cond_broadcast(&m->cond);
+		if (!m->incoming)
+			engine_kick(m);
+		/* The engine's last word, broadcast under the lock after
+		 * thread_done is set (engine_end()); the receiving thread is
+		 * joined. */
+		while (!m->incoming && !m->thread_done)
+			pthread_cond_wait(&m->cond, &m->lock);
 		pthread_mutex_unlock(&m->lock);
-		pthread_join(m->thread, NULL);
-		m->thread_running = false;
-		if (m->incoming)
-			ioc__nbd_mig_incoming_finish(m);
-		else
-			source_finish(m);
+		join_job(m);
 	}
 	if (m->listen_fd >= 0)
 		close(m->listen_fd);
@@ -225,7 +299,6 @@ void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
 	pthread_mutex_destroy(&m->lock);
 	pthread_cond_destroy(&m->cond);
 	pthread_mutex_destroy(&m->mir_lock);
-	pthread_cond_destroy(&m->mir_cond);
 	free(m);
 }
 
@@ -256,7 +329,7 @@ int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port, s
 	return 0;
 }
 
-/* ---- the copy (migration thread) ----------------------------------------- */
+/* ---- the copy (the engine) -------------------------------------------------- */
 
 struct slot {
 	struct ioc_wq_job job;
@@ -271,12 +344,14 @@ struct slot {
 	uint32_t type, crc;
 	bool mirror;                    /* a MIRROR record: raw, no zero test */
 	uint32_t bcrc[CHUNK_MAX / IOC_MIG_MIN_BLOCK]; /* recorded when sent */
-	struct slot *next_free;
+	struct slot *next_free;         /* free, or handed back (done) */
 };
 
 struct src {
 	struct ioc__nbd_mig *m;
 	struct ioc__mig_params p;
+	struct ioc_loop *loop;          /* the engine's */
+	struct ioc_timer timer;         /* ends an engine_wait() */
 	int fd, sock;
 	void *tls;                      /* tls-creds set: the stream's session
 					 * (host.tls) */
@@ -287,6 +362,8 @@ struct src {
 	struct ioc_wq *wq;
 	bool raw;                       /* compress off: see copy_inline() */
 	struct slot *slots, *free_slots;
+	struct slot *done, **done_tail; /* handed back by the workers, in
+					 * order, to send (slot_done()) */
 	unsigned nslots;
 	unsigned pass;
 	/* bandwidth */
@@ -309,7 +386,11 @@ struct src {
 	/* write admission: the current period's start and bytes copied */
 	int64_t adm_t0;
 	uint64_t adm_bytes;
-	pthread_t reader;
+	/* the socket's one loop handler (sock_watch()) */
+	bool rd_watch;                  /* the reader waits for answers */
+	bool wr_wait;                   /* the engine waits to send */
+	bool want_mack;                 /* fence(): each MACK kicks */
+	struct ioc_co *reader;
 	bool reader_running;
 	char why[256];
 };
@@ -339,6 +420,101 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
+/* Sleep until a kick or deadline (ns, CLOCK_MONOTONIC; INT64_MAX: none).
+ * It may return early: the caller looks at its conditions again (the
+ * handshake is above engine_kick()). */
+static void ioc_coroutine_fn engine_wait(struct src *s, int64_t deadline)
+{
+	struct ioc__nbd_mig *m = s->m;
+	int st = ENG_RUNNING;
+
+	/* Release: pairs with engine_kick()'s acquire, which then finds
+	 * eng_co; acquire on failure: with the kicks' release (their news). */
+	if (!atomic_compare_exchange_strong_explicit(&m->eng_state, &st, ENG_SLEEPING,
+						     memory_order_acq_rel,
+						     memory_order_acquire)) {
+		/* Kicked meanwhile.  Acquire: pairs with the last kick's
+		 * release (a kick may add itself to KICKED until here). */
+		atomic_exchange_explicit(&m->eng_state, ENG_RUNNING, memory_order_acquire);
+		return;
+	}
+	if (deadline < INT64_MAX)
+		ioc_timer_arm(&s->timer, deadline);
+	ioc_co_yield();
+	ioc_timer_cancel(&s->timer);
+}
+
+static void engine_timer(void *opaque)
+{
+	struct src *s = opaque;
+
+	engine_kick(s->m);
+}
+
+/* Wait, cancellable, until deadline (a max-bandwidth pause). */
+static void ioc_coroutine_fn engine_sleep_until(struct src *s, int64_t deadline)
+{
+	while (!cancelled(s) && ioc_now_ns() < deadline)
+		engine_wait(s, deadline);
+}
+
+/* Let the loop run what it has (the answer reader, the workers' handed
+ * back jobs) and come back: between chunks, which otherwise never wait
+ * while the link keeps up.  Nothing else wakes the engine meanwhile: it
+ * is not in engine_wait(). */
+static void ioc_coroutine_fn engine_yield(void)
+{
+	ioc_co_wake(ioc_co_self());
+	ioc_co_yield();
+}
+
+static void sock_readable(void *opaque);
+static void sock_writable(void *opaque);
+
+/*
+ * The socket's handler on the engine's loop, for both of its waiters:
+ * ioc_co_wait_fd() would own the fd's one handler, and the reader waits
+ * for answers while the engine waits to send.  Readable while the reader
+ * runs (rd_watch), writable while the engine waits in wait_writable().
+ */
+static int sock_watch(struct src *s)
+{
+	return ioc_loop_set_fd(s->loop, s->sock, s->rd_watch ? sock_readable : NULL,
+			       s->wr_wait ? sock_writable : NULL, NULL, NULL, s);
+}
+
+static void sock_writable(void *opaque)
+{
+	struct src *s = opaque;
+
+	/* Level-triggered: off until the engine waits again. */
+	s->wr_wait = false;
+	sock_watch(s);
+	engine_kick(s->m);
+}
+
+/* Wait until the socket may take more (or a kick: a cancel, which also
+ * shuts the socket down, or a mirrored write).  Send after it either way. */
+static int ioc_coroutine_fn wait_writable(struct src *s, int64_t deadline)
+{
+	int ret;
+
+	if (cancelled(s))
+		return -ECANCELED;
+	s->wr_wait = true;
+	ret = sock_watch(s);
+	if (ret < 0) {
+		s->wr_wait = false;
+		return fail(s, ret, "Cannot wait for the destination: %s", strerror(-ret));
+	}
+	engine_wait(s, deadline);
+	if (s->wr_wait) {
+		s->wr_wait = false;
+		sock_watch(s);
+	}
+	return 0;
+}
+
 /* A worker: zero detection, CRC, compression. */
 static void slot_job(struct ioc_wq_job *job)
 {
@@ -366,7 +542,7 @@ static void slot_job(struct ioc_wq_job *job)
 	}
 }
 
-static int send_tls(struct src *s, const struct iovec *iov, int iovcnt)
+static int ioc_coroutine_fn send_tls(struct src *s, const struct iovec *iov, int iovcnt)
 {
 	for (int i = 0; i < iovcnt; i++) {
 		const uint8_t *p = iov[i].iov_base;
@@ -375,6 +551,14 @@ static int send_tls(struct src *s, const struct iovec *iov, int iovcnt)
 		while (left) {
 			ssize_t n = s->m->host.tls->send(s->tls, p, left);
 
+			if (n == -EAGAIN) {
+				/* Again with the same p and left (migrate.h). */
+				int ret = wait_writable(s, INT64_MAX);
+
+				if (ret < 0)
+					return ret;
+				continue;
+			}
 			if (n < 0) {
 				if (cancelled(s))
 					return -ECANCELED;
@@ -388,7 +572,15 @@ static int send_tls(struct src *s, const struct iovec *iov, int iovcnt)
 	return 0;
 }
 
-static int send_all(struct src *s, struct iovec *iov, int iovcnt)
+/*
+ * Send a record whole.  The socket is non-blocking: a full send queue
+ * waits in wait_writable(), on the loop, so the answer reader runs
+ * meanwhile.  It must: the destination answers every MIRROR with a MACK,
+ * and one that blocks writing them (its socket full because nobody reads
+ * here) reads no more records, so a sender blocked in send() and a reader
+ * behind it on the same thread would wait for each other forever.
+ */
+static int ioc_coroutine_fn send_all(struct src *s, struct iovec *iov, int iovcnt)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
 	size_t total = 0;
@@ -398,10 +590,17 @@ static int send_all(struct src *s, struct iovec *iov, int iovcnt)
 	if (s->tls)
 		return send_tls(s, iov, iovcnt);
 	while (total) {
-		ssize_t n = sendmsg(s->sock, &mh, MSG_NOSIGNAL);
+		ssize_t n = sendmsg(s->sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 
 		if (n < 0 && errno == EINTR)
 			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			int ret = wait_writable(s, INT64_MAX);
+
+			if (ret < 0)
+				return ret;
+			continue;
+		}
 		if (n < 0) {
 			int e = errno;
 
@@ -428,20 +627,9 @@ static int send_all(struct src *s, struct iovec *iov, int iovcnt)
 	return 0;
 }
 
-/* Sleep in slices, so a cancel is seen within 50 ms. */
-static void nap_ns(struct src *s, int64_t ns)
-{
-	while (ns > 0 && !cancelled(s)) {
-		int64_t d = ns > 50000000 ? 50000000 : ns;
-		struct timespec ts = { d / 1000000000, d % 1000000000 };
-
-		nanosleep(&ts, NULL);
-		ns -= d;
-	}
-}
-
-/* max-bandwidth: once a window of a second has sent its share, wait. */
-static void throttle(struct src *s, uint64_t bytes)
+/* max-bandwidth: once a window of a second has sent its share, wait (a
+ * cancel cuts the wait short). */
+static void ioc_coroutine_fn throttle(struct src *s, uint64_t bytes)
 {
 	int64_t now = ioc_now_ns();
 	uint64_t cap = s->p.max_bandwidth;
@@ -455,10 +643,11 @@ static void throttle(struct src *s, uint64_t bytes)
 	s->win_bytes += bytes;
 	int64_t due = s->win_start + (int64_t)((double)s->win_bytes * 1e9 / (double)cap);
 	if (due > now)
-		nap_ns(s, due - now);
+		engine_sleep_until(s, due);
 }
 
-static int send_rec(struct src *s, const struct ioc_mig_rec *r, const void *payload)
+static int ioc_coroutine_fn send_rec(struct src *s, const struct ioc_mig_rec *r,
+				      const void *payload)
 {
 	uint8_t hdr[IOC_MIG_REC_SIZE];
 	struct iovec iov[2] = {
@@ -479,7 +668,7 @@ static int send_rec(struct src *s, const struct ioc_mig_rec *r, const void *payl
 	return 0;
 }
 
-static int send_zero(struct src *s, uint64_t off, uint64_t len)
+static int ioc_coroutine_fn send_zero(struct src *s, uint64_t off, uint64_t len)
 {
 	struct ioc_mig_rec r = { .type = IOC_MIG_ZERO, .offset = off };
 	uint64_t blocks;
@@ -507,7 +696,7 @@ static int send_zero(struct src *s, uint64_t off, uint64_t len)
 }
 
 /* A job came back (in order): its record goes out. */
-static int send_slot(struct src *s, struct slot *sl)
+static int ioc_coroutine_fn send_slot(struct src *s, struct slot *sl)
 {
 	struct ioc_mig_rec r = {
 		.type = sl->type, .offset = sl->off, .length = sl->len, .data_crc = sl->crc,
@@ -550,19 +739,32 @@ static void slot_put(struct src *s, struct slot *sl)
 	s->free_slots = sl;
 }
 
-/* Collect finished jobs (waiting for at least one when wait) and send them. */
-static int collect(struct src *s, bool wait)
+/* The workqueue hands a finished job back, in order, on the engine's loop
+ * (its bottom half): queue it for collect() and kick. */
+static void slot_done(struct ioc_wq_job *job, void *opaque)
 {
-	struct ioc_wq_job *jobs[16];
-	int n = wait ? ioc_wq_wait_done(s->wq, jobs, 16, -1)
-		     : ioc_wq_poll_done(s->wq, jobs, 16);
+	struct slot *sl = ioc_container_of(job, struct slot, job);
+	struct src *s = opaque;
+
+	sl->next_free = NULL;
+	*s->done_tail = sl;
+	s->done_tail = &sl->next_free;
+	engine_kick(s->m);
+}
+
+/* Send the jobs handed back (waiting for at least one when wait and any
+ * is in flight).  A send that waits lets more come back: they go too. */
+static int ioc_coroutine_fn collect(struct src *s, bool wait)
+{
+	struct slot *sl;
 	int ret = 0;
 
-	if (n < 0)
-		return fail(s, n, "compression workers: %s", strerror(-n));
-	for (int i = 0; i < n; i++) {
-		struct slot *sl = ioc_container_of(jobs[i], struct slot, job);
-
+	while (wait && !s->done && ioc_wq_in_flight(s->wq) > 0)
+		engine_wait(s, INT64_MAX);
+	while ((sl = s->done)) {
+		s->done = sl->next_free;
+		if (!s->done)
+			s->done_tail = &s->done;
 		if (ret == 0)
 			ret = send_slot(s, sl);
 		slot_put(s, sl);
@@ -571,9 +773,9 @@ static int collect(struct src *s, bool wait)
 }
 
 /* Wait until every job handed out has been sent. */
-static int drain(struct src *s)
+static int ioc_coroutine_fn drain(struct src *s)
 {
-	while (ioc_wq_in_flight(s->wq) > 0) {
+	while (ioc_wq_in_flight(s->wq) > 0 || s->done) {
 		int ret = collect(s, true);
 
 		if (ret < 0)
@@ -626,7 +828,7 @@ static int read_full(struct src *s, uint8_t *buf, uint32_t len, uint64_t off)
  * (bench/migrate/NOTES.md).  Records still leave in read order: nothing
  * is in the workqueue in this mode.
  */
-static int copy_inline(struct src *s, uint64_t off, uint32_t len, bool mirror)
+static int ioc_coroutine_fn copy_inline(struct src *s, uint64_t off, uint32_t len, bool mirror)
 {
 	struct slot *sl;
 	int ret = drain(s);
@@ -648,7 +850,7 @@ static int copy_inline(struct src *s, uint64_t off, uint32_t len, bool mirror)
 }
 
 /* One chunk: clear its bits, read it, hand it to a worker. */
-static int copy_chunk(struct src *s, uint64_t off, uint32_t len, bool mirror)
+static int ioc_coroutine_fn copy_chunk(struct src *s, uint64_t off, uint32_t len, bool mirror)
 {
 	struct slot *sl;
 	bool busy = false;
@@ -916,8 +1118,11 @@ static int ioc_coroutine_fn mirror_notify(struct ioc_node_notifier *nt, struct i
 	}
 	*m->mir_wait_tail = &q;
 	m->mir_wait_tail = &q.next;
-	/* The migration thread takes mir_wait between chunks (it is never
-	 * idle while mirroring: a pass runs until the switch-over). */
+	/* The engine takes mir_wait between chunks, or at once when it
+	 * waits (pace(), fence()).  Under mir_lock: the engine's
+	 * mirror_close() takes it before the engine ends, so no kick comes
+	 * after that. */
+	engine_kick(m);
 	pthread_mutex_unlock(&m->mir_lock);
 	ioc_co_await(&q.aw);
 	write_pause(m);
@@ -1046,7 +1251,7 @@ static void admit_update(struct src *s, uint64_t bytes)
  * leave in the order their data was read (the property that makes the
  * destination's last record of a block the newest; see the top).
  */
-static int mirror_service(struct src *s)
+static int ioc_coroutine_fn mirror_service(struct src *s)
 {
 	struct ioc__nbd_mig *m = s->m;
 	struct ioc__nbd_mirror_req *list, *q;
@@ -1095,71 +1300,109 @@ static int mirror_service(struct src *s)
 }
 
 /*
- * The answer reader: a thread that reads the destination's records (MACK
- * while the copy runs, then ACK) while the migration thread sends; with
- * TLS, GnuTLS allows one thread receiving while another sends on a
- * session.  MACK answers the mirrored writes; ACK, EOF or an error ends
- * it, recorded in ans_* for wait_ack() -- woken by the broadcast on
- * mir_cond, made under mir_lock after ans_done is set.  An error also
- * stops mirroring (the waiting writes are answered: the data is on the
- * source).  A cancel or a failure shuts the socket down, which ends a
- * pending read.
+ * The answer reader: a coroutine on the engine's loop that reads the
+ * destination's records (MACK while the copy runs, then ACK) while the
+ * engine sends.  The socket is non-blocking: it reads until the socket
+ * (with TLS, the session: recv's contract in migrate.h) has nothing more,
+ * then waits for readability, so it runs whenever the engine waits (see
+ * send_all()).  MACK answers the mirrored writes (and kicks a fence());
+ * ACK, EOF or an error ends it, recorded in ans_* under mir_lock and then
+ * kicked to the engine (wait_ack(), the pre-switchover wait).  An error
+ * also stops mirroring (the waiting writes are answered: the data is on
+ * the source).  A cancel or the engine's end shuts the socket down,
+ * which ends it.
  */
-static void *ack_reader(void *opaque)
+static void sock_readable(void *opaque)
+{
+	struct src *s = opaque;
+
+	/* The loop's thread, outside coroutines: runs the reader until it
+	 * has read all there is. */
+	ioc_co_wake(s->reader);
+}
+
+/* A MACK: answer the writes it covers.  0, or -EPROTO with why set. */
+static int answer_mack(struct src *s, const struct ioc_mig_rec *r, const char **why)
+{
+	struct ioc__nbd_mig *m = s->m;
+
+	pthread_mutex_lock(&m->mir_lock);
+	if (r->offset > m->mir_bound) {
+		/* Acknowledging what was never sent would answer writes that
+		 * are not on the destination. */
+		pthread_mutex_unlock(&m->mir_lock);
+		*why = "The destination acknowledged mirrored writes it was not sent";
+		return -EPROTO;
+	}
+	if (r->offset > m->mir_acked)
+		m->mir_acked = r->offset;
+	mirror_acked_locked(m);
+	pthread_mutex_unlock(&m->mir_lock);
+	if (s->want_mack)
+		engine_kick(m);
+	return 0;
+}
+
+static void ioc_coroutine_fn ack_reader(void *opaque)
 {
 	struct src *s = opaque;
 	struct ioc__nbd_mig *m = s->m;
 	struct ioc_mig_hdr h = { .image_size = s->size, .block_size = s->block };
-	uint8_t buf[IOC_MIG_REC_SIZE];
+	uint8_t buf[32 * IOC_MIG_REC_SIZE];
 	struct ioc_mig_rec r = { 0 };
 	const char *why = NULL;
-	int ret = 0;
+	size_t got = 0;
+	int ret;
 
+	s->rd_watch = true;
+	ret = sock_watch(s);
+	if (ret < 0) {
+		why = "Cannot wait for the destination's answers";
+		goto out;
+	}
 	for (;;) {
-		size_t got = 0;
+		size_t used = 0;
+		ssize_t n;
 
-		while (got < sizeof(buf)) {
-			ssize_t n;
-
-			if (s->tls) {
-				n = m->host.tls->recv(s->tls, buf + got, sizeof(buf) - got);
-			} else {
-				n = recv(s->sock, buf + got, sizeof(buf) - got, 0);
-				if (n < 0 && errno == EINTR)
-					continue;
-				if (n < 0)
-					n = -errno;
-			}
-			if (n <= 0) {
-				ret = n < 0 ? (int)n : -EPIPE;
-				why = "The destination closed the stream before its answer";
+		if (s->tls) {
+			n = m->host.tls->recv(s->tls, buf + got, sizeof(buf) - got);
+		} else {
+			n = recv(s->sock, buf + got, sizeof(buf) - got, MSG_DONTWAIT);
+			if (n < 0)
+				n = errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		}
+		if (n == -EINTR)
+			continue;
+		if (n == -EAGAIN) {
+			/* Entered again by sock_readable(). */
+			ioc_co_yield();
+			continue;
+		}
+		if (n <= 0) {
+			ret = n < 0 ? (int)n : -EPIPE;
+			why = "The destination closed the stream before its answer";
+			goto out;
+		}
+		got += (size_t)n;
+		for (; got - used >= IOC_MIG_REC_SIZE; used += IOC_MIG_REC_SIZE) {
+			if (ioc_mig_rec_decode(buf + used, &h, &r, &why) < 0 ||
+			    (r.type != IOC_MIG_MACK && r.type != IOC_MIG_ACK)) {
+				ret = -EPROTO;
+				why = "Bad answer from the destination";
 				goto out;
 			}
-			got += (size_t)n;
+			if (r.type == IOC_MIG_ACK)
+				goto out; /* the last record: nothing may follow */
+			ret = answer_mack(s, &r, &why);
+			if (ret < 0)
+				goto out;
 		}
-		if (ioc_mig_rec_decode(buf, &h, &r, &why) < 0 ||
-		    (r.type != IOC_MIG_MACK && r.type != IOC_MIG_ACK)) {
-			ret = -EPROTO;
-			why = "Bad answer from the destination";
-			goto out;
-		}
-		if (r.type == IOC_MIG_ACK)
-			break;
-		pthread_mutex_lock(&m->mir_lock);
-		if (r.offset > m->mir_bound) {
-			/* Acknowledging what was never sent would answer
-			 * writes that are not on the destination. */
-			pthread_mutex_unlock(&m->mir_lock);
-			ret = -EPROTO;
-			why = "The destination acknowledged mirrored writes it was not sent";
-			goto out;
-		}
-		if (r.offset > m->mir_acked)
-			m->mir_acked = r.offset;
-		mirror_acked_locked(m);
-		pthread_mutex_unlock(&m->mir_lock);
+		memmove(buf, buf + used, got - used);
+		got -= used;
 	}
 out:
+	s->rd_watch = false;
+	sock_watch(s);
 	pthread_mutex_lock(&m->mir_lock);
 	m->ans_done = true;
 	m->ans_ret = ret;
@@ -1171,16 +1414,14 @@ out:
 		/* No MACK will come: answer the writes, take no more. */
 		mirror_release_all_locked(m);
 	}
-	pthread_cond_broadcast(&m->mir_cond);
 	pthread_mutex_unlock(&m->mir_lock);
 	/* A dead destination must also end a pause in pre-switchover, where
-	 * the clients are held: the broadcast is made under m->lock after
-	 * dest_gone is set, the waiter tests it under the same lock. */
+	 * the clients are held: dest_gone under the lock, then the kick. */
 	pthread_mutex_lock(&m->lock);
 	m->dest_gone = true;
-	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
-	return NULL;
+	s->reader_running = false;
+	engine_kick(m);
 }
 
 static uint64_t dirty_bytes(struct src *s)
@@ -1226,16 +1467,16 @@ static int queue_above(struct src *s, int limit, int *last, int64_t *deadline)
 	return 1;
 }
 
-/* While writes wait: serve the mirror, collect what the workers finished,
- * then nap for ts. */
-static int serve_and_nap(struct src *s, const struct timespec *ts)
+/* While writes wait: serve the mirror, send what the workers finished,
+ * then sleep until deadline or a kick (a mirrored write among them). */
+static int ioc_coroutine_fn serve_and_wait(struct src *s, int64_t deadline)
 {
 	int ret = mirror_service(s);
 
 	if (ret == 0)
 		ret = collect(s, false);
 	if (ret == 0)
-		nanosleep(ts, NULL);
+		engine_wait(s, deadline);
 	return ret;
 }
 
@@ -1247,14 +1488,15 @@ static int serve_and_nap(struct src *s, const struct timespec *ts)
  * SO_SNDBUF): unpaced, a mirrored write waited for them to drain.  Waiting
  * writes are served meanwhile, so their records go out ahead of the next
  * chunk.  Not under the switch-over's hold: no write waits then, and the
- * last pass is downtime.  Polls every 200 us; a cancel ends it, and so
- * does a queue that does not move for ACK_TIMEOUT_MS (the next send then
- * meets the link's state, as without pacing).
+ * last pass is downtime.  The queue has no event of its own: it is looked
+ * at every QUEUE_LOOK_NS on a loop timer, and at once after each mirrored
+ * write's kick, which is served then.  A cancel ends it, and so does a
+ * queue that does not move for ACK_TIMEOUT_MS (the next send then meets
+ * the link's state, as without pacing).
  */
-static int pace(struct src *s)
+static int ioc_coroutine_fn pace(struct src *s)
 {
 	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
-	struct timespec ts = { 0, 200000 };
 	int last = -1;
 
 	while (s->active && !s->held) {
@@ -1262,7 +1504,7 @@ static int pace(struct src *s)
 
 		if (ret <= 0)
 			return ret;
-		ret = serve_and_nap(s, &ts);
+		ret = serve_and_wait(s, ioc_now_ns() + QUEUE_LOOK_NS);
 		if (ret < 0)
 			return ret;
 	}
@@ -1270,7 +1512,7 @@ static int pace(struct src *s)
 }
 
 /* Copy [off, off + len) in chunks (block-aligned; the last may be short). */
-static int copy_range(struct src *s, uint64_t off, uint64_t len)
+static int ioc_coroutine_fn copy_range(struct src *s, uint64_t off, uint64_t len)
 {
 	while (len) {
 		uint32_t n = len > CHUNK_MAX ? CHUNK_MAX : (uint32_t)len;
@@ -1287,6 +1529,7 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 			return ret;
 		throttle_check(s, n);
 		admit_update(s, n);
+		engine_yield();
 		off += n;
 		len -= n;
 		if (s->pass == 1) {
@@ -1303,7 +1546,7 @@ static int copy_range(struct src *s, uint64_t off, uint64_t len)
 	return 0;
 }
 
-static int send_pass(struct src *s)
+static int ioc_coroutine_fn send_pass(struct src *s)
 {
 	struct ioc_mig_rec r = { .type = IOC_MIG_PASS };
 	int ret = drain(s); /* a pass's records before the next PASS */
@@ -1323,7 +1566,7 @@ static int send_pass(struct src *s)
 }
 
 /* Pass 1: every block; holes (whole blocks of them) without reading. */
-static int pass_full(struct src *s)
+static int ioc_coroutine_fn pass_full(struct src *s)
 {
 	uint64_t off = 0;
 	int ret = send_pass(s);
@@ -1381,7 +1624,7 @@ static int pass_full(struct src *s)
 
 
 /* A pass over what the bitmap says changed. */
-static int pass_dirty(struct src *s)
+static int ioc_coroutine_fn pass_dirty(struct src *s)
 {
 	uint64_t off = 0;
 	int ret = send_pass(s);
@@ -1422,7 +1665,7 @@ static void pass_end(struct src *s)
 	pthread_mutex_unlock(&s->m->lock);
 }
 
-static int connect_to(struct src *s, const char *uri)
+static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 {
 	char host[256], port[16];
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -1449,6 +1692,9 @@ static int connect_to(struct src *s, const char *uri)
 			fd = -1;
 			continue;
 		}
+		/* Until it connects or fails (writable), times out or a cancel
+		 * kicks: a look without waiting, then a wait on the loop. */
+		s->sock = fd;
 		for (;;) {
 			struct pollfd pf = { fd, POLLOUT, 0 };
 			int so = 0;
@@ -1458,17 +1704,22 @@ static int connect_to(struct src *s, const char *uri)
 				err = -ECANCELED;
 				break;
 			}
-			if (poll(&pf, 1, 50) == 0) {
+			if (poll(&pf, 1, 0) == 0) {
 				if (ioc__nbd_mig_now_ms() > deadline) {
 					err = -ETIMEDOUT;
 					break;
 				}
+				err = wait_writable(s, ioc_now_ns() + (deadline -
+						    ioc__nbd_mig_now_ms() + 1) * 1000000);
+				if (err < 0)
+					break;
 				continue;
 			}
 			getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
 			err = -so;
 			break;
 		}
+		s->sock = -1;
 		if (err < 0) {
 			close(fd);
 			fd = -1;
@@ -1480,9 +1731,6 @@ static int connect_to(struct src *s, const char *uri)
 	if (fd < 0)
 		return err == -ECANCELED ? err :
 		       fail(s, err, "Failed to connect to '%s': %s", uri, strerror(-err));
-	/* Blocking from here: the thread waits in send(); a cancel shuts the
-	 * socket down to wake it. */
-	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	int one = 1, buf = 4 << 20;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
@@ -1500,7 +1748,15 @@ static int connect_to(struct src *s, const char *uri)
 		if (!s->m->host.tls)
 			return fail(s, -EINVAL, "tls-creds is set but this server has no TLS "
 				    "credentials (--tls-certificates or --tls-psk)");
+		if (!s->m->host.tls->nonblock)
+			return fail(s, -ENOTSUP, "This server's TLS sessions cannot run "
+				    "non-blocking");
+		/* The handshake blocks this thread (bounded by GnuTLS's
+		 * timeout; a cancel shuts the socket down): nothing else runs
+		 * on its loop yet. */
+		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, &s->tls, e, sizeof(e));
+		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 		if (r < 0)
 			return cancelled(s) ? -ECANCELED :
 			       fail(s, r, "TLS handshake with the destination failed: %s", e);
@@ -1510,12 +1766,14 @@ static int connect_to(struct src *s, const char *uri)
 
 /*
  * Wait until the stream's send queue (bytes not yet acknowledged by the
- * destination, SIOCOUTQ) is down to SENT_SLACK.  Polls every millisecond;
- * a cancel or a dead link ends it, and so does a queue that does not move
+ * destination, SIOCOUTQ) is down to SENT_SLACK, looking every
+ * QUEUE_LOOK_NS on a loop timer (the answer reader runs meanwhile); a
+ * cancel or a dead link ends it, and so does a queue that does not move
  * for ACK_TIMEOUT_MS (the switch-over then goes ahead and the ACK wait
- * reports the link).
+ * reports the link).  Mirrored writes wait meanwhile (their records would
+ * fill the queue again): the hold that follows answers them.
  */
-static int wait_sent(struct src *s)
+static int ioc_coroutine_fn wait_sent(struct src *s)
 {
 	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
 	int last = -1;
@@ -1525,7 +1783,7 @@ static int wait_sent(struct src *s)
 
 		if (ret <= 0)
 			return ret;
-		poll(NULL, 0, 1);
+		engine_wait(s, ioc_now_ns() + QUEUE_LOOK_NS);
 	}
 }
 
@@ -1540,15 +1798,15 @@ static int wait_sent(struct src *s)
  * records are applied by the destination's reader in order, so its MACK
  * says the backlog is gone (with compression, up to the workers' queue).
  * The block goes by the usual rule (cleared, read, sent), so sending it
- * again is harmless.  An answer reader that ended (failure) or a queue
- * without progress for ACK_TIMEOUT_MS ends the wait; the next steps then
- * report the link.
+ * again is harmless.  The wait sleeps until a MACK (the reader kicks
+ * while want_mack), a mirrored write (served) or a cancel kicks.  An
+ * answer reader that ended (failure) or ACK_TIMEOUT_MS without the MACK
+ * ends it; the next steps then report the link.
  */
-static int fence(struct src *s)
+static int ioc_coroutine_fn fence(struct src *s)
 {
 	struct ioc__nbd_mig *m = s->m;
-	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
-	struct timespec ts = { 0, 200000 };
+	int64_t deadline = ioc_now_ns() + (int64_t)ACK_TIMEOUT_MS * 1000000;
 	uint64_t seq;
 	int ret;
 
@@ -1563,35 +1821,46 @@ static int fence(struct src *s)
 	if (ret < 0)
 		return ret;
 	seq = ++s->mir_next;
+	s->want_mack = true;
 	for (;;) {
 		bool done;
 
 		pthread_mutex_lock(&m->mir_lock);
 		done = m->mir_acked >= seq || m->ans_done;
 		pthread_mutex_unlock(&m->mir_lock);
-		if (done || ioc__nbd_mig_now_ms() > deadline)
-			return 0;
-		if (cancelled(s))
-			return -ECANCELED;
-		ret = serve_and_nap(s, &ts);
+		if (done || ioc_now_ns() >= deadline)
+			break;
+		if (cancelled(s)) {
+			ret = -ECANCELED;
+			break;
+		}
+		ret = serve_and_wait(s, deadline);
 		if (ret < 0)
-			return ret;
+			break;
 	}
+	s->want_mack = false;
+	return ret;
 }
 
 /* Wait for the destination's ACK (not cancellable: END is out), read by
- * ack_reader(). */
-static int wait_ack(struct src *s, uint32_t sum)
+ * ack_reader(), which kicks when it ends; the timeout is the timer. */
+static int ioc_coroutine_fn wait_ack(struct src *s, uint32_t sum)
 {
 	struct ioc__nbd_mig *m = s->m;
-	struct timespec ts;
-	int ret = 0, rc = 0;
+	int64_t deadline = ioc_now_ns() + (int64_t)ACK_TIMEOUT_MS * 1000000;
+	int ret = 0;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += ACK_TIMEOUT_MS / 1000;
+	for (;;) {
+		bool done;
+
+		pthread_mutex_lock(&m->mir_lock);
+		done = m->ans_done;
+		pthread_mutex_unlock(&m->mir_lock);
+		if (done || ioc_now_ns() >= deadline)
+			break;
+		engine_wait(s, deadline);
+	}
 	pthread_mutex_lock(&m->mir_lock);
-	while (!m->ans_done && rc != ETIMEDOUT)
-		rc = pthread_cond_timedwait(&m->mir_cond, &m->mir_lock, &ts);
 	if (!m->ans_done)
 		ret = fail(s, -ETIMEDOUT, "No answer from the destination");
 	else if (m->ans_ret < 0)
@@ -1607,7 +1876,7 @@ static int wait_ack(struct src *s, uint32_t sum)
 	return ret;
 }
 
-static int run(struct src *s, const char *uri)
+static int ioc_coroutine_fn run(struct src *s, const char *uri)
 {
 	struct ioc__nbd_mig *m = s->m;
 	struct ioc_wq_opts wo = {
@@ -1619,6 +1888,10 @@ static int run(struct src *s, const char *uri)
 		.policy = IOC_WQ_ROUND_ROBIN,
 		.in_order = true,
 		.name = "ioc-mig-z",
+		/* Handed back by a bottom half on this loop (slot_done()). */
+		.loop = s->loop,
+		.done = slot_done,
+		.done_opaque = s,
 	};
 	struct ioc_mig_hdr h = { .version = IOC_MIG_VERSION, .image_size = s->size,
 				 .block_size = s->block };
@@ -1673,10 +1946,12 @@ static int run(struct src *s, const char *uri)
 	m->mir_wait_tail = &m->mir_wait;
 	m->mir_sent_tail = &m->mir_sent;
 	pthread_mutex_unlock(&m->mir_lock);
-	ret = pthread_create(&s->reader, NULL, ack_reader, s);
-	if (ret != 0)
-		return fail(s, -ret, "Cannot start the answer reader: %s", strerror(ret));
+	s->reader = ioc_co_create(ack_reader, s);
+	if (!s->reader)
+		return fail(s, -ENOMEM, "Cannot start the answer reader: %s", strerror(ENOMEM));
 	s->reader_running = true;
+	/* From inside this coroutine: it starts once the engine yields. */
+	ioc_co_wake(s->reader);
 	pthread_mutex_lock(&m->lock);
 	m->st.transferred += sizeof(hb);
 	m->t_setup = ioc__nbd_mig_now_ms();
@@ -1757,15 +2032,19 @@ static int run(struct src *s, const char *uri)
 	gate_all(m, IOC_NODE_GATE_HOLD);
 	s->held = true;
 	if (s->p.pause_before_switchover) {
-		pthread_mutex_lock(&m->lock);
-		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_PRE_SWITCHOVER);
-		/* Woken by migrate-continue, migrate_cancel or the answer
-		 * reader's end (each broadcasts under the lock after setting
-		 * cont, cancel or dest_gone). */
-		while (!m->cont && !cancelled(s) && !m->dest_gone)
-			pthread_cond_wait(&m->cond, &m->lock);
-		bool gone = m->dest_gone;
-		pthread_mutex_unlock(&m->lock);
+		bool go = false, gone = false;
+
+		set_status(m, IOC_MIG_ST_PRE_SWITCHOVER);
+		/* Kicked by migrate-continue, migrate_cancel or the answer
+		 * reader's end, each after setting cont, cancel or dest_gone. */
+		while (!go && !cancelled(s)) {
+			pthread_mutex_lock(&m->lock);
+			go = m->cont || m->dest_gone;
+			gone = m->dest_gone;
+			pthread_mutex_unlock(&m->lock);
+			if (!go)
+				engine_wait(s, INT64_MAX);
+		}
 		if (cancelled(s))
 			return -ECANCELED;
 		if (gone) {
@@ -1822,13 +2101,37 @@ struct start_args {
 	uint64_t size;
 };
 
-static void *source_thread(void *opaque)
+/* The engine's last word (its loop's thread): the outcome, then
+ * thread_done, broadcast for ioc__nbd_mig_free(), and mig_bh joins. */
+static void engine_end(struct ioc__nbd_mig *m, int ret, const char *why)
+{
+	pthread_mutex_lock(&m->lock);
+	if (m->sock >= 0) {
+		close(m->sock);
+		m->sock = -1;
+	}
+	m->result = ret;
+	if (ret < 0 && ret != -ECANCELED)
+		snprintf(m->error, sizeof(m->error), "%s", why[0] ? why : strerror(-ret));
+	m->thread_done = true;
+	pthread_cond_broadcast(&m->cond);
+	ioc_bh_schedule(m->bh);
+	pthread_mutex_unlock(&m->lock);
+}
+
+/* The engine: a coroutine on its own I/O thread's loop. */
+static void ioc_coroutine_fn source_co(void *opaque)
 {
 	struct start_args *a = opaque;
-	struct src s = { .m = a->m, .p = a->p, .fd = -1, .sock = -1, .size = a->size,
-			 .block = (uint32_t)a->p.granularity, .bm = a->m->bm };
+	struct ioc__nbd_mig *m = a->m;
+	struct src s = { .m = m, .p = a->p, .fd = -1, .sock = -1, .size = a->size,
+			 .block = (uint32_t)a->p.granularity, .bm = m->bm };
 	int ret;
 
+	m->eng_co = ioc_co_self();
+	s.loop = ioc_loop_current();
+	s.done_tail = &s.done;
+	ioc_timer_init(&s.timer, s.loop, engine_timer, &s);
 	s.fd = open(a->path, O_RDONLY | O_CLOEXEC);
 	if (s.fd < 0)
 		ret = fail(&s, -errno, "Cannot open %s: %s", a->path, strerror(errno));
@@ -1836,11 +2139,12 @@ static void *source_thread(void *opaque)
 		ret = run(&s, a->uri);
 	mirror_stop(&s);
 	if (s.reader_running) {
-		pthread_mutex_lock(&a->m->mir_lock);
-		if (!a->m->ans_done)
+		pthread_mutex_lock(&m->mir_lock);
+		if (!m->ans_done)
 			shutdown(s.sock, SHUT_RDWR); /* ends its read */
-		pthread_mutex_unlock(&a->m->mir_lock);
-		pthread_join(s.reader, NULL);
+		pthread_mutex_unlock(&m->mir_lock);
+		while (s.reader_running) /* its end kicks */
+			engine_wait(&s, INT64_MAX);
 	}
 	if (s.wq) {
 		snapshot_workers(&s);
@@ -1853,26 +2157,60 @@ static void *source_thread(void *opaque)
 	}
 	free(s.slots);
 	ioc_mig_crcs_free(s.crcs);
-	if (s.tls)
-		a->m->host.tls->end(s.tls, ret == 0);
+	if (s.tls) {
+		/* The closing alert waits like the handshake did. */
+		if (ret == 0)
+			fcntl(s.sock, F_SETFL, fcntl(s.sock, F_GETFL) & ~O_NONBLOCK);
+		m->host.tls->end(s.tls, ret == 0);
+	}
 	if (s.fd >= 0)
 		close(s.fd);
 	if (ret < 0 && cancelled(&s))
 		ret = -ECANCELED;
-	pthread_mutex_lock(&a->m->lock);
-	if (a->m->sock >= 0) {
-		close(a->m->sock);
-		a->m->sock = -1;
-	}
-	a->m->result = ret;
-	if (ret < 0 && ret != -ECANCELED)
-		snprintf(a->m->error, sizeof(a->m->error), "%s",
-			 s.why[0] ? s.why : strerror(-ret));
-	a->m->thread_done = true;
-	ioc_bh_schedule(a->m->bh);
-	pthread_mutex_unlock(&a->m->lock);
 	free(a);
-	return NULL;
+	engine_end(m, ret, s.why);
+}
+
+/* The engine's loop, first: the engine starts (and runs until it first
+ * waits). */
+static void engine_enter(void *opaque)
+{
+	struct start_args *a = opaque;
+	struct ioc_co *co = ioc_co_create(source_co, a);
+
+	if (!co) {
+		struct ioc__nbd_mig *m = a->m;
+
+		free(a);
+		engine_end(m, -ENOMEM, "Cannot start the migration: out of memory");
+		return;
+	}
+	ioc_co_enter(co);
+}
+
+/* Main loop: the engine's I/O thread, and the engine on it.  Without
+ * adaptive polling: it waits for the link and for kicks, and shares the
+ * cores with the workers and the front end. */
+static int engine_start(struct ioc__nbd_mig *m, struct start_args *a)
+{
+	struct ioc_iothread_opts o = {
+		.name = "ioc-mig", .cpu = -1, .loop = { .poll_max_ns = -1 },
+	};
+	int r = ioc_iothread_start(&m->eng, &o);
+
+	if (r < 0)
+		return r;
+	m->eng_loop = ioc_iothread_loop(m->eng);
+	/* Relaxed: the oneshot's post publishes it to the engine, and no
+	 * kicker reads it before the engine's first sleep. */
+	atomic_store_explicit(&m->eng_state, ENG_RUNNING, memory_order_relaxed);
+	r = ioc_loop_oneshot(m->eng_loop, engine_enter, a);
+	if (r < 0) {
+		ioc_iothread_stop(m->eng);
+		m->eng = NULL;
+		m->eng_loop = NULL;
+	}
+	return r;
 }
 
 /* The gate of every node that writes the migrated image as it is: the
@@ -2294,7 +2632,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	m->end_sent = false;
 	m->thread_done = false;
 	m->result = 0;
-	/* relaxed: no thread runs yet (pthread_create orders it). */
+	/* relaxed: no engine runs yet (its start orders it). */
 	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
 	ioc__nbd_mig_begin_locked(m);
@@ -2307,7 +2645,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	atomic_store_explicit(&m->hook, false, memory_order_relaxed);
 	if (m->nt_added)
 		ioc_node_add_notifier(n, &m->nt);
-	r = pthread_create(&m->thread, NULL, source_thread, a);
+	r = -engine_start(m, a);
 	if (r != 0) {
 		free(a);
 		if (m->nt_added)
@@ -2449,7 +2787,7 @@ json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args,
 		return NULL;
 	}
 	m->cont = true;
-	pthread_cond_broadcast(&m->cond);
+	engine_kick(m); /* the pre-switchover wait */
 	pthread_mutex_unlock(&m->lock);
 	return json_object();
 }
@@ -2462,12 +2800,14 @@ json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args,
 		return json_object(); /* QEMU: nothing to cancel is no error */
 	pthread_mutex_lock(&m->lock);
 	if (!m->end_sent && !m->thread_done) {
-		/* relaxed: the thread polls it; the broadcast (pre-switchover
-		 * waits) and the shutdown (a blocked send) wake it. */
+		/* relaxed: the engine looks at it at each step; the kick
+		 * (whatever it waits for) and the shutdown (a blocking TLS
+		 * handshake) wake it. */
 		atomic_store_explicit(&m->cancel, true, memory_order_relaxed);
 		if (m->sock >= 0)
 			shutdown(m->sock, SHUT_RDWR);
-		pthread_cond_broadcast(&m->cond);
+		if (!m->incoming)
+			engine_kick(m);
 		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_CANCELLING);
 	}
 	pthread_mutex_unlock(&m->lock);

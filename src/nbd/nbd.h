@@ -245,13 +245,15 @@ void ioc_nbd_server_retire(struct ioc_nbd_server *srv);
 void ioc_nbd_server_set_job(struct ioc_nbd_server *srv, void *job, void (*stop)(void *job));
 void *ioc_nbd_server_job(struct ioc_nbd_server *srv);
 /*
- * Blocking TLS sessions on a job's own socket, with the server's
+ * TLS sessions on a job's own socket, with the server's
  * credentials (ioc_nbd_server_set_tls(); has_tls says whether there are
  * any): accept is a server handshake (client certificates required with
  * verify_peer), connect a client one (X.509: ca-cert.pem verifies the
  * peer against hostname, client-cert.pem and client-key.pem are presented
  * if present; PSK: the file's first line).  -errno with the reason in
- * err.  recv and send return bytes, 0 at EOF (recv), or -errno; end frees
+ * err (both handshakes block).  recv and send return bytes, 0 at EOF
+ * (recv), or -errno, -EAGAIN when the socket is non-blocking and would
+ * block (a send then wants the same buffer and length again); end frees
  * the session, after a closing alert when bye.  The job's threads.
  */
 bool ioc_nbd_server_has_tls(struct ioc_nbd_server *srv);

@@ -24,13 +24,13 @@
  *  - Decrypted bytes may wait in GnuTLS: ioc__nbd_tls_pending() says so.
  *  - A job's own socket (the migration stream, src/migrate, through
  *    ioc_nbd_server_tls_*() in server.c) uses the same credentials in
- *    blocking sessions on the job's threads: the destination handshakes as
- *    a server with them; the source builds client credentials
- *    per migration from the same files (ca-cert.pem to verify the destination
- *    against its host name, client-cert.pem and client-key.pem if present,
- *    the first PSK line).  Those sessions sleep in recv()/send() like the
- *    plain stream; a cancel shuts the socket down, failing the pending GnuTLS
- *    call.
+ *    sessions on the job's threads: the destination handshakes as a server
+ *    with them; the source builds client credentials per migration from the
+ *    same files (ca-cert.pem to verify the destination against its host
+ *    name, client-cert.pem and client-key.pem if present, the first PSK
+ *    line).  Both handshake blocking; then the destination's socket keeps
+ *    blocking, the source's turns non-blocking and its recv/send return
+ *    -EAGAIN for its loop to wait on.  A cancel shuts the socket down.
  *
  * Rejected.  kTLS (the kernel encrypting after a user-space handshake) would
  * keep the data path's sendmsg, but needs the session keys exported into
@@ -508,8 +508,12 @@ ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len)
 
 		if (r >= 0)
 			return r;
-		if (r == GNUTLS_E_INTERRUPTED || r == GNUTLS_E_AGAIN)
+		if (r == GNUTLS_E_INTERRUPTED)
 			continue;
+		/* Only on a non-blocking socket (the source's engine): it waits
+		 * for readability; GnuTLS has no decrypted bytes left then. */
+		if (r == GNUTLS_E_AGAIN)
+			return -EAGAIN;
 		/* The stream's framing says whether anything was cut short. */
 		if (r == GNUTLS_E_PREMATURE_TERMINATION)
 			return 0;
@@ -528,8 +532,13 @@ ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len)
 
 		if (r >= 0)
 			return r;
-		if (r == GNUTLS_E_INTERRUPTED || r == GNUTLS_E_AGAIN)
+		if (r == GNUTLS_E_INTERRUPTED)
 			continue;
+		/* Non-blocking socket: the record is encrypted and buffered;
+		 * the caller calls again with the same buf and len once the
+		 * socket is writable (migrate.h). */
+		if (r == GNUTLS_E_AGAIN)
+			return -EAGAIN;
 		return io_errno(r);
 	}
 }
