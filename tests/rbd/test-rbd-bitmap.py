@@ -62,6 +62,7 @@ class Daemon:
             stdout=self.log, stderr=subprocess.STDOUT)
         started.append(self.p)
         self.f = None
+        self.events = []
         for _ in range(600):
             if self.p.poll() is not None:
                 break
@@ -89,6 +90,21 @@ class Daemon:
             r = json.loads(self.f.readline())
             if "event" not in r:
                 return r
+            self.events.append(r)
+
+    def wait_event(self, name, **data):
+        """The event NAME with DATA, seen already or the next one to come
+        (60 s at most: the monitor socket's timeout); None if none came."""
+        while True:
+            for e in self.events:
+                if e["event"] == name and all(e.get("data", {}).get(k) == v
+                                              for k, v in data.items()):
+                    self.events.remove(e)
+                    return e
+            try:
+                self.events.append(json.loads(self.f.readline()))
+            except (OSError, ValueError):
+                return None
 
     def bitmaps(self):
         return self.cmd("query-named-block-nodes")["return"][0].get("dirty-bitmaps", [])
@@ -155,8 +171,13 @@ except ValueError:
     dirty = None
 ok(dirty == [[1048576, 65536], [10485760, 65536], [209715200, 131072]],
    "qemu-img map with x-dirty-bitmap agrees", out)
-# b keeps recording; one more write, then a clean stop.
-b.cmd("block-export-del", id="e")
+# b keeps recording; one more write, then a clean stop.  The clients
+# above have exited, but b may not have read their connections' end yet:
+# a safe block-export-del would be refused ("still in use") and the name
+# stay taken.  Hard mode, and the new export once the old one is gone.
+r = b.cmd("block-export-del", id="e", mode="hard")
+ev = b.wait_event("BLOCK_EXPORT_DELETED", id="e") if "return" in r else None
+ok(ev is not None, "daemon b deletes its read-only export", r)
 r = b.cmd("block-export-add", type="nbd", id="w", **{"node-name": "r"}, name="r",
           writable=True)
 rc, out = run("qemu-io", "-f", "raw", "-c", "write 512M 4k", b.uri())

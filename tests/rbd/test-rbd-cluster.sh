@@ -22,7 +22,7 @@ check() {
 		notok "$name"; echo "$out" | sed 's/^/# /' | tail -20; fi
 }
 
-echo "1..6"
+echo "1..7"
 if ! ceph_start; then
 	notok "cluster starts"
 	exit 1
@@ -35,9 +35,18 @@ check "ceph -s shows the OSD up" osd_up
 check "rbd info sees rbd/img" img_seen
 
 sock=$CEPH_DIR/nbd.sock
+# SIGTERM, then wait for the process to be gone (it closes the image as
+# it exits), 60 s at most; 1 if it is still there.
 qemu_nbd_stop() {
-	[ -f "$CEPH_DIR/nbd.pid" ] && kill "$(cat "$CEPH_DIR/nbd.pid")" 2>/dev/null
+	[ -f "$CEPH_DIR/nbd.pid" ] || return 0
+	pid=$(cat "$CEPH_DIR/nbd.pid")
 	rm -f "$CEPH_DIR/nbd.pid"
+	kill "$pid" 2>/dev/null
+	i=0
+	while kill -0 "$pid" 2>/dev/null; do
+		[ $i -lt 600 ] || { echo "qemu-nbd (pid $pid) has not exited"; return 1; }
+		sleep 0.1; i=$((i + 1))
+	done
 }
 trap 'qemu_nbd_stop; ceph_stop' EXIT
 check "qemu-nbd serves rbd:rbd/img" timeout 60 qemu-nbd -f raw --fork \
@@ -46,5 +55,5 @@ check "qemu-io writes and reads back through it" timeout 60 qemu-io -f raw \
 	-c 'write -P 0xa5 0 1M' -c 'write -P 0x5a 3M 64k' \
 	-c 'read -P 0xa5 0 1M' -c 'read -P 0x5a 3M 64k' -c 'read -P 0 4M 64k' \
 	"nbd+unix:///?socket=$sock"
-qemu_nbd_stop
+check "qemu-nbd exits on SIGTERM" qemu_nbd_stop
 check "rbd diff shows the written extents" diff_seen

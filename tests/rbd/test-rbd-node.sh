@@ -52,13 +52,18 @@ qemu_nbd_start() {
 	timeout 60 qemu-nbd -f raw --fork --pid-file "$CEPH_DIR/nbd.pid" -k "$sock" -t \
 		"rbd:rbd/img:conf=$CEPH_CONF"
 }
+# SIGTERM, then wait for the process to be gone (it closes the image and
+# gives up the lock as it exits), 60 s at most; 1 if it is still there.
 qemu_nbd_stop() {
 	[ -f "$CEPH_DIR/nbd.pid" ] || return 0
 	pid=$(cat "$CEPH_DIR/nbd.pid")
+	rm -f "$CEPH_DIR/nbd.pid"
 	kill "$pid" 2>/dev/null
 	i=0
-	while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-	rm -f "$CEPH_DIR/nbd.pid"
+	while kill -0 "$pid" 2>/dev/null; do
+		[ $i -lt 600 ] || { echo "qemu-nbd (pid $pid) has not exited"; return 1; }
+		sleep 0.1; i=$((i + 1))
+	done
 }
 trap 'qemu_nbd_stop; ceph_stop' EXIT
 nbd="nbd+unix:///?socket=$sock"
@@ -91,7 +96,7 @@ PY
 check "block status matches rbd diff --whole-object" cmp_map
 check "qemu-io writes through qemu-nbd" timeout 60 qemu-io -f raw \
 	-c 'write -P 0x5a 100M 1M' "$nbd"
-qemu_nbd_stop
+check "qemu-nbd exits on SIGTERM" qemu_nbd_stop
 
 phase verify
 
