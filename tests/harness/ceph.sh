@@ -193,8 +193,9 @@ ceph_start_once() {
 	done
 
 	_id=$(cephc osd create) || { ceph_log "osd create failed"; return 1; }
-	cephc osd crush add "osd.$_id" 1.0 root=default >/dev/null 2>&1 ||
-		{ ceph_log "osd crush add failed"; return 1; }
+	cephc osd crush add "osd.$_id" 1.0 root=default >>"$CEPH_DIR/log/setup.log" 2>&1 ||
+		{ ceph_log "osd crush add failed"; tail -5 "$CEPH_DIR/log/setup.log" |
+			sed 's/^/# /' >&2; return 1; }
 	ceph-osd -c "$CEPH_CONF" -i "$_id" --mkfs >>"$CEPH_DIR/log/setup.log" 2>&1 ||
 		{ ceph_log "ceph-osd --mkfs failed"; tail -20 "$CEPH_DIR/log/setup.log" >&2; return 1; }
 	ceph-osd -c "$CEPH_CONF" -i "$_id" -f >>"$CEPH_DIR/log/osd.out" 2>&1 &
