@@ -114,6 +114,7 @@ static void mig_bh(void *opaque)
 	struct ioc__nbd_mig *m = opaque;
 	bool done;
 
+	ioc__nbd_mig_handover_bh(m);
 	for (;;) {
 		const char *name;
 		int64_t v;
@@ -1891,6 +1892,10 @@ static void source_finish(struct ioc__nbd_mig *m)
 {
 	int result;
 
+	if (m->handover) {
+		ioc__nbd_mig_handover_finish(m);
+		return;
+	}
 	pthread_mutex_lock(&m->lock);
 	result = m->result;
 	pthread_mutex_unlock(&m->lock);
@@ -1976,6 +1981,7 @@ static const struct { const char *name; size_t off; } caps[] = {
 	{ "events", offsetof(struct ioc__mig_params, events) },
 	{ "pause-before-switchover", offsetof(struct ioc__mig_params, pause_before_switchover) },
 	{ "auto-converge", offsetof(struct ioc__mig_params, auto_converge) },
+	{ "__org.iocore_handover", offsetof(struct ioc__mig_params, handover) },
 };
 
 /* The capabilities and parameters a command checked, in force from now. */
@@ -2230,6 +2236,13 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 		ioc__qmp_errf(err, "Parameter 'resume' is not supported: there is no postcopy");
 		return NULL;
 	}
+	/* A destination that took its image serves it, and may send it on. */
+	if (m->incoming && !busy(m) && m->listen_fd < 0 && m->host.serving(m->host.opaque)) {
+		pthread_mutex_lock(&m->lock);
+		if (m->status == IOC_MIG_ST_COMPLETED)
+			m->incoming = false;
+		pthread_mutex_unlock(&m->lock);
+	}
 	if (busy(m) || m->incoming) {
 		ioc__qmp_errf(err, m->incoming ? "Guest is waiting for an incoming migration" :
 		     "There's a migration process in progress");
@@ -2246,6 +2259,10 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	n = m->host.pick(m->host.opaque, err->desc, sizeof(err->desc));
 	if (!n)
 		return NULL;
+	/* Shared storage, or the capability: nothing to copy (handover.c). */
+	if (m->p.handover || ioc_node_shared_id(n))
+		return ioc__nbd_mig_handover_start(m, n, uri, err);
+	m->handover = false;
 	blk = ioc_node_blk(n);
 	size = n->size;
 	ioc_blk_get_info(blk, &bi);
@@ -2358,7 +2375,8 @@ json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args,
 	} else if (m->incoming) {
 		remaining = st.total > st.read_bytes ? st.total - st.read_bytes : 0;
 	}
-	ret = json_pack("{s:s}", "status", status_names[status]);
+	ret = json_pack("{s:s,s:s}", "status", status_names[status], "__org.iocore_mode",
+			m->handover ? "handover" : "copy");
 	if (!ret)
 		return NULL;
 	if (status == IOC_MIG_ST_SETUP) {
