@@ -237,7 +237,7 @@ static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 			continue;
 		if (n <= 0)
 			return ho_cancelled(s->m) ? -ECANCELED :
-			       ho_fail(s->why, sizeof(s->why), n < 0 ? -EPIPE : -EPIPE,
+			       ho_fail(s->why, sizeof(s->why), -EPIPE,
 				       "The destination closed the stream before it was ready");
 		got += (size_t)n;
 	}

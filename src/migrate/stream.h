@@ -1,20 +1,18 @@
 /*
  * The iocore migration stream: how one iocore-nbd sends the image it
- * serves to another while clients keep writing (source.c,
- * dest.c), and nothing else: encoding, decoding and checks, with
- * no I/O, so the fuzzer and the unit tests drive it on byte buffers.
+ * serves to another while clients keep writing (source.c, dest.c):
+ * encoding, decoding and checks, with no I/O, so the fuzzer and the unit
+ * tests drive it on byte buffers.
  *
- * Problem: the stream crosses a network between two processes that must
- * agree on every byte of a disk image, and the receiving side must never
- * serve an image that is not exactly the sender's.  A lost, repeated,
- * reordered, truncated or corrupted record must be detected, and a
- * hostile stream must not make the receiver write outside the image or
- * allocate without bound.
+ * Problem: the receiver must never serve an image that is not exactly
+ * the sender's: a lost, repeated, reordered, truncated or corrupted record
+ * must be detected, and a hostile stream must not make it write outside
+ * the image or allocate without bound.
  *
  * Design: a fixed header, then records, all integers big-endian (as NBD).
- *  - Header (IOC_MIG_HDR_SIZE bytes): magic, version, flags (0, or
- *    HANDOVER: see below), the image size, the block size (the granularity of the image checksum
- *    and of dirty tracking, a power of two), then a CRC-32 of the header.
+ *  - Header (IOC_MIG_HDR_SIZE bytes): magic, version, flags (0 or
+ *    HANDOVER), the image size, the block size (the granularity of the
+ *    checksum and of dirty tracking, a power of two), its CRC-32.
  *  - Record header (IOC_MIG_REC_SIZE bytes): type, flags, offset, length
  *    (decoded bytes), payload length (bytes on the wire that follow),
  *    CRC-32 of the decoded data, CRC-32 of the record header itself.
@@ -24,21 +22,16 @@
  *    of one pass never overlap, so a receiver may apply a pass's records
  *    in any order, but must finish a pass before applying the next one.
  *    END carries the image checksum; the receiver answers with ACK.
- *    MIRROR (version 2) is a client write mirrored while the source waits:
- *    raw data that may overlap any earlier record, so the receiver applies
- *    it after every earlier record touching its blocks and before any
- *    later one, then answers MACK with the count of MIRROR records applied
- *    so far (cumulative: one MACK may answer several).
- *  - A hand-over stream (header flag IOC_MIG_F_HANDOVER: both ends open
- *    one image on shared storage, and no data moves) carries one record,
- *    HANDOVER: the image's shared id (ioc_node_shared_id()) as payload,
- *    the size as offset, once the source let the image go; the receiver
- *    takes it, serves it and answers READY (offset 0 or an errno).
- *  - The image checksum is computed from per-block CRCs, not from a
- *    rereading of the image: CRC-32 over the big-endian array of every
- *    block's CRC-32, in block order.  The sender knows each block's CRC
- *    from the last time it sent it; the receiver from the data it checked
- *    and wrote.  So the final check costs no I/O during the switch-over.
+ *    MIRROR (version 2), a client write the source waits for: raw data
+ *    that may overlap any record, applied after every earlier one on its
+ *    blocks and before any later one; MACK answers with the count of
+ *    MIRROR records applied so far.
+ *  - A hand-over stream (flag IOC_MIG_F_HANDOVER: both ends open one image
+ *    on shared storage) has one record, HANDOVER, naming the image (its
+ *    shared id); the receiver takes it over and answers READY.
+ *  - The image checksum: CRC-32 over the big-endian array of every
+ *    block's CRC-32, in block order, which each side knows from the data
+ *    it last sent or wrote: the final check costs no I/O.
  *
  * Rejected: a checksum of the reread image at the end (seconds of reads
  * while clients wait); one record per block (a 32-byte header per 4 KiB

@@ -15,11 +15,12 @@ would be:
  4. Refusals: a destination with another image (B serves on), a file node
     with the capability.
  5. B stops cleanly: no lock left.
+ 6. iocore-storage-daemon's export of an rbd node hands over the same way.
 TAP on stdout; every wait is bounded; nothing asserts on timing."""
 import atexit, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile
 import threading, time
 
-NBD, CONF = sys.argv[1], sys.argv[2]
+NBD, CONF, DAEMON = sys.argv[1], sys.argv[2], sys.argv[3]
 DIR = tempfile.mkdtemp(prefix="ioc-rbdho.", dir=os.environ.get("CEPH_DIR", "/tmp"))
 IMG = "rbd:rbd/img:conf=" + CONF
 n = fails = 0
@@ -207,7 +208,7 @@ class Writer(threading.Thread):
 # ---- iocore-nbd and its control socket --------------------------------------
 
 class Server:
-    def __init__(self, tag, image=IMG, incoming=None, extra=()):
+    def __init__(self, tag, image=IMG, incoming=None, extra=(), argv=None):
         self.tag = tag
         self.sock = os.path.join(DIR, tag + ".sock")
         self.ctl = os.path.join(DIR, tag + ".ctl")
@@ -216,16 +217,20 @@ class Server:
         cmd = [NBD, "-v", "-U", self.sock, "--control", self.ctl, "--iothreads", "1"]
         if incoming:
             cmd += ["--incoming", incoming]
-        self.p = subprocess.Popen(cmd + list(extra) + [image], stdout=self.log,
-                                  stderr=subprocess.STDOUT)
+        cmd += list(extra) + [image]
+        if argv:
+            cmd = argv(self)
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         started.append(self.p)
-        self.f = None
+        self.f, self.events = None, []
         want = "waiting for an incoming migration" if incoming else "serving"
+        up = (lambda: os.path.exists(self.ctl) and os.path.exists(self.sock)) if argv else \
+            (lambda: want in self.output())
         for _ in range(600):
-            if self.p.poll() is not None or want in self.output():
+            if self.p.poll() is not None or up():
                 break
             time.sleep(0.05)
-        if self.p.poll() is None and want in self.output():
+        if self.p.poll() is None and up():
             sk = socket.socket(socket.AF_UNIX)
             sk.settimeout(60)
             sk.connect(self.ctl)
@@ -247,6 +252,8 @@ class Server:
             r = json.loads(self.f.readline())
             if "event" not in r:
                 return r
+            if r["event"] == "MIGRATION":
+                self.events.append(r["data"]["status"])
 
     def caps(self, c):
         return self.cmd("migrate-set-capabilities", capabilities=[
@@ -318,6 +325,13 @@ ok(q.get("status") == "completed" and q.get("__org.iocore_mode") == "handover",
    "A's query-migrate: completed, mode handover", q)
 ok(q.get("disk", {}).get("transferred", 1 << 30) < 4096,
    "no image data went over the stream", q)
+for _ in range(100):
+    if "completed" in a.events:
+        break
+    a.cmd("query-migrate")
+    time.sleep(0.02)
+ok(a.events == ["setup", "active", "device", "completed"],
+   "A's MIGRATION events: setup, active, device, completed", a.events)
 down_ms = q.get("downtime", -1)
 ok(down_ms >= 0, "A reports the downtime (%s ms)" % down_ms, q)
 qb = b.wait("completed", "failed")
@@ -411,6 +425,36 @@ fsrv.stop()
 # 5. A clean stop lets the lock go.
 ok(b.stop() == 0, "B stops cleanly", b.output())
 ok(locker() is None, "no lock is left", locker())
+
+# 6. The storage daemon's export, handed over to iocore-nbd.
+node = {"driver": "rbd", "node-name": "r", "pool": "rbd", "image": "img", "conf": CONF}
+d = Server("d", argv=lambda sv: [DAEMON, "--blockdev", json.dumps(node),
+    "--nbd-server", "addr.type=unix,addr.path=" + sv.sock,
+    "--export", "type=nbd,id=e,node-name=r,name=,writable=on",
+    "--chardev", "socket,id=m,path=%s,server=on,wait=off" % sv.ctl, "--monitor", "chardev=m"])
+ok(d.f is not None, "iocore-storage-daemon exports the rbd node", d.output())
+lock_d = locker()
+g, uri = handover(d, "g")
+r = d.cmd("migrate", uri=uri)
+ok("__org.iocore_handover" in r.get("error", {}).get("desc", ""),
+   "the daemon refuses it without the capability", r)
+d.caps({"__org.iocore_handover": True})
+r = d.cmd("migrate", uri=uri)
+q = d.wait("completed", "failed", "cancelled")
+ok("return" in r and q.get("status") == "completed" and q.get("__org.iocore_mode") ==
+   "handover", "the daemon hands its export over", [r, q])
+ok(lock_d and locker() not in (None, lock_d), "the lock moved to the destination",
+   [lock_d, locker()])
+try:
+    k = Nbd(g.sock)
+    k.req(1, 8192, block(2, 7))
+    back = k.req(0, 8192, length=BS) == block(2, 7)
+    k.close()
+except (OSError, NbdError) as ex:
+    back = str(ex)
+ok(back is True, "the destination serves it", back)
+d.stop()
+ok(g.stop() == 0 and locker() is None, "both stop; no lock is left", locker())
 
 print("1..%d" % n)
 sys.exit(1 if fails else 0)

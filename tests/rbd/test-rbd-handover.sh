@@ -7,10 +7,11 @@ set -u
 . "${IOC_SOURCE_ROOT:-$(dirname "$0")/../..}/tests/harness/ceph.sh"
 ceph_require
 NBD=${IOC_BUILD_ROOT:-.}/tools/nbd/iocore-nbd
+DAEMON=${IOC_BUILD_ROOT:-.}/tools/daemon/iocore-storage-daemon
 if ! ceph_start; then
 	echo "not ok 1 - cluster starts"
 	echo "1..1"
 	exit 1
 fi
 timeout 300 python3 "${IOC_SOURCE_ROOT:-$(dirname "$0")/../..}/tests/rbd/test-rbd-handover.py" \
-	"$NBD" "$CEPH_CONF"
+	"$NBD" "$CEPH_CONF" "$DAEMON"
