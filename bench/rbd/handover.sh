@@ -108,13 +108,13 @@ class Server:
             time.sleep(0.05)
         k = socket.socket(socket.AF_UNIX)
         k.connect(self.ctl)
-        self.f = k.makefile("rw")
+        self.f, self.w = k.makefile("r"), k.makefile("w")
         self.f.readline()
         self.cmd("qmp_capabilities")
 
     def cmd(self, c, **a):
-        self.f.write(json.dumps({"execute": c, "arguments": a}) + "\n")
-        self.f.flush()
+        self.w.write(json.dumps({"execute": c, "arguments": a}) + "\n")
+        self.w.flush()
         while True:
             r = json.loads(self.f.readline())
             if "event" not in r:

@@ -234,7 +234,9 @@ class Server:
             sk = socket.socket(socket.AF_UNIX)
             sk.settimeout(60)
             sk.connect(self.ctl)
-            self.f = sk.makefile("rw")
+            # Two files: a text file that reads and writes drops what it
+            # read ahead at each write (an event behind a reply).
+            self.f, self.w = sk.makefile("r"), sk.makefile("w")
             self.f.readline()
             self.cmd("qmp_capabilities")
 
@@ -246,8 +248,8 @@ class Server:
         m = {"execute": c}
         if a:
             m["arguments"] = a
-        self.f.write(json.dumps(m) + "\n")
-        self.f.flush()
+        self.w.write(json.dumps(m) + "\n")
+        self.w.flush()
         while True:
             r = json.loads(self.f.readline())
             if "event" not in r:
