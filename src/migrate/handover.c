@@ -346,6 +346,13 @@ json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
 			      n->drv->name);
 		return NULL;
 	}
+	if (m->p.pause_before_switchover) {
+		/* The hold lasts milliseconds; a pause in it would hold the
+		 * clients for as long as the caller waits. */
+		ioc__qmp_errf(err, "Capability pause-before-switchover is not supported with "
+			      "__org.iocore_handover");
+		return NULL;
+	}
 	if (strlen(id) > IOC_MIG_MAX_SHARED_ID || !n->size) {
 		ioc__qmp_errf(err, "Node '%s' cannot be handed over (its name is too long, "
 			      "or it is empty)", n->name);

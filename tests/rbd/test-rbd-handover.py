@@ -309,6 +309,12 @@ caps = a.cmd("query-migrate-capabilities")["return"]
 ok({"capability": "__org.iocore_handover", "state": True} in caps,
    "query-migrate-capabilities lists it", caps)
 
+a.caps({"pause-before-switchover": True})
+r = a.cmd("migrate", uri="tcp:127.0.0.1:1")
+ok("pause-before-switchover" in r.get("error", {}).get("desc", ""),
+   "pause-before-switchover is refused with it", r)
+a.caps({"pause-before-switchover": False})
+
 # 2. A to B under a verifying writer.
 b, uri = handover(a, "b")
 ok(b.f is not None, "B waits for the hand-over", b.output())
