@@ -40,7 +40,8 @@ static bool host_serving(void *opaque)
 	return ioc_nbd_server_serving(opaque);
 }
 
-/* The one export whose node's image is a file. */
+/* The one export whose node's image is a file, or is on shared storage
+ * (handed over). */
 static struct ioc_node *host_pick(void *opaque, char *err, size_t errlen)
 {
 	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
@@ -48,7 +49,7 @@ static struct ioc_node *host_pick(void *opaque, char *err, size_t errlen)
 	struct ioc_node *node = NULL;
 
 	for (unsigned i = 0; i < n; i++) {
-		if (!ioc_node_blk(e[i].node))
+		if (!ioc_node_blk(e[i].node) && !ioc_node_shared_id(e[i].node))
 			continue;
 		if (node) {
 			snprintf(err, errlen, "Migration of more than one export is not supported");
@@ -57,7 +58,8 @@ static struct ioc_node *host_pick(void *opaque, char *err, size_t errlen)
 		node = e[i].node;
 	}
 	if (!node)
-		snprintf(err, errlen, "No export of an image file to migrate");
+		snprintf(err, errlen, "No export of an image file or of shared storage to "
+			 "migrate");
 	return node;
 }
 

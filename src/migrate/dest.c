@@ -93,6 +93,16 @@ static void *dest_thread(void *opaque)
 		}
 		tr.t = tls;
 	}
+	if (m->in_node) {
+		/* Shared storage: handed over, not copied (handover.c). */
+		struct ioc_mig_recv_opts o = {
+			.fd = a->fd, .image_fd = -1, .cancel = &m->cancel,
+			.tr = tls ? &tr : NULL,
+		};
+
+		ret = ioc__nbd_mig_handover_receive(m, &o, why, sizeof(why));
+		goto out;
+	}
 	img = open(a->image, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	if (img < 0) {
 		ret = -errno;
@@ -196,7 +206,8 @@ void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)
 		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
 	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
-	if (m->in_done)
+	/* A hand-over destination serves already (in_serve). */
+	if (m->in_done && !(m->in_node && result == 0))
 		m->in_done(m->in_opaque, result, result == 0 ? "" : why);
 }
 
@@ -247,6 +258,16 @@ int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_in
 	snprintf(m->image, sizeof(m->image), "%s", o->image);
 	m->in_done = o->done;
 	m->in_opaque = o->opaque;
+	m->in_node = o->node;
+	m->in_serve = o->serve;
+	m->handover = o->node != NULL;
+	if (o->node && (!o->serve || !ioc_node_shared_id(o->node) ||
+			ioc_node_is_active(o->node))) {
+		snprintf(err, errlen, "a hand-over needs a node on shared storage, opened "
+			 "inactive, and a serve callback");
+		m->incoming = false;
+		return -EINVAL;
+	}
 	if (!o->uri || strcmp(o->uri, "defer") == 0)
 		return 0;
 	return ioc__nbd_mig_incoming_start(m, o->uri, err, errlen);

@@ -72,6 +72,9 @@ struct ioc__mig_params {
 	/* __org.iocore_write-admission: while a migration runs, client writes
 	 * answered per MiB the copy sends (0: unbounded; source.c). */
 	unsigned write_admission;
+	/* __org.iocore_handover: an export of shared storage is handed over
+	 * (handover.c), nothing copied. */
+	bool handover;
 	char tls_creds[128];
 	char tls_hostname[256];
 };
@@ -187,6 +190,19 @@ struct ioc__nbd_mig {
 	uint32_t ans_type, ans_crc;
 	uint64_t ans_off;
 	char ans_why[128];
+	/* ---- hand-over (handover.c) ---- */
+	bool handover;                  /* main loop: this job hands over */
+	bool let_go;                    /* main loop: the source's node is
+					 * held and inactive */
+	int ho_req;                     /* lock: what the thread asks of the
+					 * main loop (HO_REQ_*, handover.c) */
+	bool ho_answered;               /* lock: done; broadcast on cond */
+	int ho_ret;                     /* lock: its result, ho_why the reason */
+	char ho_why[256];
+	int64_t ho_t_hold;              /* lock: ns, when the node was held */
+	struct ioc_node *in_node;       /* destination: the shared image,
+					 * opened inactive */
+	int (*in_serve)(void *opaque, struct ioc_node *n, char *err, size_t errlen);
 	/* destination */
 	int listen_fd;                  /* --incoming: waiting for the source */
 	char image[4096];
@@ -217,6 +233,20 @@ int64_t ioc__nbd_mig_now_ms(void);
 /* "tcp:HOST:PORT" into host and port; -EINVAL. */
 int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
 			   size_t pl);
+
+/* handover.c: the hand-over of a node on shared storage.  _start (main
+ * loop, from migrate, with the node picked) checks and starts the thread,
+ * or refuses with QEMU-style err; _bh (main loop, from mig_bh) answers
+ * what the thread asks (hold and inactivate, activate and serve); _finish
+ * (main loop, the thread joined) retires the source or gives it its node
+ * back; _receive (the destination's thread) takes one over the stream. */
+json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
+				    const char *uri, struct ioc__qmp_err *err);
+void ioc__nbd_mig_handover_bh(struct ioc__nbd_mig *m);
+void ioc__nbd_mig_handover_finish(struct ioc__nbd_mig *m);
+struct ioc_mig_recv_opts;
+int ioc__nbd_mig_handover_receive(struct ioc__nbd_mig *m, const struct ioc_mig_recv_opts *o,
+				  char *why, size_t whylen);
 
 /* dest.c: the destination's thread ended (main loop, from mig_bh). */
 void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m);

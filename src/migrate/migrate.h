@@ -57,7 +57,9 @@ struct ioc__mig_host {
 	void (*log)(void *opaque, const char *msg);
 	/* migrate: whether the front end serves (not once a migration
 	 * completed); then the node to send (one whose image is a file: a
-	 * node with ioc_node_blk()), or NULL with QEMU's message in err. */
+	 * node with ioc_node_blk(); or one on shared storage, which is
+	 * handed over: ioc_node_shared_id()), or NULL with QEMU's message
+	 * in err. */
 	bool (*serving)(void *opaque);
 	struct ioc_node *(*pick)(void *opaque, char *err, size_t errlen);
 	/* The destination has the image and the node is shut: the front end
@@ -92,6 +94,13 @@ struct ioc__mig_incoming_opts {
 	const char *image;
 	void (*done)(void *opaque, int result, const char *why);
 	void *opaque;
+	/* A node on shared storage, opened inactive (an rbd image): the
+	 * source hands it over instead of copying (handover.c).  Once the
+	 * stream names the same image, the node is activated and serve runs:
+	 * the front end serves it (0) or says why not (-errno); done then
+	 * runs only on failure.  image is only its name in messages. */
+	struct ioc_node *node;
+	int (*serve)(void *opaque, struct ioc_node *n, char *err, size_t errlen);
 };
 int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_incoming_opts *o,
 				char *err, size_t errlen);

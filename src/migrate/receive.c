@@ -107,7 +107,7 @@ static const char *type_name(uint32_t t)
 {
 	static const char *const names[] = {
 		"?", "DATA_RAW", "DATA_ZSTD", "ZERO", "PASS", "END", "ACK", "MIRROR",
-		"MACK",
+		"MACK", "HANDOVER", "READY",
 	};
 
 	return t < IOC_ARRAY_SIZE(names) ? names[t] : "?";
@@ -715,6 +715,9 @@ static int run(struct recv *rv)
 	ret = ioc_mig_hdr_decode(buf, &rv->hdr, &why);
 	if (ret < 0)
 		return fail(rv, ret, "%s", why);
+	if (rv->hdr.flags & IOC_MIG_F_HANDOVER)
+		return fail(rv, -EPROTO, "header: the source hands over shared storage, "
+			    "but this destination receives a copy into an image file");
 	ret = ioc_mig_crcs_new(&rv->crcs, rv->hdr.image_size, rv->hdr.block_size);
 	if (ret < 0)
 		return fail(rv, ret, "header: cannot track %llu blocks: %s",
@@ -798,6 +801,60 @@ static int run(struct recv *rv)
 		if (o->progress)
 			o->progress(o->opaque, rv->st);
 	}
+}
+
+/* ---- hand-over --------------------------------------------------------- */
+
+int ioc_mig_receive_handover(const struct ioc_mig_recv_opts *o, char *id, size_t idlen,
+			     uint64_t *size, char *why, size_t whylen)
+{
+	struct ioc_mig_recv_stats st = { 0 };
+	struct recv rv = { .o = o, .st = &st, .why = why, .whylen = whylen };
+	uint8_t buf[IOC_MIG_MAX_SHARED_ID];
+	const char *what = NULL;
+	struct ioc_mig_rec r;
+	int ret;
+
+	if (why && whylen)
+		why[0] = '\0';
+	*size = 0;
+	ret = read_full(&rv, buf, IOC_MIG_HDR_SIZE, "header", 0);
+	if (ret < 0)
+		return ret;
+	ret = ioc_mig_hdr_decode(buf, &rv.hdr, &what);
+	if (ret < 0)
+		return fail(&rv, ret, "%s", what);
+	if (!(rv.hdr.flags & IOC_MIG_F_HANDOVER))
+		return fail(&rv, -EPROTO, "header: the source sends a copy, but this "
+			    "destination waits for a hand-over of shared storage (set the "
+			    "capability __org.iocore_handover on the source)");
+	ret = read_full(&rv, buf, IOC_MIG_REC_SIZE, "header", 1);
+	if (ret < 0)
+		return ret;
+	ret = ioc_mig_rec_decode(buf, &rv.hdr, &r, &what);
+	if (ret < 0)
+		return fail(&rv, ret, "record 1 (type %u, offset %llu, length %u): %s",
+			    (unsigned)r.type, (unsigned long long)r.offset, (unsigned)r.length,
+			    what);
+	if (r.type != IOC_MIG_HANDOVER)
+		return fail(&rv, -EPROTO, "record 1: %s from the sender, not HANDOVER",
+			    type_name(r.type));
+	ret = read_full(&rv, buf, r.payload_len, "payload", 1);
+	if (ret < 0)
+		return ret;
+	ret = ioc_mig_handover_decode(&r, buf, id, idlen, &what);
+	if (ret < 0)
+		return fail(&rv, ret, "record 1 (HANDOVER): %s", what);
+	*size = rv.hdr.image_size;
+	return 0;
+}
+
+int ioc_mig_send_ready(const struct ioc_mig_recv_opts *o, int err)
+{
+	struct ioc_mig_recv_stats st = { 0 };
+	struct recv rv = { .o = o, .st = &st };
+
+	return send_rec(&rv, IOC_MIG_READY, (uint64_t)(err < 0 ? -err : err), 0, 0);
 }
 
 int ioc_mig_receive(const struct ioc_mig_recv_opts *o,

@@ -63,4 +63,16 @@ struct ioc_mig_recv_opts {
 int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
 		    struct ioc_mig_recv_stats *st, char *why, size_t whylen);
 
+/*
+ * The receiving end of a hand-over stream (stream.h, flag
+ * IOC_MIG_F_HANDOVER): read the header and the HANDOVER record, blocking,
+ * and return the sender's shared id in id (idlen > MAX_SHARED_ID) and the
+ * image size in *size.  0, or -errno with a reason in why (a copy stream
+ * is refused).  The caller then takes the image and answers with
+ * ioc_mig_send_ready(): 0 once it serves it, or the errno of a failure.
+ */
+int ioc_mig_receive_handover(const struct ioc_mig_recv_opts *o, char *id, size_t idlen,
+			     uint64_t *size, char *why, size_t whylen);
+int ioc_mig_send_ready(const struct ioc_mig_recv_opts *o, int err);
+
 #endif

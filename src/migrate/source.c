@@ -166,11 +166,27 @@ static void engine_kick(struct ioc__nbd_mig *m)
 static void source_finish(struct ioc__nbd_mig *m);
 static void gate_all(struct ioc__nbd_mig *m, int state);
 
+/* The destination's receive and a hand-over run on a thread of their own
+ * (woken through cond); a copy is the engine. */
+static bool on_thread(const struct ioc__nbd_mig *m)
+{
+	return m->incoming || m->handover;
+}
+
+/* Under lock: wake the job for a cancel or the end. */
+static void job_wake_locked(struct ioc__nbd_mig *m)
+{
+	if (on_thread(m))
+		pthread_cond_broadcast(&m->cond);
+	else
+		engine_kick(m);
+}
+
 /* Main loop: the engine (its I/O thread) or the receiving thread, which
  * has said its last word (thread_done), goes, and the end is reported. */
 static void join_job(struct ioc__nbd_mig *m)
 {
-	if (m->incoming) {
+	if (on_thread(m)) {
 		pthread_join(m->thread, NULL);
 	} else {
 		/* Its loop runs the engine's last iteration out first. */
@@ -192,6 +208,7 @@ static void mig_bh(void *opaque)
 	struct ioc__nbd_mig *m = opaque;
 	bool done;
 
+	ioc__nbd_mig_handover_bh(m);
 	for (;;) {
 		const char *name;
 		int64_t v;
@@ -283,12 +300,10 @@ void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
 		atomic_store_explicit(&m->cancel, true, memory_order_relaxed);
 		if (m->sock >= 0)
 			shutdown(m->sock, SHUT_RDWR);
-		if (!m->incoming)
-			engine_kick(m);
+		job_wake_locked(m);
 		/* The engine's last word, broadcast under the lock after
-		 * thread_done is set (engine_end()); the receiving thread is
-		 * joined. */
-		while (!m->incoming && !m->thread_done)
+		 * thread_done is set (engine_end()); a thread is joined. */
+		while (!on_thread(m) && !m->thread_done)
 			pthread_cond_wait(&m->cond, &m->lock);
 		pthread_mutex_unlock(&m->lock);
 		join_job(m);
@@ -2229,6 +2244,10 @@ static void source_finish(struct ioc__nbd_mig *m)
 {
 	int result;
 
+	if (m->handover) {
+		ioc__nbd_mig_handover_finish(m);
+		return;
+	}
 	pthread_mutex_lock(&m->lock);
 	result = m->result;
 	pthread_mutex_unlock(&m->lock);
@@ -2314,6 +2333,7 @@ static const struct { const char *name; size_t off; } caps[] = {
 	{ "events", offsetof(struct ioc__mig_params, events) },
 	{ "pause-before-switchover", offsetof(struct ioc__mig_params, pause_before_switchover) },
 	{ "auto-converge", offsetof(struct ioc__mig_params, auto_converge) },
+	{ "__org.iocore_handover", offsetof(struct ioc__mig_params, handover) },
 };
 
 /* The capabilities and parameters a command checked, in force from now. */
@@ -2568,6 +2588,13 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 		ioc__qmp_errf(err, "Parameter 'resume' is not supported: there is no postcopy");
 		return NULL;
 	}
+	/* A destination that took its image serves it, and may send it on. */
+	if (m->incoming && !busy(m) && m->listen_fd < 0 && m->host.serving(m->host.opaque)) {
+		pthread_mutex_lock(&m->lock);
+		if (m->status == IOC_MIG_ST_COMPLETED)
+			m->incoming = false;
+		pthread_mutex_unlock(&m->lock);
+	}
 	if (busy(m) || m->incoming) {
 		ioc__qmp_errf(err, m->incoming ? "Guest is waiting for an incoming migration" :
 		     "There's a migration process in progress");
@@ -2584,6 +2611,10 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	n = m->host.pick(m->host.opaque, err->desc, sizeof(err->desc));
 	if (!n)
 		return NULL;
+	/* Shared storage, or the capability: nothing to copy (handover.c). */
+	if (m->p.handover || ioc_node_shared_id(n))
+		return ioc__nbd_mig_handover_start(m, n, uri, err);
+	m->handover = false;
 	blk = ioc_node_blk(n);
 	size = n->size;
 	ioc_blk_get_info(blk, &bi);
@@ -2696,7 +2727,8 @@ json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args,
 	} else if (m->incoming) {
 		remaining = st.total > st.read_bytes ? st.total - st.read_bytes : 0;
 	}
-	ret = json_pack("{s:s}", "status", status_names[status]);
+	ret = json_pack("{s:s,s:s}", "status", status_names[status], "__org.iocore_mode",
+			m->handover ? "handover" : "copy");
 	if (!ret)
 		return NULL;
 	if (status == IOC_MIG_ST_SETUP) {
@@ -2806,8 +2838,7 @@ json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args,
 		atomic_store_explicit(&m->cancel, true, memory_order_relaxed);
 		if (m->sock >= 0)
 			shutdown(m->sock, SHUT_RDWR);
-		if (!m->incoming)
-			engine_kick(m);
+		job_wake_locked(m);
 		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_CANCELLING);
 	}
 	pthread_mutex_unlock(&m->lock);

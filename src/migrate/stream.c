@@ -244,7 +244,7 @@ int ioc_mig_hdr_decode(const uint8_t *buf, struct ioc_mig_hdr *h,
 	h->block_size = bs = get32(buf + 24);
 	if (h->version != IOC_MIG_VERSION)
 		return reject(why, "header: unsupported version", -EPROTONOSUPPORT);
-	if (h->flags != 0)
+	if (h->flags & ~IOC_MIG_F_HANDOVER)
 		return reject(why, "header: unknown flags", -EPROTO);
 	if (bs < IOC_MIG_MIN_BLOCK || bs > IOC_MIG_MAX_BLOCK || (bs & (bs - 1)))
 		return reject(why, "header: block size not a power of two in [4 KiB, 64 MiB]",
@@ -272,11 +272,31 @@ int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 	r->data_crc = get32(buf + 24);
 	if (get32(buf + 28) != ioc_mig_crc(buf, 28))
 		return reject(why, "record: header CRC mismatch", -EPROTO);
-	if (r->type < IOC_MIG_DATA_RAW || r->type > IOC_MIG_MACK)
+	if (r->type < IOC_MIG_DATA_RAW || r->type > IOC_MIG_READY)
 		return reject(why, "record: unknown type", -EPROTO);
 	if (r->flags != 0)
 		return reject(why, "record: unknown flags", -EPROTO);
+	if (h->flags & IOC_MIG_F_HANDOVER) {
+		if (r->type != IOC_MIG_HANDOVER && r->type != IOC_MIG_READY &&
+		    r->type != IOC_MIG_ACK)
+			return reject(why, "record: not HANDOVER, READY or ACK in a hand-over stream",
+				      -EPROTO);
+	} else if (r->type == IOC_MIG_HANDOVER || r->type == IOC_MIG_READY) {
+		return reject(why, "record: HANDOVER or READY in a copy stream", -EPROTO);
+	}
 	switch (r->type) {
+	case IOC_MIG_HANDOVER:
+		if (r->offset != h->image_size)
+			return reject(why, "record: HANDOVER offset is not the image size", -EPROTO);
+		if (r->length == 0 || r->length > IOC_MIG_MAX_SHARED_ID)
+			return reject(why, "record: HANDOVER length outside [1, 1024]", -EPROTO);
+		if (r->payload_len != r->length)
+			return reject(why, "record: payload_len != length for HANDOVER", -EPROTO);
+		break;
+	case IOC_MIG_READY:
+		if (r->length != 0 || r->payload_len != 0)
+			return reject(why, "record: READY with a length or payload", -EPROTO);
+		break;
 	case IOC_MIG_DATA_RAW:
 	case IOC_MIG_DATA_ZSTD:
 	case IOC_MIG_ZERO:
@@ -371,6 +391,21 @@ int ioc__mig_payload_decode(const struct ioc_mig_rec *r, const void *payload,
 	default:
 		return reject(why, "payload: not a DATA record", -EPROTO);
 	}
+}
+
+int ioc_mig_handover_decode(const struct ioc_mig_rec *r, const void *payload, char *id,
+			    size_t idlen, const char **why)
+{
+	if (r->type != IOC_MIG_HANDOVER || r->payload_len != r->length ||
+	    r->length == 0 || r->length > IOC_MIG_MAX_SHARED_ID || idlen <= r->length)
+		return reject(why, "payload: not a HANDOVER record", -EPROTO);
+	if (ioc_mig_crc(payload, r->length) != r->data_crc)
+		return reject(why, "payload: HANDOVER CRC mismatch", -EBADMSG);
+	if (memchr(payload, 0, r->length))
+		return reject(why, "payload: HANDOVER shared id holds a NUL byte", -EPROTO);
+	memcpy(id, payload, r->length);
+	id[r->length] = '\0';
+	return 0;
 }
 
 int ioc_mig_payload_decode(const struct ioc_mig_rec *r, const void *payload,

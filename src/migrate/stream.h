@@ -1,20 +1,18 @@
 /*
  * The iocore migration stream: how one iocore-nbd sends the image it
- * serves to another while clients keep writing (source.c,
- * dest.c), and nothing else: encoding, decoding and checks, with
- * no I/O, so the fuzzer and the unit tests drive it on byte buffers.
+ * serves to another while clients keep writing (source.c, dest.c):
+ * encoding, decoding and checks, with no I/O, so the fuzzer and the unit
+ * tests drive it on byte buffers.
  *
- * Problem: the stream crosses a network between two processes that must
- * agree on every byte of a disk image, and the receiving side must never
- * serve an image that is not exactly the sender's.  A lost, repeated,
- * reordered, truncated or corrupted record must be detected, and a
- * hostile stream must not make the receiver write outside the image or
- * allocate without bound.
+ * Problem: the receiver must never serve an image that is not exactly
+ * the sender's: a lost, repeated, reordered, truncated or corrupted record
+ * must be detected, and a hostile stream must not make it write outside
+ * the image or allocate without bound.
  *
  * Design: a fixed header, then records, all integers big-endian (as NBD).
- *  - Header (IOC_MIG_HDR_SIZE bytes): magic, version, flags (0), the
- *    image size, the block size (the granularity of the image checksum
- *    and of dirty tracking, a power of two), then a CRC-32 of the header.
+ *  - Header (IOC_MIG_HDR_SIZE bytes): magic, version, flags (0 or
+ *    HANDOVER), the image size, the block size (the granularity of the
+ *    checksum and of dirty tracking, a power of two), its CRC-32.
  *  - Record header (IOC_MIG_REC_SIZE bytes): type, flags, offset, length
  *    (decoded bytes), payload length (bytes on the wire that follow),
  *    CRC-32 of the decoded data, CRC-32 of the record header itself.
@@ -24,16 +22,16 @@
  *    of one pass never overlap, so a receiver may apply a pass's records
  *    in any order, but must finish a pass before applying the next one.
  *    END carries the image checksum; the receiver answers with ACK.
- *    MIRROR (version 2) is a client write mirrored while the source waits:
- *    raw data that may overlap any earlier record, so the receiver applies
- *    it after every earlier record touching its blocks and before any
- *    later one, then answers MACK with the count of MIRROR records applied
- *    so far (cumulative: one MACK may answer several).
- *  - The image checksum is computed from per-block CRCs, not from a
- *    rereading of the image: CRC-32 over the big-endian array of every
- *    block's CRC-32, in block order.  The sender knows each block's CRC
- *    from the last time it sent it; the receiver from the data it checked
- *    and wrote.  So the final check costs no I/O during the switch-over.
+ *    MIRROR (version 2), a client write the source waits for: raw data
+ *    that may overlap any record, applied after every earlier one on its
+ *    blocks and before any later one; MACK answers with the count of
+ *    MIRROR records applied so far.
+ *  - A hand-over stream (flag IOC_MIG_F_HANDOVER: both ends open one image
+ *    on shared storage) has one record, HANDOVER, naming the image (its
+ *    shared id); the receiver takes it over and answers READY.
+ *  - The image checksum: CRC-32 over the big-endian array of every
+ *    block's CRC-32, in block order, which each side knows from the data
+ *    it last sent or wrote: the final check costs no I/O.
  *
  * Rejected: a checksum of the reread image at the end (seconds of reads
  * while clients wait); one record per block (a 32-byte header per 4 KiB
@@ -60,6 +58,10 @@
  * most): a sender picks a block size of at least image_size / 2^28 (4 KiB
  * blocks up to 1 TiB, 64 KiB up to 16 TiB). */
 #define IOC_MIG_MAX_BLOCKS (UINT64_C(1) << 28)
+/* Header flags. */
+#define IOC_MIG_F_HANDOVER 1u
+/* Longest shared id a HANDOVER carries. */
+#define IOC_MIG_MAX_SHARED_ID 1024u
 
 enum ioc_mig_type {
 	IOC_MIG_DATA_RAW = 1,   /* payload: length bytes */
@@ -76,6 +78,12 @@ enum ioc_mig_type {
 				 * ordered against every other record */
 	IOC_MIG_MACK = 8,       /* receiver to sender; offset: MIRROR records
 				 * applied so far; length 0 */
+	IOC_MIG_HANDOVER = 9,   /* hand-over streams only; payload: length
+				 * bytes of shared id (1..MAX_SHARED_ID, no
+				 * NUL); offset: image size; data_crc: CRC-32
+				 * of the payload */
+	IOC_MIG_READY = 10,     /* receiver to sender, hand-over streams; offset:
+				 * 0 (serving) or an errno; length 0 */
 };
 
 struct ioc_mig_hdr {
@@ -108,8 +116,11 @@ void ioc_mig_rec_encode(const struct ioc_mig_rec *r, uint8_t *buf);
  * size (or ends at the image end), DATA at most MAX_CHUNK, payload_len ==
  * length for RAW, in [1, zstd's bound] for ZSTD, 0 for the others; PASS,
  * END and ACK of length 0, PASS numbered from 1, END's offset equal to the
- * image size; MIRROR as DATA_RAW; MACK of length 0 and no payload.
- * Returns 0 or
+ * image size; MIRROR as DATA_RAW; MACK of length 0 and no payload.  A
+ * hand-over stream (flags IOC_MIG_F_HANDOVER) has HANDOVER, READY and ACK
+ * only, any other stream none of the first two; HANDOVER's offset is the
+ * image size, its length equal to payload_len, in [1, MAX_SHARED_ID];
+ * READY of length 0 and no payload.  Returns 0 or
  * -EPROTO (malformed), -EPROTONOSUPPORT (magic or version), with a
  * human-readable reason in why (may be NULL) naming the field.
  */
@@ -117,6 +128,11 @@ int ioc_mig_hdr_decode(const uint8_t *buf, struct ioc_mig_hdr *h,
 		       const char **why);
 int ioc_mig_rec_decode(const uint8_t *buf, const struct ioc_mig_hdr *h,
 		       struct ioc_mig_rec *r, const char **why);
+
+/* A HANDOVER record's payload into id (idlen >= MAX_SHARED_ID + 1, NUL
+ * terminated): its CRC checked, no NUL inside.  0, -EBADMSG or -EPROTO. */
+int ioc_mig_handover_decode(const struct ioc_mig_rec *r, const void *payload, char *id,
+			    size_t idlen, const char **why);
 
 /* Decode a DATA record's payload into out (r->length bytes) and check its
  * CRC.  Returns 0, -EBADMSG (bad CRC or zstd error) or -EPROTO. */

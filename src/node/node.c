@@ -254,7 +254,12 @@ static inline int check_change(struct ioc_node *n, uint64_t off, uint64_t len,
 {
 	if (flags & ~allowed)
 		return -EINVAL;
-	return check_range(n, off, len) ?: (n->read_only ? -EPERM : 0);
+	if (check_range(n, off, len))
+		return -EINVAL;
+	if (n->read_only)
+		return -EPERM;
+	/* Relaxed: see struct ioc_node's inactive. */
+	return atomic_load_explicit(&n->inactive, memory_order_relaxed) ? -EROFS : 0;
 }
 
 /* Notifiers run on the request's coroutine; the list is read with one
@@ -320,7 +325,7 @@ int ioc_coroutine_fn ioc_node_co_pwritev(struct ioc_node *n, uint64_t off,
 	if (ret == 0)
 		ret = n->drv->co_pwritev(n, off, iov, iovcnt, flags);
 	account(s, IOC_NODE_OP_WRITE, off, len, ret, t0);
-	if (ret == -EINVAL || ret == -EPERM)
+	if (ret == -EINVAL || ret == -EPERM || ret == -EROFS)
 		return ret;
 	return notify(n, IOC_NODE_OP_WRITE, off, len, ret);
 }
@@ -441,6 +446,9 @@ int ioc_coroutine_fn ioc_node_co_truncate(struct ioc_node *n, uint64_t size)
 {
 	if (n->read_only)
 		return -EPERM;
+	/* Relaxed: see struct ioc_node's inactive. */
+	if (atomic_load_explicit(&n->inactive, memory_order_relaxed))
+		return -EROFS;
 	if (!n->drv->co_truncate)
 		return -ENOTSUP;
 	return n->drv->co_truncate(n, size);

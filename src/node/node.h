@@ -106,6 +106,20 @@ struct ioc_node_drv {
 	 * drop what the driver keeps on it (a watched fd).  On that loop's
 	 * thread, no request of its in flight.  NULL: nothing kept. */
 	void (*loop_exit)(struct ioc_node *n);
+	/* Shared storage, an image that other hosts open too (rbd): what
+	 * names it across hosts ("rbd:POOL/NS/IMAGE;cluster=FSID"), so both
+	 * ends of a hand-over can check they mean one image.  NULL (or no
+	 * hook): not shared storage.  Valid while the node is open. */
+	const char *(*shared_id)(struct ioc_node *n);
+	/* Let the image go to another host, and take it back (active.c):
+	 * inactivate flushes, writes what the driver keeps beside the image
+	 * back (persistent bitmaps, in use cleared) and gives up the image's
+	 * ownership (an exclusive lock); activate takes it and loads that
+	 * state again.  On failure each leaves the node as it found it, with
+	 * err set.  Main thread, with no request inside the node (held, or
+	 * not served yet).  NULL: the node cannot be handed over. */
+	int (*inactivate)(struct ioc_node *n, char *err, size_t errlen);
+	int (*activate)(struct ioc_node *n, char *err, size_t errlen);
 };
 
 /* Counters of one loop's requests (QEMU's BlockAcctStats without the
@@ -184,6 +198,11 @@ struct ioc_node {
 	/* The node's dirty bitmaps when its driver keeps them itself (a
 	 * qcow2 node's, in guest offsets: ioc_node_dirty_blk()); set at open. */
 	struct ioc_blk *dirty_set;
+
+	/* Handed to another host (active.c): changes fail with -EROFS.
+	 * Stored on the main thread with no request inside, loaded relaxed
+	 * by each change (the drain that preceded the store orders it). */
+	atomic_bool inactive;
 
 	_Atomic int gate;               /* IOC_NODE_GATE_* */
 	struct ioc__latch gate_applied; /* loops yet to apply a change */
@@ -326,6 +345,20 @@ void ioc_node_query_json(json_t *list, struct ioc_node *n, bool children);
 /* query-blockstats' entry for n, with its children's as "parent" and
  * "backing" (a new reference). */
 json_t *ioc_node_blockstats_json(struct ioc_node *n);
+/*
+ * Hand-over of a node on shared storage (active.c), main thread, no
+ * request inside: ioc_node_inactivate() lets the image go (the driver's
+ * inactivate), after which changes fail with -EROFS until
+ * ioc_node_activate() takes it back (or a driver that opened it inactive
+ * takes it for the first time).  -ENOTSUP when the driver has no such
+ * hook; -EALREADY when the node already is in that state.  err says why.
+ */
+int ioc_node_inactivate(struct ioc_node *n, char *err, size_t errlen);
+int ioc_node_activate(struct ioc_node *n, char *err, size_t errlen);
+bool ioc_node_is_active(struct ioc_node *n);
+/* What names n's image across hosts, or NULL: not shared storage. */
+const char *ioc_node_shared_id(struct ioc_node *n);
+
 /* The block-layer image under a file node (or the file child of a
  * format node that passes requests through unchanged); NULL otherwise. */
 struct ioc_blk *ioc_node_blk(struct ioc_node *n);

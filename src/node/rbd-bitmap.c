@@ -57,6 +57,7 @@ struct rbd_bitmaps {
 	struct ioc_node_notifier nt;
 	bool notifying;
 	bool loading;                   /* adds are the object's own: no write */
+	bool inactive;                  /* handed over: written back, no change */
 	bool exists;                    /* the object, as of ver */
 	uint64_t ver;
 	uint64_t size;                  /* what the set covers */
@@ -224,7 +225,7 @@ static int store_add(void *opaque, const struct ioc_blk_dirty_info *info)
 
 	if (b->loading)
 		return 0;
-	if (b->mode == RBD_BM_READ)
+	if (b->mode == RBD_BM_READ || b->inactive)
 		return -EROFS;
 	if (b->mode == RBD_BM_SHARED)
 		return -EBUSY;          /* without the lock it could not be whole */
@@ -236,7 +237,7 @@ static int store_remove(void *opaque, const char *name)
 {
 	struct rbd_bitmaps *b = opaque;
 
-	if (b->mode == RBD_BM_READ)
+	if (b->mode == RBD_BM_READ || b->inactive)
 		return -EROFS;
 	return write_plan(b, NULL, name, false);
 }
@@ -418,10 +419,72 @@ int ioc__rbd_bitmaps_open(struct ioc_node *n, rados_t cluster, rados_ioctx_t io,
 
 int ioc__rbd_bitmaps_close(struct rbd_bitmaps *b)
 {
-	if (!b || b->mode != RBD_BM_OWNER)
+	if (!b || b->mode != RBD_BM_OWNER || b->inactive)
 		return 0;
 	/* Failed: the bitmaps stay in use (inconsistent at the next open). */
 	return write_plan(b, NULL, NULL, true);
+}
+
+int ioc__rbd_bitmaps_inactivate(struct rbd_bitmaps *b)
+{
+	int ret;
+
+	if (!b || b->inactive)
+		return 0;
+	ret = ioc__rbd_bitmaps_close(b);
+	if (ret == 0)
+		b->inactive = true;
+	return ret;
+}
+
+/* Whether the object is as this node last wrote or read it: a read that
+ * asserts its version, or its absence when there was none. */
+static int object_unchanged(struct rbd_bitmaps *b)
+{
+	rados_read_op_t op;
+	uint64_t psize;
+	time_t mtime;
+	int ret;
+
+	if (!b->exists) {
+		ret = rados_stat(b->io, b->oid, &psize, &mtime);
+		return ret == -ENOENT ? 0 : ret < 0 ? ret : -ESTALE;
+	}
+	op = rados_create_read_op();
+	if (!op)
+		return -ENOMEM;
+	rados_read_op_assert_version(op, b->ver);
+	ret = rados_read_op_operate(op, b->io, b->oid, 0);
+	rados_release_read_op(op);
+	if (ret == -ERANGE || ret == -EOVERFLOW || ret == -ENOENT)
+		return -ESTALE;
+	return ret;
+}
+
+int ioc__rbd_bitmaps_activate(struct rbd_bitmaps *b, char *err, size_t errlen)
+{
+	int ret;
+
+	if (!b || !b->inactive)
+		return 0;
+	if (b->mode != RBD_BM_OWNER) {
+		b->inactive = false;
+		return 0;
+	}
+	ret = object_unchanged(b);
+	if (ret < 0) {
+		ERR("The bitmaps of %s changed while this node was inactive: %s", b->oid,
+		    ioc_strerror(ret));
+		return ret;
+	}
+	b->inactive = false;
+	/* In use again before the first write. */
+	ret = write_plan(b, NULL, NULL, false);
+	if (ret < 0) {
+		b->inactive = true;
+		ERR("Could not mark the bitmaps of %s in use: %s", b->oid, ioc_strerror(ret));
+	}
+	return ret;
 }
 
 void ioc__rbd_bitmaps_free(struct rbd_bitmaps *b)

@@ -33,6 +33,13 @@ int ioc__rbd_bitmaps_open(struct ioc_node *n, rados_t cluster, rados_ioctx_t io,
 /* Clean close (no request runs): the bits written, in use cleared. */
 int ioc__rbd_bitmaps_close(struct rbd_bitmaps *b);
 void ioc__rbd_bitmaps_free(struct rbd_bitmaps *b);
+/* A hand-over (no request runs): inactivate writes the bits back with in
+ * use cleared, as a clean close does, and refuses every change until
+ * activate, which marks them in use again once the object is found as
+ * this node left it (-ESTALE when another client changed it meanwhile:
+ * the bits here would miss its writes).  Both need the exclusive lock. */
+int ioc__rbd_bitmaps_inactivate(struct rbd_bitmaps *b);
+int ioc__rbd_bitmaps_activate(struct rbd_bitmaps *b, char *err, size_t errlen);
 /* A resize: -EBUSY while the node has a bitmap, else the set follows. */
 int ioc_coroutine_fn ioc__rbd_bitmaps_resize(struct rbd_bitmaps *b, uint64_t size);
 

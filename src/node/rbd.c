@@ -57,6 +57,7 @@
 #include "iocore/pool.h"
 #include "node/node.h"
 #include "node/rbd.h"
+#include "node/node-int.h"
 #include "node/rbd-bitmap.h"
 
 /* Loops that register the event fd; the others rely on them. */
@@ -83,6 +84,13 @@ struct rbd_node {
 	_Atomic unsigned nloops;
 	struct ioc_loop *loops[RBD_MAX_LOOPS];
 	char name[256];                 /* pool/[ns/]image[@snap], for messages */
+	/* Hand-over (rbd_node_inactivate()): whether this node takes the
+	 * exclusive lock, the bitmaps' mode and what names the image for
+	 * another host (ioc_node_shared_id()). */
+	bool take_lock;
+	enum rbd_bm_mode bm_mode;
+	char pool[128], ns[128];
+	char shared[384];
 };
 
 /* ---- options --------------------------------------------------------- */
@@ -115,6 +123,9 @@ static const struct ioc__qmp_arg rbd_opts[] = {
 	  .min = 0, .max = 86400 },
 	{ .name = "__org.iocore_lock", .type = IOC_QMP_ENUM, .optional = true,
 	  .values = rbd_lock_modes },
+	/* Opened for an incoming hand-over: no lock taken, no bitmaps
+	 * loaded, writes refused until the node is activated. */
+	{ .name = "__org.iocore_inactive", .type = IOC_QMP_BOOL, .optional = true },
 	/* Ceph settings (key: value), as the "rbd:" file name's pairs. */
 	{ .name = "__org.iocore_conf", .type = IOC_QMP_OBJECT, .optional = true,
 	  .open = true },
@@ -732,6 +743,23 @@ static void rbd_node_info(struct ioc_node *n, json_t *image)
 			    json_pack("{s:s,s:{}}", "type", "rbd", "data"));
 }
 
+/* The image's persistent bitmaps into s->bm (n->dirty_set). */
+static int rbd_bitmaps_load(struct ioc_node *n, struct rbd_node *s, char *err, size_t errlen)
+{
+	/* The bitmaps get an ioctx of their own: its last version is
+	 * theirs, never one of librbd's ops. */
+	rados_ioctx_t bio;
+	int r = rados_ioctx_create(s->cluster, s->pool, &bio);
+
+	if (r < 0) {
+		snprintf(err, errlen, "error opening pool %s: %s", s->pool, strerror(-r));
+		return r;
+	}
+	rados_ioctx_set_namespace(bio, s->ns);
+	return ioc__rbd_bitmaps_open(n, s->cluster, bio, s->image, s->bm_mode, &s->bm, err,
+				     errlen);
+}
+
 static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 {
 	const char *pool = opt_str(opts, "pool"), *image = opt_str(opts, "image");
@@ -827,28 +855,27 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 		s->obj_size = info.obj_size ? info.obj_size : (4u << 20);
 		n->size = size;
 	}
-	if (!n->read_only && (s->features & RBD_FEATURE_EXCLUSIVE_LOCK) &&
-	    !(lock && !strcmp(lock, "auto"))) {
-		if ((r = rbd_take_lock(s, err, errlen)) < 0)
-			goto fail;
-	}
+	s->take_lock = !n->read_only && (s->features & RBD_FEATURE_EXCLUSIVE_LOCK) &&
+		       !(lock && !strcmp(lock, "auto"));
+	s->bm_mode = n->read_only ? RBD_BM_READ :
+		     lock && !strcmp(lock, "auto") ? RBD_BM_SHARED : RBD_BM_OWNER;
+	snprintf(s->pool, sizeof(s->pool), "%s", pool);
+	snprintf(s->ns, sizeof(s->ns), "%s", ns ? ns : "");
 	{
-		/* The bitmaps get an ioctx of their own: its last version is
-		 * theirs, never one of librbd's ops. */
-		enum rbd_bm_mode mode = n->read_only ? RBD_BM_READ :
-					lock && !strcmp(lock, "auto") ? RBD_BM_SHARED :
-					RBD_BM_OWNER;
-		rados_ioctx_t bio;
+		char fsid[64] = "";
 
-		r = rados_ioctx_create(s->cluster, pool, &bio);
-		if (r < 0) {
-			snprintf(err, errlen, "error opening pool %s: %s", pool, strerror(-r));
+		if (rados_cluster_fsid(s->cluster, fsid, sizeof(fsid)) < 0)
+			fsid[0] = '\0';
+		snprintf(s->shared, sizeof(s->shared), "rbd:%.100s/%.100s/%.100s%s%.60s;cluster=%s",
+			 pool, ns ? ns : "", image, snap ? "@" : "", snap ? snap : "", fsid);
+	}
+	if (ioc__node_opt_bool(opts, "__org.iocore_inactive", false)) {
+		/* Another host has the image: take nothing until activated. */
+		atomic_store_explicit(&n->inactive, true, memory_order_relaxed);
+	} else {
+		if (s->take_lock && (r = rbd_take_lock(s, err, errlen)) < 0)
 			goto fail;
-		}
-		rados_ioctx_set_namespace(bio, ns ? ns : "");
-		r = ioc__rbd_bitmaps_open(n, s->cluster, bio, s->image, mode, &s->bm, err,
-					  errlen);
-		if (r < 0)
+		if ((r = rbd_bitmaps_load(n, s, err, errlen)) < 0)
 			goto fail;
 	}
 
@@ -885,6 +912,78 @@ static void rbd_node_close(struct ioc_node *n)
 	n->opaque = NULL;
 }
 
+/* ---- hand-over -------------------------------------------------------- */
+
+static const char *rbd_node_shared_id(struct ioc_node *n)
+{
+	struct rbd_node *s = n->opaque;
+
+	return s ? s->shared : NULL;
+}
+
+static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen)
+{
+	int r = s->take_lock ? rbd_lock_release(s->image) : 0;
+
+	if (r < 0)
+		snprintf(err, errlen, "could not release the lock of %s: %s", s->name,
+			 strerror(-r));
+	return r;
+}
+
+/* Flush, bitmaps back, lock released; undone in reverse on a failure.
+ * Synchronous librbd calls on the main thread: milliseconds on a healthy
+ * cluster, and the node is held meanwhile anyway. */
+static int rbd_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
+{
+	struct rbd_node *s = n->opaque;
+	int r = rbd_flush(s->image);
+
+	if (r < 0) {
+		snprintf(err, errlen, "could not flush %s: %s", s->name, strerror(-r));
+		return rbd_io_errno(r);
+	}
+	r = ioc__rbd_bitmaps_inactivate(s->bm);
+	if (r < 0) {
+		snprintf(err, errlen, "could not write the dirty bitmaps of %s back: %s",
+			 s->name, ioc_strerror(r));
+		return r;
+	}
+	r = rbd_lock_release_checked(s, err, errlen);
+	if (r < 0) {
+		char e2[512];
+
+		(void)ioc__rbd_bitmaps_activate(s->bm, e2, sizeof(e2));
+	}
+	return r;
+}
+
+static int rbd_node_activate(struct ioc_node *n, char *err, size_t errlen)
+{
+	struct rbd_node *s = n->opaque;
+	int r;
+
+	if (s->take_lock && (r = rbd_take_lock(s, err, errlen)) < 0)
+		return r;
+	if (s->bm) {
+		r = ioc__rbd_bitmaps_activate(s->bm, err, errlen);
+	} else {
+		/* Opened inactive: the bitmaps load now, as at an open. */
+		r = rbd_bitmaps_load(n, s, err, errlen);
+		if (r < 0) {
+			/* A failed load leaves them half made (no request runs). */
+			ioc__rbd_bitmaps_free(s->bm);
+			s->bm = NULL;
+		}
+	}
+	if (r < 0) {
+		char e2[512];
+
+		(void)rbd_lock_release_checked(s, e2, sizeof(e2));
+	}
+	return r;
+}
+
 const struct ioc_node_drv ioc__node_rbd_drv = {
 	.name = "rbd",
 	.opts = rbd_opts,
@@ -899,4 +998,7 @@ const struct ioc_node_drv ioc__node_rbd_drv = {
 	.co_block_status = rbd_co_block_status,
 	.co_truncate = rbd_co_truncate,
 	.info = rbd_node_info,
+	.shared_id = rbd_node_shared_id,
+	.inactivate = rbd_node_inactivate,
+	.activate = rbd_node_activate,
 };

@@ -6,7 +6,8 @@
  *    and the payload of each DATA record whose bytes are present;
  *  - through the receiver, written into a socketpair by a thread, with a
  *    memfd (a tmpfs file) as the image and one or two workers (the last
- *    byte chooses).
+ *    byte chooses); a stream whose header has the hand-over flag through
+ *    the hand-over receiver too, which must refuse what the other takes.
  * A crash, a sanitizer report, a leak, or a failure without a reason is a
  * bug.  Memory stays bounded whatever the input claims: the decoders
  * check lengths against the header and MAX_CHUNK before anything is
@@ -119,7 +120,21 @@ static int receive_all(const uint8_t *data, size_t size, char *why, size_t whyle
 	if (o.image_fd < 0 || pthread_create(&t, NULL, feeder, &f) != 0)
 		abort();
 	why[0] = '\0';
-	ret = ioc_mig_receive(&o, &st, why, whylen);
+	if (size >= IOC_MIG_HDR_SIZE && data[15] & IOC_MIG_F_HANDOVER) {
+		char id[IOC_MIG_MAX_SHARED_ID + 1];
+		uint64_t isize = 0;
+
+		ret = ioc_mig_receive_handover(&o, id, sizeof(id), &isize, why, whylen);
+		if (ret == 0 && (isize == 0 || strlen(id) == 0 || strlen(id) > IOC_MIG_MAX_SHARED_ID))
+			abort();
+		if (ret == 0)
+			(void)ioc_mig_send_ready(&o, 0);
+		st.wire_bytes = 0;
+		st.image_size = isize;
+		st.records = 1;
+	} else {
+		ret = ioc_mig_receive(&o, &st, why, whylen);
+	}
 	close(sv[0]);
 	pthread_join(t, NULL);
 	close(sv[1]);
@@ -187,6 +202,9 @@ static void sample_stream(int which, struct mt_stream *s)
 		mt_begin(s, 1000, 65536);
 		mt_raw(s, 0, buf, 1000);
 		break;
+	case 4: /* a hand-over: no data, the shared image's name */
+		mt_handover(s, 1 << 30, "rbd:rbd//img;cluster=5e2b2c71-1111-2222-3333-444455556666");
+		return;
 	case 3: /* MIRROR records over a pass's records, and before them */
 		mt_begin(s, 8 * 4096, 4096);
 		mt_pass(s, 1);
@@ -208,7 +226,8 @@ static void sample_stream(int which, struct mt_stream *s)
 	mt_end(s, mt_checksum(s));
 }
 
-#define NSAMPLES 4
+#define NSAMPLES 5
+#define SAMPLE_HANDOVER 4
 
 static void put_be32(uint8_t *p, uint32_t v)
 {
@@ -322,8 +341,22 @@ static void write_corpus(const char *dir)
 		struct mt_stream s;
 
 		sample_stream(i, &s);
-		snprintf(name, sizeof(name), "valid-%d.bin", i);
+		if (i == SAMPLE_HANDOVER)
+			snprintf(name, sizeof(name), "valid-handover.bin");
+		else
+			snprintf(name, sizeof(name), "valid-%d.bin", i);
 		ioc_fuzz_write(dir, name, s.p, s.len);
+		if (i == SAMPLE_HANDOVER) {
+			/* The same record in a copy stream: refused. */
+			s.p[15] = 0;
+			s.p[28] = s.p[29] = s.p[30] = s.p[31] = 0;
+			{
+				uint32_t c = ioc_mig_crc(s.p, 28);
+
+				put_be32(s.p + 28, c);
+			}
+			ioc_fuzz_write(dir, "handover-in-copy-stream.bin", s.p, s.len);
+		}
 		if (i == 0) {
 			ioc_fuzz_write(dir, "truncated.bin", s.p, s.len - 40);
 			s.p[IOC_MIG_HDR_SIZE + 2 * IOC_MIG_REC_SIZE + 9] ^= 1;

@@ -1,7 +1,7 @@
 /*
  * Test helpers for the migration stream: a builder that encodes a stream
  * into memory the way a sender would (header, DATA_RAW, DATA_ZSTD, ZERO,
- * MIRROR, PASS, END), keeping a model of the image it describes so a test can
+ * MIRROR, PASS, END; or a hand-over's HANDOVER), keeping a model of the image it describes so a test can
  * compare the receiver's file with it byte for byte.  The model's image
  * checksum is computed here from zlib directly, not with ioc_mig_crcs_*,
  * so the tests check the codec's checksum against an independent one.
@@ -66,6 +66,28 @@ static inline void mt_begin(struct mt_stream *s, uint64_t image_size, uint32_t b
 		abort();
 	ioc_mig_hdr_encode(&h, b);
 	mt_put(s, b, sizeof(b));
+}
+
+/* A hand-over stream: the header with its flag, then HANDOVER naming id. */
+static inline void mt_handover(struct mt_stream *s, uint64_t image_size, const char *id)
+{
+	struct ioc_mig_hdr h = { .version = IOC_MIG_VERSION, .flags = IOC_MIG_F_HANDOVER,
+				 .image_size = image_size, .block_size = IOC_MIG_MIN_BLOCK };
+	struct ioc_mig_rec r = { .type = IOC_MIG_HANDOVER, .offset = image_size,
+				 .length = (uint32_t)strlen(id),
+				 .payload_len = (uint32_t)strlen(id),
+				 .data_crc = (uint32_t)crc32(0, (const Bytef *)id,
+							     (uInt)strlen(id)) };
+	uint8_t b[IOC_MIG_HDR_SIZE];
+
+	memset(s, 0, sizeof(*s));
+	s->image_size = image_size;
+	s->block_size = IOC_MIG_MIN_BLOCK;
+	ioc_mig_hdr_encode(&h, b);
+	mt_put(s, b, sizeof(b));
+	ioc_mig_rec_encode(&r, b);
+	mt_put(s, b, IOC_MIG_REC_SIZE);
+	mt_put(s, id, strlen(id));
 }
 
 static inline void mt_rec(struct mt_stream *s, uint32_t type, uint64_t off,

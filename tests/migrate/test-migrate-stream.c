@@ -1,6 +1,7 @@
 /*
  * Unit tests of the migration stream's codec (src/migrate/stream.c):
- * round trips of the header and of every record type, every rejection
+ * round trips of the header and of every record type (a hand-over
+ * stream's too), every rejection
  * the decoders promise (each with its reason), payload decoding of raw
  * and zstd data with its failure modes, the CRC of data (whichever
  * library the build uses) and of zeros against zlib's crc32(), and the
@@ -71,7 +72,9 @@ static void test_hdr_rejects(void)
 	h.version = IOC_MIG_VERSION + 1;
 	hdr_rejects(&h, -1, -EPROTONOSUPPORT, "version");
 	h = hdr16k;
-	h.flags = 1;
+	h.flags = 2;
+	hdr_rejects(&h, -1, -EPROTO, "flags");
+	h.flags = IOC_MIG_F_HANDOVER | 0x80000000u;
 	hdr_rejects(&h, -1, -EPROTO, "flags");
 	h = hdr16k;
 	h.block_size = 4096 + 512;
@@ -196,7 +199,7 @@ static void test_rec_rejects(void)
 		REJECT(((struct ioc_mig_rec){ IOC_MIG_DATA_RAW, 0, 4096, 4096, 4096, 9 }),
 		       i, "header CRC");
 	REJECT(((struct ioc_mig_rec){ 0, 0, 0, 0, 0, 0 }), -1, "type");
-	REJECT(((struct ioc_mig_rec){ IOC_MIG_MACK + 1, 0, 0, 0, 0, 0 }), -1, "type");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_READY + 1, 0, 0, 0, 0, 0 }), -1, "type");
 	REJECT(((struct ioc_mig_rec){ 0x80000001u, 0, 0, 4096, 4096, 0 }), -1, "type");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_DATA_RAW, 1, 0, 4096, 4096, 0 }), -1, "flags");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0x100, end, 0, 0, 0 }), -1, "flags");
@@ -257,6 +260,70 @@ static void test_rec_rejects(void)
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0, end - 1, 0, 0, 0 }), -1, "END offset");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0, 0, 0, 0, 0 }), -1, "END offset");
 	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0, end + 4096, 0, 0, 0 }), -1, "END offset");
+}
+
+/* A hand-over stream: its header flag, HANDOVER and READY, and that
+ * neither kind of stream takes the other's records. */
+static void test_handover(void)
+{
+	const struct ioc_mig_hdr ho = { .version = IOC_MIG_VERSION, .flags = IOC_MIG_F_HANDOVER,
+					.image_size = 1 << 30, .block_size = 4096 };
+	const struct ioc_mig_hdr *h = &ho;
+	const char *id = "rbd:rbd//img;cluster=5e2b";
+	uint32_t len = (uint32_t)strlen(id), crc = ioc_mig_crc(id, len);
+	struct ioc_mig_hdr out;
+	struct ioc_mig_rec r = { IOC_MIG_HANDOVER, 0, ho.image_size, len, len, crc };
+	uint8_t b[IOC_MIG_HDR_SIZE];
+	char got[IOC_MIG_MAX_SHARED_ID + 1], bad[64];
+	const char *why = NULL;
+
+	ioc_mig_hdr_encode(h, b);
+	ASSERT_UEQ(b[15], IOC_MIG_F_HANDOVER);
+	ASSERT_OK(ioc_mig_hdr_decode(b, &out, NULL));
+	ASSERT_UEQ(out.flags, IOC_MIG_F_HANDOVER);
+	rec_ok(h, r);
+	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_HANDOVER, 0, ho.image_size,
+					IOC_MIG_MAX_SHARED_ID, IOC_MIG_MAX_SHARED_ID, 0 });
+	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_READY, 0, 0, 0, 0, 0 });
+	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_READY, 0, EXDEV, 0, 0, 0 });
+	rec_ok(h, (struct ioc_mig_rec){ IOC_MIG_ACK, 0, EPROTO, 0, 0, 0 });
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_HANDOVER, 0, ho.image_size - 1, len, len, 0 }),
+	       -1, "HANDOVER offset");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_HANDOVER, 0, ho.image_size, 0, 0, 0 }), -1,
+	       "HANDOVER length");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_HANDOVER, 0, ho.image_size,
+				     IOC_MIG_MAX_SHARED_ID + 1, IOC_MIG_MAX_SHARED_ID + 1, 0 }),
+	       -1, "HANDOVER length");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_HANDOVER, 0, ho.image_size, len, len + 1, 0 }),
+	       -1, "payload_len");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_READY, 0, 0, 1, 0, 0 }), -1, "READY");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_READY, 0, 0, 0, 4, 0 }), -1, "READY");
+	/* A copy stream's records in a hand-over stream, and the reverse. */
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_DATA_RAW, 0, 0, 4096, 4096, 0 }), -1,
+	       "hand-over stream");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_END, 0, ho.image_size, 0, 0, 0 }), -1,
+	       "hand-over stream");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_MIRROR, 0, 0, 4096, 4096, 0 }), -1,
+	       "hand-over stream");
+	h = &hdr16k;
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_HANDOVER, 0, h->image_size, len, len, crc }), -1,
+	       "copy stream");
+	REJECT(((struct ioc_mig_rec){ IOC_MIG_READY, 0, 0, 0, 0, 0 }), -1, "copy stream");
+	/* The payload: the id back, its CRC, no NUL, room for it. */
+	ASSERT_OK(ioc_mig_handover_decode(&r, id, got, sizeof(got), &why));
+	ASSERT_STR_EQ(got, id);
+	r.data_crc ^= 1;
+	ASSERT_EQ(ioc_mig_handover_decode(&r, id, got, sizeof(got), &why), -EBADMSG);
+	ASSERT_NOT_NULL(strstr(why, "CRC"));
+	memcpy(bad, id, len);
+	bad[3] = '\0';
+	r.data_crc = ioc_mig_crc(bad, len);
+	ASSERT_EQ(ioc_mig_handover_decode(&r, bad, got, sizeof(got), &why), -EPROTO);
+	ASSERT_NOT_NULL(strstr(why, "NUL"));
+	r.data_crc = crc;
+	ASSERT_EQ(ioc_mig_handover_decode(&r, id, got, len, &why), -EPROTO);
+	r.type = IOC_MIG_DATA_RAW;
+	ASSERT_EQ(ioc_mig_handover_decode(&r, id, got, sizeof(got), &why), -EPROTO);
 }
 
 static void test_payload(void)
@@ -479,6 +546,7 @@ IOC_TEST_MAIN(
 	IOC_TEST(test_hdr_rejects),
 	IOC_TEST(test_rec_round_trip),
 	IOC_TEST(test_rec_rejects),
+	IOC_TEST(test_handover),
 	IOC_TEST(test_payload),
 	IOC_TEST(test_crc_data),
 	IOC_TEST(test_crc_zero),

@@ -72,7 +72,7 @@ cp "$img" "$dir/a.ref"
 source_start s1 "$img" || { echo "Bail out! source did not start"; exit 1; }
 expect "query-migrate is {} before any migration" "{}" "$(ctl s1 --json query-migrate)"
 expect "capabilities listed (QEMU's names)" \
-	"zero-blocks=True compress=False events=False pause-before-switchover=False auto-converge=False" \
+	"zero-blocks=True compress=False events=False pause-before-switchover=False auto-converge=False __org.iocore_handover=False" \
 	"$(ctl s1 --json query-migrate-capabilities | python3 -c 'import json,sys
 print(" ".join("%s=%s" % (c["capability"], c["state"]) for c in json.load(sys.stdin)))')"
 check "migrate-set-parameters" ctl s1 migrate-set-parameters compress-level=3 \

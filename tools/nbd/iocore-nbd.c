@@ -83,7 +83,8 @@ static void usage(FILE *f)
 "      --incoming tcp:ADDR:PORT|defer\n"
 "                             receive IMAGE from a migrating iocore-nbd first\n"
 "                             (defer: wait for migrate-incoming on --control);\n"
-"                             serve it only once it is complete and verified\n"
+"                             serve it only once it is complete and verified;\n"
+"                             an rbd: IMAGE is handed over, not copied\n"
 "  -v, --verbose              log connections to stderr\n"
 "      --inject-faults OPS=ERR[@OFF+LEN][/N][#COUNT]\n"
 "                             testing: fail OPS (read,write,flush,trim,zero,all)\n"
@@ -262,11 +263,51 @@ static void incoming_fail(struct incoming *in, const char *fmt, ...)
 	ioc_loop_stop(in->loop);
 }
 
+/* Start serving the export (in->eo): its listener, then accepting. */
+static int incoming_listen(struct incoming *in, char *err, size_t errlen)
+{
+	int r, fd;
+
+	if ((r = ioc_nbd_server_add_export(in->srv, &in->eo)) < 0) {
+		snprintf(err, errlen, "export: %s", strerror(-r));
+		return r;
+	}
+	fd = in->unix_path ? ioc_nbd_listen_unix(in->unix_path)
+			   : ioc_nbd_listen_tcp(in->bind_addr, in->port);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot listen on %s: %s",
+			 in->unix_path ? in->unix_path : in->bind_addr, strerror(-fd));
+		return fd;
+	}
+	if (in->unix_path)
+		own(&owned_sock, in->unix_path);
+	if ((r = ioc_nbd_server_add_listener(in->srv, fd)) < 0 ||
+	    (r = ioc_nbd_server_serve(in->srv)) < 0) {
+		snprintf(err, errlen, "serve: %s", strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+/* A hand-over arrived (main loop): the node is active, serve it. */
+static int incoming_serve(void *opaque, struct ioc_node *n, char *err, size_t errlen)
+{
+	struct incoming *in = opaque;
+	int r = incoming_listen(in, err, errlen);
+
+	if (r == 0 && in->verbose)
+		fprintf(stderr, "%s: incoming hand-over completed; serving %s (%llu bytes) "
+			"on %s\n", prog, in->image, (unsigned long long)n->size,
+			in->unix_path ? in->unix_path : in->bind_addr);
+	return r;
+}
+
 /* The migration ended (main loop): serve the image only if it arrived whole. */
 static void incoming_done(void *opaque, int result, const char *why)
 {
 	struct incoming *in = opaque;
-	int r, fd;
+	char err[512];
+	int r;
 
 	if (result < 0) {
 		incoming_fail(in, "incoming migration failed, not serving %s: %s",
@@ -279,22 +320,8 @@ static void incoming_done(void *opaque, int result, const char *why)
 	}
 	nbd_inject_install(in->blk);
 	in->eo.blk = in->blk;
-	if ((r = ioc_nbd_server_add_export(in->srv, &in->eo)) < 0) {
-		incoming_fail(in, "export: %s", strerror(-r));
-		return;
-	}
-	fd = in->unix_path ? ioc_nbd_listen_unix(in->unix_path)
-			   : ioc_nbd_listen_tcp(in->bind_addr, in->port);
-	if (fd < 0) {
-		incoming_fail(in, "cannot listen on %s: %s",
-			      in->unix_path ? in->unix_path : in->bind_addr, strerror(-fd));
-		return;
-	}
-	if (in->unix_path)
-		own(&owned_sock, in->unix_path);
-	if ((r = ioc_nbd_server_add_listener(in->srv, fd)) < 0 ||
-	    (r = ioc_nbd_server_serve(in->srv)) < 0) {
-		incoming_fail(in, "serve: %s", strerror(-r));
+	if (incoming_listen(in, err, sizeof(err)) < 0) {
+		incoming_fail(in, "%s", err);
 		return;
 	}
 	if (in->verbose) {
@@ -569,8 +596,9 @@ int main(int argc, char **argv)
 		const char *cls;
 		struct ioc_node *node;
 
-		if (compressed || overlay || incoming_uri)
-			die("--overlay and --incoming need a raw or compressed image file");
+		if (compressed || overlay || (incoming_uri && !ioc__rbd_is_filename(image)))
+			die("--overlay and --incoming need a raw or compressed image file "
+			    "(or, for --incoming, an rbd: image)");
 		if (ioc__rbd_is_filename(image)) {
 			o = ioc__rbd_parse_filename(image, msg, sizeof(msg));
 			if (!o)
@@ -581,6 +609,11 @@ int main(int argc, char **argv)
 				      "aio", bo.aio == IOC_BLK_AIO_THREADS ? "threads" : "io_uring",
 				      "cache", "direct", bo.cache == IOC_BLK_CACHE_NONE);
 		}
+		/* --incoming: another host has the image until it hands it
+		 * over (the node takes it then: handover.c). */
+		if (o && incoming_uri &&
+		    json_object_set_new(o, "__org.iocore_inactive", json_true()))
+			die("out of memory");
 		if (!o || json_object_set_new(o, "node-name", json_string("disk")) ||
 		    json_object_set_new(o, "read-only", json_boolean(bo.read_only)) ||
 		    json_object_set_new(o, "discard", json_string("unmap")))
@@ -591,6 +624,8 @@ int main(int argc, char **argv)
 		json_decref(o);
 		eo.node = node;
 		compressed = false;
+		if (incoming_uri)
+			so.defer_serving = true;
 	} else if (compressed) {
 		char msg[512] = "";
 		if ((r = ioc_zip_image_open(&zimg, image, &zo, msg, sizeof(msg))) < 0)
@@ -671,6 +706,7 @@ int main(int argc, char **argv)
 		struct ioc__mig_incoming_opts io = {
 			.uri = incoming_uri, .image = image,
 			.done = incoming_done, .opaque = &in,
+			.node = eo.node, .serve = eo.node ? incoming_serve : NULL,
 		};
 		if ((r = ioc_daemon_nbd_incoming(srv, &io, err, sizeof(err))) < 0)
 			die("--incoming: %s", err);

@@ -1,0 +1,536 @@
+/*
+ * Hand-over migration: an export whose node is on shared storage (an rbd
+ * image, which the destination opens too) moves to another iocore-nbd
+ * without copying a byte, with capability __org.iocore_handover.
+ *
+ * Problem.  Copying an image that both hosts already see costs its whole
+ * size and a switch-over pass; what must move is only the right to write
+ * it (the exclusive lock) and what the writer keeps beside it (its
+ * persistent bitmaps), and at no moment may both hosts write.
+ *
+ * Design.  Setup: the thread connects and sends a header with the
+ * hand-over flag.  Active: it asks the main loop (ho_req, answered on
+ * cond) to hold the node (the gate drains running requests) and to
+ * inactivate it (flush, bitmaps written back, lock released:
+ * ioc_node_inactivate()).  Device: HANDOVER names the image (its shared
+ * id) and size; the destination checks both against the node it opened
+ * inactive, activates it (takes the lock, loads the bitmaps), serves it,
+ * and answers READY.  Completed: the node stays shut and host.retire()
+ * tells the clients to go.  Any failure or migrate_cancel before READY:
+ * the main loop activates the node again and opens the gate; the source
+ * serves on.  The lock decides every race: a destination that took it
+ * keeps it, and the source, unable to take it back, stays shut (failed).
+ * The main loop does every node change, so the bitmap commands of the
+ * control socket never run beside them; the thread only talks.
+ *
+ * Sleep/wake handshakes: the thread sets ho_req under lock and schedules
+ * the bottom half; the main loop sets ho_answered under lock and
+ * broadcasts cond; the thread waits on cond for ho_answered or cancel
+ * (migrate_cancel and ioc__nbd_mig_free() set it and broadcast under the
+ * same lock), so no wake is lost and a freeing main loop never waits for
+ * a request it will not answer.  The READY wait polls the socket in 50 ms
+ * slices, checking cancel, which also shuts the socket down.
+ *
+ * Rejected: the node changes on the migration thread (they would race the
+ * control socket's bitmap commands); librbd's cooperative lock hand-off
+ * (lock=auto: the destination's first write would take it while the
+ * source may still write); copying the image anyway (nothing to gain).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "migrate-int.h"
+#include "receive.h"
+#include "stream.h"
+
+#define HO_CONNECT_TIMEOUT_MS 30000
+#define HO_READY_TIMEOUT_MS   30000
+#define HO_BLOCK              IOC_MIG_MIN_BLOCK
+
+enum { HO_REQ_NONE, HO_REQ_LET_GO, HO_REQ_TAKE };
+
+struct ho_src {
+	struct ioc__nbd_mig *m;
+	struct ioc__mig_params p;
+	char uri[256];
+	char id[IOC_MIG_MAX_SHARED_ID + 1];
+	uint64_t size;
+	int sock;
+	void *tls;
+	char why[256];
+};
+
+static bool ho_cancelled(struct ioc__nbd_mig *m)
+{
+	/* relaxed: a request to stop; see struct ioc__nbd_mig. */
+	return atomic_load_explicit(&m->cancel, memory_order_relaxed);
+}
+
+static int ho_fail(char *why, size_t len, int err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int ho_fail(char *why, size_t len, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!why[0]) {
+		va_start(ap, fmt);
+		vsnprintf(why, len, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+/* Ask the main loop to do req and wait for its answer (the handshake is
+ * in the essay).  -ECANCELED when cancelled first. */
+static int ask_main(struct ioc__nbd_mig *m, int req, char *why, size_t whylen)
+{
+	int ret;
+
+	pthread_mutex_lock(&m->lock);
+	m->ho_req = req;
+	m->ho_answered = false;
+	ioc_bh_schedule(m->bh);
+	while (!m->ho_answered && !ho_cancelled(m))
+		pthread_cond_wait(&m->cond, &m->lock);
+	ret = m->ho_answered ? m->ho_ret : -ECANCELED;
+	if (ret < 0 && m->ho_answered)
+		snprintf(why, whylen, "%s", m->ho_why);
+	pthread_mutex_unlock(&m->lock);
+	return ret;
+}
+
+/* ---- the source (its thread) --------------------------------------------- */
+
+static int ho_connect(struct ho_src *s)
+{
+	char host[256], port[16];
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_NUMERICSERV };
+	struct addrinfo *res, *ai;
+	int fd = -1, err = -EHOSTUNREACH;
+
+	if (ioc__nbd_mig_parse_uri(s->uri, host, sizeof(host), port, sizeof(port)) < 0)
+		return ho_fail(s->why, sizeof(s->why), -EINVAL, "Invalid URI '%s'", s->uri);
+	if (getaddrinfo(host, port, &hints, &res) != 0)
+		return ho_fail(s->why, sizeof(s->why), -EHOSTUNREACH, "Cannot resolve '%s'",
+			       host);
+	for (ai = res; ai && fd < 0 && err != -ECANCELED; ai = ai->ai_next) {
+		int64_t deadline = ioc__nbd_mig_now_ms() + HO_CONNECT_TIMEOUT_MS;
+
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			    ai->ai_protocol);
+		if (fd < 0) {
+			err = -errno;
+			continue;
+		}
+		err = connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS
+		      ? -errno : 0;
+		while (err == 0) {
+			struct pollfd pf = { fd, POLLOUT, 0 };
+			int so = 0;
+			socklen_t sl = sizeof(so);
+
+			if (ho_cancelled(s->m)) {
+				err = -ECANCELED;
+			} else if (poll(&pf, 1, 50) == 0) {
+				if (ioc__nbd_mig_now_ms() > deadline)
+					err = -ETIMEDOUT;
+			} else {
+				getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+				err = so ? -so : 1;
+			}
+		}
+		if (err < 0) {
+			close(fd);
+			fd = -1;
+		}
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return err == -ECANCELED ? err :
+		       ho_fail(s->why, sizeof(s->why), err, "Failed to connect to '%s': %s",
+			       s->uri, strerror(-err));
+	/* Blocking from here; a cancel shuts the socket down to wake it. */
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	pthread_mutex_lock(&s->m->lock);
+	s->m->sock = fd;
+	pthread_mutex_unlock(&s->m->lock);
+	s->sock = fd;
+	if (ho_cancelled(s->m))
+		return -ECANCELED;
+	if (s->p.tls_creds[0]) {
+		const char *name = s->p.tls_hostname[0] ? s->p.tls_hostname : host;
+		char e[200] = "";
+		int r;
+
+		if (!s->m->host.tls)
+			return ho_fail(s->why, sizeof(s->why), -EINVAL, "tls-creds is set but "
+				       "this server has no TLS credentials");
+		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, &s->tls, e, sizeof(e));
+		if (r < 0)
+			return ho_cancelled(s->m) ? -ECANCELED :
+			       ho_fail(s->why, sizeof(s->why), r,
+				       "TLS handshake with the destination failed: %s", e);
+	}
+	return 0;
+}
+
+static int ho_send(struct ho_src *s, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = s->tls ? s->m->host.tls->send(s->tls, p, len)
+				   : send(s->sock, p, len, MSG_NOSIGNAL);
+
+		if (n < 0 && !s->tls && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = n < 0 ? (s->tls ? (int)-n : errno) : EPIPE;
+
+			return ho_cancelled(s->m) ? -ECANCELED :
+			       ho_fail(s->why, sizeof(s->why), -e,
+				       "Unable to write to the destination: %s", strerror(e));
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* The destination's answer: READY (or ACK, a receiver's failure), within
+ * HO_READY_TIMEOUT_MS. */
+static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
+{
+	int64_t deadline = ioc__nbd_mig_now_ms() + HO_READY_TIMEOUT_MS;
+	uint8_t buf[IOC_MIG_REC_SIZE];
+	struct ioc_mig_rec r;
+	const char *what = NULL;
+	size_t got = 0;
+
+	while (got < sizeof(buf)) {
+		struct pollfd pf = { s->sock, POLLIN, 0 };
+		ssize_t n;
+
+		if (ho_cancelled(s->m))
+			return -ECANCELED;
+		if (ioc__nbd_mig_now_ms() > deadline)
+			return ho_fail(s->why, sizeof(s->why), -ETIMEDOUT,
+				       "No answer from the destination within %d s",
+				       HO_READY_TIMEOUT_MS / 1000);
+		if (poll(&pf, 1, 50) == 0)
+			continue;
+		n = s->tls ? s->m->host.tls->recv(s->tls, buf + got, sizeof(buf) - got)
+			   : recv(s->sock, buf + got, sizeof(buf) - got, 0);
+		if (n < 0 && !s->tls && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return ho_cancelled(s->m) ? -ECANCELED :
+			       ho_fail(s->why, sizeof(s->why), -EPIPE,
+				       "The destination closed the stream before it was ready");
+		got += (size_t)n;
+	}
+	if (ioc_mig_rec_decode(buf, h, &r, &what) < 0 ||
+	    (r.type != IOC_MIG_READY && r.type != IOC_MIG_ACK))
+		return ho_fail(s->why, sizeof(s->why), -EPROTO,
+			       "Bad answer from the destination: %s", what ? what : "not READY");
+	if (r.offset != 0) {
+		int e = r.offset > 4095 ? EPROTO : (int)r.offset;
+
+		return ho_fail(s->why, sizeof(s->why), -e, "The destination refused the "
+			       "hand-over: %s (its log says why)", strerror(e));
+	}
+	return 0;
+}
+
+static int ho_run(struct ho_src *s)
+{
+	struct ioc__nbd_mig *m = s->m;
+	struct ioc_mig_hdr h = { .version = IOC_MIG_VERSION, .flags = IOC_MIG_F_HANDOVER,
+				 .image_size = s->size, .block_size = HO_BLOCK };
+	size_t idlen = strlen(s->id);
+	struct ioc_mig_rec r = { .type = IOC_MIG_HANDOVER, .offset = s->size,
+				 .length = (uint32_t)idlen, .payload_len = (uint32_t)idlen,
+				 .data_crc = ioc_mig_crc(s->id, idlen) };
+	uint8_t buf[IOC_MIG_HDR_SIZE + IOC_MIG_REC_SIZE + IOC_MIG_MAX_SHARED_ID];
+	int ret = ho_connect(s);
+
+	if (ret < 0)
+		return ret;
+	ioc_mig_hdr_encode(&h, buf);
+	ret = ho_send(s, buf, IOC_MIG_HDR_SIZE);
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&m->lock);
+	m->st.transferred += IOC_MIG_HDR_SIZE;
+	m->t_setup = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	pthread_mutex_unlock(&m->lock);
+	/* Hold and let go: the main loop's work (the essay). */
+	ret = ask_main(m, HO_REQ_LET_GO, s->why, sizeof(s->why));
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&m->lock);
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_DEVICE);
+	pthread_mutex_unlock(&m->lock);
+	ioc_mig_rec_encode(&r, buf);
+	memcpy(buf + IOC_MIG_REC_SIZE, s->id, idlen);
+	ret = ho_send(s, buf, IOC_MIG_REC_SIZE + idlen);
+	if (ret < 0)
+		return ret;
+	ret = ho_wait_ready(s, &h);
+	pthread_mutex_lock(&m->lock);
+	m->st.transferred += IOC_MIG_REC_SIZE + idlen + (ret == 0 ? IOC_MIG_REC_SIZE : 0);
+	if (ret == 0) {
+		/* The destination serves: no way back, whatever a cancel says. */
+		m->end_sent = true;
+		m->downtime_ns = ioc_now_ns() - m->ho_t_hold;
+	}
+	pthread_mutex_unlock(&m->lock);
+	return ret;
+}
+
+static void *ho_thread(void *opaque)
+{
+	struct ho_src *s = opaque;
+	struct ioc__nbd_mig *m = s->m;
+	int ret = ho_run(s);
+
+	if (s->tls)
+		m->host.tls->end(s->tls, ret == 0);
+	if (ret < 0 && ret != -ECANCELED && ho_cancelled(m))
+		ret = -ECANCELED;
+	pthread_mutex_lock(&m->lock);
+	if (m->sock >= 0) {
+		close(m->sock);
+		m->sock = -1;
+	}
+	m->result = ret;
+	if (ret < 0 && ret != -ECANCELED)
+		snprintf(m->error, sizeof(m->error), "%s", s->why[0] ? s->why : strerror(-ret));
+	m->thread_done = true;
+	ioc_bh_schedule(m->bh);
+	pthread_mutex_unlock(&m->lock);
+	free(s);
+	return NULL;
+}
+
+json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
+				    const char *uri, struct ioc__qmp_err *err)
+{
+	const char *id = ioc_node_shared_id(n);
+	struct ho_src *s;
+	int r;
+
+	if (!m->p.handover) {
+		ioc__qmp_errf(err, "Node '%s' is on shared storage (%s): set the capability "
+			      "__org.iocore_handover to hand it over (nothing is copied)",
+			      n->name, id);
+		return NULL;
+	}
+	if (!id) {
+		ioc__qmp_errf(err, "The capability __org.iocore_handover needs an export of "
+			      "shared storage (an rbd node); node '%s' (driver %s) is not: "
+			      "migrate it without the capability, which copies it", n->name,
+			      n->drv->name);
+		return NULL;
+	}
+	if (m->p.pause_before_switchover) {
+		/* The hold lasts milliseconds; a pause in it would hold the
+		 * clients for as long as the caller waits. */
+		ioc__qmp_errf(err, "Capability pause-before-switchover is not supported with "
+			      "__org.iocore_handover");
+		return NULL;
+	}
+	if (strlen(id) > IOC_MIG_MAX_SHARED_ID || !n->size) {
+		ioc__qmp_errf(err, "Node '%s' cannot be handed over (its name is too long, "
+			      "or it is empty)", n->name);
+		return NULL;
+	}
+	if (!ioc_node_is_active(n)) {
+		ioc__qmp_errf(err, "Node '%s' is inactive: it was handed over already", n->name);
+		return NULL;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		ioc__qmp_errf(err, "out of memory");
+		return NULL;
+	}
+	s->m = m;
+	s->p = m->p;
+	s->size = n->size;
+	s->sock = -1;
+	snprintf(s->uri, sizeof(s->uri), "%s", uri);
+	snprintf(s->id, sizeof(s->id), "%s", id);
+	m->node = n;
+	m->blk = NULL;
+	m->bm = NULL;
+	m->nt_added = false;
+	m->handover = true;
+	m->let_go = false;
+	pthread_mutex_lock(&m->lock);
+	memset(&m->st, 0, sizeof(m->st));
+	m->st.total = n->size;
+	m->error[0] = '\0';
+	m->t_start = ioc__nbd_mig_now_ms();
+	m->t_setup = m->t_end = 0;
+	m->downtime_ns = 0;
+	m->cont = m->dest_gone = m->end_sent = m->thread_done = false;
+	m->result = 0;
+	m->ho_req = HO_REQ_NONE;
+	m->ho_answered = false;
+	/* relaxed: no thread runs yet (pthread_create orders it). */
+	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
+	snprintf(m->uri, sizeof(m->uri), "%s", uri);
+	ioc__nbd_mig_begin_locked(m);
+	pthread_mutex_unlock(&m->lock);
+	r = pthread_create(&m->thread, NULL, ho_thread, s);
+	if (r != 0) {
+		free(s);
+		pthread_mutex_lock(&m->lock);
+		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
+			 strerror(r));
+		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+		pthread_mutex_unlock(&m->lock);
+		ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
+		return NULL;
+	}
+	m->thread_running = true;
+	ioc__nbd_mig_log(m, "migration: handing %s over to %s", id, uri);
+	return json_object();
+}
+
+/* ---- the main loop's part --------------------------------------------------- */
+
+void ioc__nbd_mig_handover_bh(struct ioc__nbd_mig *m)
+{
+	char why[256] = "";
+	int req, ret = 0;
+
+	pthread_mutex_lock(&m->lock);
+	req = m->ho_req;
+	m->ho_req = HO_REQ_NONE;
+	pthread_mutex_unlock(&m->lock);
+	if (req == HO_REQ_NONE || ho_cancelled(m))
+		return;
+	if (req == HO_REQ_LET_GO) {
+		int64_t t = ioc_now_ns();
+
+		ioc_node_set_gate(m->node, IOC_NODE_GATE_HOLD);
+		pthread_mutex_lock(&m->lock);
+		m->ho_t_hold = t;
+		pthread_mutex_unlock(&m->lock);
+		ret = ioc_node_inactivate(m->node, why, sizeof(why));
+		m->let_go = ret == 0;
+	} else {
+		ret = ioc_node_activate(m->in_node, why, sizeof(why));
+		if (ret == 0 && m->in_serve) {
+			ret = m->in_serve(m->in_opaque, m->in_node, why, sizeof(why));
+			if (ret < 0) {
+				char e2[256];
+
+				(void)ioc_node_inactivate(m->in_node, e2, sizeof(e2));
+			}
+		}
+	}
+	pthread_mutex_lock(&m->lock);
+	m->ho_ret = ret;
+	snprintf(m->ho_why, sizeof(m->ho_why), "%s", why);
+	m->ho_answered = true;
+	pthread_cond_broadcast(&m->cond);
+	pthread_mutex_unlock(&m->lock);
+}
+
+void ioc__nbd_mig_handover_finish(struct ioc__nbd_mig *m)
+{
+	char why[256] = "";
+	int result;
+
+	pthread_mutex_lock(&m->lock);
+	result = m->result;
+	m->ho_req = HO_REQ_NONE;
+	pthread_mutex_unlock(&m->lock);
+	if (result == 0) {
+		/* The destination serves the image: NBD_ESHUTDOWN to held and
+		 * new requests, the clients go. */
+		ioc_node_set_gate(m->node, IOC_NODE_GATE_SHUT);
+		m->host.retire(m->host.opaque);
+		ioc__nbd_mig_log(m, "migration completed: handed over, no longer serving");
+	} else if (m->let_go && ioc_node_activate(m->node, why, sizeof(why)) < 0) {
+		/* The lock is elsewhere (a destination that took it after
+		 * all): serving now could mean two writers. */
+		ioc_node_set_gate(m->node, IOC_NODE_GATE_SHUT);
+		m->host.retire(m->host.opaque);
+		char first[96];
+
+		pthread_mutex_lock(&m->lock);
+		snprintf(first, sizeof(first), "%.95s", m->error[0] ? m->error : "cancelled");
+		snprintf(m->error, sizeof(m->error), "%.95s; and the image could not be "
+			 "taken back (%.100s): not serving", first, why);
+		result = m->result = -EBUSY;
+		pthread_mutex_unlock(&m->lock);
+	} else if (atomic_load_explicit(&m->node->gate, memory_order_relaxed) !=
+		   IOC_NODE_GATE_OPEN) {
+		/* Relaxed: the gate is only changed on this thread. */
+		ioc_node_set_gate(m->node, IOC_NODE_GATE_OPEN);
+	}
+	m->let_go = false;
+	pthread_mutex_lock(&m->lock);
+	m->t_end = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
+	pthread_mutex_unlock(&m->lock);
+	if (result < 0 && result != -ECANCELED)
+		ioc__nbd_mig_log(m, "migration failed: %s", m->error);
+}
+
+/* ---- the destination (its thread) -------------------------------------------- */
+
+int ioc__nbd_mig_handover_receive(struct ioc__nbd_mig *m, const struct ioc_mig_recv_opts *o,
+				  char *why, size_t whylen)
+{
+	char id[IOC_MIG_MAX_SHARED_ID + 1];
+	const char *mine = ioc_node_shared_id(m->in_node);
+	uint64_t size = 0;
+	int ret = ioc_mig_receive_handover(o, id, sizeof(id), &size, why, whylen);
+
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&m->lock);
+	m->st.total = size;
+	m->st.transferred = IOC_MIG_HDR_SIZE + IOC_MIG_REC_SIZE + strlen(id);
+	m->t_setup = ioc__nbd_mig_now_ms();
+	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	pthread_mutex_unlock(&m->lock);
+	if (!mine || strcmp(id, mine) != 0) {
+		snprintf(why, whylen, "the source hands over %.400s, but this destination "
+			 "opened %.400s", id, mine ? mine : "no shared image");
+		ret = -EXDEV;
+	} else if (size != m->in_node->size) {
+		snprintf(why, whylen, "the source's image has %llu bytes, this destination's "
+			 "%llu", (unsigned long long)size,
+			 (unsigned long long)m->in_node->size);
+		ret = -EINVAL;
+	} else {
+		ret = ask_main(m, HO_REQ_TAKE, why, whylen);
+	}
+	/* After a refusal, tell the source (best effort): it takes its
+	 * image back at once instead of at its timeout. */
+	int r2 = ioc_mig_send_ready(o, ret);
+
+	if (ret == 0 && r2 < 0)
+		ioc__nbd_mig_log(m, "incoming hand-over: serving, but READY could not be "
+				 "sent (%s): the source will fail to take the image back",
+				 strerror(-r2));
+	return ret;
+}
