@@ -92,13 +92,13 @@ static const struct ioc__mig_tls_ops nbd_tls = {
 
 static void job_stop(void *job)
 {
-	ioc__nbd_mig_free(job);
+	ioc__mig_free(job);
 }
 
 /* The server's migration, made on first use. */
-static struct ioc__nbd_mig *mig_of(struct ioc_nbd_server *srv, char *err, size_t errlen)
+static struct ioc__mig *mig_of(struct ioc_nbd_server *srv, char *err, size_t errlen)
 {
-	struct ioc__nbd_mig *m = ioc_nbd_server_job(srv);
+	struct ioc__mig *m = ioc_nbd_server_job(srv);
 	struct ioc__mig_host host = {
 		.main_loop = ioc_nbd_server_main_loop(srv), .opaque = srv,
 		.event = host_event, .log = host_log, .serving = host_serving,
@@ -108,7 +108,7 @@ static struct ioc__nbd_mig *mig_of(struct ioc_nbd_server *srv, char *err, size_t
 
 	if (m)
 		return m;
-	if (ioc__nbd_mig_new(&m, &host) < 0) {
+	if (ioc__mig_new(&m, &host) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
@@ -119,9 +119,9 @@ static struct ioc__nbd_mig *mig_of(struct ioc_nbd_server *srv, char *err, size_t
 int ioc_daemon_nbd_incoming(struct ioc_nbd_server *srv, const struct ioc__mig_incoming_opts *o,
 			    char *err, size_t errlen)
 {
-	struct ioc__nbd_mig *m = mig_of(srv, err, errlen);
+	struct ioc__mig *m = mig_of(srv, err, errlen);
 
-	return m ? ioc__nbd_mig_incoming_setup(m, o, err, errlen) : -ENOMEM;
+	return m ? ioc__mig_incoming_setup(m, o, err, errlen) : -ENOMEM;
 }
 
 #define MIG_CMD(name, impl)                                                         \
@@ -129,7 +129,7 @@ int ioc_daemon_nbd_incoming(struct ioc_nbd_server *srv, const struct ioc__mig_in
 	{                                                                           \
 		struct ioc__daemon_ctl *c = ctx;                                    \
 		struct ioc_nbd_server *srv = c->nbd ? c->nbd(c) : NULL;             \
-		struct ioc__nbd_mig *m;                                             \
+		struct ioc__mig *m;                                             \
 		if (!srv) {                                                         \
 			ioc__qmp_errf(err, "NBD server not running");               \
 			return NULL;                                                \
@@ -138,15 +138,15 @@ int ioc_daemon_nbd_incoming(struct ioc_nbd_server *srv, const struct ioc__mig_in
 		return m ? impl(m, args, err) : NULL;                               \
 	}
 
-MIG_CMD(set_caps, ioc__nbd_mig_set_caps)
-MIG_CMD(query_caps, ioc__nbd_mig_query_caps)
-MIG_CMD(set_params, ioc__nbd_mig_set_params)
-MIG_CMD(query_params, ioc__nbd_mig_query_params)
-MIG_CMD(migrate, ioc__nbd_mig_migrate)
-MIG_CMD(query, ioc__nbd_mig_query)
-MIG_CMD(continue, ioc__nbd_mig_continue)
-MIG_CMD(cancel, ioc__nbd_mig_cancel)
-MIG_CMD(incoming, ioc__nbd_mig_incoming)
+MIG_CMD(set_caps, ioc__mig_set_caps)
+MIG_CMD(query_caps, ioc__mig_query_caps)
+MIG_CMD(set_params, ioc__mig_set_params)
+MIG_CMD(query_params, ioc__mig_query_params)
+MIG_CMD(migrate, ioc__mig_migrate)
+MIG_CMD(query, ioc__mig_query)
+MIG_CMD(continue, ioc__mig_continue)
+MIG_CMD(cancel, ioc__mig_cancel)
+MIG_CMD(incoming, ioc__mig_incoming)
 
 const struct ioc__qmp_cmd ioc__daemon_migrate_cmds[] = {
 	IOC_DAEMON_MIG_CMDS,

@@ -160,15 +160,15 @@ ioc__qmp_fn ioc__daemon_mig_set_caps, ioc__daemon_mig_query_caps, ioc__daemon_mi
 	    ioc__daemon_mig_query_params, ioc__daemon_mig_migrate, ioc__daemon_mig_query,
 	    ioc__daemon_mig_continue, ioc__daemon_mig_cancel, ioc__daemon_mig_incoming;
 #define IOC_DAEMON_MIG_CMDS                                                          \
-	{ "migrate-set-capabilities", ioc__daemon_mig_set_caps, ioc__nbd_mig_args_caps },   \
+	{ "migrate-set-capabilities", ioc__daemon_mig_set_caps, ioc__mig_args_caps },   \
 	{ "query-migrate-capabilities", ioc__daemon_mig_query_caps, NULL },                \
-	{ "migrate-set-parameters", ioc__daemon_mig_set_params, ioc__nbd_mig_args_params }, \
+	{ "migrate-set-parameters", ioc__daemon_mig_set_params, ioc__mig_args_params }, \
 	{ "query-migrate-parameters", ioc__daemon_mig_query_params, NULL },                \
-	{ "migrate", ioc__daemon_mig_migrate, ioc__nbd_mig_args_migrate },                  \
+	{ "migrate", ioc__daemon_mig_migrate, ioc__mig_args_migrate },                  \
 	{ "query-migrate", ioc__daemon_mig_query, NULL },                                  \
-	{ "migrate-continue", ioc__daemon_mig_continue, ioc__nbd_mig_args_continue },       \
+	{ "migrate-continue", ioc__daemon_mig_continue, ioc__mig_args_continue },       \
 	{ "migrate_cancel", ioc__daemon_mig_cancel, NULL },                                \
-	{ "migrate-incoming", ioc__daemon_mig_incoming, ioc__nbd_mig_args_incoming }
+	{ "migrate-incoming", ioc__daemon_mig_incoming, ioc__mig_args_incoming }
 extern const struct ioc__qmp_cmd ioc__daemon_migrate_cmds[];
 /* cmd-object.c */
 extern const struct ioc__qmp_cmd ioc__daemon_object_cmds[];

@@ -44,7 +44,7 @@
 #include "util/socket.h"
 
 struct dest_args {
-	struct ioc__nbd_mig *m;
+	struct ioc__mig *m;
 	int fd;
 	unsigned threads;
 	char image[4096];
@@ -52,20 +52,20 @@ struct dest_args {
 
 static void progress(void *opaque, const struct ioc_mig_recv_stats *rs)
 {
-	struct ioc__nbd_mig *m = opaque;
+	struct ioc__mig *m = opaque;
 
 	pthread_mutex_lock(&m->lock);
 	if (m->status == IOC_MIG_ST_SETUP && rs->image_size) {
 		m->st.total = rs->image_size;
-		m->t_setup = ioc__nbd_mig_now_ms();
-		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+		m->t_setup = ioc__mig_now_ms();
+		ioc__mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
 	}
 	m->st.transferred = rs->wire_bytes;
 	m->st.normal_bytes = rs->data_bytes;
 	m->st.read_bytes = rs->data_bytes + rs->zero_bytes;
 	if (rs->passes > m->st.dirty_sync_count) {
 		m->st.dirty_sync_count = rs->passes;
-		ioc__nbd_mig_event_locked(m, "MIGRATION_PASS", (int64_t)rs->passes);
+		ioc__mig_event_locked(m, "MIGRATION_PASS", (int64_t)rs->passes);
 	}
 	pthread_mutex_unlock(&m->lock);
 }
@@ -73,7 +73,7 @@ static void progress(void *opaque, const struct ioc_mig_recv_stats *rs)
 static void *dest_thread(void *opaque)
 {
 	struct dest_args *a = opaque;
-	struct ioc__nbd_mig *m = a->m;
+	struct ioc__mig *m = a->m;
 	struct ioc_mig_recv_stats st = { 0 };
 	char why[512] = "";
 	const struct ioc__mig_tls_ops *ops = m->host.tls;
@@ -100,7 +100,7 @@ static void *dest_thread(void *opaque)
 			.tr = tls ? &tr : NULL,
 		};
 
-		ret = ioc__nbd_mig_handover_receive(m, &o, why, sizeof(why));
+		ret = ioc__mig_handover_receive(m, &o, why, sizeof(why));
 		goto out;
 	}
 	img = open(a->image, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -134,13 +134,13 @@ out:
 	return NULL;
 }
 
-static void finish_failed(struct ioc__nbd_mig *m, int r, const char *why)
+static void finish_failed(struct ioc__mig *m, int r, const char *why)
 {
 	pthread_mutex_lock(&m->lock);
 	m->result = r;
 	snprintf(m->error, sizeof(m->error), "%s", why);
-	m->t_end = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+	m->t_end = ioc__mig_now_ms();
+	ioc__mig_set_status_locked(m, IOC_MIG_ST_FAILED);
 	pthread_mutex_unlock(&m->lock);
 	ioc_bh_schedule(m->bh);
 	if (m->in_done)
@@ -150,7 +150,7 @@ static void finish_failed(struct ioc__nbd_mig *m, int r, const char *why)
 /* Main loop: the source connected. */
 static void on_incoming(void *opaque)
 {
-	struct ioc__nbd_mig *m = opaque;
+	struct ioc__mig *m = opaque;
 	struct ioc_loop *loop = m->host.main_loop;
 	struct dest_args *a;
 	int fd, r;
@@ -189,10 +189,10 @@ static void on_incoming(void *opaque)
 		return;
 	}
 	m->thread_running = true;
-	ioc__nbd_mig_log(m, "incoming migration: connected%s", m->host.tls ? " (TLS)" : "");
+	ioc__mig_log(m, "incoming migration: connected%s", m->host.tls ? " (TLS)" : "");
 }
 
-void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)
+void ioc__mig_incoming_finish(struct ioc__mig *m)
 {
 	int result;
 	char why[256];
@@ -200,24 +200,24 @@ void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m)
 	pthread_mutex_lock(&m->lock);
 	result = m->result;
 	snprintf(why, sizeof(why), "%s", m->error);
-	m->t_end = ioc__nbd_mig_now_ms();
+	m->t_end = ioc__mig_now_ms();
 	/* A stream with no data block never went active. */
 	if (result == 0)
-		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
-	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
+		ioc__mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	ioc__mig_set_status_locked(m, ioc__mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	/* A hand-over destination serves already (in_serve). */
 	if (m->in_done && !(m->in_node && result == 0))
 		m->in_done(m->in_opaque, result, result == 0 ? "" : why);
 }
 
-int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
+int ioc__mig_incoming_start(struct ioc__mig *m, const char *uri,
 				char *err, size_t errlen)
 {
 	char host[256], port[16];
 	int fd, r;
 
-	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
+	if (ioc__mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
 		snprintf(err, errlen, "Invalid migration URI '%s' (tcp:ADDR:PORT)", uri);
 		return -EINVAL;
 	}
@@ -235,15 +235,15 @@ int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
 	m->listen_fd = fd;
 	pthread_mutex_lock(&m->lock);
 	memset(&m->st, 0, sizeof(m->st));
-	m->t_start = ioc__nbd_mig_now_ms();
+	m->t_start = ioc__mig_now_ms();
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	ioc__nbd_mig_begin_locked(m);
+	ioc__mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
-	ioc__nbd_mig_log(m, "incoming migration: listening on %s", uri);
+	ioc__mig_log(m, "incoming migration: listening on %s", uri);
 	return 0;
 }
 
-int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_incoming_opts *o,
+int ioc__mig_incoming_setup(struct ioc__mig *m, const struct ioc__mig_incoming_opts *o,
 				char *err, size_t errlen)
 {
 	if (!m->host.waiting(m->host.opaque)) {
@@ -270,10 +270,10 @@ int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_in
 	}
 	if (!o->uri || strcmp(o->uri, "defer") == 0)
 		return 0;
-	return ioc__nbd_mig_incoming_start(m, o->uri, err, errlen);
+	return ioc__mig_incoming_start(m, o->uri, err, errlen);
 }
 
-json_t *ioc__nbd_mig_incoming(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err)
+json_t *ioc__mig_incoming(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err)
 {
 	const char *uri = json_string_value(json_object_get(args, "uri"));
 	int status;
@@ -291,7 +291,7 @@ json_t *ioc__nbd_mig_incoming(struct ioc__nbd_mig *m, json_t *args, struct ioc__
 			 "The incoming migration has already been started");
 		return NULL;
 	}
-	if (ioc__nbd_mig_incoming_start(m, uri, err->desc, sizeof(err->desc)) < 0)
+	if (ioc__mig_incoming_start(m, uri, err->desc, sizeof(err->desc)) < 0)
 		return NULL;
 	return json_object();
 }

@@ -26,7 +26,7 @@
  * Sleep/wake handshakes: the thread sets ho_req under lock and schedules
  * the bottom half; the main loop sets ho_answered under lock and
  * broadcasts cond; the thread waits on cond for ho_answered or cancel
- * (migrate_cancel and ioc__nbd_mig_free() set it and broadcast under the
+ * (migrate_cancel and ioc__mig_free() set it and broadcast under the
  * same lock), so no wake is lost and a freeing main loop never waits for
  * a request it will not answer.  The READY wait polls the socket in 50 ms
  * slices, checking cancel, which also shuts the socket down.
@@ -59,7 +59,7 @@
 enum { HO_REQ_NONE, HO_REQ_LET_GO, HO_REQ_TAKE };
 
 struct ho_src {
-	struct ioc__nbd_mig *m;
+	struct ioc__mig *m;
 	struct ioc__mig_params p;
 	char uri[256];
 	char id[IOC_MIG_MAX_SHARED_ID + 1];
@@ -69,9 +69,9 @@ struct ho_src {
 	char why[256];
 };
 
-static bool ho_cancelled(struct ioc__nbd_mig *m)
+static bool ho_cancelled(struct ioc__mig *m)
 {
-	/* relaxed: a request to stop; see struct ioc__nbd_mig. */
+	/* relaxed: a request to stop; see struct ioc__mig. */
 	return atomic_load_explicit(&m->cancel, memory_order_relaxed);
 }
 
@@ -91,7 +91,7 @@ static int ho_fail(char *why, size_t len, int err, const char *fmt, ...)
 
 /* Ask the main loop to do req and wait for its answer (the handshake is
  * in the essay).  -ECANCELED when cancelled first. */
-static int ask_main(struct ioc__nbd_mig *m, int req, char *why, size_t whylen)
+static int ask_main(struct ioc__mig *m, int req, char *why, size_t whylen)
 {
 	int ret;
 
@@ -118,13 +118,13 @@ static int ho_connect(struct ho_src *s)
 	struct addrinfo *res, *ai;
 	int fd = -1, err = -EHOSTUNREACH;
 
-	if (ioc__nbd_mig_parse_uri(s->uri, host, sizeof(host), port, sizeof(port)) < 0)
+	if (ioc__mig_parse_uri(s->uri, host, sizeof(host), port, sizeof(port)) < 0)
 		return ho_fail(s->why, sizeof(s->why), -EINVAL, "Invalid URI '%s'", s->uri);
 	if (getaddrinfo(host, port, &hints, &res) != 0)
 		return ho_fail(s->why, sizeof(s->why), -EHOSTUNREACH, "Cannot resolve '%s'",
 			       host);
 	for (ai = res; ai && fd < 0 && err != -ECANCELED; ai = ai->ai_next) {
-		int64_t deadline = ioc__nbd_mig_now_ms() + HO_CONNECT_TIMEOUT_MS;
+		int64_t deadline = ioc__mig_now_ms() + HO_CONNECT_TIMEOUT_MS;
 
 		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
 			    ai->ai_protocol);
@@ -142,7 +142,7 @@ static int ho_connect(struct ho_src *s)
 			if (ho_cancelled(s->m)) {
 				err = -ECANCELED;
 			} else if (poll(&pf, 1, 50) == 0) {
-				if (ioc__nbd_mig_now_ms() > deadline)
+				if (ioc__mig_now_ms() > deadline)
 					err = -ETIMEDOUT;
 			} else {
 				getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
@@ -213,7 +213,7 @@ static int ho_send(struct ho_src *s, const void *buf, size_t len)
  * HO_READY_TIMEOUT_MS. */
 static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 {
-	int64_t deadline = ioc__nbd_mig_now_ms() + HO_READY_TIMEOUT_MS;
+	int64_t deadline = ioc__mig_now_ms() + HO_READY_TIMEOUT_MS;
 	uint8_t buf[IOC_MIG_REC_SIZE];
 	struct ioc_mig_rec r;
 	const char *what = NULL;
@@ -225,7 +225,7 @@ static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 
 		if (ho_cancelled(s->m))
 			return -ECANCELED;
-		if (ioc__nbd_mig_now_ms() > deadline)
+		if (ioc__mig_now_ms() > deadline)
 			return ho_fail(s->why, sizeof(s->why), -ETIMEDOUT,
 				       "No answer from the destination within %d s",
 				       HO_READY_TIMEOUT_MS / 1000);
@@ -256,7 +256,7 @@ static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 
 static int ho_run(struct ho_src *s)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	struct ioc_mig_hdr h = { .version = IOC_MIG_VERSION, .flags = IOC_MIG_F_HANDOVER,
 				 .image_size = s->size, .block_size = HO_BLOCK };
 	size_t idlen = strlen(s->id);
@@ -274,15 +274,15 @@ static int ho_run(struct ho_src *s)
 		return ret;
 	pthread_mutex_lock(&m->lock);
 	m->st.transferred += IOC_MIG_HDR_SIZE;
-	m->t_setup = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	m->t_setup = ioc__mig_now_ms();
+	ioc__mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
 	pthread_mutex_unlock(&m->lock);
 	/* Hold and let go: the main loop's work (the essay). */
 	ret = ask_main(m, HO_REQ_LET_GO, s->why, sizeof(s->why));
 	if (ret < 0)
 		return ret;
 	pthread_mutex_lock(&m->lock);
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_DEVICE);
+	ioc__mig_set_status_locked(m, IOC_MIG_ST_DEVICE);
 	pthread_mutex_unlock(&m->lock);
 	ioc_mig_rec_encode(&r, buf);
 	memcpy(buf + IOC_MIG_REC_SIZE, s->id, idlen);
@@ -304,7 +304,7 @@ static int ho_run(struct ho_src *s)
 static void *ho_thread(void *opaque)
 {
 	struct ho_src *s = opaque;
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	int ret = ho_run(s);
 
 	if (s->tls)
@@ -326,7 +326,7 @@ static void *ho_thread(void *opaque)
 	return NULL;
 }
 
-json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
+json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 				    const char *uri, struct ioc__qmp_err *err)
 {
 	const char *id = ioc_node_shared_id(n);
@@ -383,7 +383,7 @@ json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
 	memset(&m->st, 0, sizeof(m->st));
 	m->st.total = n->size;
 	m->error[0] = '\0';
-	m->t_start = ioc__nbd_mig_now_ms();
+	m->t_start = ioc__mig_now_ms();
 	m->t_setup = m->t_end = 0;
 	m->downtime_ns = 0;
 	m->cont = m->dest_gone = m->end_sent = m->thread_done = false;
@@ -393,7 +393,7 @@ json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
 	/* relaxed: no thread runs yet (pthread_create orders it). */
 	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	ioc__nbd_mig_begin_locked(m);
+	ioc__mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
 	r = pthread_create(&m->thread, NULL, ho_thread, s);
 	if (r != 0) {
@@ -401,19 +401,19 @@ json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
 			 strerror(r));
-		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+		ioc__mig_set_status_locked(m, IOC_MIG_ST_FAILED);
 		pthread_mutex_unlock(&m->lock);
 		ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
 		return NULL;
 	}
 	m->thread_running = true;
-	ioc__nbd_mig_log(m, "migration: handing %s over to %s", id, uri);
+	ioc__mig_log(m, "migration: handing %s over to %s", id, uri);
 	return json_object();
 }
 
 /* ---- the main loop's part --------------------------------------------------- */
 
-void ioc__nbd_mig_handover_bh(struct ioc__nbd_mig *m)
+void ioc__mig_handover_bh(struct ioc__mig *m)
 {
 	char why[256] = "";
 	int req, ret = 0;
@@ -452,7 +452,7 @@ void ioc__nbd_mig_handover_bh(struct ioc__nbd_mig *m)
 	pthread_mutex_unlock(&m->lock);
 }
 
-void ioc__nbd_mig_handover_finish(struct ioc__nbd_mig *m)
+void ioc__mig_handover_finish(struct ioc__mig *m)
 {
 	char why[256] = "";
 	int result;
@@ -466,7 +466,7 @@ void ioc__nbd_mig_handover_finish(struct ioc__nbd_mig *m)
 		 * new requests, the clients go. */
 		ioc_node_set_gate(m->node, IOC_NODE_GATE_SHUT);
 		m->host.retire(m->host.opaque);
-		ioc__nbd_mig_log(m, "migration completed: handed over, no longer serving");
+		ioc__mig_log(m, "migration completed: handed over, no longer serving");
 	} else if (m->let_go && ioc_node_activate(m->node, why, sizeof(why)) < 0) {
 		/* The lock is elsewhere (a destination that took it after
 		 * all): serving now could mean two writers. */
@@ -487,16 +487,16 @@ void ioc__nbd_mig_handover_finish(struct ioc__nbd_mig *m)
 	}
 	m->let_go = false;
 	pthread_mutex_lock(&m->lock);
-	m->t_end = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
+	m->t_end = ioc__mig_now_ms();
+	ioc__mig_set_status_locked(m, ioc__mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	if (result < 0 && result != -ECANCELED)
-		ioc__nbd_mig_log(m, "migration failed: %s", m->error);
+		ioc__mig_log(m, "migration failed: %s", m->error);
 }
 
 /* ---- the destination (its thread) -------------------------------------------- */
 
-int ioc__nbd_mig_handover_receive(struct ioc__nbd_mig *m, const struct ioc_mig_recv_opts *o,
+int ioc__mig_handover_receive(struct ioc__mig *m, const struct ioc_mig_recv_opts *o,
 				  char *why, size_t whylen)
 {
 	char id[IOC_MIG_MAX_SHARED_ID + 1];
@@ -509,8 +509,8 @@ int ioc__nbd_mig_handover_receive(struct ioc__nbd_mig *m, const struct ioc_mig_r
 	pthread_mutex_lock(&m->lock);
 	m->st.total = size;
 	m->st.transferred = IOC_MIG_HDR_SIZE + IOC_MIG_REC_SIZE + strlen(id);
-	m->t_setup = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	m->t_setup = ioc__mig_now_ms();
+	ioc__mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
 	pthread_mutex_unlock(&m->lock);
 	if (!mine || strcmp(id, mine) != 0) {
 		snprintf(why, whylen, "the source hands over %.400s, but this destination "
@@ -529,7 +529,7 @@ int ioc__nbd_mig_handover_receive(struct ioc__nbd_mig *m, const struct ioc_mig_r
 	int r2 = ioc_mig_send_ready(o, ret);
 
 	if (ret == 0 && r2 < 0)
-		ioc__nbd_mig_log(m, "incoming hand-over: serving, but READY could not be "
+		ioc__mig_log(m, "incoming hand-over: serving, but READY could not be "
 				 "sent (%s): the source will fail to take the image back",
 				 strerror(-r2));
 	return ret;

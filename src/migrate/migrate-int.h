@@ -8,7 +8,7 @@
  * front end's main loop.  The source's copy is an engine coroutine on an
  * I/O thread of its own (eng), with its answer reader, compression
  * workers and timers on that loop; the destination's receive runs on a
- * thread of its own.  Everything in struct ioc__nbd_mig below "shared" is
+ * thread of its own.  Everything in struct ioc__mig below "shared" is
  * guarded by lock; the engine (or the receiving thread) reports status
  * changes and its end through an event queue drained by a bottom half on
  * the main loop (mig_bh), which alone emits QMP events, touches the
@@ -100,14 +100,14 @@ struct ioc__mig_stats {
 
 /* A client write waiting for its blocks to reach the destination (on the
  * stack of the request's coroutine, source.c). */
-struct ioc__nbd_mirror_req {
-	struct ioc__nbd_mirror_req *next;
+struct ioc__mig_mirror_req {
+	struct ioc__mig_mirror_req *next;
 	uint64_t offset, len;
 	uint64_t seq;                   /* its last MIRROR record */
 	struct ioc_co_await aw;
 };
 
-struct ioc__nbd_mig {
+struct ioc__mig {
 	struct ioc__mig_host host;      /* the front end (migrate.h) */
 	struct ioc_bh *bh;              /* main loop: events, the end */
 	struct ioc__mig_params p;       /* main loop; copied at start */
@@ -116,7 +116,7 @@ struct ioc__nbd_mig {
 	 * guards a few loads and stores); engine_kick() takes no lock and
 	 * is called under either. */
 	pthread_mutex_t lock;
-	pthread_cond_t cond;            /* thread_done, to ioc__nbd_mig_free() */
+	pthread_cond_t cond;            /* thread_done, to ioc__mig_free() */
 	/* ---- shared (lock) ---- */
 	int status;
 	bool incoming;
@@ -178,8 +178,8 @@ struct ioc__nbd_mig {
 	bool nt_added;
 	atomic_bool hook;
 	/* to send: queued, then a kick (mirror_notify()) */
-	struct ioc__nbd_mirror_req *mir_wait, **mir_wait_tail;
-	struct ioc__nbd_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
+	struct ioc__mig_mirror_req *mir_wait, **mir_wait_tail;
+	struct ioc__mig_mirror_req *mir_sent, **mir_sent_tail; /* to ack */
 	uint64_t mir_acked;             /* MIRROR records the destination applied */
 	uint64_t mir_bound;             /* MIRROR records that may have been sent:
 					 * raised before each is submitted, so a
@@ -211,27 +211,27 @@ struct ioc__nbd_mig {
 };
 
 /* A line to host.log ("migration failed: ..."), when there is one. */
-void ioc__nbd_mig_log(struct ioc__nbd_mig *m, const char *fmt, ...)
+void ioc__mig_log(struct ioc__mig *m, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* status.c, the status machine.  Under m->lock: move to status
  * and queue the MIGRATION event if the machine allows the move from the
  * current status; false (nothing changed) if not. */
-bool ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status);
+bool ioc__mig_set_status_locked(struct ioc__mig *m, int status);
 /* Under m->lock: a new migration's setup, from none or a final status;
  * false (nothing changed) while one runs. */
-bool ioc__nbd_mig_begin_locked(struct ioc__nbd_mig *m);
+bool ioc__mig_begin_locked(struct ioc__mig *m);
 /* Whether the machine moves from one status to another; whether a
  * status is final (completed, failed, cancelled). */
-bool ioc__nbd_mig_move_ok(int from, int to);
-bool ioc__nbd_mig_final(int status);
+bool ioc__mig_move_ok(int from, int to);
+bool ioc__mig_final(int status);
 /* The status a migration ends in: its result (0 or -errno), cancelled
  * when it was being cancelled. */
-int ioc__nbd_mig_end_status(int current, int result);
+int ioc__mig_end_status(int current, int result);
 /* Under m->lock: queue an event for the main loop (name static). */
-void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t v);
-int64_t ioc__nbd_mig_now_ms(void);
+void ioc__mig_event_locked(struct ioc__mig *m, const char *name, int64_t v);
+int64_t ioc__mig_now_ms(void);
 /* "tcp:HOST:PORT" into host and port; -EINVAL. */
-int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
+int ioc__mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
 			   size_t pl);
 
 /* handover.c: the hand-over of a node on shared storage.  _start (main
@@ -240,18 +240,18 @@ int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
  * what the thread asks (hold and inactivate, activate and serve); _finish
  * (main loop, the thread joined) retires the source or gives it its node
  * back; _receive (the destination's thread) takes one over the stream. */
-json_t *ioc__nbd_mig_handover_start(struct ioc__nbd_mig *m, struct ioc_node *n,
+json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 				    const char *uri, struct ioc__qmp_err *err);
-void ioc__nbd_mig_handover_bh(struct ioc__nbd_mig *m);
-void ioc__nbd_mig_handover_finish(struct ioc__nbd_mig *m);
+void ioc__mig_handover_bh(struct ioc__mig *m);
+void ioc__mig_handover_finish(struct ioc__mig *m);
 struct ioc_mig_recv_opts;
-int ioc__nbd_mig_handover_receive(struct ioc__nbd_mig *m, const struct ioc_mig_recv_opts *o,
+int ioc__mig_handover_receive(struct ioc__mig *m, const struct ioc_mig_recv_opts *o,
 				  char *why, size_t whylen);
 
 /* dest.c: the destination's thread ended (main loop, from mig_bh). */
-void ioc__nbd_mig_incoming_finish(struct ioc__nbd_mig *m);
+void ioc__mig_incoming_finish(struct ioc__mig *m);
 /* dest.c: begin receiving on uri (migrate-incoming).  Main loop. */
-int ioc__nbd_mig_incoming_start(struct ioc__nbd_mig *m, const char *uri,
+int ioc__mig_incoming_start(struct ioc__mig *m, const char *uri,
 				char *err, size_t errlen);
 
 #endif

@@ -73,11 +73,11 @@ struct ioc__mig_host {
 };
 
 /* The migration state of one front end (both ends' commands). */
-struct ioc__nbd_mig;
-int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host);
+struct ioc__mig;
+int ioc__mig_new(struct ioc__mig **out, const struct ioc__mig_host *host);
 /* Stop a migration in progress (cancel and join its thread, open the
  * node's gate again) and free the state: before the front end stops. */
-void ioc__nbd_mig_free(struct ioc__nbd_mig *m);
+void ioc__mig_free(struct ioc__mig *m);
 
 /*
  * Incoming live migration (the destination side), on a front end that
@@ -102,24 +102,24 @@ struct ioc__mig_incoming_opts {
 	struct ioc_node *node;
 	int (*serve)(void *opaque, struct ioc_node *n, char *err, size_t errlen);
 };
-int ioc__nbd_mig_incoming_setup(struct ioc__nbd_mig *m, const struct ioc__mig_incoming_opts *o,
+int ioc__mig_incoming_setup(struct ioc__mig *m, const struct ioc__mig_incoming_opts *o,
 				char *err, size_t errlen);
 
 /* The QMP commands' bodies (src/daemon/cmd-migrate.c), and the specs of
  * their arguments. */
-json_t *ioc__nbd_mig_set_caps(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query_caps(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_set_params(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query_params(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_set_caps(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_query_caps(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_set_params(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_query_params(struct ioc__mig *m, json_t *args,
 				  struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
-json_t *ioc__nbd_mig_incoming(struct ioc__nbd_mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_query(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_continue(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_cancel(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
+json_t *ioc__mig_incoming(struct ioc__mig *m, json_t *args, struct ioc__qmp_err *err);
 
-extern const struct ioc__qmp_arg ioc__nbd_mig_args_caps[], ioc__nbd_mig_args_params[],
-	ioc__nbd_mig_args_migrate[], ioc__nbd_mig_args_continue[],
-	ioc__nbd_mig_args_incoming[];
+extern const struct ioc__qmp_arg ioc__mig_args_caps[], ioc__mig_args_params[],
+	ioc__mig_args_migrate[], ioc__mig_args_continue[],
+	ioc__mig_args_incoming[];
 
 #endif /* IOC_MIGRATE_H */

@@ -80,14 +80,14 @@ static const char *const status_names[] = {
 	[IOC_MIG_ST_CANCELLED] = "cancelled",
 };
 
-int64_t ioc__nbd_mig_now_ms(void)
+int64_t ioc__mig_now_ms(void)
 {
 	return ioc_now_ns() / 1000000;
 }
 
 /* ---- state shared with the main loop ------------------------------------ */
 
-void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t v)
+void ioc__mig_event_locked(struct ioc__mig *m, const char *name, int64_t v)
 {
 	/* Only with capability events; a full queue drops pass events (the
 	 * status events are few and never come that fast). */
@@ -99,10 +99,10 @@ void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t
 	ioc_bh_schedule(m->bh);
 }
 
-static void set_status(struct ioc__nbd_mig *m, int status)
+static void set_status(struct ioc__mig *m, int status)
 {
 	pthread_mutex_lock(&m->lock);
-	ioc__nbd_mig_set_status_locked(m, status);
+	ioc__mig_set_status_locked(m, status);
 	pthread_mutex_unlock(&m->lock);
 }
 
@@ -137,13 +137,13 @@ enum { ENG_RUNNING, ENG_KICKED, ENG_SLEEPING };
 
 static void engine_wake(struct ioc_task *t)
 {
-	struct ioc__nbd_mig *m = ioc_container_of(t, struct ioc__nbd_mig, eng_wake);
+	struct ioc__mig *m = ioc_container_of(t, struct ioc__mig, eng_wake);
 
 	/* On the engine's loop, outside coroutines: enters it at once. */
 	ioc_co_wake(m->eng_co);
 }
 
-static void engine_kick(struct ioc__nbd_mig *m)
+static void engine_kick(struct ioc__mig *m)
 {
 	/* Relaxed: the compare-and-swap below is what pairs. */
 	int st = atomic_load_explicit(&m->eng_state, memory_order_relaxed);
@@ -163,18 +163,18 @@ static void engine_kick(struct ioc__nbd_mig *m)
 	}
 }
 
-static void source_finish(struct ioc__nbd_mig *m);
-static void gate_all(struct ioc__nbd_mig *m, int state);
+static void source_finish(struct ioc__mig *m);
+static void gate_all(struct ioc__mig *m, int state);
 
 /* The destination's receive and a hand-over run on a thread of their own
  * (woken through cond); a copy is the engine. */
-static bool on_thread(const struct ioc__nbd_mig *m)
+static bool on_thread(const struct ioc__mig *m)
 {
 	return m->incoming || m->handover;
 }
 
 /* Under lock: wake the job for a cancel or the end. */
-static void job_wake_locked(struct ioc__nbd_mig *m)
+static void job_wake_locked(struct ioc__mig *m)
 {
 	if (on_thread(m))
 		pthread_cond_broadcast(&m->cond);
@@ -184,7 +184,7 @@ static void job_wake_locked(struct ioc__nbd_mig *m)
 
 /* Main loop: the engine (its I/O thread) or the receiving thread, which
  * has said its last word (thread_done), goes, and the end is reported. */
-static void join_job(struct ioc__nbd_mig *m)
+static void join_job(struct ioc__mig *m)
 {
 	if (on_thread(m)) {
 		pthread_join(m->thread, NULL);
@@ -197,7 +197,7 @@ static void join_job(struct ioc__nbd_mig *m)
 	}
 	m->thread_running = false;
 	if (m->incoming)
-		ioc__nbd_mig_incoming_finish(m);
+		ioc__mig_incoming_finish(m);
 	else
 		source_finish(m);
 }
@@ -205,10 +205,10 @@ static void join_job(struct ioc__nbd_mig *m)
 /* Main loop: emit queued events in order; join a thread that ended. */
 static void mig_bh(void *opaque)
 {
-	struct ioc__nbd_mig *m = opaque;
+	struct ioc__mig *m = opaque;
 	bool done;
 
-	ioc__nbd_mig_handover_bh(m);
+	ioc__mig_handover_bh(m);
 	for (;;) {
 		const char *name;
 		int64_t v;
@@ -238,9 +238,9 @@ static void mig_bh(void *opaque)
 	}
 }
 
-int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host)
+int ioc__mig_new(struct ioc__mig **out, const struct ioc__mig_host *host)
 {
-	struct ioc__nbd_mig *m = calloc(1, sizeof(*m));
+	struct ioc__mig *m = calloc(1, sizeof(*m));
 
 	*out = NULL;
 	if (!m)
@@ -275,7 +275,7 @@ int ioc__nbd_mig_new(struct ioc__nbd_mig **out, const struct ioc__mig_host *host
 	return 0;
 }
 
-void ioc__nbd_mig_log(struct ioc__nbd_mig *m, const char *fmt, ...)
+void ioc__mig_log(struct ioc__mig *m, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -288,7 +288,7 @@ void ioc__nbd_mig_log(struct ioc__nbd_mig *m, const char *fmt, ...)
 	m->host.log(m->host.opaque, msg);
 }
 
-void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
+void ioc__mig_free(struct ioc__mig *m)
 {
 	if (!m)
 		return;
@@ -317,7 +317,7 @@ void ioc__nbd_mig_free(struct ioc__nbd_mig *m)
 	free(m);
 }
 
-int ioc__nbd_mig_parse_uri(const char *uri, char *host, size_t hl, char *port, size_t pl)
+int ioc__mig_parse_uri(const char *uri, char *host, size_t hl, char *port, size_t pl)
 {
 	const char *h, *colon;
 	size_t n;
@@ -363,7 +363,7 @@ struct slot {
 };
 
 struct src {
-	struct ioc__nbd_mig *m;
+	struct ioc__mig *m;
 	struct ioc__mig_params p;
 	struct ioc_loop *loop;          /* the engine's */
 	struct ioc_timer timer;         /* ends an engine_wait() */
@@ -412,7 +412,7 @@ struct src {
 
 static bool cancelled(struct src *s)
 {
-	/* relaxed: a request to stop; see struct ioc__nbd_mig. */
+	/* relaxed: a request to stop; see struct ioc__mig. */
 	return atomic_load_explicit(&s->m->cancel, memory_order_relaxed);
 }
 
@@ -440,7 +440,7 @@ static bool all_zero(const uint8_t *p, size_t n)
  * handshake is above engine_kick()). */
 static void ioc_coroutine_fn engine_wait(struct src *s, int64_t deadline)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	int st = ENG_RUNNING;
 
 	/* Release: pairs with engine_kick()'s acquire, which then finds
@@ -942,16 +942,16 @@ static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 /* Under mir_lock: a request is answered (any thread; the last touch of q:
  * it lives on the stack of the coroutine this resumes). */
-static void mirror_done_locked(struct ioc__nbd_mirror_req *q)
+static void mirror_done_locked(struct ioc__mig_mirror_req *q)
 {
 	ioc_co_await_done(&q->aw, 0);
 }
 
 /* Under mir_lock: answer the sent requests the destination has applied. */
-static void mirror_acked_locked(struct ioc__nbd_mig *m)
+static void mirror_acked_locked(struct ioc__mig *m)
 {
 	while (m->mir_sent && m->mir_sent->seq <= m->mir_acked) {
-		struct ioc__nbd_mirror_req *q = m->mir_sent;
+		struct ioc__mig_mirror_req *q = m->mir_sent;
 
 		m->mir_sent = q->next;
 		if (!m->mir_sent)
@@ -962,13 +962,13 @@ static void mirror_acked_locked(struct ioc__nbd_mig *m)
 
 static void mirror_start(struct src *s)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 
 	pthread_mutex_lock(&m->mir_lock);
 	m->mir_open = true;
 	pthread_mutex_unlock(&m->mir_lock);
 	/* Release: pairs with the notifier's acquire load (mirror_notify()),
-	 * which then sees the state initialised here and in ioc__nbd_mig_get(). */
+	 * which then sees the state initialised here and when the job began. */
 	atomic_store_explicit(&m->hook, true, memory_order_release);
 	s->active = true;
 	pthread_mutex_lock(&m->lock);
@@ -978,13 +978,13 @@ static void mirror_start(struct src *s)
 
 /* Take no more writes and answer every one waiting or sent: their data
  * is on the source.  Under mir_lock. */
-static void mirror_release_all_locked(struct ioc__nbd_mig *m)
+static void mirror_release_all_locked(struct ioc__mig *m)
 {
 	m->mir_open = false;
 	m->mir_acked = UINT64_MAX;
 	mirror_acked_locked(m);
 	while (m->mir_wait) {
-		struct ioc__nbd_mirror_req *q = m->mir_wait;
+		struct ioc__mig_mirror_req *q = m->mir_wait;
 
 		m->mir_wait = q->next;
 		mirror_done_locked(q);
@@ -995,7 +995,7 @@ static void mirror_release_all_locked(struct ioc__nbd_mig *m)
 /* No more mirroring, admission or throttling: every waiting write is
  * answered -- its data is on the source, and once the last pass ran on
  * the destination too (it sends every block still dirty). */
-static void mirror_close(struct ioc__nbd_mig *m)
+static void mirror_close(struct ioc__mig *m)
 {
 	/* Release: pairs with the notifier's acquire load; a notifier that
 	 * still saw it set finds mir_open false under the lock. */
@@ -1013,7 +1013,7 @@ static void mirror_close(struct ioc__nbd_mig *m)
  * shown stops. */
 static void mirror_stop(struct src *s)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 
 	mirror_close(m);
 	pthread_mutex_lock(&m->lock);
@@ -1035,7 +1035,7 @@ static void mirror_stop(struct src *s)
  * request's loop; a pause that began before the end of the migration
  * runs out (at most 25 ms).
  */
-static void ioc_coroutine_fn throttle_pause(struct ioc__nbd_mig *m)
+static void ioc_coroutine_fn throttle_pause(struct ioc__mig *m)
 {
 	/* Relaxed: pairs with the stores in throttle_up() and mirror_stop();
 	 * a stale value only changes one pause. */
@@ -1061,7 +1061,7 @@ static void ioc_coroutine_fn throttle_pause(struct ioc__nbd_mig *m)
  * claim starts from now at the earliest), and a wait is capped at
  * ADMIT_WAIT_MAX_NS so a crowd of writers is slowed, not stalled.
  */
-static void ioc_coroutine_fn admit(struct ioc__nbd_mig *m)
+static void ioc_coroutine_fn admit(struct ioc__mig *m)
 {
 	/* Relaxed: pairs with the stores in admit_update() and mirror_stop();
 	 * a stale gap only changes one write's wait. */
@@ -1083,7 +1083,7 @@ static void ioc_coroutine_fn admit(struct ioc__nbd_mig *m)
 		ioc_co_sleep_ns(mine - now > ADMIT_WAIT_MAX_NS ? ADMIT_WAIT_MAX_NS : mine - now);
 }
 
-static void ioc_coroutine_fn write_pause(struct ioc__nbd_mig *m)
+static void ioc_coroutine_fn write_pause(struct ioc__mig *m)
 {
 	admit(m);
 	throttle_pause(m);
@@ -1102,8 +1102,8 @@ static int ioc_coroutine_fn mirror_notify(struct ioc_node_notifier *nt, struct i
 					  enum ioc_node_op op, uint64_t off, uint64_t len,
 					  int ret)
 {
-	struct ioc__nbd_mig *m = ioc_container_of(nt, struct ioc__nbd_mig, nt);
-	struct ioc__nbd_mirror_req q = { .offset = off, .len = len };
+	struct ioc__mig *m = ioc_container_of(nt, struct ioc__mig, nt);
+	struct ioc__mig_mirror_req q = { .offset = off, .len = len };
 
 	/* Acquire: pairs with the release stores in mirror_start(), run()
 	 * and mirror_close(). */
@@ -1268,8 +1268,8 @@ static void admit_update(struct src *s, uint64_t bytes)
  */
 static int ioc_coroutine_fn mirror_service(struct src *s)
 {
-	struct ioc__nbd_mig *m = s->m;
-	struct ioc__nbd_mirror_req *list, *q;
+	struct ioc__mig *m = s->m;
+	struct ioc__mig_mirror_req *list, *q;
 	int ret = 0;
 
 	if (!s->active)
@@ -1339,7 +1339,7 @@ static void sock_readable(void *opaque)
 /* A MACK: answer the writes it covers.  0, or -EPROTO with why set. */
 static int answer_mack(struct src *s, const struct ioc_mig_rec *r, const char **why)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 
 	pthread_mutex_lock(&m->mir_lock);
 	if (r->offset > m->mir_bound) {
@@ -1361,7 +1361,7 @@ static int answer_mack(struct src *s, const struct ioc_mig_rec *r, const char **
 static void ioc_coroutine_fn ack_reader(void *opaque)
 {
 	struct src *s = opaque;
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	struct ioc_mig_hdr h = { .image_size = s->size, .block_size = s->block };
 	uint8_t buf[32 * IOC_MIG_REC_SIZE];
 	struct ioc_mig_rec r = { 0 };
@@ -1475,8 +1475,8 @@ static int queue_above(struct src *s, int limit, int *last, int64_t *deadline)
 		return -ECANCELED;
 	if (q != *last) {
 		*last = q;
-		*deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
-	} else if (ioc__nbd_mig_now_ms() > *deadline) {
+		*deadline = ioc__mig_now_ms() + ACK_TIMEOUT_MS;
+	} else if (ioc__mig_now_ms() > *deadline) {
 		return 0;
 	}
 	return 1;
@@ -1511,7 +1511,7 @@ static int ioc_coroutine_fn serve_and_wait(struct src *s, int64_t deadline)
  */
 static int ioc_coroutine_fn pace(struct src *s)
 {
-	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+	int64_t deadline = ioc__mig_now_ms() + ACK_TIMEOUT_MS;
 	int last = -1;
 
 	while (s->active && !s->held) {
@@ -1575,7 +1575,7 @@ static int ioc_coroutine_fn send_pass(struct src *s)
 		return ret;
 	pthread_mutex_lock(&s->m->lock);
 	s->m->st.dirty_sync_count = s->pass;
-	ioc__nbd_mig_event_locked(s->m, "MIGRATION_PASS", s->pass);
+	ioc__mig_event_locked(s->m, "MIGRATION_PASS", s->pass);
 	pthread_mutex_unlock(&s->m->lock);
 	return 0;
 }
@@ -1688,12 +1688,12 @@ static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 	struct addrinfo *res, *ai;
 	int fd = -1, err = -EHOSTUNREACH;
 
-	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0)
+	if (ioc__mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0)
 		return fail(s, -EINVAL, "Invalid URI '%s' (tcp:HOST:PORT)", uri);
 	if (getaddrinfo(host, port, &hints, &res) != 0)
 		return fail(s, -EHOSTUNREACH, "Cannot resolve '%s'", host);
 	for (ai = res; ai && fd < 0; ai = ai->ai_next) {
-		int64_t deadline = ioc__nbd_mig_now_ms() + CONNECT_TIMEOUT_MS;
+		int64_t deadline = ioc__mig_now_ms() + CONNECT_TIMEOUT_MS;
 
 		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
 			    ai->ai_protocol);
@@ -1720,12 +1720,12 @@ static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 				break;
 			}
 			if (poll(&pf, 1, 0) == 0) {
-				if (ioc__nbd_mig_now_ms() > deadline) {
+				if (ioc__mig_now_ms() > deadline) {
 					err = -ETIMEDOUT;
 					break;
 				}
 				err = wait_writable(s, ioc_now_ns() + (deadline -
-						    ioc__nbd_mig_now_ms() + 1) * 1000000);
+						    ioc__mig_now_ms() + 1) * 1000000);
 				if (err < 0)
 					break;
 				continue;
@@ -1790,7 +1790,7 @@ static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
  */
 static int ioc_coroutine_fn wait_sent(struct src *s)
 {
-	int64_t deadline = ioc__nbd_mig_now_ms() + ACK_TIMEOUT_MS;
+	int64_t deadline = ioc__mig_now_ms() + ACK_TIMEOUT_MS;
 	int last = -1;
 
 	for (;;) {
@@ -1820,7 +1820,7 @@ static int ioc_coroutine_fn wait_sent(struct src *s)
  */
 static int ioc_coroutine_fn fence(struct src *s)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	int64_t deadline = ioc_now_ns() + (int64_t)ACK_TIMEOUT_MS * 1000000;
 	uint64_t seq;
 	int ret;
@@ -1861,7 +1861,7 @@ static int ioc_coroutine_fn fence(struct src *s)
  * ack_reader(), which kicks when it ends; the timeout is the timer. */
 static int ioc_coroutine_fn wait_ack(struct src *s, uint32_t sum)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	int64_t deadline = ioc_now_ns() + (int64_t)ACK_TIMEOUT_MS * 1000000;
 	int ret = 0;
 
@@ -1893,7 +1893,7 @@ static int ioc_coroutine_fn wait_ack(struct src *s, uint32_t sum)
 
 static int ioc_coroutine_fn run(struct src *s, const char *uri)
 {
-	struct ioc__nbd_mig *m = s->m;
+	struct ioc__mig *m = s->m;
 	struct ioc_wq_opts wo = {
 		.workers = s->p.compress_threads ? s->p.compress_threads : 1,
 		.ring_size = 4,
@@ -1969,8 +1969,8 @@ static int ioc_coroutine_fn run(struct src *s, const char *uri)
 	ioc_co_wake(s->reader);
 	pthread_mutex_lock(&m->lock);
 	m->st.transferred += sizeof(hb);
-	m->t_setup = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
+	m->t_setup = ioc__mig_now_ms();
+	ioc__mig_set_status_locked(m, IOC_MIG_ST_ACTIVE);
 	pthread_mutex_unlock(&m->lock);
 
 	s->win_start = s->pass_start = ioc_now_ns();
@@ -2109,7 +2109,7 @@ static int ioc_coroutine_fn run(struct src *s, const char *uri)
 }
 
 struct start_args {
-	struct ioc__nbd_mig *m;
+	struct ioc__mig *m;
 	struct ioc__mig_params p;
 	char uri[256];
 	char path[4096];
@@ -2117,8 +2117,8 @@ struct start_args {
 };
 
 /* The engine's last word (its loop's thread): the outcome, then
- * thread_done, broadcast for ioc__nbd_mig_free(), and mig_bh joins. */
-static void engine_end(struct ioc__nbd_mig *m, int ret, const char *why)
+ * thread_done, broadcast for ioc__mig_free(), and mig_bh joins. */
+static void engine_end(struct ioc__mig *m, int ret, const char *why)
 {
 	pthread_mutex_lock(&m->lock);
 	if (m->sock >= 0) {
@@ -2138,7 +2138,7 @@ static void engine_end(struct ioc__nbd_mig *m, int ret, const char *why)
 static void ioc_coroutine_fn source_co(void *opaque)
 {
 	struct start_args *a = opaque;
-	struct ioc__nbd_mig *m = a->m;
+	struct ioc__mig *m = a->m;
 	struct src s = { .m = m, .p = a->p, .fd = -1, .sock = -1, .size = a->size,
 			 .block = (uint32_t)a->p.granularity, .bm = m->bm };
 	int ret;
@@ -2194,7 +2194,7 @@ static void engine_enter(void *opaque)
 	struct ioc_co *co = ioc_co_create(source_co, a);
 
 	if (!co) {
-		struct ioc__nbd_mig *m = a->m;
+		struct ioc__mig *m = a->m;
 
 		free(a);
 		engine_end(m, -ENOMEM, "Cannot start the migration: out of memory");
@@ -2206,7 +2206,7 @@ static void engine_enter(void *opaque)
 /* Main loop: the engine's I/O thread, and the engine on it.  Without
  * adaptive polling: it waits for the link and for kicks, and shares the
  * cores with the workers and the front end. */
-static int engine_start(struct ioc__nbd_mig *m, struct start_args *a)
+static int engine_start(struct ioc__mig *m, struct start_args *a)
 {
 	struct ioc_iothread_opts o = {
 		.name = "ioc-mig", .cpu = -1, .loop = { .poll_max_ns = -1 },
@@ -2232,7 +2232,7 @@ static int engine_start(struct ioc__nbd_mig *m, struct start_args *a)
  * exported node, and the file node under it when the export's node
  * passes requests to it unchanged (another front end may export that).
  * Not from a loop that submits to them. */
-static void gate_all(struct ioc__nbd_mig *m, int state)
+static void gate_all(struct ioc__mig *m, int state)
 {
 	for (struct ioc_node *n = m->node; n;
 	     n = n->file && ioc_node_blk(n->file) == m->blk ? n->file : NULL)
@@ -2240,12 +2240,12 @@ static void gate_all(struct ioc__nbd_mig *m, int state)
 }
 
 /* Main loop, after the thread was joined: the end of a migration. */
-static void source_finish(struct ioc__nbd_mig *m)
+static void source_finish(struct ioc__mig *m)
 {
 	int result;
 
 	if (m->handover) {
-		ioc__nbd_mig_handover_finish(m);
+		ioc__mig_handover_finish(m);
 		return;
 	}
 	pthread_mutex_lock(&m->lock);
@@ -2256,7 +2256,7 @@ static void source_finish(struct ioc__nbd_mig *m)
 		 * new requests, connections finish and close, no listener. */
 		gate_all(m, IOC_NODE_GATE_SHUT);
 		m->host.retire(m->host.opaque);
-		ioc__nbd_mig_log(m, "migration completed: no longer serving");
+		ioc__mig_log(m, "migration completed: no longer serving");
 	} else if (m->node && atomic_load_explicit(&m->node->gate, memory_order_relaxed) !=
 		   IOC_NODE_GATE_OPEN) {
 		gate_all(m, IOC_NODE_GATE_OPEN);
@@ -2270,19 +2270,19 @@ static void source_finish(struct ioc__nbd_mig *m)
 		ioc_blk_dirty_remove(m->blk, IOC_MIG_BITMAP);
 	m->bm = NULL;
 	pthread_mutex_lock(&m->lock);
-	m->t_end = ioc__nbd_mig_now_ms();
-	ioc__nbd_mig_set_status_locked(m, ioc__nbd_mig_end_status(m->status, result));
+	m->t_end = ioc__mig_now_ms();
+	ioc__mig_set_status_locked(m, ioc__mig_end_status(m->status, result));
 	pthread_mutex_unlock(&m->lock);
 	if (result < 0 && result != -ECANCELED)
-		ioc__nbd_mig_log(m, "migration failed: %s", m->error);
+		ioc__mig_log(m, "migration failed: %s", m->error);
 }
 
 /* ---- QMP ------------------------------------------------------------------------ */
 
-const struct ioc__qmp_arg ioc__nbd_mig_args_caps[] = {
+const struct ioc__qmp_arg ioc__mig_args_caps[] = {
 	{ "capabilities", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
 };
-const struct ioc__qmp_arg ioc__nbd_mig_args_params[] = {
+const struct ioc__qmp_arg ioc__mig_args_params[] = {
 	{ "compress-level", IOC_QMP_UINT, true },
 	{ "compress-threads", IOC_QMP_UINT, true },
 	{ "compress-wait-thread", IOC_QMP_BOOL, true },
@@ -2301,21 +2301,21 @@ const struct ioc__qmp_arg ioc__nbd_mig_args_params[] = {
 	{ "max-cpu-throttle", IOC_QMP_UINT, true },
 	{ NULL },
 };
-const struct ioc__qmp_arg ioc__nbd_mig_args_migrate[] = {
+const struct ioc__qmp_arg ioc__mig_args_migrate[] = {
 	{ "uri", IOC_QMP_STR, false }, { "blk", IOC_QMP_BOOL, true },
 	{ "inc", IOC_QMP_BOOL, true }, { "detach", IOC_QMP_BOOL, true },
 	{ "resume", IOC_QMP_BOOL, true }, { NULL },
 };
-const struct ioc__qmp_arg ioc__nbd_mig_args_continue[] = {
+const struct ioc__qmp_arg ioc__mig_args_continue[] = {
 	{ "state", IOC_QMP_STR, false }, { NULL },
 };
-const struct ioc__qmp_arg ioc__nbd_mig_args_incoming[] = {
+const struct ioc__qmp_arg ioc__mig_args_incoming[] = {
 	{ "uri", IOC_QMP_STR, false }, { NULL },
 };
 
 
 
-static bool busy(struct ioc__nbd_mig *m)
+static bool busy(struct ioc__mig *m)
 {
 	int st;
 
@@ -2337,7 +2337,7 @@ static const struct { const char *name; size_t off; } caps[] = {
 };
 
 /* The capabilities and parameters a command checked, in force from now. */
-static json_t *commit_params(struct ioc__nbd_mig *m, const struct ioc__mig_params *p)
+static json_t *commit_params(struct ioc__mig *m, const struct ioc__mig_params *p)
 {
 	pthread_mutex_lock(&m->lock);
 	m->p = *p;
@@ -2345,7 +2345,7 @@ static json_t *commit_params(struct ioc__nbd_mig *m, const struct ioc__mig_param
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_set_caps(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_set_caps(struct ioc__mig *m, json_t *args,
 			      struct ioc__qmp_err *err)
 {
 	json_t *list = json_object_get(args, "capabilities"), *v;
@@ -2380,7 +2380,7 @@ json_t *ioc__nbd_mig_set_caps(struct ioc__nbd_mig *m, json_t *args,
 	return commit_params(m, &p);
 }
 
-json_t *ioc__nbd_mig_query_caps(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_query_caps(struct ioc__mig *m, json_t *args,
 				struct ioc__qmp_err *err)
 {
 	json_t *list;
@@ -2426,7 +2426,7 @@ static bool pct_param(struct ioc__qmp_err *err, const char *name, json_t *v,
 	return true;
 }
 
-json_t *ioc__nbd_mig_set_params(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_set_params(struct ioc__mig *m, json_t *args,
 				struct ioc__qmp_err *err)
 {
 	struct ioc__mig_params p;
@@ -2538,7 +2538,7 @@ json_t *ioc__nbd_mig_set_params(struct ioc__nbd_mig *m, json_t *args,
 	return commit_params(m, &p);
 }
 
-json_t *ioc__nbd_mig_query_params(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_query_params(struct ioc__mig *m, json_t *args,
 				  struct ioc__qmp_err *err)
 {
 	static const char *const am[] = {
@@ -2564,7 +2564,7 @@ json_t *ioc__nbd_mig_query_params(struct ioc__nbd_mig *m, json_t *args,
 			 "max-cpu-throttle", (int)m->p.max_cpu_throttle);
 }
 
-json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 			     struct ioc__qmp_err *err)
 {
 	const char *uri = json_string_value(json_object_get(args, "uri"));
@@ -2604,7 +2604,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 		ioc__qmp_errf(err, "The server does not serve an export (migrated already?)");
 		return NULL;
 	}
-	if (ioc__nbd_mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
+	if (ioc__mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0) {
 		ioc__qmp_errf(err, "Invalid migration URI '%s' (iocore-nbd supports tcp:HOST:PORT)", uri);
 		return NULL;
 	}
@@ -2613,7 +2613,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 		return NULL;
 	/* Shared storage, or the capability: nothing to copy (handover.c). */
 	if (m->p.handover || ioc_node_shared_id(n))
-		return ioc__nbd_mig_handover_start(m, n, uri, err);
+		return ioc__mig_handover_start(m, n, uri, err);
 	m->handover = false;
 	blk = ioc_node_blk(n);
 	size = n->size;
@@ -2655,7 +2655,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	m->st.total = size;
 	m->st.page_size = gran;
 	m->error[0] = '\0';
-	m->t_start = ioc__nbd_mig_now_ms();
+	m->t_start = ioc__mig_now_ms();
 	m->t_setup = m->t_end = 0;
 	m->downtime_ns = 0;
 	m->cont = false;
@@ -2666,7 +2666,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	/* relaxed: no engine runs yet (its start orders it). */
 	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
 	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	ioc__nbd_mig_begin_locked(m);
+	ioc__mig_begin_locked(m);
 	pthread_mutex_unlock(&m->lock);
 	/* Only when it has something to do: a node with a notifier takes no
 	 * zero-copy writes (they bypass the notifiers). */
@@ -2687,7 +2687,7 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
 			 strerror(r));
-		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+		ioc__mig_set_status_locked(m, IOC_MIG_ST_FAILED);
 		pthread_mutex_unlock(&m->lock);
 		ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
 		return NULL;
@@ -2696,13 +2696,13 @@ json_t *ioc__nbd_mig_migrate(struct ioc__nbd_mig *m, json_t *args,
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_query(struct ioc__mig *m, json_t *args,
 			   struct ioc__qmp_err *err)
 {
 	struct ioc__mig_stats st;
 	json_t *ret, *disk, *busy_ns;
 	int status;
-	int64_t now = ioc__nbd_mig_now_ms(), total_ms, setup_ms;
+	int64_t now = ioc__mig_now_ms(), total_ms, setup_ms;
 	uint64_t remaining = 0, elapsed_ms;
 	char error[256];
 	double mbps;
@@ -2797,7 +2797,7 @@ json_t *ioc__nbd_mig_query(struct ioc__nbd_mig *m, json_t *args,
 	return ret;
 }
 
-json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_continue(struct ioc__mig *m, json_t *args,
 			      struct ioc__qmp_err *err)
 {
 	const char *state = json_string_value(json_object_get(args, "state"));
@@ -2824,7 +2824,7 @@ json_t *ioc__nbd_mig_continue(struct ioc__nbd_mig *m, json_t *args,
 	return json_object();
 }
 
-json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args,
+json_t *ioc__mig_cancel(struct ioc__mig *m, json_t *args,
 			    struct ioc__qmp_err *err)
 {
 
@@ -2839,7 +2839,7 @@ json_t *ioc__nbd_mig_cancel(struct ioc__nbd_mig *m, json_t *args,
 		if (m->sock >= 0)
 			shutdown(m->sock, SHUT_RDWR);
 		job_wake_locked(m);
-		ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_CANCELLING);
+		ioc__mig_set_status_locked(m, IOC_MIG_ST_CANCELLING);
 	}
 	pthread_mutex_unlock(&m->lock);
 	return json_object();

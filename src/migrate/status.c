@@ -11,9 +11,9 @@
  *
  * Design: one table of the moves QEMU's MigrationStatus allows for the
  * states iocore uses; a move is made (under the migration's lock, by
- * ioc__nbd_mig_set_status_locked) only when the table allows it from the
+ * ioc__mig_set_status_locked) only when the table allows it from the
  * current status, and says whether it was made.  Completed, failed and
- * cancelled are final: only a new migration (ioc__nbd_mig_begin_locked)
+ * cancelled are final: only a new migration (ioc__mig_begin_locked)
  * leaves them, for setup.  A cancelling migration ends cancelled whatever
  * the thread's last error was, as QEMU reports it.
  *
@@ -46,39 +46,39 @@ static const unsigned moves[] = {
 	[IOC_MIG_ST_CANCELLED] = 0,
 };
 
-bool ioc__nbd_mig_move_ok(int from, int to)
+bool ioc__mig_move_ok(int from, int to)
 {
 	if (from < 0 || from > IOC_MIG_ST_CANCELLED || to < 0 || to > IOC_MIG_ST_CANCELLED)
 		return false;
 	return (moves[from] & BIT(to)) != 0;
 }
 
-bool ioc__nbd_mig_final(int status)
+bool ioc__mig_final(int status)
 {
 	return status == IOC_MIG_ST_COMPLETED || status == IOC_MIG_ST_FAILED ||
 	       status == IOC_MIG_ST_CANCELLED;
 }
 
-int ioc__nbd_mig_end_status(int current, int result)
+int ioc__mig_end_status(int current, int result)
 {
 	if (current == IOC_MIG_ST_CANCELLING || result == -ECANCELED)
 		return IOC_MIG_ST_CANCELLED;
 	return result == 0 ? IOC_MIG_ST_COMPLETED : IOC_MIG_ST_FAILED;
 }
 
-bool ioc__nbd_mig_set_status_locked(struct ioc__nbd_mig *m, int status)
+bool ioc__mig_set_status_locked(struct ioc__mig *m, int status)
 {
-	if (!ioc__nbd_mig_move_ok(m->status, status))
+	if (!ioc__mig_move_ok(m->status, status))
 		return false;
 	m->status = status;
-	ioc__nbd_mig_event_locked(m, "MIGRATION", status);
+	ioc__mig_event_locked(m, "MIGRATION", status);
 	return true;
 }
 
-bool ioc__nbd_mig_begin_locked(struct ioc__nbd_mig *m)
+bool ioc__mig_begin_locked(struct ioc__mig *m)
 {
-	if (m->status != IOC_MIG_ST_NONE && !ioc__nbd_mig_final(m->status))
+	if (m->status != IOC_MIG_ST_NONE && !ioc__mig_final(m->status))
 		return false;
 	m->status = IOC_MIG_ST_NONE;
-	return ioc__nbd_mig_set_status_locked(m, IOC_MIG_ST_SETUP);
+	return ioc__mig_set_status_locked(m, IOC_MIG_ST_SETUP);
 }

@@ -10,7 +10,7 @@
 static int events;
 
 /* The real one (migrate-source.c) queues a QMP event; counted here. */
-void ioc__nbd_mig_event_locked(struct ioc__nbd_mig *m, const char *name, int64_t v)
+void ioc__mig_event_locked(struct ioc__mig *m, const char *name, int64_t v)
 {
 	(void)m;
 	(void)v;
@@ -23,7 +23,7 @@ enum { NST = IOC_MIG_ST_CANCELLED + 1 };
 static bool path_ok(const int *p, int n)
 {
 	for (int i = 1; i < n; i++)
-		if (!ioc__nbd_mig_move_ok(p[i - 1], p[i]))
+		if (!ioc__mig_move_ok(p[i - 1], p[i]))
 			return false;
 	return true;
 }
@@ -47,8 +47,8 @@ static void test_paths(void)
 	ASSERT_TRUE(path_ok(cancel, IOC_ARRAY_SIZE(cancel)));
 	/* Every running status can fail or be cancelled. */
 	for (int s = IOC_MIG_ST_SETUP; s <= IOC_MIG_ST_DEVICE; s++) {
-		ASSERT_TRUE(ioc__nbd_mig_move_ok(s, IOC_MIG_ST_FAILED));
-		ASSERT_TRUE(ioc__nbd_mig_move_ok(s, IOC_MIG_ST_CANCELLING));
+		ASSERT_TRUE(ioc__mig_move_ok(s, IOC_MIG_ST_FAILED));
+		ASSERT_TRUE(ioc__mig_move_ok(s, IOC_MIG_ST_CANCELLING));
 	}
 }
 
@@ -57,49 +57,49 @@ static void test_final_and_backwards(void)
 	for (int from = 0; from < NST; from++)
 		for (int to = 0; to < NST; to++) {
 			/* Final statuses are never left by a move. */
-			if (ioc__nbd_mig_final(from))
-				ASSERT_FALSE(ioc__nbd_mig_move_ok(from, to));
+			if (ioc__mig_final(from))
+				ASSERT_FALSE(ioc__mig_move_ok(from, to));
 			/* Nothing moves back to none or setup, or stays put. */
 			if (to <= IOC_MIG_ST_SETUP && from != IOC_MIG_ST_NONE)
-				ASSERT_FALSE(ioc__nbd_mig_move_ok(from, to));
+				ASSERT_FALSE(ioc__mig_move_ok(from, to));
 			if (from == to)
-				ASSERT_FALSE(ioc__nbd_mig_move_ok(from, to));
+				ASSERT_FALSE(ioc__mig_move_ok(from, to));
 		}
 	/* A cancel ends cancelled, never completed or failed. */
-	ASSERT_FALSE(ioc__nbd_mig_move_ok(IOC_MIG_ST_CANCELLING, IOC_MIG_ST_FAILED));
-	ASSERT_FALSE(ioc__nbd_mig_move_ok(IOC_MIG_ST_CANCELLING, IOC_MIG_ST_COMPLETED));
-	ASSERT_FALSE(ioc__nbd_mig_move_ok(-1, IOC_MIG_ST_SETUP));
-	ASSERT_FALSE(ioc__nbd_mig_move_ok(IOC_MIG_ST_SETUP, NST));
+	ASSERT_FALSE(ioc__mig_move_ok(IOC_MIG_ST_CANCELLING, IOC_MIG_ST_FAILED));
+	ASSERT_FALSE(ioc__mig_move_ok(IOC_MIG_ST_CANCELLING, IOC_MIG_ST_COMPLETED));
+	ASSERT_FALSE(ioc__mig_move_ok(-1, IOC_MIG_ST_SETUP));
+	ASSERT_FALSE(ioc__mig_move_ok(IOC_MIG_ST_SETUP, NST));
 }
 
 static void test_end_status(void)
 {
-	ASSERT_EQ(ioc__nbd_mig_end_status(IOC_MIG_ST_DEVICE, 0), IOC_MIG_ST_COMPLETED);
-	ASSERT_EQ(ioc__nbd_mig_end_status(IOC_MIG_ST_ACTIVE, -EPIPE), IOC_MIG_ST_FAILED);
-	ASSERT_EQ(ioc__nbd_mig_end_status(IOC_MIG_ST_ACTIVE, -ECANCELED), IOC_MIG_ST_CANCELLED);
+	ASSERT_EQ(ioc__mig_end_status(IOC_MIG_ST_DEVICE, 0), IOC_MIG_ST_COMPLETED);
+	ASSERT_EQ(ioc__mig_end_status(IOC_MIG_ST_ACTIVE, -EPIPE), IOC_MIG_ST_FAILED);
+	ASSERT_EQ(ioc__mig_end_status(IOC_MIG_ST_ACTIVE, -ECANCELED), IOC_MIG_ST_CANCELLED);
 	/* The socket error that migrate_cancel's shutdown caused. */
-	ASSERT_EQ(ioc__nbd_mig_end_status(IOC_MIG_ST_CANCELLING, -EPIPE), IOC_MIG_ST_CANCELLED);
+	ASSERT_EQ(ioc__mig_end_status(IOC_MIG_ST_CANCELLING, -EPIPE), IOC_MIG_ST_CANCELLED);
 }
 
 static void test_moves_on_a_migration(void)
 {
-	struct ioc__nbd_mig m = { .status = IOC_MIG_ST_NONE };
+	struct ioc__mig m = { .status = IOC_MIG_ST_NONE };
 
 	events = 0;
-	ASSERT_TRUE(ioc__nbd_mig_begin_locked(&m));
+	ASSERT_TRUE(ioc__mig_begin_locked(&m));
 	ASSERT_EQ(m.status, IOC_MIG_ST_SETUP);
 	/* A second start while one runs changes nothing. */
-	ASSERT_FALSE(ioc__nbd_mig_begin_locked(&m));
-	ASSERT_TRUE(ioc__nbd_mig_set_status_locked(&m, IOC_MIG_ST_ACTIVE));
-	ASSERT_TRUE(ioc__nbd_mig_set_status_locked(&m, IOC_MIG_ST_FAILED));
+	ASSERT_FALSE(ioc__mig_begin_locked(&m));
+	ASSERT_TRUE(ioc__mig_set_status_locked(&m, IOC_MIG_ST_ACTIVE));
+	ASSERT_TRUE(ioc__mig_set_status_locked(&m, IOC_MIG_ST_FAILED));
 	ASSERT_EQ(events, 3);
 	/* A late mover after the verdict: refused, no event. */
-	ASSERT_FALSE(ioc__nbd_mig_set_status_locked(&m, IOC_MIG_ST_ACTIVE));
-	ASSERT_FALSE(ioc__nbd_mig_set_status_locked(&m, IOC_MIG_ST_COMPLETED));
+	ASSERT_FALSE(ioc__mig_set_status_locked(&m, IOC_MIG_ST_ACTIVE));
+	ASSERT_FALSE(ioc__mig_set_status_locked(&m, IOC_MIG_ST_COMPLETED));
 	ASSERT_EQ(m.status, IOC_MIG_ST_FAILED);
 	ASSERT_EQ(events, 3);
 	/* A new migration leaves a final status, for setup. */
-	ASSERT_TRUE(ioc__nbd_mig_begin_locked(&m));
+	ASSERT_TRUE(ioc__mig_begin_locked(&m));
 	ASSERT_EQ(m.status, IOC_MIG_ST_SETUP);
 	ASSERT_EQ(events, 4);
 }
