@@ -379,32 +379,14 @@ json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 	m->nt_added = false;
 	m->handover = true;
 	m->let_go = false;
-	pthread_mutex_lock(&m->lock);
-	memset(&m->st, 0, sizeof(m->st));
-	m->st.total = n->size;
-	m->error[0] = '\0';
-	m->t_start = ioc__mig_now_ms();
-	m->t_setup = m->t_end = 0;
-	m->downtime_ns = 0;
-	m->cont = m->dest_gone = m->end_sent = m->thread_done = false;
-	m->result = 0;
+	/* No thread runs yet: pthread_create() orders these. */
 	m->ho_req = HO_REQ_NONE;
 	m->ho_answered = false;
-	/* relaxed: no thread runs yet (pthread_create orders it). */
-	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
-	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	ioc__mig_begin_locked(m);
-	pthread_mutex_unlock(&m->lock);
+	ioc__mig_job_begin(m, uri, n->size, 0);
 	r = pthread_create(&m->thread, NULL, ho_thread, s);
 	if (r != 0) {
 		free(s);
-		pthread_mutex_lock(&m->lock);
-		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
-			 strerror(r));
-		ioc__mig_set_status_locked(m, IOC_MIG_ST_FAILED);
-		pthread_mutex_unlock(&m->lock);
-		ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
-		return NULL;
+		return ioc__mig_job_failed_start(m, r, err);
 	}
 	m->thread_running = true;
 	ioc__mig_log(m, "migration: handing %s over to %s", id, uri);

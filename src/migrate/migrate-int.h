@@ -234,6 +234,14 @@ int64_t ioc__mig_now_ms(void);
 int ioc__mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
 			   size_t pl);
 
+/* source.c: a job (copy or hand-over) begins: the statistics, times,
+ * flags and error of the last one reset, status setup (under lock);
+ * or it could not start its thread (r, an errno): failed, NULL with
+ * err set. */
+void ioc__mig_job_begin(struct ioc__mig *m, const char *uri, uint64_t total,
+			uint64_t page_size);
+json_t *ioc__mig_job_failed_start(struct ioc__mig *m, int r, struct ioc__qmp_err *err);
+
 /* handover.c: the hand-over of a node on shared storage.  _start (main
  * loop, from migrate, with the node picked) checks and starts the thread,
  * or refuses with QEMU-style err; _bh (main loop, from mig_bh) answers

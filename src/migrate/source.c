@@ -2650,24 +2650,7 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 	snprintf(a->path, sizeof(a->path), "%s", bi.path);
 	m->node = n;
 	m->blk = blk;
-	pthread_mutex_lock(&m->lock);
-	memset(&m->st, 0, sizeof(m->st));
-	m->st.total = size;
-	m->st.page_size = gran;
-	m->error[0] = '\0';
-	m->t_start = ioc__mig_now_ms();
-	m->t_setup = m->t_end = 0;
-	m->downtime_ns = 0;
-	m->cont = false;
-	m->dest_gone = false;
-	m->end_sent = false;
-	m->thread_done = false;
-	m->result = 0;
-	/* relaxed: no engine runs yet (its start orders it). */
-	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
-	snprintf(m->uri, sizeof(m->uri), "%s", uri);
-	ioc__mig_begin_locked(m);
-	pthread_mutex_unlock(&m->lock);
+	ioc__mig_job_begin(m, uri, size, gran);
 	/* Only when it has something to do: a node with a notifier takes no
 	 * zero-copy writes (they bypass the notifiers). */
 	m->nt.fn = mirror_notify;
@@ -2684,16 +2667,41 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 		m->nt_added = false;
 		ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 		m->bm = NULL;
-		pthread_mutex_lock(&m->lock);
-		snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
-			 strerror(r));
-		ioc__mig_set_status_locked(m, IOC_MIG_ST_FAILED);
-		pthread_mutex_unlock(&m->lock);
-		ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
-		return NULL;
+		return ioc__mig_job_failed_start(m, r, err);
 	}
 	m->thread_running = true;
 	return json_object();
+}
+
+void ioc__mig_job_begin(struct ioc__mig *m, const char *uri, uint64_t total,
+			uint64_t page_size)
+{
+	pthread_mutex_lock(&m->lock);
+	memset(&m->st, 0, sizeof(m->st));
+	m->st.total = total;
+	m->st.page_size = page_size;
+	m->error[0] = '\0';
+	m->t_start = ioc__mig_now_ms();
+	m->t_setup = m->t_end = 0;
+	m->downtime_ns = 0;
+	m->cont = m->dest_gone = m->end_sent = m->thread_done = false;
+	m->result = 0;
+	/* relaxed: no job runs yet (its start orders it). */
+	atomic_store_explicit(&m->cancel, false, memory_order_relaxed);
+	snprintf(m->uri, sizeof(m->uri), "%s", uri);
+	ioc__mig_begin_locked(m);
+	pthread_mutex_unlock(&m->lock);
+}
+
+json_t *ioc__mig_job_failed_start(struct ioc__mig *m, int r, struct ioc__qmp_err *err)
+{
+	pthread_mutex_lock(&m->lock);
+	snprintf(m->error, sizeof(m->error), "Cannot start the migration thread: %s",
+		 strerror(r));
+	ioc__mig_set_status_locked(m, IOC_MIG_ST_FAILED);
+	pthread_mutex_unlock(&m->lock);
+	ioc__qmp_errf(err, "Cannot start the migration thread: %s", strerror(r));
+	return NULL;
 }
 
 json_t *ioc__mig_query(struct ioc__mig *m, json_t *args,

@@ -41,6 +41,7 @@
 #include "ioc-config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -499,48 +500,49 @@ static int io_errno(ssize_t r)
 	return r == GNUTLS_E_MEMORY_ERROR ? -ENOMEM : -EPROTO;
 }
 
+#define RECORD_AGAIN (-SSIZE_MAX - 1)
+
+/* What a record call's result r means for the migration's sessions: the
+ * bytes, -EAGAIN (only on a non-blocking socket, the source's engine: the
+ * caller waits for readability, or calls send again with the same buf
+ * and len once writable, as migrate.h says), -errno, or RECORD_AGAIN to
+ * call again now. */
+static ssize_t record_result(ssize_t r, bool receiving)
+{
+	if (r >= 0)
+		return r;
+	if (r == GNUTLS_E_INTERRUPTED)
+		return RECORD_AGAIN;
+	if (r == GNUTLS_E_AGAIN)
+		return -EAGAIN;
+	/* The stream's framing says whether anything was cut short. */
+	if (receiving && r == GNUTLS_E_PREMATURE_TERMINATION)
+		return 0;
+	if (receiving && r != GNUTLS_E_REHANDSHAKE && !gnutls_error_is_fatal((int)r))
+		return RECORD_AGAIN;
+	return io_errno(r);
+}
+
 ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len)
 {
 	struct ioc__nbd_tls *t = opaque;
+	ssize_t r;
 
-	for (;;) {
-		ssize_t r = gnutls_record_recv(t->s, buf, len);
-
-		if (r >= 0)
-			return r;
-		if (r == GNUTLS_E_INTERRUPTED)
-			continue;
-		/* Only on a non-blocking socket (the source's engine): it waits
-		 * for readability; GnuTLS has no decrypted bytes left then. */
-		if (r == GNUTLS_E_AGAIN)
-			return -EAGAIN;
-		/* The stream's framing says whether anything was cut short. */
-		if (r == GNUTLS_E_PREMATURE_TERMINATION)
-			return 0;
-		if (r != GNUTLS_E_REHANDSHAKE && !gnutls_error_is_fatal((int)r))
-			continue;
-		return io_errno(r);
-	}
+	do
+		r = record_result(gnutls_record_recv(t->s, buf, len), true);
+	while (r == RECORD_AGAIN);
+	return r;
 }
 
 ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len)
 {
 	struct ioc__nbd_tls *t = opaque;
+	ssize_t r;
 
-	for (;;) {
-		ssize_t r = gnutls_record_send(t->s, buf, len);
-
-		if (r >= 0)
-			return r;
-		if (r == GNUTLS_E_INTERRUPTED)
-			continue;
-		/* Non-blocking socket: the record is encrypted and buffered;
-		 * the caller calls again with the same buf and len once the
-		 * socket is writable (migrate.h). */
-		if (r == GNUTLS_E_AGAIN)
-			return -EAGAIN;
-		return io_errno(r);
-	}
+	do
+		r = record_result(gnutls_record_send(t->s, buf, len), false);
+	while (r == RECORD_AGAIN);
+	return r;
 }
 
 void ioc__nbd_tls_free(struct ioc__nbd_tls *t)
