@@ -468,12 +468,7 @@ void ioc__mig_handover_finish(struct ioc__mig *m)
 		ioc_node_set_gate(m->node, IOC_NODE_GATE_OPEN);
 	}
 	m->let_go = false;
-	pthread_mutex_lock(&m->lock);
-	m->t_end = ioc__mig_now_ms();
-	ioc__mig_set_status_locked(m, ioc__mig_end_status(m->status, result));
-	pthread_mutex_unlock(&m->lock);
-	if (result < 0 && result != -ECANCELED)
-		ioc__mig_log(m, "migration failed: %s", m->error);
+	ioc__mig_job_end(m, result);
 }
 
 /* ---- the destination (its thread) -------------------------------------------- */

@@ -241,6 +241,9 @@ int ioc__mig_parse_uri(const char *uri, char *host, size_t hl, char *port,
 void ioc__mig_job_begin(struct ioc__mig *m, const char *uri, uint64_t total,
 			uint64_t page_size);
 json_t *ioc__mig_job_failed_start(struct ioc__mig *m, int r, struct ioc__qmp_err *err);
+/* Main loop: the job's end time and final status (completed, failed or
+ * cancelled, by result), and the failure logged. */
+void ioc__mig_job_end(struct ioc__mig *m, int result);
 
 /* handover.c: the hand-over of a node on shared storage.  _start (main
  * loop, from migrate, with the node picked) checks and starts the thread,

@@ -2269,6 +2269,11 @@ static void source_finish(struct ioc__mig *m)
 	if (m->blk)
 		ioc_blk_dirty_remove(m->blk, IOC_MIG_BITMAP);
 	m->bm = NULL;
+	ioc__mig_job_end(m, result);
+}
+
+void ioc__mig_job_end(struct ioc__mig *m, int result)
+{
 	pthread_mutex_lock(&m->lock);
 	m->t_end = ioc__mig_now_ms();
 	ioc__mig_set_status_locked(m, ioc__mig_end_status(m->status, result));
