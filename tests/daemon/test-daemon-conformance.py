@@ -18,79 +18,19 @@ Prints TAP; exit 77 when qemu-storage-daemon or qemu-io is missing.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import qmptap  # noqa: E402
+from qmptap import Qmp, tap  # noqa: E402
+
 try:
     import nbd
 except ImportError:
     nbd = None
-
-n = 0
-failed = 0
-
-
-def tap(ok, name, detail=""):
-    global n, failed
-    n += 1
-    print("%s %d - %s" % ("ok" if ok else "not ok", n, name))
-    if not ok:
-        failed += 1
-        for line in str(detail).splitlines()[:30]:
-            print("# " + line)
-    sys.stdout.flush()
-
-
-class Qmp:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.settimeout(30)
-        self.s.connect(path)
-        self.f = self.s.makefile("rb")
-        self.greeting = json.loads(self.f.readline())
-        self.events = []
-        self.cmd("qmp_capabilities")
-
-    def cmd(self, cmd_, **args):
-        msg = {"execute": cmd_}
-        if args:
-            msg["arguments"] = args
-        return self.raw(msg)
-
-    def raw(self, msg):
-        self.s.sendall((json.dumps(msg) + "\n").encode())
-        while True:
-            line = self.f.readline()
-            if not line:
-                return None
-            r = json.loads(line)
-            if "event" in r:
-                self.events.append(r)
-                continue
-            return r
-
-    def wait_event(self, name, timeout=20):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for i, e in enumerate(self.events):
-                if e["event"] == name:
-                    return self.events.pop(i)
-            self.s.settimeout(max(0.05, end - time.monotonic()))
-            try:
-                line = self.f.readline()
-            except (socket.timeout, OSError):
-                break
-            finally:
-                self.s.settimeout(30)
-            if not line:
-                break
-            r = json.loads(line)
-            if "event" in r:
-                self.events.append(r)
-        return None
 
 
 # Members QEMU sends that iocore does not, with the reason.
@@ -230,8 +170,7 @@ def main():
             if d:
                 d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    print("1..%d" % n)
-    return 1 if failed else 0
+    return qmptap.plan()
 
 
 # Command lines both must refuse, with the same message after the name.

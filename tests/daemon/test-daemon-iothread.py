@@ -28,70 +28,14 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import qmptap  # noqa: E402
+from qmptap import Qmp, tap  # noqa: E402
+
 try:
     import nbd
 except ImportError:
     nbd = None
-
-n = 0
-failed = 0
-
-
-def tap(ok, name, detail=""):
-    global n, failed
-    n += 1
-    print("%s %d - %s" % ("ok" if ok else "not ok", n, name))
-    if not ok:
-        failed += 1
-        for line in str(detail).splitlines()[:30]:
-            print("# " + line)
-    sys.stdout.flush()
-
-
-class Qmp:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.settimeout(60)
-        self.s.connect(path)
-        self.f = self.s.makefile("rb")
-        json.loads(self.f.readline())
-        self.events = []
-        self.cmd("qmp_capabilities")
-
-    def cmd(self, cmd_, **args):
-        msg = {"execute": cmd_}
-        if args:
-            msg["arguments"] = args
-        self.s.sendall((json.dumps(msg) + "\n").encode())
-        while True:
-            line = self.f.readline()
-            if not line:
-                return None
-            r = json.loads(line)
-            if "event" in r:
-                self.events.append(r)
-                continue
-            return r
-
-    def wait_event(self, name, data=None, timeout=30):
-        end = time.monotonic() + timeout
-        while True:
-            for i, e in enumerate(self.events):
-                if e["event"] == name and (data is None or e.get("data") == data):
-                    return self.events.pop(i)
-            if time.monotonic() >= end:
-                return None
-            self.s.settimeout(max(0.05, end - time.monotonic()))
-            try:
-                line = self.f.readline()
-            except (socket.timeout, OSError):
-                line = b""
-            finally:
-                self.s.settimeout(60)
-            if line:
-                r = json.loads(line)
-                if "event" in r:
-                    self.events.append(r)
 
 
 def wait_path(p, proc, timeout=30):
@@ -194,15 +138,14 @@ def main():
             err.seek(0)
             print("Bail out! the daemon did not start: " + err.read())
             return 1
-        q = Qmp(qmp)
+        q = Qmp(qmp, timeout=60)
         steps(q, sock, imgs, proc, err)
     finally:
         if proc and proc.poll() is None:
             proc.kill()
             proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    print("1..%d" % n)
-    return 1 if failed else 0
+    return qmptap.plan()
 
 
 def uri(sock, name):

@@ -9,9 +9,12 @@ SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
 the cluster.  TAP on stdout; every wait is bounded."""
 import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import qmptap  # noqa: E402
+from qmptap import run, tap  # noqa: E402
+
 DAEMON, CONF = sys.argv[1], sys.argv[2]
 DIR = tempfile.mkdtemp(prefix="ioc-rbdbm.", dir=os.environ.get("CEPH_DIR", "/tmp"))
-n = fails = 0
 started = []
 
 
@@ -26,21 +29,7 @@ def cleanup():
 
 
 def ok(cond, name, info=""):
-    global n, fails
-    n += 1
-    if not cond:
-        fails += 1
-    print(("ok" if cond else "not ok") + " %d - %s" % (n, name))
-    if not cond and info:
-        for line in str(info).splitlines()[-15:]:
-            print("# " + line)
-    sys.stdout.flush()
-
-
-def run(*cmd, timeout=60):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout
+    tap(cond, name, info, lines=-15)
 
 
 def objects():
@@ -239,5 +228,4 @@ ok("return" in r, "a bitmap that is not persistent is not limited", r)
 g.stop()
 ok(objects() == [], "nothing left in the cluster", objects())
 
-print("1..%d" % n)
-sys.exit(1 if fails else 0)
+sys.exit(qmptap.plan())

@@ -20,10 +20,13 @@ TAP on stdout; every wait is bounded; nothing asserts on timing."""
 import atexit, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile
 import threading, time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import qmptap  # noqa: E402
+from qmptap import run, tap  # noqa: E402
+
 NBD, CONF, DAEMON = sys.argv[1], sys.argv[2], sys.argv[3]
 DIR = tempfile.mkdtemp(prefix="ioc-rbdho.", dir=os.environ.get("CEPH_DIR", "/tmp"))
 IMG = "rbd:rbd/img:conf=" + CONF
-n = fails = 0
 started = []
 
 
@@ -39,21 +42,7 @@ def cleanup():
 
 
 def ok(cond, name, info=""):
-    global n, fails
-    n += 1
-    if not cond:
-        fails += 1
-    print(("ok" if cond else "not ok") + " %d - %s" % (n, name))
-    if not cond and info:
-        for line in str(info).splitlines()[-15:]:
-            print("# " + line)
-    sys.stdout.flush()
-
-
-def run(*cmd, timeout=60):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout
+    tap(cond, name, info, lines=-15)
 
 
 def locker():
@@ -464,5 +453,4 @@ ok(back is True, "the destination serves it", back)
 d.stop()
 ok(g.stop() == 0 and locker() is None, "both stop; no lock is left", locker())
 
-print("1..%d" % n)
-sys.exit(1 if fails else 0)
+sys.exit(qmptap.plan())
