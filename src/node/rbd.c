@@ -90,7 +90,7 @@ struct rbd_node {
 	bool take_lock;
 	enum rbd_bm_mode bm_mode;
 	char pool[128], ns[128];
-	char shared[384];
+	char shared[1024];               /* the shared id; "": none (too long) */
 };
 
 /* ---- options --------------------------------------------------------- */
@@ -866,8 +866,14 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 
 		if (rados_cluster_fsid(s->cluster, fsid, sizeof(fsid)) < 0)
 			fsid[0] = '\0';
-		snprintf(s->shared, sizeof(s->shared), "rbd:%.100s/%.100s/%.100s%s%.60s;cluster=%s",
-			 pool, ns ? ns : "", image, snap ? "@" : "", snap ? snap : "", fsid);
+		int len = snprintf(s->shared, sizeof(s->shared), "rbd:%s/%s/%s%s%s;cluster=%s",
+				   pool, ns ? ns : "", image, snap ? "@" : "",
+				   snap ? snap : "", fsid);
+
+		/* Cut short, two images could share an id: none, then (the
+		 * node is not handed over). */
+		if (len < 0 || (size_t)len >= sizeof(s->shared))
+			s->shared[0] = '\0';
 	}
 	if (ioc__node_opt_bool(opts, "__org.iocore_inactive", false)) {
 		/* Another host has the image: take nothing until activated. */
@@ -918,7 +924,7 @@ static const char *rbd_node_shared_id(struct ioc_node *n)
 {
 	struct rbd_node *s = n->opaque;
 
-	return s ? s->shared : NULL;
+	return s && s->shared[0] ? s->shared : NULL;
 }
 
 static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen)
