@@ -34,10 +34,9 @@
  *   thread pool per chunk buys nothing).  The TLS handshake blocks first.
  *
  * Rejected.  Reading through the block layer on the I/O threads (the copy
- * would compete with requests).  Sending the client's own buffer as the
- * MIRROR (a range-lock table).  Mirroring from the start or only after
- * pass 1 (bench/migrate/NOTES.md).  Threads napping in nanosleep() and
- * poll() (a mirrored write waited for the next look).
+ * would compete with requests); sending the client's own buffer as the
+ * MIRROR (a range-lock table); mirroring from the start or only after
+ * pass 1 (NOTES.md); threads napping (a mirrored write waited a nap).
  */
 #include <errno.h>
 #include <fcntl.h>
