@@ -219,9 +219,10 @@ ceph_start_once() {
 		ss -ltnp 2>/dev/null | grep ":$CEPH_PORT " | sed 's/^/# listening: /' >&2
 		return 1
 	fi
-	cephc osd pool create rbd 8 >/dev/null 2>&1 &&
-	cephc osd pool application enable rbd rbd >/dev/null 2>&1 ||
-		{ ceph_log "pool create failed"; return 1; }
+	cephc osd pool create rbd 8 >>"$CEPH_DIR/log/setup.log" 2>&1 &&
+	cephc osd pool application enable rbd rbd >>"$CEPH_DIR/log/setup.log" 2>&1 ||
+		{ ceph_log "pool create failed (exit $?)"; tail -5 "$CEPH_DIR/log/setup.log" |
+			sed 's/^/# /' >&2; return 1; }
 	rbdc create rbd/img --size "$CEPH_IMG_SIZE" ||
 		{ ceph_log "rbd create failed"; return 1; }
 	ceph_log "cluster up in $(( $(date +%s) - _t0 ))s (mon 127.0.0.1:$CEPH_PORT, $CEPH_DIR)"
