@@ -982,6 +982,22 @@ static void fe_wait_used(struct fe *f, unsigned q, uint16_t idx)
 	}
 }
 
+/*
+ * Wait (5 s at most) until the inflight region agrees with used->idx.
+ * The back end stores used->idx first and clears the batch's flags after
+ * it (inflight.c says why), so a front end that has seen a completion
+ * in the used ring may still see its flag set; the region's used_idx is
+ * stored last with a release store, and this acquire load pairs with it.
+ */
+static void fe_wait_region(struct vub_inflight_queue *iq, uint16_t idx)
+{
+	int i;
+
+	for (i = 0; i < 5000 && __atomic_load_n(&iq->used_idx, __ATOMIC_ACQUIRE) != idx; i++)
+		usleep(1000);
+	ASSERT_UEQ(__atomic_load_n(&iq->used_idx, __ATOMIC_ACQUIRE), idx);
+}
+
 static int fe_get_inflight(struct fe *f, struct vub_inflight_desc *d)
 {
 	int fd;
@@ -1056,8 +1072,8 @@ static void test_inflight(void)
 	fe_post_k(&f, 0, 0, true);
 	ASSERT_UEQ(fe_wait(&f, 0), 513);
 	ASSERT_UEQ(*(uint8_t *)gpa(&f, IF_STAT(0)), VIRTIO_BLK_S_OK);
+	fe_wait_region(iq, 1);
 	ASSERT_UEQ(iq->desc[0].inflight, 0);
-	ASSERT_UEQ(iq->used_idx, 1);
 
 	/* Three in flight, held at the gate. */
 	ioc_node_set_gate(node, IOC_NODE_GATE_HOLD);
@@ -1089,6 +1105,7 @@ static void test_inflight(void)
 	/* Let them go, and the front end goes away. */
 	ioc_node_set_gate(node, IOC_NODE_GATE_OPEN);
 	fe_wait_used(&f, 0, 4);
+	fe_wait_region(iq, 4);   /* its last store, before we overwrite it */
 	close(f.sock);
 
 	/* Back to the crash state; the guest's buffers as before. */
@@ -1098,18 +1115,20 @@ static void test_inflight(void)
 		*(uint8_t *)gpa(&f, IF_STAT(k)) = k == 1 ? 0x77 : 0xee;
 		memset(gpa(&f, IF_DATA(k)), 0, 512);
 	}
-	{
-		uint64_t v;
-
-		while (read(f.call[0], &v, 8) == 8) {
-			/* the old connection's signals */
-		}
-	}
 
 	/* The reconnect: SET_INFLIGHT_FD with the same region, the ring
 	 * from used->idx (what QEMU restores when GET_VRING_BASE failed). */
 	f.sock = fe_connect(sock_path);
 	fe_negotiate(&f);
+	{
+		uint64_t v;
+
+		/* The old connection's signals.  A reply on the new one
+		 * means the old one is torn down (the export serves one
+		 * front end at a time), so none can come after this. */
+		while (read(f.call[0], &v, 8) == 8) {
+		}
+	}
 	ASSERT_UEQ(fe_acked(&f, VUB_SET_INFLIGHT_FD, &d, sizeof(d), &ifd, 1), 0);
 	fe_mem_table(&f);
 	ioc_node_set_gate(node, IOC_NODE_GATE_HOLD);
@@ -1153,9 +1172,9 @@ static void test_inflight(void)
 	ASSERT_UEQ(fe_wait(&f, 0), 513);
 	ASSERT_UEQ(u->idx, 5);
 	ASSERT_UEQ(u->ring[4 % QN].id, 3);
+	fe_wait_region(iq, 5);
 	for (unsigned h = 0; h < QN; h++)
 		ASSERT_UEQ(iq->desc[h].inflight, 0);
-	ASSERT_UEQ(iq->used_idx, 5);
 	base = fe_stop_ring(&f, 0);
 	ASSERT_UEQ(base, 5);
 
