@@ -86,7 +86,14 @@ sock = os.path.join(work, "sock")
 pidf = os.path.join(work, "pid")
 
 
+# Servers started and not yet stopped: cleanup() stops them whatever
+# ended the run (an exception, a timeout, ^C), so none outlives it.
+live = set()
+
+
 def cleanup():
+    for pid in list(live):
+        stop(pid)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -166,7 +173,9 @@ def start(cmd):
         if os.path.exists(pidf) and os.path.exists(sock):
             try:
                 with open(pidf) as f:
-                    return int(f.read().strip()), None
+                    pid = int(f.read().strip())
+                live.add(pid)
+                return pid, None
             except ValueError:
                 pass
         time.sleep(0.01)
@@ -191,6 +200,7 @@ def settle(pid, impl):
 
 
 def stop(pid):
+    live.discard(pid)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -434,6 +444,7 @@ def bulk():
                     try:
                         with open(pf) as f:
                             pid = int(f.read().strip())
+                        live.add(pid)
                         break
                     except ValueError:
                         pass
@@ -446,7 +457,12 @@ def bulk():
         for _ in range(rounds):
             for impl, peer, cmd, pid, uri, times in running:
                 t0 = time.monotonic()
-                r = subprocess.run(["nbdcopy", uri, "null:"], capture_output=True, timeout=300)
+                try:
+                    r = subprocess.run(["nbdcopy", uri, "null:"], capture_output=True,
+                                       timeout=300)
+                except subprocess.TimeoutExpired:
+                    log("%-18s %-14s nbdcopy timed out" % (impl, case))
+                    continue
                 if r.returncode == 0:
                     times.append(time.monotonic() - t0)
         for impl, peer, cmd, pid, uri, times in running:
