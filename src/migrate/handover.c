@@ -38,7 +38,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -51,6 +50,7 @@
 #include "migrate-int.h"
 #include "receive.h"
 #include "stream.h"
+#include "util/socket.h"
 
 #define HO_CONNECT_TIMEOUT_MS 30000
 #define HO_READY_TIMEOUT_MS   30000
@@ -110,55 +110,35 @@ static int ask_main(struct ioc__mig *m, int req, char *why, size_t whylen)
 
 /* ---- the source (its thread) --------------------------------------------- */
 
+/* While a connect is in progress: a look every 50 ms for a cancel. */
+static int ho_connect_wait(void *opaque, int fd, int64_t left_ms)
+{
+	struct ho_src *s = opaque;
+	struct pollfd pf = { fd, POLLOUT, 0 };
+
+	if (ho_cancelled(s->m))
+		return -ECANCELED;
+	poll(&pf, 1, left_ms < 50 ? (int)left_ms : 50);
+	return 0;
+}
+
 static int ho_connect(struct ho_src *s)
 {
 	char host[256], port[16];
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_NUMERICSERV };
-	struct addrinfo *res, *ai;
-	int fd = -1, err = -EHOSTUNREACH;
+	bool unresolved;
+	int fd;
 
 	if (ioc__mig_parse_uri(s->uri, host, sizeof(host), port, sizeof(port)) < 0)
 		return ho_fail(s->why, sizeof(s->why), -EINVAL, "Invalid URI '%s'", s->uri);
-	if (getaddrinfo(host, port, &hints, &res) != 0)
-		return ho_fail(s->why, sizeof(s->why), -EHOSTUNREACH, "Cannot resolve '%s'",
-			       host);
-	for (ai = res; ai && fd < 0 && err != -ECANCELED; ai = ai->ai_next) {
-		int64_t deadline = ioc__mig_now_ms() + HO_CONNECT_TIMEOUT_MS;
-
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-			    ai->ai_protocol);
-		if (fd < 0) {
-			err = -errno;
-			continue;
-		}
-		err = connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS
-		      ? -errno : 0;
-		while (err == 0) {
-			struct pollfd pf = { fd, POLLOUT, 0 };
-			int so = 0;
-			socklen_t sl = sizeof(so);
-
-			if (ho_cancelled(s->m)) {
-				err = -ECANCELED;
-			} else if (poll(&pf, 1, 50) == 0) {
-				if (ioc__mig_now_ms() > deadline)
-					err = -ETIMEDOUT;
-			} else {
-				getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-				err = so ? -so : 1;
-			}
-		}
-		if (err < 0) {
-			close(fd);
-			fd = -1;
-		}
-	}
-	freeaddrinfo(res);
+	fd = ioc__connect_tcp(host, port, HO_CONNECT_TIMEOUT_MS, ho_connect_wait, s,
+			      &unresolved);
+	if (fd == -ECANCELED)
+		return fd;
+	if (fd < 0 && unresolved)
+		return ho_fail(s->why, sizeof(s->why), fd, "Cannot resolve '%s'", host);
 	if (fd < 0)
-		return err == -ECANCELED ? err :
-		       ho_fail(s->why, sizeof(s->why), err, "Failed to connect to '%s': %s",
-			       s->uri, strerror(-err));
+		return ho_fail(s->why, sizeof(s->why), fd, "Failed to connect to '%s': %s",
+			       s->uri, strerror(-fd));
 	/* Blocking from here; a cancel shuts the socket down to wake it. */
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	int one = 1;

@@ -40,7 +40,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -57,6 +56,7 @@
 #include "iocore/wq.h"
 #include "migrate-int.h"
 #include "stream.h"
+#include "util/socket.h"
 
 #define CHUNK_MAX        (256u << 10)
 #define ACK_TIMEOUT_MS   120000
@@ -1679,72 +1679,34 @@ static void pass_end(struct src *s)
 	pthread_mutex_unlock(&s->m->lock);
 }
 
+/* While a connect is in progress: on the loop until the socket may be
+ * writable, the time is up or a cancel kicks. */
+static int ioc_coroutine_fn connect_wait(void *opaque, int fd, int64_t left_ms)
+{
+	struct src *s = opaque;
+	int ret;
+
+	s->sock = fd;
+	ret = wait_writable(s, ioc_now_ns() + (left_ms + 1) * 1000000);
+	s->sock = -1;
+	return ret;
+}
+
 static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 {
 	char host[256], port[16];
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_NUMERICSERV };
-	struct addrinfo *res, *ai;
-	int fd = -1, err = -EHOSTUNREACH;
+	bool unresolved;
+	int fd;
 
 	if (ioc__mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0)
 		return fail(s, -EINVAL, "Invalid URI '%s' (tcp:HOST:PORT)", uri);
-	if (getaddrinfo(host, port, &hints, &res) != 0)
-		return fail(s, -EHOSTUNREACH, "Cannot resolve '%s'", host);
-	for (ai = res; ai && fd < 0; ai = ai->ai_next) {
-		int64_t deadline = ioc__mig_now_ms() + CONNECT_TIMEOUT_MS;
-
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-			    ai->ai_protocol);
-		if (fd < 0) {
-			err = -errno;
-			continue;
-		}
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS) {
-			err = -errno;
-			close(fd);
-			fd = -1;
-			continue;
-		}
-		/* Until it connects or fails (writable), times out or a cancel
-		 * kicks: a look without waiting, then a wait on the loop. */
-		s->sock = fd;
-		for (;;) {
-			struct pollfd pf = { fd, POLLOUT, 0 };
-			int so = 0;
-			socklen_t sl = sizeof(so);
-
-			if (cancelled(s)) {
-				err = -ECANCELED;
-				break;
-			}
-			if (poll(&pf, 1, 0) == 0) {
-				if (ioc__mig_now_ms() > deadline) {
-					err = -ETIMEDOUT;
-					break;
-				}
-				err = wait_writable(s, ioc_now_ns() + (deadline -
-						    ioc__mig_now_ms() + 1) * 1000000);
-				if (err < 0)
-					break;
-				continue;
-			}
-			getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-			err = -so;
-			break;
-		}
-		s->sock = -1;
-		if (err < 0) {
-			close(fd);
-			fd = -1;
-			if (err == -ECANCELED)
-				break;
-		}
-	}
-	freeaddrinfo(res);
+	fd = ioc__connect_tcp(host, port, CONNECT_TIMEOUT_MS, connect_wait, s, &unresolved);
+	if (fd == -ECANCELED)
+		return fd;
+	if (fd < 0 && unresolved)
+		return fail(s, fd, "Cannot resolve '%s'", host);
 	if (fd < 0)
-		return err == -ECANCELED ? err :
-		       fail(s, err, "Failed to connect to '%s': %s", uri, strerror(-err));
+		return fail(s, fd, "Failed to connect to '%s': %s", uri, strerror(-fd));
 	int one = 1, buf = 4 << 20;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));

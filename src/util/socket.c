@@ -1,10 +1,12 @@
-/* Listening sockets (socket.h). */
+/* Listening sockets and outgoing TCP connections (socket.h). */
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "socket.h"
@@ -63,4 +65,70 @@ int ioc__listen_tcp(const char *host, const char *port, int backlog)
 	}
 	freeaddrinfo(res);
 	return fd;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One address: connected, or -errno.  A look without waiting first,
+ * then the caller's wait, until the deadline. */
+static int connect_one(const struct addrinfo *ai, int64_t timeout_ms,
+		       ioc__connect_wait_fn *wait, void *opaque)
+{
+	int64_t deadline = mono_ms() + timeout_ms;
+	int fd, err = 0;
+
+	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		    ai->ai_protocol);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS)
+		err = -errno;
+	while (err == 0) {
+		struct pollfd pf = { fd, POLLOUT, 0 };
+		int so = 0;
+		socklen_t sl = sizeof(so);
+		int64_t left;
+
+		if (poll(&pf, 1, 0) == 1) {
+			if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) < 0)
+				so = errno;
+			if (so == 0)
+				return fd;
+			err = -so;
+			break;
+		}
+		left = deadline - mono_ms();
+		err = left < 0 ? -ETIMEDOUT : wait(opaque, fd, left);
+	}
+	close(fd);
+	return err;
+}
+
+int ioc__connect_tcp(const char *host, const char *port, int64_t timeout_ms,
+		     ioc__connect_wait_fn *wait, void *opaque, bool *unresolved)
+{
+	struct addrinfo hints = {
+		.ai_family = AF_UNSPEC,
+		.ai_socktype = SOCK_STREAM,
+		.ai_flags = AI_NUMERICSERV,
+	};
+	struct addrinfo *res, *ai;
+	int ret = -EHOSTUNREACH;
+
+	*unresolved = getaddrinfo(host, port, &hints, &res) != 0;
+	if (*unresolved)
+		return -EHOSTUNREACH;
+	for (ai = res; ai; ai = ai->ai_next) {
+		ret = connect_one(ai, timeout_ms, wait, opaque);
+		if (ret >= 0 || ret == -ECANCELED)
+			break;
+	}
+	freeaddrinfo(res);
+	return ret;
 }

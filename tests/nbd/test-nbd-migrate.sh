@@ -14,7 +14,7 @@ SRCDIR=$(cd "$(dirname "$0")" && pwd)
 need_built "$SRV" "$CTL"
 need qemu-io qemu-img python3
 workdir ioc-nbd-migrate
-echo "1..60"
+echo "1..67"
 
 # events CTL FILE: follow the control socket's events into FILE until a
 # migration ends; FILE.ready appears once negotiated.  $evpid.
@@ -81,6 +81,20 @@ expect "query-migrate-parameters" "3 2 True 2 0 300 4096" \
 	"$(ctl s1 --json query-migrate-parameters | python3 -c 'import json,sys; p=json.load(sys.stdin)
 print(p["compress-level"], p["compress-threads"], p["compress-wait-thread"], p["decompress-threads"], p["max-bandwidth"], p["downtime-limit"], p["__org.iocore_granularity"])')"
 caps s1 events=true compress=true
+# Nobody listening, then a name that does not resolve: failed, with the
+# reason, and the source serves on.
+port=$(free_port)
+check "migrate to a port nobody listens on" ctl s1 migrate uri=tcp:127.0.0.1:$port
+expect "it fails" failed "$(wait_status s1 failed completed)"
+expect "the reason names the address and the refusal" \
+	"Failed to connect to 'tcp:127.0.0.1:$port': Connection refused" \
+	"$(qfield s1 'q.get("error-desc")')"
+check "migrate to a name that does not resolve" ctl s1 migrate uri=tcp:no-such-host.invalid:1
+expect "it fails too" failed "$(wait_status s1 failed completed)"
+expect "the reason names the host" "Cannot resolve 'no-such-host.invalid'" \
+	"$(qfield s1 'q.get("error-desc")')"
+check "the source still serves" qemu-io -f raw -r -c "read -P 0 40M 64k" \
+	"nbd+unix:///?socket=$dir/s1.sock"
 port=$(free_port)
 dest_start d1 "$dir/b.img" defer || { echo "Bail out! destination did not start"; exit 1; }
 check "migrate-incoming on the deferred destination" ctl d1 migrate-incoming uri=tcp:127.0.0.1:$port
