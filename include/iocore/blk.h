@@ -34,6 +34,10 @@ struct ioc_blk_opts {
 	bool null_read_zeroes;     /* null driver: reads fill zeroes (default:
 				    * buffers are left as they are, like
 				    * QEMU's null-co) and status says ZERO */
+	int64_t null_latency_ns;   /* null driver: each request completes this
+				    * long after it is submitted, on the
+				    * submitting thread's loop (QEMU's null-co
+				    * latency-ns); 0: at once */
 };
 
 /* Open path (ignored by the null driver).  Returns 0 or -errno. */

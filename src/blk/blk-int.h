@@ -90,6 +90,7 @@ struct ioc_blk {
 	bool is_blockdev;
 	bool fast_path;
 	bool null_read_zeroes;
+	int64_t null_latency_ns;
 	bool never_waits;            /* tmpfs without swap: reads do no I/O */
 	/* ioc_blk_map_read(): the image mapped shared, read-only, as of
 	 * open (map_len bytes; NULL: not mapped), and which MAP_FILL-sized
@@ -208,6 +209,7 @@ struct blk_req {
 		struct ioc_uring_op uop;
 		struct ioc_pool_req preq;
 		struct ioc_task task;
+		struct ioc_timer timer;   /* null driver with a latency */
 	} u;
 };
 

@@ -342,6 +342,7 @@ int ioc_blk_open(struct ioc_blk **out, const char *path,
 	blk->read_only = opts->read_only;
 	blk->fast_path = !opts->no_fast_path;
 	blk->null_read_zeroes = opts->null_read_zeroes;
+	blk->null_latency_ns = opts->null_latency_ns > 0 ? opts->null_latency_ns : 0;
 	atomic_init(&blk->caps, BLK_CAP_PUNCH | BLK_CAP_ZERO_RANGE |
 		    BLK_CAP_DSYNC | BLK_CAP_NOWAIT | BLK_CAP_ALLOC |
 		    BLK_CAP_CACHESTAT | BLK_CAP_SPLICE);
@@ -629,8 +630,21 @@ static int setup_bounce(struct blk_req *r)
 	return 0;
 }
 
+static void null_complete(void *opaque)
+{
+	struct blk_req *r = opaque;
+
+	if (r->op == BLK_OP_READ && r->blk->null_read_zeroes)
+		ioc__blk_iov_memset(r->iov, r->iovcnt, 0, 0, r->io_len);
+	ioc__blk_finish(r, 0);
+}
+
+/* A latency is a timer on the submitting thread's loop (the request's
+ * completion loop, or the coroutine's); with no loop it completes at once. */
 static void null_submit(struct blk_req *r)
 {
+	struct ioc_loop *loop;
+
 	if (ioc_unlikely(r->blk->fault)) {
 		int64_t f = ioc__blk_fault_check(r, r->io_offset + r->done,
 						 r->io_len - r->done);
@@ -640,9 +654,12 @@ static void null_submit(struct blk_req *r)
 			return;
 		}
 	}
-	if (r->op == BLK_OP_READ && r->blk->null_read_zeroes)
-		ioc__blk_iov_memset(r->iov, r->iovcnt, 0, 0, r->io_len);
-	ioc__blk_finish(r, 0);
+	if (r->blk->null_latency_ns && (loop = ioc_loop_current())) {
+		ioc_timer_init(&r->u.timer, loop, null_complete, r);
+		ioc_timer_arm_in(&r->u.timer, r->blk->null_latency_ns);
+		return;
+	}
+	null_complete(r);
 }
 
 /* Run r on its backend (tracking already decided). */

@@ -198,6 +198,7 @@ int ioc_node_wrap_blk(struct ioc_node_graph *g, struct ioc_blk *blk, const char 
 static const struct ioc__qmp_arg null_opts[] = {
 	{ "size", IOC_QMP_SIZE, true },
 	{ "read-zeroes", IOC_QMP_BOOL, true },
+	{ "latency-ns", IOC_QMP_INT, true, .min = 0, .max = INT64_MAX },
 	{ NULL },
 };
 
@@ -207,6 +208,7 @@ static int null_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 		.driver = IOC_BLK_DRIVER_NULL,
 		.null_size = (uint64_t)ioc__node_opt_int(opts, "size", 1ll << 30),
 		.null_read_zeroes = ioc__node_opt_bool(opts, "read-zeroes", false),
+		.null_latency_ns = ioc__node_opt_int(opts, "latency-ns", 0),
 		.read_only = n->read_only,
 	};
 	struct ioc_blk *blk;
