@@ -147,18 +147,22 @@ static json_t *cmd_nbd_start(void *ctx, json_t *args, struct ioc__qmp_err *err)
 }
 
 /* Every NBD export goes with the server (hard), as in QEMU. */
-static void nbd_stop(struct ioc_daemon *d)
+/* -EBUSY: requests still in flight held the server; it is left running
+ * (and its TLS credentials in use), its exports not yet deleted. */
+static int nbd_stop(struct ioc_daemon *d)
 {
 	char msg[256];
 
 	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
 		if (d->exports[i] && strcmp(d->exports[i]->drv->type, "nbd") == 0)
 			ioc_export_del(d->exports[i], true, msg, sizeof(msg));
-	ioc_export_nbd_server_stop(&d->env);
+	if (ioc_export_nbd_server_stop(&d->env) < 0)
+		return -EBUSY;
 	if (d->nbd_tls) {
 		d->nbd_tls->users--;
 		d->nbd_tls = NULL;
 	}
+	return 0;
 }
 
 static json_t *cmd_nbd_stop(void *ctx, json_t *args, struct ioc__qmp_err *err)
@@ -169,7 +173,11 @@ static json_t *cmd_nbd_stop(void *ctx, json_t *args, struct ioc__qmp_err *err)
 		ioc__qmp_errf(err, "NBD server not running");
 		return NULL;
 	}
-	nbd_stop(d);
+	if (nbd_stop(d) < 0) {
+		ioc__qmp_errf(err, "NBD server stopped with requests still in flight "
+			      "after 20 s; their exports are left as they are");
+		return NULL;
+	}
 	return json_object();
 }
 
@@ -187,8 +195,10 @@ static bool any_export(struct ioc_daemon *d)
 
 /* At exit: every export deleted (hard), and the main loop run until the
  * last is gone (a front end's requests in flight complete first), 10 s at
- * most: the nodes and I/O threads must outlive what still uses them. */
-void ioc__daemon_exports_stop(struct ioc_daemon *d)
+ * most.  False when some are still there: their requests are in flight
+ * (a node that never answers), so the nodes and I/O threads they use must
+ * be left as they are, said on stderr. */
+bool ioc__daemon_exports_stop(struct ioc_daemon *d)
 {
 	int64_t deadline = ioc_now_ns() + 10ll * 1000000000;
 	struct ioc_timer tick;
@@ -204,6 +214,12 @@ void ioc__daemon_exports_stop(struct ioc_daemon *d)
 		ioc_loop_poll(d->opts.loop, true);
 	}
 	ioc_timer_cancel(&tick);
+	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
+		if (d->exports[i])
+			fprintf(stderr, "export '%s' of node '%s' still has requests in flight "
+				"after 10 s; leaving its node and I/O threads open\n",
+				d->exports[i]->id, d->exports[i]->node->name);
+	return !any_export(d);
 }
 
 static const char *const mode_values[] = { "safe", "hard", NULL };
