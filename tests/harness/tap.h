@@ -22,6 +22,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -145,6 +146,30 @@ static inline void ioc_test_kill_daemons(void)
 			kill(ioc_test_daemons[i], SIGKILL);
 }
 
+/* The scratch directory of ioc_test_tmpdir(), in the process that made it. */
+static char ioc_test_tmpdir_path[256];
+static pid_t ioc_test_tmpdir_owner;
+
+/* name under dfd and all below it; links are removed, never followed. */
+static inline void ioc_test_rm_tree(int dfd, const char *name)
+{
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+
+	if (d) {
+		for (struct dirent *de; (de = readdir(d));) {
+			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+				continue;
+			if (unlinkat(fd, de->d_name, 0) < 0 && (errno == EISDIR || errno == EPERM))
+				ioc_test_rm_tree(fd, de->d_name);
+		}
+		closedir(d);
+	} else if (fd >= 0) {
+		close(fd);
+	}
+	unlinkat(dfd, name, AT_REMOVEDIR);
+}
+
 static inline __attribute__((noreturn)) void
 ioc_test_fail(const char *file, int line, const char *fmt, ...)
 {
@@ -159,6 +184,9 @@ ioc_test_fail(const char *file, int line, const char *fmt, ...)
 	fflush(stdout);
 	fflush(stderr);
 	ioc_test_kill_daemons();
+	/* _exit() runs no atexit handler: the scratch files go here. */
+	if (ioc_test_tmpdir_path[0] && getpid() == ioc_test_tmpdir_owner)
+		ioc_test_rm_tree(AT_FDCWD, ioc_test_tmpdir_path);
 	_exit(1);
 }
 
@@ -246,9 +274,6 @@ ioc_test_fail(const char *file, int line, const char *fmt, ...)
 					#a, #b, ioc_i_, ioc_n_,           \
 					ioc_a_[ioc_i_], ioc_b_[ioc_i_]);  \
 	} while (0)
-
-static char ioc_test_tmpdir_path[256];
-static pid_t ioc_test_tmpdir_owner;
 
 /* At exit of the process that made it: the directory goes if it is empty
  * (a forked child that exits leaves it to its parent). */
