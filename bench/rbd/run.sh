@@ -1,9 +1,9 @@
 #!/bin/sh
 # bench/rbd/run.sh BUILD_DIR [--quick]
 #
-# A Ceph RBD image served three ways on one one-host cluster
-# (tests/harness/ceph.sh: one monitor, one memstore OSD, started here and
-# stopped at the end), in the same run:
+# A Ceph RBD image served three ways on one-host clusters
+# (tests/harness/ceph.sh: one monitor, one memstore OSD, a new one for each
+# server's turn), in the same run:
 #   iocore-storage-daemon --blockdev driver=rbd with an NBD export and a
 #     vhost-user-blk export of the node;
 #   qemu-storage-daemon with the same --blockdev and both exports;
@@ -20,9 +20,15 @@
 # CPU per I/O (utime+stime of the whole process from /proc over the run,
 # fio's ramp included: a slight overestimate for every server alike) and
 # the OSD's CPU per I/O beside it, reported, not charged to the server.
+# Each server's turn (all its rows, once) has a cluster of its own, started
+# afresh and its area written, so that no turn inherits another's writes.
 # One JSON row per line on stdout (suite "rbd"); the table with the
 # ratios (iocore over the best peer; CPU: best peer's over iocore) on
-# stderr.  --quick: 3 s runs and fewer requests.  Not part of the suite.
+# stderr.  Servers run in rounds, each round starting with the next server
+# in turn, every row taken once a round, read rows before write rows; a
+# row is the median of its rounds.  --quick: 3 s runs, fewer requests and
+# one round; full: 10 s runs, 3 rounds; --rounds=N sets them.  Not part of
+# the suite.
 IOC_SOURCE_ROOT=${IOC_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)} \
 	IOC_BENCH_COMMON=$(cd "$(dirname "$0")/../common" && pwd) exec python3 - "$@" <<'EOF'
 import json, os, shutil, subprocess, sys, time
@@ -38,6 +44,9 @@ root = os.environ["IOC_SOURCE_ROOT"]
 ours = os.path.join(build, "tools/daemon/iocore-storage-daemon")
 driver = os.path.join(build, "tools/bench/iocore-bench")
 runtime, ramp = (3, 1) if quick else (10, 2)
+rounds = next((int(a.split("=", 1)[1]) for a in sys.argv[1:]
+               if a.startswith("--rounds=")), 1 if quick else 3)
+settle = 2   # seconds between servers, for the OSD to finish what it was sent
 vh_count = 20000 if quick else 100000
 AREA_MB = 256
 t_begin = time.monotonic()
@@ -50,32 +59,48 @@ def row(case, params, impl, metric, value, better, error=None, cmd=""):
     _row(case, params, impl, impl != "iocore", metric, value, better, cmd, error)
 
 
-# The cluster: a shell holding it, its conf and the OSD's pid on stdout;
-# closing its stdin stops it (the harness's EXIT trap).
-cl = subprocess.Popen(
-    ["sh", "-c", '. "$IOC_SOURCE_ROOT/tests/harness/ceph.sh"; ceph_require; '
-     'ceph_start >&2 || exit 1; echo "$CEPH_CONF $CEPH_OSD_PID"; read x'],
-    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    env=dict(os.environ, CEPH_MEMSTORE_BYTES=str(1 << 30), CEPH_IMG_SIZE="1G"))
-line = cl.stdout.readline().decode().split()
-if len(line) != 2:
-    cl.wait()
+def cluster_start():
+    """A cluster: a shell holding it, its conf and the OSD's pid on stdout;
+    closing its stdin stops it (the harness's EXIT trap).  (shell, conf,
+    OSD pid), or None."""
+    cl = subprocess.Popen(
+        ["sh", "-c", '. "$IOC_SOURCE_ROOT/tests/harness/ceph.sh"; ceph_require; '
+         'ceph_start >&2 || exit 1; echo "$CEPH_CONF $CEPH_OSD_PID"; read x'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env=dict(os.environ, CEPH_MEMSTORE_BYTES=str(1 << 30), CEPH_IMG_SIZE="1G"))
+    line = cl.stdout.readline().decode().split()
+    if len(line) != 2:
+        cl.wait()
+        return None
+    return cl, line[0], int(line[1])
+
+
+def cluster_stop(cl):
+    try:
+        cl.stdin.close()
+    except OSError:
+        pass
+    cl.wait(timeout=120)
+
+
+first = cluster_start()
+if first is None:
     for case in ("randread", "randwrite", "seqread", "seqwrite"):
         row(case, {}, "iocore", "IOPS", None, "higher",
             "no cluster (ceph packages missing or it did not start)")
     sys.exit(0)
-conf, osd_pid = line[0], int(line[1])
+cl, conf, osd_pid = first
 work = workdir("ioc-rbd-bench.")
 nbd_sock = os.path.join(work, "nbd.sock")
 vh_sock = os.path.join(work, "vh.sock")
 try:
-    log("rbd: writing the first %d MiB of rbd/img" % AREA_MB)
-    subprocess.run(["rbd", "-c", conf, "bench", "--io-type", "write", "--io-size", "4M",
-                    "--io-threads", "4", "--io-total", "%dM" % AREA_MB,
-                    "--io-pattern", "seq", "rbd/img"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    def fill():
+        subprocess.run(["rbd", "-c", conf, "bench", "--io-type", "write", "--io-size", "4M",
+                        "--io-threads", "4", "--io-total", "%dM" % AREA_MB,
+                        "--io-pattern", "seq", "rbd/img"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
 
-    def daemon_cmd(binary):
+    def daemon_cmd(binary, conf):
         return [binary, "--blockdev",
                 "driver=rbd,node-name=r,pool=rbd,image=img,conf=%s" % conf,
                 "--nbd-server", "addr.type=unix,addr.path=%s" % nbd_sock,
@@ -84,11 +109,12 @@ try:
                 "addr.path=%s,writable=on" % vh_sock]
 
     servers = [
-        ("iocore", daemon_cmd(ours) if os.access(ours, os.X_OK) else None, True),
-        ("qemu-storage-daemon", daemon_cmd("qemu-storage-daemon")
+        ("iocore", (lambda c: daemon_cmd(ours, c)) if os.access(ours, os.X_OK) else None,
+         True),
+        ("qemu-storage-daemon", (lambda c: daemon_cmd("qemu-storage-daemon", c))
          if shutil.which("qemu-storage-daemon") else None, True),
-        ("qemu-nbd", ["qemu-nbd", "-f", "raw", "--cache=writeback", "-k", nbd_sock, "-x", "",
-                      "-t", "-e", "8", "rbd:rbd/img:conf=%s" % conf]
+        ("qemu-nbd", (lambda c: ["qemu-nbd", "-f", "raw", "--cache=writeback", "-k", nbd_sock,
+                                 "-x", "", "-t", "-e", "8", "rbd:rbd/img:conf=%s" % c])
          if shutil.which("qemu-nbd") else None, False),
     ]
 
@@ -139,43 +165,91 @@ try:
         return j["iops"], j["mb_s"], j["lat_us"]["p99"], j["requests"]
 
     fio_cmd = "fio --ioengine=nbd --size=%dm --runtime=%ds" % (AREA_MB, runtime)
-    results = {}   # (front, case, params, metric) -> {impl: (rate, p99, srv, osd)}
-    for impl, cmd, has_vhost in servers:
-        jobs = [("nbd",) + x for x in nbd_rows] + \
-               ([("vhost", c, rw, "4k", d) for c, rw, d in vh_rows] if has_vhost else [])
-        p = start(cmd, has_vhost) if cmd else None
-        for front, case, rw, bs, depth in jobs:
-            metric = "MB/s" if bs == "1m" else "IOPS"
-            params = {"front": front, "bs": bs, "iodepth": depth}
-            if p is None:
-                row(case, params, impl, metric, None, "higher",
-                    "not available" if not cmd else "did not start")
-                continue
-            s0, o0 = cpu_s(p.pid), cpu_s(osd_pid)
-            try:
-                if front == "nbd":
-                    iops, mbs, p99, ios = fio(rw, bs, depth)
-                else:
-                    iops, mbs, p99, ios = vhost(rw, depth)
-            except Exception as e:
-                row(case, params, impl, metric, None, "higher", str(e)[:200])
-                continue
-            s1, o1 = cpu_s(p.pid), cpu_s(osd_pid)
-            srv = None if None in (s0, s1) or not ios else round((s1 - s0) * 1e6 / ios, 2)
-            osd = None if None in (o0, o1) or not ios else round((o1 - o0) * 1e6 / ios, 2)
-            rate = mbs if metric == "MB/s" else iops
-            c = " ".join(cmd) + " ; " + (fio_cmd if front == "nbd" else "iocore-bench vhost-blk")
-            row(case, params, impl, metric, round(rate, 1), "higher", cmd=c)
-            row(case, params, impl, "p99 us", p99, "lower", cmd=c)
-            row(case, params, impl, "server CPU us/IO", srv, "lower", cmd=c)
-            row(case, params, impl, "OSD CPU us/IO", osd, "lower", cmd=c)
-            key = (front, case, "bs=%s,iodepth=%d" % (bs, depth), metric)
-            results.setdefault(key, {})[impl] = (rate, p99, srv, osd)
-            log("%-20s %-5s %-9s bs=%-3s depth=%-3d %9.0f %-4s p99 %8.1f us  "
-                "CPU us/IO server %s OSD %s" % (impl, front, case, bs, depth, rate, metric,
-                                                 p99, srv, osd))
-        if p is not None:
-            stop(p, 30)
+    # (front, case, params, metric) -> {impl: [(rate, p99, srv, osd), ...]}
+    results = {}
+    cmds = {}
+    for rnd in range(rounds):
+        # Each round starts with the next server, so that none always
+        # inherits what the one before left in the cluster.
+        order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
+        for impl, mkcmd, has_vhost in order:
+            # Reads first, then writes: a read row right after a write row
+            # measures the OSD still applying the writes, and the faster
+            # writer leaves it more to apply.
+            jobs = [("nbd",) + x for x in nbd_rows if x[0].endswith("read")] + \
+                   ([("vhost", c, rw, "4k", d) for c, rw, d in vh_rows
+                     if c.endswith("read")] if has_vhost else []) + \
+                   [("nbd",) + x for x in nbd_rows if x[0].endswith("write")] + \
+                   ([("vhost", c, rw, "4k", d) for c, rw, d in vh_rows
+                     if c.endswith("write")] if has_vhost else [])
+            # A cluster of its own for each turn: one OSD's cost per request
+            # grew several times over a run's writes (bench/rbd/NOTES.md),
+            # so a shared cluster favoured whoever ran first.
+            if cl is None:
+                c = cluster_start()
+                if c is None:
+                    log("rbd: a cluster did not start; this turn is skipped")
+                    continue
+                cl, conf, osd_pid = c
+            log("rbd: %s, round %d: writing the first %d MiB of rbd/img"
+                % (impl, rnd + 1, AREA_MB))
+            fill()
+            time.sleep(settle)
+            cmd = mkcmd(conf) if mkcmd else None
+            p = start(cmd, has_vhost) if cmd else None
+            for front, case, rw, bs, depth in jobs:
+                metric = "MB/s" if bs == "1m" else "IOPS"
+                key = (front, case, "bs=%s,iodepth=%d" % (bs, depth), metric)
+                params = {"front": front, "bs": bs, "iodepth": depth}
+                if p is None:
+                    if rnd == 0:
+                        row(case, params, impl, metric, None, "higher",
+                            "not available" if not cmd else "did not start")
+                    continue
+                s0, o0 = cpu_s(p.pid), cpu_s(osd_pid)
+                try:
+                    if front == "nbd":
+                        iops, mbs, p99, ios = fio(rw, bs, depth)
+                    else:
+                        iops, mbs, p99, ios = vhost(rw, depth)
+                except Exception as e:
+                    row(case, params, impl, metric, None, "higher", str(e)[:200])
+                    continue
+                s1, o1 = cpu_s(p.pid), cpu_s(osd_pid)
+                srv = None if None in (s0, s1) or not ios else round((s1 - s0) * 1e6 / ios, 2)
+                osd = None if None in (o0, o1) or not ios else round((o1 - o0) * 1e6 / ios, 2)
+                rate = mbs if metric == "MB/s" else iops
+                cmds[(key, impl)] = " ".join(cmd) + " ; " + \
+                    (fio_cmd if front == "nbd" else "iocore-bench vhost-blk")
+                results.setdefault(key, {}).setdefault(impl, []).append((rate, p99, srv, osd))
+                log("%-20s round %d %-5s %-9s bs=%-3s depth=%-3d %9.0f %-4s p99 %8.1f us  "
+                    "CPU us/IO server %s OSD %s" % (impl, rnd + 1, front, case, bs, depth,
+                                                     rate, metric, p99, srv, osd))
+            if p is not None:
+                stop(p, 30)
+            cluster_stop(cl)
+            cl = None
+
+    def median(vals):
+        vals = sorted(v for v in vals if v is not None)
+        if not vals:
+            return None
+        m = len(vals) // 2
+        return vals[m] if len(vals) % 2 else (vals[m - 1] + vals[m]) / 2
+
+    # Each impl's row is the median of its rounds, metric by metric.
+    for key in results:
+        front, case, params_s, metric = key
+        bs, depth = params_s.split(",")
+        params = {"front": front, "bs": bs[3:], "iodepth": int(depth[8:])}
+        for impl, runs in results[key].items():
+            med = tuple(median([r[i] for r in runs]) for i in range(4))
+            results[key][impl] = med
+            c = cmds[(key, impl)]
+            row(case, params, impl, metric, round(med[0], 1), "higher", cmd=c)
+            row(case, params, impl, "p99 us", med[1], "lower", cmd=c)
+            row(case, params, impl, "server CPU us/IO", med[2], "lower", cmd=c)
+            row(case, params, impl, "OSD CPU us/IO", med[3], "lower", cmd=c)
 
     def fmt(v, f="%.0f"):
         return "-" if v is None else f % v
@@ -199,9 +273,6 @@ try:
     log("rbd: %.0f s" % (time.monotonic() - t_begin))
 finally:
     shutil.rmtree(work, ignore_errors=True)
-    try:
-        cl.stdin.close()
-    except OSError:
-        pass
-    cl.wait(timeout=120)
+    if cl is not None:
+        cluster_stop(cl)
 EOF
