@@ -147,22 +147,18 @@ static json_t *cmd_nbd_start(void *ctx, json_t *args, struct ioc__qmp_err *err)
 }
 
 /* Every NBD export goes with the server (hard), as in QEMU. */
-/* -EBUSY: requests still in flight held the server; it is left running
- * (and its TLS credentials in use), its exports not yet deleted. */
-static int nbd_stop(struct ioc_daemon *d)
+static void nbd_stop(struct ioc_daemon *d)
 {
 	char msg[256];
 
 	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
 		if (d->exports[i] && strcmp(d->exports[i]->drv->type, "nbd") == 0)
 			ioc_export_del(d->exports[i], true, msg, sizeof(msg));
-	if (ioc_export_nbd_server_stop(&d->env) < 0)
-		return -EBUSY;
+	ioc_export_nbd_server_stop(&d->env);
 	if (d->nbd_tls) {
 		d->nbd_tls->users--;
 		d->nbd_tls = NULL;
 	}
-	return 0;
 }
 
 static json_t *cmd_nbd_stop(void *ctx, json_t *args, struct ioc__qmp_err *err)
@@ -173,11 +169,7 @@ static json_t *cmd_nbd_stop(void *ctx, json_t *args, struct ioc__qmp_err *err)
 		ioc__qmp_errf(err, "NBD server not running");
 		return NULL;
 	}
-	if (nbd_stop(d) < 0) {
-		ioc__qmp_errf(err, "NBD server stopped with requests still in flight "
-			      "after 20 s; their exports are left as they are");
-		return NULL;
-	}
+	nbd_stop(d);
 	return json_object();
 }
 
@@ -194,11 +186,11 @@ static bool any_export(struct ioc_daemon *d)
 }
 
 /* At exit: every export deleted (hard), and the main loop run until the
- * last is gone (a front end's requests in flight complete first), 10 s at
- * most.  False when some are still there: their requests are in flight
- * (a node that never answers), so the nodes and I/O threads they use must
- * be left as they are, said on stderr. */
-bool ioc__daemon_exports_stop(struct ioc_daemon *d)
+ * last is gone (a front end's requests in flight complete first), however
+ * long: the nodes and I/O threads must outlive what still uses them, and
+ * a node may hold acknowledged writes that only its close makes durable.
+ * After 10 s the exports still there are named on stderr, once. */
+void ioc__daemon_exports_stop(struct ioc_daemon *d)
 {
 	int64_t deadline = ioc_now_ns() + 10ll * 1000000000;
 	struct ioc_timer tick;
@@ -209,17 +201,19 @@ bool ioc__daemon_exports_stop(struct ioc_daemon *d)
 		if (d->exports[i] && !d->exports[i]->shutting_down)
 			ioc_export_del(d->exports[i], true, msg, sizeof(msg));
 	ioc_timer_init(&tick, d->opts.loop, stop_tick, NULL);
-	while (any_export(d) && ioc_now_ns() < deadline) {
+	while (any_export(d)) {
+		if (deadline && ioc_now_ns() >= deadline) {
+			for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
+				if (d->exports[i])
+					fprintf(stderr, "export '%s' of node '%s' still has "
+						"requests in flight; waiting for them\n",
+						d->exports[i]->id, d->exports[i]->node->name);
+			deadline = 0;
+		}
 		ioc_timer_arm_in(&tick, 50 * 1000000);
 		ioc_loop_poll(d->opts.loop, true);
 	}
 	ioc_timer_cancel(&tick);
-	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS; i++)
-		if (d->exports[i])
-			fprintf(stderr, "export '%s' of node '%s' still has requests in flight "
-				"after 10 s; leaving its node and I/O threads open\n",
-				d->exports[i]->id, d->exports[i]->node->name);
-	return !any_export(d);
 }
 
 static const char *const mode_values[] = { "safe", "hard", NULL };

@@ -230,23 +230,11 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 	return 0;
 }
 
-int ioc_daemon_free(struct ioc_daemon *d)
+void ioc_daemon_free(struct ioc_daemon *d)
 {
-	bool stopped;
-
 	if (!d)
-		return 0;
-	stopped = ioc__daemon_exports_stop(d);
-	if (!stopped) {
-		/* A late completion may still reach the monitors (an export's
-		 * deletion event): only their output goes, and the sockets'
-		 * names, so that a new daemon can take them. */
-		for (unsigned i = 0; i < d->nmonitors; i++)
-			ioc__qmp_flush(d->monitors[i]);
-		for (unsigned i = 0; i < d->nchardevs; i++)
-			unlink(d->chardevs[i].path);
-		return -EBUSY;
-	}
+		return;
+	ioc__daemon_exports_stop(d);
 	for (unsigned i = 0; i < d->nmonitors; i++) {
 		ioc__qmp_flush(d->monitors[i]);
 		ioc__qmp_free(d->monitors[i]);
@@ -263,5 +251,4 @@ int ioc_daemon_free(struct ioc_daemon *d)
 	ioc__daemon_objects_free(d);
 	ioc_node_graph_free(d->graph);
 	free(d);
-	return 0;
 }

@@ -32,11 +32,8 @@ struct ioc_daemon_opts {
 
 int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts);
 /* Stop every export (hard), the NBD server and the monitors; close the
- * nodes and the objects.  -EBUSY when an export's requests were still in
- * flight after 10 s: its nodes, the I/O threads and the daemon itself are
- * left as they are (said on stderr), and the caller must not free the
- * main loop either, only exit. */
-int ioc_daemon_free(struct ioc_daemon *d);
+ * nodes and the objects. */
+void ioc_daemon_free(struct ioc_daemon *d);
 
 /* Run one command of the table (args already parsed; flags IOC_QMP_KEYVAL
  * when they came from the command line's key=value syntax).  Returns the
@@ -153,7 +150,7 @@ extern const struct ioc__qmp_cmd ioc__daemon_block_cmds[];
 extern const struct ioc__qmp_cmd ioc__daemon_export_cmds[];
 /* query-block-exports of the daemon: newest first. */
 json_t *ioc__daemon_exports_json(struct ioc__daemon_ctl *c);
-bool ioc__daemon_exports_stop(struct ioc_daemon *d);
+void ioc__daemon_exports_stop(struct ioc_daemon *d);
 /* --nbd-server: NbdServerOptions, the flat SocketAddress (keyval). */
 int ioc__daemon_nbd_server_start(struct ioc_daemon *d, json_t *args, char *err,
 				 size_t errlen);

@@ -92,8 +92,7 @@ struct ioc_nbd_tls_opts;
 int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool legacy,
 				const struct ioc_nbd_tls_opts *tls, unsigned iothreads,
 				char *err, size_t errlen);
-/* -EBUSY: its requests in flight held it (ioc_nbd_server_stop()). */
-int ioc_export_nbd_server_stop(struct ioc_export_env *env);
+void ioc_export_nbd_server_stop(struct ioc_export_env *env);
 /* export.c: QEMU's SocketAddress as every export type takes it: the
  * "type" tag, and the members of its unix and fd variants (those of inet
  * and vsock are the type's own).  An empty member list. */

@@ -166,16 +166,13 @@ int ioc_export_nbd_server_start(struct ioc_export_env *env, json_t *opts, bool l
 	return 0;
 }
 
-int ioc_export_nbd_server_stop(struct ioc_export_env *env)
+void ioc_export_nbd_server_stop(struct ioc_export_env *env)
 {
-	int r;
-
 	if (!env->nbd)
-		return 0;
-	r = ioc_nbd_server_stop(env->nbd);
-	ioc_nbd_server_free(env->nbd);   /* nothing, when it is stuck */
+		return;
+	ioc_nbd_server_stop(env->nbd);
+	ioc_nbd_server_free(env->nbd);
 	env->nbd = NULL;
-	return r == -EBUSY ? r : 0;
 }
 
 /* ---- the export ------------------------------------------------------- */

@@ -102,7 +102,6 @@ struct ioc_nbd_server {
 	bool map_writes;
 	uint32_t rest_max_ns;           /* 0: no rests (conn.c) */
 	bool started;
-	bool stuck;                     /* the stop gave up: never freed */
 	bool serving;                   /* listeners watched (ioc_nbd_server_serve) */
 	struct ioc_nbd_server_hooks hooks; /* main loop only */
 	struct ioc_node_graph *graph;   /* of the nodes made over opts.blk and

@@ -151,14 +151,11 @@ int ioc_nbd_server_serve(struct ioc_nbd_server *srv);
  * Graceful stop: stop accepting; let every connection finish the requests
  * it has received (connections still in the handshake are closed), send
  * their replies and close; then flush every export.  Runs the calling
- * thread's loop until done.  Returns 0 or the first flush error; -EBUSY
- * when requests were still in flight 10 s after the connections were
- * killed (20 s in all): the server is then left as it is, its nodes in
- * use, and ioc_nbd_server_free() does nothing, so the caller must not
- * close what the exports serve either, only exit.
+ * thread's loop until done, however long a node takes to answer (said on
+ * stderr after 20 s).  Returns 0 or the first flush error.
  */
 int ioc_nbd_server_stop(struct ioc_nbd_server *srv);
-/* Free a stopped (or never started) server; a stuck one is left. */
+/* Free a stopped (or never started) server. */
 void ioc_nbd_server_free(struct ioc_nbd_server *srv);
 
 /*

@@ -707,20 +707,6 @@ static int thread_leave_nodes(void *arg)
 	return 0;
 }
 
-/* The stop's give-up: requests still in flight after the grace and as long
- * again after the connections were killed.  Nothing they use is freed:
- * the server, its threads and (the caller's) nodes stay as they are. */
-static int stuck(struct ioc_nbd_server *srv)
-{
-	srv->stuck = true;
-	/* Relaxed: a count for the message, ordered with nothing. */
-	fprintf(stderr, "NBD server: %u connection(s) still have requests in flight "
-		"after %lld s; leaving them\n",
-		(unsigned)atomic_load_explicit(&srv->nconns, memory_order_relaxed),
-		2 * IOC_NBD_STOP_GRACE_NS / 1000000000);
-	return -EBUSY;
-}
-
 struct flush_job {
 	struct ioc_nbd_server *srv;
 	int ret;
@@ -751,11 +737,8 @@ static void stop_tick(void *opaque)
 int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 {
 	struct ioc_timer tick;
-	struct flush_job *job;
-	int ret;
+	struct flush_job job = { .srv = srv };
 
-	if (srv->stuck)
-		return -EBUSY;
 	if (!srv->started)
 		return 0;
 	/* The job first: a migration may hold requests at its node's gate
@@ -778,14 +761,18 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 		}
 	}
 	int64_t deadline = ioc_now_ns() + IOC_NBD_STOP_GRACE_NS;
-	bool killed = false;
+	bool killed = false, told = false;
 	ioc_timer_init(&tick, srv->main_loop, stop_tick, NULL);
 	while (atomic_load_explicit(&srv->nconns, memory_order_seq_cst) > 0) {
-		if (killed && ioc_now_ns() >= deadline + IOC_NBD_STOP_GRACE_NS) {
+		if (killed && !told && ioc_now_ns() >= deadline + IOC_NBD_STOP_GRACE_NS) {
 			/* A killed connection waits only for its requests in
-			 * flight: a node that does not answer holds it. */
-			ioc_timer_cancel(&tick);
-			return stuck(srv);
+			 * flight, which a node that does not answer holds.  Not
+			 * given up on: a node's write-back cache (librbd's) may
+			 * hold acknowledged writes that only its flush saves. */
+			fprintf(stderr, "NBD server: %llu connection(s) still have requests in "
+				"flight; waiting for them\n", (unsigned long long)
+				atomic_load_explicit(&srv->nconns, memory_order_seq_cst));
+			told = true;
 		}
 		if (!killed && ioc_now_ns() >= deadline) {
 			/* seq_cst, as the first store: a connection on its way
@@ -815,31 +802,17 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 			ioc_loop_poll(srv->main_loop, true);
 		}
 	}
-	/* Everything answered: make it durable.  The job is the heap's: a
-	 * flush that does not end by the deadline is left to run. */
-	struct ioc_co *co = NULL;
-
-	job = calloc(1, sizeof(*job));
-	if (job) {
-		job->srv = srv;
-		co = ioc_co_create(flush_co, job);
-	}
+	/* Everything answered: make it durable. */
+	struct ioc_co *co = ioc_co_create(flush_co, &job);
 	if (!co) {
-		free(job);
-		ioc_timer_cancel(&tick);
-		return -ENOMEM;
-	}
-	ioc_co_enter(co);
-	while (!job->done) {
-		if (ioc_now_ns() >= deadline + IOC_NBD_STOP_GRACE_NS) {
-			ioc_timer_cancel(&tick);
-			return stuck(srv);
+		job.ret = -ENOMEM;
+	} else {
+		ioc_co_enter(co);
+		while (!job.done) {
+			ioc_timer_arm_in(&tick, 50 * 1000000);
+			ioc_loop_poll(srv->main_loop, true);
 		}
-		ioc_timer_arm_in(&tick, 50 * 1000000);
-		ioc_loop_poll(srv->main_loop, true);
 	}
-	ret = job->ret;
-	free(job);
 	ioc_timer_cancel(&tick);
 	/* The exports' loops go on (they are their owners'): a round trip to
 	 * each, so that the last connection's close has returned there and
@@ -857,12 +830,12 @@ int ioc_nbd_server_stop(struct ioc_nbd_server *srv)
 	srv->nthreads = 0;
 	srv->started = false;
 	srv->serving = false;
-	return ret;
+	return job.ret;
 }
 
 void ioc_nbd_server_free(struct ioc_nbd_server *srv)
 {
-	if (!srv || srv->stuck)
+	if (!srv)
 		return;
 	if (srv->started)
 		ioc_nbd_server_stop(srv);

@@ -158,7 +158,6 @@ int main(int argc, char **argv)
 	bool daemonize = false;
 	int ready[2] = { -1, -1 };
 	int c, r;
-	bool busy;
 
 	ioc_tool_raise_nofile();
 	/* First pass: what changes how the rest runs. */
@@ -291,12 +290,11 @@ int main(int argc, char **argv)
 	ioc_loop_run(loop);
 	ioc_loop_set_fd(loop, sfd, NULL, NULL, NULL, NULL, NULL);
 	close(sfd);
-	busy = ioc_daemon_free(d) < 0;
-	if (!busy)
-		ioc_loop_free(loop);
+	ioc_daemon_free(d);
+	ioc_loop_free(loop);
 	if (pidfile) {
 		unlink(pidfile);
 		free(pidfile);
 	}
-	return busy ? 1 : 0;
+	return 0;
 }

@@ -777,13 +777,6 @@ int main(int argc, char **argv)
 	ioc_loop_set_fd(loop, sfd, NULL, NULL, NULL, NULL, NULL);
 	close(sfd);
 	r = ioc_nbd_server_stop(srv);
-	if (r == -EBUSY) {
-		/* Requests still in flight: nothing they use may be closed. */
-		unlink_owned(&owned_sock);
-		unlink_owned(&owned_ctl);
-		unlink_owned(&owned_pid);
-		return 1;
-	}
 	if (r < 0)
 		fprintf(stderr, "%s: flush at exit: %s\n", prog, strerror(-r));
 	ioc_daemon_nbd_control_free(ctl);
