@@ -67,7 +67,8 @@ def cluster_start():
         ["sh", "-c", '. "$IOC_SOURCE_ROOT/tests/harness/ceph.sh"; ceph_require; '
          'ceph_start >&2 || exit 1; echo "$CEPH_CONF $CEPH_OSD_PID"; read x'],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env=dict(os.environ, CEPH_MEMSTORE_BYTES=str(1 << 30), CEPH_IMG_SIZE="1G"))
+        env=dict(os.environ, CEPH_MEMSTORE_BYTES=str(1 << 30), CEPH_IMG_SIZE="1G",
+                 CEPH_MEMSTORE_PAGE_SET="true"))
     line = cl.stdout.readline().decode().split()
     if len(line) != 2:
         cl.wait()
