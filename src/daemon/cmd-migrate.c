@@ -1,8 +1,8 @@
 /*
  * Migration commands: live migration of the node an NBD server exports
- * (a file node) to an iocore destination (iocore-nbd --incoming), QEMU's
- * migrate, query-migrate, migrate_cancel, the capabilities and
- * parameters, with their MIGRATION and MIGRATION_PASS events on the
+ * (read through the node) to an iocore destination (iocore-nbd
+ * --incoming), QEMU's migrate, query-migrate, migrate_cancel, the
+ * capabilities and parameters, with their MIGRATION and MIGRATION_PASS events on the
  * socket's clients.  The migration is a job over the node (src/migrate):
  * it copies the node's image, mirrors the writes of its front ends and
  * drains the node at the switch-over.  What it needs of the NBD server
@@ -40,8 +40,9 @@ static bool host_serving(void *opaque)
 	return ioc_nbd_server_serving(opaque);
 }
 
-/* The one export whose node's image is a file, or is on shared storage
- * (handed over). */
+/* The one export whose node can be copied (read through the node, its
+ * writes tracked in the node's bitmaps: a file, qcow2...) or is on shared
+ * storage (handed over). */
 static struct ioc_node *host_pick(void *opaque, char *err, size_t errlen)
 {
 	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
@@ -49,7 +50,7 @@ static struct ioc_node *host_pick(void *opaque, char *err, size_t errlen)
 	struct ioc_node *node = NULL;
 
 	for (unsigned i = 0; i < n; i++) {
-		if (!ioc_node_blk(e[i].node) && !ioc_node_shared_id(e[i].node))
+		if (!ioc_node_dirty_blk(e[i].node) && !ioc_node_shared_id(e[i].node))
 			continue;
 		if (node) {
 			snprintf(err, errlen, "Migration of more than one export is not supported");
@@ -58,8 +59,8 @@ static struct ioc_node *host_pick(void *opaque, char *err, size_t errlen)
 		node = e[i].node;
 	}
 	if (!node)
-		snprintf(err, errlen, "No export of an image file or of shared storage to "
-			 "migrate");
+		snprintf(err, errlen, "No export of an image that tracks writes, or of "
+			 "shared storage, to migrate");
 	return node;
 }
 

@@ -149,7 +149,8 @@ struct ioc__mig {
 	_Atomic int eng_state;          /* running, kicked or sleeping */
 	struct ioc_task eng_wake;       /* posted by the kick that ends a sleep */
 	struct ioc_node *node;          /* source: the node migrated */
-	struct ioc_blk *blk;            /* its image (ioc_node_blk()) */
+	struct ioc_blk *blk;            /* where its bitmaps live, the hidden
+					 * one's too (ioc_node_dirty_blk()) */
 	struct ioc_blk_dirty *bm;       /* source: the hidden bitmap */
 	char uri[256];
 	/* ---- active mirroring, guarded by mir_lock (source.c) ---- */

@@ -1,18 +1,20 @@
 /*
- * Live migration, the source: send the image of a node (the file node an
- * NBD server exports, reached through struct ioc__mig_host) to another
- * iocore-nbd (--incoming) while clients keep using it, then hand the
- * clients over, with QEMU 7.2's migration commands on a control socket.
+ * Live migration, the source: send the image of a node (any node whose
+ * writes its bitmaps track: a file, qcow2...; an export's, reached through
+ * struct ioc__mig_host) to another iocore-nbd (--incoming) while clients
+ * keep using it, then hand the clients over, with QEMU 7.2's migration
+ * commands on a control socket.  A job over the node, not over a file.
  *
  * Problem.  The image changes while it moves, a writer may outrun the
  * link (or take the cores), and compression pays only on several cores.
  *
  * Design (pre-copy, then active mirroring).
- * - A hidden dirty bitmap is added before the first read.  Pass 1 reads
- *   the image (its own fd; holes go as ZERO), later passes what changed;
- *   a chunk (<= 256 KiB) is cleared, then read (blk.h's rule), and goes to
- *   an in-order workqueue of compress-threads workers: records leave in
- *   read order.  Once dirty bytes / bandwidth fit downtime-limit, switch.
+ * - A hidden dirty bitmap is added where the node's bitmaps live
+ *   (ioc_node_dirty_blk()) before the first read.  Pass 1 reads the node
+ *   (its block status: zeroes go as ZERO), later passes what changed; a
+ *   chunk (<= 256 KiB) is cleared, then read (blk.h's rule), and goes to an
+ *   in-order workqueue of compress-threads workers: records leave in read
+ *   order.  Once dirty bytes / bandwidth fit downtime-limit, switch.
  * - Active mirroring: a write of any front end waits in the notifier on
  *   the node until its granules were cleared, read back, sent as a MIRROR
  *   through the same queue and acknowledged (MACK): a block's last record
@@ -29,14 +31,16 @@
  *   news kicks it (engine_kick(): the handshake).  The socket is
  *   non-blocking: a send waits on the loop while the reader runs (else
  *   both ends can deadlock, send_all()).  SIOCOUTQ has no event: a 200 us
- *   timer looks (pace()).  Image reads stay pread() on this dedicated
- *   thread (only the reader shares it, a chunk late at most; a hop to the
- *   thread pool per chunk buys nothing).  The TLS handshake blocks first.
+ *   timer looks (pace()).  Reads are the node's driver on the engine's
+ *   loop (ioc_node_co_preadv_job(): not counted as a client's, and past
+ *   the gate, which only front ends enter, so the last pass reads under
+ *   the hold); the loop leaves the node's graph when the engine ends.
  *
- * Rejected.  Reading through the block layer on the I/O threads (the copy
- * would compete with requests); sending the client's own buffer as the
- * MIRROR (a range-lock table); mirroring from the start or only after
- * pass 1 (NOTES.md); threads napping (a mirrored write waited a nap).
+ * Rejected.  The image file by path with pread() and SEEK_DATA (raw files
+ * only: a qcow2 file's bytes are not its guest's); reads on the front
+ * ends' I/O threads (the copy would compete with requests); sending the
+ * client's own buffer as the MIRROR (a range-lock table); mirroring from
+ * the start or only after pass 1 (NOTES.md); threads napping.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -366,7 +370,9 @@ struct src {
 	struct ioc__mig_params p;
 	struct ioc_loop *loop;          /* the engine's */
 	struct ioc_timer timer;         /* ends an engine_wait() */
-	int fd, sock;
+	struct ioc_node *node;          /* read through (the driver's loop
+					 * state is dropped at the end) */
+	int sock;
 	void *tls;                      /* tls-creds set: the stream's session
 					 * (host.tls) */
 	uint64_t size;
@@ -812,24 +818,30 @@ static void snapshot_workers(struct src *s)
 	pthread_mutex_unlock(&s->m->lock);
 }
 
-static int read_full(struct src *s, uint8_t *buf, uint32_t len, uint64_t off)
+/* Read [off, off + len) through the node, on the engine's loop.  Not a
+ * client's request: not counted in the node's statistics, and no gate
+ * (only the front ends' ioc_node_co_enter() waits at one), so the last
+ * pass reads while the clients are held. */
+static int ioc_coroutine_fn read_full(struct src *s, uint8_t *buf, uint32_t len,
+				      uint64_t off)
 {
-	size_t done = 0;
+	uint64_t size = atomic_load(&s->node->size);
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	int ret;
 
-	while (done < len) {
-		ssize_t n = pread(s->fd, buf + done, len - done, (off_t)(off + done));
+	/* Shrunk under us: what is not there reads as zeros. */
+	if (off >= size || len > size - off) {
+		uint64_t have = off >= size ? 0 : size - off;
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return fail(s, -errno, "Unable to read the image at %llu: %s",
-				    (unsigned long long)(off + done), strerror(errno));
-		if (n == 0) { /* shrunk under us: what is not there reads as zeros */
-			memset(buf + done, 0, len - done);
-			break;
-		}
-		done += (size_t)n;
+		memset(buf + have, 0, len - have);
+		iov.iov_len = (size_t)have;
 	}
+	if (!iov.iov_len)
+		return 0;
+	ret = ioc_node_co_preadv_job(s->node, off, &iov, 1);
+	if (ret < 0)
+		return fail(s, ret, "Unable to read the image at %llu: %s",
+			    (unsigned long long)off, strerror(-ret));
 	return 0;
 }
 
@@ -1579,7 +1591,59 @@ static int ioc_coroutine_fn send_pass(struct src *s)
 	return 0;
 }
 
-/* Pass 1: every block; holes (whole blocks of them) without reading. */
+/*
+ * The run at off (block-aligned) as the node's block status sees it: its
+ * end, and whether it reads as zeroes.  Only whole blocks of zeroes count
+ * (a run that ends inside a block makes the block data); the image's end
+ * ends a run.  A status that fails or says nothing is data: reading is
+ * always right.  Consecutive runs of one kind are merged, so a format's
+ * per-cluster answers become one range.
+ */
+static int ioc_coroutine_fn next_run(struct src *s, uint64_t off, uint64_t *end, bool *zero)
+{
+	uint64_t pos = off;
+	int kind = -1;
+
+	while (pos < s->size) {
+		uint64_t pnum = 0, e;
+		int st = ioc_node_co_block_status(s->node, pos, s->size - pos, &pnum, NULL);
+		int z;
+
+		if (st < 0 || pnum == 0) {
+			st = IOC_NODE_ST_DATA;
+			pnum = s->size - pos;
+		}
+		e = pos + pnum >= s->size ? s->size : pos + pnum;
+		z = (st & IOC_NODE_ST_ZERO) != 0;
+		if (z) {
+			uint64_t ze = e == s->size ? e : align_down(e, s->block);
+
+			if (ze <= pos) {
+				/* Less than a block of zeroes: its block is data. */
+				z = 0;
+				e = align_up(pos + 1, s->block);
+			} else {
+				e = ze;
+			}
+		} else {
+			e = e == s->size ? e : align_up(e, s->block);
+		}
+		if (e > s->size)
+			e = s->size;
+		if (kind >= 0 && z != kind)
+			break;
+		kind = z;
+		pos = e;
+		/* A bound on one look: the next comes after this run's copy. */
+		if (pos - off >= (64u << 20))
+			break;
+	}
+	*end = pos;
+	*zero = kind == 1;
+	return 0;
+}
+
+/* Pass 1: every block; zeroes (whole blocks of them) without reading. */
 static int ioc_coroutine_fn pass_full(struct src *s)
 {
 	uint64_t off = 0;
@@ -1588,44 +1652,24 @@ static int ioc_coroutine_fn pass_full(struct src *s)
 	if (ret < 0)
 		return ret;
 	while (off < s->size) {
-		uint64_t data = off, hole = s->size;
-		off_t d = lseek(s->fd, (off_t)off, SEEK_DATA);
+		uint64_t end;
+		bool zero;
 
 		if (cancelled(s))
 			return -ECANCELED;
-		if (d < 0 && errno == ENXIO) {
-			data = s->size; /* a hole to the end */
-		} else if (d >= 0) {
-			off_t h = lseek(s->fd, d, SEEK_HOLE);
-
-			data = (uint64_t)d;
-			hole = h > d ? (uint64_t)h : s->size;
+		next_run(s, off, &end, &zero);
+		if (zero && s->p.zero_blocks) {
+			/* No reset here: the ordering rule is clear, then read,
+			 * and the status that found these zeroes came before any
+			 * clear.  A write into them since then keeps its bits
+			 * and goes in the next pass. */
+			ret = send_zero(s, off, end - off);
+		} else {
+			ret = copy_range(s, off, end - off);
 		}
-		/* Only whole blocks of a hole go as ZERO. */
-		data = align_down(data, s->block);
-		if (data > off) {
-			if (s->p.zero_blocks) {
-				/* No reset here: the ordering rule is clear, then
-				 * read, and the lseek() that found this hole came
-				 * before any clear.  A write into the hole since
-				 * then keeps its bits and goes in the next pass. */
-				ret = send_zero(s, off, data - off);
-			} else {
-				ret = copy_range(s, off, data - off);
-			}
-			if (ret < 0)
-				return ret;
-			off = data;
-		}
-		if (off >= s->size)
-			break;
-		hole = hole >= s->size ? s->size : align_up(hole, s->block);
-		if (hole <= off)
-			hole = off + s->block < s->size ? off + s->block : s->size;
-		ret = copy_range(s, off, hole - off);
 		if (ret < 0)
 			return ret;
-		off = hole;
+		off = end;
 		pthread_mutex_lock(&s->m->lock);
 		s->m->st.pass1_pos = off;
 		pthread_mutex_unlock(&s->m->lock);
@@ -2073,7 +2117,6 @@ struct start_args {
 	struct ioc__mig *m;
 	struct ioc__mig_params p;
 	char uri[256];
-	char path[4096];
 	uint64_t size;
 };
 
@@ -2100,7 +2143,7 @@ static void ioc_coroutine_fn source_co(void *opaque)
 {
 	struct start_args *a = opaque;
 	struct ioc__mig *m = a->m;
-	struct src s = { .m = m, .p = a->p, .fd = -1, .sock = -1, .size = a->size,
+	struct src s = { .m = m, .p = a->p, .node = m->node, .sock = -1, .size = a->size,
 			 .block = (uint32_t)a->p.granularity, .bm = m->bm };
 	int ret;
 
@@ -2108,11 +2151,7 @@ static void ioc_coroutine_fn source_co(void *opaque)
 	s.loop = ioc_loop_current();
 	s.done_tail = &s.done;
 	ioc_timer_init(&s.timer, s.loop, engine_timer, &s);
-	s.fd = open(a->path, O_RDONLY | O_CLOEXEC);
-	if (s.fd < 0)
-		ret = fail(&s, -errno, "Cannot open %s: %s", a->path, strerror(errno));
-	else
-		ret = run(&s, a->uri);
+	ret = run(&s, a->uri);
 	mirror_stop(&s);
 	if (s.reader_running) {
 		pthread_mutex_lock(&m->mir_lock);
@@ -2139,8 +2178,9 @@ static void ioc_coroutine_fn source_co(void *opaque)
 			fcntl(s.sock, F_SETFL, fcntl(s.sock, F_GETFL) & ~O_NONBLOCK);
 		m->host.tls->end(s.tls, ret == 0);
 	}
-	if (s.fd >= 0)
-		close(s.fd);
+	/* The reads attached this loop to the node's graph (its slot, the
+	 * drivers' state on it): this loop stops with the engine. */
+	ioc_node_loop_exit(s.node);
 	if (ret < 0 && cancelled(&s))
 		ret = -ECANCELED;
 	free(a);
@@ -2195,8 +2235,10 @@ static int engine_start(struct ioc__mig *m, struct start_args *a)
  * Not from a loop that submits to them. */
 static void gate_all(struct ioc__mig *m, int state)
 {
+	struct ioc_blk *img = ioc_node_blk(m->node);
+
 	for (struct ioc_node *n = m->node; n;
-	     n = n->file && ioc_node_blk(n->file) == m->blk ? n->file : NULL)
+	     n = img && n->file && ioc_node_blk(n->file) == img ? n->file : NULL)
 		ioc_node_set_gate(n, state);
 }
 
@@ -2536,7 +2578,6 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 	const char *uri = json_string_value(json_object_get(args, "uri"));
 	struct ioc_node *n;
 	struct ioc_blk *blk;
-	struct ioc_blk_info bi;
 	uint64_t size;
 	struct start_args *a;
 	char host[256], port[16];
@@ -2581,11 +2622,13 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 	if (m->p.handover || ioc_node_shared_id(n))
 		return ioc__mig_handover_start(m, n, uri, err);
 	m->handover = false;
-	blk = ioc_node_blk(n);
+	/* The copy reads through the node; the bitmap lives where the node's
+	 * bitmaps do (its image's, or its driver's set). */
+	blk = ioc_node_dirty_blk(n);
 	size = n->size;
-	ioc_blk_get_info(blk, &bi);
-	if (!bi.path || !size) {
-		ioc__qmp_errf(err, "The export's image cannot be migrated (no file, or empty)");
+	if (!blk || !size) {
+		ioc__qmp_errf(err, "The export's node cannot be migrated (%s)",
+			      size ? "its driver cannot track writes" : "empty");
 		return NULL;
 	}
 	gran = m->p.granularity;
@@ -2595,7 +2638,8 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 	/* A persistent bitmap of that name can only be stale. */
 	ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
 	/* The copy needs the CPU and the image's pages now (blk.h). */
-	ioc_blk_stop_background(blk);
+	if (ioc_node_blk(n))
+		ioc_blk_stop_background(ioc_node_blk(n));
 	struct ioc_blk_dirty_opts bo = { .name = IOC_MIG_BITMAP, .granularity = gran };
 	r = ioc_blk_dirty_add(blk, &bo, &m->bm);
 	if (r < 0) {
@@ -2613,7 +2657,6 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 	a->p.granularity = gran;
 	a->size = size;
 	snprintf(a->uri, sizeof(a->uri), "%s", uri);
-	snprintf(a->path, sizeof(a->path), "%s", bi.path);
 	m->node = n;
 	m->blk = blk;
 	ioc__mig_job_begin(m, uri, size, gran);

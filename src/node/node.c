@@ -295,6 +295,14 @@ int ioc_coroutine_fn ioc_node_co_preadv(struct ioc_node *n, uint64_t off,
 	return ret;
 }
 
+int ioc_coroutine_fn ioc_node_co_preadv_job(struct ioc_node *n, uint64_t off,
+					    const struct iovec *iov, int iovcnt)
+{
+	int ret = check_range(n, off, iov_len(iov, iovcnt));
+
+	return ret ? ret : n->drv->co_preadv(n, off, iov, iovcnt, 0);
+}
+
 static bool all_zero(const struct iovec *iov, int iovcnt)
 {
 	for (int i = 0; i < iovcnt; i++) {

@@ -281,6 +281,11 @@ int ioc_coroutine_fn ioc_node_co_preadv(struct ioc_node *n, uint64_t off,
 					const struct iovec *iov, int iovcnt, uint32_t flags);
 int ioc_coroutine_fn ioc_node_co_pwritev(struct ioc_node *n, uint64_t off,
 					 const struct iovec *iov, int iovcnt, uint32_t flags);
+/* A job's read (a migration's copy): ioc_node_co_preadv not counted in
+ * n's statistics, which are its front ends' (query-blockstats).  The
+ * driver's own requests to n's children are counted there as usual. */
+int ioc_coroutine_fn ioc_node_co_preadv_job(struct ioc_node *n, uint64_t off,
+					    const struct iovec *iov, int iovcnt);
 int ioc_coroutine_fn ioc_node_co_pread(struct ioc_node *n, uint64_t off, void *buf,
 				       size_t len, uint32_t flags);
 int ioc_coroutine_fn ioc_node_co_pwrite(struct ioc_node *n, uint64_t off,
