@@ -54,6 +54,7 @@
 #include "iocore/co.h"
 #include "nbd-int.h"
 #include "node/node.h"
+#include "util/list.h"
 
 #define IOC_NBD_IN_CAP          (128u << 10)
 #define IOC_NBD_INFLIGHT_BYTES  (64u << 20)
@@ -1578,11 +1579,7 @@ static void conn_arrive(struct ioc_task *task)
 	struct nbd_thread *t = c->t;
 	struct ioc_nbd_server *srv = t->srv;
 
-	c->prev = NULL;
-	c->next = t->conns;
-	if (t->conns)
-		t->conns->prev = c;
-	t->conns = c;
+	IOC__LIST_PUSH(t->conns, c, prev, next);
 	thread_map_policy(t);
 	ioc_timer_init(&c->hs_timer, t->loop, hs_timeout, c);
 	ioc_timer_init(&c->rest_timer, t->loop, rest_end, c);
@@ -1631,12 +1628,7 @@ static bool conn_move(struct conn *c)
 	ioc_timer_cancel(&c->rest_timer);
 	ioc_bh_delete(c->bh);
 	c->bh = bh;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		from->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	IOC__LIST_UNLINK(from->conns, c, prev, next);
 	thread_map_policy(from);
 	from->clk = 0;
 	c->t = to;
@@ -1767,12 +1759,7 @@ static void conn_destroy(struct conn *c)
 		req_free(r);
 	}
 	ioc__nbd_conn_destroy(&c->core);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		t->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	IOC__LIST_UNLINK(t->conns, c, prev, next);
 	ioc__nbd_log(srv, "%s: closed", c->core.peer);
 	if (c->counted)
 		ioc__nbd_export_release(c->counted);
@@ -1817,10 +1804,7 @@ static void conn_start(struct ioc_task *task)
 	struct nbd_thread *t = c->t;
 	struct ioc_nbd_server *srv = t->srv;
 
-	c->next = t->conns;
-	if (t->conns)
-		t->conns->prev = c;
-	t->conns = c;
+	IOC__LIST_PUSH(t->conns, c, prev, next);
 	c->sq_tail = &c->sq_head;
 	if (ioc__nbd_conn_init(&c->core, &srv->cfg, IOC_NBD_IN_CAP) < 0 ||
 	    !(c->bh = ioc_bh_new(t->loop, conn_bh, c))) {

@@ -45,6 +45,7 @@
 
 #include "iocore/co.h"
 #include "node/node.h"
+#include "util/log.h"
 #include "util/socket.h"
 #include "nbd-int.h"
 
@@ -52,15 +53,11 @@
 
 void ioc__nbd_log(struct ioc_nbd_server *srv, const char *fmt, ...)
 {
-	char msg[512];
 	va_list ap;
 
-	if (!srv->opts.log)
-		return;
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	ioc__vlog(srv->opts.log, srv->opts.log_opaque, fmt, ap);
 	va_end(ap);
-	srv->opts.log(srv->opts.log_opaque, msg);
 }
 
 

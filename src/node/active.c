@@ -41,7 +41,9 @@ bool ioc_node_is_active(struct ioc_node *n)
 	return !atomic_load_explicit(&n->inactive, memory_order_relaxed);
 }
 
-int ioc_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
+/* Both directions: the driver's half, then the node's state; active is
+ * the state to leave the node in. */
+static int set_active(struct ioc_node *n, bool active, char *err, size_t errlen)
 {
 	int ret;
 
@@ -50,33 +52,24 @@ int ioc_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
 			 n->drv->name);
 		return -ENOTSUP;
 	}
-	if (!ioc_node_is_active(n)) {
-		snprintf(err, errlen, "Node '%s' is inactive already", n->name);
+	if (ioc_node_is_active(n) == active) {
+		snprintf(err, errlen, "Node '%s' is %s already", n->name,
+			 active ? "active" : "inactive");
 		return -EALREADY;
 	}
-	ret = n->drv->inactivate(n, err, errlen);
+	ret = active ? n->drv->activate(n, err, errlen) : n->drv->inactivate(n, err, errlen);
 	if (ret == 0)
 		/* Relaxed: see the essay. */
-		atomic_store_explicit(&n->inactive, true, memory_order_relaxed);
+		atomic_store_explicit(&n->inactive, !active, memory_order_relaxed);
 	return ret;
+}
+
+int ioc_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
+{
+	return set_active(n, false, err, errlen);
 }
 
 int ioc_node_activate(struct ioc_node *n, char *err, size_t errlen)
 {
-	int ret;
-
-	if (!n->drv->inactivate || !n->drv->activate) {
-		snprintf(err, errlen, "Node '%s' (driver %s) cannot be handed over", n->name,
-			 n->drv->name);
-		return -ENOTSUP;
-	}
-	if (ioc_node_is_active(n)) {
-		snprintf(err, errlen, "Node '%s' is active already", n->name);
-		return -EALREADY;
-	}
-	ret = n->drv->activate(n, err, errlen);
-	if (ret == 0)
-		/* Relaxed: see the essay. */
-		atomic_store_explicit(&n->inactive, false, memory_order_relaxed);
-	return ret;
+	return set_active(n, true, err, errlen);
 }

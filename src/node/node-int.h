@@ -29,6 +29,13 @@ extern const struct ioc_node_drv ioc__node_drv_qcow2;
 
 /* node.c: the calling loop's slot of n (NULL: not counted). */
 struct ioc_node_slot *ioc__node_my_slot(struct ioc_node *n);
+/* node.c: nt off n's list, false when it was not on it; no drain, so for
+ * ioc_node_remove_notifier() and for drivers closing with no request left. */
+bool ioc__node_unlink_notifier(struct ioc_node *n, struct ioc_node_notifier *nt);
+/* node.c: a notifier fn for drivers with bitmaps of their own: marks each
+ * write's range, failed ones too, in n->dirty_set. */
+int ioc__node_mark_dirty_set(struct ioc_node_notifier *nt, struct ioc_node *n,
+			     enum ioc_node_op op, uint64_t off, uint64_t len, int ret);
 
 /* graph.c: a node of drv with the defaults and no driver state yet
  * (name NULL: implicit), one reference; NULL when out of memory. */

@@ -482,28 +482,47 @@ void ioc_node_add_notifier(struct ioc_node *n, struct ioc_node_notifier *nt)
 	atomic_store_explicit(&n->notifiers, nt, memory_order_release);
 }
 
-void ioc_node_remove_notifier(struct ioc_node *n, struct ioc_node_notifier *nt)
+bool ioc__node_unlink_notifier(struct ioc_node *n, struct ioc_node_notifier *nt)
 {
 	struct ioc_node_notifier *p = atomic_load_explicit(&n->notifiers,
 							   memory_order_relaxed);
-	int gate = atomic_load_explicit(&n->gate, memory_order_relaxed);
 
 	if (p == nt) {
 		/* Release: pairs with notify()'s acquire (the rest of the list). */
 		atomic_store_explicit(&n->notifiers, nt->next, memory_order_release);
-	} else {
-		while (p && p->next != nt)
-			p = p->next;
-		if (!p)
-			return;
-		p->next = nt->next;
+		return true;
 	}
+	while (p && p->next != nt)
+		p = p->next;
+	if (!p)
+		return false;
+	p->next = nt->next;
+	return true;
+}
+
+void ioc_node_remove_notifier(struct ioc_node *n, struct ioc_node_notifier *nt)
+{
+	int gate = atomic_load_explicit(&n->gate, memory_order_relaxed);
+
+	if (!ioc__node_unlink_notifier(n, nt))
+		return;
 	/* A write that loaded the list before the store may still be in
 	 * nt->fn: a drain waits for every request inside the node. */
 	if (gate == IOC_NODE_GATE_OPEN) {
 		ioc_node_set_gate(n, IOC_NODE_GATE_HOLD);
 		ioc_node_set_gate(n, IOC_NODE_GATE_OPEN);
 	}
+}
+
+int ioc__node_mark_dirty_set(struct ioc_node_notifier *nt, struct ioc_node *n,
+			     enum ioc_node_op op, uint64_t off, uint64_t len, int ret)
+{
+	(void)nt;
+	(void)op;
+	(void)ret;
+	/* A failed request may have changed part of its range: marked too. */
+	(void)ioc_blk_dirty_mark(n->dirty_set, off, len);
+	return 0;
 }
 
 struct ioc_node_slot *ioc__node_my_slot(struct ioc_node *n)

@@ -78,22 +78,6 @@ static uint64_t clusters_of(const struct q2_state *q, uint64_t bytes)
 	return (bytes + q->cs - 1) >> q->cluster_bits;
 }
 
-/* ---- marking --------------------------------------------------------- */
-
-static int mark(struct ioc_node_notifier *nt, struct ioc_node *n, enum ioc_node_op op,
-		uint64_t off, uint64_t len, int ret)
-{
-	struct q2_bitmaps *b = ioc_container_of(nt, struct q2_bitmaps, nt);
-
-	(void)n;
-	(void)op;
-	(void)ret;
-	/* A failed request may have changed part of its range: marked too.
-	 * No sidecar, so this never fails. */
-	(void)ioc_blk_dirty_mark(b->set, off, len);
-	return 0;
-}
-
 /* ---- allocation -------------------------------------------------------- */
 
 /* n contiguous clusters (lock held).  A run broken by a used cluster goes
@@ -697,7 +681,7 @@ int ioc__qcow2_bitmaps_open(struct q2_state *q, char *err, size_t errlen)
 	if (!b)
 		return -ENOMEM;
 	b->q = q;
-	b->nt.fn = mark;
+	b->nt.fn = ioc__node_mark_dirty_set;
 	q->bitmaps = b;
 	ret = ioc_blk_open(&b->set, NULL, &o);
 	if (ret < 0) {
@@ -811,21 +795,8 @@ void ioc__qcow2_bitmaps_free(struct q2_state *q)
 		return;
 	/* Close and failed opens: no request runs.  The node goes right
 	 * after its driver state, so the notifier needs no drain. */
-	if (b->notifying) {
-		/* Relaxed: no request runs, none will (see above). */
-		struct ioc_node_notifier *p = atomic_load_explicit(&q->node->notifiers,
-								   memory_order_relaxed);
-
-		if (p == &b->nt) {
-			atomic_store_explicit(&q->node->notifiers, b->nt.next,
-					      memory_order_relaxed);
-		} else {
-			while (p && p->next != &b->nt)
-				p = p->next;
-			if (p)
-				p->next = b->nt.next;
-		}
-	}
+	if (b->notifying)
+		(void)ioc__node_unlink_notifier(q->node, &b->nt);
 	q->node->dirty_set = NULL;
 	if (b->set)
 		ioc_blk_close(b->set);

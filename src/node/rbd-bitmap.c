@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "node/node-int.h"
 #include "node/rbd-bitmap.h"
 #include "node/rbd-bitmap-format.h"
 
@@ -63,19 +64,6 @@ struct rbd_bitmaps {
 	uint64_t size;                  /* what the set covers */
 	uint64_t max_obj;               /* bytes one object may hold */
 };
-
-static int mark(struct ioc_node_notifier *nt, struct ioc_node *n, enum ioc_node_op op,
-		uint64_t off, uint64_t len, int ret)
-{
-	struct rbd_bitmaps *b = ioc_container_of(nt, struct rbd_bitmaps, nt);
-
-	(void)n;
-	(void)op;
-	(void)ret;
-	/* A failed request may have changed part of its range: marked too. */
-	(void)ioc_blk_dirty_mark(b->set, off, len);
-	return 0;
-}
 
 /* The client's view of an OSD setting, as a number (0: unknown). */
 static uint64_t conf_u64(rados_t cluster, const char *key)
@@ -376,7 +364,7 @@ int ioc__rbd_bitmaps_open(struct ioc_node *n, rados_t cluster, rados_ioctx_t io,
 	b->image = image;
 	b->mode = mode;
 	b->size = n->size;
-	b->nt.fn = mark;
+	b->nt.fn = ioc__node_mark_dirty_set;
 	*out = b;
 	b->has_lock_feature = rbd_get_features(image, &features) == 0 &&
 			      (features & RBD_FEATURE_EXCLUSIVE_LOCK);
@@ -493,20 +481,8 @@ void ioc__rbd_bitmaps_free(struct rbd_bitmaps *b)
 		return;
 	/* Close and failed opens: no request runs, and the node goes right
 	 * after, so the notifier is unlinked without a drain. */
-	if (b->notifying) {
-		/* Relaxed: no request runs, none will (see above). */
-		struct ioc_node_notifier *p = atomic_load_explicit(&b->n->notifiers,
-								   memory_order_relaxed);
-
-		if (p == &b->nt) {
-			atomic_store_explicit(&b->n->notifiers, b->nt.next, memory_order_relaxed);
-		} else {
-			while (p && p->next != &b->nt)
-				p = p->next;
-			if (p)
-				p->next = b->nt.next;
-		}
-	}
+	if (b->notifying)
+		(void)ioc__node_unlink_notifier(b->n, &b->nt);
 	if (b->n->dirty_set == b->set)
 		b->n->dirty_set = NULL;
 	if (b->set)

@@ -63,6 +63,7 @@
 #include "iocore/zip.h"
 #include "codec.h"
 #include "frame-cache.h"
+#include "util/log.h"
 
 #define DEFAULT_CACHE   (256u << 20)
 #define STREAM_CHUNK    (1u << 20)
@@ -161,15 +162,11 @@ static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 static void ilog(struct ioc_zip_image *img, const char *fmt, ...)
 {
-	char buf[512];
 	va_list ap;
 
-	if (!img->opts.log)
-		return;
 	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
+	ioc__vlog(img->opts.log, img->opts.log_opaque, fmt, ap);
 	va_end(ap);
-	img->opts.log(img->opts.log_opaque, buf);
 }
 
 int ioc_zip_probe(int fd)

@@ -129,13 +129,20 @@ static void ioc_coroutine_fn log_apply(struct ioc__vub_conn *c, bool say);
 
 /* ---- guest memory -------------------------------------------------------- */
 
+/* A mapping of a front end's file given back with its guard slot (the
+ * slot first, as guard.c asks); *guard and *map are left empty. */
+static void unmap_guarded(int *guard, void **map, size_t len)
+{
+	ioc__vub_guard_del(*guard);
+	*guard = 0;
+	if (*map)
+		munmap(*map, len);
+	*map = NULL;
+}
+
 static void region_unmap(struct ioc__vub_region *r)
 {
-	ioc__vub_guard_del(r->guard);
-	r->guard = 0;
-	if (r->map)
-		munmap(r->map, r->map_len);
-	r->map = NULL;
+	unmap_guarded(&r->guard, &r->map, r->map_len);
 }
 
 static void mem_free(struct ioc__vub_mem *mem, bool unmap)
@@ -578,11 +585,7 @@ static int ioc_coroutine_fn h_set_backend_req_fd(struct ioc__vub_conn *c,
 
 static void inflight_unmap(struct ioc__vub_conn *c)
 {
-	ioc__vub_guard_del(c->inflight_guard);
-	c->inflight_guard = 0;
-	if (c->inflight_map)
-		munmap(c->inflight_map, c->inflight_map_len);
-	c->inflight_map = NULL;
+	unmap_guarded(&c->inflight_guard, &c->inflight_map, c->inflight_map_len);
 	c->inflight_base = NULL;
 	c->inflight_nq = c->inflight_qsize = 0;
 	c->inflight_qbytes = 0;
@@ -754,8 +757,7 @@ static void log_unmap(struct ioc__vub_log *l)
 {
 	if (!l)
 		return;
-	ioc__vub_guard_del(l->guard);
-	munmap(l->map, l->map_len);
+	unmap_guarded(&l->guard, &l->map, l->map_len);
 	free(l);
 }
 
