@@ -74,10 +74,10 @@ static bool host_waiting(void *opaque)
 	return ioc_nbd_server_waiting(opaque);
 }
 
-static int tls_connect(void *opaque, int fd, const char *hostname, void **sess, char *err,
-		       size_t errlen)
+static int tls_connect(void *opaque, int fd, const char *hostname, bool step, void **sess,
+		       char *err, size_t errlen)
 {
-	return ioc_nbd_server_tls_connect(opaque, fd, hostname, sess, err, errlen);
+	return ioc_nbd_server_tls_connect(opaque, fd, hostname, step, sess, err, errlen);
 }
 
 static int tls_accept(void *opaque, int fd, void **sess, char *err, size_t errlen)
@@ -86,7 +86,8 @@ static int tls_accept(void *opaque, int fd, void **sess, char *err, size_t errle
 }
 
 static const struct ioc__mig_tls_ops nbd_tls = {
-	.connect = tls_connect, .accept = tls_accept, .recv = ioc_nbd_tls_session_recv,
+	.connect = tls_connect, .handshake = ioc_nbd_tls_session_handshake,
+	.accept = tls_accept, .recv = ioc_nbd_tls_session_recv,
 	.send = ioc_nbd_tls_session_send, .end = ioc_nbd_tls_session_end,
 	.nonblock = true,
 };

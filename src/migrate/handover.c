@@ -157,7 +157,8 @@ static int ho_connect(struct ho_src *s)
 		if (!s->m->host.tls)
 			return ho_fail(s->why, sizeof(s->why), -EINVAL, "tls-creds is set but "
 				       "this server has no TLS credentials");
-		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, &s->tls, e, sizeof(e));
+		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, false, &s->tls, e,
+					    sizeof(e));
 		if (r < 0)
 			return ho_cancelled(s->m) ? -ECANCELED :
 			       ho_fail(s->why, sizeof(s->why), r,

@@ -21,13 +21,20 @@
 struct ioc_node;
 
 /* A session (TLS) on the migration's own socket, on the job's threads.
- * The destination's socket blocks; the source's engine makes its socket
- * non-blocking after the handshake (source.c) and needs nonblock. */
+ * The destination's socket and the hand-over's block; the copy's engine
+ * keeps its socket non-blocking, handshake included (source.c), and needs
+ * nonblock. */
 struct ioc__mig_tls_ops {
 	/* A client (source) or server (destination) handshake on fd; the
-	 * session in *sess, or -errno with the reason in err. */
-	int (*connect)(void *opaque, int fd, const char *hostname, void **sess,
+	 * session in *sess, or -errno with the reason in err.  A connect
+	 * with step only makes the session (*sess, 0): handshake then runs
+	 * it, on a non-blocking fd. */
+	int (*connect)(void *opaque, int fd, const char *hostname, bool step, void **sess,
 		       char *err, size_t errlen);
+	/* One go at a stepped handshake: 0 when done; -EAGAIN when the
+	 * socket would block, to call again once it is writable (*want_write)
+	 * or readable; or -errno with the reason in err. */
+	int (*handshake)(void *sess, bool *want_write, char *err, size_t errlen);
 	int (*accept)(void *opaque, int fd, void **sess, char *err, size_t errlen);
 	/* Bytes, 0 at EOF (recv), or -errno.  On a non-blocking socket
 	 * -EAGAIN where the socket would block: the caller waits for it to

@@ -29,8 +29,8 @@
  *   answer reader is another on its loop, where the workers hand jobs
  *   back.  It sleeps only in engine_wait() (a loop timer); whatever has
  *   news kicks it (engine_kick(): the handshake).  The socket is
- *   non-blocking: a send waits on the loop while the reader runs (else
- *   both ends can deadlock, send_all()).  SIOCOUTQ has no event: a 200 us
+ *   non-blocking, TLS handshake included: a send waits on the loop while
+ *   the reader runs (else both ends can deadlock, send_all()).  SIOCOUTQ has no event: a 200 us
  *   timer looks (pace()).  Reads are the node's driver on the engine's
  *   loop (ioc_node_co_preadv_job(): not counted as a client's, and past
  *   the gate, which only front ends enter, so the last pass reads under
@@ -408,6 +408,7 @@ struct src {
 	uint64_t adm_bytes;
 	/* the socket's one loop handler (sock_watch()) */
 	bool rd_watch;                  /* the reader waits for answers */
+	bool rd_wait;                   /* the engine waits for the handshake */
 	bool wr_wait;                   /* the engine waits to send */
 	bool want_mack;                 /* fence(): each MACK kicks */
 	struct ioc_co *reader;
@@ -490,16 +491,19 @@ static void ioc_coroutine_fn engine_yield(void)
 
 static void sock_readable(void *opaque);
 static void sock_writable(void *opaque);
+static void sock_hs_readable(void *opaque);
 
 /*
  * The socket's handler on the engine's loop, for both of its waiters:
  * ioc_co_wait_fd() would own the fd's one handler, and the reader waits
  * for answers while the engine waits to send.  Readable while the reader
- * runs (rd_watch), writable while the engine waits in wait_writable().
+ * runs (rd_watch) or, before it runs, while the engine's TLS handshake
+ * waits (rd_wait); writable while the engine waits in wait_sock().
  */
 static int sock_watch(struct src *s)
 {
-	return ioc_loop_set_fd(s->loop, s->sock, s->rd_watch ? sock_readable : NULL,
+	return ioc_loop_set_fd(s->loop, s->sock,
+			       s->rd_watch ? sock_readable : s->rd_wait ? sock_hs_readable : NULL,
 			       s->wr_wait ? sock_writable : NULL, NULL, NULL, s);
 }
 
@@ -513,26 +517,43 @@ static void sock_writable(void *opaque)
 	engine_kick(s->m);
 }
 
-/* Wait until the socket may take more (or a kick: a cancel, which also
- * shuts the socket down, or a mirrored write).  Send after it either way. */
-static int ioc_coroutine_fn wait_writable(struct src *s, int64_t deadline)
+static void sock_hs_readable(void *opaque)
 {
+	struct src *s = opaque;
+
+	/* As sock_writable(). */
+	s->rd_wait = false;
+	sock_watch(s);
+	engine_kick(s->m);
+}
+
+/* Wait until the socket may take more, or has bytes with readable (or a
+ * kick: a cancel, which also shuts the socket down, or a mirrored write).
+ * Try again after it either way. */
+static int ioc_coroutine_fn wait_sock(struct src *s, bool readable, int64_t deadline)
+{
+	bool *waiting = readable ? &s->rd_wait : &s->wr_wait;
 	int ret;
 
 	if (cancelled(s))
 		return -ECANCELED;
-	s->wr_wait = true;
+	*waiting = true;
 	ret = sock_watch(s);
 	if (ret < 0) {
-		s->wr_wait = false;
+		*waiting = false;
 		return fail(s, ret, "Cannot wait for the destination: %s", strerror(-ret));
 	}
 	engine_wait(s, deadline);
-	if (s->wr_wait) {
-		s->wr_wait = false;
+	if (*waiting) {
+		*waiting = false;
 		sock_watch(s);
 	}
 	return 0;
+}
+
+static int ioc_coroutine_fn wait_writable(struct src *s, int64_t deadline)
+{
+	return wait_sock(s, false, deadline);
 }
 
 /* A worker: zero detection, CRC, compression. */
@@ -1736,6 +1757,29 @@ static int ioc_coroutine_fn connect_wait(void *opaque, int fd, int64_t left_ms)
 	return ret;
 }
 
+/* The TLS handshake, a step at a time on the loop (the socket stays
+ * non-blocking; a cancel kicks, and a silent peer meets the deadline). */
+static int ioc_coroutine_fn tls_handshake(struct src *s, char *e, size_t elen)
+{
+	int64_t deadline = ioc_now_ns() + (int64_t)CONNECT_TIMEOUT_MS * 1000000;
+
+	for (;;) {
+		bool want_write = false;
+		int r = s->m->host.tls->handshake(s->tls, &want_write, e, elen);
+
+		if (r != -EAGAIN)
+			return r;
+		if (cancelled(s))
+			return -ECANCELED;
+		if (ioc_now_ns() >= deadline) {
+			snprintf(e, elen, "no answer in %d s", CONNECT_TIMEOUT_MS / 1000);
+			return -ETIMEDOUT;
+		}
+		if ((r = wait_sock(s, !want_write, deadline)) < 0)
+			return r;
+	}
+}
+
 static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 {
 	char host[256], port[16];
@@ -1768,15 +1812,13 @@ static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 		if (!s->m->host.tls)
 			return fail(s, -EINVAL, "tls-creds is set but this server has no TLS "
 				    "credentials (--tls-certificates or --tls-psk)");
-		if (!s->m->host.tls->nonblock)
+		if (!s->m->host.tls->nonblock || !s->m->host.tls->handshake)
 			return fail(s, -ENOTSUP, "This server's TLS sessions cannot run "
 				    "non-blocking");
-		/* The handshake blocks this thread (bounded by GnuTLS's
-		 * timeout; a cancel shuts the socket down): nothing else runs
-		 * on its loop yet. */
-		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, &s->tls, e, sizeof(e));
-		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+		r = s->m->host.tls->connect(s->m->host.opaque, fd, name, true, &s->tls, e,
+					    sizeof(e));
+		if (r == 0)
+			r = tls_handshake(s, e, sizeof(e));
 		if (r < 0)
 			return cancelled(s) ? -ECANCELED :
 			       fail(s, r, "TLS handshake with the destination failed: %s", e);

@@ -181,13 +181,19 @@ ssize_t ioc__nbd_tls_send(struct ioc__nbd_tls *t, const void *buf, size_t len,
 size_t ioc__nbd_tls_pending(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_bye(struct ioc__nbd_tls *t);
 void ioc__nbd_tls_describe(struct ioc__nbd_tls *t, char *buf, size_t len);
-/* Blocking sessions on a job's own socket (nbd.h, ioc_nbd_server_tls_*,
- * wraps them): accept with the server's credentials, connect with client
- * credentials made from the same files; free with ioc__nbd_tls_free. */
+/* Sessions on a job's own socket (nbd.h, ioc_nbd_server_tls_*, wraps
+ * them): accept with the server's credentials, connect with client
+ * credentials made from the same files; free with ioc__nbd_tls_free.
+ * Both handshake, blocking, before they return, except a connect with
+ * step: its caller runs the handshake with ioc__nbd_tls_mig_handshake()
+ * (0 when done, -EAGAIN with *want_write saying what to wait for, or
+ * -errno with the reason in err). */
 int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
 			    int fd, char *err, size_t errlen);
 int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
-			     int fd, const char *hostname, char *err, size_t errlen);
+			     int fd, const char *hostname, bool step, char *err,
+			     size_t errlen);
+int ioc__nbd_tls_mig_handshake(void *opaque, bool *want_write, char *err, size_t errlen);
 ssize_t ioc__nbd_tls_mig_recv(void *opaque, void *buf, size_t len);
 ssize_t ioc__nbd_tls_mig_send(void *opaque, const void *buf, size_t len);
 

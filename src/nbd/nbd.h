@@ -252,7 +252,10 @@ void *ioc_nbd_server_job(struct ioc_nbd_server *srv);
  * verify_peer), connect a client one (X.509: ca-cert.pem verifies the
  * peer against hostname, client-cert.pem and client-key.pem are presented
  * if present; PSK: the file's first line).  -errno with the reason in
- * err (both handshakes block).  recv and send return bytes, 0 at EOF
+ * err.  Both handshakes block, except a connect with step, which only
+ * sets the session up: the caller then calls handshake until it returns
+ * 0 (-EAGAIN: wait for the socket to be writable if *want_write, else
+ * readable).  recv and send return bytes, 0 at EOF
  * (recv), or -errno, -EAGAIN when the socket is non-blocking and would
  * block (a send then wants the same buffer and length again); end frees
  * the session, after a closing alert when bye.  The job's threads.
@@ -261,7 +264,8 @@ bool ioc_nbd_server_has_tls(struct ioc_nbd_server *srv);
 int ioc_nbd_server_tls_accept(struct ioc_nbd_server *srv, int fd, void **sess,
 			      char *err, size_t errlen);
 int ioc_nbd_server_tls_connect(struct ioc_nbd_server *srv, int fd, const char *hostname,
-			       void **sess, char *err, size_t errlen);
+			       bool step, void **sess, char *err, size_t errlen);
+int ioc_nbd_tls_session_handshake(void *sess, bool *want_write, char *err, size_t errlen);
 ssize_t ioc_nbd_tls_session_recv(void *sess, void *buf, size_t len);
 ssize_t ioc_nbd_tls_session_send(void *sess, const void *buf, size_t len);
 void ioc_nbd_tls_session_end(void *sess, bool bye);

@@ -134,13 +134,18 @@ int ioc_nbd_server_tls_accept(struct ioc_nbd_server *srv, int fd, void **sess,
 }
 
 int ioc_nbd_server_tls_connect(struct ioc_nbd_server *srv, int fd, const char *hostname,
-			       void **sess, char *err, size_t errlen)
+			       bool step, void **sess, char *err, size_t errlen)
 {
 	struct ioc__nbd_tls *t = NULL;
-	int r = ioc__nbd_tls_mig_connect(&t, srv->tls, fd, hostname, err, errlen);
+	int r = ioc__nbd_tls_mig_connect(&t, srv->tls, fd, hostname, step, err, errlen);
 
 	*sess = t;
 	return r;
+}
+
+int ioc_nbd_tls_session_handshake(void *sess, bool *want_write, char *err, size_t errlen)
+{
+	return ioc__nbd_tls_mig_handshake(sess, want_write, err, errlen);
 }
 
 ssize_t ioc_nbd_tls_session_recv(void *sess, void *buf, size_t len)

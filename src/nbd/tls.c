@@ -306,19 +306,12 @@ int ioc__nbd_tls_new(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds 
 	return server_session(out, cr, fd, GNUTLS_NONBLOCK, msg);
 }
 
-/* ---- blocking sessions for the migration stream ---------------------- */
+/* ---- sessions for the migration stream -------------------------------- */
 
-/* A blocking handshake; on failure the reason (with the certificate
- * verification status when that is what failed) in err. */
-static int handshake_blocking(struct ioc__nbd_tls *t, char *err, size_t errlen)
+/* A failed handshake's reason in err (with the certificate verification
+ * status when that is what failed). */
+static int handshake_error(struct ioc__nbd_tls *t, int r, char *err, size_t errlen)
 {
-	int r;
-
-	do
-		r = gnutls_handshake(t->s);
-	while (r < 0 && !gnutls_error_is_fatal(r));
-	if (r == GNUTLS_E_SUCCESS)
-		return 0;
 	if (r == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR) {
 		gnutls_datum_t d = { NULL, 0 };
 		unsigned st = gnutls_session_get_verify_cert_status(t->s);
@@ -340,6 +333,35 @@ static int handshake_blocking(struct ioc__nbd_tls *t, char *err, size_t errlen)
 		 r == GNUTLS_E_PREMATURE_TERMINATION ?
 		 " (the peer hung up: a wrong key or certificate, or no TLS there)" : "");
 	return -EPROTO;
+}
+
+/* A blocking handshake. */
+static int handshake_blocking(struct ioc__nbd_tls *t, char *err, size_t errlen)
+{
+	int r;
+
+	do
+		r = gnutls_handshake(t->s);
+	while (r < 0 && !gnutls_error_is_fatal(r));
+	return r == GNUTLS_E_SUCCESS ? 0 : handshake_error(t, r, err, errlen);
+}
+
+int ioc__nbd_tls_mig_handshake(void *opaque, bool *want_write, char *err, size_t errlen)
+{
+	struct ioc__nbd_tls *t = opaque;
+
+	for (;;) {
+		int r = gnutls_handshake(t->s);
+
+		if (r == GNUTLS_E_SUCCESS)
+			return 0;
+		if (r == GNUTLS_E_AGAIN) {
+			*want_write = gnutls_record_get_direction(t->s) == 1;
+			return -EAGAIN;
+		}
+		if (gnutls_error_is_fatal(r))
+			return handshake_error(t, r, err, errlen);
+	}
 }
 
 int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
@@ -457,7 +479,8 @@ static int client_creds(struct ioc__nbd_tls *t, const struct ioc__nbd_tls_creds 
 }
 
 int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
-			     int fd, const char *hostname, char *err, size_t errlen)
+			     int fd, const char *hostname, bool step, char *err,
+			     size_t errlen)
 {
 	struct ioc__nbd_tls *t = calloc(1, sizeof(*t));
 	int r;
@@ -482,10 +505,14 @@ int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tl
 	}
 	if ((r = client_creds(t, cr, hostname, err, errlen)) < 0)
 		goto fail;
-	gnutls_handshake_set_timeout(t->s, GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
 	gnutls_transport_set_int(t->s, fd);
-	if ((r = handshake_blocking(t, err, errlen)) < 0)
-		goto fail;
+	/* GnuTLS keeps the timeout by waiting in poll() for the peer even on
+	 * a non-blocking fd: a stepped handshake's caller keeps its own. */
+	if (!step) {
+		gnutls_handshake_set_timeout(t->s, GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
+		if ((r = handshake_blocking(t, err, errlen)) < 0)
+			goto fail;
+	}
 	*out = t;
 	return 0;
 fail:
@@ -731,12 +758,22 @@ int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls
 }
 
 int ioc__nbd_tls_mig_connect(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
-			     int fd, const char *hostname, char *err, size_t errlen)
+			     int fd, const char *hostname, bool step, char *err,
+			     size_t errlen)
 {
 	(void)out;
 	(void)cr;
 	(void)fd;
 	(void)hostname;
+	(void)step;
+	snprintf(err, errlen, "built without GnuTLS");
+	return -ENOTSUP;
+}
+
+int ioc__nbd_tls_mig_handshake(void *opaque, bool *want_write, char *err, size_t errlen)
+{
+	(void)opaque;
+	(void)want_write;
 	snprintf(err, errlen, "built without GnuTLS");
 	return -ENOTSUP;
 }

@@ -3,7 +3,8 @@
 # migration and an X.509 one (certificates made here with certtool, the
 # destination verifying the source's client certificate) complete with
 # equal images; a plain source, a wrong PSK and a wrong tls-hostname are
-# refused (the destination never serves, the source keeps serving).
+# refused (the destination never serves, the source keeps serving); a
+# destination that never answers the handshake is cancelled from it.
 # Waits poll query-migrate with a deadline; nothing asserts on timing.
 # TAP output; skipped without psktool and certtool (gnutls-bin).
 set -u
@@ -18,7 +19,7 @@ if srv --tls-psk /dev/null /dev/null 2>&1 | grep -q "without GnuTLS"; then
 	echo "1..0 # SKIP iocore-nbd built without GnuTLS"; exit 0
 fi
 workdir ioc-nbd-migrate-tls
-echo "1..25"
+echo "1..29"
 
 # refused_dest NAME: the destination exited 1 and never served.
 refused_dest() {
@@ -130,3 +131,29 @@ port=$(free_port)
 ctl s6 migrate uri=tcp:127.0.0.1:$port >/dev/null
 expect "tls-creds without credentials: fails" failed "$(wait_status s6 failed completed cancelled)"
 stop s6
+
+# ---- a destination that takes the connection and never answers ----
+# The handshake waits on the engine's loop: migrate_cancel ends it, and
+# the source keeps serving.
+port=$(free_port)
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1)
+open(sys.argv[2] + ".tmp", "w").close()
+c, _ = s.accept()
+open(sys.argv[2], "w").close()
+time.sleep(120)' $port "$dir/silent.accepted" &
+spid=$!
+source_start s7 "$img" --tls on --tls-psk "$dir/keys.psk"
+ctl s7 migrate-set-parameters tls-creds=tls0 >/dev/null
+i=0; while [ ! -e "$dir/silent.accepted.tmp" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+ctl s7 migrate uri=tcp:127.0.0.1:$port >/dev/null
+i=0; while [ ! -e "$dir/silent.accepted" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+expect "the silent destination was connected to" yes \
+	"$([ -e "$dir/silent.accepted" ] && echo yes || echo no)"
+check "migrate_cancel during the handshake" ctl s7 migrate_cancel
+expect "silent destination: cancelled" cancelled "$(wait_status s7 cancelled completed failed)"
+serves s7
+stop s7
+kill $spid 2>/dev/null; wait $spid 2>/dev/null || :
