@@ -36,15 +36,13 @@ static json_t *cmd_export_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	struct ioc_daemon *d = ctx;
 	const char *id = json_string_value(json_object_get(args, "id"));
 	struct ioc_export *ex;
-	int slot = -1;
+	int slot;
 
 	if (export_slot(d, id) >= 0) {
 		ioc__qmp_errf(err, "Block export id '%s' is already in use", id);
 		return NULL;
 	}
-	for (int i = 0; i < IOC_DAEMON_MAX_EXPORTS && slot < 0; i++)
-		if (!d->exports[i])
-			slot = i;
+	slot = IOC__DAEMON_FREE_SLOT(d->exports);
 	if (slot < 0) {
 		ioc__qmp_errf(err, "Too many exports (at most %d)", IOC_DAEMON_MAX_EXPORTS);
 		return NULL;

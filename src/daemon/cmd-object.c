@@ -117,7 +117,7 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 	const char *id = json_string_value(json_object_get(args, "id"));
 	const struct ioc__qmp_variant *v = variants;
 	struct ioc_daemon_object *o;
-	int slot = -1, r;
+	int slot, r;
 
 	while (v->value && strcmp(v->value, type))
 		v++;
@@ -130,9 +130,7 @@ static json_t *cmd_object_add(void *ctx, json_t *args, struct ioc__qmp_err *err)
 				 "(type 'container')", id);
 		return NULL;
 	}
-	for (int i = 0; i < IOC_DAEMON_MAX_OBJECTS && slot < 0; i++)
-		if (!d->objects[i])
-			slot = i;
+	slot = IOC__DAEMON_FREE_SLOT(d->objects);
 	if (slot < 0) {
 		ioc__qmp_errf(err, "Too many objects (at most %d)", IOC_DAEMON_MAX_OBJECTS);
 		return NULL;

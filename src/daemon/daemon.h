@@ -122,6 +122,16 @@ struct ioc_daemon_object {
 #define IOC_DAEMON_MAX_EXPORTS  1024
 #define IOC_DAEMON_MAX_MONITORS 16
 
+/* The index of the first empty (NULL) entry of the pointer array arr
+ * (a daemon's objects or exports), or -1 when every entry is taken. */
+#define IOC__DAEMON_FREE_SLOT(arr) __extension__({                           \
+	int slot_ = -1;                                                        \
+	for (int i_ = 0; i_ < (int)IOC_ARRAY_SIZE(arr) && slot_ < 0; i_++)     \
+		if (!(arr)[i_])                                                \
+			slot_ = i_;                                            \
+	slot_;                                                                 \
+})
+
 struct ioc_daemon {
 	struct ioc__daemon_ctl ctl;     /* first: the shared commands' ctx */
 	struct ioc_daemon_opts opts;

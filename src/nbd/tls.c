@@ -42,6 +42,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,50 @@ static int gnutls_errno(int r)
 static bool readable(const char *path)
 {
 	return access(path, R_OK) == 0;
+}
+
+/* GnuTLS's error r as -errno, with "<what>: <GnuTLS's reason>" in err. */
+static int __attribute__((format(printf, 4, 5)))
+tls_fail(int r, char *err, size_t errlen, const char *what, ...)
+{
+	va_list ap;
+	size_t n;
+
+	if (errlen) {
+		va_start(ap, what);
+		vsnprintf(err, errlen, what, ap);
+		va_end(ap);
+		n = strlen(err);
+		snprintf(err + n, errlen - n, ": %s", gnutls_strerror(r));
+	}
+	return gnutls_errno(r);
+}
+
+/* New X.509 credentials in *x; -errno with the reason in err. */
+static int x509_new(gnutls_certificate_credentials_t *x, char *err, size_t errlen)
+{
+	int r = gnutls_certificate_allocate_credentials(x);
+
+	return r < 0 ? tls_fail(r, err, errlen, "X.509 credentials") : 0;
+}
+
+/* Add the PEM certificate and its key to x; -errno with the reason in err. */
+static int x509_add_key(gnutls_certificate_credentials_t x, const char *cert, const char *key,
+			char *err, size_t errlen)
+{
+	int r = gnutls_certificate_set_x509_key_file(x, cert, key, GNUTLS_X509_FMT_PEM);
+
+	return r < 0 ? tls_fail(r, err, errlen, "%s, %s", cert, key) : 0;
+}
+
+/* Add the PEM CA certificates at ca to x as trusted; -errno with the
+ * reason in err. */
+static int x509_add_ca(gnutls_certificate_credentials_t x, const char *ca,
+		       char *err, size_t errlen)
+{
+	int r = gnutls_certificate_set_x509_trust_file(x, ca, GNUTLS_X509_FMT_PEM);
+
+	return r < 0 ? tls_fail(r, err, errlen, "%s", ca) : 0;
 }
 
 /* A file we cannot do without: 0 if readable, else -errno with the path
@@ -156,29 +201,14 @@ static int load_x509(struct ioc__nbd_tls_creds *cr, const char *dir,
 	if ((r = need_file(cert, err, errlen)) < 0 || (r = need_file(key, err, errlen)) < 0 ||
 	    (cr->verify_peer && (r = need_file(ca, err, errlen)) < 0))
 		return r;
-	r = gnutls_certificate_allocate_credentials(&cr->x509);
-	if (r < 0) {
-		snprintf(err, errlen, "X.509 credentials: %s", gnutls_strerror(r));
-		return gnutls_errno(r);
-	}
-	r = gnutls_certificate_set_x509_key_file(cr->x509, cert, key, GNUTLS_X509_FMT_PEM);
-	if (r < 0) {
-		snprintf(err, errlen, "%s, %s: %s", cert, key, gnutls_strerror(r));
-		return gnutls_errno(r);
-	}
-	if (readable(ca)) {
-		r = gnutls_certificate_set_x509_trust_file(cr->x509, ca, GNUTLS_X509_FMT_PEM);
-		if (r < 0) {
-			snprintf(err, errlen, "%s: %s", ca, gnutls_strerror(r));
-			return gnutls_errno(r);
-		}
-	}
+	if ((r = x509_new(&cr->x509, err, errlen)) < 0 ||
+	    (r = x509_add_key(cr->x509, cert, key, err, errlen)) < 0 ||
+	    (readable(ca) && (r = x509_add_ca(cr->x509, ca, err, errlen)) < 0))
+		return r;
 	if (readable(crl)) {
 		r = gnutls_certificate_set_x509_crl_file(cr->x509, crl, GNUTLS_X509_FMT_PEM);
-		if (r < 0) {
-			snprintf(err, errlen, "%s: %s", crl, gnutls_strerror(r));
-			return gnutls_errno(r);
-		}
+		if (r < 0)
+			return tls_fail(r, err, errlen, "%s", crl);
 	}
 	return 0;
 }
@@ -234,8 +264,7 @@ int ioc__nbd_tls_creds_new(struct ioc__nbd_tls_creds **out,
 		if (r >= 0)
 			r = gnutls_psk_set_server_credentials_file(cr->psk, o->psk_file);
 		if (r < 0) {
-			snprintf(err, errlen, "%s: %s", o->psk_file, gnutls_strerror(r));
-			r = gnutls_errno(r);
+			r = tls_fail(r, err, errlen, "%s", o->psk_file);
 			goto fail;
 		}
 	}
@@ -246,8 +275,7 @@ int ioc__nbd_tls_creds_new(struct ioc__nbd_tls_creds **out,
 	else
 		r = gnutls_priority_init(&cr->prio, NULL, &errpos);
 	if (r < 0) {
-		snprintf(err, errlen, "TLS priorities: %s", gnutls_strerror(r));
-		r = gnutls_errno(r);
+		r = tls_fail(r, err, errlen, "TLS priorities");
 		goto fail;
 	}
 	*out = cr;
@@ -424,29 +452,14 @@ static int client_creds(struct ioc__nbd_tls *t, const struct ioc__nbd_tls_creds 
 		snprintf(key, sizeof(key), "%s/client-key.pem", cr->dir);
 		if ((r = need_file(ca, err, errlen)) < 0)
 			return r;
-		r = gnutls_certificate_allocate_credentials(&t->cx509);
-		if (r < 0) {
-			snprintf(err, errlen, "X.509 credentials: %s", gnutls_strerror(r));
-			return gnutls_errno(r);
-		}
-		r = gnutls_certificate_set_x509_trust_file(t->cx509, ca, GNUTLS_X509_FMT_PEM);
-		if (r < 0) {
-			snprintf(err, errlen, "%s: %s", ca, gnutls_strerror(r));
-			return gnutls_errno(r);
-		}
-		if (readable(cert) && readable(key)) {
-			r = gnutls_certificate_set_x509_key_file(t->cx509, cert, key,
-								 GNUTLS_X509_FMT_PEM);
-			if (r < 0) {
-				snprintf(err, errlen, "%s, %s: %s", cert, key, gnutls_strerror(r));
-				return gnutls_errno(r);
-			}
-		}
+		if ((r = x509_new(&t->cx509, err, errlen)) < 0 ||
+		    (r = x509_add_ca(t->cx509, ca, err, errlen)) < 0 ||
+		    (readable(cert) && readable(key) &&
+		     (r = x509_add_key(t->cx509, cert, key, err, errlen)) < 0))
+			return r;
 		r = gnutls_credentials_set(t->s, GNUTLS_CRD_CERTIFICATE, t->cx509);
-		if (r < 0) {
-			snprintf(err, errlen, "X.509 credentials: %s", gnutls_strerror(r));
-			return gnutls_errno(r);
-		}
+		if (r < 0)
+			return tls_fail(r, err, errlen, "X.509 credentials");
 		/* Verify the chain to ca-cert.pem and the name (a DNS name or
 		 * an IP address in the certificate). */
 		gnutls_session_set_verify_cert(t->s, hostname, 0);
@@ -469,10 +482,8 @@ static int client_creds(struct ioc__nbd_tls *t, const struct ioc__nbd_tls_creds 
 		if (r >= 0)
 			r = gnutls_credentials_set(t->s, GNUTLS_CRD_PSK, t->cpsk);
 		explicit_bzero(hex, sizeof(hex));
-		if (r < 0) {
-			snprintf(err, errlen, "%s: %s", cr->psk_file, gnutls_strerror(r));
-			return gnutls_errno(r);
-		}
+		if (r < 0)
+			return tls_fail(r, err, errlen, "%s", cr->psk_file);
 		t->psk = true;
 	}
 	return 0;

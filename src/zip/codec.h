@@ -126,6 +126,23 @@ int ioc__zip_seektable_footer(const uint8_t *foot, uint32_t *nframes, bool *with
 int ioc__zip_seektable_parse(const uint8_t *buf, size_t len, uint64_t file_size,
 			     struct ioc_zip_index *ix, const char **why);
 
+/* The first of frames[lo, hi) whose data ends after off (hi if none): a
+ * binary search on doff + dsize over any array of frames (struct
+ * ioc_zip_frame_info, the image's own) in data order.  A macro, so the
+ * image's read path keeps it inline whatever the element type. */
+#define IOC__ZIP_FRAME_AFTER(frames, lo, hi, off) __extension__({                   \
+	size_t lo_ = (lo), hi_ = (hi);                                              \
+	uint64_t off_ = (off);                                                      \
+	while (lo_ < hi_) {                                                         \
+		size_t mid_ = lo_ + (hi_ - lo_) / 2;                                \
+		if ((frames)[mid_].doff + (frames)[mid_].dsize <= off_)             \
+			lo_ = mid_ + 1;                                             \
+		else                                                                \
+			hi_ = mid_;                                                 \
+	}                                                                           \
+	lo_;                                                                        \
+})
+
 /* ---- frame scanning ----------------------------------------------- */
 
 enum ioc__zip_kind {

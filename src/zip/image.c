@@ -1175,16 +1175,7 @@ static size_t find_frame(const struct ioc_zip_image *img, uint64_t off)
 
 		return (size_t)(w->before + (uint64_t)__builtin_popcountll(upto) - 1);
 	}
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (img->frames[mid].doff + img->frames[mid].dsize <= off)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
+	return IOC__ZIP_FRAME_AFTER(img->frames, lo, hi, off);
 }
 
 /* The rank index of frame starts (see struct ioc_zip_image), when every

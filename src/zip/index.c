@@ -284,7 +284,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 	struct range_sink rs = { .user = opts };
 	struct ioc_zip_opts o = *opts;
 	struct ioc_zip *z = NULL;
-	size_t lo = 0, hi, first, last;
+	size_t first, last;
 	uint64_t pos, end, want = 0;
 	int r;
 
@@ -294,17 +294,7 @@ int ioc_zip_extract(int fd, const struct ioc_zip_index *ix, uint64_t off, uint64
 		return 0;
 	if (len > ix->dsize - off)
 		len = ix->dsize - off;
-	/* First frame whose data ends after off (binary search on doff). */
-	hi = ix->nframes;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (ix->frames[mid].doff + ix->frames[mid].dsize <= off)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	first = lo;
+	first = IOC__ZIP_FRAME_AFTER(ix->frames, 0, ix->nframes, off);
 	last = first;
 	while (last + 1 < ix->nframes && ix->frames[last + 1].doff < off + len)
 		last++;
