@@ -1,9 +1,8 @@
 /*
- * Live migration, the source: send the image of a node (any node whose
- * writes its bitmaps track: a file, qcow2...; an export's, reached through
- * struct ioc__mig_host) to another iocore-nbd (--incoming) while clients
- * keep using it, then hand the clients over, with QEMU 7.2's migration
- * commands on a control socket.  A job over the node, not over a file.
+ * Live migration, the source: send the image of a node whose writes its
+ * bitmaps track (a file, qcow2...; an export's, through struct
+ * ioc__mig_host) to another iocore-nbd (--incoming) while clients keep
+ * using it, then hand them over, with QEMU 7.2's migration commands.
  *
  * Problem.  The image changes while it moves, a writer may outrun the
  * link (or take the cores), and compression pays only on several cores.
@@ -25,22 +24,19 @@
  * - Switch-over: the node's gate holds and drains (pause-before-switchover
  *   waits for migrate-continue); the last pass, END, the ACK.  Failure
  *   before END: the gate opens, the bitmap goes, the source serves on.
- * - Runtime: the engine is a coroutine on an I/O thread of its own; the
- *   answer reader is another on its loop, where the workers hand jobs
- *   back.  It sleeps only in engine_wait() (a loop timer); whatever has
- *   news kicks it (engine_kick(): the handshake).  The socket is
- *   non-blocking, TLS handshake included: a send waits on the loop while
- *   the reader runs (else both ends can deadlock, send_all()).  SIOCOUTQ has no event: a 200 us
- *   timer looks (pace()).  Reads are the node's driver on the engine's
- *   loop (ioc_node_co_preadv_job(): not counted as a client's, and past
- *   the gate, which only front ends enter, so the last pass reads under
- *   the hold); the loop leaves the node's graph when the engine ends.
+ * - Runtime: the engine and the answer reader are coroutines on an I/O
+ *   thread of their own, where the workers hand jobs back.  The engine
+ *   sleeps only in engine_wait() (a loop timer; engine_kick() is the
+ *   handshake).  The socket is non-blocking, TLS handshake included; a
+ *   send waits on the loop while the reader runs (send_all()); SIOCOUTQ
+ *   has no event, so a 200 us timer looks (pace()).  Reads are the node's
+ *   driver on that loop (ioc_node_co_preadv_job(): not a client's, past
+ *   the gate, so the last pass reads under the hold).
  *
- * Rejected.  The image file by path with pread() and SEEK_DATA (raw files
- * only: a qcow2 file's bytes are not its guest's); reads on the front
- * ends' I/O threads (the copy would compete with requests); sending the
- * client's own buffer as the MIRROR (a range-lock table); mirroring from
- * the start or only after pass 1 (NOTES.md); threads napping.
+ * Rejected.  The image file by path (a qcow2 file's bytes are not its
+ * guest's); reads on the front ends' I/O threads (the copy would compete
+ * with requests); the client's own buffer as the MIRROR (a range-lock
+ * table); mirroring from the start or after pass 1 (NOTES.md); napping.
  */
 #include <errno.h>
 #include <fcntl.h>

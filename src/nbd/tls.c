@@ -363,6 +363,24 @@ static int handshake_error(struct ioc__nbd_tls *t, int r, char *err, size_t errl
 	return -EPROTO;
 }
 
+/* gnutls_handshake() on a non-blocking session until it is done
+ * (GNUTLS_E_SUCCESS), would block (GNUTLS_E_AGAIN, *want_write saying for
+ * what) or fails (that fatal error); interruptions and warning alerts go
+ * on. */
+static int handshake_step(struct ioc__nbd_tls *t, bool *want_write)
+{
+	for (;;) {
+		int r = gnutls_handshake(t->s);
+
+		if (r == GNUTLS_E_AGAIN) {
+			*want_write = gnutls_record_get_direction(t->s) == 1;
+			return r;
+		}
+		if (r == GNUTLS_E_SUCCESS || gnutls_error_is_fatal(r))
+			return r;
+	}
+}
+
 /* A blocking handshake. */
 static int handshake_blocking(struct ioc__nbd_tls *t, char *err, size_t errlen)
 {
@@ -377,19 +395,11 @@ static int handshake_blocking(struct ioc__nbd_tls *t, char *err, size_t errlen)
 int ioc__nbd_tls_mig_handshake(void *opaque, bool *want_write, char *err, size_t errlen)
 {
 	struct ioc__nbd_tls *t = opaque;
+	int r = handshake_step(t, want_write);
 
-	for (;;) {
-		int r = gnutls_handshake(t->s);
-
-		if (r == GNUTLS_E_SUCCESS)
-			return 0;
-		if (r == GNUTLS_E_AGAIN) {
-			*want_write = gnutls_record_get_direction(t->s) == 1;
-			return -EAGAIN;
-		}
-		if (gnutls_error_is_fatal(r))
-			return handshake_error(t, r, err, errlen);
-	}
+	if (r == GNUTLS_E_SUCCESS)
+		return 0;
+	return r == GNUTLS_E_AGAIN ? -EAGAIN : handshake_error(t, r, err, errlen);
 }
 
 int ioc__nbd_tls_mig_accept(struct ioc__nbd_tls **out, const struct ioc__nbd_tls_creds *cr,
@@ -598,22 +608,14 @@ void ioc__nbd_tls_free(struct ioc__nbd_tls *t)
 
 int ioc__nbd_tls_handshake(struct ioc__nbd_tls *t, bool *want_write, const char **msg)
 {
-	for (;;) {
-		int r = gnutls_handshake(t->s);
+	int r = handshake_step(t, want_write);
 
-		if (r == GNUTLS_E_SUCCESS)
-			return 0;
-		if (r == GNUTLS_E_INTERRUPTED)
-			continue;
-		if (r == GNUTLS_E_AGAIN) {
-			*want_write = gnutls_record_get_direction(t->s) == 1;
-			return -EAGAIN;
-		}
-		if (!gnutls_error_is_fatal(r))
-			continue; /* a warning alert: go on */
-		*msg = gnutls_strerror(r);
-		return -EPROTO;
-	}
+	if (r == GNUTLS_E_SUCCESS)
+		return 0;
+	if (r == GNUTLS_E_AGAIN)
+		return -EAGAIN;
+	*msg = gnutls_strerror(r);
+	return -EPROTO;
 }
 
 ssize_t ioc__nbd_tls_recv(struct ioc__nbd_tls *t, void *buf, size_t len,
