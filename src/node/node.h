@@ -300,6 +300,22 @@ int ioc_coroutine_fn ioc_node_co_block_status(struct ioc_node *n, uint64_t off,
 int ioc_coroutine_fn ioc_node_co_truncate(struct ioc_node *n, uint64_t size);
 
 /*
+ * From a thread without a loop (a migration receiver's workers): run
+ * fn(arg) in a new coroutine on loop, which another thread runs, and sleep
+ * until it returns (sync.c: the handshake).  Returns fn's value, or
+ * -ENOMEM when no coroutine could be made.  Not from loop's own thread,
+ * nor from a coroutine.  One hop per call: for requests of some size.
+ */
+int ioc_node_call_co(struct ioc_loop *loop, int (*fn)(void *arg), void *arg);
+/* ioc_node_co_pwrite, _write_zeroes, _flush and _truncate through it. */
+int ioc_node_pwrite_sync(struct ioc_loop *loop, struct ioc_node *n, uint64_t off,
+			 const void *buf, size_t len, uint32_t flags);
+int ioc_node_write_zeroes_sync(struct ioc_loop *loop, struct ioc_node *n, uint64_t off,
+			       uint64_t len, uint32_t flags);
+int ioc_node_flush_sync(struct ioc_loop *loop, struct ioc_node *n);
+int ioc_node_truncate_sync(struct ioc_loop *loop, struct ioc_node *n, uint64_t size);
+
+/*
  * The drain, which every front end obeys: a front end brackets each request
  * with enter and leave.  enter returns 0 (inside), or -ESHUTDOWN when the
  * node is shut; while it is held, enter waits.  Coroutine on the loop that
