@@ -19,6 +19,7 @@
 
 #include "tap.h"
 #include "mig-test-util.h"
+#include "mig-test-node.h"
 #include "receive.h"
 
 struct feeder {
@@ -112,12 +113,15 @@ static void receive(const uint8_t *p, size_t len, int image_fd, unsigned threads
 {
 	struct feeder f = { .p = p, .len = len, .cancel = cancel };
 	struct ioc_mig_recv_opts o = {
-		.image_fd = image_fd, .threads = threads, .cancel = cancel,
+		.threads = threads, .cancel = cancel,
 		.progress = on_progress, .opaque = res,
 	};
+	struct mt_node node;
 	int sv[2];
 
 	memset(res, 0, sizeof(*res));
+	ASSERT_OK(mt_node_open(&node, image_fd));
+	o.node = node.n;
 	ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
 	if (nonblocking_receiver)
 		ASSERT_OK(fcntl(sv[0], F_SETFL, O_NONBLOCK));
@@ -125,6 +129,7 @@ static void receive(const uint8_t *p, size_t len, int image_fd, unsigned threads
 	f.fd = sv[1];
 	ASSERT_EQ(pthread_create(&f.thread, NULL, feed, &f), 0);
 	res->ret = ioc_mig_receive(&o, &res->st, res->why, sizeof(res->why));
+	mt_node_close(&node);
 	close(sv[0]);
 	ASSERT_EQ(pthread_join(f.thread, NULL), 0);
 	close(sv[1]);
@@ -454,15 +459,19 @@ static void test_cancel(void)
 	atomic_init(&cancel, true);
 	fd = open_image(0);
 	{
-		struct ioc_mig_recv_opts o = { .image_fd = fd, .threads = 1, .cancel = &cancel };
+		struct ioc_mig_recv_opts o = { .threads = 1, .cancel = &cancel };
+		struct mt_node node;
 		char why[256];
 		int sv[2];
 
+		ASSERT_OK(mt_node_open(&node, fd));
+		o.node = node.n;
 		ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
 		ASSERT_EQ(send(sv[1], s.p, 4096, 0), 4096);
 		o.fd = sv[0];
 		ASSERT_EQ(ioc_mig_receive(&o, NULL, why, sizeof(why)), -ECANCELED);
 		ASSERT_NOT_NULL(strstr(why, "cancelled before record 1"));
+		mt_node_close(&node);
 		close(sv[0]);
 		close(sv[1]);
 	}
