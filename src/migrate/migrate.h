@@ -87,7 +87,8 @@ void ioc__mig_free(struct ioc__mig *m);
  * source's size when its driver can, else at least as large; image is its
  * name in messages).  done runs once on the main loop: result 0 when the
  * image is complete, durable and verified (the caller then serves it),
- * otherwise -errno with the reason; the image must then not be served.  Returns 0 or -errno (err says why).
+ * otherwise -errno with the reason; the image must then not be served.
+ * Returns 0 or -errno (err says why).
  */
 struct ioc__mig_incoming_opts {
 	const char *uri;

@@ -6,40 +6,37 @@
  * untrusted: memory stays bounded whatever lengths it claims, no record
  * writes outside the image, and each failure says where and why.  Design:
  *  - The image is a writable node (a file, a qcow2 image...).  Its requests
- *    are coroutines on an I/O thread of the receiver's own; the reader and
- *    each worker hand one record's write there and sleep until it is done
- *    (ioc_node_*_sync(): a hop per record, never per block), so the
- *    workers' writes are in flight on that loop together.  The node checks
- *    every range against its size, behind stream.h's checks.
+ *    are coroutines on an I/O thread of the receiver's own (sync.c: a hop
+ *    per record, never per block); the node checks every range.
  *  - The caller's thread reads, blocking, every header and payload whole
  *    before use.  A DATA_ZSTD record becomes a job owning its payload: a
  *    worker decodes it, takes its blocks' CRCs, checks the record's CRC
- *    combined from them (each byte read once) and writes the range.  The
- *    reader checks and writes DATA_RAW from a kept buffer (apply_raw()).
- *    A per-pass bitmap of blocks seen keeps a pass's records disjoint, so
- *    their writes need no order and a lying sender cannot race two on one.
- *  - At PASS and END the reader drains all jobs: that orders the passes.
+ *    combined from them (each byte read once) and writes the range, waiting
+ *    for it.  The reader checks DATA_RAW itself and keeps a few of their
+ *    writes in flight (apply_raw()).  A per-pass bitmap of blocks seen
+ *    keeps a pass's records disjoint, so their writes need no order and a
+ *    lying sender cannot race two on one.
+ *  - At PASS and END the reader drains all writes: that orders the passes.
  *    It applies ZERO records itself (the node's write-zeroes, may-unmap),
- *    never alongside a job on its blocks.  MIRROR records (a client write
+ *    never alongside a write on its blocks.  MIRROR records (a client write
  *    the sender waits for) may overlap anything: the reader collects the
- *    jobs busy on their blocks (a bitmap), writes the record and answers
+ *    writes busy on their blocks (a bitmap), writes the record and answers
  *    MACK with the count applied, so it lands in stream order.
  *  - Memory: jobs are collected before their payload and decoded bytes
  *    would pass 64 MiB; add one MAX_CHUNK record and a zstd context each.
  *  - Sleeps and wakes: the reader sleeps in read() (woken by data, EOF, or
  *    shutdown(2) of the socket by whoever sets the cancel flag; poll() on a
  *    non-blocking socket, same wakes) and in ioc_wq_wait_done() (wq.c's
- *    handshake); reader and workers in ioc_node_call_co() (sync.c's: the
+ *    handshake); reader and workers in ioc_node_call_wait() (sync.c's: the
  *    request's coroutine stores done, then FUTEX_WAKEs).  Workers sleep
  *    otherwise only in the workqueue; the dctx pool's mutex covers a push.
  *  - END: drain, flush the node, image checksum from the block CRCs,
- *    compare, ACK.  A failure drains the jobs, then ACKs the errno if the
- *    socket takes it without blocking (never over the caller's blocking
- *    hooks, TLS: the sender then sees the stream close).
+ *    compare, ACK.  A failure drains, then ACKs the errno if the socket
+ *    takes it without blocking (never over the caller's blocking hooks,
+ *    TLS: the sender then sees the stream close).
  * Rejected: an in-order workqueue, or writes on the reader alone (one
  * writer was the zip decoder's bottleneck); the node's writes on the
- * host's main loop (its control channel would queue behind the image);
- * mmap of the image (no node under it); a lock per block (drains order).
+ * host's main loop (its control channel would queue behind the image).
  */
 #include <errno.h>
 #include <poll.h>
@@ -60,6 +57,8 @@
 #include "receive.h"
 
 #define RECV_MAX_IN_FLIGHT (64u << 20)  /* payload + decoded bytes of jobs */
+#define RAW_SLOTS 8                     /* DATA_RAW writes in flight */
+#define RAW_SLOT_MAX (4u << 20)         /* a larger one is written alone */
 
 struct recv;
 
@@ -78,6 +77,16 @@ struct job {
 	uint32_t got_crc;
 };
 
+/* A DATA_RAW record's write, posted to the node's I/O thread. */
+struct raw_slot {
+	struct ioc_node_call call;
+	uint8_t *buf;
+	uint32_t cap;
+	bool busy;              /* posted, not yet waited for */
+	struct ioc_mig_rec rec;
+	uint64_t recno;
+};
+
 struct recv {
 	const struct ioc_mig_recv_opts *o;
 	struct ioc_mig_recv_stats *st;
@@ -86,12 +95,12 @@ struct recv {
 	struct ioc_wq *wq;
 	uint64_t in_flight_bytes;
 	uint64_t *seen;         /* blocks written in the current pass */
-	uint64_t *busy;         /* blocks of DATA jobs in flight */
+	uint64_t *busy;         /* blocks of DATA jobs and raw writes in flight */
 	uint64_t mirrors;       /* MIRROR records applied (MACK's count) */
 	struct ioc_iothread *io; /* runs the node's requests (node_write()) */
 	struct ioc_loop *io_loop;
-	uint8_t *rbuf;          /* DATA_RAW records' payload (apply_raw()) */
-	uint32_t rbuf_cap;
+	struct raw_slot raw[RAW_SLOTS]; /* a ring, apply_raw()'s */
+	unsigned raw_next;
 	pthread_mutex_t dctx_lock;
 	ZSTD_DCtx **dctx;       /* free contexts */
 	unsigned ndctx, dctx_cap;
@@ -364,6 +373,34 @@ static bool any_busy(struct recv *rv, const struct ioc_mig_rec *r)
 	return false;
 }
 
+/* Wait for a raw slot's write; its failure goes to rv->err. */
+static int raw_wait(struct recv *rv, struct raw_slot *s)
+{
+	int ret = ioc_node_call_wait(&s->call);
+
+	s->busy = false;
+	mark_busy(rv, &s->rec, false);
+	if (ret < 0)
+		return fail(rv, ret, "record %llu (DATA_RAW) at image offset %llu, length "
+			    "%u: cannot write to the image (%s)",
+			    (unsigned long long)s->recno, (unsigned long long)s->rec.offset,
+			    (unsigned)s->rec.length, strerror(-ret));
+	rv->st->data_bytes += s->rec.length;
+	return 0;
+}
+
+/* Wait for every raw write in flight; returns rv->err. */
+static int raw_drain(struct recv *rv)
+{
+	for (unsigned i = 0; i < RAW_SLOTS; i++) {
+		struct raw_slot *s = &rv->raw[(rv->raw_next + i) % RAW_SLOTS];
+
+		if (s->busy)
+			(void)raw_wait(rv, s);
+	}
+	return rv->err;
+}
+
 /* Collect finished jobs, waiting for at least one when block is set and
  * something is in flight.  A job's failure goes to rv->err (the first one
  * wins); returns the count collected, or the workqueue's -errno. */
@@ -410,9 +447,10 @@ static int reap(struct recv *rv, bool block)
 	return n < 0 ? n : rv->err;
 }
 
-/* Collect every job in flight, failed or not. */
+/* Collect every job and raw write in flight, failed or not. */
 static void drain(struct recv *rv)
 {
+	(void)raw_drain(rv);
 	while (rv->wq && ioc_wq_in_flight(rv->wq))
 		if (collect(rv, true) < 0)
 			break; /* the workqueue itself failed */
@@ -549,44 +587,69 @@ static int start_data(struct recv *rv, const struct ioc_mig_rec *r, uint64_t rec
 }
 
 /*
- * A DATA_RAW record is applied by the reader itself, into one buffer it
- * keeps: its work is a CRC and a write, less than handing it to a worker
+ * A DATA_RAW record is applied by the reader itself, from a ring of kept
+ * buffers: its work is a CRC and a write, less than handing it to a worker
  * costs.  A worker pulls the 256 KiB the reader just wrote into its own
  * core's cache, a malloc of that size is an mmap with fresh pages to
  * fault and zero, and two workers writing one tmpfs file queue on its
- * inode lock (bench/migrate/NOTES.md).  Order: its pass's records do not
- * overlap it, and earlier passes were drained at PASS.
+ * inode lock (bench/migrate/NOTES.md).  The write is posted to the node's
+ * I/O thread and waited for only when its slot comes round again, so the
+ * reader reads the next record while RAW_SLOTS writes are in flight.
+ * Order: its pass's records do not overlap it, earlier passes were
+ * drained at PASS, and a MIRROR waits for the ring first.
  */
 static int apply_raw(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
 {
+	bool alone = r->length > RAW_SLOT_MAX;
+	struct raw_slot *s;
 	uint32_t crc;
 	int ret;
 
-	if (r->length > rv->rbuf_cap) {
+	if (alone) {
+		/* Memory: one large buffer at a time, with the ring empty. */
+		if (raw_drain(rv) < 0)
+			return rv->err;
+		s = &rv->raw[rv->raw_next];
+	} else {
+		s = &rv->raw[rv->raw_next];
+		rv->raw_next = (rv->raw_next + 1) % RAW_SLOTS;
+		if (s->busy && raw_wait(rv, s) < 0)
+			return rv->err;
+	}
+	if (r->length > s->cap) {
 		uint8_t *b = malloc(r->length);
 
 		if (!b)
 			return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
 				    (unsigned long long)recno, (unsigned)r->length);
-		free(rv->rbuf);
-		rv->rbuf = b;
-		rv->rbuf_cap = r->length;
+		free(s->buf);
+		s->buf = b;
+		s->cap = r->length;
 	}
-	ret = read_full(rv, rv->rbuf, r->payload_len, "payload", recno);
+	ret = read_full(rv, s->buf, r->payload_len, "payload", recno);
 	if (ret < 0)
 		return ret;
-	crc = ioc_mig_crcs_set(rv->crcs, r->offset, r->length, rv->rbuf);
+	crc = ioc_mig_crcs_set(rv->crcs, r->offset, r->length, s->buf);
 	if (crc != r->data_crc)
 		return fail(rv, -EBADMSG, "record %llu (DATA_RAW) at image offset %llu: data "
 			    "CRC mismatch (computed 0x%08x, record says 0x%08x)",
 			    (unsigned long long)recno, (unsigned long long)r->offset,
 			    (unsigned)crc, (unsigned)r->data_crc);
-	ret = node_write(rv, rv->rbuf, r->length, r->offset);
-	if (ret < 0)
-		return fail(rv, ret, "record %llu (DATA_RAW) at image offset %llu, length "
-			    "%u: cannot write to the image (%s)", (unsigned long long)recno,
-			    (unsigned long long)r->offset, (unsigned)r->length, strerror(-ret));
-	rv->st->data_bytes += r->length;
+	s->rec = *r;
+	s->recno = recno;
+	s->busy = true;
+	mark_busy(rv, r, true);
+	ioc_node_pwrite_post(rv->io_loop, &s->call, rv->o->node, r->offset, s->buf,
+			     r->length, 0);
+	if (alone) {
+		ret = raw_wait(rv, s);
+		if (s->cap > RAW_SLOT_MAX) {
+			free(s->buf); /* not kept: the ring's buffers stay small */
+			s->buf = NULL;
+			s->cap = 0;
+		}
+		return ret < 0 ? rv->err : 0;
+	}
 	return 0;
 }
 
@@ -605,6 +668,8 @@ static int apply_mirror(struct recv *rv, const struct ioc_mig_rec *r, uint64_t r
 		return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
 			    (unsigned long long)recno, (unsigned)r->length);
 	ret = read_full(rv, buf, r->payload_len, "payload", recno);
+	if (ret == 0 && any_busy(rv, r))
+		ret = raw_drain(rv);
 	while (ret == 0 && any_busy(rv, r))
 		ret = reap(rv, true);
 	if (ret < 0) {
@@ -870,7 +935,8 @@ int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
 		ZSTD_freeDCtx(rv.dctx[i]);
 	free(rv.dctx);
 	pthread_mutex_destroy(&rv.dctx_lock);
-	free(rv.rbuf);
+	for (unsigned i = 0; i < RAW_SLOTS; i++)
+		free(rv.raw[i].buf);
 	free(rv.seen);
 	free(rv.busy);
 	ioc_mig_crcs_free(rv.crcs);

@@ -5,7 +5,8 @@
  * the file is compared with the builder's model byte for byte.  Then the
  * failures: truncations at every kind of boundary, corrupted payloads and
  * record headers, a wrong image checksum, a block never sent, protocol
- * errors, and cancellation; each must fail with its errno and a reason.
+ * errors, a failing write, and cancellation; each must fail with its
+ * errno and a reason.
  * Nothing here depends on timing: the feeder and the receiver meet only
  * through the socket, and cancellation wakes the receiver by shutdown(2).
  */
@@ -13,6 +14,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -280,6 +283,67 @@ static void test_receive_large(void)
 	receive(s.p, s.len, fd, 2, NULL, &res);
 	ASSERT_OK(res.ret);
 	ASSERT_UEQ(res.ack.data_crc, mt_checksum(&s));
+	check_image(fd, &s);
+	close_image(fd);
+	mt_free(&s);
+	free(buf);
+}
+
+/* Raw records past the file size limit with several writes in flight:
+ * the first write that fails names its record, every write in flight is
+ * collected, and the sender hears the errno; the blocks before the limit
+ * hold the stream's data.  Then one raw record too large for the ring
+ * (written alone) on a file with no limit. */
+static void test_raw_write_error(void)
+{
+	const uint32_t bs = 4096, chunk = 16 * bs;
+	uint8_t *buf = malloc(5u << 20);
+	struct rlimit old, lim;
+	struct mt_stream s;
+	struct result res;
+	int fd;
+
+	mt_begin(&s, 32 * chunk, bs);
+	for (uint32_t i = 0; i < 32; i++) {
+		mt_fill(buf, chunk, i, 1);
+		mt_raw(&s, (uint64_t)i * chunk, buf, chunk);
+	}
+	mt_end(&s, mt_checksum(&s));
+	fd = open_image(32 * chunk); /* full size: no resize past the limit */
+	ASSERT_OK(getrlimit(RLIMIT_FSIZE, &old));
+	lim = old;
+	lim.rlim_cur = 20 * chunk;
+	signal(SIGXFSZ, SIG_IGN);
+	ASSERT_OK(setrlimit(RLIMIT_FSIZE, &lim));
+	receive(s.p, s.len, fd, 2, NULL, &res);
+	ASSERT_OK(setrlimit(RLIMIT_FSIZE, &old));
+	ASSERT_EQ(res.ret, -EFBIG);
+	ASSERT_WHY(&res, "record 21 (DATA_RAW) at image offset 1310720, length 65536: "
+		   "cannot write to the image");
+	ASSERT_TRUE(res.have_ack);
+	ASSERT_UEQ(res.ack.offset, EFBIG);
+	{
+		uint8_t *got = malloc(20 * chunk);
+
+		ASSERT_UEQ(pread(fd, got, 20 * chunk, 0), 20 * chunk);
+		ASSERT_MEM_EQ(got, s.model, 20 * chunk);
+		free(got);
+	}
+	close_image(fd);
+	mt_free(&s);
+
+	mt_begin(&s, (5u << 20) + 3 * chunk, bs);
+	mt_fill(buf, chunk, 1, 1);
+	mt_raw(&s, 0, buf, chunk);
+	mt_fill(buf, 5u << 20, 2, 1);
+	mt_raw(&s, chunk, buf, 5u << 20);
+	mt_fill(buf, 2 * chunk, 3, 1);
+	mt_raw(&s, chunk + (5u << 20), buf, 2 * chunk);
+	mt_end(&s, mt_checksum(&s));
+	fd = open_image(0);
+	receive(s.p, s.len, fd, 1, NULL, &res);
+	ASSERT_OK(res.ret);
+	ASSERT_UEQ(res.st.data_bytes, s.image_size);
 	check_image(fd, &s);
 	close_image(fd);
 	mt_free(&s);
@@ -581,6 +645,7 @@ static void test_mirror_errors(void)
 IOC_TEST_MAIN(
 	IOC_TEST(test_receive_passes),
 	IOC_TEST(test_receive_large),
+	IOC_TEST(test_raw_write_error),
 	IOC_TEST(test_truncated),
 	IOC_TEST(test_corrupted),
 	IOC_TEST(test_wrong_checksum),
