@@ -8,16 +8,19 @@
  *
  * Design.  The front end waits for the image (host.waiting: the NBD
  * server runs with opts.defer_serving: I/O threads and the control
- * socket, no NBD listener watched and no export).  This file
- * listens on the migration URI (on the main loop), accepts one connection,
- * closes the listener, and runs ioc_mig_receive() (receive.c: records
- * applied with decompress-threads workers, the whole-image checksum, the
- * ACK) on a thread of its own, publishing its progress for query-migrate.
- * When the thread ends the main loop reports completed or failed and
- * calls the owner's done callback, which opens the image and starts
- * serving only on success (iocore-nbd exits non-zero otherwise).  The
- * source stops serving only after it read the ACK, which the receiver
- * sends only once the image is durable and verified.
+ * socket, no NBD listener watched and no export).  The front end opens
+ * the image as a writable node (opts.dest: a file node for a raw image, a
+ * qcow2 node for a qcow2 one) and keeps it until done.  This file listens
+ * on the migration URI (on the main loop), accepts one connection, closes
+ * the listener, and runs ioc_mig_receive() into that node (receive.c:
+ * records applied with decompress-threads workers through the node on an
+ * I/O thread of the receiver's, the whole-image checksum, the ACK) on a
+ * thread of its own, publishing its progress for query-migrate.  When the
+ * thread ends the main loop reports completed or failed and calls the
+ * owner's done callback, which starts serving only on success (iocore-nbd
+ * exits non-zero otherwise).  The source stops serving only after it read
+ * the ACK, which the receiver sends only once the node is flushed and the
+ * image verified.
  *
  * TLS.  When the host offers TLS (the server's --tls on or require) the
  * stream must be TLS: the receiving thread does a blocking server
@@ -27,10 +30,11 @@
  *
  * Rejected: serving a read-only view during the transfer (clients would
  * see a mix of old and new blocks); accepting several streams (one
- * source, one image).
+ * source, one image); opening the image file here and writing it past the
+ * node layer (only raw images could be received, a qcow2 file would be
+ * overwritten with raw bytes).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -47,7 +51,6 @@ struct dest_args {
 	struct ioc__mig *m;
 	int fd;
 	unsigned threads;
-	char image[4096];
 };
 
 static void progress(void *opaque, const struct ioc_mig_recv_stats *rs)
@@ -79,7 +82,7 @@ static void *dest_thread(void *opaque)
 	const struct ioc__mig_tls_ops *ops = m->host.tls;
 	void *tls = NULL;
 	struct ioc_mig_transport tr = { ops ? ops->recv : NULL, ops ? ops->send : NULL, NULL };
-	int ret, img = -1;
+	int ret;
 
 	if (ops) {
 		char e[384] = "";
@@ -96,27 +99,20 @@ static void *dest_thread(void *opaque)
 	if (m->in_node) {
 		/* Shared storage: handed over, not copied (handover.c). */
 		struct ioc_mig_recv_opts o = {
-			.fd = a->fd, .image_fd = -1, .cancel = &m->cancel,
+			.fd = a->fd, .cancel = &m->cancel,
 			.tr = tls ? &tr : NULL,
 		};
 
 		ret = ioc__mig_handover_receive(m, &o, why, sizeof(why));
 		goto out;
 	}
-	img = open(a->image, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (img < 0) {
-		ret = -errno;
-		snprintf(why, sizeof(why), "Cannot open %.400s: %s", a->image, strerror(errno));
-	} else {
-		struct ioc_mig_recv_opts o = {
-			.fd = a->fd, .image_fd = img, .threads = a->threads,
-			.cancel = &m->cancel, .progress = progress, .opaque = m,
-			.tr = tls ? &tr : NULL,
-		};
+	struct ioc_mig_recv_opts o = {
+		.fd = a->fd, .node = m->in_dest, .threads = a->threads,
+		.cancel = &m->cancel, .progress = progress, .opaque = m,
+		.tr = tls ? &tr : NULL,
+	};
 
-		ret = ioc_mig_receive(&o, &st, why, sizeof(why));
-		close(img);
-	}
+	ret = ioc_mig_receive(&o, &st, why, sizeof(why));
 out:
 	if (tls)
 		ops->end(tls, ret == 0);
@@ -172,7 +168,6 @@ static void on_incoming(void *opaque)
 	}
 	a->m = m;
 	a->fd = fd;
-	snprintf(a->image, sizeof(a->image), "%s", m->image);
 	pthread_mutex_lock(&m->lock);
 	a->threads = m->p.decompress_threads;
 	m->sock = fd;
@@ -259,12 +254,19 @@ int ioc__mig_incoming_setup(struct ioc__mig *m, const struct ioc__mig_incoming_o
 	m->in_done = o->done;
 	m->in_opaque = o->opaque;
 	m->in_node = o->node;
+	m->in_dest = o->node ? NULL : o->dest;
 	m->in_serve = o->serve;
 	m->handover = o->node != NULL;
 	if (o->node && (!o->serve || !ioc_node_shared_id(o->node) ||
 			ioc_node_is_active(o->node))) {
 		snprintf(err, errlen, "a hand-over needs a node on shared storage, opened "
 			 "inactive, and a serve callback");
+		m->incoming = false;
+		return -EINVAL;
+	}
+	if (!o->node && (!o->dest || o->dest->read_only)) {
+		snprintf(err, errlen, "an incoming copy needs a writable node to receive "
+			 "%.400s into", o->image);
 		m->incoming = false;
 		return -EINVAL;
 	}

@@ -207,6 +207,7 @@ struct ioc__mig {
 	/* destination */
 	int listen_fd;                  /* --incoming: waiting for the source */
 	char image[4096];
+	struct ioc_node *in_dest;       /* a copy is written through it */
 	void (*in_done)(void *opaque, int result, const char *why);
 	void *in_opaque;
 };

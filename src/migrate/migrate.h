@@ -90,11 +90,12 @@ void ioc__mig_free(struct ioc__mig *m);
  * Incoming live migration (the destination side), on a front end that
  * waits for its image (host->waiting): listen on uri ("tcp:ADDR:PORT", or
  * "defer" to wait for migrate-incoming), accept one connection and receive
- * the source's image into the file image (created, or resized to the
- * source's size).  done runs once on the main loop: result 0 when the
- * image is complete, durable and verified (the caller then opens it and
- * serves it), otherwise -errno with the reason; the image must then not
- * be served.  Returns 0 or -errno (err says why).
+ * the source's image through the writable node dest (resized to the
+ * source's size when its driver can, else at least as large; image is its
+ * name in messages).  done runs once on the main loop: result 0 when the
+ * image is complete, durable and verified (the caller then serves it),
+ * otherwise -errno with the reason; the image must then not be served.
+ * Returns 0 or -errno (err says why).
  */
 struct ioc__mig_incoming_opts {
 	const char *uri;
@@ -107,6 +108,10 @@ struct ioc__mig_incoming_opts {
 	 * the front end serves it (0) or says why not (-errno); done then
 	 * runs only on failure.  image is only its name in messages. */
 	struct ioc_node *node;
+	/* A copy (node NULL): the node written through, opened read-write
+	 * by the caller (a file node, a qcow2 node...), kept open by it
+	 * until done has run. */
+	struct ioc_node *dest;
 	int (*serve)(void *opaque, struct ioc_node *n, char *err, size_t errlen);
 };
 int ioc__mig_incoming_setup(struct ioc__mig *m, const struct ioc__mig_incoming_opts *o,

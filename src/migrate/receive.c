@@ -5,64 +5,60 @@
  * earlier pass's block, whose write must not land last.  The peer is
  * untrusted: memory stays bounded whatever lengths it claims, no record
  * writes outside the image, and each failure says where and why.  Design:
+ *  - The image is a writable node (a file, a qcow2 image...).  Its requests
+ *    are coroutines on an I/O thread of the receiver's own (sync.c: a hop
+ *    per record, never per block); the node checks every range.
  *  - The caller's thread reads, blocking, every header and payload whole
  *    before use.  A DATA_ZSTD record becomes a job owning its payload: a
  *    worker decodes it, takes its blocks' CRCs, checks the record's CRC
- *    combined from them (each byte read once) and pwrites the range.  The
- *    reader checks and writes DATA_RAW from a kept buffer (apply_raw()).
- *    Writes in a pass need no order: a per-pass bitmap of blocks seen keeps
- *    its records disjoint, so a lying sender cannot make workers race on a
- *    block.
- *  - At PASS and END the reader drains all jobs before reading on: that
- *    orders the passes.  It applies ZERO records itself (punch, else zero the
- *    range, else write zeros), never alongside a job on its blocks (a pass's
- *    records do not overlap).  MIRROR records (a client write the sender
- *    waits for) may overlap anything and claim no pass blocks: the reader
- *    collects jobs busy on their blocks (a bitmap), writes the record and
- *    answers MACK with the count applied, so it lands in stream order.
- *  - Memory, whatever the sender says: jobs are collected before their
- *    payload and decoded bytes would pass 64 MiB; add one MAX_CHUNK record
- *    (and zstd's bound) and a pooled zstd context per worker.
+ *    combined from them (each byte read once) and writes the range, waiting
+ *    for it.  The reader checks DATA_RAW itself and keeps a few of their
+ *    writes in flight (apply_raw()).  A per-pass bitmap of blocks seen
+ *    keeps a pass's records disjoint, so their writes need no order and a
+ *    lying sender cannot race two on one.
+ *  - At PASS and END the reader drains all writes: that orders the passes.
+ *    It applies ZERO records itself (the node's write-zeroes, may-unmap),
+ *    never alongside a write on its blocks.  MIRROR records (a client write
+ *    the sender waits for) may overlap anything: the reader collects the
+ *    writes busy on their blocks (a bitmap), writes the record and answers
+ *    MACK with the count applied, so it lands in stream order.
+ *  - Memory: jobs are collected before their payload and decoded bytes
+ *    would pass 64 MiB; add one MAX_CHUNK record and a zstd context each.
  *  - Sleeps and wakes: the reader sleeps in read() (woken by data, EOF, or
  *    shutdown(2) of the socket by whoever sets the cancel flag; poll() on a
- *    non-blocking socket, same wakes) and in ioc_wq_wait_done() (a worker
- *    handing a job back wakes it: wq.c's handshake).  Workers sleep only in
- *    the workqueue; the dctx pool's mutex covers one push or pop.
- *  - END: drain, fdatasync, image checksum from the block CRCs, compare, ACK.
- *    A failure drains the jobs (they own memory, may be writing), then ACKs
- *    the errno if the socket takes it without blocking; over the caller's
- *    blocking hooks (TLS; they carry the reads too) none is sent, as it could
- *    block: the sender sees the stream close.
- *
- * Rejected: an in-order workqueue, or writes on the reader (one writer was
- * the zip decoder's bottleneck); mmap of the image (a fault per page, SIGBUS
- * on a full file system); a lock per block (the drains give all the order).
+ *    non-blocking socket, same wakes) and in ioc_wq_wait_done() (wq.c's
+ *    handshake); reader and workers in ioc_node_call_wait() (sync.c's: the
+ *    request's coroutine stores done, then FUTEX_WAKEs).  Workers sleep
+ *    otherwise only in the workqueue; the dctx pool's mutex covers a push.
+ *  - END: drain, flush the node, image checksum from the block CRCs,
+ *    compare, ACK.  A failure drains, then ACKs the errno if the socket
+ *    takes it without blocking (never over the caller's blocking hooks,
+ *    TLS: the sender then sees the stream close).
+ * Rejected: an in-order workqueue, or writes on the reader alone (one
+ * writer was the zip decoder's bottleneck); the node's writes on the
+ * host's main loop (its control channel would queue behind the image).
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <linux/fs.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
 #include "iocore/common.h"
+#include "iocore/loop.h"
 #include "iocore/wq.h"
+#include "node/node.h"
 #include "stream-int.h"
 #include "receive.h"
 
 #define RECV_MAX_IN_FLIGHT (64u << 20)  /* payload + decoded bytes of jobs */
-#define ZERO_BUF (1u << 20)
-
-/* Ways to write zeroes, in the order write_zeros() tries them. */
-enum zero_mode { Z_PUNCH, Z_ZERO_RANGE, Z_WRITE };
+#define RAW_SLOTS 8                     /* DATA_RAW writes in flight */
+#define RAW_SLOT_MAX (4u << 20)         /* a larger one is written alone */
 
 struct recv;
 
@@ -81,6 +77,16 @@ struct job {
 	uint32_t got_crc;
 };
 
+/* A DATA_RAW record's write, posted to the node's I/O thread. */
+struct raw_slot {
+	struct ioc_node_call call;
+	uint8_t *buf;
+	uint32_t cap;
+	bool busy;              /* posted, not yet waited for */
+	struct ioc_mig_rec rec;
+	uint64_t recno;
+};
+
 struct recv {
 	const struct ioc_mig_recv_opts *o;
 	struct ioc_mig_recv_stats *st;
@@ -89,12 +95,12 @@ struct recv {
 	struct ioc_wq *wq;
 	uint64_t in_flight_bytes;
 	uint64_t *seen;         /* blocks written in the current pass */
-	uint64_t *busy;         /* blocks of DATA jobs in flight */
+	uint64_t *busy;         /* blocks of DATA jobs and raw writes in flight */
 	uint64_t mirrors;       /* MIRROR records applied (MACK's count) */
-	enum zero_mode zmode;
-	uint8_t *zbuf;
-	uint8_t *rbuf;          /* DATA_RAW records' payload (apply_raw()) */
-	uint32_t rbuf_cap;
+	struct ioc_iothread *io; /* runs the node's requests (node_write()) */
+	struct ioc_loop *io_loop;
+	struct raw_slot raw[RAW_SLOTS]; /* a ring, apply_raw()'s */
+	unsigned raw_next;
 	pthread_mutex_t dctx_lock;
 	ZSTD_DCtx **dctx;       /* free contexts */
 	unsigned ndctx, dctx_cap;
@@ -289,22 +295,12 @@ static void dctx_put(struct recv *rv, ZSTD_DCtx *d)
 
 /* ---- writing ------------------------------------------------------- */
 
-static int pwrite_full(int fd, const uint8_t *p, uint64_t n, uint64_t off)
+/* Write one record's range through the node, from the reader or a worker:
+ * a hop to the I/O thread and back per record (sync.c), the node checks
+ * the range against its size. */
+static int node_write(struct recv *rv, const uint8_t *p, uint64_t n, uint64_t off)
 {
-	while (n) {
-		ssize_t r = pwrite(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n, (off_t)off);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -errno;
-		if (r == 0)
-			return -EIO;
-		p += r;
-		n -= (uint64_t)r;
-		off += (uint64_t)r;
-	}
-	return 0;
+	return ioc_node_pwrite_sync(rv->io_loop, rv->o->node, off, p, (size_t)n, 0);
 }
 
 /* Runs on a worker: decode, check, write. */
@@ -339,7 +335,7 @@ static void data_job(struct ioc_wq_job *wj)
 		j->got_crc = crc;
 		return;
 	}
-	r = pwrite_full(rv->o->image_fd, j->out, j->rec.length, j->rec.offset);
+	r = node_write(rv, j->out, j->rec.length, j->rec.offset);
 	if (r < 0) {
 		j->err = r;
 		j->what = "cannot write to the image";
@@ -375,6 +371,34 @@ static bool any_busy(struct recv *rv, const struct ioc_mig_rec *r)
 		if (rv->busy[b / 64] & UINT64_C(1) << (b % 64))
 			return true;
 	return false;
+}
+
+/* Wait for a raw slot's write; its failure goes to rv->err. */
+static int raw_wait(struct recv *rv, struct raw_slot *s)
+{
+	int ret = ioc_node_call_wait(&s->call);
+
+	s->busy = false;
+	mark_busy(rv, &s->rec, false);
+	if (ret < 0)
+		return fail(rv, ret, "record %llu (DATA_RAW) at image offset %llu, length "
+			    "%u: cannot write to the image (%s)",
+			    (unsigned long long)s->recno, (unsigned long long)s->rec.offset,
+			    (unsigned)s->rec.length, strerror(-ret));
+	rv->st->data_bytes += s->rec.length;
+	return 0;
+}
+
+/* Wait for every raw write in flight; returns rv->err. */
+static int raw_drain(struct recv *rv)
+{
+	for (unsigned i = 0; i < RAW_SLOTS; i++) {
+		struct raw_slot *s = &rv->raw[(rv->raw_next + i) % RAW_SLOTS];
+
+		if (s->busy)
+			(void)raw_wait(rv, s);
+	}
+	return rv->err;
 }
 
 /* Collect finished jobs, waiting for at least one when block is set and
@@ -423,72 +447,64 @@ static int reap(struct recv *rv, bool block)
 	return n < 0 ? n : rv->err;
 }
 
-/* Collect every job in flight, failed or not. */
+/* Collect every job and raw write in flight, failed or not. */
 static void drain(struct recv *rv)
 {
+	(void)raw_drain(rv);
 	while (rv->wq && ioc_wq_in_flight(rv->wq))
 		if (collect(rv, true) < 0)
 			break; /* the workqueue itself failed */
 }
 
+/* A ZERO record: the node's write-zeroes, which may free the range (a
+ * file node punches a hole, else zeroes it in place or writes zeroes). */
 static int write_zeros(struct recv *rv, uint64_t off, uint64_t len)
 {
-	int fd = rv->o->image_fd;
+	return ioc_node_write_zeroes_sync(rv->io_loop, rv->o->node, off, len,
+					  IOC_NODE_MAY_UNMAP);
+}
 
-	/* The ways in order; one the file refuses is not tried again. */
-	static const int falloc_mode[] = {
-		[Z_PUNCH] = FALLOC_FL_PUNCH_HOLE,
-		[Z_ZERO_RANGE] = FALLOC_FL_ZERO_RANGE,
-	};
+/* The I/O thread the node's requests run on, with its loop. */
+static int start_io(struct recv *rv)
+{
+	struct ioc_iothread_opts io = { .name = "ioc-migwr", .cpu = -1 };
+	int ret = ioc_iothread_start(&rv->io, &io);
 
-	while (rv->zmode != Z_WRITE) {
-		if (fallocate(fd, falloc_mode[rv->zmode] | FALLOC_FL_KEEP_SIZE,
-			      (off_t)off, (off_t)len) == 0)
-			return 0;
-		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
-		    errno != ENODEV)
-			return -errno;
-		rv->zmode++;
-	}
-	if (!rv->zbuf && !(rv->zbuf = calloc(1, ZERO_BUF)))
-		return -ENOMEM;
-	while (len) {
-		uint64_t n = len < ZERO_BUF ? len : ZERO_BUF;
-		int r = pwrite_full(fd, rv->zbuf, n, off);
-
-		if (r < 0)
-			return r;
-		off += n;
-		len -= n;
-	}
+	if (ret < 0)
+		return fail(rv, ret, "cannot start the image's I/O thread: %s",
+			    strerror(-ret));
+	rv->io_loop = ioc_iothread_loop(rv->io);
 	return 0;
 }
 
-/* The image takes the sender's size: a regular file is resized, a block
- * device must be large enough. */
+static int io_loop_exit(void *arg)
+{
+	ioc_node_loop_exit(arg);
+	return 0;
+}
+
+/* The node takes the sender's size: a node that can be resized (a file)
+ * is, one that cannot (a block device, a qcow2 image) must be large
+ * enough. */
 static int size_image(struct recv *rv)
 {
-	int fd = rv->o->image_fd;
+	struct ioc_node *n = rv->o->node;
 	uint64_t size = rv->hdr.image_size;
-	struct stat sb;
+	int ret;
 
-	if (fstat(fd, &sb) < 0)
-		return fail(rv, -errno, "image: fstat: %s", strerror(errno));
-	if (S_ISBLK(sb.st_mode)) {
-		uint64_t dev = 0;
-
-		if (ioctl(fd, BLKGETSIZE64, &dev) < 0)
-			return fail(rv, -errno, "image: BLKGETSIZE64: %s", strerror(errno));
-		if (dev < size)
-			return fail(rv, -ENOSPC, "image: block device of %llu bytes is "
-				    "smaller than the sender's image (%llu bytes)",
-				    (unsigned long long)dev, (unsigned long long)size);
+	if (n->size == size)
 		return 0;
-	}
-	if (ftruncate(fd, (off_t)size) < 0)
-		return fail(rv, -errno, "image: cannot resize to %llu bytes: %s",
-			    (unsigned long long)size, strerror(errno));
-	return 0;
+	ret = ioc_node_truncate_sync(rv->io_loop, n, size);
+	if (ret == 0)
+		return 0;
+	if (n->size >= size)
+		return 0; /* its tail past the sender's image is never read back */
+	if (ret == -ENOTSUP || ret == -EOPNOTSUPP || ret == -EINVAL)
+		return fail(rv, -ENOSPC, "image: %s node of %llu bytes is smaller than "
+			    "the sender's image (%llu bytes)", n->drv->name,
+			    (unsigned long long)n->size, (unsigned long long)size);
+	return fail(rv, ret, "image: cannot resize to %llu bytes: %s",
+		    (unsigned long long)size, strerror(-ret));
 }
 
 /* Mark the blocks of a DATA or ZERO record as seen in this pass; a block
@@ -571,44 +587,69 @@ static int start_data(struct recv *rv, const struct ioc_mig_rec *r, uint64_t rec
 }
 
 /*
- * A DATA_RAW record is applied by the reader itself, into one buffer it
- * keeps: its work is a CRC and a pwrite, less than handing it to a worker
+ * A DATA_RAW record is applied by the reader itself, from a ring of kept
+ * buffers: its work is a CRC and a write, less than handing it to a worker
  * costs.  A worker pulls the 256 KiB the reader just wrote into its own
  * core's cache, a malloc of that size is an mmap with fresh pages to
  * fault and zero, and two workers writing one tmpfs file queue on its
- * inode lock (bench/migrate/NOTES.md).  Order: its pass's records do not
- * overlap it, and earlier passes were drained at PASS.
+ * inode lock (bench/migrate/NOTES.md).  The write is posted to the node's
+ * I/O thread and waited for only when its slot comes round again, so the
+ * reader reads the next record while RAW_SLOTS writes are in flight.
+ * Order: its pass's records do not overlap it, earlier passes were
+ * drained at PASS, and a MIRROR waits for the ring first.
  */
 static int apply_raw(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
 {
+	bool alone = r->length > RAW_SLOT_MAX;
+	struct raw_slot *s;
 	uint32_t crc;
 	int ret;
 
-	if (r->length > rv->rbuf_cap) {
+	if (alone) {
+		/* Memory: one large buffer at a time, with the ring empty. */
+		if (raw_drain(rv) < 0)
+			return rv->err;
+		s = &rv->raw[rv->raw_next];
+	} else {
+		s = &rv->raw[rv->raw_next];
+		rv->raw_next = (rv->raw_next + 1) % RAW_SLOTS;
+		if (s->busy && raw_wait(rv, s) < 0)
+			return rv->err;
+	}
+	if (r->length > s->cap) {
 		uint8_t *b = malloc(r->length);
 
 		if (!b)
 			return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
 				    (unsigned long long)recno, (unsigned)r->length);
-		free(rv->rbuf);
-		rv->rbuf = b;
-		rv->rbuf_cap = r->length;
+		free(s->buf);
+		s->buf = b;
+		s->cap = r->length;
 	}
-	ret = read_full(rv, rv->rbuf, r->payload_len, "payload", recno);
+	ret = read_full(rv, s->buf, r->payload_len, "payload", recno);
 	if (ret < 0)
 		return ret;
-	crc = ioc_mig_crcs_set(rv->crcs, r->offset, r->length, rv->rbuf);
+	crc = ioc_mig_crcs_set(rv->crcs, r->offset, r->length, s->buf);
 	if (crc != r->data_crc)
 		return fail(rv, -EBADMSG, "record %llu (DATA_RAW) at image offset %llu: data "
 			    "CRC mismatch (computed 0x%08x, record says 0x%08x)",
 			    (unsigned long long)recno, (unsigned long long)r->offset,
 			    (unsigned)crc, (unsigned)r->data_crc);
-	ret = pwrite_full(rv->o->image_fd, rv->rbuf, r->length, r->offset);
-	if (ret < 0)
-		return fail(rv, ret, "record %llu (DATA_RAW) at image offset %llu, length "
-			    "%u: cannot write to the image (%s)", (unsigned long long)recno,
-			    (unsigned long long)r->offset, (unsigned)r->length, strerror(-ret));
-	rv->st->data_bytes += r->length;
+	s->rec = *r;
+	s->recno = recno;
+	s->busy = true;
+	mark_busy(rv, r, true);
+	ioc_node_pwrite_post(rv->io_loop, &s->call, rv->o->node, r->offset, s->buf,
+			     r->length, 0);
+	if (alone) {
+		ret = raw_wait(rv, s);
+		if (s->cap > RAW_SLOT_MAX) {
+			free(s->buf); /* not kept: the ring's buffers stay small */
+			s->buf = NULL;
+			s->cap = 0;
+		}
+		return ret < 0 ? rv->err : 0;
+	}
 	return 0;
 }
 
@@ -627,6 +668,8 @@ static int apply_mirror(struct recv *rv, const struct ioc_mig_rec *r, uint64_t r
 		return fail(rv, -ENOMEM, "record %llu: cannot allocate %u payload bytes",
 			    (unsigned long long)recno, (unsigned)r->length);
 	ret = read_full(rv, buf, r->payload_len, "payload", recno);
+	if (ret == 0 && any_busy(rv, r))
+		ret = raw_drain(rv);
 	while (ret == 0 && any_busy(rv, r))
 		ret = reap(rv, true);
 	if (ret < 0) {
@@ -642,7 +685,7 @@ static int apply_mirror(struct recv *rv, const struct ioc_mig_rec *r, uint64_t r
 			   (unsigned)crc, (unsigned)r->data_crc);
 	else if (ret < 0)
 		ret = fail(rv, ret, "record %llu (MIRROR): %s", (unsigned long long)recno, what);
-	if (ret == 0 && (ret = pwrite_full(rv->o->image_fd, buf, r->length, r->offset)) < 0)
+	if (ret == 0 && (ret = node_write(rv, buf, r->length, r->offset)) < 0)
 		ret = fail(rv, ret, "record %llu (MIRROR) at image offset %llu: cannot "
 			   "write to the image: %s", (unsigned long long)recno,
 			   (unsigned long long)r->offset, strerror(-ret));
@@ -681,8 +724,9 @@ static int finish(struct recv *rv, const struct ioc_mig_rec *r, uint64_t recno)
 	drain(rv);
 	if (rv->err)
 		return rv->err;
-	if (fdatasync(rv->o->image_fd) < 0)
-		return fail(rv, -errno, "END: fdatasync of the image: %s", strerror(errno));
+	ret = ioc_node_flush_sync(rv->io_loop, rv->o->node);
+	if (ret < 0)
+		return fail(rv, ret, "END: flush of the image: %s", strerror(-ret));
 	ret = ioc_mig_crcs_checksum(rv->crcs, &sum, &missing);
 	if (ret == -ENODATA)
 		return fail(rv, ret, "END (record %llu): block %llu (image offset %llu) "
@@ -732,6 +776,9 @@ static int run(struct recv *rv)
 			  sizeof(*rv->busy));
 	if (!rv->seen || !rv->busy)
 		return fail(rv, -ENOMEM, "header: out of memory");
+	ret = start_io(rv);
+	if (ret < 0)
+		return ret;
 	ret = size_image(rv);
 	if (ret < 0)
 		return ret;
@@ -863,7 +910,6 @@ int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
 	struct ioc_mig_recv_stats local;
 	struct recv rv = {
 		.o = o, .st = st ? st : &local, .why = why, .whylen = whylen,
-		.zmode = Z_PUNCH,
 	};
 	int ret;
 
@@ -880,12 +926,17 @@ int ioc_mig_receive(const struct ioc_mig_recv_opts *o,
 	}
 	if (rv.wq)
 		ioc_wq_free(rv.wq);
+	if (rv.io) {
+		/* No request in flight (drained): the node forgets the loop. */
+		ioc_iothread_call(rv.io, io_loop_exit, o->node);
+		ioc_iothread_stop(rv.io);
+	}
 	for (unsigned i = 0; i < rv.ndctx; i++)
 		ZSTD_freeDCtx(rv.dctx[i]);
 	free(rv.dctx);
 	pthread_mutex_destroy(&rv.dctx_lock);
-	free(rv.zbuf);
-	free(rv.rbuf);
+	for (unsigned i = 0; i < RAW_SLOTS; i++)
+		free(rv.raw[i].buf);
 	free(rv.seen);
 	free(rv.busy);
 	ioc_mig_crcs_free(rv.crcs);

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+struct ioc_node;
+
 struct ioc_mig_recv_stats {
 	uint64_t wire_bytes;     /* bytes read from the socket */
 	uint64_t data_bytes;     /* decoded bytes written (DATA records) */
@@ -36,9 +38,11 @@ struct ioc_mig_transport {
 struct ioc_mig_recv_opts {
 	int fd;                  /* the connected stream */
 	const struct ioc_mig_transport *tr; /* NULL: read and write fd */
-	int image_fd;            /* opened O_RDWR; a regular file is resized
-				  * (ftruncate) to the sender's image size,
-				  * a block device must be at least as large */
+	/* The writable node written through: resized to the sender's image
+	 * size when its driver can (a file), else at least as large.  Its
+	 * requests run on an I/O thread of the receiver's own, which leaves
+	 * the node's loops (ioc_node_loop_exit()) before it returns. */
+	struct ioc_node *node;
 	unsigned threads;        /* decompression workers; 0 = online CPUs */
 	/* Set by another thread to give up: the receiver returns -ECANCELED
 	 * at its next record (the socket may also be shut down to wake it). */
@@ -50,7 +54,7 @@ struct ioc_mig_recv_opts {
 };
 
 /*
- * Receive until END, apply every record, fdatasync the image, compare the
+ * Receive until END, apply every record, flush the node, compare the
  * image checksum with END's and answer ACK (0, or the errno of a failure
  * when the socket takes it without blocking).  Beyond stream.h's checks it
  * rejects two records of one pass that share a block and PASS numbers that

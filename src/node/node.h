@@ -300,6 +300,47 @@ int ioc_coroutine_fn ioc_node_co_block_status(struct ioc_node *n, uint64_t off,
 int ioc_coroutine_fn ioc_node_co_truncate(struct ioc_node *n, uint64_t size);
 
 /*
+ * From a thread without a loop (a migration receiver's workers): run
+ * fn(arg) in a new coroutine on loop, which another thread runs, and sleep
+ * until it returns (sync.c: the handshake).  Returns fn's value, or
+ * -ENOMEM when no coroutine could be made.  Not from loop's own thread,
+ * nor from a coroutine.  One hop per call: for requests of some size.
+ */
+int ioc_node_call_co(struct ioc_loop *loop, int (*fn)(void *arg), void *arg);
+/* A request of the helpers below. */
+struct ioc_node_req {
+	struct ioc_node *n;
+	enum ioc_node_op op;
+	uint64_t off, len;
+	const void *buf;
+	uint32_t flags;
+};
+/* The same in two halves, so that one thread keeps several in flight:
+ * post, then wait exactly once; the call stays put in between. */
+struct ioc_node_call {
+	struct ioc_task task;
+	int (*fn)(void *arg);
+	void *arg;
+	int ret;
+	atomic_int done;        /* store: the coroutine; load: ioc_node_call_wait() */
+	struct ioc_node_req req; /* ioc_node_pwrite_post()'s */
+};
+void ioc_node_call_post(struct ioc_loop *loop, struct ioc_node_call *c,
+			int (*fn)(void *arg), void *arg);
+int ioc_node_call_wait(struct ioc_node_call *c);
+/* ioc_node_co_pwrite() posted; buf stays valid until the wait. */
+void ioc_node_pwrite_post(struct ioc_loop *loop, struct ioc_node_call *c,
+			  struct ioc_node *n, uint64_t off, const void *buf, size_t len,
+			  uint32_t flags);
+/* ioc_node_co_pwrite, _write_zeroes, _flush and _truncate through it. */
+int ioc_node_pwrite_sync(struct ioc_loop *loop, struct ioc_node *n, uint64_t off,
+			 const void *buf, size_t len, uint32_t flags);
+int ioc_node_write_zeroes_sync(struct ioc_loop *loop, struct ioc_node *n, uint64_t off,
+			       uint64_t len, uint32_t flags);
+int ioc_node_flush_sync(struct ioc_loop *loop, struct ioc_node *n);
+int ioc_node_truncate_sync(struct ioc_loop *loop, struct ioc_node *n, uint64_t size);
+
+/*
  * The drain, which every front end obeys: a front end brackets each request
  * with enter and leave.  enter returns 0 (inside), or -ESHUTDOWN when the
  * node is shut; while it is held, enter waits.  Coroutine on the loop that

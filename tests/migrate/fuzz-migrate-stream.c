@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "mig-test-node.h"
 #include "receive.h"
 #include "stream.h"
 
@@ -116,9 +117,13 @@ static int receive_all(const uint8_t *data, size_t size, char *why, size_t whyle
 		abort();
 	o.fd = sv[0];
 	f.fd = sv[1];
-	o.image_fd = memfd_create("fuzz-migrate-image", MFD_CLOEXEC);
-	if (o.image_fd < 0 || pthread_create(&t, NULL, feeder, &f) != 0)
+	int image_fd = memfd_create("fuzz-migrate-image", MFD_CLOEXEC);
+	struct mt_node node;
+
+	if (image_fd < 0 || mt_node_open(&node, image_fd) < 0 ||
+	    pthread_create(&t, NULL, feeder, &f) != 0)
 		abort();
+	o.node = node.n;
 	why[0] = '\0';
 	if (size >= IOC_MIG_HDR_SIZE && data[15] & IOC_MIG_F_HANDOVER) {
 		char id[IOC_MIG_MAX_SHARED_ID + 1];
@@ -138,7 +143,8 @@ static int receive_all(const uint8_t *data, size_t size, char *why, size_t whyle
 	close(sv[0]);
 	pthread_join(t, NULL);
 	close(sv[1]);
-	close(o.image_fd);
+	mt_node_close(&node);
+	close(image_fd);
 	/* Every failure says why; success needs a whole stream. */
 	if (ret > 0 || (ret < 0 && !why[0]))
 		abort();

@@ -5,7 +5,8 @@
  * the file is compared with the builder's model byte for byte.  Then the
  * failures: truncations at every kind of boundary, corrupted payloads and
  * record headers, a wrong image checksum, a block never sent, protocol
- * errors, and cancellation; each must fail with its errno and a reason.
+ * errors, a failing write, and cancellation; each must fail with its
+ * errno and a reason.
  * Nothing here depends on timing: the feeder and the receiver meet only
  * through the socket, and cancellation wakes the receiver by shutdown(2).
  */
@@ -13,12 +14,15 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "tap.h"
 #include "mig-test-util.h"
+#include "mig-test-node.h"
 #include "receive.h"
 
 struct feeder {
@@ -112,12 +116,15 @@ static void receive(const uint8_t *p, size_t len, int image_fd, unsigned threads
 {
 	struct feeder f = { .p = p, .len = len, .cancel = cancel };
 	struct ioc_mig_recv_opts o = {
-		.image_fd = image_fd, .threads = threads, .cancel = cancel,
+		.threads = threads, .cancel = cancel,
 		.progress = on_progress, .opaque = res,
 	};
+	struct mt_node node;
 	int sv[2];
 
 	memset(res, 0, sizeof(*res));
+	ASSERT_OK(mt_node_open(&node, image_fd));
+	o.node = node.n;
 	ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
 	if (nonblocking_receiver)
 		ASSERT_OK(fcntl(sv[0], F_SETFL, O_NONBLOCK));
@@ -125,6 +132,7 @@ static void receive(const uint8_t *p, size_t len, int image_fd, unsigned threads
 	f.fd = sv[1];
 	ASSERT_EQ(pthread_create(&f.thread, NULL, feed, &f), 0);
 	res->ret = ioc_mig_receive(&o, &res->st, res->why, sizeof(res->why));
+	mt_node_close(&node);
 	close(sv[0]);
 	ASSERT_EQ(pthread_join(f.thread, NULL), 0);
 	close(sv[1]);
@@ -275,6 +283,67 @@ static void test_receive_large(void)
 	receive(s.p, s.len, fd, 2, NULL, &res);
 	ASSERT_OK(res.ret);
 	ASSERT_UEQ(res.ack.data_crc, mt_checksum(&s));
+	check_image(fd, &s);
+	close_image(fd);
+	mt_free(&s);
+	free(buf);
+}
+
+/* Raw records past the file size limit with several writes in flight:
+ * the first write that fails names its record, every write in flight is
+ * collected, and the sender hears the errno; the blocks before the limit
+ * hold the stream's data.  Then one raw record too large for the ring
+ * (written alone) on a file with no limit. */
+static void test_raw_write_error(void)
+{
+	const uint32_t bs = 4096, chunk = 16 * bs;
+	uint8_t *buf = malloc(5u << 20);
+	struct rlimit old, lim;
+	struct mt_stream s;
+	struct result res;
+	int fd;
+
+	mt_begin(&s, 32 * chunk, bs);
+	for (uint32_t i = 0; i < 32; i++) {
+		mt_fill(buf, chunk, i, 1);
+		mt_raw(&s, (uint64_t)i * chunk, buf, chunk);
+	}
+	mt_end(&s, mt_checksum(&s));
+	fd = open_image(32 * chunk); /* full size: no resize past the limit */
+	ASSERT_OK(getrlimit(RLIMIT_FSIZE, &old));
+	lim = old;
+	lim.rlim_cur = 20 * chunk;
+	signal(SIGXFSZ, SIG_IGN);
+	ASSERT_OK(setrlimit(RLIMIT_FSIZE, &lim));
+	receive(s.p, s.len, fd, 2, NULL, &res);
+	ASSERT_OK(setrlimit(RLIMIT_FSIZE, &old));
+	ASSERT_EQ(res.ret, -EFBIG);
+	ASSERT_WHY(&res, "record 21 (DATA_RAW) at image offset 1310720, length 65536: "
+		   "cannot write to the image");
+	ASSERT_TRUE(res.have_ack);
+	ASSERT_UEQ(res.ack.offset, EFBIG);
+	{
+		uint8_t *got = malloc(20 * chunk);
+
+		ASSERT_UEQ(pread(fd, got, 20 * chunk, 0), 20 * chunk);
+		ASSERT_MEM_EQ(got, s.model, 20 * chunk);
+		free(got);
+	}
+	close_image(fd);
+	mt_free(&s);
+
+	mt_begin(&s, (5u << 20) + 3 * chunk, bs);
+	mt_fill(buf, chunk, 1, 1);
+	mt_raw(&s, 0, buf, chunk);
+	mt_fill(buf, 5u << 20, 2, 1);
+	mt_raw(&s, chunk, buf, 5u << 20);
+	mt_fill(buf, 2 * chunk, 3, 1);
+	mt_raw(&s, chunk + (5u << 20), buf, 2 * chunk);
+	mt_end(&s, mt_checksum(&s));
+	fd = open_image(0);
+	receive(s.p, s.len, fd, 1, NULL, &res);
+	ASSERT_OK(res.ret);
+	ASSERT_UEQ(res.st.data_bytes, s.image_size);
 	check_image(fd, &s);
 	close_image(fd);
 	mt_free(&s);
@@ -454,15 +523,19 @@ static void test_cancel(void)
 	atomic_init(&cancel, true);
 	fd = open_image(0);
 	{
-		struct ioc_mig_recv_opts o = { .image_fd = fd, .threads = 1, .cancel = &cancel };
+		struct ioc_mig_recv_opts o = { .threads = 1, .cancel = &cancel };
+		struct mt_node node;
 		char why[256];
 		int sv[2];
 
+		ASSERT_OK(mt_node_open(&node, fd));
+		o.node = node.n;
 		ASSERT_OK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
 		ASSERT_EQ(send(sv[1], s.p, 4096, 0), 4096);
 		o.fd = sv[0];
 		ASSERT_EQ(ioc_mig_receive(&o, NULL, why, sizeof(why)), -ECANCELED);
 		ASSERT_NOT_NULL(strstr(why, "cancelled before record 1"));
+		mt_node_close(&node);
 		close(sv[0]);
 		close(sv[1]);
 	}
@@ -572,6 +645,7 @@ static void test_mirror_errors(void)
 IOC_TEST_MAIN(
 	IOC_TEST(test_receive_passes),
 	IOC_TEST(test_receive_large),
+	IOC_TEST(test_raw_write_error),
 	IOC_TEST(test_truncated),
 	IOC_TEST(test_corrupted),
 	IOC_TEST(test_wrong_checksum),

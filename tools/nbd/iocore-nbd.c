@@ -243,6 +243,11 @@ struct incoming {
 	struct ioc_nbd_export_opts eo;
 	struct ioc_blk_opts bo;
 	struct ioc_blk *blk;
+	/* A raw image is received through a file node of its own, deleted
+	 * once received (the image is then served as every raw file is). */
+	struct ioc_node_graph *graph;
+	const char *recv_node;
+	struct ioc_node *dest;          /* the node received through */
 	const char *image, *unix_path, *bind_addr, *port;
 	bool verbose;
 	int exit_code;
@@ -313,6 +318,30 @@ static void incoming_done(void *opaque, int result, const char *why)
 		incoming_fail(in, "incoming migration failed, not serving %s: %s",
 			      in->image, why && why[0] ? why : strerror(-result));
 		return;
+	}
+	if (in->eo.node) {
+		/* A qcow2 image: served through the node it was received
+		 * through. */
+		if (incoming_listen(in, err, sizeof(err)) < 0) {
+			incoming_fail(in, "%s", err);
+			return;
+		}
+		if (in->verbose)
+			fprintf(stderr, "%s: incoming migration completed; serving %s "
+				"(%llu bytes, qcow2) on %s\n", prog, in->image,
+				(unsigned long long)in->eo.node->size,
+				in->unix_path ? in->unix_path : in->bind_addr);
+		return;
+	}
+	if (in->recv_node) {
+		const char *cls;
+
+		if ((r = ioc_node_del(in->graph, in->recv_node, &cls, err, sizeof(err))) < 0) {
+			incoming_fail(in, "cannot close %s after receiving it: %s", in->image,
+				      err);
+			return;
+		}
+		in->recv_node = NULL;
 	}
 	if ((r = ioc_blk_open(&in->blk, in->image, &in->bo)) < 0) {
 		incoming_fail(in, "cannot open %s: %s", in->image, strerror(-r));
@@ -589,16 +618,15 @@ int main(int argc, char **argv)
 	 * node layer, as the storage daemon serves them. */
 	struct ioc_node_graph *graph = NULL;
 	bool qcow2 = format ? strcmp(format, "qcow2") == 0 :
-		     !compressed && !incoming_uri && probe_qcow2(image);
+		     !compressed && probe_qcow2(image);
 	if (ioc__rbd_is_filename(image) || qcow2) {
 		char msg[512] = "";
 		json_t *o;
 		const char *cls;
 		struct ioc_node *node;
 
-		if (compressed || overlay || (incoming_uri && !ioc__rbd_is_filename(image)))
-			die("--overlay and --incoming need a raw or compressed image file "
-			    "(or, for --incoming, an rbd: image)");
+		if (compressed || overlay)
+			die("--overlay needs a raw or compressed image file");
 		if (ioc__rbd_is_filename(image)) {
 			o = ioc__rbd_parse_filename(image, msg, sizeof(msg));
 			if (!o)
@@ -611,7 +639,7 @@ int main(int argc, char **argv)
 		}
 		/* --incoming: another host has the image until it hands it
 		 * over (the node takes it then: handover.c). */
-		if (o && incoming_uri &&
+		if (o && incoming_uri && ioc__rbd_is_filename(image) &&
 		    json_object_set_new(o, "__org.iocore_inactive", json_true()))
 			die("out of memory");
 		if (!o || json_object_set_new(o, "node-name", json_string("disk")) ||
@@ -640,7 +668,31 @@ int main(int argc, char **argv)
 			eo.read_only = true;
 		}
 	} else if (incoming_uri) {
-		/* Opened once received (incoming_done). */
+		/* Received through a file node (created if missing), served
+		 * once received (incoming_done). */
+		char msg[512] = "";
+		const char *cls;
+		struct ioc_node *node;
+		json_t *o;
+		int fd = open(image, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+
+		if (fd < 0)
+			die("cannot open %s: %s", image, strerror(errno));
+		close(fd);
+		o = json_pack("{s:s,s:s,s:s,s:s,s:{s:b},s:s}", "driver", "file",
+			      "node-name", "incoming", "filename", image,
+			      "aio", bo.aio == IOC_BLK_AIO_THREADS ? "threads" : "io_uring",
+			      "cache", "direct", bo.cache == IOC_BLK_CACHE_NONE,
+			      "discard", "unmap");
+		if (!o)
+			die("out of memory");
+		if ((r = ioc_node_graph_new(&graph)) < 0 ||
+		    ioc_node_add(graph, o, &node, &cls, msg, sizeof(msg)) < 0)
+			die("cannot open %s: %s", image, msg[0] ? msg : strerror(-r));
+		json_decref(o);
+		in.graph = graph;
+		in.recv_node = "incoming";
+		in.dest = node;
 		so.defer_serving = true;
 	} else {
 		if (overlay)
@@ -706,7 +758,9 @@ int main(int argc, char **argv)
 		struct ioc__mig_incoming_opts io = {
 			.uri = incoming_uri, .image = image,
 			.done = incoming_done, .opaque = &in,
-			.node = eo.node, .serve = eo.node ? incoming_serve : NULL,
+			.node = ioc__rbd_is_filename(image) ? eo.node : NULL,
+			.dest = ioc__rbd_is_filename(image) ? NULL : eo.node ? eo.node : in.dest,
+			.serve = ioc__rbd_is_filename(image) ? incoming_serve : NULL,
 		};
 		if ((r = ioc_daemon_nbd_incoming(srv, &io, err, sizeof(err))) < 0)
 			die("--incoming: %s", err);
