@@ -28,8 +28,10 @@
  * broadcasts cond; the thread waits on cond for ho_answered or cancel
  * (migrate_cancel and ioc__mig_free() set it and broadcast under the
  * same lock), so no wake is lost and a freeing main loop never waits for
- * a request it will not answer.  The READY wait polls the socket in 50 ms
- * slices, checking cancel, which also shuts the socket down.
+ * a request it will not answer.  The connect and the READY wait poll their
+ * socket and an eventfd (m->ho_wake) to their deadline; a cancel sets the
+ * flag and then, under the lock, writes the eventfd and shuts the socket
+ * down (which also ends a blocking TLS handshake).
  *
  * Rejected: the node changes on the migration thread (they would race the
  * control socket's bitmap commands); librbd's cooperative lock hand-off
@@ -40,10 +42,12 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,6 +70,7 @@ struct ho_src {
 	uint64_t size;
 	int sock;
 	void *tls;
+	int wake;               /* m->ho_wake */
 	char why[256];
 };
 
@@ -110,16 +115,29 @@ static int ask_main(struct ioc__mig *m, int req, char *why, size_t whylen)
 
 /* ---- the source (its thread) --------------------------------------------- */
 
-/* While a connect is in progress: a look every 50 ms for a cancel. */
-static int ho_connect_wait(void *opaque, int fd, int64_t left_ms)
+/* Sleep until fd has events, a cancel writes the wake eventfd, or left_ms
+ * pass (the caller checks its deadline).  Returns fd's revents (0: none
+ * yet), or -ECANCELED once cancelled: the flag is set before the write
+ * (the handshake in the essay). */
+static int ho_poll(struct ho_src *s, int fd, short events, int64_t left_ms)
 {
-	struct ho_src *s = opaque;
-	struct pollfd pf = { fd, POLLOUT, 0 };
+	struct pollfd pf[2] = { { fd, events, 0 }, { s->wake, POLLIN, 0 } };
 
 	if (ho_cancelled(s->m))
 		return -ECANCELED;
-	poll(&pf, 1, left_ms < 50 ? (int)left_ms : 50);
-	return 0;
+	if (left_ms > INT_MAX)
+		left_ms = INT_MAX;
+	if (poll(pf, 2, left_ms < 0 ? 0 : (int)left_ms) < 0)
+		pf[0].revents = 0; /* EINTR: the caller looks again */
+	return ho_cancelled(s->m) ? -ECANCELED : pf[0].revents;
+}
+
+/* While a connect is in progress. */
+static int ho_connect_wait(void *opaque, int fd, int64_t left_ms)
+{
+	int r = ho_poll(opaque, fd, POLLOUT, left_ms);
+
+	return r < 0 ? r : 0;
 }
 
 static int ho_connect(struct ho_src *s)
@@ -201,16 +219,20 @@ static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 	size_t got = 0;
 
 	while (got < sizeof(buf)) {
-		struct pollfd pf = { s->sock, POLLIN, 0 };
+		int64_t left = deadline - ioc__mig_now_ms();
 		ssize_t n;
+		int ret;
 
-		if (ho_cancelled(s->m))
-			return -ECANCELED;
-		if (ioc__mig_now_ms() > deadline)
+		if (left < 0)
 			return ho_fail(s->why, sizeof(s->why), -ETIMEDOUT,
 				       "No answer from the destination within %d s",
 				       HO_READY_TIMEOUT_MS / 1000);
-		if (poll(&pf, 1, 50) == 0)
+		/* READY is one TLS record, read whole by the first receive:
+		 * no decrypted bytes wait in the session when this polls. */
+		ret = ho_poll(s, s->sock, POLLIN, left);
+		if (ret < 0)
+			return ret;
+		if (ret == 0)
 			continue;
 		n = s->tls ? s->m->host.tls->recv(s->tls, buf + got, sizeof(buf) - got)
 			   : recv(s->sock, buf + got, sizeof(buf) - got, 0);
@@ -293,6 +315,8 @@ static void *ho_thread(void *opaque)
 	if (ret < 0 && ret != -ECANCELED && ho_cancelled(m))
 		ret = -ECANCELED;
 	pthread_mutex_lock(&m->lock);
+	m->ho_wake = -1; /* under the lock: no cancel writes it any more */
+	close(s->wake);
 	if (m->sock >= 0) {
 		close(m->sock);
 		m->sock = -1;
@@ -352,6 +376,12 @@ json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 	s->p = m->p;
 	s->size = n->size;
 	s->sock = -1;
+	s->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->wake < 0) {
+		r = errno;
+		free(s);
+		return ioc__mig_job_failed_start(m, r, err);
+	}
 	snprintf(s->uri, sizeof(s->uri), "%s", uri);
 	snprintf(s->id, sizeof(s->id), "%s", id);
 	m->node = n;
@@ -363,9 +393,12 @@ json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 	/* No thread runs yet: pthread_create() orders these. */
 	m->ho_req = HO_REQ_NONE;
 	m->ho_answered = false;
+	m->ho_wake = s->wake;
 	ioc__mig_job_begin(m, uri, n->size, 0);
 	r = pthread_create(&m->thread, NULL, ho_thread, s);
 	if (r != 0) {
+		m->ho_wake = -1;
+		close(s->wake);
 		free(s);
 		return ioc__mig_job_failed_start(m, r, err);
 	}

@@ -131,6 +131,8 @@ struct ioc__mig {
 					 * thread's) last word: join it */
 	int result;                     /* its outcome */
 	int sock;                       /* the stream, -1: shut it to cancel */
+	int ho_wake;                    /* eventfd, -1: a hand-over's waits
+					 * poll it, job_wake_locked() writes it */
 	bool end_sent;                  /* END is out: cancel no longer applies */
 	struct { const char *name; int64_t v; } evq[IOC_MIG_EVQ];
 	unsigned nev;

@@ -40,6 +40,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -47,12 +48,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/sockios.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <zstd.h>
 
+#include "iocore/pool.h"
 #include "iocore/wq.h"
 #include "migrate-int.h"
 #include "stream.h"
@@ -175,10 +178,13 @@ static bool on_thread(const struct ioc__mig *m)
 /* Under lock: wake the job for a cancel or the end. */
 static void job_wake_locked(struct ioc__mig *m)
 {
-	if (on_thread(m))
+	if (on_thread(m)) {
 		pthread_cond_broadcast(&m->cond);
-	else
+		if (m->ho_wake >= 0)
+			(void)eventfd_write(m->ho_wake, 1);
+	} else {
 		engine_kick(m);
+	}
 }
 
 /* Main loop: the engine (its I/O thread) or the receiving thread, which
@@ -254,6 +260,7 @@ int ioc__mig_new(struct ioc__mig **out, const struct ioc__mig_host *host)
 	pthread_cond_init(&m->cond, NULL);
 	pthread_mutex_init(&m->mir_lock, NULL);
 	m->sock = -1;
+	m->ho_wake = -1;
 	m->listen_fd = -1;
 	/* QEMU 7.2's defaults, but zero-blocks (on: storage is mostly holes)
 	 * and max-bandwidth (unlimited: QEMU's 128 MiB/s is a guest's RAM
@@ -1776,19 +1783,40 @@ static int ioc_coroutine_fn tls_handshake(struct src *s, char *e, size_t elen)
 	}
 }
 
+/* The name lookup, on the loop's thread pool: it may wait seconds for a
+ * resolver, and nothing on a loop may block.  getaddrinfo() cannot be
+ * interrupted, so a cancel meanwhile takes effect once it returns. */
+struct resolve {
+	const char *host, *port;
+	struct addrinfo *res;
+};
+
+static int64_t resolve_fn(void *arg)
+{
+	struct resolve *r = arg;
+
+	return ioc__resolve_tcp(r->host, r->port, &r->res);
+}
+
 static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 {
 	char host[256], port[16];
-	bool unresolved;
+	struct resolve rs = { host, port, NULL };
 	int fd;
 
 	if (ioc__mig_parse_uri(uri, host, sizeof(host), port, sizeof(port)) < 0)
 		return fail(s, -EINVAL, "Invalid URI '%s' (tcp:HOST:PORT)", uri);
-	fd = ioc__connect_tcp(host, port, CONNECT_TIMEOUT_MS, connect_wait, s, &unresolved);
+	fd = (int)ioc_pool_co_run(NULL, resolve_fn, &rs);
+	if (fd == 0 && cancelled(s))
+		fd = -ECANCELED;
+	if (fd == 0)
+		fd = ioc__connect_addrs(rs.res, CONNECT_TIMEOUT_MS, connect_wait, s);
+	else if (fd != -ECANCELED)
+		return fail(s, fd, "Cannot resolve '%s'", host);
+	if (rs.res)
+		freeaddrinfo(rs.res);
 	if (fd == -ECANCELED)
 		return fd;
-	if (fd < 0 && unresolved)
-		return fail(s, fd, "Cannot resolve '%s'", host);
 	if (fd < 0)
 		return fail(s, fd, "Failed to connect to '%s': %s", uri, strerror(-fd));
 	int one = 1, buf = 4 << 20;

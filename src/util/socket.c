@@ -110,25 +110,40 @@ static int connect_one(const struct addrinfo *ai, int64_t timeout_ms,
 	return err;
 }
 
-int ioc__connect_tcp(const char *host, const char *port, int64_t timeout_ms,
-		     ioc__connect_wait_fn *wait, void *opaque, bool *unresolved)
+int ioc__resolve_tcp(const char *host, const char *port, struct addrinfo **res)
 {
 	struct addrinfo hints = {
 		.ai_family = AF_UNSPEC,
 		.ai_socktype = SOCK_STREAM,
 		.ai_flags = AI_NUMERICSERV,
 	};
-	struct addrinfo *res, *ai;
+
+	return getaddrinfo(host, port, &hints, res) == 0 ? 0 : -EHOSTUNREACH;
+}
+
+int ioc__connect_addrs(const struct addrinfo *res, int64_t timeout_ms,
+		       ioc__connect_wait_fn *wait, void *opaque)
+{
 	int ret = -EHOSTUNREACH;
 
-	*unresolved = getaddrinfo(host, port, &hints, &res) != 0;
-	if (*unresolved)
-		return -EHOSTUNREACH;
-	for (ai = res; ai; ai = ai->ai_next) {
+	for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) {
 		ret = connect_one(ai, timeout_ms, wait, opaque);
 		if (ret >= 0 || ret == -ECANCELED)
 			break;
 	}
+	return ret;
+}
+
+int ioc__connect_tcp(const char *host, const char *port, int64_t timeout_ms,
+		     ioc__connect_wait_fn *wait, void *opaque, bool *unresolved)
+{
+	struct addrinfo *res;
+	int ret = ioc__resolve_tcp(host, port, &res);
+
+	*unresolved = ret < 0;
+	if (ret < 0)
+		return ret;
+	ret = ioc__connect_addrs(res, timeout_ms, wait, opaque);
 	freeaddrinfo(res);
 	return ret;
 }

@@ -29,4 +29,12 @@ typedef int ioc__connect_wait_fn(void *opaque, int fd, int64_t left_ms);
 int ioc__connect_tcp(const char *host, const char *port, int64_t timeout_ms,
 		     ioc__connect_wait_fn *wait, void *opaque, bool *unresolved);
 
+/* The same in two halves, for a caller that resolves off its loop (the
+ * lookup may block for seconds): the addresses in *res (freeaddrinfo()
+ * them), or -EHOSTUNREACH; then the connection, as above. */
+struct addrinfo;
+int ioc__resolve_tcp(const char *host, const char *port, struct addrinfo **res);
+int ioc__connect_addrs(const struct addrinfo *res, int64_t timeout_ms,
+		       ioc__connect_wait_fn *wait, void *opaque);
+
 #endif /* IOC_UTIL_SOCKET_H */

@@ -44,6 +44,9 @@ workdir() {
 	[ -w /dev/shm ] && base=/dev/shm
 	dir=$(mktemp -d "$base/$1.XXXXXX")
 	trap 'for f in "$dir"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; done; rm -rf "$dir"' EXIT
+	# A signal (meson's timeout sends TERM) exits through the EXIT trap:
+	# a --daemonize'd server is in a session of its own and would live on.
+	trap 'exit 1' INT TERM HUP
 }
 
 # wait_gone PID [SECONDS]: wait until PID has exited (a zombie counts;

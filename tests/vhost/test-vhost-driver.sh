@@ -45,6 +45,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
 trap 'exit 1' INT TERM
 
 img="$dir/disk.img"

@@ -59,6 +59,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
 
 img1=$dir/disk1.img
 img2=$dir/disk2.img

@@ -46,6 +46,7 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
 
 img=$dir/disk.img
 truncate -s 64M "$img"

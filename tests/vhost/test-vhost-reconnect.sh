@@ -59,6 +59,7 @@ cleanup() {
 	rm -rf "$dir" "$img"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
 
 # The image on a disk with O_DIRECT, and a flush every 16 writes, so that
 # requests take long enough in the back end to be in flight at a kill
