@@ -37,6 +37,17 @@ need_built() {
 # qemu-aarch64; unquoted on purpose, so that it splits into words).
 srv() { ${MESON_EXE_WRAPPER:-} "$SRV" "$@"; }
 
+# mixed_image FILE: a 48 MiB raw image of 8 MiB of compressible text,
+# 4 MiB of random data, 2 MiB of zeros written as data and holes (what a
+# migration must send raw, compressed, as zeroes and not at all).
+mixed_image() {
+	truncate -s 48M "$1"
+	python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
+		dd of="$1" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
+	dd if=/dev/urandom of="$1" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
+	dd if=/dev/zero of="$1" bs=1M count=2 seek=24 conv=notrunc 2>/dev/null
+}
+
 # workdir PREFIX: sets $dir to a fresh directory (in /dev/shm when it can);
 # at exit every server with a pid file there is killed and it is removed.
 workdir() {

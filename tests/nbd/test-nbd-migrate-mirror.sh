@@ -47,11 +47,7 @@ fio_start() {
 	fpid=$!
 }
 
-# An image: 8 MiB of text, 4 MiB of random data, the rest holes.
-truncate -s 48M "$dir/a.ref"
-python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
-	dd of="$dir/a.ref" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
-dd if=/dev/urandom of="$dir/a.ref" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
+mixed_image "$dir/a.ref"
 
 # ---- the parameter ----
 cp "$dir/a.ref" "$dir/a.img"

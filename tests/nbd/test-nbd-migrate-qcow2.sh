@@ -4,8 +4,8 @@
 # node, so the file stays a qcow2 image holding the source's contents
 # (qemu-img compare against the source, qemu-img check), its zeroes not
 # written as data; a raw source and a qcow2 source, compress off and on.
-# A qcow2 destination smaller than the source grows to its size.  Loopback only; waits poll query-migrate with a
-# deadline.  TAP output.
+# A qcow2 destination smaller than the source grows to its size.
+# Loopback only; waits poll query-migrate with a deadline.  TAP output.
 set -u
 SRCDIR=$(cd "$(dirname "$0")" && pwd)
 . "$SRCDIR/nbd-test-lib.sh"
@@ -15,14 +15,8 @@ need qemu-img python3
 workdir ioc-nbd-migrate-qcow2
 echo "1..18"
 
-# An image: 8 MiB of compressible text, 4 MiB of random data, 2 MiB of
-# zeros written as data, the rest holes.
 img="$dir/a.img"
-truncate -s 48M "$img"
-python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
-	dd of="$img" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
-dd if=/dev/urandom of="$img" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
-dd if=/dev/zero of="$img" bs=1M count=2 seek=24 conv=notrunc 2>/dev/null
+mixed_image "$img"
 qemu-img convert -f raw -O qcow2 "$img" "$dir/a.qcow2"
 
 # migrate NAME SRCIMG DSTIMG COMPRESS [DEST OPTION...]: source sNAME

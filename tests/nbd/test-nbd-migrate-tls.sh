@@ -45,10 +45,7 @@ pki="$dir/pki"; spki="$dir/spki"
 make_pki "$dir" || { echo "Bail out! certtool could not make the certificates"; exit 1; }
 
 img="$dir/a.img"
-truncate -s 48M "$img"
-python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
-	dd of="$img" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
-dd if=/dev/urandom of="$img" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
+mixed_image "$img"
 cp "$img" "$dir/a.ref"
 
 # ---- PSK ----

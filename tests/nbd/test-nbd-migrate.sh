@@ -58,14 +58,8 @@ wait_held() {
 	done
 }
 
-# An image: 8 MiB of compressible text, 4 MiB of random data, zeros
-# written as data, the rest holes.
 img="$dir/a.img"
-truncate -s 48M "$img"
-python3 -c 'import sys; sys.stdout.write("".join("line %08d of an image that compresses\n" % i for i in range(220000)))' |
-	dd of="$img" bs=1M count=8 conv=notrunc iflag=fullblock 2>/dev/null
-dd if=/dev/urandom of="$img" bs=1M count=4 seek=16 conv=notrunc 2>/dev/null
-dd if=/dev/zero of="$img" bs=1M count=2 seek=24 conv=notrunc 2>/dev/null
+mixed_image "$img"
 cp "$img" "$dir/a.ref"
 
 # ---- an idle migration to a deferred destination, with events ----
