@@ -19,15 +19,15 @@
  * per range.  The first EINVAL (no THP, shmem_enabled=deny) or ENOMEM (no
  * free huge page) ends the pass, EAGAIN (a busy page) skips a range: best
  * effort, a failure costs only the gain.  The pass copies the whole file,
- * so it runs at nice 10 (slower on a busy machine, not slowing requests),
- * once; ioc_blk_close() and ioc_blk_stop_background() stop it between
- * ranges and join it.  A live migration stops it: it would compete with the
- * copy for the CPU and lock the pages the copy reads (bench/migrate/NOTES.md).
+ * once, under SCHED_IDLE (nice 10 if refused): it takes a core only when no
+ * I/O thread or client wants one, and a waking request preempts it; a
+ * waiter for it (a test) lifts it to the normal policy.  ioc_blk_close()
+ * and ioc_blk_stop_background() stop it between ranges and join it; a live
+ * migration stops it (it would lock the pages the copy reads).
  * IOC_BLK_HUGE=off in the environment turns it off (A/B runs).
  *
- * Stop handshake: close stores huge_stop and joins, the thread loads it before
- * each range (both relaxed): close waits one collapse at worst, and the join
- * orders the thread's results before close (or the test hook) reads them.
+ * Stop handshake: close stores huge_stop and joins, the thread loads it
+ * before each range (both relaxed); the join orders the thread's results.
  *
  * Rejected: collapsing at open, before serving (a few GiB would hold the
  * first request for seconds: bench/blk/NOTES.md); MADV_HUGEPAGE and
@@ -39,6 +39,8 @@
  * frees memory only once the kernel splits it (it zeroes the range anyway).
  */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +68,8 @@ static void *huge_main(void *arg)
 
 	pthread_setname_np(pthread_self(), "ioc-blk-huge");
 	/* Behind the I/O threads and the clients for the CPU (see above). */
-	setpriority(PRIO_PROCESS, (id_t)gettid(), HUGE_NICE);
+	if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &(struct sched_param){ 0 }))
+		setpriority(PRIO_PROCESS, (id_t)gettid(), HUGE_NICE);
 	if (fstat(blk->fd, &st) < 0) {
 		blk->huge_err = -errno;
 		return NULL;
@@ -158,6 +161,9 @@ void ioc_blk_stop_background(struct ioc_blk *blk)
 int ioc__blk_huge_wait(struct ioc_blk *blk, unsigned *done, unsigned *skipped)
 {
 	if (blk->huge_running) {
+		/* A waiter wants the pass now: no longer behind everything. */
+		(void)pthread_setschedparam(blk->huge_thread, SCHED_OTHER,
+					    &(struct sched_param){ 0 });
 		pthread_join(blk->huge_thread, NULL);
 		blk->huge_running = false;
 	}
