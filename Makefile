@@ -88,7 +88,7 @@ soak: build
 
 # libFuzzer targets (clang), each run FUZZ_SECONDS (default 20).
 fuzz: deps
-	@scripts/fuzz.sh $(FUZZ_SECONDS)
+	@FUZZ_MESON_OPTS="$(MESON_OPTS)" scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-clang build-fuzz build-aarch64

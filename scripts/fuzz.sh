@@ -1,11 +1,12 @@
 #!/bin/sh
 # Build the libFuzzer targets (clang, -Dfuzz=true) and run each for a while.
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 20; CI runs them briefly)
+# FUZZ_MESON_OPTS: more options for the build's first setup (CI: -Dwerror=true).
 # Corpora live in build-fuzz/corpus/<target>/ and grow across runs.
 set -eu
 secs=${1:-20}
 dir=build-fuzz
-[ -f $dir/build.ninja ] || CC=clang meson setup $dir -Dfuzz=true -Dbuildtype=debugoptimized
+[ -f $dir/build.ninja ] || CC=clang meson setup $dir -Dfuzz=true -Dbuildtype=debugoptimized ${FUZZ_MESON_OPTS:-}
 ninja -C $dir
 mkdir -p $dir/corpus
 found=0
