@@ -19,6 +19,13 @@
  * arguments are checked against the command's spec ("Parameter 'x' is
  * missing", "... expects uint64", "... is unexpected") before the handler
  * runs, so handlers never see a wrong type.  The reply echoes the id.
+ * A command marked co (one that waits on a cluster) runs in a coroutine,
+ * as QEMU's coroutine commands do: the loop serves I/O and events
+ * meanwhile, while no client's input is read or parsed until it ends, so
+ * commands never interleave; a client that hangs up meanwhile is freed at
+ * the end (call_co()).  Rejected: a thread per command (every handler
+ * would need locks), letting other clients' queries run beside it (one
+ * mutating command among them would).
  *
  * Hostile clients.  A message larger than max_msg gets a GenericError
  * and the connection is closed (there is no way to find the next message
@@ -35,6 +42,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "iocore/co.h"
 #include "qmp.h"
 #include "util/buf.h"
 
@@ -48,6 +56,9 @@ struct ioc__qmp_client {
 				    * shut down once sent, closed at EOF */
 	uint64_t drained;
 	bool reg_write;
+	bool reg_read;
+	bool closed;               /* gone while its command ran: freed at its end */
+	unsigned resume_gen;       /* see resume_bh() */
 	char *in;                  /* unparsed input */
 	size_t in_len, in_cap;
 	char *out;                 /* unsent output */
@@ -60,7 +71,11 @@ struct ioc__qmp {
 	struct ioc__qmp_opts o;
 	struct ioc__qmp_client *clients;
 	unsigned nclients;
-	int busy;                  /* inside a client callback */
+	/* The client whose command runs in a coroutine (the essay); every
+	 * client's input waits meanwhile. */
+	struct ioc__qmp_client *running;
+	struct ioc_bh *resume;     /* after it: the input that waited */
+	unsigned resume_gen;
 };
 
 static void client_close(struct ioc__qmp_client *c);
@@ -70,14 +85,16 @@ static void client_close(struct ioc__qmp_client *c);
 static void on_writable(void *opaque);
 static void on_readable(void *opaque);
 
+/* Read while no command runs in a coroutine; write while output waits. */
 static void update_fd(struct ioc__qmp_client *c)
 {
-	bool w = c->out_len > c->out_off;
+	bool w = c->out_len > c->out_off, r = !c->q->running;
 
-	if (c->fd < 0 || w == c->reg_write)
+	if (c->fd < 0 || (w == c->reg_write && r == c->reg_read))
 		return;
 	c->reg_write = w;
-	ioc_loop_set_fd(c->q->loop, c->fd, on_readable, w ? on_writable : NULL,
+	c->reg_read = r;
+	ioc_loop_set_fd(c->q->loop, c->fd, r ? on_readable : NULL, w ? on_writable : NULL,
 			NULL, NULL, c);
 }
 
@@ -181,6 +198,84 @@ void ioc__qmp_errf(struct ioc__qmp_err *err, const char *fmt, ...)
 
 /* ---- dispatch ------------------------------------------------------------- */
 
+static void reply(struct ioc__qmp_client *c, json_t *id, json_t *ret,
+		  const struct ioc__qmp_err *err)
+{
+	json_t *v;
+
+	if (!ret) {
+		send_error(c, id, err->cls ? err->cls : "GenericError",
+			   err->desc[0] ? err->desc : "failed");
+		return;
+	}
+	v = json_pack("{s:o}", "return", ret);
+	if (v && id)
+		json_object_set(v, "id", id);
+	send_json(c, v);
+}
+
+static void hold_all(struct ioc__qmp *q)
+{
+	for (struct ioc__qmp_client *c = q->clients; c; c = c->next)
+		update_fd(c);
+}
+
+struct co_call {
+	struct ioc__qmp_client *c;
+	const struct ioc__qmp_cmd *cmd;
+	json_t *id, *args;
+};
+
+static void client_free(struct ioc__qmp_client *c);
+
+static void ioc_coroutine_fn call_co(void *opaque)
+{
+	struct co_call *k = opaque;
+	struct ioc__qmp_client *c = k->c;
+	struct ioc__qmp *q = c->q;
+	struct ioc__qmp_err err = { .cls = "GenericError" };
+	json_t *ret = k->cmd->fn(q->o.ctx, k->args, &err);
+
+	if (c->closed)
+		json_decref(ret);
+	else
+		reply(c, k->id, ret, &err);
+	json_decref(k->id);
+	json_decref(k->args);
+	free(k);
+	q->running = NULL;
+	if (c->closed)
+		client_free(c);
+	else if (c->dead)
+		client_close(c);
+	hold_all(q);
+	/* The input that came with or before the command's, and what the
+	 * sockets hold now, from the loop rather than this coroutine. */
+	ioc_bh_schedule(q->resume);
+}
+
+/* A command that may yield: its own coroutine, the monitors held until
+ * it ends (the essay).  Steals nothing; takes references. */
+static void dispatch_co(struct ioc__qmp_client *c, const struct ioc__qmp_cmd *cmd,
+			json_t *id, json_t *args)
+{
+	struct co_call *k = calloc(1, sizeof(*k));
+	struct ioc_co *co = k ? ioc_co_create(call_co, k) : NULL;
+
+	if (!co) {
+		free(k);
+		send_error(c, id, "GenericError", "out of memory");
+		return;
+	}
+	k->c = c;
+	k->cmd = cmd;
+	k->id = json_incref(id);
+	k->args = json_incref(args);
+	c->q->running = c;
+	hold_all(c->q);
+	ioc_co_enter(co);
+}
+
 static void dispatch(struct ioc__qmp_client *c, json_t *req)
 {
 	struct ioc__qmp *q = c->q;
@@ -249,6 +344,11 @@ static void dispatch(struct ioc__qmp_client *c, json_t *req)
 		json_decref(empty);
 		return;
 	}
+	if (cmd->co && q->resume) {
+		dispatch_co(c, cmd, id, args);
+		json_decref(empty);
+		return;
+	}
 	if (strcmp(name, "qmp_capabilities") == 0) {
 		c->negotiated = true;
 		ret = json_object();
@@ -256,15 +356,7 @@ static void dispatch(struct ioc__qmp_client *c, json_t *req)
 		ret = cmd->fn(q->o.ctx, args, &err);
 	}
 	json_decref(empty);
-	if (!ret) {
-		send_error(c, id, err.cls ? err.cls : "GenericError",
-			   err.desc[0] ? err.desc : "failed");
-		return;
-	}
-	v = json_pack("{s:o}", "return", ret);
-	if (v && id)
-		json_object_set(v, "id", id);
-	send_json(c, v);
+	reply(c, id, ret, &err);
 }
 
 /* ---- input ------------------------------------------------------------------- */
@@ -314,7 +406,7 @@ static void process(struct ioc__qmp_client *c)
 {
 	size_t pos = 0;
 
-	while (!c->dead && pos < c->in_len) {
+	while (!c->dead && !c->q->running && pos < c->in_len) {
 		char *p = c->in + pos;
 		size_t left = c->in_len - pos, n;
 		json_error_t jerr;
@@ -376,7 +468,7 @@ int ioc__qmp_input(struct ioc__qmp_client *c, const void *buf, size_t len)
 	}
 	if (!c->dead && len && append_input(c, buf, len) < 0)
 		c->dead = true;
-	if (!c->dead && !c->draining)
+	if (!c->dead && !c->draining && !c->q->running)
 		process(c);
 	if (c->dead) {
 		client_close(c);
@@ -417,9 +509,21 @@ static void on_writable(void *opaque)
 
 /* ---- clients ----------------------------------------------------------------- */
 
+static void client_free(struct ioc__qmp_client *c)
+{
+	free(c->in);
+	free(c->out);
+	free(c);
+}
+
+/* Unlink and close; the struct goes with it, or, while its command runs,
+ * at that command's end (call_co()). */
 static void client_close(struct ioc__qmp_client *c)
 {
 	struct ioc__qmp *q = c->q;
+
+	if (c->closed)
+		return;
 
 	for (struct ioc__qmp_client **pp = &q->clients; *pp; pp = &(*pp)->next) {
 		if (*pp == c) {
@@ -431,10 +535,14 @@ static void client_close(struct ioc__qmp_client *c)
 	if (c->fd >= 0) {
 		ioc_loop_set_fd(q->loop, c->fd, NULL, NULL, NULL, NULL, NULL);
 		close(c->fd);
+		c->fd = -1;
 	}
-	free(c->in);
-	free(c->out);
-	free(c);
+	if (q->running == c) {
+		c->closed = true;
+		c->dead = true;
+		return;
+	}
+	client_free(c);
 }
 
 int ioc__qmp_attach(struct ioc__qmp *q, int fd, struct ioc__qmp_client **out)
@@ -449,7 +557,8 @@ int ioc__qmp_attach(struct ioc__qmp *q, int fd, struct ioc__qmp_client **out)
 		return -ENOMEM;
 	c->q = q;
 	c->fd = fd;
-	r = ioc_loop_set_fd(q->loop, fd, on_readable, NULL, NULL, NULL, c);
+	c->reg_read = !q->running;
+	r = c->reg_read ? ioc_loop_set_fd(q->loop, fd, on_readable, NULL, NULL, NULL, c) : 0;
 	if (r < 0) {
 		free(c);
 		return r;
@@ -468,6 +577,32 @@ int ioc__qmp_attach(struct ioc__qmp *q, int fd, struct ioc__qmp_client **out)
 	if (out)
 		*out = c;
 	return 0;
+}
+
+/*
+ * After a coroutine's command: each client's input that waited, once, in
+ * list order, until another such command starts.  A pass may close any
+ * client (an event to a dead one), so it rescans from the head, skipping
+ * those marked with this run's generation.
+ */
+static void resume_bh(void *opaque)
+{
+	struct ioc__qmp *q = opaque;
+	unsigned gen = ++q->resume_gen;
+	struct ioc__qmp_client *c;
+
+	while (!q->running) {
+		for (c = q->clients; c && c->resume_gen == gen; c = c->next)
+			;
+		if (!c)
+			return;
+		c->resume_gen = gen;
+		if (c->in_len && !c->dead && !c->draining) {
+			process(c);
+			if (c->dead)
+				client_close(c);
+		}
+	}
 }
 
 static void on_accept(void *opaque)
@@ -507,6 +642,11 @@ int ioc__qmp_new(struct ioc__qmp **out, struct ioc_loop *loop, int listen_fd,
 	q->loop = loop;
 	q->listen_fd = listen_fd;
 	q->o = *opts;
+	q->resume = ioc_bh_new(loop, resume_bh, q);
+	if (!q->resume) {
+		free(q);
+		return -ENOMEM;
+	}
 	if (!q->o.max_msg)
 		q->o.max_msg = 1u << 20;
 	if (!q->o.max_out)
@@ -516,6 +656,7 @@ int ioc__qmp_new(struct ioc__qmp **out, struct ioc_loop *loop, int listen_fd,
 	if (listen_fd >= 0) {
 		r = ioc_loop_set_fd(loop, listen_fd, on_accept, NULL, NULL, NULL, q);
 		if (r < 0) {
+			ioc_bh_delete(q->resume);
 			free(q);
 			return r;
 		}
@@ -528,6 +669,12 @@ void ioc__qmp_free(struct ioc__qmp *q)
 {
 	if (!q)
 		return;
+	/* A command in a coroutine holds its client (and may hold what it
+	 * works on, a cluster call on the pool): the stop waits for it, as it
+	 * waits for a node's requests in flight. */
+	while (q->running)
+		ioc_loop_poll(q->loop, true);
+	ioc_bh_delete(q->resume);
 	while (q->clients)
 		client_close(q->clients);
 	if (q->listen_fd >= 0) {

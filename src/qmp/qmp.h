@@ -36,6 +36,10 @@ struct ioc__qmp_cmd {
 	/* Or the arguments as one object of this spec (a union, such as
 	 * blockdev-add's BlockdevOptions); checked instead of args. */
 	const struct ioc__qmp_arg *(*spec)(void);
+	/* May yield (waits on a cluster, a coroutine lock): runs in a
+	 * coroutine of its own on the loop, every client's input held until
+	 * it ends, so commands still run one at a time. */
+	bool co;
 };
 
 struct ioc__qmp_opts {
