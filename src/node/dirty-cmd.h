@@ -30,8 +30,10 @@ ioc__qmp_fn ioc_node_dirty_cmd_add, ioc_node_dirty_cmd_remove, ioc_node_dirty_cm
 	    ioc_node_dirty_cmd_enable, ioc_node_dirty_cmd_disable, ioc_node_dirty_cmd_merge;
 
 #define IOC_NODE_DIRTY_CMDS                                                           \
-	{ "block-dirty-bitmap-add", ioc_node_dirty_cmd_add, ioc_node_dirty_args_add },       \
-	{ "block-dirty-bitmap-remove", ioc_node_dirty_cmd_remove, ioc_node_dirty_args_bitmap }, \
+	{ "block-dirty-bitmap-add", ioc_node_dirty_cmd_add, ioc_node_dirty_args_add,         \
+	  NULL, true },                                                                     \
+	{ "block-dirty-bitmap-remove", ioc_node_dirty_cmd_remove, ioc_node_dirty_args_bitmap, \
+	  NULL, true },                                                                     \
 	{ "block-dirty-bitmap-clear", ioc_node_dirty_cmd_clear, ioc_node_dirty_args_bitmap },   \
 	{ "block-dirty-bitmap-enable", ioc_node_dirty_cmd_enable, ioc_node_dirty_args_bitmap }, \
 	{ "block-dirty-bitmap-disable", ioc_node_dirty_cmd_disable,                        \

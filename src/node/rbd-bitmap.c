@@ -24,7 +24,10 @@
  * image without that feature keeps the object whole, not each writer's
  * writes in the other's bitmaps.  With lock=auto another client may write
  * at any time: stored bitmaps load inconsistent, new persistent ones are
- * refused.  Read-only nodes and snapshots load and never write.
+ * refused.  Read-only nodes and snapshots load and never write.  From a
+ * coroutine (a QMP command, a hand-over) the cluster calls run on the
+ * loop's thread pool: a stopped OSD holds that caller, not the loop.  Two
+ * such writers overlapping: the version check fails the second (-EBUSY).
  *
  * Rejected: one object per bitmap (directory and bits could disagree
  * after a crash), rbd_metadata_set for the directory (a second place to
@@ -39,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "iocore/co.h"
+#include "iocore/pool.h"
 #include "node/node-int.h"
 #include "node/rbd-bitmap.h"
 #include "node/rbd-bitmap-format.h"
@@ -120,14 +125,24 @@ static uint64_t plan_len(const struct rbd_bitmaps *b, const struct plan *p, bool
 	return len;
 }
 
-/* Write (or remove, when empty) the object for p, asserting the version
- * this node knows. */
-static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
+/* A call that waits on the cluster: on the loop's thread pool from a
+ * coroutine (a QMP command, a hand-over), so a stopped OSD holds only its
+ * caller; directly elsewhere (open, close, the command line). */
+static int cluster_call(ioc_pool_fn *fn, void *arg)
 {
-	uint64_t len = plan_len(b, p, final);
-	rados_write_op_t op;
-	uint8_t *buf = NULL;
-	size_t pos;
+	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, fn, arg) : fn(arg));
+}
+
+struct put_job {
+	struct rbd_bitmaps *b;
+	rados_write_op_t op;            /* NULL: only the lock check */
+	uint64_t ver;                   /* out; b->ver is the caller's */
+};
+
+static int64_t put_fn(void *arg)
+{
+	struct put_job *j = arg;
+	struct rbd_bitmaps *b = j->b;
 	int ret;
 
 	if (b->has_lock_feature && b->mode == RBD_BM_OWNER) {
@@ -136,10 +151,30 @@ static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
 		if (rbd_is_exclusive_lock_owner(b->image, &owner) < 0 || !owner)
 			return -EBUSY;  /* the lock moved: not ours to write */
 	}
+	if (!j->op)
+		return 0;
+	ret = rados_write_op_operate(j->op, b->io, b->oid, NULL, 0);
+	/* The version of this ioctx's last op: read on the same thread. */
+	if (ret == 0)
+		j->ver = rados_get_last_version(b->io);
+	return ret;
+}
+
+/* Write (or remove, when empty) the object for p, asserting the version
+ * this node knows. */
+static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
+{
+	uint64_t len = plan_len(b, p, final);
+	struct put_job j = { b, NULL, 0 };
+	rados_write_op_t op;
+	uint8_t *buf = NULL;
+	size_t pos;
+	int ret;
+
 	if (p->n && len > b->max_obj)
 		return -EFBIG;
 	if (!p->n && !b->exists)
-		return 0;
+		return cluster_call(put_fn, &j);
 	op = rados_create_write_op();
 	if (!op)
 		return -ENOMEM;
@@ -173,10 +208,11 @@ static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
 	} else {
 		rados_write_op_remove(op);
 	}
-	ret = rados_write_op_operate(op, b->io, b->oid, NULL, 0);
+	j.op = op;
+	ret = cluster_call(put_fn, &j);
 	if (ret == 0) {
 		b->exists = p->n > 0;
-		b->ver = b->exists ? rados_get_last_version(b->io) : 0;
+		b->ver = b->exists ? j.ver : 0;
 	} else if (ret == -ERANGE || ret == -EOVERFLOW || ret == -EEXIST) {
 		ret = -EBUSY;           /* another client changed the object */
 	}
@@ -427,8 +463,9 @@ int ioc__rbd_bitmaps_inactivate(struct rbd_bitmaps *b)
 
 /* Whether the object is as this node last wrote or read it: a read that
  * asserts its version, or its absence when there was none. */
-static int object_unchanged(struct rbd_bitmaps *b)
+static int64_t unchanged_fn(void *arg)
 {
+	struct rbd_bitmaps *b = arg;
 	rados_read_op_t op;
 	uint64_t psize;
 	time_t mtime;
@@ -459,7 +496,7 @@ int ioc__rbd_bitmaps_activate(struct rbd_bitmaps *b, char *err, size_t errlen)
 		b->inactive = false;
 		return 0;
 	}
-	ret = object_unchanged(b);
+	ret = cluster_call(unchanged_fn, b);
 	if (ret < 0) {
 		ERR("The bitmaps of %s changed while this node was inactive: %s", b->oid,
 		    ioc_strerror(ret));

@@ -6,21 +6,26 @@ daemon below is a separate iocore-storage-daemon process on the image, as
 two hosts would be: a bitmap added over QMP on one is found, with its
 count and its exact ranges over NBD, by the next; a daemon killed with
 SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
-the cluster.  TAP on stdout; every wait is bounded."""
+the cluster; an add that waits on a stopped OSD holds the monitor, not
+the daemon.  TAP on stdout; every wait is bounded."""
 import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import qmptap  # noqa: E402
 from qmptap import run, tap  # noqa: E402
 
-DAEMON, CONF = sys.argv[1], sys.argv[2]
+DAEMON, CONF, OSD_PID = sys.argv[1], sys.argv[2], int(sys.argv[3])
 DIR = tempfile.mkdtemp(prefix="ioc-rbdbm.", dir=os.environ.get("CEPH_DIR", "/tmp"))
 started = []
 
 
 @atexit.register
 def cleanup():
-    """Whatever happened, no daemon outlives the test."""
+    """Whatever happened, no daemon outlives the test, and the OSD runs."""
+    try:
+        os.kill(OSD_PID, signal.SIGCONT)
+    except OSError:
+        pass
     for p in started:
         if p.poll() is None:
             p.kill()
@@ -227,5 +232,77 @@ r = g.cmd("block-dirty-bitmap-add", node="r", name="big", persistent=False,
 ok("return" in r, "a bitmap that is not persistent is not limited", r)
 g.stop()
 ok(objects() == [], "nothing left in the cluster", objects())
+
+# 7. The OSD stops answering while a persistent bitmap is being added: the
+# add waits on the cluster (the monitor's commands wait behind it), while a
+# local file's export on the same daemon keeps serving; once the OSD runs
+# again the add completes and the command that waited is answered.
+h = Daemon("h")
+img = os.path.join(DIR, "local.raw")
+with open(img, "wb") as fh:
+    fh.truncate(16 << 20)
+r1 = h.cmd("blockdev-add", driver="file", **{"node-name": "f"}, filename=img) if h.f else {}
+r2 = h.cmd("block-export-add", type="nbd", id="lf", **{"node-name": "f"}, name="f",
+           writable=True) if h.f else {}
+ok("return" in r1 and "return" in r2, "daemon h exports a local file too", [r1, r2])
+m2 = socket.socket(socket.AF_UNIX)
+m2.settimeout(60)
+m2.connect(h.q)
+
+
+def m2_line(timeout):
+    """The next line from the second monitor connection, "" if none came
+    in TIMEOUT seconds (recv on the socket: a file object would be broken
+    by the first timeout)."""
+    buf = b""
+    m2.settimeout(timeout)
+    try:
+        while not buf.endswith(b"\n"):
+            c = m2.recv(1)
+            if not c:
+                break
+            buf += c
+    except OSError:
+        pass
+    return buf.decode()
+
+
+m2_line(60)
+m2.sendall(b'{"execute": "qmp_capabilities"}\n')
+m2_line(60)
+os.kill(OSD_PID, signal.SIGSTOP)
+m2.sendall((json.dumps({"execute": "block-dirty-bitmap-add", "id": "stuck", "arguments":
+                        {"node": "r", "name": "late", "persistent": True}}) + "\n").encode())
+early = m2_line(3)
+ok(early == "", "the add waits while the OSD is stopped", early)
+h.f.write('{"execute": "query-block-exports", "id": "queued"}\n')
+h.f.flush()
+try:
+    rc, out = run("qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 64k",
+                  "-c", "read -P 0x5a 0 64k", "nbd+unix:///f?socket=" + h.s, timeout=60)
+except subprocess.TimeoutExpired:
+    rc, out = -1, "qemu-io did not finish in 60 s"
+ok(rc == 0, "meanwhile the local file's export reads and writes", out)
+os.kill(OSD_PID, signal.SIGCONT)
+try:
+    late = json.loads(m2_line(120))
+except ValueError as e:
+    late = {"exception": str(e)}
+ok("return" in late and late.get("id") == "stuck", "the add completes once the OSD runs",
+   late)
+q = None
+try:
+    while q is None or "event" in q:
+        q = json.loads(h.f.readline())
+except (OSError, ValueError) as e:
+    q = {"exception": str(e)}
+ok(q.get("id") == "queued" and "return" in q, "the query that waited is answered", q)
+bm = h.bitmaps()
+ok(any(b["name"] == "late" and b["persistent"] for b in bm) and len(objects()) == 1,
+   "the bitmap is in the cluster", [bm, objects()])
+r = h.cmd("block-dirty-bitmap-remove", node="r", name="late")
+ok("return" in r and objects() == [], "and is removed from it", [r, objects()])
+m2.close()
+ok(h.stop() == 0, "daemon h stops cleanly", h.output())
 
 sys.exit(qmptap.plan())
