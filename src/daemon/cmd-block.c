@@ -2,7 +2,8 @@
  * Block commands: nodes (blockdev-add, blockdev-del, block_resize), what
  * they are and what they did (query-named-block-nodes, query-blockstats:
  * cmd-core.c's, over every node of the graph), and the dirty bitmaps of
- * a node's image.
+ * a node's image.  blockdev-add and the bitmap add and remove may wait on
+ * a cluster (an rbd node): they run as coroutine commands (qmp.h).
  */
 #include <errno.h>
 #include <string.h>
@@ -149,7 +150,7 @@ static const struct ioc__qmp_arg args_del[] = {
 };
 
 const struct ioc__qmp_cmd ioc__daemon_block_cmds[] = {
-	{ "blockdev-add", cmd_blockdev_add, NULL, ioc_node_blockdev_spec },
+	{ "blockdev-add", cmd_blockdev_add, NULL, ioc_node_blockdev_spec, true },
 	{ "blockdev-del", cmd_blockdev_del, args_del },
 	{ "block_resize", cmd_block_resize, args_resize },
 	IOC_DAEMON_CMD_QUERY_NODES,

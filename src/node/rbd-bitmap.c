@@ -273,6 +273,24 @@ static const struct ioc_blk_dirty_store store = {
 
 /* ---- open -------------------------------------------------------------- */
 
+struct read_job {
+	struct rbd_bitmaps *b;
+	uint8_t **out;
+	size_t *len;
+	char *err;
+	size_t errlen;
+};
+
+static int read_object(struct rbd_bitmaps *b, uint8_t **out, size_t *len, char *err,
+		       size_t errlen);
+
+static int64_t read_fn(void *arg)
+{
+	struct read_job *j = arg;
+
+	return read_object(j->b, j->out, j->len, j->err, j->errlen);
+}
+
 static int read_object(struct rbd_bitmaps *b, uint8_t **out, size_t *len, char *err,
 		       size_t errlen)
 {
@@ -321,7 +339,8 @@ static int load(struct rbd_bitmaps *b, bool *any_clean, char *err, size_t errlen
 	uint8_t *buf;
 	size_t len;
 	char why[256];
-	int ret = read_object(b, &buf, &len, err, errlen);
+	struct read_job rj = { b, &buf, &len, err, errlen };
+	int ret = cluster_call(read_fn, &rj);
 
 	if (ret < 0 || !buf)
 		return ret;

@@ -16,8 +16,9 @@
  * home there and posts it to its loop otherwise.  One loop per node (an
  * NBD export's usual case): no hop beyond librbd's eventfd write.  Cost:
  * a signal wakes every registered loop (fine for a few; a loop past
- * RBD_MAX_LOOPS relies on the others).  Synchronous calls (diff, resize)
- * run on the loop's thread pool, so a slow cluster never stalls a loop.
+ * RBD_MAX_LOOPS relies on the others).  Synchronous calls (diff, resize,
+ * an open over QMP) run on the loop's thread pool: a slow cluster never
+ * stalls a loop.
  *
  * Locking: a writable node takes the exclusive lock at open
  * (rbd_lock_acquire), so librbd will not hand it over: a second iocore
@@ -31,8 +32,7 @@
  * mount timeouts; a request that times out fails with EIO.  The default,
  * 0, waits forever, as QEMU and the kernel client do: an OSD restart or a
  * peering pause is ordinary in Ceph and ends by itself, while a guest file
- * system that sees EIO remounts read-only.  With 0, an open against a dead
- * cluster waits Ceph's client_mount_timeout (300 s).
+ * system that sees EIO remounts read-only (an open: client_mount_timeout).
  *
  * Rejected: a completion thread per node (a second hop), rbd_aio_wait_
  * for_complete (blocks a loop), one image handle per loop (separate lock
@@ -54,6 +54,7 @@
 #include <rbd/librbd.h>
 #pragma GCC diagnostic pop
 
+#include "iocore/co.h"
 #include "iocore/pool.h"
 #include "node/node.h"
 #include "node/rbd.h"
@@ -760,11 +761,59 @@ static int rbd_bitmaps_load(struct ioc_node *n, struct rbd_node *s, char *err, s
 				     errlen);
 }
 
+/* The open's calls that wait on the cluster (a monitor that does not
+ * answer holds rados_connect for client_mount_timeout): from a coroutine
+ * (blockdev-add over QMP) on the loop's thread pool, else directly. */
+struct rbd_open_job {
+	struct rbd_node *s;
+	const char *pool, *ns, *image, *snap;
+	bool read_only;
+	bool lock;                      /* the second step: rbd_take_lock() */
+	char *err;
+	size_t errlen;
+};
+
+static int64_t rbd_open_fn(void *arg)
+{
+	struct rbd_open_job *j = arg;
+	struct rbd_node *s = j->s;
+	int r;
+
+	if (j->lock)
+		return rbd_take_lock(s, j->err, j->errlen);
+	r = rados_connect(s->cluster);
+	if (r < 0) {
+		snprintf(j->err, j->errlen, "error connecting: %s", strerror(-r));
+		return r;
+	}
+	r = rados_ioctx_create(s->cluster, j->pool, &s->io);
+	if (r < 0) {
+		s->io = NULL;
+		snprintf(j->err, j->errlen, "error opening pool %s: %s", j->pool, strerror(-r));
+		return r;
+	}
+	rados_ioctx_set_namespace(s->io, j->ns ? j->ns : "");
+	r = j->read_only ? rbd_open_read_only(s->io, j->image, &s->image, j->snap)
+			 : rbd_open(s->io, j->image, &s->image, NULL);
+	if (r < 0) {
+		s->image = NULL;
+		snprintf(j->err, j->errlen, "error reading header from %s: %s", j->image,
+			 strerror(-r));
+	}
+	return r;
+}
+
+static int rbd_open_call(struct rbd_open_job *j)
+{
+	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, rbd_open_fn, j) : rbd_open_fn(j));
+}
+
 static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 {
 	const char *pool = opt_str(opts, "pool"), *image = opt_str(opts, "image");
 	const char *ns = opt_str(opts, "namespace"), *snap = opt_str(opts, "snapshot");
 	const char *user = opt_str(opts, "user"), *lock = opt_str(opts, "__org.iocore_lock");
+	struct rbd_open_job job = { NULL, pool, ns, image, snap, false, false, err, errlen };
 	struct rbd_node *s;
 	int r;
 
@@ -792,6 +841,7 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 		}
 		n->read_only = true;
 	}
+	job.read_only = n->read_only;
 
 	s = calloc(1, sizeof(*s));
 	if (!s) {
@@ -811,25 +861,9 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 	}
 	if ((r = rbd_configure(s, opts, n->direct, err, errlen)) < 0)
 		goto fail;
-	r = rados_connect(s->cluster);
-	if (r < 0) {
-		snprintf(err, errlen, "error connecting: %s", strerror(-r));
+	job.s = s;
+	if ((r = rbd_open_call(&job)) < 0)
 		goto fail;
-	}
-	r = rados_ioctx_create(s->cluster, pool, &s->io);
-	if (r < 0) {
-		s->io = NULL;
-		snprintf(err, errlen, "error opening pool %s: %s", pool, strerror(-r));
-		goto fail;
-	}
-	rados_ioctx_set_namespace(s->io, ns ? ns : "");
-	r = n->read_only ? rbd_open_read_only(s->io, image, &s->image, snap)
-			 : rbd_open(s->io, image, &s->image, NULL);
-	if (r < 0) {
-		s->image = NULL;
-		snprintf(err, errlen, "error reading header from %s: %s", image, strerror(-r));
-		goto fail;
-	}
 
 	s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (s->efd < 0) {
@@ -879,7 +913,8 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 		/* Another host has the image: take nothing until activated. */
 		atomic_store_explicit(&n->inactive, true, memory_order_relaxed);
 	} else {
-		if (s->take_lock && (r = rbd_take_lock(s, err, errlen)) < 0)
+		job.lock = true;
+		if (s->take_lock && (r = rbd_open_call(&job)) < 0)
 			goto fail;
 		if ((r = rbd_bitmaps_load(n, s, err, errlen)) < 0)
 			goto fail;

@@ -6,15 +6,15 @@ daemon below is a separate iocore-storage-daemon process on the image, as
 two hosts would be: a bitmap added over QMP on one is found, with its
 count and its exact ranges over NBD, by the next; a daemon killed with
 SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
-the cluster; an add that waits on a stopped OSD holds the monitor, not
-the daemon.  TAP on stdout; every wait is bounded."""
+the cluster; an add that waits on a stopped OSD, or a blockdev-add on a
+stopped monitor, holds the QMP monitor, not the daemon.  TAP on stdout; every wait is bounded."""
 import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import qmptap  # noqa: E402
 from qmptap import run, tap  # noqa: E402
 
-DAEMON, CONF, OSD_PID = sys.argv[1], sys.argv[2], int(sys.argv[3])
+DAEMON, CONF, OSD_PID, MON_PID = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 DIR = tempfile.mkdtemp(prefix="ioc-rbdbm.", dir=os.environ.get("CEPH_DIR", "/tmp"))
 started = []
 
@@ -22,10 +22,11 @@ started = []
 @atexit.register
 def cleanup():
     """Whatever happened, no daemon outlives the test, and the OSD runs."""
-    try:
-        os.kill(OSD_PID, signal.SIGCONT)
-    except OSError:
-        pass
+    for pid in (OSD_PID, MON_PID):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
     for p in started:
         if p.poll() is None:
             p.kill()
@@ -302,6 +303,30 @@ ok(any(b["name"] == "late" and b["persistent"] for b in bm) and len(objects()) =
    "the bitmap is in the cluster", [bm, objects()])
 r = h.cmd("block-dirty-bitmap-remove", node="r", name="late")
 ok("return" in r and objects() == [], "and is removed from it", [r, objects()])
+
+# 8. The same with the Ceph monitor stopped during a blockdev-add: the
+# connect waits on the loop's thread pool, the local export serves.
+os.kill(MON_PID, signal.SIGSTOP)
+m2.sendall((json.dumps({"execute": "blockdev-add", "id": "add", "arguments":
+                        {"driver": "rbd", "node-name": "r2", "pool": "rbd", "image": "img",
+                         "conf": CONF, "read-only": True}}) + "\n").encode())
+early = m2_line(3)
+ok(early == "", "blockdev-add waits while the monitor is stopped", early)
+try:
+    rc, out = run("qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k",
+                  "nbd+unix:///f?socket=" + h.s, timeout=60)
+except subprocess.TimeoutExpired:
+    rc, out = -1, "qemu-io did not finish in 60 s"
+ok(rc == 0, "meanwhile the local file's export reads", out)
+os.kill(MON_PID, signal.SIGCONT)
+try:
+    late = json.loads(m2_line(120))
+except ValueError as e:
+    late = {"exception": str(e)}
+ok("return" in late and late.get("id") == "add", "blockdev-add completes once it runs",
+   late)
+names = [x["node-name"] for x in h.cmd("query-named-block-nodes")["return"]]
+ok("r2" in names, "the new rbd node is in the graph", names)
 m2.close()
 ok(h.stop() == 0, "daemon h stops cleanly", h.output())
 

@@ -16,4 +16,4 @@ if ! ceph_start; then
 	exit 1
 fi
 timeout 500 python3 "${IOC_SOURCE_ROOT:-$(dirname "$0")/../..}/tests/rbd/test-rbd-bitmap.py" \
-	"$DAEMON" "$CEPH_CONF" "$CEPH_OSD_PID"
+	"$DAEMON" "$CEPH_CONF" "$CEPH_OSD_PID" "$CEPH_MON_PID"
