@@ -2,8 +2,8 @@
  * Block commands: nodes (blockdev-add, blockdev-del, block_resize), what
  * they are and what they did (query-named-block-nodes, query-blockstats:
  * cmd-core.c's, over every node of the graph), and the dirty bitmaps of
- * a node's image.  blockdev-add and the bitmap add and remove may wait on
- * a cluster (an rbd node): they run as coroutine commands (qmp.h).
+ * a node's image.  blockdev-add, block_resize and the bitmap add and remove
+ * may wait on a cluster (an rbd node): they run as coroutine commands.
  */
 #include <errno.h>
 #include <string.h>
@@ -53,38 +53,49 @@ struct resize {
 	struct ioc_node *n;
 	uint64_t size;
 	int ret;
-	bool done;
+	struct ioc_co_await aw;         /* the command's coroutine waits here */
 };
+
+/* On the resize's thread, outside the coroutine: the loop leaves the node
+ * (it stops next), then the command goes on (on its own loop). */
+static void resize_end(void *arg)
+{
+	struct resize *r = arg;
+
+	ioc_node_loop_exit(r->n);
+	ioc_co_await_done(&r->aw, r->ret);
+}
 
 static void ioc_coroutine_fn resize_co(void *arg)
 {
 	struct resize *r = arg;
 
 	r->ret = ioc_node_co_truncate(r->n, r->size);
-	r->done = true;
+	if (ioc_loop_oneshot(ioc_loop_current(), resize_end, r) < 0) {
+		r->ret = r->ret < 0 ? r->ret : -ENOMEM;
+		resize_end(r);  /* rare; the node's state on this loop goes now */
+	}
 }
 
-/* On a thread of its own: the resize in a coroutine, its loop run until
- * it is done; then the loop leaves the node (it stops next). */
-static int resize_fn(void *arg)
+static void resize_start(void *arg)
 {
 	struct resize *r = arg;
 	struct ioc_co *co = ioc_co_create(resize_co, r);
 
-	if (!co)
-		return -ENOMEM;
+	if (!co) {
+		ioc_co_await_done(&r->aw, -ENOMEM);
+		return;
+	}
 	ioc_co_enter(co);
-	while (!r->done)
-		ioc_loop_poll(ioc_loop_current(), true);
-	ioc_node_loop_exit(r->n);
-	return 0;
 }
 
 /* block_resize: the node's driver resizes, then every export of the node
  * that can tell its client does.  The driver's call runs on a short-lived
- * I/O thread, which the main loop waits for: polling the main loop here,
- * inside a monitor's handler, would run the monitors' handlers again. */
-static json_t *cmd_block_resize(void *ctx, json_t *args, struct ioc__qmp_err *err)
+ * I/O thread (not the main loop: the node would keep a slot there, and an
+ * rbd node would wake it on every completion) while the command, a
+ * coroutine, waits; the main loop serves on. */
+static json_t *ioc_coroutine_fn cmd_block_resize(void *ctx, json_t *args,
+						  struct ioc__qmp_err *err)
 {
 	struct ioc_daemon *d = ctx;
 	const char *name = json_string_value(json_object_get(args, "node-name"));
@@ -120,9 +131,12 @@ static json_t *cmd_block_resize(void *ctx, json_t *args, struct ioc__qmp_err *er
 			return NULL;
 		}
 	}
+	ioc_co_await_init(&r.aw);
 	ret = ioc_iothread_start(&t, &to);
 	if (ret == 0) {
-		ret = ioc_iothread_call(t, resize_fn, &r);
+		ret = ioc_loop_oneshot(ioc_iothread_loop(t), resize_start, &r);
+		if (ret == 0)
+			ret = (int)ioc_co_await(&r.aw);
 		ioc_iothread_stop(t);
 	}
 	if (ret < 0)
@@ -152,7 +166,7 @@ static const struct ioc__qmp_arg args_del[] = {
 const struct ioc__qmp_cmd ioc__daemon_block_cmds[] = {
 	{ "blockdev-add", cmd_blockdev_add, NULL, ioc_node_blockdev_spec, true },
 	{ "blockdev-del", cmd_blockdev_del, args_del },
-	{ "block_resize", cmd_block_resize, args_resize },
+	{ "block_resize", cmd_block_resize, args_resize, NULL, true },
 	IOC_DAEMON_CMD_QUERY_NODES,
 	IOC_DAEMON_CMD_QUERY_BLOCKSTATS,
 	IOC_NODE_DIRTY_CMDS,

@@ -51,6 +51,22 @@ static void table_init(void)
 				table[ntable++] = *c;
 }
 
+struct run_co {
+	const struct ioc__qmp_cmd *cmd;
+	struct ioc_daemon *d;
+	json_t *args, *ret;
+	struct ioc__qmp_err *err;
+	bool done;
+};
+
+static void ioc_coroutine_fn run_co(void *opaque)
+{
+	struct run_co *r = opaque;
+
+	r->ret = r->cmd->fn(r->d, r->args, r->err);
+	r->done = true;
+}
+
 json_t *ioc_daemon_run(struct ioc_daemon *d, const char *name, json_t *args, unsigned flags,
 		       struct ioc__qmp_err *err)
 {
@@ -72,6 +88,21 @@ json_t *ioc_daemon_run(struct ioc_daemon *d, const char *name, json_t *args, uns
 		       : ioc__qmp_check(cmd->args, args, flags, err->desc, sizeof(err->desc));
 	if (!ok)
 		return NULL;
+	if (cmd->co && !ioc_co_self()) {
+		/* The command line, before any monitor: a coroutine, and the
+		 * loop run until it ends. */
+		struct run_co r = { cmd, d, args, NULL, err, false };
+		struct ioc_co *co = ioc_co_create(run_co, &r);
+
+		if (!co) {
+			ioc__qmp_errf(err, "out of memory");
+			return NULL;
+		}
+		ioc_co_enter(co);
+		while (!r.done)
+			ioc_loop_poll(d->opts.loop, true);
+		return r.ret;
+	}
 	return cmd->fn(d, args, err);
 }
 

@@ -7,7 +7,7 @@ two hosts would be: a bitmap added over QMP on one is found, with its
 count and its exact ranges over NBD, by the next; a daemon killed with
 SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
 the cluster; an add that waits on a stopped OSD, or a blockdev-add on a
-stopped monitor, holds the QMP monitor, not the daemon.  TAP on stdout; every wait is bounded."""
+stopped monitor, or a block_resize, holds the QMP monitor, not the daemon.  TAP on stdout; every wait is bounded."""
 import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
@@ -327,6 +327,29 @@ ok("return" in late and late.get("id") == "add", "blockdev-add completes once it
    late)
 names = [x["node-name"] for x in h.cmd("query-named-block-nodes")["return"]]
 ok("r2" in names, "the new rbd node is in the graph", names)
+
+# 9. block_resize with the OSD stopped: the same.
+os.kill(OSD_PID, signal.SIGSTOP)
+m2.sendall((json.dumps({"execute": "block_resize", "id": "grow", "arguments":
+                        {"node-name": "r", "size": 2 << 30}}) + "\n").encode())
+early = m2_line(3)
+ok(early == "", "block_resize waits while the OSD is stopped", early)
+try:
+    rc, out = run("qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k",
+                  "nbd+unix:///f?socket=" + h.s, timeout=60)
+except subprocess.TimeoutExpired:
+    rc, out = -1, "qemu-io did not finish in 60 s"
+ok(rc == 0, "meanwhile the local file's export reads", out)
+os.kill(OSD_PID, signal.SIGCONT)
+try:
+    late = json.loads(m2_line(120))
+except ValueError as e:
+    late = {"exception": str(e)}
+ok("return" in late and late.get("id") == "grow", "block_resize completes", late)
+rc, out = run("rbd", "-c", CONF, "info", "rbd/img")
+ok(rc == 0 and "2 GiB" in out, "the image has its new size", out)
+r = h.cmd("block_resize", **{"node-name": "r"}, size=1 << 30)
+ok("return" in r, "and shrinks back", r)
 m2.close()
 ok(h.stop() == 0, "daemon h stops cleanly", h.output())
 
