@@ -18,7 +18,7 @@ import sys
 
 # Lowest first; folders of one rank must not use each other.
 LAYERS = [
-    ["util"], ["ring"], ["loop"], ["co", "qmp"], ["pool", "wq"], ["blk"],
+    ["util"], ["ring"], ["loop"], ["co"], ["pool", "wq", "qmp"], ["blk"],
     ["zip"], ["node"], ["nbd", "migrate"], ["export"], ["daemon"],
 ]
 RANK = {m: r for r, ms in enumerate(LAYERS) for m in ms}
