@@ -268,29 +268,41 @@ def m2_line(timeout):
     return buf.decode()
 
 
+def stalled(pid, what, execute, arguments, io, queued=False):
+    """EXECUTE (as id WHAT) on the second connection while PID (an OSD or
+    the monitor) is stopped: no answer while it is, qemu-io's IO on the
+    local export meanwhile, the answer once PID runs again.  QUEUED: a
+    query sent meanwhile on the first connection, answered after it."""
+    os.kill(pid, signal.SIGSTOP)
+    m2.sendall((json.dumps({"execute": execute, "id": what,
+                            "arguments": arguments}) + "\n").encode())
+    early = m2_line(3)
+    ok(early == "", "%s waits while the cluster is stopped" % what, early)
+    if queued:
+        h.f.write('{"execute": "query-block-exports", "id": "queued"}\n')
+        h.f.flush()
+    cmds = [a for c in io for a in ("-c", c)]
+    try:
+        rc, out = run("qemu-io", "-f", "raw", *cmds, "nbd+unix:///f?socket=" + h.s,
+                      timeout=60)
+    except subprocess.TimeoutExpired:
+        rc, out = -1, "qemu-io did not finish in 60 s"
+    ok(rc == 0, "meanwhile the local file's export serves (%s)" % what, out)
+    os.kill(pid, signal.SIGCONT)
+    try:
+        late = json.loads(m2_line(120))
+    except ValueError as e:
+        late = {"exception": str(e)}
+    ok("return" in late and late.get("id") == what, "%s completes once it runs" % what,
+       late)
+
+
 m2_line(60)
 m2.sendall(b'{"execute": "qmp_capabilities"}\n')
 m2_line(60)
-os.kill(OSD_PID, signal.SIGSTOP)
-m2.sendall((json.dumps({"execute": "block-dirty-bitmap-add", "id": "stuck", "arguments":
-                        {"node": "r", "name": "late", "persistent": True}}) + "\n").encode())
-early = m2_line(3)
-ok(early == "", "the add waits while the OSD is stopped", early)
-h.f.write('{"execute": "query-block-exports", "id": "queued"}\n')
-h.f.flush()
-try:
-    rc, out = run("qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 64k",
-                  "-c", "read -P 0x5a 0 64k", "nbd+unix:///f?socket=" + h.s, timeout=60)
-except subprocess.TimeoutExpired:
-    rc, out = -1, "qemu-io did not finish in 60 s"
-ok(rc == 0, "meanwhile the local file's export reads and writes", out)
-os.kill(OSD_PID, signal.SIGCONT)
-try:
-    late = json.loads(m2_line(120))
-except ValueError as e:
-    late = {"exception": str(e)}
-ok("return" in late and late.get("id") == "stuck", "the add completes once the OSD runs",
-   late)
+stalled(OSD_PID, "bitmap-add", "block-dirty-bitmap-add",
+        {"node": "r", "name": "late", "persistent": True},
+        ["write -P 0x5a 0 64k", "read -P 0x5a 0 64k"], queued=True)
 q = None
 try:
     while q is None or "event" in q:
@@ -306,46 +318,15 @@ ok("return" in r and objects() == [], "and is removed from it", [r, objects()])
 
 # 8. The same with the Ceph monitor stopped during a blockdev-add: the
 # connect waits on the loop's thread pool, the local export serves.
-os.kill(MON_PID, signal.SIGSTOP)
-m2.sendall((json.dumps({"execute": "blockdev-add", "id": "add", "arguments":
-                        {"driver": "rbd", "node-name": "r2", "pool": "rbd", "image": "img",
-                         "conf": CONF, "read-only": True}}) + "\n").encode())
-early = m2_line(3)
-ok(early == "", "blockdev-add waits while the monitor is stopped", early)
-try:
-    rc, out = run("qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k",
-                  "nbd+unix:///f?socket=" + h.s, timeout=60)
-except subprocess.TimeoutExpired:
-    rc, out = -1, "qemu-io did not finish in 60 s"
-ok(rc == 0, "meanwhile the local file's export reads", out)
-os.kill(MON_PID, signal.SIGCONT)
-try:
-    late = json.loads(m2_line(120))
-except ValueError as e:
-    late = {"exception": str(e)}
-ok("return" in late and late.get("id") == "add", "blockdev-add completes once it runs",
-   late)
+stalled(MON_PID, "blockdev-add", "blockdev-add",
+        {"driver": "rbd", "node-name": "r2", "pool": "rbd", "image": "img", "conf": CONF,
+         "read-only": True}, ["read -P 0x5a 0 64k"])
 names = [x["node-name"] for x in h.cmd("query-named-block-nodes")["return"]]
 ok("r2" in names, "the new rbd node is in the graph", names)
 
 # 9. block_resize with the OSD stopped: the same.
-os.kill(OSD_PID, signal.SIGSTOP)
-m2.sendall((json.dumps({"execute": "block_resize", "id": "grow", "arguments":
-                        {"node-name": "r", "size": 2 << 30}}) + "\n").encode())
-early = m2_line(3)
-ok(early == "", "block_resize waits while the OSD is stopped", early)
-try:
-    rc, out = run("qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k",
-                  "nbd+unix:///f?socket=" + h.s, timeout=60)
-except subprocess.TimeoutExpired:
-    rc, out = -1, "qemu-io did not finish in 60 s"
-ok(rc == 0, "meanwhile the local file's export reads", out)
-os.kill(OSD_PID, signal.SIGCONT)
-try:
-    late = json.loads(m2_line(120))
-except ValueError as e:
-    late = {"exception": str(e)}
-ok("return" in late and late.get("id") == "grow", "block_resize completes", late)
+stalled(OSD_PID, "block_resize", "block_resize", {"node-name": "r", "size": 2 << 30},
+        ["read -P 0x5a 0 64k"])
 rc, out = run("rbd", "-c", CONF, "info", "rbd/img")
 ok(rc == 0 and "2 GiB" in out, "the image has its new size", out)
 r = h.cmd("block_resize", **{"node-name": "r"}, size=1 << 30)
