@@ -17,8 +17,9 @@
  * NBD export's usual case): no hop beyond librbd's eventfd write.  Cost:
  * a signal wakes every registered loop (fine for a few; a loop past
  * RBD_MAX_LOOPS relies on the others).  Synchronous calls (diff, resize,
- * an open over QMP) run on the loop's thread pool: a slow cluster never
- * stalls a loop.
+ * an open over QMP, and a hand-over's flush and lock calls when made in a
+ * coroutine) run on the loop's thread pool: a slow cluster never stalls a
+ * loop.
  *
  * Locking: a writable node takes the exclusive lock at open
  * (rbd_lock_acquire), so librbd will not hand it over: a second iocore
@@ -962,9 +963,50 @@ static const char *rbd_node_shared_id(struct ioc_node *n)
 	return s && s->shared[0] ? s->shared : NULL;
 }
 
+/* The blocking librbd calls of a hand-over, one argument each. */
+struct rbd_ho_call {
+	struct rbd_node *s;
+	char *err;
+	size_t errlen;
+};
+
+static int64_t rbd_ho_flush_fn(void *arg)
+{
+	struct rbd_ho_call *c = arg;
+
+	return rbd_flush(c->s->image);
+}
+
+static int64_t rbd_ho_release_fn(void *arg)
+{
+	struct rbd_ho_call *c = arg;
+
+	return rbd_lock_release(c->s->image);
+}
+
+static int64_t rbd_ho_take_fn(void *arg)
+{
+	struct rbd_ho_call *c = arg;
+
+	return rbd_take_lock(c->s, c->err, c->errlen);
+}
+
+/* A call that waits for the cluster (an OSD that does not answer makes it
+ * wait for ever): inside a coroutine -- the main loop's hand-over
+ * coroutine (handover.c) -- on the loop's thread pool, so that the loop
+ * goes on meanwhile; outside one, here.  c is on the caller's stack,
+ * which outlives the pool's job (the coroutine waits for it). */
+static int rbd_ho_blocking(ioc_pool_fn *fn, struct rbd_ho_call *c)
+{
+	if (ioc_co_self())
+		return (int)ioc_pool_co_run(NULL, fn, c);
+	return (int)fn(c);
+}
+
 static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen)
 {
-	int r = s->take_lock ? rbd_lock_release(s->image) : 0;
+	struct rbd_ho_call c = { .s = s };
+	int r = s->take_lock ? rbd_ho_blocking(rbd_ho_release_fn, &c) : 0;
 
 	if (r < 0)
 		snprintf(err, errlen, "could not release the lock of %s: %s", s->name,
@@ -973,12 +1015,14 @@ static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen
 }
 
 /* Flush, bitmaps back, lock released; undone in reverse on a failure.
- * Synchronous librbd calls on the main thread: milliseconds on a healthy
- * cluster, and the node is held meanwhile anyway. */
+ * The node is held (no request inside) throughout; the librbd calls go
+ * through rbd_ho_blocking() (the bitmaps' RADOS calls likewise, in
+ * rbd-bitmap.c). */
 static int rbd_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
 {
 	struct rbd_node *s = n->opaque;
-	int r = rbd_flush(s->image);
+	struct rbd_ho_call c = { .s = s };
+	int r = rbd_ho_blocking(rbd_ho_flush_fn, &c);
 
 	if (r < 0) {
 		snprintf(err, errlen, "could not flush %s: %s", s->name, strerror(-r));
@@ -1002,9 +1046,10 @@ static int rbd_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
 static int rbd_node_activate(struct ioc_node *n, char *err, size_t errlen)
 {
 	struct rbd_node *s = n->opaque;
+	struct rbd_ho_call c = { .s = s, .err = err, .errlen = errlen };
 	int r;
 
-	if (s->take_lock && (r = rbd_take_lock(s, err, errlen)) < 0)
+	if (s->take_lock && (r = rbd_ho_blocking(rbd_ho_take_fn, &c)) < 0)
 		return r;
 	if (s->bm) {
 		r = ioc__rbd_bitmaps_activate(s->bm, err, errlen);
