@@ -42,6 +42,12 @@ struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qm
 		ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
 		return NULL;
 	}
+	/* Its bitmaps are being written back or loaded (a hand-over,
+	 * which the main loop goes on beside). */
+	if (ioc_node_is_changing(n)) {
+		ioc__qmp_errf(err, "Node '%s' is being handed over", node);
+		return NULL;
+	}
 	blk = ioc_node_dirty_blk(n);
 	if (!blk)
 		ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",

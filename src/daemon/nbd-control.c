@@ -74,6 +74,12 @@ static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err
 
 		if (strcmp(e[i].name, node) != 0)
 			continue;
+		/* Its bitmaps are being written back or loaded (a
+		 * hand-over, which the main loop goes on beside). */
+		if (ioc_node_is_changing(e[i].node)) {
+			ioc__qmp_errf(err, "Node '%s' is being handed over", node);
+			return NULL;
+		}
 		/* A qcow2 node keeps its own set (its persistent bitmaps);
 		 * a compressed export's changes are not tracked. */
 		blk = ioc_node_dirty_blk(e[i].node);

@@ -18,7 +18,10 @@
  * sends them.  The state is stored only here, on the main thread, with
  * no request inside the node (the caller holds its gate or serves it not
  * yet), so a relaxed load on the I/O path is enough: the drain that
- * emptied the node orders this store before any later request.
+ * emptied the node orders this store before any later request.  Called
+ * in a coroutine, the driver may sleep in its storage's calls (on the
+ * loop's thread pool) while the main loop goes on: n->changing says so
+ * meanwhile, refusing a second change and the bitmap commands.
  *
  * Rejected: a read-only flag flipped at run time (read-only is the
  * user's choice and shows in queries; inactive is the job's); keeping the
@@ -41,6 +44,11 @@ bool ioc_node_is_active(struct ioc_node *n)
 	return !atomic_load_explicit(&n->inactive, memory_order_relaxed);
 }
 
+bool ioc_node_is_changing(struct ioc_node *n)
+{
+	return n->changing;
+}
+
 /* Both directions: the driver's half, then the node's state; active is
  * the state to leave the node in. */
 static int set_active(struct ioc_node *n, bool active, char *err, size_t errlen)
@@ -57,7 +65,13 @@ static int set_active(struct ioc_node *n, bool active, char *err, size_t errlen)
 			 active ? "active" : "inactive");
 		return -EALREADY;
 	}
+	if (n->changing) {
+		snprintf(err, errlen, "Node '%s' is changing hands already", n->name);
+		return -EBUSY;
+	}
+	n->changing = true;
 	ret = active ? n->drv->activate(n, err, errlen) : n->drv->inactivate(n, err, errlen);
+	n->changing = false;
 	if (ret == 0)
 		/* Relaxed: see the essay. */
 		atomic_store_explicit(&n->inactive, !active, memory_order_relaxed);

@@ -203,6 +203,9 @@ struct ioc_node {
 	 * Stored on the main thread with no request inside, loaded relaxed
 	 * by each change (the drain that preceded the store orders it). */
 	atomic_bool inactive;
+	/* Main thread: the driver's inactivate or activate runs (active.c;
+	 * it may sleep in a coroutine while the main loop goes on). */
+	bool changing;
 
 	_Atomic int gate;               /* IOC_NODE_GATE_* */
 	struct ioc__latch gate_applied; /* loops yet to apply a change */
@@ -402,6 +405,10 @@ json_t *ioc_node_blockstats_json(struct ioc_node *n);
 int ioc_node_inactivate(struct ioc_node *n, char *err, size_t errlen);
 int ioc_node_activate(struct ioc_node *n, char *err, size_t errlen);
 bool ioc_node_is_active(struct ioc_node *n);
+/* Whether one of the two runs (in a coroutine that sleeps meanwhile, the
+ * main loop going on): the control socket's bitmap commands refuse the
+ * node until it ends.  Main thread. */
+bool ioc_node_is_changing(struct ioc_node *n);
 /* What names n's image across hosts, or NULL: not shared storage. */
 const char *ioc_node_shared_id(struct ioc_node *n);
 
