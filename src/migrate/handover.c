@@ -4,39 +4,39 @@
  * without copying a byte, with capability __org.iocore_handover.
  *
  * Problem.  Copying an image that both hosts already see costs its whole
- * size and a switch-over pass; what must move is only the right to write
- * it (the exclusive lock) and what the writer keeps beside it (its
- * persistent bitmaps), and at no moment may both hosts write.
+ * size; what must move is only the right to write it (the exclusive lock)
+ * and what the writer keeps beside it (its persistent bitmaps), and at no
+ * moment may both hosts write.
  *
  * Design.  Setup: the thread connects and sends a header with the
  * hand-over flag.  Active: it asks the main loop (ho_req, answered on
  * cond) to hold the node (the gate drains running requests) and to
- * inactivate it (flush, bitmaps written back, lock released:
- * ioc_node_inactivate()).  Device: HANDOVER names the image (its shared
- * id) and size; the destination checks both against the node it opened
- * inactive, activates it (takes the lock, loads the bitmaps), serves it,
- * and answers READY.  Completed: the node stays shut and host.retire()
- * tells the clients to go.  Any failure or migrate_cancel before READY:
- * the main loop activates the node again and opens the gate; the source
- * serves on.  The lock decides every race: a destination that took it
- * keeps it, and the source, unable to take it back, stays shut (failed).
- * The main loop does every node change, so the bitmap commands of the
- * control socket never run beside them; the thread only talks.
+ * inactivate it (flush, bitmaps back, lock released).  Device: HANDOVER
+ * names the image (its shared id) and size; the destination checks both
+ * against the node it opened inactive, activates it (takes the lock,
+ * loads the bitmaps), serves it, answers READY.  Completed: the node
+ * stays shut, host.retire() sends the clients away.  A failure or cancel
+ * before READY: the node is activated again and the source serves on.
+ * The lock decides every race: a destination that took it keeps it; the
+ * source, unable to take it back, stays shut (failed).  Each node change
+ * is a coroutine on the main loop (ho_co_fn()), its librbd and RADOS
+ * calls on the loop's thread pool: a stopped OSD stalls them for ever,
+ * and QMP (query-migrate, migrate_cancel) must go on.  One runs at a
+ * time; the join, _finish and ioc__mig_free() wait for it (struct
+ * ioc__mig, ho_co); meanwhile the held (or not yet served) node takes no
+ * request and n->changing refuses the bitmap commands.
  *
  * Sleep/wake handshakes: the thread sets ho_req under lock and schedules
- * the bottom half; the main loop sets ho_answered under lock and
- * broadcasts cond; the thread waits on cond for ho_answered or cancel
- * (migrate_cancel and ioc__mig_free() set it and broadcast under the
- * same lock), so no wake is lost and a freeing main loop never waits for
- * a request it will not answer.  The connect and the READY wait poll their
- * socket and an eventfd (m->ho_wake) to their deadline; a cancel sets the
- * flag and then, under the lock, writes the eventfd and shuts the socket
- * down (which also ends a blocking TLS handshake).
+ * the bottom half; the coroutine sets ho_answered under lock, broadcasts
+ * cond; the thread waits on cond for it or cancel (set and broadcast under
+ * the lock by migrate_cancel and ioc__mig_free()): no wake is lost, no
+ * free waits for an answer.  The connect and READY wait poll the socket
+ * and an eventfd (m->ho_wake) to their deadline; a cancel sets the flag,
+ * then under the lock writes the eventfd, shuts the socket (and TLS) down.
  *
- * Rejected: the node changes on the migration thread (they would race the
- * control socket's bitmap commands); librbd's cooperative lock hand-off
- * (lock=auto: the destination's first write would take it while the
- * source may still write); copying the image anyway (nothing to gain).
+ * Rejected: node changes on the migration thread (racing the bitmap
+ * commands) or blocking the main loop; librbd's lock=auto (a destination
+ * writing while the source may still write); copying (nothing to gain).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -60,7 +60,8 @@
 #define HO_READY_TIMEOUT_MS   30000
 #define HO_BLOCK              IOC_MIG_MIN_BLOCK
 
-enum { HO_REQ_NONE, HO_REQ_LET_GO, HO_REQ_TAKE };
+/* What the thread asks of the main loop; BACK is _finish's own. */
+enum { HO_REQ_NONE, HO_REQ_LET_GO, HO_REQ_TAKE, HO_REQ_BACK };
 
 struct ho_src {
 	struct ioc__mig *m;
@@ -409,37 +410,9 @@ json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 
 /* ---- the main loop's part --------------------------------------------------- */
 
-void ioc__mig_handover_bh(struct ioc__mig *m)
+/* Answer the thread's request (the handshake is in the essay). */
+static void ho_answer(struct ioc__mig *m, int ret, const char *why)
 {
-	char why[256] = "";
-	int req, ret = 0;
-
-	pthread_mutex_lock(&m->lock);
-	req = m->ho_req;
-	m->ho_req = HO_REQ_NONE;
-	pthread_mutex_unlock(&m->lock);
-	if (req == HO_REQ_NONE || ho_cancelled(m))
-		return;
-	if (req == HO_REQ_LET_GO) {
-		int64_t t = ioc_now_ns();
-
-		ioc_node_set_gate(m->node, IOC_NODE_GATE_HOLD);
-		pthread_mutex_lock(&m->lock);
-		m->ho_t_hold = t;
-		pthread_mutex_unlock(&m->lock);
-		ret = ioc_node_inactivate(m->node, why, sizeof(why));
-		m->let_go = ret == 0;
-	} else {
-		ret = ioc_node_activate(m->in_node, why, sizeof(why));
-		if (ret == 0 && m->in_serve) {
-			ret = m->in_serve(m->in_opaque, m->in_node, why, sizeof(why));
-			if (ret < 0) {
-				char e2[256];
-
-				(void)ioc_node_inactivate(m->in_node, e2, sizeof(e2));
-			}
-		}
-	}
 	pthread_mutex_lock(&m->lock);
 	m->ho_ret = ret;
 	snprintf(m->ho_why, sizeof(m->ho_why), "%s", why);
@@ -448,14 +421,94 @@ void ioc__mig_handover_bh(struct ioc__mig *m)
 	pthread_mutex_unlock(&m->lock);
 }
 
-void ioc__mig_handover_finish(struct ioc__mig *m)
+static void ho_end(struct ioc__mig *m, int back, const char *why);
+
+/* The node change, in a coroutine on the main loop (the essay; the
+ * handshake with the finish and free paths is at struct ioc__mig's
+ * ho_co). */
+static void ioc_coroutine_fn ho_co_fn(void *opaque)
 {
+	struct ioc__mig *m = opaque;
 	char why[256] = "";
+	int ret;
+
+	if (m->ho_doing == HO_REQ_BACK) {
+		ho_end(m, ioc_node_activate(m->node, why, sizeof(why)), why);
+		goto out;
+	}
+	if (m->ho_doing == HO_REQ_LET_GO) {
+		int64_t t = ioc_now_ns();
+
+		ioc_node_set_gate(m->node, IOC_NODE_GATE_HOLD);
+		pthread_mutex_lock(&m->lock);
+		m->ho_t_hold = t;
+		pthread_mutex_unlock(&m->lock);
+		/* A cancel meanwhile: _finish activates it again. */
+		ret = ioc_node_inactivate(m->node, why, sizeof(why));
+		m->let_go = ret == 0;
+	} else {
+		ret = ioc_node_activate(m->in_node, why, sizeof(why));
+		/* Relaxed: cancel is set on this thread (struct ioc__mig).  A
+		 * cancel while the lock was taken: the thread stopped waiting
+		 * and refuses the source, so let the image go again. */
+		char e2[256];
+
+		if (ret == 0 && ho_cancelled(m)) {
+			ret = -ECANCELED;
+			if (ioc_node_inactivate(m->in_node, e2, sizeof(e2)) < 0)
+				ioc__mig_log(m, "incoming hand-over: cancelled, and the image "
+						 "could not be let go again: %s", e2);
+		} else if (ret == 0 && m->in_serve) {
+			ret = m->in_serve(m->in_opaque, m->in_node, why, sizeof(why));
+			if (ret < 0)
+				(void)ioc_node_inactivate(m->in_node, e2, sizeof(e2));
+		}
+	}
+	ho_answer(m, ret, why);
+out:
+	ioc_bh_schedule(m->bh);
+	m->ho_co = NULL;        /* the last touch of m */
+}
+
+/* Start ho_co_fn() for req; false on -ENOMEM. */
+static bool ho_co_start(struct ioc__mig *m, int req)
+{
+	struct ioc_co *co = ioc_co_create(ho_co_fn, m);
+
+	if (!co)
+		return false;
+	m->ho_doing = req;
+	m->ho_co = co;
+	/* It runs until librbd's first call on the pool, or to its end:
+	 * co is not touched after this. */
+	ioc_co_enter(co);
+	return true;
+}
+
+void ioc__mig_handover_bh(struct ioc__mig *m)
+{
+	int req;
+
+	/* One change at a time: a request made meanwhile stays in ho_req
+	 * for the bottom half that the running one schedules at its end. */
+	if (m->ho_co)
+		return;
+	pthread_mutex_lock(&m->lock);
+	req = m->ho_req;
+	m->ho_req = HO_REQ_NONE;
+	pthread_mutex_unlock(&m->lock);
+	if (req != HO_REQ_NONE && !ho_cancelled(m) && !ho_co_start(m, req))
+		ho_answer(m, -ENOMEM, "out of memory");
+}
+
+/* The source's end, its node given back or not: back is that
+ * activation's result (0 when the node was not let go). */
+static void ho_end(struct ioc__mig *m, int back, const char *why)
+{
 	int result;
 
 	pthread_mutex_lock(&m->lock);
 	result = m->result;
-	m->ho_req = HO_REQ_NONE;
 	pthread_mutex_unlock(&m->lock);
 	if (result == 0) {
 		/* The destination serves the image: NBD_ESHUTDOWN to held and
@@ -463,7 +516,7 @@ void ioc__mig_handover_finish(struct ioc__mig *m)
 		ioc_node_set_gate(m->node, IOC_NODE_GATE_SHUT);
 		m->host.retire(m->host.opaque);
 		ioc__mig_log(m, "migration completed: handed over, no longer serving");
-	} else if (m->let_go && ioc_node_activate(m->node, why, sizeof(why)) < 0) {
+	} else if (back < 0) {
 		/* The lock is elsewhere (a destination that took it after
 		 * all): serving now could mean two writers. */
 		ioc_node_set_gate(m->node, IOC_NODE_GATE_SHUT);
@@ -483,6 +536,22 @@ void ioc__mig_handover_finish(struct ioc__mig *m)
 	}
 	m->let_go = false;
 	ioc__mig_job_end(m, result);
+}
+
+void ioc__mig_handover_finish(struct ioc__mig *m)
+{
+	char why[256] = "";
+	int result;
+
+	pthread_mutex_lock(&m->lock);
+	result = m->result;
+	m->ho_req = HO_REQ_NONE;
+	pthread_mutex_unlock(&m->lock);
+	if (result == 0 || !m->let_go)
+		ho_end(m, 0, "");
+	else if (!ho_co_start(m, HO_REQ_BACK))
+		/* No coroutine: taken back here, the loop waiting. */
+		ho_end(m, ioc_node_activate(m->node, why, sizeof(why)), why);
 }
 
 /* ---- the destination (its thread) -------------------------------------------- */

@@ -203,6 +203,18 @@ struct ioc__mig {
 	int ho_ret;                     /* lock: its result, ho_why the reason */
 	char ho_why[256];
 	int64_t ho_t_hold;              /* lock: ns, when the node was held */
+	/* Main loop: the coroutine that makes a node change (ho_co_fn(),
+	 * handover.c: the thread's request, or _finish taking the node
+	 * back), NULL when none runs; ho_doing, which.  While it is set (it
+	 * may sleep in librbd, on the thread pool) _bh leaves a new request
+	 * in ho_req, mig_bh joins no thread (so no _finish, no incoming
+	 * finish runs beside it), no migration starts (busy()) and
+	 * ioc__mig_free() runs the main loop until it is NULL.  The
+	 * coroutine answers the thread (or ends the job), schedules bh
+	 * (which does what waited) and clears ho_co, its last touch of this
+	 * struct. */
+	struct ioc_co *ho_co;
+	int ho_doing;
 	struct ioc_node *in_node;       /* destination: the shared image,
 					 * opened inactive */
 	int (*in_serve)(void *opaque, struct ioc_node *n, char *err, size_t errlen);

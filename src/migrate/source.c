@@ -236,7 +236,9 @@ static void mig_bh(void *opaque)
 			m->host.event(m->host.opaque, name,
 				      json_pack("{s:I}", "pass", (json_int_t)v));
 	}
-	if (done && m->thread_running) {
+	/* Not while a hand-over's node change runs: its end schedules
+	 * this again (struct ioc__mig, ho_co). */
+	if (done && m->thread_running && !m->ho_co) {
 		join_job(m);
 		/* The final status events. */
 		ioc_bh_schedule(m->bh);
@@ -312,6 +314,15 @@ void ioc__mig_free(struct ioc__mig *m)
 		while (!on_thread(m) && !m->thread_done)
 			pthread_cond_wait(&m->cond, &m->lock);
 		pthread_mutex_unlock(&m->lock);
+	}
+	/* A hand-over's node change ends first (it uses m), and the one a
+	 * join may start (handover.c); the loop that resumes it may run
+	 * mig_bh, which may join. */
+	for (;;) {
+		while (m->ho_co)
+			ioc_loop_poll(m->host.main_loop, true);
+		if (!m->thread_running)
+			break;
 		join_job(m);
 	}
 	if (m->listen_fd >= 0)
@@ -2396,7 +2407,7 @@ static bool busy(struct ioc__mig *m)
 	pthread_mutex_lock(&m->lock);
 	st = m->status;
 	pthread_mutex_unlock(&m->lock);
-	return m->thread_running || st == IOC_MIG_ST_SETUP || st == IOC_MIG_ST_ACTIVE ||
+	return m->thread_running || m->ho_co || st == IOC_MIG_ST_SETUP || st == IOC_MIG_ST_ACTIVE ||
 	       st == IOC_MIG_ST_PRE_SWITCHOVER || st == IOC_MIG_ST_DEVICE ||
 	       st == IOC_MIG_ST_CANCELLING;
 }
