@@ -16,6 +16,11 @@ would be:
     with the capability.
  5. B stops cleanly: no lock left.
  6. iocore-storage-daemon's export of an rbd node hands over the same way.
+ 7. The OSD stopped (SIGSTOP) after writes that librbd's cache holds, then
+    a hand-over: the source's control socket still answers (query-migrate
+    within seconds; its bitmap commands refuse the node), and once the
+    OSD goes on (SIGCONT) the hand-over completes, every write on the
+    destination.
 TAP on stdout; every wait is bounded; nothing asserts on timing."""
 import atexit, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile
 import threading, time
@@ -45,9 +50,9 @@ def ok(cond, name, info=""):
     tap(cond, name, info, lines=-15)
 
 
-def locker():
-    """The client that holds rbd/img's exclusive lock, or None."""
-    rc, out = run("rbd", "-c", CONF, "lock", "ls", "--format", "json", "rbd/img")
+def locker(img="rbd/img"):
+    """The client that holds img's exclusive lock, or None."""
+    rc, out = run("rbd", "-c", CONF, "lock", "ls", "--format", "json", img)
     try:
         locks = json.loads(out)
     except ValueError:
@@ -220,14 +225,31 @@ class Server:
                 break
             time.sleep(0.05)
         if self.p.poll() is None and up():
-            sk = socket.socket(socket.AF_UNIX)
-            sk.settimeout(60)
-            sk.connect(self.ctl)
-            # Two files: a text file that reads and writes drops what it
-            # read ahead at each write (an event behind a reply).
-            self.f, self.w = sk.makefile("r"), sk.makefile("w")
-            self.f.readline()
-            self.cmd("qmp_capabilities")
+            self.connect()
+
+    def connect(self):
+        """A (new) connection to the control socket."""
+        if self.f:
+            self.sk.close()
+        sk = socket.socket(socket.AF_UNIX)
+        sk.settimeout(60)
+        sk.connect(self.ctl)
+        # Two files: a text file that reads and writes drops what it
+        # read ahead at each write (an event behind a reply).
+        self.sk, self.f, self.w = sk, sk.makefile("r"), sk.makefile("w")
+        self.f.readline()
+        self.cmd("qmp_capabilities")
+
+    def cmd_within(self, secs, c, **a):
+        """c's reply if it comes within secs, else None (a connection
+        that timed out is made again, once the server answers)."""
+        self.sk.settimeout(secs)
+        try:
+            return self.cmd(c, **a)
+        except OSError:
+            return None
+        finally:
+            self.sk.settimeout(60)
 
     def output(self):
         with open(self.logf) as f:
@@ -452,5 +474,66 @@ except (OSError, NbdError) as ex:
 ok(back is True, "the destination serves it", back)
 d.stop()
 ok(g.stop() == 0 and locker() is None, "both stop; no lock is left", locker())
+
+# 7. An OSD that stops answering while the source lets go.
+OSD = int(os.environ.get("CEPH_OSD_PID", "0") or 0)
+osd_stopped = [False]
+
+
+@atexit.register
+def osd_cont():
+    """Registered after cleanup(), so run before it: the OSD goes on."""
+    if osd_stopped[0]:
+        os.kill(OSD, signal.SIGCONT)
+        osd_stopped[0] = False
+
+
+IMG3 = "rbd:rbd/img3:conf=" + CONF
+run("rbd", "-c", CONF, "create", "rbd/img3", "--size", "64M")
+h = Server("h", image=IMG3)
+ok(h.f is not None and OSD > 0, "H serves rbd/img3 (the OSD is pid %d)" % OSD, h.output())
+h.caps({"__org.iocore_handover": True})
+lock_h = locker("rbd/img3")
+i, uri = handover(h, "i", image=IMG3)
+# A flush first: librbd's cache is write-through until one comes, then
+# holds writes back a while, so the hand-over's flush has work (its lock
+# release waits for the OSD in any case).
+k = Nbd(h.sock)
+k.req(3, 0)
+NW = 64
+for bl in range(NW):
+    k.req(1, bl * BS, block(bl, 7000 + bl))
+k.close()
+os.kill(OSD, signal.SIGSTOP)
+osd_stopped[0] = True
+r = h.cmd("migrate", uri=uri)
+time.sleep(2)  # the thread connects and asks the main loop to let go
+q = h.cmd_within(10, "query-migrate")
+ok(q is not None and q.get("return", {}).get("status") == "active",
+   "the OSD stopped: H's query-migrate answers while it lets go", [r, q, h.output()])
+r = q and h.cmd_within(10, "block-dirty-bitmap-add", node="", name="b9",
+                       persistent=True)
+ok(r is not None and "handed over" in r.get("error", {}).get("desc", ""),
+   "a bitmap command is refused meanwhile, not left to wait for the OSD", r)
+osd_cont()
+if r is None:
+    h.connect()  # that one timed out
+q = h.wait("completed", "failed", "cancelled", secs=90)
+ok(q.get("status") == "completed", "the OSD goes on: the hand-over completes", q)
+qi = i.wait("completed", "failed", secs=30)
+ok(qi.get("status") == "completed", "I's query-migrate: completed", qi)
+try:
+    k = Nbd(i.sock)
+    wrong = [bl for bl in range(NW) if k.req(0, bl * BS, length=BS) != block(bl, 7000 + bl)]
+    k.close()
+except (OSError, NbdError) as ex:
+    wrong = str(ex)
+ok(wrong == [], "every write made before the OSD stopped reads back from I", wrong)
+lock_i = locker("rbd/img3")
+ok(lock_h and lock_i and lock_i != lock_h and not lock_i.startswith("?"),
+   "the lock of rbd/img3 moved from H to I", [lock_h, lock_i])
+h.stop()
+ok(i.stop() == 0 and locker("rbd/img3") is None, "H and I stop; no lock is left",
+   locker("rbd/img3"))
 
 sys.exit(qmptap.plan())
