@@ -2407,9 +2407,9 @@ static bool busy(struct ioc__mig *m)
 	pthread_mutex_lock(&m->lock);
 	st = m->status;
 	pthread_mutex_unlock(&m->lock);
-	return m->thread_running || m->ho_co || st == IOC_MIG_ST_SETUP || st == IOC_MIG_ST_ACTIVE ||
-	       st == IOC_MIG_ST_PRE_SWITCHOVER || st == IOC_MIG_ST_DEVICE ||
-	       st == IOC_MIG_ST_CANCELLING;
+	return m->thread_running || m->ho_co || st == IOC_MIG_ST_SETUP ||
+	       st == IOC_MIG_ST_ACTIVE || st == IOC_MIG_ST_PRE_SWITCHOVER ||
+	       st == IOC_MIG_ST_DEVICE || st == IOC_MIG_ST_CANCELLING;
 }
 
 static const struct { const char *name; size_t off; } caps[] = {

@@ -117,7 +117,9 @@ struct ioc_node_drv {
 	 * ownership (an exclusive lock); activate takes it and loads that
 	 * state again.  On failure each leaves the node as it found it, with
 	 * err set.  Main thread, with no request inside the node (held, or
-	 * not served yet).  NULL: the node cannot be handed over. */
+	 * not served yet), perhaps in a coroutine: then the storage's
+	 * blocking calls go to the loop's thread pool (the main loop goes
+	 * on).  NULL: the node cannot be handed over. */
 	int (*inactivate)(struct ioc_node *n, char *err, size_t errlen);
 	int (*activate)(struct ioc_node *n, char *err, size_t errlen);
 };
