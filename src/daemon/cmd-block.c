@@ -121,6 +121,12 @@ static json_t *ioc_coroutine_fn cmd_block_resize(void *ctx, json_t *args,
 			      name ? name : "");
 		return NULL;
 	}
+	/* The image is another host's, or is becoming so. */
+	if (ioc_node_is_changing(r.n) || !ioc_node_is_active(r.n)) {
+		ioc__qmp_errf(err, "Node '%s' is %s", r.n->name, ioc_node_is_changing(r.n) ?
+			      "being handed over" : "inactive");
+		return NULL;
+	}
 	if ((int64_t)r.size < 0) {
 		ioc__qmp_errf(err, "Parameter 'size' expects a >0 size");
 		return NULL;

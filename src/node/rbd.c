@@ -17,9 +17,8 @@
  * NBD export's usual case): no hop beyond librbd's eventfd write.  Cost:
  * a signal wakes every registered loop (fine for a few; a loop past
  * RBD_MAX_LOOPS relies on the others).  Synchronous calls (diff, resize,
- * an open over QMP, and a hand-over's flush and lock calls when made in a
- * coroutine) run on the loop's thread pool: a slow cluster never stalls a
- * loop.
+ * and in a coroutine an open or a hand-over's flush and lock) run on the
+ * loop's thread pool: a slow cluster never stalls a loop.
  *
  * Locking: a writable node takes the exclusive lock at open
  * (rbd_lock_acquire), so librbd will not hand it over: a second iocore
@@ -762,14 +761,50 @@ static int rbd_bitmaps_load(struct ioc_node *n, struct rbd_node *s, char *err, s
 				     errlen);
 }
 
-/* The open's calls that wait on the cluster (a monitor that does not
- * answer holds rados_connect for client_mount_timeout): from a coroutine
- * (blockdev-add over QMP) on the loop's thread pool, else directly. */
+/* A call that waits for the cluster (a monitor that does not answer holds
+ * rados_connect for client_mount_timeout; an OSD that does not answer
+ * holds a flush for ever): inside a coroutine (blockdev-add over QMP, the
+ * main loop's hand-over coroutine in handover.c) on the loop's thread
+ * pool, so that the loop goes on meanwhile; outside one, here.  arg is on
+ * the caller's stack, which outlives the job (the coroutine waits). */
+static int rbd_blocking(ioc_pool_fn *fn, void *arg)
+{
+	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, fn, arg) : fn(arg));
+}
+
+/* One librbd call on a node, for rbd_blocking(). */
+struct rbd_call {
+	struct rbd_node *s;
+	char *err;
+	size_t errlen;
+};
+
+static int64_t rbd_flush_fn(void *arg)
+{
+	struct rbd_call *c = arg;
+
+	return rbd_flush(c->s->image);
+}
+
+static int64_t rbd_release_fn(void *arg)
+{
+	struct rbd_call *c = arg;
+
+	return rbd_lock_release(c->s->image);
+}
+
+static int64_t rbd_take_fn(void *arg)
+{
+	struct rbd_call *c = arg;
+
+	return rbd_take_lock(c->s, c->err, c->errlen);
+}
+
+/* The open's connect, pool and image. */
 struct rbd_open_job {
 	struct rbd_node *s;
 	const char *pool, *ns, *image, *snap;
 	bool read_only;
-	bool lock;                      /* the second step: rbd_take_lock() */
 	char *err;
 	size_t errlen;
 };
@@ -778,11 +813,7 @@ static int64_t rbd_open_fn(void *arg)
 {
 	struct rbd_open_job *j = arg;
 	struct rbd_node *s = j->s;
-	int r;
-
-	if (j->lock)
-		return rbd_take_lock(s, j->err, j->errlen);
-	r = rados_connect(s->cluster);
+	int r = rados_connect(s->cluster);
 	if (r < 0) {
 		snprintf(j->err, j->errlen, "error connecting: %s", strerror(-r));
 		return r;
@@ -804,17 +835,12 @@ static int64_t rbd_open_fn(void *arg)
 	return r;
 }
 
-static int rbd_open_call(struct rbd_open_job *j)
-{
-	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, rbd_open_fn, j) : rbd_open_fn(j));
-}
-
 static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t errlen)
 {
 	const char *pool = opt_str(opts, "pool"), *image = opt_str(opts, "image");
 	const char *ns = opt_str(opts, "namespace"), *snap = opt_str(opts, "snapshot");
 	const char *user = opt_str(opts, "user"), *lock = opt_str(opts, "__org.iocore_lock");
-	struct rbd_open_job job = { NULL, pool, ns, image, snap, false, false, err, errlen };
+	struct rbd_open_job job = { NULL, pool, ns, image, snap, false, err, errlen };
 	struct rbd_node *s;
 	int r;
 
@@ -863,7 +889,7 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 	if ((r = rbd_configure(s, opts, n->direct, err, errlen)) < 0)
 		goto fail;
 	job.s = s;
-	if ((r = rbd_open_call(&job)) < 0)
+	if ((r = rbd_blocking(rbd_open_fn, &job)) < 0)
 		goto fail;
 
 	s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -914,8 +940,9 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 		/* Another host has the image: take nothing until activated. */
 		atomic_store_explicit(&n->inactive, true, memory_order_relaxed);
 	} else {
-		job.lock = true;
-		if (s->take_lock && (r = rbd_open_call(&job)) < 0)
+		struct rbd_call c = { s, err, errlen };
+
+		if (s->take_lock && (r = rbd_blocking(rbd_take_fn, &c)) < 0)
 			goto fail;
 		if ((r = rbd_bitmaps_load(n, s, err, errlen)) < 0)
 			goto fail;
@@ -963,50 +990,10 @@ static const char *rbd_node_shared_id(struct ioc_node *n)
 	return s && s->shared[0] ? s->shared : NULL;
 }
 
-/* The blocking librbd calls of a hand-over, one argument each. */
-struct rbd_ho_call {
-	struct rbd_node *s;
-	char *err;
-	size_t errlen;
-};
-
-static int64_t rbd_ho_flush_fn(void *arg)
-{
-	struct rbd_ho_call *c = arg;
-
-	return rbd_flush(c->s->image);
-}
-
-static int64_t rbd_ho_release_fn(void *arg)
-{
-	struct rbd_ho_call *c = arg;
-
-	return rbd_lock_release(c->s->image);
-}
-
-static int64_t rbd_ho_take_fn(void *arg)
-{
-	struct rbd_ho_call *c = arg;
-
-	return rbd_take_lock(c->s, c->err, c->errlen);
-}
-
-/* A call that waits for the cluster (an OSD that does not answer makes it
- * wait for ever): inside a coroutine -- the main loop's hand-over
- * coroutine (handover.c) -- on the loop's thread pool, so that the loop
- * goes on meanwhile; outside one, here.  c is on the caller's stack,
- * which outlives the pool's job (the coroutine waits for it). */
-static int rbd_ho_blocking(ioc_pool_fn *fn, struct rbd_ho_call *c)
-{
-	if (ioc_co_self())
-		return (int)ioc_pool_co_run(NULL, fn, c);
-	return (int)fn(c);
-}
-
 static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen)
 {
-	struct rbd_ho_call c = { .s = s };
-	int r = s->take_lock ? rbd_ho_blocking(rbd_ho_release_fn, &c) : 0;
+	struct rbd_call c = { .s = s };
+	int r = s->take_lock ? rbd_blocking(rbd_release_fn, &c) : 0;
 
 	if (r < 0)
 		snprintf(err, errlen, "could not release the lock of %s: %s", s->name,
@@ -1016,13 +1003,13 @@ static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen
 
 /* Flush, bitmaps back, lock released; undone in reverse on a failure.
  * The node is held (no request inside) throughout; the librbd calls go
- * through rbd_ho_blocking() (the bitmaps' RADOS calls likewise, in
+ * through rbd_blocking() (the bitmaps' RADOS calls likewise, in
  * rbd-bitmap.c). */
 static int rbd_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
 {
 	struct rbd_node *s = n->opaque;
-	struct rbd_ho_call c = { .s = s };
-	int r = rbd_ho_blocking(rbd_ho_flush_fn, &c);
+	struct rbd_call c = { .s = s };
+	int r = rbd_blocking(rbd_flush_fn, &c);
 
 	if (r < 0) {
 		snprintf(err, errlen, "could not flush %s: %s", s->name, strerror(-r));
@@ -1046,10 +1033,10 @@ static int rbd_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
 static int rbd_node_activate(struct ioc_node *n, char *err, size_t errlen)
 {
 	struct rbd_node *s = n->opaque;
-	struct rbd_ho_call c = { .s = s, .err = err, .errlen = errlen };
+	struct rbd_call c = { .s = s, .err = err, .errlen = errlen };
 	int r;
 
-	if (s->take_lock && (r = rbd_ho_blocking(rbd_ho_take_fn, &c)) < 0)
+	if (s->take_lock && (r = rbd_blocking(rbd_take_fn, &c)) < 0)
 		return r;
 	if (s->bm) {
 		r = ioc__rbd_bitmaps_activate(s->bm, err, errlen);
