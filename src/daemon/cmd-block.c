@@ -2,8 +2,9 @@
  * Block commands: nodes (blockdev-add, blockdev-del, block_resize), what
  * they are and what they did (query-named-block-nodes, query-blockstats:
  * cmd-core.c's, over every node of the graph), and the dirty bitmaps of
- * a node's image.  blockdev-add, block_resize and the bitmap add and remove
- * may wait on a cluster (an rbd node): they run as coroutine commands.
+ * a node's image.  blockdev-add and -del, block_resize and the bitmap add
+ * and remove may wait on a cluster (an rbd node): they run as coroutine
+ * commands.
  */
 #include <errno.h>
 #include <string.h>
@@ -20,7 +21,8 @@ static json_t *cmd_blockdev_add(void *ctx, json_t *args, struct ioc__qmp_err *er
 	return json_object();
 }
 
-static json_t *cmd_blockdev_del(void *ctx, json_t *args, struct ioc__qmp_err *err)
+static json_t *ioc_coroutine_fn cmd_blockdev_del(void *ctx, json_t *args,
+						  struct ioc__qmp_err *err)
 {
 	struct ioc_daemon *d = ctx;
 	const char *name = json_string_value(json_object_get(args, "node-name"));
@@ -177,7 +179,7 @@ static const struct ioc__qmp_arg args_del[] = {
 
 const struct ioc__qmp_cmd ioc__daemon_block_cmds[] = {
 	{ "blockdev-add", cmd_blockdev_add, NULL, ioc_node_blockdev_spec, true },
-	{ "blockdev-del", cmd_blockdev_del, args_del },
+	{ "blockdev-del", cmd_blockdev_del, args_del, NULL, true },
 	{ "block_resize", cmd_block_resize, args_resize, NULL, true },
 	IOC_DAEMON_CMD_QUERY_NODES,
 	IOC_DAEMON_CMD_QUERY_BLOCKSTATS,

@@ -523,15 +523,37 @@ static int ioc_coroutine_fn rbd_co_truncate(struct ioc_node *n, uint64_t size)
 
 /* ---- open and close -------------------------------------------------- */
 
-static void rbd_node_free(struct rbd_node *s)
+/* A call that waits for the cluster (a monitor that does not answer holds
+ * rados_connect for client_mount_timeout; an OSD that does not answer
+ * holds a flush or a close for ever): inside a coroutine (blockdev-add
+ * and blockdev-del over QMP, the main loop's hand-over coroutine in
+ * handover.c) on the loop's thread pool, so that the loop goes on
+ * meanwhile; outside one, here.  arg outlives the job (the coroutine
+ * waits for it). */
+static int rbd_blocking(ioc_pool_fn *fn, void *arg)
 {
-	ioc__rbd_bitmaps_free(s->bm);
+	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, fn, arg) : fn(arg));
+}
+
+/* The image's close flushes its cache and unwatches its header: it waits
+ * for the OSDs (rbd_blocking()). */
+static int64_t rbd_shut_fn(void *arg)
+{
+	struct rbd_node *s = arg;
+
 	if (s->image)
 		rbd_close(s->image);
 	if (s->io)
 		rados_ioctx_destroy(s->io);
 	if (s->cluster)
 		rados_shutdown(s->cluster);
+	return 0;
+}
+
+static void rbd_node_free(struct rbd_node *s)
+{
+	ioc__rbd_bitmaps_free(s->bm);
+	(void)rbd_blocking(rbd_shut_fn, s);
 	if (s->efd >= 0)
 		close(s->efd);
 	pthread_mutex_destroy(&s->reg_lock);
@@ -759,17 +781,6 @@ static int rbd_bitmaps_load(struct ioc_node *n, struct rbd_node *s, char *err, s
 	rados_ioctx_set_namespace(bio, s->ns);
 	return ioc__rbd_bitmaps_open(n, s->cluster, bio, s->image, s->bm_mode, &s->bm, err,
 				     errlen);
-}
-
-/* A call that waits for the cluster (a monitor that does not answer holds
- * rados_connect for client_mount_timeout; an OSD that does not answer
- * holds a flush for ever): inside a coroutine (blockdev-add over QMP, the
- * main loop's hand-over coroutine in handover.c) on the loop's thread
- * pool, so that the loop goes on meanwhile; outside one, here.  arg is on
- * the caller's stack, which outlives the job (the coroutine waits). */
-static int rbd_blocking(ioc_pool_fn *fn, void *arg)
-{
-	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, fn, arg) : fn(arg));
 }
 
 /* One librbd call on a node, for rbd_blocking(). */

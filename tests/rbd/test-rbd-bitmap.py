@@ -6,8 +6,9 @@ daemon below is a separate iocore-storage-daemon process on the image, as
 two hosts would be: a bitmap added over QMP on one is found, with its
 count and its exact ranges over NBD, by the next; a daemon killed with
 SIGKILL leaves it inconsistent; block-dirty-bitmap-remove deletes it from
-the cluster; an add that waits on a stopped OSD, or a blockdev-add on a
-stopped monitor, or a block_resize, holds the QMP monitor, not the daemon.  TAP on stdout; every wait is bounded."""
+the cluster; a bitmap add, a block_resize or a blockdev-del that waits on
+a stopped OSD, or a blockdev-add on a stopped monitor, holds the QMP
+monitor, not the daemon.  TAP on stdout; every wait is bounded."""
 import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
@@ -331,6 +332,15 @@ rc, out = run("rbd", "-c", CONF, "info", "rbd/img")
 ok(rc == 0 and "2 GiB" in out, "the image has its new size", out)
 r = h.cmd("block_resize", **{"node-name": "r"}, size=1 << 30)
 ok("return" in r, "and shrinks back", r)
+
+# 10. blockdev-del of the writable rbd node with the OSD stopped: its
+# close (the exclusive lock's release) waits on the loop's thread pool.
+r = h.cmd("blockdev-del", **{"node-name": "r2"})
+ok("return" in r, "the read-only rbd node is deleted", r)
+stalled(OSD_PID, "blockdev-del", "blockdev-del", {"node-name": "r"},
+        ["read -P 0x5a 0 64k"])
+names = [x["node-name"] for x in h.cmd("query-named-block-nodes")["return"]]
+ok("r" not in names and "r2" not in names, "both rbd nodes left the graph", names)
 m2.close()
 ok(h.stop() == 0, "daemon h stops cleanly", h.output())
 
