@@ -490,7 +490,9 @@ def osd_cont():
 
 IMG3 = "rbd:rbd/img3:conf=" + CONF
 run("rbd", "-c", CONF, "create", "rbd/img3", "--size", "64M")
-h = Server("h", image=IMG3)
+# H's cache holds its writes until a flush (librbd writes back after a
+# second by default: on a busy machine before the OSD is stopped).
+h = Server("h", image=IMG3 + ":rbd_cache_max_dirty_age=3600")
 ok(h.f is not None and OSD > 0, "H serves rbd/img3 (the OSD is pid %d)" % OSD, h.output())
 h.caps({"__org.iocore_handover": True})
 lock_h = locker("rbd/img3")
@@ -501,8 +503,9 @@ NW = 64
 def dirty(srv, seq):
     """Writes that librbd's cache holds when the OSD stops right after:
     a write and a flush first (the cache is write-through until a flush
-    comes after a write), then NW blocks, which it holds back a while;
-    so the hand-over's flush has work, and is what waits for the OSD."""
+    comes after a write), then NW blocks, which it holds back (H's
+    rbd_cache_max_dirty_age); so the hand-over's flush has work, and is
+    what waits for the OSD."""
     k = Nbd(srv.sock)
     k.req(1, 0, block(0, seq))
     k.req(3, 0)
