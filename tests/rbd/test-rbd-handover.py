@@ -20,7 +20,8 @@ would be:
     a hand-over: the source's control socket still answers (query-migrate
     within seconds; its bitmap commands refuse the node), and once the
     OSD goes on (SIGCONT) the hand-over completes, every write on the
-    destination.
+    destination.  Again, the source stopped (SIGTERM) meanwhile: it exits
+    cleanly once the OSD goes on, leaving no lock.
 TAP on stdout; every wait is bounded; nothing asserts on timing."""
 import atexit, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile
 import threading, time
@@ -492,11 +493,12 @@ IMG3 = "rbd:rbd/img3:conf=" + CONF
 run("rbd", "-c", CONF, "create", "rbd/img3", "--size", "64M")
 # H's cache holds its writes until a flush (librbd writes back after a
 # second by default: on a busy machine before the OSD is stopped).
-h = Server("h", image=IMG3 + ":rbd_cache_max_dirty_age=3600")
+HELD = IMG3 + ":rbd_cache_max_dirty_age=3600"
+h = Server("h", image=HELD)
 ok(h.f is not None and OSD > 0, "H serves rbd/img3 (the OSD is pid %d)" % OSD, h.output())
 h.caps({"__org.iocore_handover": True})
 lock_h = locker("rbd/img3")
-i, uri = handover(h, "i", image=IMG3)
+i, uri = handover(h, "i", image=HELD)
 NW = 64
 
 
@@ -545,7 +547,31 @@ ok(lock_h and lock_i and lock_i != lock_h and not lock_i.startswith("?"),
    "the lock of rbd/img3 moved from H to I", [lock_h, lock_i])
 h.stop()
 
-ok(i.stop() == 0 and locker("rbd/img3") is None, "H and I stop; no lock is left",
-   locker("rbd/img3"))
+# 8. I stopped (SIGTERM) while it lets go to J with the OSD stopped: its
+# stop waits for the node change, takes the image back and exits cleanly
+# once the OSD goes on.
+ok("return" in i.caps({"__org.iocore_handover": True}), "I takes the capability")
+j, uri = handover(i, "j", image=IMG3)
+dirty(i, 8000)
+r = i.cmd("migrate", uri=uri)
+q = i.cmd_within(10, "query-migrate")
+ok(q is not None and q.get("return", {}).get("status") in ("setup", "active"),
+   "the OSD stopped again: I's query-migrate answers while it lets go", [r, q])
+i.p.send_signal(signal.SIGTERM)
+for _ in range(300):  # its loop ends (-v says so); the node change waits on
+    if ": stopping:" in i.output():
+        break
+    time.sleep(0.1)
+ok(": stopping:" in i.output(), "I takes the SIGTERM while the OSD is stopped",
+   i.output())
+osd_cont()
+try:
+    rc = i.p.wait(timeout=60)
+except subprocess.TimeoutExpired:
+    rc = None
+ok(rc == 0, "I, stopped meanwhile, exits cleanly once the OSD goes on (%s)" % rc,
+   i.output())
+j.stop(signal.SIGKILL)
+ok(locker("rbd/img3") is None, "no lock of rbd/img3 is left", locker("rbd/img3"))
 
 sys.exit(qmptap.plan())
