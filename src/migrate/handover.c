@@ -57,7 +57,6 @@
 #include "util/socket.h"
 
 #define HO_CONNECT_TIMEOUT_MS 30000
-#define HO_READY_TIMEOUT_MS   30000
 #define HO_BLOCK              IOC_MIG_MIN_BLOCK
 
 /* What the thread asks of the main loop; BACK is _finish's own. */
@@ -210,10 +209,10 @@ static int ho_send(struct ho_src *s, const void *buf, size_t len)
 }
 
 /* The destination's answer: READY (or ACK, a receiver's failure), within
- * HO_READY_TIMEOUT_MS. */
+ * __org.iocore_handover-timeout. */
 static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 {
-	int64_t deadline = ioc__mig_now_ms() + HO_READY_TIMEOUT_MS;
+	int64_t deadline = ioc__mig_now_ms() + s->p.handover_timeout;
 	uint8_t buf[IOC_MIG_REC_SIZE];
 	struct ioc_mig_rec r;
 	const char *what = NULL;
@@ -226,8 +225,8 @@ static int ho_wait_ready(struct ho_src *s, const struct ioc_mig_hdr *h)
 
 		if (left < 0)
 			return ho_fail(s->why, sizeof(s->why), -ETIMEDOUT,
-				       "No answer from the destination within %d s",
-				       HO_READY_TIMEOUT_MS / 1000);
+				       "No answer from the destination within %u ms",
+				       s->p.handover_timeout);
 		/* READY is one TLS record, read whole by the first receive:
 		 * no decrypted bytes wait in the session when this polls. */
 		ret = ho_poll(s, s->sock, POLLIN, left);

@@ -73,8 +73,10 @@ struct ioc__mig_params {
 	 * answered per MiB the copy sends (0: unbounded; source.c). */
 	unsigned write_admission;
 	/* __org.iocore_handover: an export of shared storage is handed over
-	 * (handover.c), nothing copied. */
+	 * (handover.c), nothing copied; __org.iocore_handover-timeout: ms
+	 * the source waits for the destination to take the image and serve. */
 	bool handover;
+	unsigned handover_timeout;
 	char tls_creds[128];
 	char tls_hostname[256];
 };

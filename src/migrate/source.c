@@ -279,6 +279,7 @@ int ioc__mig_new(struct ioc__mig **out, const struct ioc__mig_host *host)
 	m->p.cpu_throttle_increment = 10;
 	m->p.max_cpu_throttle = 99;
 	m->p.write_admission = 4;
+	m->p.handover_timeout = 30000;
 	*out = m;
 	return 0;
 }
@@ -2377,6 +2378,7 @@ const struct ioc__qmp_arg ioc__mig_args_params[] = {
 	{ "__org.iocore_granularity", IOC_QMP_UINT, true },
 	{ "__org.iocore_active-mirror", IOC_QMP_STR, true },
 	{ "__org.iocore_write-admission", IOC_QMP_UINT, true },
+	{ "__org.iocore_handover-timeout", IOC_QMP_UINT, true },
 	{ "tls-creds", IOC_QMP_STR, true },
 	{ "tls-hostname", IOC_QMP_STR, true },
 	{ "throttle-trigger-threshold", IOC_QMP_UINT, true },
@@ -2603,6 +2605,14 @@ json_t *ioc__mig_set_params(struct ioc__mig *m, json_t *args,
 		}
 		p.write_admission = (unsigned)json_integer_value(v);
 	}
+	if (U("__org.iocore_handover-timeout")) {
+		if (json_integer_value(v) < 100 || json_integer_value(v) > 3600000) {
+			ioc__qmp_errf(err, "Parameter '__org.iocore_handover-timeout' expects a value "
+			     "between 100 and 3600000");
+			return NULL;
+		}
+		p.handover_timeout = (unsigned)json_integer_value(v);
+	}
 	if (U("tls-creds") && !str_param(err, "tls-creds", v, p.tls_creds, sizeof(p.tls_creds)))
 		return NULL;
 	if (U("tls-hostname") &&
@@ -2631,7 +2641,7 @@ json_t *ioc__mig_query_params(struct ioc__mig *m, json_t *args,
 		[IOC_MIG_MIRROR_OFF] = "off",
 	};
 
-	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:i,s:s,s:s,s:i,s:i,s:i,s:b,s:i}",
+	return json_pack("{s:i,s:i,s:b,s:i,s:I,s:I,s:I,s:s,s:i,s:i,s:s,s:s,s:i,s:i,s:i,s:b,s:i}",
 			 "compress-level", (int)m->p.compress_level,
 			 "compress-threads", (int)m->p.compress_threads,
 			 "compress-wait-thread", m->p.compress_wait_thread,
@@ -2641,6 +2651,7 @@ json_t *ioc__mig_query_params(struct ioc__mig *m, json_t *args,
 			 "__org.iocore_granularity", (json_int_t)m->p.granularity,
 			 "__org.iocore_active-mirror", am[m->p.active_mirror],
 			 "__org.iocore_write-admission", (int)m->p.write_admission,
+			 "__org.iocore_handover-timeout", (int)m->p.handover_timeout,
 			 "tls-creds", m->p.tls_creds, "tls-hostname", m->p.tls_hostname,
 			 "throttle-trigger-threshold", (int)m->p.throttle_trigger_threshold,
 			 "cpu-throttle-initial", (int)m->p.cpu_throttle_initial,

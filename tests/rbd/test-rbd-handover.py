@@ -12,6 +12,8 @@ would be:
     bitmap, consistent.
  3. B to C, cancelled while C (stopped) has not answered: B serves on and
     holds the lock again.  B to D, D killed before it answered: the same.
+    B to a stopped destination with __org.iocore_handover-timeout 1000:
+    failed, naming the timeout, and the same.
  4. Refusals: a destination with another image (B serves on), a file node
     with the capability.
  5. B stops cleanly: no lock left.
@@ -384,25 +386,42 @@ ok(not served, "A serves no more")
 a.stop()
 ok("return" in b.caps({"__org.iocore_handover": True}), "B, now the source, takes the capability")
 
-# 3. Cancel, and a destination that dies, before the answer.
-for what in ("cancel", "kill"):
+# 3. Cancel, a destination that dies, and one that does not answer in
+# time, before the answer.
+TO = "__org.iocore_handover-timeout"
+r = b.cmd("migrate-set-parameters", **{TO: 99})
+ok("between 100 and 3600000" in r.get("error", {}).get("desc", ""),
+   "a hand-over timeout under 100 ms is refused", r)
+r = b.cmd("query-migrate-parameters")
+ok(r.get("return", {}).get(TO) == 30000, "the hand-over timeout is 30 s by default", r)
+for what in ("cancel", "kill", "timeout"):
+    if what == "timeout":
+        r = b.cmd("migrate-set-parameters", **{TO: 1000})
+        ok("return" in r, "B waits 1000 ms for the destination's answer", r)
     c, uri = handover(b, "c-" + what)
     os.kill(c.p.pid, signal.SIGSTOP)
     r = b.cmd("migrate", uri=uri)
-    q = b.wait("device", "failed", "completed")
-    ok("return" in r and q.get("status") == "device",
-       "%s: B let go and waits for the destination's answer" % what, [r, q])
-    ok(locker() is None, "%s: meanwhile nobody holds the lock" % what, locker())
+    if what != "timeout":  # (its device phase may be over before a query)
+        q = b.wait("device", "failed", "completed")
+        ok("return" in r and q.get("status") == "device",
+           "%s: B let go and waits for the destination's answer" % what, [r, q])
+        ok(locker() is None, "%s: meanwhile nobody holds the lock" % what, locker())
     if what == "cancel":
         b.cmd("migrate_cancel")
         q = b.wait("cancelled", "failed", "completed")
         c.stop(signal.SIGKILL)
         ok(q.get("status") == "cancelled", "migrate_cancel: cancelled", q)
-    else:
+    elif what == "kill":
         c.stop(signal.SIGKILL)
         q = b.wait("cancelled", "failed", "completed")
         ok(q.get("status") == "failed" and "destination" in q.get("error-desc", ""),
            "a destination killed before its answer: failed", q)
+    else:
+        q = b.wait("cancelled", "failed", "completed")
+        c.stop(signal.SIGKILL)
+        ok(q.get("status") == "failed" and "within 1000 ms" in q.get("error-desc", ""),
+           "a destination that does not answer in 1000 ms: failed", q)
+        b.cmd("migrate-set-parameters", **{TO: 30000})
     try:
         k = Nbd(b.sock)
         k.req(1, 0, block(0, 99999))
