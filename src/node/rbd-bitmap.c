@@ -125,10 +125,7 @@ static uint64_t plan_len(const struct rbd_bitmaps *b, const struct plan *p, bool
 	return len;
 }
 
-/* A call that waits on the cluster: on the loop's thread pool from a
- * coroutine (a QMP command, a hand-over), so a stopped OSD holds only its
- * caller; directly elsewhere (open, close, the command line). */
-static int cluster_call(ioc_pool_fn *fn, void *arg)
+int ioc__rbd_blocking(ioc_pool_fn *fn, void *arg)
 {
 	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, fn, arg) : fn(arg));
 }
@@ -174,7 +171,7 @@ static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
 	if (p->n && len > b->max_obj)
 		return -EFBIG;
 	if (!p->n && !b->exists)
-		return cluster_call(put_fn, &j);
+		return ioc__rbd_blocking(put_fn, &j);
 	op = rados_create_write_op();
 	if (!op)
 		return -ENOMEM;
@@ -209,7 +206,7 @@ static int put_object(struct rbd_bitmaps *b, const struct plan *p, bool final)
 		rados_write_op_remove(op);
 	}
 	j.op = op;
-	ret = cluster_call(put_fn, &j);
+	ret = ioc__rbd_blocking(put_fn, &j);
 	if (ret == 0) {
 		b->exists = p->n > 0;
 		b->ver = b->exists ? j.ver : 0;
@@ -340,7 +337,7 @@ static int load(struct rbd_bitmaps *b, bool *any_clean, char *err, size_t errlen
 	size_t len;
 	char why[256];
 	struct read_job rj = { b, &buf, &len, err, errlen };
-	int ret = cluster_call(read_fn, &rj);
+	int ret = ioc__rbd_blocking(read_fn, &rj);
 
 	if (ret < 0 || !buf)
 		return ret;
@@ -515,7 +512,7 @@ int ioc__rbd_bitmaps_activate(struct rbd_bitmaps *b, char *err, size_t errlen)
 		b->inactive = false;
 		return 0;
 	}
-	ret = cluster_call(unchanged_fn, b);
+	ret = ioc__rbd_blocking(unchanged_fn, b);
 	if (ret < 0) {
 		ERR("The bitmaps of %s changed while this node was inactive: %s", b->oid,
 		    ioc_strerror(ret));

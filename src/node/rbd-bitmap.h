@@ -12,6 +12,7 @@
 #include <rbd/librbd.h>
 #pragma GCC diagnostic pop
 
+#include "iocore/pool.h"
 #include "node/node.h"
 
 enum rbd_bm_mode {
@@ -22,6 +23,14 @@ enum rbd_bm_mode {
 };
 
 struct rbd_bitmaps;
+
+/* A call that waits on the cluster (a monitor that does not answer holds
+ * rados_connect; an OSD that does not answer, a flush or a close, for
+ * ever): on the loop's thread pool from a coroutine (a QMP command, the
+ * main loop's hand-over coroutine), so that it holds only its caller and
+ * the loop goes on; directly elsewhere (the command line, an exit).  arg
+ * outlives the job (the coroutine waits for it).  Both rbd files use it. */
+int ioc__rbd_blocking(ioc_pool_fn *fn, void *arg);
 
 /* Load the image's bitmaps into a set that becomes n->dirty_set (n->size
  * set), and in OWNER/SHARED mode mark them in use in the cluster before

@@ -523,20 +523,8 @@ static int ioc_coroutine_fn rbd_co_truncate(struct ioc_node *n, uint64_t size)
 
 /* ---- open and close -------------------------------------------------- */
 
-/* A call that waits for the cluster (a monitor that does not answer holds
- * rados_connect for client_mount_timeout; an OSD that does not answer
- * holds a flush or a close for ever): inside a coroutine (blockdev-add
- * and blockdev-del over QMP, the main loop's hand-over coroutine in
- * handover.c) on the loop's thread pool, so that the loop goes on
- * meanwhile; outside one, here.  arg outlives the job (the coroutine
- * waits for it). */
-static int rbd_blocking(ioc_pool_fn *fn, void *arg)
-{
-	return (int)(ioc_co_self() ? ioc_pool_co_run(NULL, fn, arg) : fn(arg));
-}
-
 /* The image's close flushes its cache and unwatches its header: it waits
- * for the OSDs (rbd_blocking()). */
+ * for the OSDs (ioc__rbd_blocking()). */
 static int64_t rbd_shut_fn(void *arg)
 {
 	struct rbd_node *s = arg;
@@ -553,7 +541,7 @@ static int64_t rbd_shut_fn(void *arg)
 static void rbd_node_free(struct rbd_node *s)
 {
 	ioc__rbd_bitmaps_free(s->bm);
-	(void)rbd_blocking(rbd_shut_fn, s);
+	(void)ioc__rbd_blocking(rbd_shut_fn, s);
 	if (s->efd >= 0)
 		close(s->efd);
 	pthread_mutex_destroy(&s->reg_lock);
@@ -783,7 +771,7 @@ static int rbd_bitmaps_load(struct ioc_node *n, struct rbd_node *s, char *err, s
 				     errlen);
 }
 
-/* One librbd call on a node, for rbd_blocking(). */
+/* One librbd call on a node, for ioc__rbd_blocking(). */
 struct rbd_call {
 	struct rbd_node *s;
 	char *err;
@@ -900,7 +888,7 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 	if ((r = rbd_configure(s, opts, n->direct, err, errlen)) < 0)
 		goto fail;
 	job.s = s;
-	if ((r = rbd_blocking(rbd_open_fn, &job)) < 0)
+	if ((r = ioc__rbd_blocking(rbd_open_fn, &job)) < 0)
 		goto fail;
 
 	s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -953,7 +941,7 @@ static int rbd_node_open(struct ioc_node *n, json_t *opts, char *err, size_t err
 	} else {
 		struct rbd_call c = { s, err, errlen };
 
-		if (s->take_lock && (r = rbd_blocking(rbd_take_fn, &c)) < 0)
+		if (s->take_lock && (r = ioc__rbd_blocking(rbd_take_fn, &c)) < 0)
 			goto fail;
 		if ((r = rbd_bitmaps_load(n, s, err, errlen)) < 0)
 			goto fail;
@@ -1004,7 +992,7 @@ static const char *rbd_node_shared_id(struct ioc_node *n)
 static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen)
 {
 	struct rbd_call c = { .s = s };
-	int r = s->take_lock ? rbd_blocking(rbd_release_fn, &c) : 0;
+	int r = s->take_lock ? ioc__rbd_blocking(rbd_release_fn, &c) : 0;
 
 	if (r < 0)
 		snprintf(err, errlen, "could not release the lock of %s: %s", s->name,
@@ -1014,13 +1002,13 @@ static int rbd_lock_release_checked(struct rbd_node *s, char *err, size_t errlen
 
 /* Flush, bitmaps back, lock released; undone in reverse on a failure.
  * The node is held (no request inside) throughout; the librbd calls go
- * through rbd_blocking() (the bitmaps' RADOS calls likewise, in
+ * through ioc__rbd_blocking() (the bitmaps' RADOS calls likewise, in
  * rbd-bitmap.c). */
 static int rbd_node_inactivate(struct ioc_node *n, char *err, size_t errlen)
 {
 	struct rbd_node *s = n->opaque;
 	struct rbd_call c = { .s = s };
-	int r = rbd_blocking(rbd_flush_fn, &c);
+	int r = ioc__rbd_blocking(rbd_flush_fn, &c);
 
 	if (r < 0) {
 		snprintf(err, errlen, "could not flush %s: %s", s->name, strerror(-r));
@@ -1047,7 +1035,7 @@ static int rbd_node_activate(struct ioc_node *n, char *err, size_t errlen)
 	struct rbd_call c = { .s = s, .err = err, .errlen = errlen };
 	int r;
 
-	if (s->take_lock && (r = rbd_blocking(rbd_take_fn, &c)) < 0)
+	if (s->take_lock && (r = ioc__rbd_blocking(rbd_take_fn, &c)) < 0)
 		return r;
 	if (s->bm) {
 		r = ioc__rbd_bitmaps_activate(s->bm, err, errlen);
