@@ -34,27 +34,11 @@ static json_t *ioc_coroutine_fn cmd_blockdev_del(void *ctx, json_t *args,
 
 /* ---- bitmaps -------------------------------------------------------------- */
 
-struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
+struct ioc_node *ioc__daemon_find_node(void *ctx, const char *node)
 {
 	struct ioc_daemon *d = ctx;
-	struct ioc_node *n = ioc_node_find(d->graph, node);
-	struct ioc_blk *blk;
 
-	if (!n) {
-		ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
-		return NULL;
-	}
-	/* Its bitmaps are being written back or loaded (a hand-over,
-	 * which the main loop goes on beside). */
-	if (ioc_node_is_changing(n)) {
-		ioc__qmp_errf(err, "Node '%s' is being handed over", node);
-		return NULL;
-	}
-	blk = ioc_node_dirty_blk(n);
-	if (!blk)
-		ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
-				 node, n->drv->name);
-	return blk;
+	return ioc_node_find(d->graph, node);
 }
 
 struct resize {

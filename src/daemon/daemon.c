@@ -241,7 +241,7 @@ int ioc_daemon_new(struct ioc_daemon **out, const struct ioc_daemon_opts *opts)
 	d->opts = *opts;
 	pthread_once(&table_once, table_init);
 	d->ctl = (struct ioc__daemon_ctl){
-		.dirty = { ioc__daemon_find_blk, d },
+		.dirty = { ioc__daemon_find_node, d },
 		.cmds = table, .ncmds = ntable,
 		.quit = opts->quit, .quit_opaque = opts->opaque,
 		.nodes = graph_nodes, .children = true,

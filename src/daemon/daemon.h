@@ -153,8 +153,8 @@ typedef json_t *ioc_daemon_fn(struct ioc_daemon *d, json_t *args, struct ioc__qm
 void ioc__daemon_event(struct ioc_daemon *d, const char *name, json_t *data);
 struct ioc_daemon_object *ioc__daemon_object_find(struct ioc_daemon *d, const char *id);
 
-/* cmd-block.c: the image of a node for the bitmap commands. */
-struct ioc_blk *ioc__daemon_find_blk(void *ctx, const char *node, struct ioc__qmp_err *err);
+/* cmd-block.c: the node named node, for the bitmap commands (ioc_node_dirty_ctx). */
+struct ioc_node *ioc__daemon_find_node(void *ctx, const char *node);
 extern const struct ioc__qmp_cmd ioc__daemon_block_cmds[];
 /* cmd-export.c */
 extern const struct ioc__qmp_cmd ioc__daemon_export_cmds[];

@@ -63,32 +63,15 @@ static json_t *exports_json(struct ioc__daemon_ctl *c)
 	return list;
 }
 
-/* The image of a bitmap command's node: an export's, if it has one. */
-static struct ioc_blk *find_blk(void *ctx, const char *node, struct ioc__qmp_err *err)
+/* A bitmap command's node: an export's. */
+static struct ioc_node *find_node(void *ctx, const char *node)
 {
 	struct ioc_nbd_export_info e[IOC_DAEMON_MAX_EXPORTS];
 	unsigned n = ioc_nbd_server_exports(CTL(ctx)->srv, e, IOC_ARRAY_SIZE(e));
 
-	for (unsigned i = 0; i < n; i++) {
-		struct ioc_blk *blk;
-
-		if (strcmp(e[i].name, node) != 0)
-			continue;
-		/* Its bitmaps are being written back or loaded (a
-		 * hand-over, which the main loop goes on beside). */
-		if (ioc_node_is_changing(e[i].node)) {
-			ioc__qmp_errf(err, "Node '%s' is being handed over", node);
-			return NULL;
-		}
-		/* A qcow2 node keeps its own set (its persistent bitmaps);
-		 * a compressed export's changes are not tracked. */
-		blk = ioc_node_dirty_blk(e[i].node);
-		if (!blk)
-			ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
-				      node, e[i].node->drv->name);
-		return blk;
-	}
-	ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
+	for (unsigned i = 0; i < n; i++)
+		if (strcmp(e[i].name, node) == 0)
+			return e[i].node;
 	return NULL;
 }
 
@@ -170,7 +153,7 @@ int ioc_daemon_nbd_control_new(struct ioc_daemon_nbd_control **out,
 	if (!ctl)
 		return -ENOMEM;
 	ctl->ctl = (struct ioc__daemon_ctl){
-		.dirty = { find_blk, ctl },
+		.dirty = { find_node, ctl },
 		.cmds = commands, .ncmds = IOC_ARRAY_SIZE(commands),
 		.quit = opts ? opts->quit : NULL, .quit_opaque = opts ? opts->opaque : NULL,
 		.nodes = export_nodes, .children = false,

@@ -3,7 +3,7 @@
  * -enable, -disable, -merge) and the "dirty-bitmaps" member of a node's
  * query-named-block-nodes entry, in QEMU's names and words, over the
  * bitmaps the block layer keeps for an image.  Shared by every control
- * socket: each finds a node's image its own way (c->find).
+ * socket: each finds a node by its name its own way (c->find).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "dirty-cmd.h"
+#include "node.h"
 
 
 const struct ioc__qmp_arg ioc_node_dirty_args_add[] = {
@@ -28,13 +29,39 @@ const struct ioc__qmp_arg ioc_node_dirty_args_merge[] = {
 	{ "bitmaps", IOC_QMP_ARRAY, false, .elem = IOC_QMP_ANY }, { NULL },
 };
 
+/* The bitmaps' image of the node named node, or NULL with err set. */
+static struct ioc_blk *find_blk(const struct ioc_node_dirty_ctx *c, const char *node,
+				struct ioc__qmp_err *err)
+{
+	struct ioc_node *n = c->find(c->ctx, node);
+	struct ioc_blk *blk;
+
+	if (!n) {
+		ioc__qmp_errf(err, "Cannot find device='%s' nor node-name='%s'", node, node);
+		return NULL;
+	}
+	/* Its bitmaps are being written back or loaded (a hand-over, which
+	 * the main loop goes on beside). */
+	if (ioc_node_is_changing(n)) {
+		ioc__qmp_errf(err, "Node '%s' is being handed over", node);
+		return NULL;
+	}
+	/* A qcow2 node keeps its own set (its persistent bitmaps); a
+	 * compressed image's changes are not tracked. */
+	blk = ioc_node_dirty_blk(n);
+	if (!blk)
+		ioc__qmp_errf(err, "Node '%s' (driver %s) does not support dirty bitmaps",
+			      node, n->drv->name);
+	return blk;
+}
+
 static struct ioc_blk_dirty *find_bitmap(const struct ioc_node_dirty_ctx *c, json_t *args,
 					 const char *key, struct ioc_blk **pblk,
 					 struct ioc__qmp_err *err)
 {
 	const char *node = json_string_value(json_object_get(args, "node"));
 	const char *name = json_string_value(json_object_get(args, key));
-	struct ioc_blk *blk = c->find(c->ctx, node, err);
+	struct ioc_blk *blk = find_blk(c, node, err);
 	struct ioc_blk_dirty *bm;
 
 	if (!blk)
@@ -72,7 +99,7 @@ json_t *ioc_node_dirty_cmd_add(void *ctx, json_t *args, struct ioc__qmp_err *err
 		.persistent = json_is_true(json_object_get(args, "persistent")),
 		.disabled = json_is_true(json_object_get(args, "disabled")),
 	};
-	struct ioc_blk *blk = c->find(c->ctx, node, err);
+	struct ioc_blk *blk = find_blk(c, node, err);
 	int r;
 
 	if (!blk)
@@ -201,7 +228,7 @@ json_t *ioc_node_dirty_cmd_merge(void *ctx, json_t *args, struct ioc__qmp_err *e
 			   json_is_string(json_object_get(v, "node")) &&
 			   json_is_string(json_object_get(v, "name")) &&
 			   json_object_size(v) == 2) {
-			sblk = c->find(c->ctx, json_string_value(json_object_get(v, "node")), err);
+			sblk = find_blk(c, json_string_value(json_object_get(v, "node")), err);
 			if (!sblk)
 				return NULL;
 			name = json_string_value(json_object_get(v, "name"));

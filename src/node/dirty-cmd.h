@@ -13,10 +13,12 @@
 /* A migration's own bitmap: hidden from the user's commands and lists. */
 #define IOC_NODE_MIG_BITMAP "__org.iocore_migration"
 
-/* How a socket finds the image of the node named node: the image, or NULL
- * with err set (no such node, or one without bitmaps). */
+struct ioc_node;
+
+/* How a socket finds the node named node (NULL: it has none by that name);
+ * the commands check the rest (a hand-over, no bitmaps) themselves. */
 struct ioc_node_dirty_ctx {
-	struct ioc_blk *(*find)(void *ctx, const char *node, struct ioc__qmp_err *err);
+	struct ioc_node *(*find)(void *ctx, const char *node);
 	void *ctx;
 };
 
