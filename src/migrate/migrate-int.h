@@ -27,6 +27,7 @@
 #include "iocore/blk.h"
 #include "iocore/co.h"
 #include "migrate.h"
+#include "stream.h"
 #include "node/dirty-cmd.h"
 #include "node/node.h"
 #include "qmp/qmp.h"
@@ -133,8 +134,6 @@ struct ioc__mig {
 					 * thread's) last word: join it */
 	int result;                     /* its outcome */
 	int sock;                       /* the stream, -1: shut it to cancel */
-	int ho_wake;                    /* eventfd, -1: a hand-over's waits
-					 * poll it, job_wake_locked() writes it */
 	bool end_sent;                  /* END is out: cancel no longer applies */
 	struct { const char *name; int64_t v; } evq[IOC_MIG_EVQ];
 	unsigned nev;
@@ -199,20 +198,24 @@ struct ioc__mig {
 	bool handover;                  /* main loop: this job hands over */
 	bool let_go;                    /* main loop: the source's node is
 					 * held and inactive */
-	int ho_req;                     /* lock: what the thread asks of the
+	char ho_id[IOC_MIG_MAX_SHARED_ID + 1]; /* the image's shared id, set
+					 * before the engine starts */
+	int ho_req;                     /* lock: what the engine (or the
+					 * destination's thread) asks of the
 					 * main loop (HO_REQ_*, handover.c) */
-	bool ho_answered;               /* lock: done; broadcast on cond */
+	bool ho_answered;               /* lock: done; broadcast on cond (the
+					 * destination) or a kick (the engine) */
 	int ho_ret;                     /* lock: its result, ho_why the reason */
 	char ho_why[256];
 	int64_t ho_t_hold;              /* lock: ns, when the node was held */
 	/* Main loop: the coroutine that makes a node change (ho_co_fn(),
-	 * handover.c: the thread's request, or _finish taking the node
+	 * handover.c: the engine's request, or _finish taking the node
 	 * back), NULL when none runs; ho_doing, which.  While it is set (it
 	 * may sleep in librbd, on the thread pool) _bh leaves a new request
 	 * in ho_req, mig_bh joins no thread (so no _finish, no incoming
 	 * finish runs beside it), no migration starts (busy()) and
 	 * ioc__mig_free() runs the main loop until it is NULL.  The
-	 * coroutine answers the thread (or ends the job), schedules bh
+	 * coroutine answers the engine (or ends the job), schedules bh
 	 * (which does what waited) and clears ho_co, its last touch of this
 	 * struct. */
 	struct ioc_co *ho_co;
@@ -263,14 +266,40 @@ json_t *ioc__mig_job_failed_start(struct ioc__mig *m, int r, struct ioc__qmp_err
  * cancelled, by result), and the failure logged. */
 void ioc__mig_job_end(struct ioc__mig *m, int result);
 
+/* source.c: start the engine on a coroutine of its own I/O thread, for a
+ * hand-over (main loop; -errno); kick it (any thread, engine_kick()). */
+int ioc__mig_engine_start(struct ioc__mig *m, const char *uri, uint64_t size);
+void ioc__mig_engine_kick(struct ioc__mig *m);
+
+/* source.c: the engine's link to the destination, for a hand-over run on
+ * it (in the engine's coroutine).  _connect: tcp:HOST:PORT, with TLS when
+ * tls-creds is set; _send: all of buf; _recv: all of len before deadline
+ * (ns, CLOCK_MONOTONIC; -ETIMEDOUT), what naming it in the error of a
+ * stream that closed; _wait: sleep until a kick; _fail: the failure's
+ * reason, unless one is set already (returns err).  Each fails with the
+ * reason set, or -ECANCELED. */
+struct ioc__mig_src;
+int ioc_coroutine_fn ioc__mig_src_connect(struct ioc__mig_src *s, const char *uri);
+int ioc_coroutine_fn ioc__mig_src_send(struct ioc__mig_src *s, const void *buf, size_t len);
+int ioc_coroutine_fn ioc__mig_src_recv(struct ioc__mig_src *s, void *buf, size_t len,
+				       int64_t deadline, const char *what);
+void ioc_coroutine_fn ioc__mig_src_wait(struct ioc__mig_src *s);
+int ioc__mig_src_fail(struct ioc__mig_src *s, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* handover.c: the hand-over of a node on shared storage.  _start (main
- * loop, from migrate, with the node picked) checks and starts the thread,
- * or refuses with QEMU-style err; _bh (main loop, from mig_bh) answers
- * what the thread asks (hold and inactivate, activate and serve); _finish
- * (main loop, the thread joined) retires the source or gives it its node
- * back; _receive (the destination's thread) takes one over the stream. */
+ * loop, from migrate, with the node picked) checks and starts the engine,
+ * or refuses with QEMU-style err; _run (the engine) talks to the
+ * destination; _bh (main loop, from mig_bh) answers what the engine or
+ * the destination's thread asks (hold and inactivate, activate and
+ * serve); _finish (main loop, the engine joined) retires the source or
+ * gives it its node back; _receive (the destination's thread) takes one
+ * over the stream. */
 json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 				    const char *uri, struct ioc__qmp_err *err);
+int ioc_coroutine_fn ioc__mig_handover_run(struct ioc__mig_src *s, struct ioc__mig *m,
+					   const struct ioc__mig_params *p, const char *uri,
+					   uint64_t size);
 void ioc__mig_handover_bh(struct ioc__mig *m);
 void ioc__mig_handover_finish(struct ioc__mig *m);
 struct ioc_mig_recv_opts;

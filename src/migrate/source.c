@@ -48,7 +48,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/sockios.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -168,23 +167,20 @@ static void engine_kick(struct ioc__mig *m)
 static void source_finish(struct ioc__mig *m);
 static void gate_all(struct ioc__mig *m, int state);
 
-/* The destination's receive and a hand-over run on a thread of their own
- * (woken through cond); a copy is the engine. */
+/* The destination's receive runs on a thread of its own (woken through
+ * cond); a copy and a hand-over are the engine. */
 static bool on_thread(const struct ioc__mig *m)
 {
-	return m->incoming || m->handover;
+	return m->incoming;
 }
 
 /* Under lock: wake the job for a cancel or the end. */
 static void job_wake_locked(struct ioc__mig *m)
 {
-	if (on_thread(m)) {
+	if (on_thread(m))
 		pthread_cond_broadcast(&m->cond);
-		if (m->ho_wake >= 0)
-			(void)eventfd_write(m->ho_wake, 1);
-	} else {
+	else
 		engine_kick(m);
-	}
 }
 
 /* Main loop: the engine (its I/O thread) or the receiving thread, which
@@ -262,7 +258,6 @@ int ioc__mig_new(struct ioc__mig **out, const struct ioc__mig_host *host)
 	pthread_cond_init(&m->cond, NULL);
 	pthread_mutex_init(&m->mir_lock, NULL);
 	m->sock = -1;
-	m->ho_wake = -1;
 	m->listen_fd = -1;
 	/* QEMU 7.2's defaults, but zero-blocks (on: storage is mostly holes)
 	 * and max-bandwidth (unlimited: QEMU's 128 MiB/s is a guest's RAM
@@ -366,7 +361,7 @@ int ioc__mig_parse_uri(const char *uri, char *host, size_t hl, char *port, size_
 
 struct slot {
 	struct ioc_wq_job job;
-	struct src *s;
+	struct ioc__mig_src *s;
 	uint64_t off;
 	uint32_t len;
 	uint8_t *buf, *out;
@@ -380,7 +375,7 @@ struct slot {
 	struct slot *next_free;         /* free, or handed back (done) */
 };
 
-struct src {
+struct ioc__mig_src {
 	struct ioc__mig *m;
 	struct ioc__mig_params p;
 	struct ioc_loop *loop;          /* the engine's */
@@ -431,23 +426,28 @@ struct src {
 	char why[256];
 };
 
-static bool cancelled(struct src *s)
+static bool cancelled(struct ioc__mig_src *s)
 {
 	/* relaxed: a request to stop; see struct ioc__mig. */
 	return atomic_load_explicit(&s->m->cancel, memory_order_relaxed);
 }
 
-static int fail(struct src *s, int err, const char *fmt, ...)
+static int vfail(struct ioc__mig_src *s, int err, const char *fmt, va_list ap)
+{
+	if (!s->why[0])
+		vsnprintf(s->why, sizeof(s->why), fmt, ap);
+	return err;
+}
+
+static int fail(struct ioc__mig_src *s, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-static int fail(struct src *s, int err, const char *fmt, ...)
+static int fail(struct ioc__mig_src *s, int err, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (!s->why[0]) {
-		va_start(ap, fmt);
-		vsnprintf(s->why, sizeof(s->why), fmt, ap);
-		va_end(ap);
-	}
+	va_start(ap, fmt);
+	err = vfail(s, err, fmt, ap);
+	va_end(ap);
 	return err;
 }
 
@@ -459,7 +459,7 @@ static bool all_zero(const uint8_t *p, size_t n)
 /* Sleep until a kick or deadline (ns, CLOCK_MONOTONIC; INT64_MAX: none).
  * It may return early: the caller looks at its conditions again (the
  * handshake is above engine_kick()). */
-static void ioc_coroutine_fn engine_wait(struct src *s, int64_t deadline)
+static void ioc_coroutine_fn engine_wait(struct ioc__mig_src *s, int64_t deadline)
 {
 	struct ioc__mig *m = s->m;
 	int st = ENG_RUNNING;
@@ -482,13 +482,13 @@ static void ioc_coroutine_fn engine_wait(struct src *s, int64_t deadline)
 
 static void engine_timer(void *opaque)
 {
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 
 	engine_kick(s->m);
 }
 
 /* Wait, cancellable, until deadline (a max-bandwidth pause). */
-static void ioc_coroutine_fn engine_sleep_until(struct src *s, int64_t deadline)
+static void ioc_coroutine_fn engine_sleep_until(struct ioc__mig_src *s, int64_t deadline)
 {
 	while (!cancelled(s) && ioc_now_ns() < deadline)
 		engine_wait(s, deadline);
@@ -515,7 +515,7 @@ static void sock_hs_readable(void *opaque);
  * runs (rd_watch) or, before it runs, while the engine's TLS handshake
  * waits (rd_wait); writable while the engine waits in wait_sock().
  */
-static int sock_watch(struct src *s)
+static int sock_watch(struct ioc__mig_src *s)
 {
 	return ioc_loop_set_fd(s->loop, s->sock,
 			       s->rd_watch ? sock_readable : s->rd_wait ? sock_hs_readable : NULL,
@@ -524,7 +524,7 @@ static int sock_watch(struct src *s)
 
 static void sock_writable(void *opaque)
 {
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 
 	/* Level-triggered: off until the engine waits again. */
 	s->wr_wait = false;
@@ -534,7 +534,7 @@ static void sock_writable(void *opaque)
 
 static void sock_hs_readable(void *opaque)
 {
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 
 	/* As sock_writable(). */
 	s->rd_wait = false;
@@ -545,7 +545,7 @@ static void sock_hs_readable(void *opaque)
 /* Wait until the socket may take more, or has bytes with readable (or a
  * kick: a cancel, which also shuts the socket down, or a mirrored write).
  * Try again after it either way. */
-static int ioc_coroutine_fn wait_sock(struct src *s, bool readable, int64_t deadline)
+static int ioc_coroutine_fn wait_sock(struct ioc__mig_src *s, bool readable, int64_t deadline)
 {
 	bool *waiting = readable ? &s->rd_wait : &s->wr_wait;
 	int ret;
@@ -566,7 +566,7 @@ static int ioc_coroutine_fn wait_sock(struct src *s, bool readable, int64_t dead
 	return 0;
 }
 
-static int ioc_coroutine_fn wait_writable(struct src *s, int64_t deadline)
+static int ioc_coroutine_fn wait_writable(struct ioc__mig_src *s, int64_t deadline)
 {
 	return wait_sock(s, false, deadline);
 }
@@ -598,7 +598,7 @@ static void slot_job(struct ioc_wq_job *job)
 	}
 }
 
-static int ioc_coroutine_fn send_tls(struct src *s, const struct iovec *iov, int iovcnt)
+static int ioc_coroutine_fn send_tls(struct ioc__mig_src *s, const struct iovec *iov, int iovcnt)
 {
 	for (int i = 0; i < iovcnt; i++) {
 		const uint8_t *p = iov[i].iov_base;
@@ -636,7 +636,7 @@ static int ioc_coroutine_fn send_tls(struct src *s, const struct iovec *iov, int
  * here) reads no more records, so a sender blocked in send() and a reader
  * behind it on the same thread would wait for each other forever.
  */
-static int ioc_coroutine_fn send_all(struct src *s, struct iovec *iov, int iovcnt)
+static int ioc_coroutine_fn send_all(struct ioc__mig_src *s, struct iovec *iov, int iovcnt)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
 	size_t total = 0;
@@ -685,7 +685,7 @@ static int ioc_coroutine_fn send_all(struct src *s, struct iovec *iov, int iovcn
 
 /* max-bandwidth: once a window of a second has sent its share, wait (a
  * cancel cuts the wait short). */
-static void ioc_coroutine_fn throttle(struct src *s, uint64_t bytes)
+static void ioc_coroutine_fn throttle(struct ioc__mig_src *s, uint64_t bytes)
 {
 	int64_t now = ioc_now_ns();
 	uint64_t cap = s->p.max_bandwidth;
@@ -702,7 +702,7 @@ static void ioc_coroutine_fn throttle(struct src *s, uint64_t bytes)
 		engine_sleep_until(s, due);
 }
 
-static int ioc_coroutine_fn send_rec(struct src *s, const struct ioc_mig_rec *r,
+static int ioc_coroutine_fn send_rec(struct ioc__mig_src *s, const struct ioc_mig_rec *r,
 				      const void *payload)
 {
 	uint8_t hdr[IOC_MIG_REC_SIZE];
@@ -724,7 +724,7 @@ static int ioc_coroutine_fn send_rec(struct src *s, const struct ioc_mig_rec *r,
 	return 0;
 }
 
-static int ioc_coroutine_fn send_zero(struct src *s, uint64_t off, uint64_t len)
+static int ioc_coroutine_fn send_zero(struct ioc__mig_src *s, uint64_t off, uint64_t len)
 {
 	struct ioc_mig_rec r = { .type = IOC_MIG_ZERO, .offset = off };
 	uint64_t blocks;
@@ -752,7 +752,7 @@ static int ioc_coroutine_fn send_zero(struct src *s, uint64_t off, uint64_t len)
 }
 
 /* A job came back (in order): its record goes out. */
-static int ioc_coroutine_fn send_slot(struct src *s, struct slot *sl)
+static int ioc_coroutine_fn send_slot(struct ioc__mig_src *s, struct slot *sl)
 {
 	struct ioc_mig_rec r = {
 		.type = sl->type, .offset = sl->off, .length = sl->len, .data_crc = sl->crc,
@@ -789,7 +789,7 @@ static int ioc_coroutine_fn send_slot(struct src *s, struct slot *sl)
 	return 0;
 }
 
-static void slot_put(struct src *s, struct slot *sl)
+static void slot_put(struct ioc__mig_src *s, struct slot *sl)
 {
 	sl->next_free = s->free_slots;
 	s->free_slots = sl;
@@ -800,7 +800,7 @@ static void slot_put(struct src *s, struct slot *sl)
 static void slot_done(struct ioc_wq_job *job, void *opaque)
 {
 	struct slot *sl = ioc_container_of(job, struct slot, job);
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 
 	sl->next_free = NULL;
 	*s->done_tail = sl;
@@ -810,7 +810,7 @@ static void slot_done(struct ioc_wq_job *job, void *opaque)
 
 /* Send the jobs handed back (waiting for at least one when wait and any
  * is in flight).  A send that waits lets more come back: they go too. */
-static int ioc_coroutine_fn collect(struct src *s, bool wait)
+static int ioc_coroutine_fn collect(struct ioc__mig_src *s, bool wait)
 {
 	struct slot *sl;
 	int ret = 0;
@@ -829,7 +829,7 @@ static int ioc_coroutine_fn collect(struct src *s, bool wait)
 }
 
 /* Wait until every job handed out has been sent. */
-static int ioc_coroutine_fn drain(struct src *s)
+static int ioc_coroutine_fn drain(struct ioc__mig_src *s)
 {
 	while (ioc_wq_in_flight(s->wq) > 0 || s->done) {
 		int ret = collect(s, true);
@@ -840,7 +840,7 @@ static int ioc_coroutine_fn drain(struct src *s)
 	return 0;
 }
 
-static void snapshot_workers(struct src *s)
+static void snapshot_workers(struct ioc__mig_src *s)
 {
 	struct ioc_wq_worker_stats ws[64];
 	int n = ioc_wq_get_stats(s->wq, ws, 64);
@@ -858,7 +858,7 @@ static void snapshot_workers(struct src *s)
  * client's request: not counted in the node's statistics, and no gate
  * (only the front ends' ioc_node_co_enter() waits at one), so the last
  * pass reads while the clients are held. */
-static int ioc_coroutine_fn read_full(struct src *s, uint8_t *buf, uint32_t len,
+static int ioc_coroutine_fn read_full(struct ioc__mig_src *s, uint8_t *buf, uint32_t len,
 				      uint64_t off)
 {
 	uint64_t size = atomic_load(&s->node->size);
@@ -890,7 +890,8 @@ static int ioc_coroutine_fn read_full(struct src *s, uint8_t *buf, uint32_t len,
  * (bench/migrate/NOTES.md).  Records still leave in read order: nothing
  * is in the workqueue in this mode.
  */
-static int ioc_coroutine_fn copy_inline(struct src *s, uint64_t off, uint32_t len, bool mirror)
+static int ioc_coroutine_fn copy_inline(struct ioc__mig_src *s, uint64_t off, uint32_t len,
+					bool mirror)
 {
 	struct slot *sl;
 	int ret = drain(s);
@@ -912,7 +913,8 @@ static int ioc_coroutine_fn copy_inline(struct src *s, uint64_t off, uint32_t le
 }
 
 /* One chunk: clear its bits, read it, hand it to a worker. */
-static int ioc_coroutine_fn copy_chunk(struct src *s, uint64_t off, uint32_t len, bool mirror)
+static int ioc_coroutine_fn copy_chunk(struct ioc__mig_src *s, uint64_t off, uint32_t len,
+				       bool mirror)
 {
 	struct slot *sl;
 	bool busy = false;
@@ -1007,7 +1009,7 @@ static void mirror_acked_locked(struct ioc__mig *m)
 	}
 }
 
-static void mirror_start(struct src *s)
+static void mirror_start(struct ioc__mig_src *s)
 {
 	struct ioc__mig *m = s->m;
 
@@ -1058,7 +1060,7 @@ static void mirror_close(struct ioc__mig *m)
 
 /* The migration ended (any outcome): mirror_close(), and the throttle
  * shown stops. */
-static void mirror_stop(struct src *s)
+static void mirror_stop(struct ioc__mig_src *s)
 {
 	struct ioc__mig *m = s->m;
 
@@ -1195,7 +1197,7 @@ static int ioc_coroutine_fn mirror_notify(struct ioc_node_notifier *nt, struct i
  * cpu-throttle-increment, or with cpu-throttle-tailslow only what would
  * bring the writer's share down to the threshold; max-cpu-throttle caps
  * it).  ratio: the writer's share in the period that triggered it. */
-static void throttle_up(struct src *s, double ratio)
+static void throttle_up(struct ioc__mig_src *s, double ratio)
 {
 	unsigned next;
 
@@ -1243,7 +1245,7 @@ static void throttle_up(struct src *s, double ratio)
  * lasts seconds, hence the fixed period, short enough that the throttle
  * climbs from 20% to 99% in under a second.
  */
-static void throttle_check(struct src *s, uint64_t bytes)
+static void throttle_check(struct ioc__mig_src *s, uint64_t bytes)
 {
 	int64_t now;
 
@@ -1281,7 +1283,7 @@ static void throttle_check(struct src *s, uint64_t bytes)
  * anyway.  A period without progress (the copy waiting for the link)
  * gets the longest gap.
  */
-static void admit_update(struct src *s, uint64_t bytes)
+static void admit_update(struct ioc__mig_src *s, uint64_t bytes)
 {
 	int64_t now, gap = ADMIT_GAP_MAX_NS;
 
@@ -1313,7 +1315,7 @@ static void admit_update(struct src *s, uint64_t bytes)
  * leave in the order their data was read (the property that makes the
  * destination's last record of a block the newest; see the top).
  */
-static int ioc_coroutine_fn mirror_service(struct src *s)
+static int ioc_coroutine_fn mirror_service(struct ioc__mig_src *s)
 {
 	struct ioc__mig *m = s->m;
 	struct ioc__mig_mirror_req *list, *q;
@@ -1376,7 +1378,7 @@ static int ioc_coroutine_fn mirror_service(struct src *s)
  */
 static void sock_readable(void *opaque)
 {
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 
 	/* The loop's thread, outside coroutines: runs the reader until it
 	 * has read all there is. */
@@ -1384,7 +1386,7 @@ static void sock_readable(void *opaque)
 }
 
 /* A MACK: answer the writes it covers.  0, or -EPROTO with why set. */
-static int answer_mack(struct src *s, const struct ioc_mig_rec *r, const char **why)
+static int answer_mack(struct ioc__mig_src *s, const struct ioc_mig_rec *r, const char **why)
 {
 	struct ioc__mig *m = s->m;
 
@@ -1407,7 +1409,7 @@ static int answer_mack(struct src *s, const struct ioc_mig_rec *r, const char **
 
 static void ioc_coroutine_fn ack_reader(void *opaque)
 {
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 	struct ioc__mig *m = s->m;
 	struct ioc_mig_hdr h = { .image_size = s->size, .block_size = s->block };
 	uint8_t buf[32 * IOC_MIG_REC_SIZE];
@@ -1486,7 +1488,7 @@ out:
 	engine_kick(m);
 }
 
-static uint64_t dirty_bytes(struct src *s)
+static uint64_t dirty_bytes(struct ioc__mig_src *s)
 {
 	struct ioc_blk_dirty_info di;
 
@@ -1496,7 +1498,7 @@ static uint64_t dirty_bytes(struct src *s)
 
 /* auto, during pass 1: mirror once what was written behind the pass could
  * no longer be sent within downtime-limit at the rate pass 1 sends. */
-static void auto_start(struct src *s)
+static void auto_start(struct ioc__mig_src *s)
 {
 	int64_t dt = ioc_now_ns() - s->pass_start;
 	double bw;
@@ -1512,7 +1514,7 @@ static void auto_start(struct src *s)
  * more than limit bytes and keeps moving (*last, *deadline carry that
  * between looks), 0 once it is down to limit, cannot be read, or has not
  * moved for ACK_TIMEOUT_MS; -ECANCELED on a cancel. */
-static int queue_above(struct src *s, int limit, int *last, int64_t *deadline)
+static int queue_above(struct ioc__mig_src *s, int limit, int *last, int64_t *deadline)
 {
 	int q = 0;
 
@@ -1531,7 +1533,7 @@ static int queue_above(struct src *s, int limit, int *last, int64_t *deadline)
 
 /* While writes wait: serve the mirror, send what the workers finished,
  * then sleep until deadline or a kick (a mirrored write among them). */
-static int ioc_coroutine_fn serve_and_wait(struct src *s, int64_t deadline)
+static int ioc_coroutine_fn serve_and_wait(struct ioc__mig_src *s, int64_t deadline)
 {
 	int ret = mirror_service(s);
 
@@ -1556,7 +1558,7 @@ static int ioc_coroutine_fn serve_and_wait(struct src *s, int64_t deadline)
  * queue that does not move for ACK_TIMEOUT_MS (the next send then meets
  * the link's state, as without pacing).
  */
-static int ioc_coroutine_fn pace(struct src *s)
+static int ioc_coroutine_fn pace(struct ioc__mig_src *s)
 {
 	int64_t deadline = ioc__mig_now_ms() + ACK_TIMEOUT_MS;
 	int last = -1;
@@ -1574,7 +1576,7 @@ static int ioc_coroutine_fn pace(struct src *s)
 }
 
 /* Copy [off, off + len) in chunks (block-aligned; the last may be short). */
-static int ioc_coroutine_fn copy_range(struct src *s, uint64_t off, uint64_t len)
+static int ioc_coroutine_fn copy_range(struct ioc__mig_src *s, uint64_t off, uint64_t len)
 {
 	while (len) {
 		uint32_t n = len > CHUNK_MAX ? CHUNK_MAX : (uint32_t)len;
@@ -1608,7 +1610,7 @@ static int ioc_coroutine_fn copy_range(struct src *s, uint64_t off, uint64_t len
 	return 0;
 }
 
-static int ioc_coroutine_fn send_pass(struct src *s)
+static int ioc_coroutine_fn send_pass(struct ioc__mig_src *s)
 {
 	struct ioc_mig_rec r = { .type = IOC_MIG_PASS };
 	int ret = drain(s); /* a pass's records before the next PASS */
@@ -1635,7 +1637,8 @@ static int ioc_coroutine_fn send_pass(struct src *s)
  * always right.  Consecutive runs of one kind are merged, so a format's
  * per-cluster answers become one range.
  */
-static int ioc_coroutine_fn next_run(struct src *s, uint64_t off, uint64_t *end, bool *zero)
+static int ioc_coroutine_fn next_run(struct ioc__mig_src *s, uint64_t off, uint64_t *end,
+				     bool *zero)
 {
 	uint64_t pos = off;
 	int kind = -1;
@@ -1680,7 +1683,7 @@ static int ioc_coroutine_fn next_run(struct src *s, uint64_t off, uint64_t *end,
 }
 
 /* Pass 1: every block; zeroes (whole blocks of them) without reading. */
-static int ioc_coroutine_fn pass_full(struct src *s)
+static int ioc_coroutine_fn pass_full(struct ioc__mig_src *s)
 {
 	uint64_t off = 0;
 	int ret = send_pass(s);
@@ -1718,7 +1721,7 @@ static int ioc_coroutine_fn pass_full(struct src *s)
 
 
 /* A pass over what the bitmap says changed. */
-static int ioc_coroutine_fn pass_dirty(struct src *s)
+static int ioc_coroutine_fn pass_dirty(struct ioc__mig_src *s)
 {
 	uint64_t off = 0;
 	int ret = send_pass(s);
@@ -1742,7 +1745,7 @@ static int ioc_coroutine_fn pass_dirty(struct src *s)
 }
 
 /* Measure the bandwidth of the pass that just ended. */
-static void pass_end(struct src *s)
+static void pass_end(struct ioc__mig_src *s)
 {
 	int64_t now = ioc_now_ns(), dt = now - s->pass_start;
 
@@ -1763,7 +1766,7 @@ static void pass_end(struct src *s)
  * writable, the time is up or a cancel kicks. */
 static int ioc_coroutine_fn connect_wait(void *opaque, int fd, int64_t left_ms)
 {
-	struct src *s = opaque;
+	struct ioc__mig_src *s = opaque;
 	int ret;
 
 	s->sock = fd;
@@ -1774,7 +1777,7 @@ static int ioc_coroutine_fn connect_wait(void *opaque, int fd, int64_t left_ms)
 
 /* The TLS handshake, a step at a time on the loop (the socket stays
  * non-blocking; a cancel kicks, and a silent peer meets the deadline). */
-static int ioc_coroutine_fn tls_handshake(struct src *s, char *e, size_t elen)
+static int ioc_coroutine_fn tls_handshake(struct ioc__mig_src *s, char *e, size_t elen)
 {
 	int64_t deadline = ioc_now_ns() + (int64_t)CONNECT_TIMEOUT_MS * 1000000;
 
@@ -1810,7 +1813,7 @@ static int64_t resolve_fn(void *arg)
 	return ioc__resolve_tcp(r->host, r->port, &r->res);
 }
 
-static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
+static int ioc_coroutine_fn connect_to(struct ioc__mig_src *s, const char *uri)
 {
 	char host[256], port[16];
 	struct resolve rs = { host, port, NULL };
@@ -1862,6 +1865,75 @@ static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
 	return 0;
 }
 
+/* ---- the link, for a hand-over that runs on the engine (handover.c) ---- */
+
+int ioc_coroutine_fn ioc__mig_src_connect(struct ioc__mig_src *s, const char *uri)
+{
+	return connect_to(s, uri);
+}
+
+int ioc_coroutine_fn ioc__mig_src_send(struct ioc__mig_src *s, const void *buf, size_t len)
+{
+	struct iovec iov = { (void *)buf, len };
+
+	return send_all(s, &iov, 1);
+}
+
+int ioc_coroutine_fn ioc__mig_src_recv(struct ioc__mig_src *s, void *buf, size_t len,
+				       int64_t deadline, const char *what)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n;
+		int ret;
+
+		if (s->tls) {
+			n = s->m->host.tls->recv(s->tls, (uint8_t *)buf + got, len - got);
+		} else {
+			n = recv(s->sock, (uint8_t *)buf + got, len - got, MSG_DONTWAIT);
+			if (n < 0)
+				n = errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		}
+		if (n == -EINTR)
+			continue;
+		if (n > 0) {
+			got += (size_t)n;
+			continue;
+		}
+		if (cancelled(s))
+			return -ECANCELED;
+		if (n == 0 || n != -EAGAIN)
+			return fail(s, n < 0 ? (int)n : -EPIPE, "The destination closed the "
+				    "stream before %s", what);
+		if (ioc_now_ns() >= deadline)
+			return -ETIMEDOUT;
+		if ((ret = wait_sock(s, true, deadline)) < 0)
+			return ret;
+	}
+	return 0;
+}
+
+void ioc_coroutine_fn ioc__mig_src_wait(struct ioc__mig_src *s)
+{
+	engine_wait(s, INT64_MAX);
+}
+
+int ioc__mig_src_fail(struct ioc__mig_src *s, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	err = vfail(s, err, fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+void ioc__mig_engine_kick(struct ioc__mig *m)
+{
+	engine_kick(m);
+}
+
 /*
  * Wait until the stream's send queue (bytes not yet acknowledged by the
  * destination, SIOCOUTQ) is down to SENT_SLACK, looking every
@@ -1871,7 +1943,7 @@ static int ioc_coroutine_fn connect_to(struct src *s, const char *uri)
  * reports the link).  Mirrored writes wait meanwhile (their records would
  * fill the queue again): the hold that follows answers them.
  */
-static int ioc_coroutine_fn wait_sent(struct src *s)
+static int ioc_coroutine_fn wait_sent(struct ioc__mig_src *s)
 {
 	int64_t deadline = ioc__mig_now_ms() + ACK_TIMEOUT_MS;
 	int last = -1;
@@ -1901,7 +1973,7 @@ static int ioc_coroutine_fn wait_sent(struct src *s)
  * answer reader that ended (failure) or ACK_TIMEOUT_MS without the MACK
  * ends it; the next steps then report the link.
  */
-static int ioc_coroutine_fn fence(struct src *s)
+static int ioc_coroutine_fn fence(struct ioc__mig_src *s)
 {
 	struct ioc__mig *m = s->m;
 	int64_t deadline = ioc_now_ns() + (int64_t)ACK_TIMEOUT_MS * 1000000;
@@ -1942,7 +2014,7 @@ static int ioc_coroutine_fn fence(struct src *s)
 
 /* Wait for the destination's ACK (not cancellable: END is out), read by
  * ack_reader(), which kicks when it ends; the timeout is the timer. */
-static int ioc_coroutine_fn wait_ack(struct src *s, uint32_t sum)
+static int ioc_coroutine_fn wait_ack(struct ioc__mig_src *s, uint32_t sum)
 {
 	struct ioc__mig *m = s->m;
 	int64_t deadline = ioc_now_ns() + (int64_t)ACK_TIMEOUT_MS * 1000000;
@@ -1974,7 +2046,7 @@ static int ioc_coroutine_fn wait_ack(struct src *s, uint32_t sum)
 	return ret;
 }
 
-static int ioc_coroutine_fn run(struct src *s, const char *uri)
+static int ioc_coroutine_fn run(struct ioc__mig_src *s, const char *uri)
 {
 	struct ioc__mig *m = s->m;
 	struct ioc_wq_opts wo = {
@@ -2221,7 +2293,7 @@ static void ioc_coroutine_fn source_co(void *opaque)
 {
 	struct start_args *a = opaque;
 	struct ioc__mig *m = a->m;
-	struct src s = { .m = m, .p = a->p, .node = m->node, .sock = -1, .size = a->size,
+	struct ioc__mig_src s = { .m = m, .p = a->p, .node = m->node, .sock = -1, .size = a->size,
 			 .block = (uint32_t)a->p.granularity, .bm = m->bm };
 	int ret;
 
@@ -2229,7 +2301,8 @@ static void ioc_coroutine_fn source_co(void *opaque)
 	s.loop = ioc_loop_current();
 	s.done_tail = &s.done;
 	ioc_timer_init(&s.timer, s.loop, engine_timer, &s);
-	ret = run(&s, a->uri);
+	ret = m->handover ? ioc__mig_handover_run(&s, m, &a->p, a->uri, a->size)
+			  : run(&s, a->uri);
 	mirror_stop(&s);
 	if (s.reader_running) {
 		pthread_mutex_lock(&m->mir_lock);
@@ -2257,8 +2330,10 @@ static void ioc_coroutine_fn source_co(void *opaque)
 		m->host.tls->end(s.tls, ret == 0);
 	}
 	/* The reads attached this loop to the node's graph (its slot, the
-	 * drivers' state on it): this loop stops with the engine. */
-	ioc_node_loop_exit(s.node);
+	 * drivers' state on it): this loop stops with the engine.  A
+	 * hand-over reads nothing. */
+	if (!m->handover)
+		ioc_node_loop_exit(s.node);
 	if (ret < 0 && cancelled(&s))
 		ret = -ECANCELED;
 	free(a);
@@ -2304,6 +2379,23 @@ static int engine_start(struct ioc__mig *m, struct start_args *a)
 		m->eng = NULL;
 		m->eng_loop = NULL;
 	}
+	return r;
+}
+
+int ioc__mig_engine_start(struct ioc__mig *m, const char *uri, uint64_t size)
+{
+	struct start_args *a = calloc(1, sizeof(*a));
+	int r;
+
+	if (!a)
+		return -ENOMEM;
+	a->m = m;
+	a->p = m->p;
+	a->size = size;
+	snprintf(a->uri, sizeof(a->uri), "%s", uri);
+	r = engine_start(m, a);
+	if (r < 0)
+		free(a);
 	return r;
 }
 

@@ -22,8 +22,12 @@ would be:
     a hand-over: the source's control socket still answers (query-migrate
     within seconds; its bitmap commands refuse the node), and once the
     OSD goes on (SIGCONT) the hand-over completes, every write on the
-    destination.  Again, the source stopped (SIGTERM) meanwhile: it exits
-    cleanly once the OSD goes on, leaving no lock.
+    destination.
+ 8. Again, the source stopped (SIGTERM) meanwhile: it exits cleanly once
+    the OSD goes on, leaving no lock.
+ 9. Over TLS (PSK, tls-creds): a destination with another key refuses the
+    handshake (the source serves on with the lock); one with the key
+    takes the image over.  Skipped without psktool (gnutls-bin).
 TAP on stdout; every wait is bounded; nothing asserts on timing."""
 import atexit, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile
 import threading, time
@@ -592,5 +596,44 @@ ok(rc == 0, "I, stopped meanwhile, exits cleanly once the OSD goes on (%s)" % rc
    i.output())
 j.stop(signal.SIGKILL)
 ok(locker("rbd/img3") is None, "no lock of rbd/img3 is left", locker("rbd/img3"))
+
+# 9. Over TLS: the stream's handshake, then the same hand-over.
+if shutil.which("psktool"):
+    keys, wrong = os.path.join(DIR, "keys.psk"), os.path.join(DIR, "wrong.psk")
+    for f in (keys, wrong):
+        run("psktool", "-u", "alice", "-p", f)
+    tls = lambda f: ["--tls", "on", "--tls-psk", f]  # noqa: E731
+    t = Server("t", image=IMG3, extra=tls(keys))
+    ok(t.f is not None, "T serves rbd/img3 with TLS credentials", t.output())
+    t.caps({"__org.iocore_handover": True})
+    t.cmd("migrate-set-parameters", **{"tls-creds": "tls0"})
+    lock_t = locker("rbd/img3")
+    u, uri = handover(t, "u", image=IMG3, extra=tls(wrong))
+    t.cmd("migrate", uri=uri)
+    q = t.wait("completed", "failed", "cancelled")
+    ok(q.get("status") == "failed" and "TLS" in q.get("error-desc", ""),
+       "another key: the TLS handshake fails, naming it", q)
+    u.stop(signal.SIGKILL)
+    ok(lock_t and locker("rbd/img3") == lock_t, "T holds the lock again",
+       [lock_t, locker("rbd/img3")])
+    v, uri = handover(t, "v", image=IMG3, extra=tls(keys))
+    r = t.cmd("migrate", uri=uri)
+    q = t.wait("completed", "failed", "cancelled")
+    ok(q.get("status") == "completed", "with the key: handed over over TLS", [r, q])
+    ok(locker("rbd/img3") not in (None, lock_t), "the lock moved to V",
+       [lock_t, locker("rbd/img3")])
+    try:
+        k = Nbd(v.sock)
+        k.req(1, 0, block(0, 9001))
+        back = k.req(0, 0, length=BS) == block(0, 9001)
+        k.close()
+    except (OSError, NbdError) as ex:
+        back = str(ex)
+    ok(back is True, "V serves it", back)
+    t.stop()
+    ok(v.stop() == 0 and locker("rbd/img3") is None, "both stop; no lock is left",
+       locker("rbd/img3"))
+else:
+    print("# psktool missing (gnutls-bin): no TLS hand-over")
 
 sys.exit(qmptap.plan())
