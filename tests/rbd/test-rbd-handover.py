@@ -141,6 +141,19 @@ def block(b, seq):
     return struct.pack(">QQ", b, seq) * (BS // 16)
 
 
+def writes_back(srv, b, seq, read=True):
+    """True if srv takes a write of block b (seq) and, with read, reads
+    it back; else why not."""
+    try:
+        k = Nbd(srv.sock)
+        k.req(1, b * BS, block(b, seq))
+        back = not read or k.req(0, b * BS, length=BS) == block(b, seq)
+        k.close()
+        return back
+    except (OSError, NbdError) as ex:
+        return str(ex)
+
+
 class Writer(threading.Thread):
     """Writes blocks 0..NB-1 in turn, each with a new sequence number, to
     the server at self.target; a failed write is uncertain (it may or may
@@ -426,13 +439,7 @@ for what in ("cancel", "kill", "timeout"):
         ok(q.get("status") == "failed" and "within 1000 ms" in q.get("error-desc", ""),
            "a destination that does not answer in 1000 ms: failed", q)
         b.cmd("migrate-set-parameters", **{TO: 30000})
-    try:
-        k = Nbd(b.sock)
-        k.req(1, 0, block(0, 99999))
-        back = k.req(0, 0, length=BS) == block(0, 99999)
-        k.close()
-    except (OSError, NbdError) as e:
-        back = "%s" % e
+    back = writes_back(b, 0, 99999)
     ok(back is True, "%s: B serves on, and writes" % what, back)
     ok(locker() == lock_b, "%s: B holds the lock again" % what, locker())
 
@@ -446,13 +453,7 @@ ok(q.get("status") == "failed" and "refused" in q.get("error-desc", ""),
 rc = e.p.wait(timeout=30)
 ok(rc != 0 and "hands over rbd:rbd//img;" in e.output(),
    "that destination says why and exits non-zero", e.output())
-try:
-    k = Nbd(b.sock)
-    k.req(1, 4096, block(1, 5))
-    k.close()
-    back = True
-except (OSError, NbdError) as ex:
-    back = str(ex)
+back = writes_back(b, 1, 5, read=False)
 ok(back is True and locker() == lock_b, "B serves on with the lock", [back, locker()])
 
 fimg = os.path.join(DIR, "file.img")
@@ -488,13 +489,7 @@ ok("return" in r and q.get("status") == "completed" and q.get("__org.iocore_mode
    "handover", "the daemon hands its export over", [r, q])
 ok(lock_d and locker() not in (None, lock_d), "the lock moved to the destination",
    [lock_d, locker()])
-try:
-    k = Nbd(g.sock)
-    k.req(1, 8192, block(2, 7))
-    back = k.req(0, 8192, length=BS) == block(2, 7)
-    k.close()
-except (OSError, NbdError) as ex:
-    back = str(ex)
+back = writes_back(g, 2, 7)
 ok(back is True, "the destination serves it", back)
 d.stop()
 ok(g.stop() == 0 and locker() is None, "both stop; no lock is left", locker())
@@ -622,13 +617,7 @@ if shutil.which("psktool"):
     ok(q.get("status") == "completed", "with the key: handed over over TLS", [r, q])
     ok(locker("rbd/img3") not in (None, lock_t), "the lock moved to V",
        [lock_t, locker("rbd/img3")])
-    try:
-        k = Nbd(v.sock)
-        k.req(1, 0, block(0, 9001))
-        back = k.req(0, 0, length=BS) == block(0, 9001)
-        k.close()
-    except (OSError, NbdError) as ex:
-        back = str(ex)
+    back = writes_back(v, 0, 9001)
     ok(back is True, "V serves it", back)
     t.stop()
     ok(v.stop() == 0 and locker("rbd/img3") is None, "both stop; no lock is left",
