@@ -418,7 +418,8 @@ struct ioc__mig_src {
 	uint64_t adm_bytes;
 	/* the socket's one loop handler (sock_watch()) */
 	bool rd_watch;                  /* the reader waits for answers */
-	bool rd_wait;                   /* the engine waits for the handshake */
+	bool rd_wait;                   /* the engine waits to read (the TLS
+					 * handshake, a hand-over's READY) */
 	bool wr_wait;                   /* the engine waits to send */
 	bool want_mack;                 /* fence(): each MACK kicks */
 	struct ioc_co *reader;
@@ -512,8 +513,9 @@ static void sock_hs_readable(void *opaque);
  * The socket's handler on the engine's loop, for both of its waiters:
  * ioc_co_wait_fd() would own the fd's one handler, and the reader waits
  * for answers while the engine waits to send.  Readable while the reader
- * runs (rd_watch) or, before it runs, while the engine's TLS handshake
- * waits (rd_wait); writable while the engine waits in wait_sock().
+ * runs (rd_watch) or, when no reader runs, while the engine waits to read
+ * (rd_wait: the TLS handshake, a hand-over's READY); writable while the
+ * engine waits in wait_sock().
  */
 static int sock_watch(struct ioc__mig_src *s)
 {
