@@ -229,7 +229,7 @@ json_t *ioc__mig_handover_start(struct ioc__mig *m, struct ioc_node *n,
 	m->ho_req = HO_REQ_NONE;
 	m->ho_answered = false;
 	ioc__mig_job_begin(m, uri, n->size, 0);
-	r = ioc__mig_engine_start(m, uri, n->size);
+	r = ioc__mig_engine_start(m, &m->p, uri, n->size);
 	if (r < 0)
 		return ioc__mig_job_failed_start(m, -r, err);
 	m->thread_running = true;

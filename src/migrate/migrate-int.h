@@ -266,9 +266,11 @@ json_t *ioc__mig_job_failed_start(struct ioc__mig *m, int r, struct ioc__qmp_err
  * cancelled, by result), and the failure logged. */
 void ioc__mig_job_end(struct ioc__mig *m, int result);
 
-/* source.c: start the engine on a coroutine of its own I/O thread, for a
- * hand-over (main loop; -errno); kick it (any thread, engine_kick()). */
-int ioc__mig_engine_start(struct ioc__mig *m, const char *uri, uint64_t size);
+/* source.c: start the engine, a coroutine on an I/O thread of its own,
+ * for a copy or a hand-over with parameters p (copied; main loop;
+ * -errno); kick it (any thread, engine_kick()). */
+int ioc__mig_engine_start(struct ioc__mig *m, const struct ioc__mig_params *p,
+			  const char *uri, uint64_t size);
 void ioc__mig_engine_kick(struct ioc__mig *m);
 
 /* source.c: the engine's link to the destination, for a hand-over run on

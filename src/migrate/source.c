@@ -1905,7 +1905,7 @@ int ioc_coroutine_fn ioc__mig_src_recv(struct ioc__mig_src *s, void *buf, size_t
 		}
 		if (cancelled(s))
 			return -ECANCELED;
-		if (n == 0 || n != -EAGAIN)
+		if (n != -EAGAIN)
 			return fail(s, n < 0 ? (int)n : -EPIPE, "The destination closed the "
 				    "stream before %s", what);
 		if (ioc_now_ns() >= deadline)
@@ -2359,45 +2359,41 @@ static void engine_enter(void *opaque)
 	ioc_co_enter(co);
 }
 
-/* Main loop: the engine's I/O thread, and the engine on it.  Without
- * adaptive polling: it waits for the link and for kicks, and shares the
- * cores with the workers and the front end. */
-static int engine_start(struct ioc__mig *m, struct start_args *a)
+/* Main loop: the engine's I/O thread, and the engine on it (with p, a
+ * copy of the job's parameters).  Without adaptive polling: it waits for
+ * the link and for kicks, and shares the cores with the workers and the
+ * front end. */
+int ioc__mig_engine_start(struct ioc__mig *m, const struct ioc__mig_params *p,
+			  const char *uri, uint64_t size)
 {
 	struct ioc_iothread_opts o = {
 		.name = "ioc-mig", .cpu = -1, .loop = { .poll_max_ns = -1 },
 	};
-	int r = ioc_iothread_start(&m->eng, &o);
-
-	if (r < 0)
-		return r;
-	m->eng_loop = ioc_iothread_loop(m->eng);
-	/* Relaxed: the oneshot's post publishes it to the engine, and no
-	 * kicker reads it before the engine's first sleep. */
-	atomic_store_explicit(&m->eng_state, ENG_RUNNING, memory_order_relaxed);
-	r = ioc_loop_oneshot(m->eng_loop, engine_enter, a);
-	if (r < 0) {
-		ioc_iothread_stop(m->eng);
-		m->eng = NULL;
-		m->eng_loop = NULL;
-	}
-	return r;
-}
-
-int ioc__mig_engine_start(struct ioc__mig *m, const char *uri, uint64_t size)
-{
 	struct start_args *a = calloc(1, sizeof(*a));
 	int r;
 
 	if (!a)
 		return -ENOMEM;
 	a->m = m;
-	a->p = m->p;
+	a->p = *p;
 	a->size = size;
 	snprintf(a->uri, sizeof(a->uri), "%s", uri);
-	r = engine_start(m, a);
-	if (r < 0)
+	r = ioc_iothread_start(&m->eng, &o);
+	if (r < 0) {
 		free(a);
+		return r;
+	}
+	m->eng_loop = ioc_iothread_loop(m->eng);
+	/* Relaxed: the oneshot's post publishes it to the engine, and no
+	 * kicker reads it before the engine's first sleep. */
+	atomic_store_explicit(&m->eng_state, ENG_RUNNING, memory_order_relaxed);
+	r = ioc_loop_oneshot(m->eng_loop, engine_enter, a);
+	if (r < 0) {
+		free(a);
+		ioc_iothread_stop(m->eng);
+		m->eng = NULL;
+		m->eng_loop = NULL;
+	}
 	return r;
 }
 
@@ -2761,7 +2757,7 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 	struct ioc_node *n;
 	struct ioc_blk *blk;
 	uint64_t size;
-	struct start_args *a;
+	struct ioc__mig_params p;
 	char host[256], port[16];
 	uint64_t gran;
 	int r;
@@ -2828,31 +2824,21 @@ json_t *ioc__mig_migrate(struct ioc__mig *m, json_t *args,
 		ioc__qmp_errf(err, "Cannot track writes for the migration: %s", strerror(-r));
 		return NULL;
 	}
-	a = calloc(1, sizeof(*a));
-	if (!a) {
-		ioc_blk_dirty_remove(blk, IOC_MIG_BITMAP);
-		ioc__qmp_errf(err, "out of memory");
-		return NULL;
-	}
-	a->m = m;
-	a->p = m->p;
-	a->p.granularity = gran;
-	a->size = size;
-	snprintf(a->uri, sizeof(a->uri), "%s", uri);
+	p = m->p;
+	p.granularity = gran;
 	m->node = n;
 	m->blk = blk;
 	ioc__mig_job_begin(m, uri, size, gran);
 	/* Only when it has something to do: a node with a notifier takes no
 	 * zero-copy writes (they bypass the notifiers). */
 	m->nt.fn = mirror_notify;
-	m->nt_added = a->p.active_mirror != IOC_MIG_MIRROR_OFF || a->p.write_admission;
+	m->nt_added = p.active_mirror != IOC_MIG_MIRROR_OFF || p.write_admission;
 	/* Relaxed: the release store in ioc_node_add_notifier() orders it. */
 	atomic_store_explicit(&m->hook, false, memory_order_relaxed);
 	if (m->nt_added)
 		ioc_node_add_notifier(n, &m->nt);
-	r = -engine_start(m, a);
+	r = -ioc__mig_engine_start(m, &p, uri, size);
 	if (r != 0) {
-		free(a);
 		if (m->nt_added)
 			ioc_node_remove_notifier(n, &m->nt);
 		m->nt_added = false;
