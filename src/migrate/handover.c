@@ -20,8 +20,8 @@
  * and the source serves on.  The lock decides every race: a destination
  * that took it keeps it; the source, unable to take it back, stays shut
  * (failed).  Each node change is a coroutine on the main loop
- * (ho_co_fn()), its librbd and RADOS calls on the loop's thread pool: a
- * stopped OSD stalls them for ever, and QMP (query-migrate,
+ * (ho_co_fn()), its drain, librbd and RADOS calls on the loop's thread
+ * pool: a stopped OSD stalls them for ever, and QMP (query-migrate,
  * migrate_cancel) must go on.  One runs at a time; the join, _finish and
  * ioc__mig_free() wait for it (struct ioc__mig, ho_co); meanwhile the
  * held node takes no request and n->changing refuses the bitmap commands.
@@ -272,7 +272,7 @@ static void ioc_coroutine_fn ho_co_fn(void *opaque)
 	if (m->ho_doing == HO_REQ_LET_GO) {
 		int64_t t = ioc_now_ns();
 
-		ioc_node_set_gate(m->node, IOC_NODE_GATE_HOLD);
+		ioc_node_co_hold(m->node);
 		pthread_mutex_lock(&m->lock);
 		m->ho_t_hold = t;
 		pthread_mutex_unlock(&m->lock);

@@ -27,13 +27,16 @@
  *
  * Sleep/wake handshake of the changer: n->gate_applied, a latch
  * (util/latch.h) set before the posts, each posted loop reporting once;
- * the latch's mutex orders both sides, so no wakeup is lost.
+ * the latch's mutex orders both sides, so no wakeup is lost.  A changer
+ * on a loop that submits to the node (the hand-over's main loop) waits
+ * from the loop's pool instead (ioc_node_co_hold()).
  *
  * Rejected: a reader count or rwlock per node (a line written by every
  * I/O thread on every request); failing requests during a switch-over.
  */
 #include <errno.h>
 
+#include "iocore/pool.h"
 #include "node-int.h"
 #include "util/list.h"
 
@@ -176,4 +179,17 @@ void ioc_node_set_gate(struct ioc_node *n, int state)
 			ioc_co_queue_restart_all(&n->slot[i].held);
 		}
 	}
+}
+
+static int64_t hold_fn(void *arg)
+{
+	ioc_node_set_gate(arg, IOC_NODE_GATE_HOLD);
+	return 0;
+}
+
+void ioc_coroutine_fn ioc_node_co_hold(struct ioc_node *n)
+{
+	n->changing = true;
+	(void)ioc_pool_co_run(NULL, hold_fn, n);
+	n->changing = false;
 }

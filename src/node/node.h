@@ -358,6 +358,12 @@ void ioc_node_leave(struct ioc_node *n);
  * SHUT answers them -ESHUTDOWN.  Blocks: not from a loop that submits to
  * n.  One change at a time. */
 void ioc_node_set_gate(struct ioc_node *n, int state);
+/* HOLD from a coroutine on the main loop, whose loop may submit to n: the
+ * wait for the running requests (one may wait on storage that stopped
+ * answering, for ever) is a job on the loop's thread pool, from where
+ * every loop drains its own, and the main loop goes on meanwhile, with
+ * ioc_node_is_changing() true. */
+void ioc_coroutine_fn ioc_node_co_hold(struct ioc_node *n);
 /*
  * A change a front end makes outside a request's coroutine (a payload
  * received straight into the image's mapping): enter_cut is inside at

@@ -18,8 +18,9 @@ would be:
     with the capability.
  5. B stops cleanly: no lock left.
  6. iocore-storage-daemon's export of an rbd node hands over the same way.
- 7. The OSD stopped (SIGSTOP) after writes that librbd's cache holds, then
-    a hand-over: the source's control socket still answers (query-migrate
+ 7. The OSD stopped (SIGSTOP) after writes that librbd's cache holds, a
+    client's flush waiting for it inside the node, then a hand-over: the
+    source's control socket still answers (query-migrate
     within seconds; its bitmap commands refuse the node), and once the
     OSD goes on (SIGCONT) the hand-over completes, every write on the
     destination.
@@ -537,11 +538,17 @@ def dirty(srv, seq):
 
 
 dirty(h, 7000)
+# A client's flush, which waits for the OSD inside the node: the hold
+# drains it, and must not hold the main loop meanwhile.
+kf = Nbd(h.sock)
+kf.h += 1
+kf.s.sendall(struct.pack(">IHHQQI", REQ_MAGIC, 0, 3, kf.h, 0, 0))
 r = h.cmd("migrate", uri=uri)
 time.sleep(2)  # the thread connects and asks the main loop to let go
 q = h.cmd_within(10, "query-migrate")
 ok(q is not None and q.get("return", {}).get("status") == "active",
-   "the OSD stopped: H's query-migrate answers while it lets go", [r, q, h.output()])
+   "the OSD stopped, a flush inside the node: H's query-migrate answers "
+   "while it lets go", [r, q, h.output()])
 r = q and h.cmd_within(10, "block-dirty-bitmap-add", node="", name="b9",
                        persistent=True)
 ok(r is not None and "handed over" in r.get("error", {}).get("desc", ""),
@@ -551,6 +558,13 @@ if r is None:
     h.connect()  # that one timed out
 q = h.wait("completed", "failed", "cancelled", secs=90)
 ok(q.get("status") == "completed", "the OSD goes on: the hand-over completes", q)
+try:
+    magic, err, handle = struct.unpack(">IIQ", recv_all(kf.s, 16))
+    flushed = (magic == SIMPLE_REPLY and handle == kf.h, err)
+except OSError as ex:
+    flushed = str(ex)
+kf.s.close()
+ok(flushed == (True, 0), "the client's flush was answered, with success", flushed)
 qi = i.wait("completed", "failed", secs=30)
 ok(qi.get("status") == "completed", "I's query-migrate: completed", qi)
 try:
