@@ -9,13 +9,13 @@
  *
  * The design: the image's completion notification is an eventfd
  * (rbd_set_image_notification); librbd queues each finished request and
- * signals it.  A loop watches the eventfd while it has requests in flight
- * (rbd_loop_enter); whichever watching loop wakes first takes
+ * signals it.  Each loop that submits registers the eventfd the first time
+ * it does (rbd_loop_register); whichever registered loop wakes first takes
  * the queue (rbd_poll_io_events) and finishes each request with
  * ioc_co_await_done(), which enters the coroutine in place when it is at
  * home there and posts it to its loop otherwise.  One loop per node (an
  * NBD export's usual case): no hop beyond librbd's eventfd write.  Cost:
- * a signal wakes every watching loop (fine for a few; a loop past
+ * a signal wakes every registered loop (fine for a few; a loop past
  * RBD_MAX_LOOPS relies on the others).  Synchronous calls (diff, resize,
  * and in a coroutine an open or a hand-over's flush and lock) run on the
  * loop's thread pool: a slow cluster never stalls a loop.
@@ -78,22 +78,12 @@ struct rbd_node {
 	int efd;                        /* the image's completion eventfd */
 	uint64_t features;
 	uint64_t obj_size;
-	/* Loops that submitted: appended under reg_lock, read lock-free
-	 * (nloops: release store in rbd_loop_enter, acquire load in
-	 * rbd_loop_find). */
+	/* Loops with efd registered: appended under reg_lock, read
+	 * lock-free (nloops: release store in rbd_loop_register, acquire
+	 * load in rbd_loop_registered). */
 	pthread_mutex_t reg_lock;
 	_Atomic unsigned nloops;
 	struct ioc_loop *loops[RBD_MAX_LOOPS];
-	/* Per entry, only on that loop's thread (set up under reg_lock):
-	 * its requests in flight, and whether it watches efd now. */
-	struct rbd_loop_use {
-		unsigned inflight;
-		bool armed;
-	} use[RBD_MAX_LOOPS];
-	/* A loop found the table full and relies on the others: from then
-	 * on none stops watching.  Relaxed: set once, read as a hint
-	 * whose late reading costs one more wake-up. */
-	_Atomic bool overflow;
 	char name[256];                 /* pool/[ns/]image[@snap], for messages */
 	/* Hand-over (rbd_node_inactivate()): whether this node takes the
 	 * exclusive lock, the bitmaps' mode and what names the image for
@@ -180,30 +170,20 @@ void __tsan_release(void *addr);
 #define rbd_tsan_acquire(p) ((void)(p))
 #endif
 
-static int rbd_loop_find(struct rbd_node *s, struct ioc_loop *loop);
-
-/* The event fd on one loop.  A loop woken with no request of its own in
- * flight (another loop's completions woke it: every watcher wakes) takes
- * the queue as any other, then stops watching until it submits again, so
- * an idle NBD thread does not wake for every read of a busy one.  Each
- * completion belongs to a request whose loop counts it in flight and so
- * watches (or relies on the others, and then no loop stops). */
 static void rbd_event_read(void *opaque)
 {
 	struct rbd_node *s = opaque;
 	rbd_completion_t comps[RBD_POLL_BATCH];
 	struct ioc_co_await *aw[RBD_POLL_BATCH];
 	int64_t res[RBD_POLL_BATCH];
-	struct ioc_loop *loop = ioc_loop_current();
-	int me = rbd_loop_find(s, loop);
-	bool idle = me >= 0 && s->use[me].inflight == 0 &&
-		    !atomic_load_explicit(&s->overflow, memory_order_relaxed);
 	eventfd_t v;
 	int r;
 
 	if (eventfd_read(s->efd, &v) < 0 && errno != EAGAIN)
 		return;
 	r = rbd_poll_io_events(s->image, comps, RBD_POLL_BATCH);
+	if (r <= 0)
+		return;
 	if (r == RBD_POLL_BATCH)
 		eventfd_write(s->efd, 1);
 	for (int i = 0; i < r; i++) {
@@ -214,74 +194,52 @@ static void rbd_event_read(void *opaque)
 	}
 	for (int i = 0; i < r; i++)
 		ioc_co_await_done(aw[i], res[i]);
-	if (idle && s->use[me].inflight == 0 &&
-	    ioc_loop_set_fd(loop, s->efd, NULL, NULL, NULL, NULL, NULL) == 0)
-		s->use[me].armed = false;
 }
 
-/* The loop's entry, or -1. */
-static int rbd_loop_find(struct rbd_node *s, struct ioc_loop *loop)
+static bool rbd_loop_registered(struct rbd_node *s, struct ioc_loop *loop)
 {
-	/* Pairs with the release store in rbd_loop_enter(). */
+	/* Pairs with the release store in rbd_loop_register(). */
 	unsigned n = atomic_load_explicit(&s->nloops, memory_order_acquire);
 
 	for (unsigned i = 0; i < n; i++)
 		/* Relaxed: see rbd_node_loop_exit(). */
 		if (__atomic_load_n(&s->loops[i], __ATOMIC_RELAXED) == loop)
-			return (int)i;
-	return -1;
+			return true;
+	return n == RBD_MAX_LOOPS;
 }
 
-/* A request starts on the calling coroutine's loop: its entry (*me, -1
- * when the table is full), watching the event fd, the request counted
- * in flight.  O(loops) per request; fine for the handful a node serves. */
-static int rbd_loop_enter(struct rbd_node *s, int *me)
+/* Make sure the calling coroutine's loop watches the event fd.  O(loops)
+ * per request; fine for the handful a node serves. */
+static int rbd_loop_register(struct rbd_node *s)
 {
 	struct ioc_loop *loop = ioc_loop_current();
-	struct rbd_loop_use *u;
-	int i, r;
+	unsigned n;
+	int r = 0;
 
 	if (!loop)
 		return -EINVAL;
-	if ((i = rbd_loop_find(s, loop)) < 0) {
-		pthread_mutex_lock(&s->reg_lock);
-		unsigned n = atomic_load_explicit(&s->nloops, memory_order_relaxed);
+	if (rbd_loop_registered(s, loop))
+		return 0;
+	pthread_mutex_lock(&s->reg_lock);
+	n = atomic_load_explicit(&s->nloops, memory_order_relaxed);
+	if (!rbd_loop_registered(s, loop)) {
 		unsigned slot = n;
 
 		/* An entry a stopped loop left (rbd_node_loop_exit()) first. */
-		for (unsigned k = 0; k < n && slot == n; k++)
-			if (!__atomic_load_n(&s->loops[k], __ATOMIC_RELAXED))
-				slot = k;
-		if (slot < RBD_MAX_LOOPS) {
-			s->use[slot] = (struct rbd_loop_use){ 0 };
+		for (unsigned i = 0; i < n && slot == n; i++)
+			if (!__atomic_load_n(&s->loops[i], __ATOMIC_RELAXED))
+				slot = i;
+		r = slot == RBD_MAX_LOOPS ? -EMFILE :
+		    ioc_loop_set_fd(loop, s->efd, rbd_event_read, NULL, NULL, NULL, s);
+		if (r == 0) {
 			__atomic_store_n(&s->loops[slot], loop, __ATOMIC_RELAXED);
-			/* Pairs with the acquire load in rbd_loop_find(). */
+			/* Pairs with the acquire load in rbd_loop_registered(). */
 			if (slot == n)
 				atomic_store_explicit(&s->nloops, n + 1, memory_order_release);
-			i = (int)slot;
-		} else {
-			atomic_store_explicit(&s->overflow, true, memory_order_relaxed);
 		}
-		pthread_mutex_unlock(&s->reg_lock);
 	}
-	*me = i;
-	if (i < 0)
-		return 0;
-	u = &s->use[i];
-	if (!u->armed) {
-		r = ioc_loop_set_fd(loop, s->efd, rbd_event_read, NULL, NULL, NULL, s);
-		if (r < 0)
-			return r;
-		u->armed = true;
-	}
-	u->inflight++;
-	return 0;
-}
-
-static void rbd_loop_leave(struct rbd_node *s, int me)
-{
-	if (me >= 0)
-		s->use[me].inflight--;
+	pthread_mutex_unlock(&s->reg_lock);
+	return r;
 }
 
 /* This loop stops: drop its handler (the node stays open for others).
@@ -301,7 +259,6 @@ static void rbd_node_loop_exit(struct ioc_node *n)
 		if (__atomic_load_n(&s->loops[i], __ATOMIC_RELAXED) != loop)
 			continue;
 		ioc_loop_set_fd(loop, s->efd, NULL, NULL, NULL, NULL, NULL);
-		s->use[i].armed = false;
 		/* Relaxed: other loops only compare it with themselves. */
 		__atomic_store_n(&s->loops[i], NULL, __ATOMIC_RELAXED);
 	}
@@ -358,19 +315,17 @@ static int ioc_coroutine_fn rbd_co_io(struct ioc_node *n, enum rbd_op op, uint64
 	struct rbd_node *s = n->opaque;
 	struct ioc_co_await aw;
 	rbd_completion_t c;
-	int me, r;
+	int r;
 
-	r = rbd_loop_enter(s, &me);
+	r = rbd_loop_register(s);
 	if (r < 0)
 		return r;
 	ioc_co_await_init(&aw);
 	rbd_tsan_release(&aw);
 	/* No callback: completions come through the event fd only. */
 	r = rbd_aio_create_completion(&aw, NULL, &c);
-	if (r < 0) {
-		rbd_loop_leave(s, me);
+	if (r < 0)
 		return r;
-	}
 	switch (op) {
 	case RBD_READ:
 		r = rbd_aio_readv(s->image, iov, iovcnt, off, c);
@@ -390,12 +345,9 @@ static int ioc_coroutine_fn rbd_co_io(struct ioc_node *n, enum rbd_op op, uint64
 	}
 	if (r < 0) {
 		rbd_aio_release(c);
-		rbd_loop_leave(s, me);
 		return r;
 	}
-	r = rbd_io_errno(ioc_co_await(&aw));
-	rbd_loop_leave(s, me);
-	return r;
+	return rbd_io_errno(ioc_co_await(&aw));
 }
 
 /* ---- I/O ------------------------------------------------------------- */

@@ -4,8 +4,7 @@
  * run, chosen by argv[1], so the shell can check the image with qemu and
  * rbd(8) between them:
  *   io      refusals at open, then writes in coroutines on two loops,
- *           read back from the other loop, the two loops taking turns
- *           (each stops watching librbd's eventfd while idle); discard and write-zeroes read
+ *           read back from the other loop; discard and write-zeroes read
  *           as zeroes; a second writer refused; resize; every change
  *           mirrored into $CEPH_DIR/expect.raw for qemu-img compare, and
  *           the block status map written to $CEPH_DIR/map.txt
@@ -358,58 +357,6 @@ static void test_write_read(void)
 	ASSERT_OK(run1(0, node, J_FLUSH, 0, 0, NULL, 0));
 }
 
-/*
- * Loops that take turns: a loop with nothing in flight stops watching
- * the completion eventfd when another loop's completions wake it, and
- * watches again when it submits.  Each turn, both loops read at once,
- * then one alone (waking the other with nothing in flight), then the
- * other alone, one request after another: a loop that did not watch
- * again (or stopped with a request in flight) would leave its
- * completions unread, and the turn would not end (bounded: 60 s).
- */
-static bool jobs_within(struct job *jobs, int n, int w, int secs)
-{
-	struct timespec ts;
-	sem_t done;
-	int got = 0;
-
-	sem_init(&done, 0, 0);
-	for (int i = 0; i < n; i++) {
-		jobs[i].done = &done;
-		ASSERT_OK(ioc_loop_call(workers[w < 0 ? i % 2 : w].loop, start_job, &jobs[i]));
-	}
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += secs;
-	while (got < n && sem_timedwait(&done, &ts) == 0)
-		got++;
-	if (got < n)
-		return false; /* the jobs still point at done: leaked, and failed */
-	sem_destroy(&done);
-	for (int i = 0; i < n; i++)
-		if (jobs[i].result < 0)
-			return false;
-	return true;
-}
-
-static void test_loops_take_turns(void)
-{
-	enum { BURST = 32, TURNS = 6 };
-	static uint8_t bufs[2 * BURST][4096];
-	struct job j[2 * BURST];
-
-	for (int i = 0; i < 2 * BURST; i++)
-		j[i] = (struct job){ .n = node, .kind = J_READ, .off = (uint64_t)i * 65536,
-				     .len = 4096, .buf = bufs[i] };
-	for (int t = 0; t < TURNS; t++) {
-		int a = t % 2, b = 1 - a;
-
-		ASSERT_TRUE(jobs_within(j, 2 * BURST, -1, 60));
-		ASSERT_TRUE(jobs_within(j, BURST, a, 60));
-		for (int i = 0; i < BURST; i++)
-			ASSERT_TRUE(jobs_within(&j[i], 1, b, 60));
-	}
-}
-
 static void check_zero(uint64_t off, uint64_t len)
 {
 	uint8_t *b = malloc(len), *z = calloc(1, len);
@@ -629,7 +576,6 @@ int main(int argc, char **argv)
 		IOC_TEST(test_filename),
 		IOC_TEST(test_open),
 		IOC_TEST(test_write_read),
-		IOC_TEST(test_loops_take_turns),
 		IOC_TEST(test_discard_zeroes),
 		IOC_TEST(test_block_status),
 		IOC_TEST(test_second_writer),
